@@ -1,0 +1,3 @@
+from fusegen.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,119 @@
+"""The intermediate representation: a kernel with every name resolved, every check done
+and every default filled in. Frozen plain data; codegen reads it and decides nothing
+that the spec decided.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Union
+
+
+@dataclass(frozen=True)
+class Dim:
+    name: str
+    size: int | None  # None: dynamic, known only at call time
+
+    @property
+    def var(self) -> str:
+        """The lower-case stem used in kernel variable names: offs_m, mask_m, stride_x_m."""
+        return self.name.lower()
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    dims: tuple[str, ...]
+    dtype: str | None  # pinned dtype, or None: the call's dtype
+    doc: str
+    # Its first dim is the output's row dim, so a caller may pass extra leading (batch)
+    # dims in its place; the launcher flattens them into rows.
+    batched: bool
+
+
+@dataclass(frozen=True)
+class Matmul:
+    a: str
+    b: str
+    a_transposed: bool  # the chain reads a.T
+    b_transposed: bool
+    m: str  # dim names: (a @ b) is [m, k] @ [k, n]
+    k: str
+    n: str
+
+
+@dataclass(frozen=True)
+class Step:
+    """One elementwise op on the running fp32 value."""
+
+    op: str  # an Activation or Binary name from fusegen.ops, or "bias" / "scale"
+    params: tuple[tuple[str, float], ...] = ()  # an activation's parameters, in spec order
+    operand: str | None = None  # input tensor name, for bias and binary ops
+    broadcast: str | None = None  # "full" | "row" | "col", with an operand
+    constant: float | None = None  # for scale, and binary ops with a constant
+
+
+@dataclass(frozen=True)
+class Gate:
+    """value * (a @ b2 [+ bias] [-> activation]): a GLU sharing the chain's `a`."""
+
+    matmul: Matmul
+    steps: tuple[Step, ...]
+
+
+ChainItem = Union[Step, Gate]
+
+
+@dataclass(frozen=True)
+class Config:
+    BLOCK_M: int | None = None
+    BLOCK_N: int | None = None
+    BLOCK_K: int | None = None
+    GROUP_M: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+    def items(self) -> list[tuple[str, int]]:
+        """The fields that are set, in declaration order."""
+        return [(f.name, getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) is not None]
+
+    def meta(self) -> list[tuple[str, int]]:
+        """The kernel's constexpr block sizes (launch options excluded)."""
+        return [(k, v) for k, v in self.items() if k.isupper()]
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    doc: str
+    spec_display: str  # the spec's path relative to its repo
+    spec_sha256: str
+    dims: tuple[Dim, ...]
+    dtypes: tuple[str, ...]  # the call dtypes the launcher accepts
+    inputs: tuple[Tensor, ...]  # in spec order: the launcher's argument order
+    matmul: Matmul | None  # None: an elementwise chain
+    source: str | None  # the input an elementwise chain starts from
+    row: str  # the output's dims: [row, col]
+    col: str
+    steps: tuple[ChainItem, ...]
+    out_dtype: str | None  # a `cast` step's dtype; None: the call's dtype
+    fp32_matmul: str  # "tf32" | "ieee"
+    fallback_no_gpu: str  # "reference" | "error"
+    fallback_nonfinite: str  # "off" | "reference"
+    configs: tuple[Config, ...]
+    default_config: Config
+    interpreter_config: Config
+
+    @property
+    def kind(self) -> str:
+        return "matmul" if self.matmul else "elementwise"
+
+    @property
+    def gate(self) -> Gate | None:
+        return next((s for s in self.steps if isinstance(s, Gate)), None)
+
+    def dim(self, name: str) -> Dim:
+        return next(d for d in self.dims if d.name == name)
+
+    def tensor(self, name: str) -> Tensor:
+        return next(t for t in self.inputs if t.name == name)

@@ -1,0 +1,41 @@
+"""Names of things in generated code, in one place so kernel, launcher and tests agree."""
+
+from __future__ import annotations
+
+
+def ptr(tensor: str) -> str:
+    return f"{tensor}_ptr"
+
+
+def stride(tensor: str, dim: str) -> str:
+    return f"stride_{tensor}_{dim.lower()}"
+
+
+def offs(dim: str) -> str:
+    return f"offs_{dim.lower()}"
+
+
+def mask(dim: str) -> str:
+    return f"mask_{dim.lower()}"
+
+
+def tile(tensor: str) -> str:
+    """The mainloop's loaded tile of a matmul operand."""
+    return f"{tensor}_tile"
+
+
+def view2d(tensor: str) -> str:
+    """The launcher's flattened view of an input."""
+    return f"{tensor}_2d"
+
+
+def helper(activation: str) -> str:
+    return f"_{activation}"
+
+
+def kernel_fn(kernel: str) -> str:
+    return f"_{kernel}_kernel"
+
+
+OUT = "out"
+ROWS_BUCKET = "ROWS_BUCKET"

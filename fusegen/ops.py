@@ -1,0 +1,255 @@
+"""The op registry: every chain op, in one place.
+
+An elementwise op says how it reads in the spec (its parameters), how it is computed
+in Triton (fp32, inside the kernel's epilogue), how the PyTorch reference computes it,
+and how an error already in its input grows through it (for the tests' derived
+tolerance, docs/tolerances.md). Adding an activation is one `Activation(...)` entry
+below plus its row in tests/test_ops.py.
+
+The structural ops (`input`, `matmul`, `gate`) shape the kernel rather than compute a
+value elementwise; they are named here so that "unknown op" errors and the JSON Schema
+know them, and lowered by `fusegen.lower`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fusegen import dtypes
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str  # as the spec writes it
+    default: float | None  # None: required
+    arg: str = ""  # the Triton helper's argument, where `name` would shadow a builtin
+
+    @property
+    def helper_arg(self) -> str:
+        return self.arg or self.name
+
+
+@dataclass(frozen=True)
+class Activation:
+    """f(x), applied elementwise in fp32."""
+
+    name: str
+    math: str  # for docstrings, in x
+    triton: tuple[str, ...]  # body lines of a @triton.jit helper `_<name>(x, *params)`
+    # Reference expression in `v` (torch, F = torch.nn.functional); `{param}` is replaced
+    # by the parameter's value.
+    torch: str
+    # A bound on |f'| over [v - e, v + e]: a number, or an expression in v and e ({param}
+    # as above).
+    lipschitz: str
+    params: tuple[Param, ...] = ()
+    # Error of the fp32 implementation: transcendental functions (exp, erf) are good to
+    # a few ulp; piecewise-linear ones are exact up to one rounding.
+    transcendental: bool = True
+    why: str = ""  # a comment for the Triton helper, when its form is not the obvious one
+
+
+ACTIVATIONS: dict[str, Activation] = {
+    a.name: a
+    for a in [
+        Activation(
+            "relu", "max(x, 0)", ("return tl.maximum(x, 0.0)",), "torch.relu({v})", "1.0",
+            transcendental=False,
+        ),
+        Activation(
+            "leaky_relu",
+            "x if x >= 0 else alpha * x",
+            ("return tl.where(x >= 0.0, x, x * alpha)",),
+            "F.leaky_relu({v}, {alpha})",
+            "max(1.0, abs({alpha}))",
+            params=(Param("alpha", 0.01),),
+            transcendental=False,
+        ),
+        Activation(
+            "gelu",
+            "0.5 * x * (1 + erf(x / sqrt(2)))",
+            ("return 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))",),
+            "F.gelu({v})",
+            "1.13",
+        ),
+        Activation(
+            "gelu_tanh",
+            "0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))",
+            ("return x * tl.sigmoid(1.5957691216057308 * (x + 0.044715 * x * x * x))",),
+            'F.gelu({v}, approximate="tanh")',
+            "1.13",
+            why="0.5 * (1 + tanh(z)) == sigmoid(2 * z): one exp, and no tanh, which Triton lacks",
+        ),
+        Activation("silu", "x * sigmoid(x)", ("return x * tl.sigmoid(x)",), "F.silu({v})", "1.1"),
+        Activation(
+            "sigmoid", "1 / (1 + exp(-x))", ("return tl.sigmoid(x)",), "torch.sigmoid({v})", "0.25"
+        ),
+        Activation(
+            "tanh",
+            "tanh(x)",
+            ("return 2.0 * tl.sigmoid(2.0 * x) - 1.0",),
+            "torch.tanh({v})",
+            "1.0",
+            why="tanh(x) == 2 * sigmoid(2 * x) - 1; Triton has no portable tanh",
+        ),
+        Activation(
+            "quick_gelu",
+            "x * sigmoid(1.702 * x)",
+            ("return x * tl.sigmoid(1.702 * x)",),
+            "{v} * torch.sigmoid(1.702 * {v})",
+            "1.1",
+        ),
+        Activation(
+            "softplus",
+            "log(1 + exp(beta * x)) / beta, or x where beta * x > threshold",
+            (
+                "z = x * beta",
+                "return tl.where(z > threshold, x, tl.log(1.0 + tl.exp(tl.minimum(z, threshold))) / beta)",
+            ),
+            "F.softplus({v}, {beta}, {threshold})",
+            "1.0",
+            params=(Param("beta", 1.0), Param("threshold", 20.0)),
+            why="exp is clamped at the threshold so that the branch not taken cannot overflow",
+        ),
+        Activation(
+            "mish",
+            "x * tanh(softplus(x))",
+            (
+                "softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))",
+                "return x * (2.0 * tl.sigmoid(2.0 * softplus) - 1.0)",
+            ),
+            "F.mish({v})",
+            "1.1",
+            why="tanh(s) == 2 * sigmoid(2 * s) - 1; exp is clamped as in softplus",
+        ),
+        Activation(
+            "elu",
+            "x if x > 0 else alpha * (exp(x) - 1)",
+            ("return tl.where(x > 0.0, x, alpha * (tl.exp(tl.minimum(x, 0.0)) - 1.0))",),
+            "F.elu({v}, {alpha})",
+            "max(1.0, abs({alpha}))",
+            params=(Param("alpha", 1.0),),
+        ),
+        Activation(
+            "hardsigmoid",
+            "clamp(x / 6 + 0.5, 0, 1)",
+            ("return tl.minimum(tl.maximum(x / 6.0 + 0.5, 0.0), 1.0)",),
+            "F.hardsigmoid({v})",
+            "1.0 / 6.0",
+            transcendental=False,
+        ),
+        Activation(
+            "hardswish",
+            "x * clamp(x / 6 + 0.5, 0, 1)",
+            ("return x * tl.minimum(tl.maximum(x / 6.0 + 0.5, 0.0), 1.0)",),
+            "F.hardswish({v})",
+            "1.5",
+            transcendental=False,
+        ),
+        Activation(
+            "relu_squared",
+            "max(x, 0) ** 2",
+            ("r = tl.maximum(x, 0.0)", "return r * r"),
+            "torch.relu({v}).square()",
+            "2.0 * ({v}.abs() + {e})",
+            transcendental=False,
+        ),
+        Activation(
+            "square", "x * x", ("return x * x",), "{v}.square()", "2.0 * ({v}.abs() + {e})",
+            transcendental=False,
+        ),
+        Activation("abs", "|x|", ("return tl.abs(x)",), "{v}.abs()", "1.0", transcendental=False),
+        Activation("neg", "-x", ("return -x",), "-{v}", "1.0", transcendental=False),
+        Activation("exp", "exp(x)", ("return tl.exp(x)",), "torch.exp({v})", "torch.exp({v} + {e})"),
+        Activation(
+            "clamp",
+            "min(max(x, min), max)",
+            ("return tl.minimum(tl.maximum(x, lo), hi)",),
+            "{v}.clamp({min}, {max})",
+            "1.0",
+            params=(Param("min", None, "lo"), Param("max", None, "hi")),
+            transcendental=False,
+        ),
+    ]
+}
+
+# `gelu: tanh` and `gelu: {approximate: tanh}` select the tanh form, as in PyTorch.
+GELU_APPROXIMATE = {"none": "gelu", "tanh": "gelu_tanh"}
+
+
+@dataclass(frozen=True)
+class Binary:
+    """v (op) operand, where the operand is an input tensor (broadcast over the value's
+    rows, columns or neither) or a constant."""
+
+    name: str
+    symbol: str
+    summary: str
+    # Error bound after the op, in {e} (the bound before), {y} (the value after) and the
+    # operand: {r} a tensor (exact: inputs are exact in fp32), or {c} a constant (which
+    # the kernel rounds to fp32).
+    bound_tensor: str
+    bound_constant: str
+
+
+BINARY: dict[str, Binary] = {
+    b.name: b
+    for b in [
+        Binary(
+            "add", "+", "add a tensor (a residual, say) or a constant",
+            "{e} + U32 * {y}.abs()", "{e} + U32 * ({y}.abs() + abs({c}))",
+        ),
+        Binary(
+            "sub", "-", "subtract a tensor or a constant",
+            "{e} + U32 * {y}.abs()", "{e} + U32 * ({y}.abs() + abs({c}))",
+        ),
+        Binary(
+            "mul", "*", "multiply by a tensor or a constant",
+            "{e} * {r}.abs() + U32 * {y}.abs()", "{e} * abs({c}) + 2 * U32 * {y}.abs()",
+        ),
+        Binary(
+            "div", "/", "divide by a tensor or a constant",
+            "{e} / {r}.abs() + 4 * U32 * {y}.abs()", "{e} / abs({c}) + 4 * U32 * {y}.abs()",
+        ),
+    ]
+}
+
+
+@dataclass(frozen=True)
+class Structural:
+    name: str
+    summary: str
+    forms: tuple[str, ...] = field(default=())
+
+
+STRUCTURAL: dict[str, Structural] = {
+    s.name: s
+    for s in [
+        Structural("input", "start an elementwise chain from an input tensor", ("input: x",)),
+        Structural(
+            "matmul",
+            "start the chain with a @ b (b may be NAME.T for an nn.Linear weight)",
+            ("matmul: {a: x, b: w.T}",),
+        ),
+        Structural(
+            "gate",
+            "multiply the chain by a second matmul on the same `a` (a GLU): "
+            "one pass over a, two accumulators",
+            ("gate: {matmul: {a: x, b: w_up.T}, bias: b_up, activation: silu}",),
+        ),
+        Structural("bias", "add a row vector over the output's columns", ("bias: b",)),
+        Structural("scale", "multiply by a constant", ("scale: 0.5",)),
+        Structural(
+            "cast",
+            "the output's dtype (last step only; the chain computes in fp32)",
+            ("cast: fp32",),
+        ),
+    ]
+}
+
+ALL_OPS: tuple[str, ...] = tuple(sorted({*ACTIVATIONS, *BINARY, *STRUCTURAL}))
+ELEMENTWISE_STEPS = tuple(sorted({*ACTIVATIONS, *BINARY, "bias", "scale", "cast"}))
+
+
+def dtype_names() -> str:
+    return ", ".join(dtypes.DTYPES)

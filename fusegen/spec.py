@@ -1,0 +1,120 @@
+"""The spec's shape, as pydantic models: what fields exist and what type each holds.
+
+Nothing here knows about kernels or output. Meaning (which tensors exist, whether a
+matmul's dims agree, which ops are known) is checked when the spec is lowered to the IR
+(`fusegen.lower`); chain steps are kept as raw YAML values here for that reason.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from fusegen import dtypes
+
+
+def _dtype_name(value: Any) -> str:
+    name = dtypes.canonical(value) if isinstance(value, str) else None
+    if name is None:
+        valid = ", ".join(dtypes.DTYPES)
+        raise ValueError(f"unknown dtype {value!r}; valid: {valid}")
+    return name
+
+
+def _dim_size(value: Any) -> Any:
+    if value == "dynamic" or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return value
+    raise ValueError(f"a dim is a positive integer or 'dynamic', not {value!r}")
+
+
+def _input_shorthand(value: Any) -> Any:
+    # `x: [M, K]` is short for `x: {shape: [M, K]}`.
+    return {"shape": value} if isinstance(value, list) else value
+
+
+DTypeName = Annotated[
+    Literal["fp32", "fp16", "bf16"],
+    BeforeValidator(_dtype_name),
+]
+DimSize = Annotated[Union[Literal["dynamic"], int], BeforeValidator(_dim_size)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InputSpec(_Strict):
+    """One input tensor. `x: [M, K]` is short for `x: {shape: [M, K]}`."""
+
+    shape: list[str] = Field(min_length=1, max_length=2, description="dim names, outermost first")
+    dtype: DTypeName | None = Field(
+        None, description="pin this input's dtype; unpinned inputs take the call's dtype"
+    )
+    doc: str = ""
+
+
+class FallbackSpec(_Strict):
+    """When the launcher runs the PyTorch reference instead of the Triton kernel."""
+
+    no_gpu: Literal["reference", "error"] = Field(
+        "reference",
+        description="inputs not on a CUDA device and the Triton interpreter off: "
+        "run the reference (with one log line) or raise",
+    )
+    nonfinite: Literal["off", "reference"] = Field(
+        "off",
+        description="'reference': after each launch, check the output for inf/NaN and, where "
+        "the stepwise reference is finite there, return the reference (costs a check per call)",
+    )
+
+
+class ConfigSpec(_Strict):
+    """One kernel configuration: block sizes and launch options."""
+
+    BLOCK_M: int | None = None
+    BLOCK_N: int | None = None
+    BLOCK_K: int | None = None
+    GROUP_M: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+
+class AutotuneSpec(_Strict):
+    configs: list[ConfigSpec] | None = Field(
+        None, min_length=1, description="replace the default config space"
+    )
+    default: ConfigSpec | None = Field(
+        None, description="the config used where tuning cannot run (missing fields: built-in)"
+    )
+
+
+ChainStep = Union[str, dict[str, Any]]
+
+
+class KernelSpec(_Strict):
+    """One fused kernel: its dims, inputs and the chain of ops that makes its output."""
+
+    name: str = Field(description="a Python identifier; names the generated module and launcher")
+    doc: str = ""
+    dims: dict[str, DimSize] = Field(min_length=1)
+    dtypes: list[DTypeName] = Field(default=["bf16", "fp16", "fp32"], min_length=1)
+    inputs: dict[str, Annotated[InputSpec, BeforeValidator(_input_shorthand)]] = Field(min_length=1)
+    chain: list[ChainStep] = Field(min_length=1)
+    fp32_matmul: Literal["tf32", "ieee"] = Field(
+        "tf32",
+        description="how a matmul on fp32 inputs runs: tf32 tensor cores (fast, ~1e-3 relative "
+        "error) or full fp32 (ieee)",
+    )
+    fallback: FallbackSpec = FallbackSpec()
+    autotune: AutotuneSpec | None = None
+
+
+class SpecFile(_Strict):
+    """A spec file: one or more kernels."""
+
+    version: Literal[1] = 1
+    kernels: list[KernelSpec] = Field(min_length=1)
+
+
+TOP_LEVEL_KEYS = tuple(SpecFile.model_fields)
