@@ -41,7 +41,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _print_errors(exc: SpecErrors) -> int:
-    for error in exc.errors:
+    files = list(dict.fromkeys(e.file for e in exc.errors))
+    for error in sorted(exc.errors, key=lambda e: (files.index(e.file), e.line, e.col)):
         print(error.format(), file=sys.stderr)
     count = len(exc.errors)
     print(f"fusegen: {count} error{'s' if count != 1 else ''}; nothing written", file=sys.stderr)

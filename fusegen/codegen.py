@@ -285,8 +285,13 @@ def _input_doc(kernel: Kernel, t: Tensor) -> str:
 
 
 def _out_doc(kernel: Kernel) -> str:
-    first = next(t for t in kernel.inputs if t.batched)
-    shape = f"[..., {kernel.col}] (the leading dims of {first.name})" if len(first.dims) > 1 else f"[{kernel.row}, {kernel.col}]"
+    first = next((t for t in kernel.inputs if t.batched), None)
+    if first is None:
+        shape = f"[{kernel.row}, {kernel.col}]"
+    elif len(first.dims) > 1:
+        shape = f"[..., {kernel.col}] (the leading dims of {first.name})"
+    else:
+        shape = f"[..., {kernel.col}] (the shape of {first.name})"
     return f"{shape}, {kernel.out_dtype or 'in the call dtype'}"
 
 
@@ -307,9 +312,9 @@ def reference_lines(kernel: Kernel) -> list[str]:
     lines = [f"y = {_matmul_text(kernel.matmul)}" if kernel.matmul else f"y = {kernel.source}"]
     for item in kernel.steps:
         if isinstance(item, Gate):
-            lines.append(f"gate = {_matmul_text(item.matmul)}")
-            lines += [_torch_step(s, "gate") for s in item.steps]
-            lines.append("y = y * gate")
+            lines.append(f"y_gate = {_matmul_text(item.matmul)}")
+            lines += [_torch_step(s, "y_gate") for s in item.steps]
+            lines.append("y = y * y_gate")
         else:
             lines.append(_torch_step(item, "y"))
     return lines
@@ -361,10 +366,14 @@ def bound_lines(kernel: Kernel) -> list[str]:
             mm = item.matmul
             a = f"{mm.a}.T" if mm.a_transposed else mm.a
             b = f"{mm.b}.T" if mm.b_transposed else mm.b
-            lines += [f"g = {a} @ {b}", f"eg = dot_error({a}, {b}, p_in)"]
+            lines += [f"v_gate = {a} @ {b}", f"e_gate = dot_error({a}, {b}, p_in)"]
             for step in item.steps:
-                lines += _bound_step(step, "g", "eg")
-            lines += ["y = v * g", "e = v.abs() * eg + g.abs() * e + e * eg + U32 * y.abs()", "v = y"]
+                lines += _bound_step(step, "v_gate", "e_gate")
+            lines += [
+                "y = v * v_gate",
+                "e = v.abs() * e_gate + v_gate.abs() * e + e * e_gate + U32 * y.abs()",
+                "v = y",
+            ]
         else:
             lines += _bound_step(item, "v", "e")
     return lines
@@ -449,6 +458,11 @@ def kernel_context(kernel: Kernel) -> dict:
             for t in kernel.inputs
         ],
         "out_doc": _out_doc(kernel),
+        "out_shape": (
+            f"(*shapes.lead, {kernel.col})"
+            if any(t.batched for t in kernel.inputs)
+            else f"({kernel.row}, {kernel.col})"
+        ),
         "unpinned_dict": _dict_literal([(t.name, t.name) for t in unpinned]),
         "pinned_dict": _dict_literal([(t.name, f"({t.name}, {_dtype_literal(t.dtype)})") for t in pinned]) if pinned else "",
         "all_dict": all_dict,

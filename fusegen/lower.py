@@ -4,8 +4,8 @@ collected with its location; a kernel with errors yields no IR.
 
 from __future__ import annotations
 
-import builtins
 import keyword
+import math
 from typing import Any
 
 import pydantic
@@ -16,19 +16,28 @@ from fusegen.ir import Config, Dim, Gate, Kernel, Matmul, Step, Tensor
 from fusegen.source import SpecSource
 from fusegen.spec import ConfigSpec, KernelSpec, TOP_LEVEL_KEYS
 
-# Names the generated module uses at top level or in its kernel and launcher; an input
-# or dim of the same name would shadow them.
+# Local and module-level names of the generated kernel, launcher, reference and tests;
+# an input or dim of the same name would shadow them.
 RESERVED_NAMES = frozenset(
     {
-        "acc", "acc_gate", "config", "out", "pid", "k", "tl", "triton", "torch", "os",
-        "logging", "math", "reference", "sizes", "dtype", "device", "grid", "meta",
-        "lead", "rows", "cols", "range", "min", "max", "float", "int", "len",
+        # kernel
+        "acc", "acc_gate", "value", "mask", "pid", "k", "tl", "triton", "torch", "F",
+        "range", "min", "max",
+        # launcher and module
+        "out", "config", "shapes", "dtype", "device", "out_dtype", "out_shape", "grid",
+        "args", "consts", "bad", "expected", "os", "logging", "reference", "last_launch",
+        # reference and tests
+        "y", "y_gate", "v", "e", "v_gate", "e_gate", "p_in", "kernel",
     }
 )
-RESERVED_PREFIXES = ("offs_", "mask_", "stride_", "num_pid", "group_", "first_pid", "_")
-RESERVED_SUFFIXES = ("_ptr", "_ptrs")
-# A generated module with one of these names would shadow a package its tests import.
-RESERVED_MODULES = frozenset({"torch", "triton", "numpy", "pytest", "conftest", "typing", "logging", "os", "math"})
+RESERVED_PREFIXES = ("offs_", "mask_", "stride_", "num_pid", "group_", "first_pid", "pid_", "_")
+RESERVED_SUFFIXES = ("_ptr", "_ptrs", "_tile", "_2d")
+# A generated module of one of these names would shadow what it or its tests import,
+# or a name the module defines.
+RESERVED_MODULES = frozenset(
+    {"torch", "triton", "numpy", "pytest", "conftest", "typing", "logging", "os", "math", "random",
+     "reference", "last_launch"}
+)
 
 OP_FORMS = (
     "a step is an op name (`silu`) or a one-key mapping (`gelu: tanh`, `add: r`); "
@@ -229,11 +238,12 @@ class _KernelLowerer:
         name = self.spec.name
         if not name.isidentifier() or keyword.iskeyword(name):
             self.err(("name",), f"kernel name '{name}' is not a Python identifier", "it names a module: letters, digits, _")
-        elif name in RESERVED_MODULES or name.startswith(("test", "_")):
+        elif name in RESERVED_MODULES or name.startswith(("test", "_")) or name.isupper():
             self.err(
                 ("name",),
                 f"kernel name '{name}' would clash with a module or be collected as a test",
-                "names starting with 'test' or '_', and torch, triton, numpy, pytest, conftest are reserved",
+                "reserved: names starting with 'test' or '_', all-capital names, and "
+                + ", ".join(sorted(RESERVED_MODULES)),
             )
 
     def _dims(self) -> dict[str, Dim]:
@@ -279,7 +289,11 @@ class _KernelLowerer:
                     )
             if len(set(inp.shape)) != len(inp.shape):
                 ok = False
-                self.err(("inputs", name, "shape"), f"input '{name}' names a dim twice: {inp.shape}")
+                self.err(
+                    ("inputs", name, "shape"),
+                    f"input '{name}' names dim '{inp.shape[0]}' twice",
+                    "give each axis its own dim, even when sizes are equal (K: 768, N: 768)",
+                )
             if ok:
                 inputs[name] = Tensor(name, tuple(inp.shape), inp.dtype, inp.doc.strip(), batched=False)
         return inputs
@@ -288,10 +302,10 @@ class _KernelLowerer:
 
     def _split_step(self, i: int, raw: Any) -> tuple[str, Any] | None:
         if isinstance(raw, str):
-            return raw, None
+            return ops.ALIASES.get(raw, raw), None
         if isinstance(raw, dict) and len(raw) == 1:
             (name, args), = raw.items()
-            return str(name), args
+            return ops.ALIASES.get(str(name), str(name)), args
         self.err(("chain", i), f"a chain step is an op name or a one-key mapping, got {raw!r}", OP_FORMS)
         return None
 
@@ -318,7 +332,7 @@ class _KernelLowerer:
             if op in ops.ALL_OPS:
                 self.err(("chain", 0), f"the chain must start with `matmul` or `input`, not `{op}`", hint)
             else:
-                self.err(("chain", 0), f"unknown op '{op}'{did_you_mean(op, ops.ALL_OPS)}", hint)
+                self.err(("chain", 0), f"unknown op '{op}'{did_you_mean(op, ops.KNOWN_NAMES)}", hint)
             return None
         steps: list = []
         out_dtype = None
@@ -347,6 +361,8 @@ class _KernelLowerer:
                 step = self._elementwise(path, op, args, inputs, row, col)
                 if step:
                     steps.append(step)
+        if source is not None and all(_op_name(s) == "cast" for s in chain[1:]):
+            self.err(("chain",), "an elementwise chain needs at least one op after `input` (a cast alone is a copy)")
         return matmul, source, row, col, steps, out_dtype
 
     def _tensor_ref(self, path: tuple, ref: Any, inputs: dict[str, Tensor], *, allow_t: bool) -> tuple[str, bool] | None:
@@ -415,6 +431,9 @@ class _KernelLowerer:
             )
             return None
         mm = Matmul(a[0], b[0], a[1], b[1], m, k, n)
+        if main is not None and mm.b == main.b:
+            self.err(path + ("b",), f"the gate reads the same weight '{mm.b}' as the chain's matmul", "a gate multiplies by a second, different weight")
+            return None
         if main is not None and (mm.a, mm.a_transposed, mm.m, mm.k, mm.n) != (main.a, main.a_transposed, main.m, main.k, main.n):
             self.err(
                 path,
@@ -461,12 +480,14 @@ class _KernelLowerer:
         if "activation" in args:
             act = args["activation"]
             split = (act, None) if isinstance(act, str) else (next(iter(act.items())) if isinstance(act, dict) and len(act) == 1 else None)
+            if split is not None:
+                split = (ops.ALIASES.get(str(split[0]), str(split[0])), split[1])
             if split is None:
                 self.err(path + ("activation",), f"expected an activation (`silu`, `gelu: tanh`), got {act!r}")
             elif split[0] not in ops.ACTIVATIONS and split[0] != "gelu":
                 self.err(
                     path + ("activation",),
-                    f"unknown activation '{split[0]}'{did_you_mean(split[0], ops.ACTIVATIONS)}",
+                    f"unknown activation '{split[0]}'{did_you_mean(split[0], [*ops.ACTIVATIONS, *ops.ALIASES])}",
                     "activations: " + ", ".join(ops.ACTIVATIONS),
                 )
             else:
@@ -507,13 +528,10 @@ class _KernelLowerer:
             t = inputs[ref[0]]
             broadcast = self._broadcast(path, t, row, col)
             return Step(op, operand=t.name, broadcast=broadcast) if broadcast else None
-        self.err(path[:3] if len(path) > 2 else path, f"unknown op '{op}'{did_you_mean(op, ops.ALL_OPS)}", OP_FORMS)
+        self.err(path[:3] if len(path) > 2 else path, f"unknown op '{op}'{did_you_mean(op, ops.KNOWN_NAMES)}", OP_FORMS)
         return None
 
     def _broadcast(self, path: tuple, t: Tensor, row: str, col: str) -> str | None:
-        if row == col:
-            self.err(path, f"the value is [{row}, {col}]: a 1-D operand would be ambiguous", "use two dim names")
-            return None
         shapes = {(row, col): "full", (col,): "row", (row,): "col"}
         if t.dims in shapes:
             return shapes[t.dims]
@@ -602,12 +620,14 @@ class _KernelLowerer:
         return (space, default) if ok else None
 
 
+def _op_name(raw: Any) -> Any:
+    return next(iter(raw)) if isinstance(raw, dict) and raw else raw
+
+
 def _config(spec: ConfigSpec) -> Config:
     return Config(**spec.model_dump())
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
-
-__all__ = ["lower_file", "RESERVED_NAMES", "builtins"]

@@ -173,6 +173,17 @@ ACTIVATIONS: dict[str, Activation] = {
     ]
 }
 
+# Other names for the same activations (Hugging Face configs use several of these).
+ALIASES = {
+    "swish": "silu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+    "relu2": "relu_squared",
+    "hard_swish": "hardswish",
+    "hard_sigmoid": "hardsigmoid",
+}
+
 # `gelu: tanh` and `gelu: {approximate: tanh}` select the tanh form, as in PyTorch.
 GELU_APPROXIMATE = {"none": "gelu", "tanh": "gelu_tanh"}
 
@@ -248,6 +259,7 @@ STRUCTURAL: dict[str, Structural] = {
 }
 
 ALL_OPS: tuple[str, ...] = tuple(sorted({*ACTIVATIONS, *BINARY, *STRUCTURAL}))
+KNOWN_NAMES: tuple[str, ...] = tuple(sorted({*ALL_OPS, *ALIASES}))
 ELEMENTWISE_STEPS = tuple(sorted({*ACTIVATIONS, *BINARY, "bias", "scale", "cast"}))
 
 

@@ -86,7 +86,7 @@ class _Walker:
                     )
                     continue
                 key = self.constructor.construct_object(key_node)
-                if not isinstance(key, (str, int)):
+                if isinstance(key, bool) or not isinstance(key, (str, int)):
                     # YAML 1.1 reads `on`, `off`, `yes`, `no` as booleans.
                     key = key_node.value
                 if key in out:

@@ -43,7 +43,7 @@ CONFIGS = [
     {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
     {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
     {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
-    {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4},
+    {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 3},
     {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "GROUP_M": 1, "num_warps": 4, "num_stages": 3},
 ]
 # Launched where tuning cannot run: on a GPU when tuning fails or FUSEGEN_AUTOTUNE=0.
@@ -524,6 +524,6 @@ def reference(
     """
     y = x @ w_gate.T
     y = F.silu(y)
-    gate = x @ w_up.T
-    y = y * gate
+    y_gate = x @ w_up.T
+    y = y * y_gate
     return y.to(out_dtype or OUT_DTYPE or x.dtype)

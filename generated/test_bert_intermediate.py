@@ -159,6 +159,9 @@ def test_matches_reference(dtype, case):
 
 
 @pytest.mark.skipif(kernel.DIMS[ROW] is not None, reason="the spec fixes the row count")
+@pytest.mark.skipif(
+    not any(spec[3] for spec in INPUTS.values()), reason="no input takes batch dims"
+)
 def test_batched_leading_dims():
     # [2, 3, ...] inputs are flattened into 6 rows, and the output keeps the [2, 3].
     seed, sizes = new_seed(), {**SIZES, **CASES[0], ROW: 6}
@@ -179,18 +182,26 @@ def test_rejects_wrong_shapes():
     sizes = {**SIZES, **CASES[0]}
     inputs = make_inputs(sizes, DTYPES[0], new_seed())
     uses = [d for dims, *_ in INPUTS.values() for d in dims]
-    checked = 0
+    batched_inputs = sum(spec[3] for spec in INPUTS.values())
+    wrong = []
     for name, (dims, _, _, batched) in INPUTS.items():
+        if not batched:
+            wrong.append((name, [sizes[d] for d in dims] + [2]))  # one dim too many
+        elif len(dims) > 1:
+            wrong.append((name, []))  # too few dims to hold the non-batch ones
         for axis, dim in enumerate(dims):
-            if (batched and axis == 0) or (kernel.DIMS[dim] is None and uses.count(dim) == 1):
-                continue  # any size is valid here
+            if batched and axis == 0 and batched_inputs == 1:
+                continue  # the only batched input: any leading shape is valid
+            if not (batched and axis == 0) and kernel.DIMS[dim] is None and uses.count(dim) == 1:
+                continue  # a dynamic dim no other input has: any size is valid
             shape = [sizes[d] for d in dims]
             shape[axis] += 1
-            bad = {**inputs, name: torch.ones(shape, dtype=inputs[name].dtype, device=DEVICE)}
-            with pytest.raises(ValueError, match=rf"\b{name}\b"):
-                kernel.bert_intermediate(**bad)
-            checked += 1
-    assert checked > 0
+            wrong.append((name, shape))
+    assert wrong
+    for name, shape in wrong:
+        bad = {**inputs, name: torch.ones(shape, dtype=inputs[name].dtype, device=DEVICE)}
+        with pytest.raises(ValueError, match=rf"\b{name}\b"):
+            kernel.bert_intermediate(**bad)
 
 
 def test_rejects_wrong_dtype():

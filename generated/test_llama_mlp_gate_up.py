@@ -93,10 +93,10 @@ def reference_and_bound(p_in, x, w_gate, w_up):
     y = F.silu(v)
     e = 1.1 * e + 16 * U32 * (1 + v.abs() + y.abs())
     v = y
-    g = x @ w_up.T
-    eg = dot_error(x, w_up.T, p_in)
-    y = v * g
-    e = v.abs() * eg + g.abs() * e + e * eg + U32 * y.abs()
+    v_gate = x @ w_up.T
+    e_gate = dot_error(x, w_up.T, p_in)
+    y = v * v_gate
+    e = v.abs() * e_gate + v_gate.abs() * e + e * e_gate + U32 * y.abs()
     v = y
     return v, e
 
@@ -161,6 +161,9 @@ def test_matches_reference(dtype, case):
 
 
 @pytest.mark.skipif(kernel.DIMS[ROW] is not None, reason="the spec fixes the row count")
+@pytest.mark.skipif(
+    not any(spec[3] for spec in INPUTS.values()), reason="no input takes batch dims"
+)
 def test_batched_leading_dims():
     # [2, 3, ...] inputs are flattened into 6 rows, and the output keeps the [2, 3].
     seed, sizes = new_seed(), {**SIZES, **CASES[0], ROW: 6}
@@ -181,18 +184,26 @@ def test_rejects_wrong_shapes():
     sizes = {**SIZES, **CASES[0]}
     inputs = make_inputs(sizes, DTYPES[0], new_seed())
     uses = [d for dims, *_ in INPUTS.values() for d in dims]
-    checked = 0
+    batched_inputs = sum(spec[3] for spec in INPUTS.values())
+    wrong = []
     for name, (dims, _, _, batched) in INPUTS.items():
+        if not batched:
+            wrong.append((name, [sizes[d] for d in dims] + [2]))  # one dim too many
+        elif len(dims) > 1:
+            wrong.append((name, []))  # too few dims to hold the non-batch ones
         for axis, dim in enumerate(dims):
-            if (batched and axis == 0) or (kernel.DIMS[dim] is None and uses.count(dim) == 1):
-                continue  # any size is valid here
+            if batched and axis == 0 and batched_inputs == 1:
+                continue  # the only batched input: any leading shape is valid
+            if not (batched and axis == 0) and kernel.DIMS[dim] is None and uses.count(dim) == 1:
+                continue  # a dynamic dim no other input has: any size is valid
             shape = [sizes[d] for d in dims]
             shape[axis] += 1
-            bad = {**inputs, name: torch.ones(shape, dtype=inputs[name].dtype, device=DEVICE)}
-            with pytest.raises(ValueError, match=rf"\b{name}\b"):
-                kernel.llama_mlp_gate_up(**bad)
-            checked += 1
-    assert checked > 0
+            wrong.append((name, shape))
+    assert wrong
+    for name, shape in wrong:
+        bad = {**inputs, name: torch.ones(shape, dtype=inputs[name].dtype, device=DEVICE)}
+        with pytest.raises(ValueError, match=rf"\b{name}\b"):
+            kernel.llama_mlp_gate_up(**bad)
 
 
 def test_rejects_wrong_dtype():

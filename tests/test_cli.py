@@ -1,0 +1,200 @@
+"""The `fusegen` command: exit codes, messages, and that errors write nothing."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+ERROR_SPECS = sorted((ROOT / "tests" / "specs_with_errors").glob("*.yaml"))
+
+GOOD = """
+kernels:
+  - name: relu_plus
+    dims: {M: dynamic, N: dynamic}
+    inputs: {x: [M, N], r: [M, N]}
+    chain: [{input: x}, relu, {add: r}]
+"""
+
+
+@pytest.mark.parametrize("spec", ERROR_SPECS, ids=lambda p: p.stem)
+def test_bad_spec_prints_every_error_and_exits_2(spec, run_cli):
+    code, out, err = run_cli("validate", str(spec.relative_to(ROOT)), cwd=ROOT)
+    assert code == 2
+    assert out == ""
+    assert err == spec.with_suffix(".expected").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("spec", ERROR_SPECS, ids=lambda p: p.stem)
+def test_bad_spec_builds_nothing(spec, run_cli, tmp_path):
+    # A good spec beside the bad one must not be written either: all or nothing.
+    good = tmp_path / "good.yaml"
+    good.write_text(GOOD)
+    out_dir = tmp_path / "out"
+    code, _, err = run_cli("build", str(good), str(spec), "--out", str(out_dir))
+    assert code == 2
+    assert "nothing written" in err
+    assert not out_dir.exists()
+
+
+def test_every_error_names_file_line_and_spec_path():
+    for expected in ROOT.glob("tests/specs_with_errors/*.expected"):
+        for line in expected.read_text().splitlines():
+            if line.startswith("tests/"):
+                location, path, message = line.split(": ", 2)
+                assert location.startswith(f"tests/specs_with_errors/{expected.stem}.yaml"), line
+                assert path and message, line
+
+
+def test_build_writes_modules_and_reports(write_spec, run_cli, tmp_path):
+    spec = write_spec(GOOD)
+    code, out, err = run_cli("build", str(spec), "--out", str(tmp_path / "gen"))
+    assert code == 0, err
+    assert (tmp_path / "gen" / "relu_plus.py").is_file()
+    assert (tmp_path / "gen" / "test_relu_plus.py").is_file()
+    assert "1 kernel(s), 2 file(s) written" in out
+    # A second build changes nothing.
+    code, out, _ = run_cli("build", str(spec), "--out", str(tmp_path / "gen"))
+    assert code == 0 and "0 file(s) written, 2 unchanged" in out
+
+
+def test_check_reports_missing_and_changed_files(write_spec, run_cli, tmp_path):
+    spec = write_spec(GOOD)
+    gen = tmp_path / "gen"
+    code, _, err = run_cli("build", "--check", str(spec), "--out", str(gen))
+    assert code == 1
+    assert "relu_plus.py: missing" in err and not gen.exists()
+
+    run_cli("build", str(spec), "--out", str(gen))
+    assert run_cli("build", "--check", str(spec), "--out", str(gen))[0] == 0
+
+    module = gen / "relu_plus.py"
+    module.write_text(module.read_text() + "# hand edit\n")
+    code, _, err = run_cli("build", "--check", str(spec), "--out", str(gen))
+    assert code == 1 and "relu_plus.py: differs" in err
+    assert module.read_text().endswith("# hand edit\n"), "--check must not write"
+
+
+def test_renamed_kernel_leaves_no_stale_module(write_spec, run_cli, tmp_path):
+    spec = write_spec(GOOD)
+    gen = tmp_path / "gen"
+    run_cli("build", str(spec), "--out", str(gen))
+    spec.write_text(GOOD.replace("relu_plus", "relu_add"))
+    code, _, err = run_cli("build", "--check", str(spec), "--out", str(gen))
+    assert code == 1 and "relu_plus.py: no kernel in the specs makes it any more" in err
+    code, out, _ = run_cli("build", str(spec), "--out", str(gen))
+    assert code == 0 and "removed" in out
+    assert sorted(p.name for p in gen.iterdir()) == ["relu_add.py", "test_relu_add.py"]
+
+
+def test_kernel_name_used_in_two_files(write_spec, run_cli):
+    a = write_spec(GOOD, "a.yaml")
+    b = write_spec(GOOD, "b.yaml")
+    code, _, err = run_cli("validate", str(a.parent))
+    assert code == 2
+    assert f"{b.name}:2:11: kernels[0].name: kernel name 'relu_plus' is also used in" in err
+    assert a.name in err
+
+
+def test_missing_path_and_empty_folder(run_cli, tmp_path):
+    code, _, err = run_cli("validate", str(tmp_path / "nope.yaml"))
+    assert code == 2 and "no such file or folder" in err
+    code, _, err = run_cli("validate", str(tmp_path))
+    assert code == 2 and "no .yaml or .yml spec files" in err
+
+
+def test_validate_ok(write_spec, run_cli):
+    code, out, _ = run_cli("validate", str(write_spec(GOOD)))
+    assert code == 0 and "relu_plus: ok" in out
+
+
+def test_schema_is_json_and_describes_every_op(run_cli):
+    from fusegen import ops
+
+    code, out, _ = run_cli("schema")
+    assert code == 0
+    schema = json.loads(out)
+    chain = schema["$defs"]["KernelSpec"]["properties"]["chain"]["items"]
+    named = {key for form in chain["anyOf"] for key in form.get("properties", {})}
+    assert set(ops.ALL_OPS) <= named
+
+
+def test_example_specs_match_the_schema(run_cli):
+    jsonschema = pytest.importorskip("jsonschema")
+    import yaml
+
+    schema = json.loads(run_cli("schema")[1])
+    for spec in sorted((ROOT / "specs").glob("*.yaml")):
+        jsonschema.validate(yaml.safe_load(spec.read_text()), schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"kernels": [{"name": "k", "chain": [{"gleu": None}]}]}, schema)
+
+
+def test_usage_errors_exit_2(capsys):
+    from fusegen.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["build"])
+    assert exc.value.code == 2
+    assert "SPEC_OR_DIR" in capsys.readouterr().err
+
+
+def test_runs_as_module_and_script(tmp_path, write_spec):
+    spec = write_spec(GOOD)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-m", "fusegen", "validate", str(spec)], capture_output=True, text=True, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert "relu_plus: ok" in result.stdout
+
+
+def test_write_is_atomic(write_spec, tmp_path, monkeypatch, run_cli):
+    """A write that fails half-way leaves the previous file whole and no temp files."""
+    from fusegen import writer
+
+    spec = write_spec(GOOD)
+    gen = tmp_path / "gen"
+    run_cli("build", str(spec), "--out", str(gen))
+    before = {p.name: p.read_text() for p in gen.iterdir()}
+    spec.write_text(GOOD.replace("relu, {add: r}", "silu, {add: r}"))
+
+    real_replace = os.replace
+
+    def failing_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(writer.os, "replace", failing_replace)
+    with pytest.raises(OSError):
+        run_cli("build", str(spec), "--out", str(gen))
+    monkeypatch.setattr(writer.os, "replace", real_replace)
+    assert {p.name: p.read_text() for p in gen.iterdir()} == before
+    assert not [p for p in gen.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_check_examples_are_up_to_date(run_cli):
+    code, out, err = run_cli("build", "--check", "specs", cwd=ROOT)
+    assert code == 0, err
+    assert "up to date" in out
+
+
+def test_display_path_is_repo_relative(run_cli, tmp_path):
+    # Run from elsewhere: the header still names specs/... relative to the repository.
+    gen = tmp_path / "gen"
+    code, _, _ = run_cli("build", str(ROOT / "specs" / "bert.yaml"), "--out", str(gen), cwd=tmp_path)
+    assert code == 0
+    assert (gen / "bert_intermediate.py").read_text() == (ROOT / "generated" / "bert_intermediate.py").read_text()
+
+
+def test_spec_outside_a_repo_is_named_relative_to_cwd(tmp_path, run_cli):
+    (tmp_path / "specs").mkdir()
+    spec = tmp_path / "specs" / "k.yaml"
+    spec.write_text(GOOD)
+    run_cli("build", "specs", "--out", "gen", cwd=tmp_path)
+    text = Path(tmp_path / "gen" / "relu_plus.py").read_text()
+    assert "from specs/k.yaml (sha256 " in text.splitlines()[0]
+    assert str(tmp_path) not in text

@@ -1,0 +1,260 @@
+"""Generated kernels run and are right: every op, broadcast, layout and dtype rule, built
+from specs here and checked by their own generated tests (on the Triton interpreter
+without a GPU), plus checks that those tests can fail."""
+
+import importlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from fusegen import ops  # noqa: E402
+from fusegen.cli import main  # noqa: E402
+
+ACTIVATION_ARGS = {
+    "leaky_relu": "{leaky_relu: 0.2}",
+    "softplus": "{softplus: {beta: 2.0, threshold: 15.0}}",
+    "elu": "{elu: 0.7}",
+    "clamp": "{clamp: {min: -1.5, max: 2.5}}",
+}
+
+
+def activation_specs() -> str:
+    kernels = []
+    for name in sorted(ops.ACTIVATIONS):
+        step = ACTIVATION_ARGS.get(name, name)
+        kernels.append(
+            f"""
+  - name: act_{name}
+    dims: {{M: dynamic, N: dynamic}}
+    dtypes: [fp32, bf16]
+    inputs: {{x: [M, N]}}
+    chain: [{{input: x}}, {step}]"""
+        )
+    return "kernels:" + "".join(kernels) + "\n"
+
+
+MATMUL_SPECS = """
+kernels:
+  - name: mm_broadcasts
+    doc: Every broadcast form, a pinned fp32 bias and an fp32 output.
+    dims: {M: dynamic, K: dynamic, N: dynamic}
+    inputs:
+      x: [M, K]
+      w: [N, K]
+      b: {shape: [N], dtype: fp32}
+      r: [M, N]
+      c: [M]
+      d: [N]
+    chain:
+      - matmul: {a: x, b: w.T}
+      - bias: b
+      - leaky_relu: 0.1
+      - add: r
+      - mul: c
+      - sub: 0.5
+      - div: d
+      - cast: fp32
+
+  - name: mm_transposed_a
+    doc: a read transposed, b as [K, N], full-precision fp32 dots.
+    dims: {M: dynamic, K: dynamic, N: dynamic}
+    fp32_matmul: ieee
+    inputs: {xt: [K, M], w: [K, N]}
+    chain:
+      - matmul: {a: xt.T, b: w}
+      - relu
+      - scale: -2.0
+
+  - name: mm_gate_full
+    doc: A GLU with bias and activation on both branches and a residual after the gate.
+    dims: {M: dynamic, K: dynamic, N: dynamic}
+    inputs: {x: [M, K], w1: [N, K], b1: [N], w3: [N, K], b3: [N], r: [M, N]}
+    chain:
+      - matmul: {a: x, b: w1.T}
+      - bias: b1
+      - gelu: tanh
+      - gate: {matmul: {a: x, b: w3.T}, bias: b3, activation: sigmoid}
+      - add: r
+
+  - name: mm_static_rows
+    doc: A fixed row count with dynamic K and N; no reference fallback without a GPU.
+    dims: {M: 48, K: dynamic, N: dynamic}
+    dtypes: [fp16]
+    inputs: {x: [M, K], w: [K, N]}
+    chain: [{matmul: {a: x, b: w}}, silu]
+    fallback: {no_gpu: error}
+
+  - name: ew_mixed
+    doc: Elementwise with column and row operands, constants, a clamp and a bf16 output.
+    dims: {M: dynamic, N: dynamic}
+    inputs: {x: [M, N], c: [M], b: [N]}
+    chain:
+      - input: x
+      - sub: c
+      - mul: b
+      - div: 3.0
+      - add: 1.0
+      - clamp: {min: -2.0, max: 2.0}
+      - cast: bf16
+    fallback: {nonfinite: reference}
+"""
+
+
+@pytest.fixture(scope="session")
+def zoo(tmp_path_factory):
+    """Build the specs above once; returns the folder of generated modules."""
+    root = tmp_path_factory.mktemp("zoo")
+    (root / "activations.yaml").write_text(activation_specs())
+    (root / "matmuls.yaml").write_text(MATMUL_SPECS)
+    out = root / "gen"
+    assert main(["build", str(root / "activations.yaml"), str(root / "matmuls.yaml"), "--out", str(out)]) == 0
+    return out
+
+
+def run_pytest(folder: Path, *files: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *files],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+
+
+GROUPS = {
+    "activations-a-g": lambda n: n.startswith("test_act_") and n[9] <= "g",
+    "activations-h-z": lambda n: n.startswith("test_act_") and n[9] > "g",
+    "matmuls": lambda n: n.startswith(("test_mm_", "test_ew_")),
+}
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_generated_tests_pass(zoo, group):
+    files = sorted(p.name for p in zoo.glob("test_*.py") if GROUPS[group](p.name))
+    assert files
+    result = run_pytest(zoo, *files)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and " failed" not in result.stdout
+
+
+def load(zoo: Path, name: str):
+    """The generated kernel module and its test module, imported from the zoo folder."""
+    if str(zoo) not in sys.path:
+        sys.path.insert(0, str(zoo))
+    return importlib.import_module(name), importlib.import_module(f"test_{name}")
+
+
+TINY = {
+    "matmul": {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 1, "num_stages": 1},
+    "elementwise": {"BLOCK_M": 2, "BLOCK_N": 32, "num_warps": 1},
+}
+
+
+@pytest.mark.parametrize("name", ["mm_broadcasts", "mm_transposed_a", "mm_gate_full", "mm_static_rows", "ew_mixed"])
+def test_small_tiles_cover_every_edge(zoo, name):
+    """Tiles much smaller than the problem: many row and column tiles, partial groups,
+    several K steps with a masked tail, and the int64 offset path."""
+    kernel, tests = load(zoo, name)
+    sizes = {**tests.SIZES, **{d: s for d, s in {"M": 37, "N": 70, "K": 70}.items() if d in kernel.DIMS and kernel.DIMS[d] is None}}
+    config = TINY["matmul" if "BLOCK_K" in kernel.DEFAULT_CONFIG else "elementwise"]
+    dtype = tests.DTYPES[0]
+    for int64 in (False, True):
+        seed = tests.new_seed()
+        inputs = tests.make_inputs(sizes, dtype, seed)
+        if int64:
+            # Force the int64 path on a small problem: the kernel must give the same result.
+            original = kernel._needs_int64
+            kernel._needs_int64 = lambda *t: True
+        try:
+            out = torch.full([sizes[tests.ROW], sizes[tests.COL]], float("nan"), dtype=kernel.OUT_DTYPE or dtype)
+            getattr(kernel, name)(**inputs, out=out, config=config)
+        finally:
+            if int64:
+                kernel._needs_int64 = original
+        assert kernel.last_launch() == {"config": config, "source": "explicit"}
+        tests.check_output(out, inputs, dtype, seed, config)
+
+
+@pytest.mark.parametrize("name", sorted(ops.ACTIVATIONS))
+def test_activations_at_extremes(zoo, name):
+    """Large magnitudes, where exp overflows and naive forms give inf - inf or 0 * inf."""
+    kernel, tests = load(zoo, f"act_{name}")
+    values = torch.tensor([-1e4, -200.0, -88.0, -30.0, -20.0, -1e-6, 0.0, 1e-6, 15.0, 20.0, 30.0, 80.0, 200.0, 1e4])
+    if name in ("exp", "square", "relu_squared"):
+        values = values.clamp(-80, 80) if name == "exp" else values.clamp(-1e3, 1e3)
+    x = values.repeat(3, 1).float()
+    out = torch.full_like(x, float("nan"))
+    getattr(kernel, f"act_{name}")(x, out=out)
+    tests.check_output(out, {"x": x}, torch.float32, 0, kernel.last_launch())
+
+
+def test_bf16_dot_is_upcast_only_under_the_interpreter(zoo):
+    kernel, _ = load(zoo, "mm_gate_full")
+    assert kernel._interpreted() == (not torch.cuda.is_available())
+
+
+def test_error_without_gpu_when_the_spec_says_so(zoo, monkeypatch):
+    kernel, tests = load(zoo, "mm_static_rows")
+    monkeypatch.setattr(kernel, "_runs_triton", lambda device: False)
+    inputs = tests.make_inputs({**tests.SIZES, "K": 20, "N": 30}, torch.float16, 0)
+    with pytest.raises(RuntimeError, match="needs CUDA tensors"):
+        kernel.mm_static_rows(**inputs)
+
+
+def test_launcher_errors_name_the_tensor(zoo):
+    kernel, tests = load(zoo, "mm_broadcasts")
+    inputs = tests.make_inputs({"M": 5, "K": 8, "N": 16}, torch.float16, 0)
+    with pytest.raises(TypeError, match=r"b must be torch.float32 \(pinned by the spec\)"):
+        kernel.mm_broadcasts(**{**inputs, "b": inputs["b"].half()})
+    with pytest.raises(ValueError, match=r"w.shape\[1\] is 9, but x.shape\[1\] is 8; both are dim K"):
+        kernel.mm_broadcasts(**{**inputs, "w": torch.ones(16, 9, dtype=torch.float16)})
+    with pytest.raises(ValueError, match=r"r has leading dims \[2, 3\] but x has \[5\]"):
+        kernel.mm_broadcasts(**{**inputs, "r": torch.ones(2, 3, 16, dtype=torch.float16)})
+    buffer = torch.empty(5, 16, dtype=torch.float32)
+    r_in_buffer = buffer.view(torch.float16)[:, :16]  # r inside the output's memory
+    r_in_buffer.copy_(inputs["r"])
+    with pytest.raises(ValueError, match="out shares memory with r"):
+        kernel.mm_broadcasts(**{**inputs, "r": r_in_buffer}, out=buffer)
+    with pytest.raises(ValueError, match=r"config must be a dict with keys"):
+        kernel.mm_broadcasts(**inputs, config={"BLOCK_M": 16})
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        kernel.mm_broadcasts(**{**inputs, "x": [[1.0]]})
+
+
+def test_empty_rows_launch_nothing(zoo):
+    kernel, tests = load(zoo, "mm_gate_full")
+    inputs = tests.make_inputs({"M": 0, "K": 8, "N": 16}, torch.float16, 0)
+    out = kernel.mm_gate_full(**inputs)
+    assert out.shape == (0, 16) and kernel.last_launch()["source"] == "empty"
+
+
+# -- the tests can fail ---------------------------------------------------------------
+
+MUTATIONS = [
+    # (module, text to replace, replacement, why the tests must notice)
+    ("mm_gate_full", "acc = acc + b1[None, :]", "acc = acc + 0.0 * b1[None, :]", "a dropped bias"),
+    ("mm_gate_full", "mask_k = offs_k < K - k * BLOCK_K", "mask_k = offs_k < K - k * BLOCK_K - 1", "the last K column skipped"),
+    ("ew_mixed", "c_ptr + offs_m * stride_c_m", "c_ptr + (offs_m // 2) * stride_c_m", "a column operand misread"),
+    ("mm_transposed_a", "mask = mask_m[:, None]", "mask = (offs_m[:, None] < M - 1)", "the last row left unwritten"),
+    ("act_gelu_tanh", "0.044715", "0.04", "a wrong constant"),
+]
+
+
+@pytest.mark.parametrize("module, old, new, why", MUTATIONS, ids=[m[3] for m in MUTATIONS])
+def test_generated_tests_catch_a_broken_kernel(zoo, tmp_path, module, old, new, why):
+    shutil.copy(zoo / f"test_{module}.py", tmp_path)
+    text = (zoo / f"{module}.py").read_text()
+    assert old in text, f"mutation target missing: {old}"
+    (tmp_path / f"{module}.py").write_text(text.replace(old, new))
+    result = run_pytest(tmp_path, f"test_{module}.py", "-k", "matches_reference")
+    assert result.returncode == 1, f"{why} went unnoticed:\n{result.stdout[-3000:]}"
+    assert "outside the bound" in result.stdout

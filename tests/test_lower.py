@@ -1,0 +1,249 @@
+"""Spec -> IR: names resolved, defaults filled, meaning checked."""
+
+import re
+
+import pytest
+
+from conftest import ROOT
+from fusegen import build, configs, source
+from fusegen.errors import SpecErrors
+from fusegen.ir import Gate, Step
+from fusegen.lower import lower_file
+
+MLP = """
+kernels:
+  - name: k
+    dims: {{M: dynamic, K: 64, N: 128}}
+    inputs: {{{inputs}}}
+    chain:
+{steps}
+"""
+SHAPES = {"x": "[M, K]", "w": "[N, K]", "bv": "[N]", "res": "[M, N]", "cv": "[M]", "w2": "[N, K]"}
+
+
+def lower(write_spec, text):
+    return lower_file(source.load(write_spec(text)))
+
+
+def errors(write_spec, text):
+    with pytest.raises(SpecErrors) as exc:
+        lower(write_spec, text)
+    return [e.message for e in exc.value.errors]
+
+
+def mlp(steps):
+    """The text of a kernel whose chain is `steps`, declaring just the inputs they use."""
+    text = "\n".join(f"      - {s}" for s in steps)
+    used = [name for name in SHAPES if re.search(rf"\b{name}\b", text)]
+    return MLP.format(inputs=", ".join(f"{n}: {SHAPES[n]}" for n in used), steps=text)
+
+
+def chain(write_spec, *steps):
+    """Lower a kernel whose chain is x @ w.T followed by `steps`."""
+    return lower(write_spec, mlp(["matmul: {a: x, b: w.T}", *steps]))[0]
+
+
+def test_examples_lower():
+    loaded = build.load(build.collect([str(ROOT / "specs")]))
+    names = [k.name for k in loaded.kernels]
+    assert names == ["bert_intermediate", "bias_gelu_residual", "gpt2_mlp_up", "gpt2_attn_out", "llama_mlp_gate_up"]
+    llama = loaded.kernels[-1]
+    assert llama.kind == "matmul" and isinstance(llama.steps[-1], Gate)
+    assert (llama.matmul.m, llama.matmul.k, llama.matmul.n) == ("M", "K", "N")
+    assert llama.matmul.b_transposed and not llama.matmul.a_transposed
+    assert [d.size for d in llama.dims] == [None, 4096, 14336]
+    assert llama.configs == configs.GATED_SPACE and llama.default_config == configs.DEFAULTS["gated"]
+    gpt2 = loaded.kernels[2]
+    assert not gpt2.matmul.b_transposed  # Conv1D weights are [K, N]
+    assert [t.batched for t in gpt2.inputs] == [True, False, False]
+    assert loaded.kernels[0].fallback_nonfinite == "reference"
+
+
+@pytest.mark.parametrize(
+    "step, op, params",
+    [
+        ("gelu", "gelu", ()),
+        ("gelu: tanh", "gelu_tanh", ()),
+        ("gelu: {approximate: tanh}", "gelu_tanh", ()),
+        ("gelu: {approximate: none}", "gelu", ()),
+        ("gelu_tanh", "gelu_tanh", ()),
+        ("gelu_new", "gelu_tanh", ()),
+        ("swish", "silu", ()),
+        ("leaky_relu", "leaky_relu", (("alpha", 0.01),)),
+        ("leaky_relu: 0.2", "leaky_relu", (("alpha", 0.2),)),
+        ("leaky_relu: {alpha: 0.2}", "leaky_relu", (("alpha", 0.2),)),
+        ("softplus: {threshold: 10}", "softplus", (("beta", 1.0), ("threshold", 10.0))),
+        ("clamp: {min: -1, max: 2}", "clamp", (("min", -1.0), ("max", 2.0))),
+    ],
+)
+def test_activation_forms(write_spec, step, op, params):
+    k = chain(write_spec, step)
+    assert k.steps[0] == Step(op, params=params)
+
+
+def test_broadcasts_and_constants(write_spec):
+    k = chain(write_spec, "bias: bv", "add: res", "mul: cv", "sub: 1.5", "div: bv", "scale: 0.25", "gate: {matmul: {a: x, b: w2.T}}")
+    assert k.steps[:6] == (
+        Step("bias", operand="bv", broadcast="row"),
+        Step("add", operand="res", broadcast="full"),
+        Step("mul", operand="cv", broadcast="col"),
+        Step("sub", constant=1.5),
+        Step("div", operand="bv", broadcast="row"),
+        Step("scale", constant=0.25),
+    )
+    assert {t.name: t.batched for t in k.inputs} == {"x": True, "w": False, "bv": False, "res": True, "cv": True, "w2": False}
+
+
+def test_gate_with_bias_and_activation(write_spec):
+    k = chain(write_spec, "silu", "gate: {matmul: {a: x, b: w2.T}, bias: bv, activation: {gelu: tanh}}")
+    gate = k.steps[1]
+    assert gate.matmul.b == "w2"
+    assert gate.steps == (Step("bias", operand="bv", broadcast="row"), Step("gelu_tanh"))
+
+
+def test_cast_sets_the_output_dtype(write_spec):
+    assert chain(write_spec, "relu", "cast: float32").out_dtype == "fp32"
+
+
+def test_transposed_a_is_not_batched(write_spec):
+    (k,) = lower(
+        write_spec,
+        """
+        kernels:
+          - name: k
+            dims: {M: dynamic, K: 64, N: 32}
+            inputs: {xt: [K, M], w: [K, N]}
+            chain: [{matmul: {a: xt.T, b: w}}, relu]
+        """,
+    )
+    assert k.matmul.a_transposed and (k.row, k.col) == ("M", "N")
+    assert not k.inputs[0].batched
+
+
+def test_dtype_aliases_and_pins(write_spec):
+    (k,) = lower(
+        write_spec,
+        """
+        kernels:
+          - name: k
+            dims: {M: dynamic, N: 32}
+            dtypes: [bfloat16, half]
+            inputs: {x: [M, N], b: {shape: [N], dtype: float32}}
+            chain: [{input: x}, {bias: b}]
+        """,
+    )
+    assert k.dtypes == ("bf16", "fp16")
+    assert k.inputs[1].dtype == "fp32"
+
+
+def test_partial_default_config_keeps_builtin_values(write_spec):
+    (k,) = lower(
+        write_spec,
+        """
+        kernels:
+          - name: k
+            dims: {M: dynamic, N: 32}
+            inputs: {x: [M, N]}
+            chain: [{input: x}, relu]
+            autotune:
+              configs: [{BLOCK_M: 2, BLOCK_N: 512, num_warps: 4}]
+              default: {BLOCK_N: 256}
+        """,
+    )
+    assert [c.items() for c in k.configs] == [[("BLOCK_M", 2), ("BLOCK_N", 512), ("num_warps", 4)]]
+    assert k.default_config.BLOCK_N == 256
+    assert k.default_config.BLOCK_M == configs.DEFAULTS["elementwise"].BLOCK_M
+
+
+BAD = [
+    (["matmul: {a: x, b: w.T, c: w}"], "matmul takes {a: INPUT"),
+    (["matmul: {a: x, b: x}"], "mismatched matmul dims"),
+    (["matmul: {a: x, b: w.T}", "gate: {matmul: {a: x, b: w.T}}"], "same weight 'w'"),
+    (["input: res", "gate: {matmul: {a: x, b: w.T}}"], "`gate` needs a matmul chain"),
+    (["matmul: {a: x, b: w.T}", "matmul: {a: x, b: w.T}"], "can only be the first step"),
+    (["matmul: {a: x, b: w.T}", "scale: .inf"], "scale takes a number"),
+    (["matmul: {a: x, b: w.T}", "bias: bv.T"], "only a matmul operand can be read transposed"),
+    (["matmul: {a: x, b: w.T}", "relu: 3"], "relu takes no arguments"),
+    (["matmul: {a: x, b: w.T}", "clamp: {min: 2, max: 1}"], "min (2.0) is above its max (1.0)"),
+    (["matmul: {a: x, b: w.T}", "[relu]"], "a chain step is an op name or a one-key mapping"),
+    (["input: bv", "relu"], "runs over a 2-D input"),
+    (["input: res", "cast: fp16"], "needs at least one op after `input`"),
+    (["matmul: {a: x, b: w.T}", "cast: fp16", "relu"], "`cast` must be the last step"),
+]
+
+
+@pytest.mark.parametrize("steps, message", BAD, ids=[m for _, m in BAD])
+def test_bad_chains(write_spec, steps, message):
+    found = errors(write_spec, mlp(steps))
+    assert any(message in m for m in found), found
+
+
+def test_a_square_weight_needs_two_dim_names(write_spec):
+    found = errors(
+        write_spec,
+        """
+        kernels:
+          - name: k
+            dims: {M: dynamic, D: 64}
+            inputs: {x: [M, D], w: [D, D]}
+            chain: [{matmul: {a: x, b: w}}]
+        """,
+    )
+    assert any("names dim 'D' twice" in m for m in found)
+
+
+def test_matmul_operands_cannot_pin_dtypes(write_spec):
+    found = errors(
+        write_spec,
+        """
+        kernels:
+          - name: k
+            dims: {M: dynamic, K: 64, N: 32}
+            inputs: {x: [M, K], w: {shape: [K, N], dtype: fp32}}
+            chain: [{matmul: {a: x, b: w}}]
+        """,
+    )
+    assert any("cannot pin a dtype" in m for m in found)
+
+
+@pytest.mark.parametrize(
+    "name, dims, message",
+    [
+        ("2fast", "{M: dynamic, N: 8}", "not a Python identifier"),
+        ("torch", "{M: dynamic, N: 8}", "would clash"),
+        ("ok", "{M: dynamic, m: 8}", "differ only in case"),
+        ("ok", "{M: dynamic, N: 8, offs_x: 4}", "reserved"),
+    ],
+)
+def test_bad_names(write_spec, name, dims, message):
+    text = f"""
+kernels:
+  - name: {name}
+    dims: {dims}
+    inputs: {{x: [M, N]}}
+    chain: [{{input: x}}, relu]
+"""
+    assert any(message in m for m in errors(write_spec, text))
+
+
+def test_unknown_version(write_spec):
+    assert any("unknown spec version" in m for m in errors(write_spec, "version: 2\nkernels: [{name: k}]\n"))
+
+
+def test_all_kernels_of_a_file_are_checked(write_spec):
+    # An error in the first kernel does not hide one in the second.
+    found = errors(
+        write_spec,
+        """
+        kernels:
+          - name: a
+            dims: {M: dynamic, N: 8}
+            inputs: {x: [M, N]}
+            chain: [{input: x}, gleu]
+          - name: b
+            dims: {M: dynamic, N: 8}
+            inputs: {x: [M, N]}
+            chain: [{input: x}, {add: y}]
+        """,
+    )
+    assert len(found) == 2

@@ -1,0 +1,87 @@
+"""The op registry: each activation's PyTorch form against an independent formula, and
+the derivative bounds the tests' tolerance relies on against the real derivatives."""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+from fusegen import ops  # noqa: E402
+
+# Written from the definitions, not from the registry: x is a float64 tensor.
+INDEPENDENT = {
+    "relu": lambda x, p: torch.where(x > 0, x, 0.0),
+    "leaky_relu": lambda x, p: torch.where(x >= 0, x, p["alpha"] * x),
+    "gelu": lambda x, p: 0.5 * x * (1 + torch.special.erf(x / math.sqrt(2))),
+    "gelu_tanh": lambda x, p: 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
+    "silu": lambda x, p: x / (1 + torch.exp(-x)),
+    "sigmoid": lambda x, p: 1 / (1 + torch.exp(-x)),
+    "tanh": lambda x, p: (torch.exp(2 * x) - 1) / (torch.exp(2 * x) + 1),
+    "quick_gelu": lambda x, p: x / (1 + torch.exp(-1.702 * x)),
+    "softplus": lambda x, p: torch.where(
+        p["beta"] * x > p["threshold"], x, torch.log1p(torch.exp(p["beta"] * x)) / p["beta"]
+    ),
+    "mish": lambda x, p: x * torch.tanh(torch.log1p(torch.exp(x))),
+    "elu": lambda x, p: torch.where(x > 0, x, p["alpha"] * (torch.exp(x) - 1)),
+    "hardsigmoid": lambda x, p: torch.clamp(x + 3, 0, 6) / 6,
+    "hardswish": lambda x, p: x * torch.clamp(x + 3, 0, 6) / 6,
+    "relu_squared": lambda x, p: torch.where(x > 0, x * x, 0.0),
+    "square": lambda x, p: x * x,
+    "abs": lambda x, p: torch.where(x < 0, -x, x),
+    "neg": lambda x, p: 0 - x,
+    "exp": lambda x, p: math.e**x,
+    "clamp": lambda x, p: torch.minimum(torch.maximum(x, torch.tensor(p["min"])), torch.tensor(p["max"])),
+}
+PARAMS = {"leaky_relu": {"alpha": 0.2}, "softplus": {"beta": 2.0, "threshold": 15.0}, "elu": {"alpha": 0.7}, "clamp": {"min": -1.5, "max": 2.5}}
+
+
+def test_every_activation_has_an_independent_check():
+    assert set(INDEPENDENT) == set(ops.ACTIVATIONS)
+
+
+def torch_form(act, x, params):
+    expr = act.torch.format(v="x", **{k: repr(float(v)) for k, v in params.items()})
+    return eval(expr, {"torch": torch, "F": F, "x": x})  # noqa: S307 - the registry's own text
+
+
+@pytest.mark.parametrize("name", sorted(ops.ACTIVATIONS))
+def test_reference_form_matches_the_definition(name):
+    act = ops.ACTIVATIONS[name]
+    params = {p.name: PARAMS.get(name, {}).get(p.name, p.default) for p in act.params}
+    x = torch.linspace(-12, 12, 4801, dtype=torch.float64)
+    got = torch_form(act, x, params)
+    expected = INDEPENDENT[name](x, params)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(ops.ACTIVATIONS))
+def test_lipschitz_bound_holds(name):
+    """|f(v + d) - f(v)| <= L(v, e) * |d| for every |d| <= e: the tolerance's premise."""
+    act = ops.ACTIVATIONS[name]
+    params = {p.name: PARAMS.get(name, {}).get(p.name, p.default) for p in act.params}
+    literal = {k: repr(float(v)) for k, v in params.items()}
+    v = torch.linspace(-10, 10, 2001, dtype=torch.float64)
+    for e in (1e-3, 1e-1):
+        bound = eval(act.lipschitz.format(v="v", e="e", **literal), {"torch": torch, "v": v, "e": e, "abs": abs, "max": max})  # noqa: S307
+        for d in torch.linspace(-e, e, 9, dtype=torch.float64):
+            change = (torch_form(act, v + d, params) - torch_form(act, v, params)).abs()
+            assert (change <= bound * abs(d) * (1 + 1e-9) + 1e-15).all(), (name, e, float(d))
+
+
+def test_params_and_aliases_are_consistent():
+    for act in ops.ACTIVATIONS.values():
+        helper_args = [p.helper_arg for p in act.params]
+        assert len(set(helper_args)) == len(helper_args)
+        body = "\n".join(act.triton)
+        for arg in helper_args:
+            assert arg in body, (act.name, arg)
+    for alias, target in ops.ALIASES.items():
+        assert target in ops.ACTIVATIONS and alias not in ops.ALL_OPS
+
+
+def test_binary_bounds_name_their_operands():
+    for b in ops.BINARY.values():
+        assert "{r}" in b.bound_tensor or b.name in ("add", "sub")
+        assert "{c}" in b.bound_constant
