@@ -27,7 +27,9 @@ def collect(paths: list[str]) -> list[Path]:
         if path.is_dir():
             inside = sorted(p for p in path.iterdir() if p.suffix in SPEC_SUFFIXES and p.is_file())
             if not inside:
-                errors.append(SpecError(name, 0, 0, (), "no .yaml or .yml spec files in this folder"))
+                errors.append(
+                    SpecError(name, 0, 0, (), "no .yaml or .yml spec files in this folder")
+                )
             found += inside
         elif path.is_file():
             found.append(path)
@@ -72,7 +74,10 @@ def load(paths: list[Path]) -> Loaded:
                 first = where[k.name]
                 errors.append(
                     SpecError(
-                        src.display, line, col, ("kernels", i, "name"),
+                        src.display,
+                        line,
+                        col,
+                        ("kernels", i, "name"),
                         f"kernel name '{k.name}' is also used in {first[0]}:{first[1]}:{first[2]}",
                         "each kernel names its own generated module; rename one",
                     )
@@ -107,6 +112,8 @@ def orphans(loaded: Loaded, planned: list[Planned], out_dir: Path) -> list[Path]
             first = path.read_text(encoding="utf-8").split("\n", 1)[0]
         except (OSError, UnicodeDecodeError):
             continue
-        if first.startswith(HEADER_PREFIX) and any(f" from {d} (" in first for d in loaded.displays):
+        if first.startswith(HEADER_PREFIX) and any(
+            f" from {d} (" in first for d in loaded.displays
+        ):
             out.append(path)
     return out

@@ -25,8 +25,12 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     b = sub.add_parser("build", help="generate kernel and test modules from specs")
-    b.add_argument("specs", nargs="+", metavar="SPEC_OR_DIR", help="spec files, or folders of *.yaml specs")
-    b.add_argument("--out", default="generated", metavar="DIR", help="where to write (default: generated)")
+    b.add_argument(
+        "specs", nargs="+", metavar="SPEC_OR_DIR", help="spec files, or folders of *.yaml specs"
+    )
+    b.add_argument(
+        "--out", default="generated", metavar="DIR", help="where to write (default: generated)"
+    )
     b.add_argument(
         "--check",
         action="store_true",
@@ -36,7 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     v = sub.add_parser("validate", help="check specs and print their errors; write nothing")
     v.add_argument("specs", nargs="+", metavar="SPEC_OR_DIR")
 
-    sub.add_parser("schema", help="print the spec's JSON Schema (for editors' YAML language servers)")
+    sub.add_parser(
+        "schema", help="print the spec's JSON Schema (for editors' YAML language servers)"
+    )
     return parser
 
 
@@ -58,13 +64,16 @@ def _build(args: argparse.Namespace) -> int:
         return _print_errors(exc)
     stale = build.orphans(loaded, planned, out_dir)
     if args.check:
-        problems = writer.differences(planned) + [(p, "no kernel in the specs makes it any more") for p in stale]
+        problems = writer.differences(planned) + [
+            (p, "no kernel in the specs makes it any more") for p in stale
+        ]
         for path, what in problems:
             print(f"{path}: {what}", file=sys.stderr)
         if problems:
             print(
                 f"fusegen: {len(problems)} generated file(s) out of date; run `fusegen build "
-                f"{' '.join(args.specs)}" + (f" --out {args.out}`" if args.out != "generated" else "`"),
+                f"{' '.join(args.specs)}"
+                + (f" --out {args.out}`" if args.out != "generated" else "`"),
                 file=sys.stderr,
             )
             return 1
@@ -76,8 +85,10 @@ def _build(args: argparse.Namespace) -> int:
     for path in stale:
         path.unlink()
         print(f"removed {path} (no kernel in the specs makes it any more)")
-    print(f"fusegen: {len(loaded.kernels)} kernel(s), {len(written)} file(s) written, "
-          f"{len(planned) - len(written)} unchanged")
+    print(
+        f"fusegen: {len(loaded.kernels)} kernel(s), {len(written)} file(s) written, "
+        f"{len(planned) - len(written)} unchanged"
+    )
     return 0
 
 

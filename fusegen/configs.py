@@ -22,7 +22,9 @@ KEYS = {
 
 
 def _mm(bm, bn, bk, group, warps, stages) -> Config:
-    return Config(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, num_warps=warps, num_stages=stages)
+    return Config(
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, num_warps=warps, num_stages=stages
+    )
 
 
 def _ew(bm, bn, warps) -> Config:
@@ -106,7 +108,9 @@ def problems(config: Config, kind: str, *, weights: int = 1, operand_bytes: int 
     allowed = KEYS[kind]
     for key in values:
         if key not in allowed:
-            out.append(f"{key} is not a setting of an {kind} kernel (settings: {', '.join(allowed)})")
+            out.append(
+                f"{key} is not a setting of an {kind} kernel (settings: {', '.join(allowed)})"
+            )
     missing = [k for k in allowed if k not in values]
     if missing:
         out.append(f"missing {', '.join(missing)}")
@@ -114,7 +118,9 @@ def problems(config: Config, kind: str, *, weights: int = 1, operand_bytes: int 
         return out
     for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
         if key in values and not _pow2(values[key]):
-            out.append(f"{key} = {values[key]} is not a power of two (Triton's tl.arange needs one)")
+            out.append(
+                f"{key} = {values[key]} is not a power of two (Triton's tl.arange needs one)"
+            )
     if kind == "matmul":
         for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
             if _pow2(values[key]) and values[key] < 16:
@@ -133,6 +139,12 @@ def problems(config: Config, kind: str, *, weights: int = 1, operand_bytes: int 
                 )
     if values["num_warps"] not in WARPS:
         out.append(f"num_warps = {values['num_warps']} must be one of {', '.join(map(str, WARPS))}")
-    if kind == "elementwise" and not out and values["BLOCK_M"] * values["BLOCK_N"] > MAX_TENSOR_NUMEL:
-        out.append(f"BLOCK_M * BLOCK_N is over {MAX_TENSOR_NUMEL:,}, the largest tile Triton allows")
+    if (
+        kind == "elementwise"
+        and not out
+        and values["BLOCK_M"] * values["BLOCK_N"] > MAX_TENSOR_NUMEL
+    ):
+        out.append(
+            f"BLOCK_M * BLOCK_N is over {MAX_TENSOR_NUMEL:,}, the largest tile Triton allows"
+        )
     return out

@@ -75,7 +75,11 @@ class Config:
 
     def items(self) -> list[tuple[str, int]]:
         """The fields that are set, in declaration order."""
-        return [(f.name, getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) is not None]
+        return [
+            (f.name, getattr(self, f.name))
+            for f in fields(self)
+            if getattr(self, f.name) is not None
+        ]
 
     def meta(self) -> list[tuple[str, int]]:
         """The kernel's constexpr block sizes (launch options excluded)."""

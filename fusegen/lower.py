@@ -21,13 +21,45 @@ from fusegen.spec import ConfigSpec, KernelSpec, TOP_LEVEL_KEYS
 RESERVED_NAMES = frozenset(
     {
         # kernel
-        "acc", "acc_gate", "value", "mask", "pid", "k", "tl", "triton", "torch", "F",
-        "range", "min", "max",
+        "acc",
+        "acc_gate",
+        "value",
+        "mask",
+        "pid",
+        "k",
+        "tl",
+        "triton",
+        "torch",
+        "F",
+        "range",
+        "min",
+        "max",
         # launcher and module
-        "out", "config", "shapes", "dtype", "device", "out_dtype", "out_shape", "grid",
-        "args", "consts", "bad", "expected", "os", "logging", "reference", "last_launch",
+        "out",
+        "config",
+        "shapes",
+        "dtype",
+        "device",
+        "out_dtype",
+        "out_shape",
+        "grid",
+        "args",
+        "consts",
+        "bad",
+        "expected",
+        "os",
+        "logging",
+        "reference",
+        "last_launch",
         # reference and tests
-        "y", "y_gate", "v", "e", "v_gate", "e_gate", "p_in", "kernel",
+        "y",
+        "y_gate",
+        "v",
+        "e",
+        "v_gate",
+        "e_gate",
+        "p_in",
+        "kernel",
     }
 )
 RESERVED_PREFIXES = ("offs_", "mask_", "stride_", "num_pid", "group_", "first_pid", "pid_", "_")
@@ -35,8 +67,20 @@ RESERVED_SUFFIXES = ("_ptr", "_ptrs", "_tile", "_2d")
 # A generated module of one of these names would shadow what it or its tests import,
 # or a name the module defines.
 RESERVED_MODULES = frozenset(
-    {"torch", "triton", "numpy", "pytest", "conftest", "typing", "logging", "os", "math", "random",
-     "reference", "last_launch"}
+    {
+        "torch",
+        "triton",
+        "numpy",
+        "pytest",
+        "conftest",
+        "typing",
+        "logging",
+        "os",
+        "math",
+        "random",
+        "reference",
+        "last_launch",
+    }
 )
 
 OP_FORMS = (
@@ -60,15 +104,21 @@ def lower_file(source: SpecSource) -> list[Kernel]:
                 )
             )
     if "version" in data and data["version"] != 1:
-        errors.append(source.error(("version",), f"unknown spec version {data['version']!r}", "the only version is 1"))
+        errors.append(
+            source.error(
+                ("version",), f"unknown spec version {data['version']!r}", "the only version is 1"
+            )
+        )
     kernels_raw = data.get("kernels")
     if not isinstance(kernels_raw, list) or not kernels_raw:
         errors.append(
             source.error(
                 ("kernels",),
-                "`kernels` must be a non-empty list of kernels"
-                if "kernels" in data
-                else "the spec has no `kernels:` list",
+                (
+                    "`kernels` must be a non-empty list of kernels"
+                    if "kernels" in data
+                    else "the spec has no `kernels:` list"
+                ),
                 "see docs/spec.md for a complete example",
             )
         )
@@ -104,7 +154,9 @@ def lower_file(source: SpecSource) -> list[Kernel]:
     return kernels
 
 
-def _pydantic_errors(source: SpecSource, base: tuple, raw: Any, exc: pydantic.ValidationError) -> list[SpecError]:
+def _pydantic_errors(
+    source: SpecSource, base: tuple, raw: Any, exc: pydantic.ValidationError
+) -> list[SpecError]:
     out = []
     for err in exc.errors(include_url=False):
         # Keep only the parts of pydantic's location that exist in the data; the rest
@@ -126,7 +178,11 @@ def _pydantic_errors(source: SpecSource, base: tuple, raw: Any, exc: pydantic.Va
             allowed = _allowed_fields(err["loc"])
             message = f"unknown field '{field}'{did_you_mean(field, allowed)}"
             hint = "fields here: " + ", ".join(allowed) if allowed else ""
-            out.append(source.error(tuple(path) + ((field,) if field not in path else ()), message, hint, key=True))
+            out.append(
+                source.error(
+                    tuple(path) + ((field,) if field not in path else ()), message, hint, key=True
+                )
+            )
             continue
         if err["type"] == "missing":
             message = f"missing required field '{err['loc'][-1]}'"
@@ -158,7 +214,11 @@ def _check_name(name: str) -> str | None:
     """Why `name` cannot name an input or dim, or None."""
     if not name.isidentifier() or keyword.iskeyword(name):
         return f"'{name}' is not a Python identifier"
-    if name in RESERVED_NAMES or name.startswith(RESERVED_PREFIXES) or name.endswith(RESERVED_SUFFIXES):
+    if (
+        name in RESERVED_NAMES
+        or name.startswith(RESERVED_PREFIXES)
+        or name.endswith(RESERVED_SUFFIXES)
+    ):
         return f"'{name}' is reserved: the generated kernel uses it"
     return None
 
@@ -190,11 +250,18 @@ class _KernelLowerer:
         matmul, source, row, col, steps, out_dtype = chain
         for t in inputs.values():
             if t.name not in self.used_inputs:
-                self.err(("inputs", t.name), f"input '{t.name}' is never used by the chain", "use it or remove it", key=True)
+                self.err(
+                    ("inputs", t.name),
+                    f"input '{t.name}' is never used by the chain",
+                    "use it or remove it",
+                    key=True,
+                )
         used_dims = {d for t in inputs.values() for d in t.dims}
         for d in dims.values():
             if d.name not in used_dims:
-                self.err(("dims", d.name), f"dim '{d.name}' is declared but no input uses it", key=True)
+                self.err(
+                    ("dims", d.name), f"dim '{d.name}' is declared but no input uses it", key=True
+                )
         gated = any(isinstance(s, Gate) for s in steps)
         kind = "gated" if gated else ("matmul" if matmul else "elementwise")
         cfgs = self._configs(kind, matmul is not None, gated)
@@ -203,7 +270,13 @@ class _KernelLowerer:
         space, default = cfgs
         # Inputs that are batched carry the row dim first and are not read transposed.
         batched_inputs = tuple(
-            Tensor(t.name, t.dims, t.dtype, t.doc, batched=(t.dims[0] == row and not self._transposed(matmul, t.name)))
+            Tensor(
+                t.name,
+                t.dims,
+                t.dtype,
+                t.doc,
+                batched=(t.dims[0] == row and not self._transposed(matmul, t.name)),
+            )
             for t in inputs.values()
         )
         return Kernel(
@@ -232,12 +305,18 @@ class _KernelLowerer:
     def _transposed(matmul: Matmul | None, name: str) -> bool:
         if matmul is None:
             return False
-        return (matmul.a == name and matmul.a_transposed) or (matmul.b == name and matmul.b_transposed)
+        return (matmul.a == name and matmul.a_transposed) or (
+            matmul.b == name and matmul.b_transposed
+        )
 
     def _check_kernel_name(self) -> None:
         name = self.spec.name
         if not name.isidentifier() or keyword.iskeyword(name):
-            self.err(("name",), f"kernel name '{name}' is not a Python identifier", "it names a module: letters, digits, _")
+            self.err(
+                ("name",),
+                f"kernel name '{name}' is not a Python identifier",
+                "it names a module: letters, digits, _",
+            )
         elif name in RESERVED_MODULES or name.startswith(("test", "_")) or name.isupper():
             self.err(
                 ("name",),
@@ -274,7 +353,12 @@ class _KernelLowerer:
                 self.err(("inputs", name), f"input {problem}", key=True)
                 continue
             if name in self.spec.dims:
-                self.err(("inputs", name), f"input '{name}' has the name of a dim", "rename one", key=True)
+                self.err(
+                    ("inputs", name),
+                    f"input '{name}' has the name of a dim",
+                    "rename one",
+                    key=True,
+                )
                 continue
             ok = True
             for j, d in enumerate(inp.shape):
@@ -295,7 +379,9 @@ class _KernelLowerer:
                     "give each axis its own dim, even when sizes are equal (K: 768, N: 768)",
                 )
             if ok:
-                inputs[name] = Tensor(name, tuple(inp.shape), inp.dtype, inp.doc.strip(), batched=False)
+                inputs[name] = Tensor(
+                    name, tuple(inp.shape), inp.dtype, inp.doc.strip(), batched=False
+                )
         return inputs
 
     # -- the chain ---------------------------------------------------------------------
@@ -304,9 +390,11 @@ class _KernelLowerer:
         if isinstance(raw, str):
             return ops.ALIASES.get(raw, raw), None
         if isinstance(raw, dict) and len(raw) == 1:
-            (name, args), = raw.items()
+            ((name, args),) = raw.items()
             return ops.ALIASES.get(str(name), str(name)), args
-        self.err(("chain", i), f"a chain step is an op name or a one-key mapping, got {raw!r}", OP_FORMS)
+        self.err(
+            ("chain", i), f"a chain step is an op name or a one-key mapping, got {raw!r}", OP_FORMS
+        )
         return None
 
     def _chain(self, inputs: dict[str, Tensor], dims: dict[str, Dim]):
@@ -317,23 +405,28 @@ class _KernelLowerer:
         op, args = first
         matmul = None
         source = None
+        # When the first step is wrong, the later steps are still checked (every error
+        # in one run), but without the value's shape to check broadcasts against.
+        row = col = None
+        starts_matmul = op == "matmul"
         if op == "matmul":
             matmul = self._matmul(("chain", 0, "matmul"), args, inputs)
-            if matmul is None:
-                return None
-            row, col = matmul.m, matmul.n
+            if matmul is not None:
+                row, col = matmul.m, matmul.n
         elif op == "input":
             source = self._source(("chain", 0, "input"), args, inputs)
-            if source is None:
-                return None
-            row, col = inputs[source].dims
+            if source is not None:
+                row, col = inputs[source].dims
         else:
             hint = "an elementwise chain starts with `input: x`; a matmul chain with `matmul: {a: x, b: w.T}`"
             if op in ops.ALL_OPS:
-                self.err(("chain", 0), f"the chain must start with `matmul` or `input`, not `{op}`", hint)
+                self.err(
+                    ("chain", 0), f"the chain must start with `matmul` or `input`, not `{op}`", hint
+                )
             else:
-                self.err(("chain", 0), f"unknown op '{op}'{did_you_mean(op, ops.KNOWN_NAMES)}", hint)
-            return None
+                self.err(
+                    ("chain", 0), f"unknown op '{op}'{did_you_mean(op, ops.KNOWN_NAMES)}", hint
+                )
         steps: list = []
         out_dtype = None
         for i in range(1, len(chain)):
@@ -343,12 +436,26 @@ class _KernelLowerer:
             op, args = split
             path = ("chain", i, op) if isinstance(chain[i], dict) else ("chain", i)
             if out_dtype is not None:
-                self.err(("chain", i), "`cast` must be the last step", "the chain computes in fp32; cast sets the output dtype")
+                self.err(
+                    ("chain", i),
+                    "`cast` must be the last step",
+                    "the chain computes in fp32; cast sets the output dtype",
+                )
             if op in ("matmul", "input"):
-                self.err(("chain", i), f"`{op}` can only be the first step", "use `gate` for a second matmul on the same input")
+                self.err(
+                    ("chain", i),
+                    f"`{op}` can only be the first step",
+                    "use `gate` for a second matmul on the same input",
+                )
             elif op == "gate":
-                if matmul is None:
-                    self.err(path, "`gate` needs a matmul chain", "a gate multiplies by a second matmul on the chain's `a`")
+                if matmul is None and not starts_matmul:
+                    self.err(
+                        path,
+                        "`gate` needs a matmul chain",
+                        "a gate multiplies by a second matmul on the chain's `a`",
+                    )
+                elif matmul is None:
+                    continue  # the chain's own matmul is wrong; it was reported
                 elif any(isinstance(s, Gate) for s in steps):
                     self.err(path, "a chain can have only one `gate`")
                 else:
@@ -361,13 +468,20 @@ class _KernelLowerer:
                 step = self._elementwise(path, op, args, inputs, row, col)
                 if step:
                     steps.append(step)
-        if source is not None and all(_op_name(s) == "cast" for s in chain[1:]):
-            self.err(("chain",), "an elementwise chain needs at least one op after `input` (a cast alone is a copy)")
+        if first[0] == "input" and all(_op_name(s) == "cast" for s in chain[1:]):
+            self.err(
+                ("chain",),
+                "an elementwise chain needs at least one op after `input` (a cast alone is a copy)",
+            )
         return matmul, source, row, col, steps, out_dtype
 
-    def _tensor_ref(self, path: tuple, ref: Any, inputs: dict[str, Tensor], *, allow_t: bool) -> tuple[str, bool] | None:
+    def _tensor_ref(
+        self, path: tuple, ref: Any, inputs: dict[str, Tensor], *, allow_t: bool
+    ) -> tuple[str, bool] | None:
         if not isinstance(ref, str):
-            self.err(path, f"expected the name of an input, got {ref!r}", "inputs: " + ", ".join(inputs))
+            self.err(
+                path, f"expected the name of an input, got {ref!r}", "inputs: " + ", ".join(inputs)
+            )
             return None
         name, transposed = ref, False
         if ref.endswith(".T"):
@@ -386,9 +500,15 @@ class _KernelLowerer:
         self.used_inputs.add(name)
         return name, transposed
 
-    def _matmul(self, path: tuple, args: Any, inputs: dict[str, Tensor], *, main: Matmul | None = None) -> Matmul | None:
+    def _matmul(
+        self, path: tuple, args: Any, inputs: dict[str, Tensor], *, main: Matmul | None = None
+    ) -> Matmul | None:
         if not isinstance(args, dict) or set(args) - {"a", "b"} or not {"a", "b"} <= set(args):
-            self.err(path, f"matmul takes {{a: INPUT, b: INPUT or INPUT.T}}, got {args!r}", "e.g. matmul: {a: x, b: w.T}")
+            self.err(
+                path,
+                f"matmul takes {{a: INPUT, b: INPUT or INPUT.T}}, got {args!r}",
+                "e.g. matmul: {a: x, b: w.T}",
+            )
             return None
         a = self._tensor_ref(path + ("a",), args["a"], inputs, allow_t=True)
         b = self._tensor_ref(path + ("b",), args["b"], inputs, allow_t=True)
@@ -398,7 +518,9 @@ class _KernelLowerer:
         bad = False
         for which, t in (("a", ta), ("b", tb)):
             if len(t.dims) != 2:
-                self.err(path + (which,), f"matmul operand '{t.name}' must be 2-D, it is {list(t.dims)}")
+                self.err(
+                    path + (which,), f"matmul operand '{t.name}' must be 2-D, it is {list(t.dims)}"
+                )
                 bad = True
             if t.dtype is not None:
                 self.err(
@@ -432,9 +554,19 @@ class _KernelLowerer:
             return None
         mm = Matmul(a[0], b[0], a[1], b[1], m, k, n)
         if main is not None and mm.b == main.b:
-            self.err(path + ("b",), f"the gate reads the same weight '{mm.b}' as the chain's matmul", "a gate multiplies by a second, different weight")
+            self.err(
+                path + ("b",),
+                f"the gate reads the same weight '{mm.b}' as the chain's matmul",
+                "a gate multiplies by a second, different weight",
+            )
             return None
-        if main is not None and (mm.a, mm.a_transposed, mm.m, mm.k, mm.n) != (main.a, main.a_transposed, main.m, main.k, main.n):
+        if main is not None and (mm.a, mm.a_transposed, mm.m, mm.k, mm.n) != (
+            main.a,
+            main.a_transposed,
+            main.m,
+            main.k,
+            main.n,
+        ):
             self.err(
                 path,
                 f"a gate's matmul must read the same `a` ({main.a}{'.T' if main.a_transposed else ''}) and give the "
@@ -450,27 +582,47 @@ class _KernelLowerer:
             return None
         t = inputs[ref[0]]
         if len(t.dims) != 2:
-            self.err(path, f"an elementwise chain runs over a 2-D input [rows, cols]; '{t.name}' is {list(t.dims)}")
+            self.err(
+                path,
+                f"an elementwise chain runs over a 2-D input [rows, cols]; '{t.name}' is {list(t.dims)}",
+            )
             return None
         if t.dtype is not None:
-            self.err(("inputs", t.name, "dtype"), f"the chain's input '{t.name}' cannot pin a dtype", "it sets the call's dtype")
+            self.err(
+                ("inputs", t.name, "dtype"),
+                f"the chain's input '{t.name}' cannot pin a dtype",
+                "it sets the call's dtype",
+            )
             return None
         return t.name
 
     def _cast(self, path: tuple, args: Any) -> str | None:
         name = dtypes.canonical(args) if isinstance(args, str) else None
         if name is None:
-            self.err(path, f"unknown dtype {args!r}{did_you_mean(str(args), dtypes.DTYPES)}", f"valid: {ops.dtype_names()}")
+            self.err(
+                path,
+                f"unknown dtype {args!r}{did_you_mean(str(args), dtypes.DTYPES)}",
+                f"valid: {ops.dtype_names()}",
+            )
         return name
 
     def _gate(self, path: tuple, args: Any, inputs: dict[str, Tensor], main: Matmul) -> Gate | None:
         allowed = {"matmul", "bias", "activation"}
         if not isinstance(args, dict) or "matmul" not in args:
-            self.err(path, "gate takes {matmul: {a, b}, bias?: INPUT, activation?: ACTIVATION}", "e.g. gate: {matmul: {a: x, b: w_up.T}}")
+            self.err(
+                path,
+                "gate takes {matmul: {a, b}, bias?: INPUT, activation?: ACTIVATION}",
+                "e.g. gate: {matmul: {a: x, b: w_up.T}}",
+            )
             return None
         for key in args:
             if key not in allowed:
-                self.err(path + (key,), f"unknown gate field '{key}'{did_you_mean(key, allowed)}", "fields: " + ", ".join(sorted(allowed)), key=True)
+                self.err(
+                    path + (key,),
+                    f"unknown gate field '{key}'{did_you_mean(key, allowed)}",
+                    "fields: " + ", ".join(sorted(allowed)),
+                    key=True,
+                )
         mm = self._matmul(path + ("matmul",), args["matmul"], inputs, main=main)
         steps: list[Step] = []
         if "bias" in args:
@@ -479,11 +631,18 @@ class _KernelLowerer:
                 steps.append(step)
         if "activation" in args:
             act = args["activation"]
-            split = (act, None) if isinstance(act, str) else (next(iter(act.items())) if isinstance(act, dict) and len(act) == 1 else None)
+            split = (
+                (act, None)
+                if isinstance(act, str)
+                else (next(iter(act.items())) if isinstance(act, dict) and len(act) == 1 else None)
+            )
             if split is not None:
                 split = (ops.ALIASES.get(str(split[0]), str(split[0])), split[1])
             if split is None:
-                self.err(path + ("activation",), f"expected an activation (`silu`, `gelu: tanh`), got {act!r}")
+                self.err(
+                    path + ("activation",),
+                    f"expected an activation (`silu`, `gelu: tanh`), got {act!r}",
+                )
             elif split[0] not in ops.ACTIVATIONS and split[0] != "gelu":
                 self.err(
                     path + ("activation",),
@@ -491,12 +650,16 @@ class _KernelLowerer:
                     "activations: " + ", ".join(ops.ACTIVATIONS),
                 )
             else:
-                step = self._elementwise(path + ("activation",), split[0], split[1], inputs, main.m, main.n)
+                step = self._elementwise(
+                    path + ("activation",), split[0], split[1], inputs, main.m, main.n
+                )
                 if step:
                     steps.append(step)
         return Gate(mm, tuple(steps)) if mm else None
 
-    def _elementwise(self, path: tuple, op: str, args: Any, inputs: dict[str, Tensor], row: str, col: str) -> Step | None:
+    def _elementwise(
+        self, path: tuple, op: str, args: Any, inputs: dict[str, Tensor], row: str, col: str
+    ) -> Step | None:
         if op == "gelu":
             return self._gelu(path, args)
         if op in ops.ACTIVATIONS:
@@ -506,6 +669,8 @@ class _KernelLowerer:
             if ref is None:
                 return None
             t = inputs[ref[0]]
+            if col is None:
+                return None
             if t.dims != (col,):
                 self.err(
                     path,
@@ -526,9 +691,15 @@ class _KernelLowerer:
             if ref is None:
                 return None
             t = inputs[ref[0]]
+            if row is None:
+                return None
             broadcast = self._broadcast(path, t, row, col)
             return Step(op, operand=t.name, broadcast=broadcast) if broadcast else None
-        self.err(path[:3] if len(path) > 2 else path, f"unknown op '{op}'{did_you_mean(op, ops.KNOWN_NAMES)}", OP_FORMS)
+        self.err(
+            path[:3] if len(path) > 2 else path,
+            f"unknown op '{op}'{did_you_mean(op, ops.KNOWN_NAMES)}",
+            OP_FORMS,
+        )
         return None
 
     def _broadcast(self, path: tuple, t: Tensor, row: str, col: str) -> str | None:
@@ -547,7 +718,11 @@ class _KernelLowerer:
         if isinstance(args, dict):
             extra = set(args) - {"approximate"}
             if extra:
-                self.err(path, f"gelu takes only `approximate`, got {sorted(extra)}", "gelu: {approximate: tanh}")
+                self.err(
+                    path,
+                    f"gelu takes only `approximate`, got {sorted(extra)}",
+                    "gelu: {approximate: tanh}",
+                )
                 return None
             args = args.get("approximate", "none")
         if args is None:
@@ -567,19 +742,32 @@ class _KernelLowerer:
             given = {names[0]: args}  # `leaky_relu: 0.2` sets the first parameter
         else:
             form = f"{act.name}: {{{', '.join(names)}}}" if names else act.name
-            self.err(path, f"{act.name} takes {'no arguments' if not names else 'numbers'}, got {args!r}", f"write `{form}`")
+            self.err(
+                path,
+                f"{act.name} takes {'no arguments' if not names else 'numbers'}, got {args!r}",
+                f"write `{form}`",
+            )
             return None
         params = []
         ok = True
         for key in given:
             if key not in names:
                 ok = False
-                self.err(path + (key,), f"{act.name} has no parameter '{key}'{did_you_mean(key, names)}", "parameters: " + (", ".join(names) or "none"), key=True)
+                self.err(
+                    path + (key,),
+                    f"{act.name} has no parameter '{key}'{did_you_mean(key, names)}",
+                    "parameters: " + (", ".join(names) or "none"),
+                    key=True,
+                )
         for p in act.params:
             value = given.get(p.name, p.default)
             if value is None:
                 ok = False
-                self.err(path, f"{act.name} needs `{p.name}`", f"e.g. {act.name}: {{{', '.join(f'{n}: ...' for n in names)}}}")
+                self.err(
+                    path,
+                    f"{act.name} needs `{p.name}`",
+                    f"e.g. {act.name}: {{{', '.join(f'{n}: ...' for n in names)}}}",
+                )
             elif not _is_number(value):
                 ok = False
                 self.err(path + (p.name,), f"{act.name}'s {p.name} must be a number, got {value!r}")
@@ -592,7 +780,9 @@ class _KernelLowerer:
 
     # -- configs -----------------------------------------------------------------------
 
-    def _configs(self, kind: str, is_matmul: bool, gated: bool) -> tuple[tuple[Config, ...], Config] | None:
+    def _configs(
+        self, kind: str, is_matmul: bool, gated: bool
+    ) -> tuple[tuple[Config, ...], Config] | None:
         tune = self.spec.autotune
         family = "matmul" if is_matmul else "elementwise"
         operand_bytes = min(dtypes.DTYPES[d].bytes for d in self.spec.dtypes)
@@ -630,4 +820,3 @@ def _config(spec: ConfigSpec) -> Config:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-

@@ -53,7 +53,11 @@ ACTIVATIONS: dict[str, Activation] = {
     a.name: a
     for a in [
         Activation(
-            "relu", "max(x, 0)", ("return tl.maximum(x, 0.0)",), "torch.relu({v})", "1.0",
+            "relu",
+            "max(x, 0)",
+            ("return tl.maximum(x, 0.0)",),
+            "torch.relu({v})",
+            "1.0",
             transcendental=False,
         ),
         Activation(
@@ -155,12 +159,18 @@ ACTIVATIONS: dict[str, Activation] = {
             transcendental=False,
         ),
         Activation(
-            "square", "x * x", ("return x * x",), "{v}.square()", "2.0 * ({v}.abs() + {e})",
+            "square",
+            "x * x",
+            ("return x * x",),
+            "{v}.square()",
+            "2.0 * ({v}.abs() + {e})",
             transcendental=False,
         ),
         Activation("abs", "|x|", ("return tl.abs(x)",), "{v}.abs()", "1.0", transcendental=False),
         Activation("neg", "-x", ("return -x",), "-{v}", "1.0", transcendental=False),
-        Activation("exp", "exp(x)", ("return tl.exp(x)",), "torch.exp({v})", "torch.exp({v} + {e})"),
+        Activation(
+            "exp", "exp(x)", ("return tl.exp(x)",), "torch.exp({v})", "torch.exp({v} + {e})"
+        ),
         Activation(
             "clamp",
             "min(max(x, min), max)",
@@ -207,20 +217,32 @@ BINARY: dict[str, Binary] = {
     b.name: b
     for b in [
         Binary(
-            "add", "+", "add a tensor (a residual, say) or a constant",
-            "{e} + U32 * {y}.abs()", "{e} + U32 * ({y}.abs() + abs({c}))",
+            "add",
+            "+",
+            "add a tensor (a residual, say) or a constant",
+            "{e} + U32 * {y}.abs()",
+            "{e} + U32 * ({y}.abs() + abs({c}))",
         ),
         Binary(
-            "sub", "-", "subtract a tensor or a constant",
-            "{e} + U32 * {y}.abs()", "{e} + U32 * ({y}.abs() + abs({c}))",
+            "sub",
+            "-",
+            "subtract a tensor or a constant",
+            "{e} + U32 * {y}.abs()",
+            "{e} + U32 * ({y}.abs() + abs({c}))",
         ),
         Binary(
-            "mul", "*", "multiply by a tensor or a constant",
-            "{e} * {r}.abs() + U32 * {y}.abs()", "{e} * abs({c}) + 2 * U32 * {y}.abs()",
+            "mul",
+            "*",
+            "multiply by a tensor or a constant",
+            "{e} * {r}.abs() + U32 * {y}.abs()",
+            "{e} * abs({c}) + 2 * U32 * {y}.abs()",
         ),
         Binary(
-            "div", "/", "divide by a tensor or a constant",
-            "{e} / {r}.abs() + 4 * U32 * {y}.abs()", "{e} / abs({c}) + 4 * U32 * {y}.abs()",
+            "div",
+            "/",
+            "divide by a tensor or a constant",
+            "{e} / {r}.abs() + 4 * U32 * {y}.abs()",
+            "{e} / abs({c}) + 4 * U32 * {y}.abs()",
         ),
     ]
 }

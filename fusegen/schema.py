@@ -28,7 +28,10 @@ def _activation_args(act: ops.Activation) -> dict:
         }
     if not act.params:
         return {"type": "null"}
-    props = {p.name: {"type": "number", **({"default": p.default} if p.default is not None else {})} for p in act.params}
+    props = {
+        p.name: {"type": "number", **({"default": p.default} if p.default is not None else {})}
+        for p in act.params
+    }
     required = [p.name for p in act.params if p.default is None]
     obj = {"type": "object", "properties": props, "additionalProperties": False}
     if required:
@@ -56,7 +59,9 @@ def chain_step_schema() -> dict:
         "required": ["a", "b"],
         "additionalProperties": False,
     }
-    bare = sorted(a.name for a in ops.ACTIVATIONS.values() if all(p.default is not None for p in a.params))
+    bare = sorted(
+        a.name for a in ops.ACTIVATIONS.values() if all(p.default is not None for p in a.params)
+    )
     activation = {
         "anyOf": [{"enum": bare}]
         + [_step(a.name, _activation_args(a), a.math) for a in ops.ACTIVATIONS.values()]
@@ -79,7 +84,11 @@ def chain_step_schema() -> dict:
     forms.append(_step("bias", tensor, ops.STRUCTURAL["bias"].summary))
     forms.append(_step("scale", {"type": "number"}, ops.STRUCTURAL["scale"].summary))
     forms.append(
-        _step("cast", {"enum": sorted([*dtypes.DTYPES, *dtypes.ALIASES])}, ops.STRUCTURAL["cast"].summary)
+        _step(
+            "cast",
+            {"enum": sorted([*dtypes.DTYPES, *dtypes.ALIASES])},
+            ops.STRUCTURAL["cast"].summary,
+        )
     )
     for b in ops.BINARY.values():
         forms.append(_step(b.name, {"anyOf": [tensor, {"type": "number"}]}, b.summary))

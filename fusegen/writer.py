@@ -34,7 +34,9 @@ def write_all(planned: list[Planned]) -> list[Path]:
         if item.path.exists() and item.path.read_text(encoding="utf-8") == item.text:
             continue
         item.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{item.path.name}.", suffix=".tmp", dir=item.path.parent)
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{item.path.name}.", suffix=".tmp", dir=item.path.parent
+        )
         try:
             with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
                 f.write(item.text)

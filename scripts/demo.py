@@ -32,7 +32,9 @@ def main() -> None:
     mode = torch.cuda.get_device_name() if ON_GPU else "the Triton interpreter (no GPU)"
     print(f"gpt2_mlp_up: y = gelu_tanh(x @ w + b), x [{rows}, 768] bf16, on {mode}")
     print(f"  config: {launch['config']} ({launch['source']})")
-    print(f"  relative error vs float64 reference: fused {rel(y):.2e}, eager PyTorch {rel(eager):.2e}")
+    print(
+        f"  relative error vs float64 reference: fused {rel(y):.2e}, eager PyTorch {rel(eager):.2e}"
+    )
     if ON_GPU:
         from triton.testing import do_bench
 

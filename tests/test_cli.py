@@ -147,7 +147,10 @@ def test_runs_as_module_and_script(tmp_path, write_spec):
     spec = write_spec(GOOD)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
-        [sys.executable, "-m", "fusegen", "validate", str(spec)], capture_output=True, text=True, env=env
+        [sys.executable, "-m", "fusegen", "validate", str(spec)],
+        capture_output=True,
+        text=True,
+        env=env,
     )
     assert result.returncode == 0, result.stderr
     assert "relu_plus: ok" in result.stdout
@@ -185,9 +188,13 @@ def test_check_examples_are_up_to_date(run_cli):
 def test_display_path_is_repo_relative(run_cli, tmp_path):
     # Run from elsewhere: the header still names specs/... relative to the repository.
     gen = tmp_path / "gen"
-    code, _, _ = run_cli("build", str(ROOT / "specs" / "bert.yaml"), "--out", str(gen), cwd=tmp_path)
+    code, _, _ = run_cli(
+        "build", str(ROOT / "specs" / "bert.yaml"), "--out", str(gen), cwd=tmp_path
+    )
     assert code == 0
-    assert (gen / "bert_intermediate.py").read_text() == (ROOT / "generated" / "bert_intermediate.py").read_text()
+    assert (gen / "bert_intermediate.py").read_text() == (
+        ROOT / "generated" / "bert_intermediate.py"
+    ).read_text()
 
 
 def test_spec_outside_a_repo_is_named_relative_to_cwd(tmp_path, run_cli):

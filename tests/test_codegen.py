@@ -40,7 +40,15 @@ def test_generated_files_stand_alone(path):
             imported |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported.add(node.module.split(".")[0])
-    allowed = {"torch", "triton", "logging", "os", "random", "pytest", path.stem.removeprefix("test_")}
+    allowed = {
+        "torch",
+        "triton",
+        "logging",
+        "os",
+        "random",
+        "pytest",
+        path.stem.removeprefix("test_"),
+    }
     assert imported <= allowed, imported - allowed
     assert "fusegen" not in imported
     for machine_specific in ("/work/", "/tmp/", "/home/", "C:\\"):
@@ -89,15 +97,13 @@ def test_kernel_reads_like_the_chain(examples):
 
 
 def test_epilogue_loads_each_operand_once(write_spec):
-    path = write_spec(
-        """
+    path = write_spec("""
         kernels:
           - name: twice
             dims: {M: dynamic, N: dynamic}
             inputs: {x: [M, N], r: [M, N]}
             chain: [{input: x}, {add: r}, relu, {mul: r}]
-        """
-    )
+        """)
     (kernel,) = build.load([path]).kernels
     lines = codegen.epilogue(kernel, "value")
     assert sum(line.startswith("r = tl.load(") for line in lines) == 1
@@ -105,16 +111,14 @@ def test_epilogue_loads_each_operand_once(write_spec):
 
 
 def test_spec_text_cannot_break_the_module(write_spec):
-    path = write_spec(
-        '''
+    path = write_spec('''
         kernels:
           - name: odd_doc
             doc: 'quotes """ and a backslash \\ end'
             dims: {M: dynamic, N: dynamic}
             inputs: {x: [M, N]}
             chain: [{input: x}, relu]
-        '''
-    )
+        ''')
     (kernel,) = build.load([path]).kernels
     module = codegen.render(kernel)[0].text
     namespace = {}

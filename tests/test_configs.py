@@ -19,7 +19,14 @@ def test_builtin_spaces_are_valid():
     for cfg in configs.ELEMENTWISE_SPACE:
         assert configs.problems(cfg, "elementwise") == []
     for kind, cfg in configs.DEFAULTS.items():
-        assert configs.problems(cfg, "elementwise" if kind == "elementwise" else "matmul", weights=2 if kind == "gated" else 1) == []
+        assert (
+            configs.problems(
+                cfg,
+                "elementwise" if kind == "elementwise" else "matmul",
+                weights=2 if kind == "gated" else 1,
+            )
+            == []
+        )
 
 
 @pytest.mark.parametrize(
@@ -48,5 +55,13 @@ def test_shared_memory_counts_every_weight_and_the_dtype():
 
 def test_elementwise_configs():
     assert configs.problems(Config(BLOCK_M=4, BLOCK_N=1024, num_warps=8), "elementwise") == []
-    assert "not a setting" in configs.problems(Config(BLOCK_M=4, BLOCK_N=1024, BLOCK_K=16, num_warps=8), "elementwise")[0]
-    assert "largest tile" in configs.problems(Config(BLOCK_M=1024, BLOCK_N=2048, num_warps=8), "elementwise")[0]
+    assert (
+        "not a setting"
+        in configs.problems(
+            Config(BLOCK_M=4, BLOCK_N=1024, BLOCK_K=16, num_warps=8), "elementwise"
+        )[0]
+    )
+    assert (
+        "largest tile"
+        in configs.problems(Config(BLOCK_M=1024, BLOCK_N=2048, num_warps=8), "elementwise")[0]
+    )

@@ -29,14 +29,12 @@ def activation_specs() -> str:
     kernels = []
     for name in sorted(ops.ACTIVATIONS):
         step = ACTIVATION_ARGS.get(name, name)
-        kernels.append(
-            f"""
+        kernels.append(f"""
   - name: act_{name}
     dims: {{M: dynamic, N: dynamic}}
     dtypes: [fp32, bf16]
     inputs: {{x: [M, N]}}
-    chain: [{{input: x}}, {step}]"""
-        )
+    chain: [{{input: x}}, {step}]""")
     return "kernels:" + "".join(kernels) + "\n"
 
 
@@ -114,7 +112,12 @@ def zoo(tmp_path_factory):
     (root / "activations.yaml").write_text(activation_specs())
     (root / "matmuls.yaml").write_text(MATMUL_SPECS)
     out = root / "gen"
-    assert main(["build", str(root / "activations.yaml"), str(root / "matmuls.yaml"), "--out", str(out)]) == 0
+    assert (
+        main(
+            ["build", str(root / "activations.yaml"), str(root / "matmuls.yaml"), "--out", str(out)]
+        )
+        == 0
+    )
     return out
 
 
@@ -154,17 +157,33 @@ def load(zoo: Path, name: str):
 
 
 TINY = {
-    "matmul": {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 1, "num_stages": 1},
+    "matmul": {
+        "BLOCK_M": 16,
+        "BLOCK_N": 16,
+        "BLOCK_K": 16,
+        "GROUP_M": 2,
+        "num_warps": 1,
+        "num_stages": 1,
+    },
     "elementwise": {"BLOCK_M": 2, "BLOCK_N": 32, "num_warps": 1},
 }
 
 
-@pytest.mark.parametrize("name", ["mm_broadcasts", "mm_transposed_a", "mm_gate_full", "mm_static_rows", "ew_mixed"])
+@pytest.mark.parametrize(
+    "name", ["mm_broadcasts", "mm_transposed_a", "mm_gate_full", "mm_static_rows", "ew_mixed"]
+)
 def test_small_tiles_cover_every_edge(zoo, name):
     """Tiles much smaller than the problem: many row and column tiles, partial groups,
     several K steps with a masked tail, and the int64 offset path."""
     kernel, tests = load(zoo, name)
-    sizes = {**tests.SIZES, **{d: s for d, s in {"M": 37, "N": 70, "K": 70}.items() if d in kernel.DIMS and kernel.DIMS[d] is None}}
+    sizes = {
+        **tests.SIZES,
+        **{
+            d: s
+            for d, s in {"M": 37, "N": 70, "K": 70}.items()
+            if d in kernel.DIMS and kernel.DIMS[d] is None
+        },
+    }
     config = TINY["matmul" if "BLOCK_K" in kernel.DEFAULT_CONFIG else "elementwise"]
     dtype = tests.DTYPES[0]
     for int64 in (False, True):
@@ -175,7 +194,9 @@ def test_small_tiles_cover_every_edge(zoo, name):
             original = kernel._needs_int64
             kernel._needs_int64 = lambda *t: True
         try:
-            out = torch.full([sizes[tests.ROW], sizes[tests.COL]], float("nan"), dtype=kernel.OUT_DTYPE or dtype)
+            out = torch.full(
+                [sizes[tests.ROW], sizes[tests.COL]], float("nan"), dtype=kernel.OUT_DTYPE or dtype
+            )
             getattr(kernel, name)(**inputs, out=out, config=config)
         finally:
             if int64:
@@ -188,7 +209,9 @@ def test_small_tiles_cover_every_edge(zoo, name):
 def test_activations_at_extremes(zoo, name):
     """Large magnitudes, where exp overflows and naive forms give inf - inf or 0 * inf."""
     kernel, tests = load(zoo, f"act_{name}")
-    values = torch.tensor([-1e4, -200.0, -88.0, -30.0, -20.0, -1e-6, 0.0, 1e-6, 15.0, 20.0, 30.0, 80.0, 200.0, 1e4])
+    values = torch.tensor(
+        [-1e4, -200.0, -88.0, -30.0, -20.0, -1e-6, 0.0, 1e-6, 15.0, 20.0, 30.0, 80.0, 200.0, 1e4]
+    )
     if name in ("exp", "square", "relu_squared"):
         values = values.clamp(-80, 80) if name == "exp" else values.clamp(-1e3, 1e3)
     x = values.repeat(3, 1).float()
@@ -215,7 +238,9 @@ def test_launcher_errors_name_the_tensor(zoo):
     inputs = tests.make_inputs({"M": 5, "K": 8, "N": 16}, torch.float16, 0)
     with pytest.raises(TypeError, match=r"b must be torch.float32 \(pinned by the spec\)"):
         kernel.mm_broadcasts(**{**inputs, "b": inputs["b"].half()})
-    with pytest.raises(ValueError, match=r"w.shape\[1\] is 9, but x.shape\[1\] is 8; both are dim K"):
+    with pytest.raises(
+        ValueError, match=r"w.shape\[1\] is 9, but x.shape\[1\] is 8; both are dim K"
+    ):
         kernel.mm_broadcasts(**{**inputs, "w": torch.ones(16, 9, dtype=torch.float16)})
     with pytest.raises(ValueError, match=r"r has leading dims \[2, 3\] but x has \[5\]"):
         kernel.mm_broadcasts(**{**inputs, "r": torch.ones(2, 3, 16, dtype=torch.float16)})
@@ -242,9 +267,24 @@ def test_empty_rows_launch_nothing(zoo):
 MUTATIONS = [
     # (module, text to replace, replacement, why the tests must notice)
     ("mm_gate_full", "acc = acc + b1[None, :]", "acc = acc + 0.0 * b1[None, :]", "a dropped bias"),
-    ("mm_gate_full", "mask_k = offs_k < K - k * BLOCK_K", "mask_k = offs_k < K - k * BLOCK_K - 1", "the last K column skipped"),
-    ("ew_mixed", "c_ptr + offs_m * stride_c_m", "c_ptr + (offs_m // 2) * stride_c_m", "a column operand misread"),
-    ("mm_transposed_a", "mask = mask_m[:, None]", "mask = (offs_m[:, None] < M - 1)", "the last row left unwritten"),
+    (
+        "mm_gate_full",
+        "mask_k = offs_k < K - k * BLOCK_K",
+        "mask_k = offs_k < K - k * BLOCK_K - 1",
+        "the last K column skipped",
+    ),
+    (
+        "ew_mixed",
+        "c_ptr + offs_m * stride_c_m",
+        "c_ptr + (offs_m // 2) * stride_c_m",
+        "a column operand misread",
+    ),
+    (
+        "mm_transposed_a",
+        "mask = mask_m[:, None]",
+        "mask = (offs_m[:, None] < M - 1)",
+        "the last row left unwritten",
+    ),
     ("act_gelu_tanh", "0.044715", "0.04", "a wrong constant"),
 ]
 

@@ -46,13 +46,21 @@ def chain(write_spec, *steps):
 def test_examples_lower():
     loaded = build.load(build.collect([str(ROOT / "specs")]))
     names = [k.name for k in loaded.kernels]
-    assert names == ["bert_intermediate", "bias_gelu_residual", "gpt2_mlp_up", "gpt2_attn_out", "llama_mlp_gate_up"]
+    assert names == [
+        "bert_intermediate",
+        "bias_gelu_residual",
+        "gpt2_mlp_up",
+        "gpt2_attn_out",
+        "llama_mlp_gate_up",
+    ]
     llama = loaded.kernels[-1]
     assert llama.kind == "matmul" and isinstance(llama.steps[-1], Gate)
     assert (llama.matmul.m, llama.matmul.k, llama.matmul.n) == ("M", "K", "N")
     assert llama.matmul.b_transposed and not llama.matmul.a_transposed
     assert [d.size for d in llama.dims] == [None, 4096, 14336]
-    assert llama.configs == configs.GATED_SPACE and llama.default_config == configs.DEFAULTS["gated"]
+    assert (
+        llama.configs == configs.GATED_SPACE and llama.default_config == configs.DEFAULTS["gated"]
+    )
     gpt2 = loaded.kernels[2]
     assert not gpt2.matmul.b_transposed  # Conv1D weights are [K, N]
     assert [t.batched for t in gpt2.inputs] == [True, False, False]
@@ -82,7 +90,16 @@ def test_activation_forms(write_spec, step, op, params):
 
 
 def test_broadcasts_and_constants(write_spec):
-    k = chain(write_spec, "bias: bv", "add: res", "mul: cv", "sub: 1.5", "div: bv", "scale: 0.25", "gate: {matmul: {a: x, b: w2.T}}")
+    k = chain(
+        write_spec,
+        "bias: bv",
+        "add: res",
+        "mul: cv",
+        "sub: 1.5",
+        "div: bv",
+        "scale: 0.25",
+        "gate: {matmul: {a: x, b: w2.T}}",
+    )
     assert k.steps[:6] == (
         Step("bias", operand="bv", broadcast="row"),
         Step("add", operand="res", broadcast="full"),
@@ -91,11 +108,20 @@ def test_broadcasts_and_constants(write_spec):
         Step("div", operand="bv", broadcast="row"),
         Step("scale", constant=0.25),
     )
-    assert {t.name: t.batched for t in k.inputs} == {"x": True, "w": False, "bv": False, "res": True, "cv": True, "w2": False}
+    assert {t.name: t.batched for t in k.inputs} == {
+        "x": True,
+        "w": False,
+        "bv": False,
+        "res": True,
+        "cv": True,
+        "w2": False,
+    }
 
 
 def test_gate_with_bias_and_activation(write_spec):
-    k = chain(write_spec, "silu", "gate: {matmul: {a: x, b: w2.T}, bias: bv, activation: {gelu: tanh}}")
+    k = chain(
+        write_spec, "silu", "gate: {matmul: {a: x, b: w2.T}, bias: bv, activation: {gelu: tanh}}"
+    )
     gate = k.steps[1]
     assert gate.matmul.b == "w2"
     assert gate.steps == (Step("bias", operand="bv", broadcast="row"), Step("gelu_tanh"))
@@ -227,7 +253,10 @@ kernels:
 
 
 def test_unknown_version(write_spec):
-    assert any("unknown spec version" in m for m in errors(write_spec, "version: 2\nkernels: [{name: k}]\n"))
+    assert any(
+        "unknown spec version" in m
+        for m in errors(write_spec, "version: 2\nkernels: [{name: k}]\n")
+    )
 
 
 def test_all_kernels_of_a_file_are_checked(write_spec):

@@ -15,7 +15,9 @@ INDEPENDENT = {
     "relu": lambda x, p: torch.where(x > 0, x, 0.0),
     "leaky_relu": lambda x, p: torch.where(x >= 0, x, p["alpha"] * x),
     "gelu": lambda x, p: 0.5 * x * (1 + torch.special.erf(x / math.sqrt(2))),
-    "gelu_tanh": lambda x, p: 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
+    "gelu_tanh": lambda x, p: 0.5
+    * x
+    * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
     "silu": lambda x, p: x / (1 + torch.exp(-x)),
     "sigmoid": lambda x, p: 1 / (1 + torch.exp(-x)),
     "tanh": lambda x, p: (torch.exp(2 * x) - 1) / (torch.exp(2 * x) + 1),
@@ -32,9 +34,16 @@ INDEPENDENT = {
     "abs": lambda x, p: torch.where(x < 0, -x, x),
     "neg": lambda x, p: 0 - x,
     "exp": lambda x, p: math.e**x,
-    "clamp": lambda x, p: torch.minimum(torch.maximum(x, torch.tensor(p["min"])), torch.tensor(p["max"])),
+    "clamp": lambda x, p: torch.minimum(
+        torch.maximum(x, torch.tensor(p["min"])), torch.tensor(p["max"])
+    ),
 }
-PARAMS = {"leaky_relu": {"alpha": 0.2}, "softplus": {"beta": 2.0, "threshold": 15.0}, "elu": {"alpha": 0.7}, "clamp": {"min": -1.5, "max": 2.5}}
+PARAMS = {
+    "leaky_relu": {"alpha": 0.2},
+    "softplus": {"beta": 2.0, "threshold": 15.0},
+    "elu": {"alpha": 0.7},
+    "clamp": {"min": -1.5, "max": 2.5},
+}
 
 
 def test_every_activation_has_an_independent_check():
@@ -64,7 +73,10 @@ def test_lipschitz_bound_holds(name):
     literal = {k: repr(float(v)) for k, v in params.items()}
     v = torch.linspace(-10, 10, 2001, dtype=torch.float64)
     for e in (1e-3, 1e-1):
-        bound = eval(act.lipschitz.format(v="v", e="e", **literal), {"torch": torch, "v": v, "e": e, "abs": abs, "max": max})  # noqa: S307
+        bound = eval(
+            act.lipschitz.format(v="v", e="e", **literal),
+            {"torch": torch, "v": v, "e": e, "abs": abs, "max": max},
+        )  # noqa: S307
         for d in torch.linspace(-e, e, 9, dtype=torch.float64):
             change = (torch_form(act, v + d, params) - torch_form(act, v, params)).abs()
             assert (change <= bound * abs(d) * (1 + 1e-9) + 1e-15).all(), (name, e, float(d))

@@ -16,14 +16,35 @@ def installed(tmp_path_factory):
     """Build a real wheel of this checkout and install it (without deps) into a folder."""
     tmp = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(tmp), str(ROOT)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp),
+            str(ROOT),
+        ],
         check=True,
         capture_output=True,
     )
     (wheel,) = tmp.glob("fusegen-*.whl")
     site = tmp / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), str(wheel)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--target",
+            str(site),
+            str(wheel),
+        ],
         check=True,
         capture_output=True,
     )
@@ -48,9 +69,14 @@ def test_build_from_another_folder_with_the_wheel(installed, tmp_path):
     )
     result = subprocess.run(
         [sys.executable, "-c", code, "build", str(ROOT / "specs"), "--out", "gen"],
-        cwd=work, env=env, capture_output=True, text=True,
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[0].startswith(str(site)), "fusegen was not imported from the wheel"
+    assert result.stdout.splitlines()[0].startswith(
+        str(site)
+    ), "fusegen was not imported from the wheel"
     for module in (ROOT / "generated").glob("*.py"):
         assert (work / "gen" / module.name).read_text() == module.read_text(), module.name

@@ -7,13 +7,11 @@ from fusegen.errors import SpecErrors
 
 
 def test_values_and_keys_keep_their_positions(write_spec):
-    path = write_spec(
-        """
+    path = write_spec("""
         kernels:
           - name: k
             dims: {M: dynamic}
-        """
-    )
+        """)
     src = source.load(path)
     assert src.data == {"kernels": [{"name": "k", "dims": {"M": "dynamic"}}]}
     assert src.locate(("kernels", 0, "name")) == (2, 11)
@@ -33,13 +31,11 @@ def test_duplicate_keys_are_errors_not_overwrites(write_spec):
 
 
 def test_anchors_and_merge_keys_work(write_spec):
-    path = write_spec(
-        """
+    path = write_spec("""
         base: &base {M: dynamic, N: 64}
         kernels:
           - dims: {<<: *base, K: 8}
-        """
-    )
+        """)
     assert source.load(path).data["kernels"][0]["dims"] == {"M": "dynamic", "N": 64, "K": 8}
 
 
