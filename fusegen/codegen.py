@@ -17,9 +17,17 @@ import jinja2
 from fusegen import __version__, naming
 from fusegen.chain_text import dict_literal, docstring_safe, dtype_literal, formula, tuple_literal
 from fusegen.ir import Config, Kernel, Tensor
-from fusegen.kernel_text import epilogue, helpers, mainloop, params, tile_addr
+from fusegen.kernel_text import (
+    epilogue,
+    helpers,
+    mainloop,
+    params,
+    tile_addr,
+    tma_mainloop,
+    weights,
+)
 from fusegen.python_text import input_doc, out_doc, reference_lines
-from fusegen.test_text import bound_lines, cases, dist
+from fusegen.test_text import aligned_cases, bound_lines, cases, dist, heavy
 
 BLACK_MODE = black.Mode(line_length=100, target_versions={black.TargetVersion.PY310})
 
@@ -134,6 +142,18 @@ def kernel_context(kernel: Kernel) -> dict:
         "rows_bucket": naming.ROWS_BUCKET,
         "kernel_fn": naming.kernel_fn(kernel.name),
         "params": params(kernel),
+        "tma_params": params(kernel, tma=True),
+        "tma": tma_mainloop(kernel) if mm else {},
+        "tma_configs": [config_literal(c) for c in kernel.tma_configs],
+        "tma_tensors": (
+            "("
+            + ", ".join(
+                naming.view2d(n) for n in [mm.a, *(b for _, b in weights(kernel))] + [naming.OUT]
+            )
+            + ")"
+            if mm
+            else "()"
+        ),
         "row": kernel.row,
         "col": kernel.col,
         "offs_row": naming.offs(kernel.row),
@@ -189,6 +209,7 @@ def kernel_context(kernel: Kernel) -> dict:
 
 def test_context(kernel: Kernel) -> dict:
     cpu, gpu = cases(kernel)
+    aligned_cpu, aligned_gpu = aligned_cases(kernel)
     views_before_out = len(kernel.inputs)
     return {
         "header": header(kernel),
@@ -209,6 +230,10 @@ def test_context(kernel: Kernel) -> dict:
             for t in kernel.inputs
         ],
         "cases_cpu": repr(cpu),
+        "aligned_cpu": repr(aligned_cpu),
+        "aligned_gpu": repr(aligned_gpu),
+        "matmul": kernel.matmul is not None,
+        "heavy": heavy(kernel),
         "cases_gpu": repr(gpu),
         "ref_args": ", ".join(t.name for t in kernel.inputs),
         "bound_lines": bound_lines(kernel),

@@ -67,12 +67,34 @@ ELEMENTWISE_SPACE = (
     _ew(64, 64, 4),
 )
 
+# The TMA kernel's spaces (sm_90+): the output tile also passes through shared memory,
+# and thin tiles with long K steps keep many weight bytes in flight for decode-sized M.
+TMA_MATMUL_SPACE = (
+    _mm(128, 256, 64, 8, 8, 3),
+    _mm(256, 128, 64, 8, 8, 3),
+    _mm(128, 128, 64, 8, 8, 4),
+    _mm(128, 128, 128, 8, 8, 3),
+    _mm(64, 128, 64, 8, 4, 4),
+    _mm(64, 64, 128, 8, 4, 4),
+    _mm(16, 64, 256, 1, 4, 4),
+    _mm(16, 32, 256, 1, 4, 6),
+)
+TMA_GATED_SPACE = (
+    _mm(128, 128, 64, 8, 8, 3),
+    _mm(128, 64, 64, 8, 4, 4),
+    _mm(64, 128, 64, 8, 4, 4),
+    _mm(64, 64, 128, 8, 4, 4),
+    _mm(16, 64, 256, 1, 4, 3),
+    _mm(16, 32, 256, 1, 4, 5),
+)
+
 DEFAULTS = {
     "matmul": _mm(128, 128, 64, 8, 8, 3),
     "gated": _mm(128, 64, 64, 8, 4, 4),
     "elementwise": _ew(4, 1024, 8),
 }
 SPACES = {"matmul": MATMUL_SPACE, "gated": GATED_SPACE, "elementwise": ELEMENTWISE_SPACE}
+TMA_SPACES = {"matmul": TMA_MATMUL_SPACE, "gated": TMA_GATED_SPACE, "elementwise": ()}
 
 # Under the Triton interpreter each tile operation costs about the same whatever its
 # size (numpy does the work), so large tiles are much faster there: measured 34 s with
@@ -85,19 +107,22 @@ INTERPRETER = {
 }
 
 
-def smem_bytes(config: Config, operand_bytes: int, weights: int) -> int:
+def smem_bytes(config: Config, operand_bytes: int, weights: int, *, tma: bool = False) -> int:
     """Shared memory the pipelined mainloop stages: each stage holds one tile of `a`
-    and one of each weight."""
+    and one of each weight; on the TMA path the output tile is staged too."""
     a_tile = config.BLOCK_M * config.BLOCK_K
     b_tile = config.BLOCK_K * config.BLOCK_N
-    return config.num_stages * (a_tile + weights * b_tile) * operand_bytes
+    out_tile = config.BLOCK_M * config.BLOCK_N if tma else 0
+    return (config.num_stages * (a_tile + weights * b_tile) + out_tile) * operand_bytes
 
 
 def _pow2(v: int) -> bool:
     return v > 0 and (v & (v - 1)) == 0
 
 
-def problems(config: Config, kind: str, *, weights: int = 1, operand_bytes: int = 2) -> list[str]:
+def problems(
+    config: Config, kind: str, *, weights: int = 1, operand_bytes: int = 2, tma: bool = False
+) -> list[str]:
     """Why `config` cannot run for a kernel of `kind` ("matmul" | "elementwise"); [] if it can.
 
     `weights` is the number of matmul B operands (2 with a gate); `operand_bytes` the
@@ -130,7 +155,7 @@ def problems(config: Config, kind: str, *, weights: int = 1, operand_bytes: int 
         if not 1 <= values["num_stages"] <= MAX_STAGES:
             out.append(f"num_stages = {values['num_stages']} must be 1 to {MAX_STAGES}")
         elif not out:
-            smem = smem_bytes(config, operand_bytes, weights)
+            smem = smem_bytes(config, operand_bytes, weights, tma=tma)
             if smem > SMEM_LIMIT_SM90:
                 out.append(
                     f"needs {smem:,} bytes of shared memory at {operand_bytes}-byte operands, over "

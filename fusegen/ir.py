@@ -104,7 +104,8 @@ class Kernel:
     fp32_matmul: str  # "tf32" | "ieee"
     fallback_no_gpu: str  # "reference" | "error"
     fallback_nonfinite: str  # "off" | "reference"
-    configs: tuple[Config, ...]
+    configs: tuple[Config, ...]  # the pointer kernel's autotuning space
+    tma_configs: tuple[Config, ...]  # the TMA kernel's (matmul chains only)
     default_config: Config
     interpreter_config: Config
 

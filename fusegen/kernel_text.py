@@ -93,9 +93,7 @@ def mainloop(kernel: Kernel) -> tuple[list[dict], list[dict]]:
         }
     ]
     dots = []
-    for acc, b_name in [("acc", mm.b)] + [
-        ("acc_gate", g.matmul.b) for g in kernel.steps if isinstance(g, Gate)
-    ]:
+    for acc, b_name in weights(kernel):
         b = kernel.tensor(b_name)
         operands.append(
             {
@@ -111,14 +109,55 @@ def mainloop(kernel: Kernel) -> tuple[list[dict], list[dict]]:
     return operands, dots
 
 
-def params(kernel: Kernel) -> list[dict]:
+def weights(kernel: Kernel) -> list[tuple[str, str]]:
+    """(accumulator, weight) for the chain's matmul and a gate's."""
+    return [("acc", kernel.matmul.b)] + [
+        ("acc_gate", g.matmul.b) for g in kernel.steps if isinstance(g, Gate)
+    ]
+
+
+def tma_mainloop(kernel: Kernel) -> dict:
+    """The TMA kernel's descriptors and tile loads. Each descriptor covers its tensor in
+    the layout the spec declares (last dim contiguous); a tile the dot needs the other
+    way round is loaded as declared and transposed in registers, which wgmma reads from
+    shared memory at no cost."""
+    mm = kernel.matmul
+    block = {mm.m: "BLOCK_M", mm.k: "BLOCK_K", mm.n: "BLOCK_N"}
+    coord = {mm.m: "pid_m * BLOCK_M", mm.k: "k * BLOCK_K", mm.n: "pid_n * BLOCK_N"}
+
+    def descriptor(t: Tensor) -> dict:
+        return {
+            "name": f"{t.name}_desc",
+            "ptr": naming.ptr(t.name),
+            "shape": ", ".join(t.dims),
+            "strides": f"{naming.stride(t.name, t.dims[0])}, 1",
+            "block": ", ".join(block[d] for d in t.dims),
+        }
+
+    def load(t: Tensor, needed: tuple[str, str]) -> dict:
+        expr = f"{t.name}_desc.load([{', '.join(coord[d] for d in t.dims)}])"
+        return {"tile": naming.tile(t.name), "expr": expr + (".T" if t.dims != needed else "")}
+
+    a = kernel.tensor(mm.a)
+    bs = [kernel.tensor(b) for _, b in weights(kernel)]
+    out = Tensor(naming.OUT, (kernel.row, kernel.col), None, "", False)
+    return {
+        "descriptors": [descriptor(t) for t in [a, *bs, out]],
+        "loads": [load(a, (mm.m, mm.k))] + [load(b, (mm.k, mm.n)) for b in bs],
+        "out_desc": f"{naming.OUT}_desc",
+    }
+
+
+def params(kernel: Kernel, *, tma: bool = False) -> list[dict]:
     meta = (
         ["BLOCK_M", "BLOCK_N"]
-        + (["BLOCK_K", "GROUP_M", "EVEN_K"] if kernel.matmul else [])
+        + (["BLOCK_K", "GROUP_M"] + ([] if tma else ["EVEN_K"]) if kernel.matmul else [])
         + ["INT64"]
     )
     if kernel.matmul:
         meta.append("DOT_UPCAST")
+    if tma:
+        meta.append("NUM_SMS")
     strides = [naming.stride(t.name, d) for t in kernel.inputs for d in t.dims]
     strides += [naming.stride(naming.OUT, kernel.row), naming.stride(naming.OUT, kernel.col)]
     return [

@@ -267,7 +267,7 @@ class _KernelLowerer:
         cfgs = self._configs(kind, matmul is not None, gated)
         if self.errors or cfgs is None:
             return None
-        space, default = cfgs
+        space, tma_space, default = cfgs
         # Inputs that are batched carry the row dim first and are not read transposed.
         batched_inputs = tuple(
             Tensor(
@@ -297,6 +297,7 @@ class _KernelLowerer:
             fallback_no_gpu=spec.fallback.no_gpu,
             fallback_nonfinite=spec.fallback.nonfinite,
             configs=space,
+            tma_configs=tma_space,
             default_config=default,
             interpreter_config=configs.INTERPRETER[kind],
         )
@@ -782,12 +783,15 @@ class _KernelLowerer:
 
     def _configs(
         self, kind: str, is_matmul: bool, gated: bool
-    ) -> tuple[tuple[Config, ...], Config] | None:
+    ) -> tuple[tuple[Config, ...], tuple[Config, ...], Config] | None:
+        """The pointer kernel's space, the TMA kernel's and the default config. A space
+        the spec gives serves both kernels."""
         tune = self.spec.autotune
         family = "matmul" if is_matmul else "elementwise"
         operand_bytes = min(dtypes.DTYPES[d].bytes for d in self.spec.dtypes)
         weights = 2 if gated else 1
         space = configs.SPACES[kind]
+        tma_space = configs.TMA_SPACES[kind]
         default = configs.DEFAULTS[kind]
         ok = True
 
@@ -799,6 +803,7 @@ class _KernelLowerer:
 
         if tune and tune.configs is not None:
             space = tuple(_config(c) for c in tune.configs)
+            tma_space = space if is_matmul else ()
             for j, cfg in enumerate(space):
                 ok &= check(cfg, ("configs", j))
         if tune and tune.default is not None:
@@ -807,7 +812,7 @@ class _KernelLowerer:
             merged = Config(**{**dict(default.items()), **dict(given.items())})
             ok &= check(merged, ("default",))
             default = merged
-        return (space, default) if ok else None
+        return (space, tma_space, default) if ok else None
 
 
 def _op_name(raw: Any) -> Any:

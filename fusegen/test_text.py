@@ -71,15 +71,19 @@ def bound_lines(kernel: Kernel) -> list[str]:
     return lines
 
 
+def heavy(kernel: Kernel) -> bool:
+    """Whether the spec fixes weights so large that each interpreter launch takes seconds."""
+    mm = kernel.matmul
+    if not mm:
+        return False
+    return (kernel.dim(mm.k).size or 1) * (kernel.dim(mm.n).size or 1) > LARGE_WEIGHT
+
+
 def cases(kernel: Kernel) -> tuple[list[dict], list[dict]]:
     """Sizes for the dynamic dims: (CPU cases, GPU cases)."""
     mm = kernel.matmul
     k = mm.k if mm else None
-    weight_numel = 1
-    if mm:
-        for d in (mm.k, mm.n):
-            weight_numel *= kernel.dim(d).size or 1
-    cpu_rows = [19] if weight_numel > LARGE_WEIGHT else [1, 37]
+    cpu_rows = [19] if heavy(kernel) else [1, 37]
     # Per role: CPU values step past the interpreter's blocks (256 for matmul N and K,
     # 1024 for elementwise columns); GPU values are odd and large.
     cpu = {"row": cpu_rows, "col": [70, 300] if mm else [70, 1100], "k": [70, 300]}
@@ -100,6 +104,24 @@ def cases(kernel: Kernel) -> tuple[list[dict], list[dict]]:
             if case not in cases:
                 cases.append(case)
         return cases
+
+    return build(cpu), build(gpu)
+
+
+def aligned_cases(kernel: Kernel) -> tuple[dict, dict]:
+    """Sizes whose rows are whole 16-byte multiples in every dtype (multiples of 8
+    elements) but not of the block sizes: (CPU, GPU). The row count is a row length
+    only when `a` is read transposed."""
+    transposed = kernel.matmul is not None and kernel.matmul.a_transposed
+    cpu = {"row": 40 if transposed else 19 if heavy(kernel) else 37, "col": 264, "k": 264}
+    gpu = {"row": 304 if transposed else 300, "col": 1032, "k": 1048}
+    k = kernel.matmul.k if kernel.matmul else None
+
+    def role(name: str) -> str:
+        return "row" if name == kernel.row else "k" if name == k else "col"
+
+    def build(table: dict) -> dict:
+        return {d.name: table[role(d.name)] for d in kernel.dims if d.size is None}
 
     return build(cpu), build(gpu)
 

@@ -125,20 +125,23 @@ def _bias_gelu_residual_kernel(
 
 # -- Launch support: the same in every module fusegen generates -------------------------
 
-_LAST = {"config": None, "source": None}
+_KERNELS = {"pointer": (_bias_gelu_residual_kernel, CONFIGS)}
+_LAST = {"config": None, "source": None, "path": None}
 _LOGGED = set()
-_TUNED = []
+_TUNED = {}
 
 
 def last_launch() -> dict:
     """What the last call ran: {"config": the config dict or None, "source": one of
-    "autotune", "default", "interpreter", "explicit", "reference (...)", "empty"}."""
+    "autotune", "default", "interpreter", "explicit", "reference (...)", "empty",
+    "path": "pointer" or "tma" (the kernel that ran) or None}."""
     return dict(_LAST)
 
 
-def _record(config, source):
+def _record(config, source, path=None):
     _LAST["config"] = dict(config) if config is not None else None
     _LAST["source"] = source
+    _LAST["path"] = path
 
 
 def _log_once(reason, message, *args):
@@ -305,37 +308,43 @@ def _prune(configs, named_args, **kwargs):
     whose tiles are far larger than the problem (they only add masked work)."""
     first = named_args["x_ptr"]
     limit = _shared_memory_limit(first.device)
+    tma = "NUM_SMS" in kwargs
     sizes = {"BLOCK_M": named_args["M"], "BLOCK_N": named_args["N"]}
     kept = []
     for c in configs:
-        if _config_smem(c.kwargs, c.num_stages, first.element_size()) > limit:
+        if _config_smem(c.kwargs, c.num_stages, first.element_size(), tma) > limit:
             continue
         if any(c.kwargs[b] >= 2 * max(16, _bucket(n)) for b, n in sizes.items()):
             continue
         kept.append(c)
     return kept or [
-        min(configs, key=lambda c: _config_smem(c.kwargs, c.num_stages, first.element_size()))
+        min(configs, key=lambda c: _config_smem(c.kwargs, c.num_stages, first.element_size(), tma))
     ]
 
 
-def _config_smem(meta, stages, element_size):
+def _config_smem(meta, stages, element_size, tma=False):
+    """Shared memory a config stages: its pipelined input tiles, and on the TMA path
+    the output tile a descriptor store goes through."""
     return 0
 
 
-def _tuned_kernel():
-    """The autotuned kernel, made at first use: the interpreter cannot tune."""
-    if not _TUNED:
-        _TUNED.append(
-            triton.autotune(
-                configs=[_triton_config(c) for c in CONFIGS],
-                key=["ROWS_BUCKET", "N"],
-                prune_configs_by={"early_config_prune": _prune},
-            )(_bias_gelu_residual_kernel)
-        )
-    return _TUNED[0]
+def _tuned_kernel(path):
+    """The autotuned kernel for a path, made at first use: the interpreter cannot tune."""
+    if path not in _TUNED:
+        kernel, configs = _KERNELS[path]
+        _TUNED[path] = triton.autotune(
+            configs=[_triton_config(c) for c in configs],
+            key=["ROWS_BUCKET", "N"],
+            prune_configs_by={"early_config_prune": _prune},
+        )(kernel)
+    return _TUNED[path]
 
 
-def _launch(grid, args, consts, config):
+def _launch(path, grid, args, consts, config):
+    if path == "tma":
+        _ensure_allocator(args[0].device)
+        consts = {**consts, "NUM_SMS": _num_sms(args[0].device)}
+    kernel = _KERNELS[path][0]
     if config is not None:
         chosen, source = _checked_config(config), "explicit"
     elif _interpreted():
@@ -343,7 +352,7 @@ def _launch(grid, args, consts, config):
     elif os.environ.get("FUSEGEN_AUTOTUNE", "1") == "0":
         chosen, source = DEFAULT_CONFIG, "default"
     else:
-        tuned = _tuned_kernel()
+        tuned = _tuned_kernel(path)
         known = len(tuned.cache)
         try:
             tuned[grid](*args, **consts)
@@ -358,14 +367,53 @@ def _launch(grid, args, consts, config):
             chosen = {k: found[k] for k in DEFAULT_CONFIG}
             if len(tuned.cache) > known:
                 _log.info(
-                    "bias_gelu_residual: tuned in %.1f s, chose %s",
+                    "bias_gelu_residual: tuned the %s kernel in %.1f s, chose %s",
+                    path,
                     getattr(tuned, "bench_time", 0.0),
                     chosen,
                 )
-            _record(chosen, "autotune")
+            _record(chosen, "autotune", path)
             return
-    _bias_gelu_residual_kernel[grid](*args, **consts, **_triton_kwargs(chosen))
-    _record(chosen, source)
+    kernel[grid](*args, **consts, **_triton_kwargs(chosen))
+    _record(chosen, source, path)
+
+
+def _tma_ready(tensor):
+    """A tensor descriptor needs a contiguous last dim, 16-byte-aligned strides and a
+    16-byte-aligned start (an fp16 row of 50 elements is 100 bytes: not aligned)."""
+    size = tensor.element_size()
+    return (
+        tensor.numel() > 0
+        and tensor.stride(-1) == 1
+        and all(stride * size % 16 == 0 for stride in tensor.stride()[:-1])
+        and tensor.data_ptr() % 16 == 0
+    )
+
+
+def _path(device, tensors):
+    """ "tma" on sm_90+ GPUs when every matmul operand and the output allow it, else
+    "pointer". FUSEGEN_TMA=0 forces the pointer path; FUSEGEN_TMA=1 takes the TMA path
+    wherever the tensors allow, the interpreter included."""
+    return "pointer"
+
+
+def _num_sms(device):
+    if device.type != "cuda":
+        return 4  # the interpreter: a few programs, each walking several tiles
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _ensure_allocator(device):
+    """Tensor descriptors made inside a kernel need a little global scratch memory;
+    triton asks an allocator for it. Keep one the caller set; else set one."""
+    current = getattr(getattr(triton.runtime, "_allocation", None), "_allocator", None)
+    if current is not None and type(current.get()).__name__ != "NullAllocator":
+        return
+
+    def scratch(size, alignment, stream):
+        return torch.empty(size, dtype=torch.int8, device=device)
+
+    triton.set_allocator(scratch)
 
 
 def _triton_kwargs(config):
@@ -432,8 +480,11 @@ def bias_gelu_residual(
         return out
     out_2d = out.view(-1, N)
 
+    path = _path(device, ())
+
     def grid(meta):
-        return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+        tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
+        return (min(tiles, meta["NUM_SMS"]),) if path == "tma" else (tiles,)
 
     args = (
         x_2d,
@@ -454,7 +505,7 @@ def bias_gelu_residual(
     consts = {
         "INT64": _needs_int64(x_2d, b_2d, r_2d, out_2d),
     }
-    _launch(grid, args, consts, config)
+    _launch(path, grid, args, consts, config)
     return out
 
 

@@ -67,6 +67,17 @@ INTERPRETER_CONFIG = {
     "num_warps": 4,
     "num_stages": 1,
 }
+# The space for the TMA kernel (sm_90 and newer GPUs).
+TMA_CONFIGS = [
+    {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+    {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+    {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+    {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "GROUP_M": 1, "num_warps": 4, "num_stages": 4},
+    {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256, "GROUP_M": 1, "num_warps": 4, "num_stages": 6},
+]
 
 
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
@@ -166,22 +177,118 @@ def _gpt2_attn_out_kernel(
     )
 
 
+@triton.jit(do_not_specialize=["ROWS_BUCKET"])
+def _gpt2_attn_out_kernel_tma(
+    # Pointers to the inputs and the output
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    residual_ptr,
+    out_ptr,
+    # Dims
+    M,
+    K,
+    N,
+    ROWS_BUCKET,
+    # Strides: elements to step for one index along each dim
+    stride_x_m,
+    stride_x_k,
+    stride_w_k,
+    stride_w_n,
+    stride_b_n,
+    stride_residual_m,
+    stride_residual_n,
+    stride_out_m,
+    stride_out_n,
+    # Meta-parameters
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    INT64: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+):
+    """y = x @ w + b + residual: the TMA kernel, for sm_90 and newer GPUs.
+
+    A persistent grid: NUM_SMS programs walk the output tiles in GROUP_M order. Tiles
+    move between global and shared memory through tensor descriptors, which zero-fill
+    loads and clip stores at the tensors' edges, so the mainloop needs no masks. The
+    launcher takes this path only for contiguous rows with 16-byte-aligned strides.
+    """
+    x_desc = tl.make_tensor_descriptor(
+        x_ptr, shape=[M, K], strides=[stride_x_m, 1], block_shape=[BLOCK_M, BLOCK_K]
+    )
+    w_desc = tl.make_tensor_descriptor(
+        w_ptr, shape=[K, N], strides=[stride_w_k, 1], block_shape=[BLOCK_K, BLOCK_N]
+    )
+    out_desc = tl.make_tensor_descriptor(
+        out_ptr, shape=[M, N], strides=[stride_out_m, 1], block_shape=[BLOCK_M, BLOCK_N]
+    )
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    for tile_id in tl.range(tl.program_id(0), num_pid_m * num_pid_n, NUM_SMS, flatten=True):
+        num_pid_in_group = GROUP_M * num_pid_n
+        group_id = tile_id // num_pid_in_group
+        first_pid_m = group_id * GROUP_M
+        group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+        pid_m = first_pid_m + (tile_id % num_pid_in_group) % group_size_m
+        pid_n = (tile_id % num_pid_in_group) // group_size_m
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            x_tile = x_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
+            w_tile = w_desc.load([k * BLOCK_K, pid_n * BLOCK_N])
+            if DOT_UPCAST:
+                # As in the pointer kernel: the interpreter's bf16 tl.dot is wrong.
+                x_tile = x_tile.to(tl.float32)
+                w_tile = w_tile.to(tl.float32)
+            acc = tl.dot(x_tile, w_tile, acc, input_precision="tf32")
+
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        if INT64:
+            # Offset times stride would overflow int32 past 2**31 elements.
+            offs_m = offs_m.to(tl.int64)
+            offs_n = offs_n.to(tl.int64)
+        mask_m = offs_m < M
+        mask_n = offs_n < N
+        mask = mask_m[:, None] & mask_n[None, :]
+        # The chain, in fp32.
+        b = tl.load(b_ptr + offs_n * stride_b_n, mask=mask_n, other=0.0).to(tl.float32)
+        acc = acc + b[None, :]
+        residual = tl.load(
+            residual_ptr
+            + offs_m[:, None] * stride_residual_m
+            + offs_n[None, :] * stride_residual_n,
+            mask=mask,
+            other=0.0,
+        ).to(tl.float32)
+        acc = acc + residual
+        out_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(out_ptr.dtype.element_ty))
+
+
 # -- Launch support: the same in every module fusegen generates -------------------------
 
-_LAST = {"config": None, "source": None}
+_KERNELS = {
+    "pointer": (_gpt2_attn_out_kernel, CONFIGS),
+    "tma": (_gpt2_attn_out_kernel_tma, TMA_CONFIGS),
+}
+_LAST = {"config": None, "source": None, "path": None}
 _LOGGED = set()
-_TUNED = []
+_TUNED = {}
 
 
 def last_launch() -> dict:
     """What the last call ran: {"config": the config dict or None, "source": one of
-    "autotune", "default", "interpreter", "explicit", "reference (...)", "empty"}."""
+    "autotune", "default", "interpreter", "explicit", "reference (...)", "empty",
+    "path": "pointer" or "tma" (the kernel that ran) or None}."""
     return dict(_LAST)
 
 
-def _record(config, source):
+def _record(config, source, path=None):
     _LAST["config"] = dict(config) if config is not None else None
     _LAST["source"] = source
+    _LAST["path"] = path
 
 
 def _log_once(reason, message, *args):
@@ -348,39 +455,46 @@ def _prune(configs, named_args, **kwargs):
     whose tiles are far larger than the problem (they only add masked work)."""
     first = named_args["x_ptr"]
     limit = _shared_memory_limit(first.device)
+    tma = "NUM_SMS" in kwargs
     sizes = {"BLOCK_M": named_args["M"], "BLOCK_N": named_args["N"], "BLOCK_K": named_args["K"]}
     kept = []
     for c in configs:
-        if _config_smem(c.kwargs, c.num_stages, first.element_size()) > limit:
+        if _config_smem(c.kwargs, c.num_stages, first.element_size(), tma) > limit:
             continue
         if any(c.kwargs[b] >= 2 * max(16, _bucket(n)) for b, n in sizes.items()):
             continue
         kept.append(c)
     return kept or [
-        min(configs, key=lambda c: _config_smem(c.kwargs, c.num_stages, first.element_size()))
+        min(configs, key=lambda c: _config_smem(c.kwargs, c.num_stages, first.element_size(), tma))
     ]
 
 
-def _config_smem(meta, stages, element_size):
+def _config_smem(meta, stages, element_size, tma=False):
+    """Shared memory a config stages: its pipelined input tiles, and on the TMA path
+    the output tile a descriptor store goes through."""
     a_tile = meta["BLOCK_M"] * meta["BLOCK_K"]
     b_tile = meta["BLOCK_K"] * meta["BLOCK_N"]
-    return stages * (a_tile + 1 * b_tile) * element_size
+    out_tile = meta["BLOCK_M"] * meta["BLOCK_N"] if tma else 0
+    return (stages * (a_tile + 1 * b_tile) + out_tile) * element_size
 
 
-def _tuned_kernel():
-    """The autotuned kernel, made at first use: the interpreter cannot tune."""
-    if not _TUNED:
-        _TUNED.append(
-            triton.autotune(
-                configs=[_triton_config(c) for c in CONFIGS],
-                key=["ROWS_BUCKET", "N", "K"],
-                prune_configs_by={"early_config_prune": _prune},
-            )(_gpt2_attn_out_kernel)
-        )
-    return _TUNED[0]
+def _tuned_kernel(path):
+    """The autotuned kernel for a path, made at first use: the interpreter cannot tune."""
+    if path not in _TUNED:
+        kernel, configs = _KERNELS[path]
+        _TUNED[path] = triton.autotune(
+            configs=[_triton_config(c) for c in configs],
+            key=["ROWS_BUCKET", "N", "K"],
+            prune_configs_by={"early_config_prune": _prune},
+        )(kernel)
+    return _TUNED[path]
 
 
-def _launch(grid, args, consts, config):
+def _launch(path, grid, args, consts, config):
+    if path == "tma":
+        _ensure_allocator(args[0].device)
+        consts = {**consts, "NUM_SMS": _num_sms(args[0].device)}
+    kernel = _KERNELS[path][0]
     if config is not None:
         chosen, source = _checked_config(config), "explicit"
     elif _interpreted():
@@ -388,7 +502,7 @@ def _launch(grid, args, consts, config):
     elif os.environ.get("FUSEGEN_AUTOTUNE", "1") == "0":
         chosen, source = DEFAULT_CONFIG, "default"
     else:
-        tuned = _tuned_kernel()
+        tuned = _tuned_kernel(path)
         known = len(tuned.cache)
         try:
             tuned[grid](*args, **consts)
@@ -401,14 +515,60 @@ def _launch(grid, args, consts, config):
             chosen = {k: found[k] for k in DEFAULT_CONFIG}
             if len(tuned.cache) > known:
                 _log.info(
-                    "gpt2_attn_out: tuned in %.1f s, chose %s",
+                    "gpt2_attn_out: tuned the %s kernel in %.1f s, chose %s",
+                    path,
                     getattr(tuned, "bench_time", 0.0),
                     chosen,
                 )
-            _record(chosen, "autotune")
+            _record(chosen, "autotune", path)
             return
-    _gpt2_attn_out_kernel[grid](*args, **consts, **_triton_kwargs(chosen))
-    _record(chosen, source)
+    kernel[grid](*args, **consts, **_triton_kwargs(chosen))
+    _record(chosen, source, path)
+
+
+def _tma_ready(tensor):
+    """A tensor descriptor needs a contiguous last dim, 16-byte-aligned strides and a
+    16-byte-aligned start (an fp16 row of 50 elements is 100 bytes: not aligned)."""
+    size = tensor.element_size()
+    return (
+        tensor.numel() > 0
+        and tensor.stride(-1) == 1
+        and all(stride * size % 16 == 0 for stride in tensor.stride()[:-1])
+        and tensor.data_ptr() % 16 == 0
+    )
+
+
+def _path(device, tensors):
+    """ "tma" on sm_90+ GPUs when every matmul operand and the output allow it, else
+    "pointer". FUSEGEN_TMA=0 forces the pointer path; FUSEGEN_TMA=1 takes the TMA path
+    wherever the tensors allow, the interpreter included."""
+    setting = os.environ.get("FUSEGEN_TMA", "")
+    if setting == "0" or not all(_tma_ready(t) for t in tensors):
+        return "pointer"
+    if setting == "1":
+        return "tma"
+    if _interpreted() or device.type != "cuda":
+        return "pointer"
+    return "tma" if torch.cuda.get_device_capability(device)[0] >= 9 else "pointer"
+
+
+def _num_sms(device):
+    if device.type != "cuda":
+        return 4  # the interpreter: a few programs, each walking several tiles
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _ensure_allocator(device):
+    """Tensor descriptors made inside a kernel need a little global scratch memory;
+    triton asks an allocator for it. Keep one the caller set; else set one."""
+    current = getattr(getattr(triton.runtime, "_allocation", None), "_allocator", None)
+    if current is not None and type(current.get()).__name__ != "NullAllocator":
+        return
+
+    def scratch(size, alignment, stream):
+        return torch.empty(size, dtype=torch.int8, device=device)
+
+    triton.set_allocator(scratch)
 
 
 def _triton_kwargs(config):
@@ -479,8 +639,11 @@ def gpt2_attn_out(
         return out
     out_2d = out.view(-1, N)
 
+    path = _path(device, (x_2d, w_2d, out_2d))
+
     def grid(meta):
-        return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+        tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
+        return (min(tiles, meta["NUM_SMS"]),) if path == "tma" else (tiles,)
 
     args = (
         x_2d,
@@ -506,7 +669,7 @@ def gpt2_attn_out(
         "INT64": _needs_int64(x_2d, w_2d, b_2d, residual_2d, out_2d),
         "DOT_UPCAST": _interpreted() and dtype == torch.bfloat16,
     }
-    _launch(grid, args, consts, config)
+    _launch(path, grid, args, consts, config)
     return out
 
 

@@ -62,6 +62,11 @@ CASES = (
     if ON_GPU
     else [{"M": 1, "N": 70}, {"M": 37, "N": 1100}]
 )
+# Sizes whose rows are 16-byte aligned in every dtype, so the TMA kernel can run.
+ALIGNED = {"M": 300, "N": 1032} if ON_GPU else {"M": 37, "N": 264}
+# The spec fixes weights so large that each interpreter launch takes seconds: the CPU
+# runs fewer variants (the GPU runs all).
+HEAVY = False and not ON_GPU
 SIZES = {dim: size for dim, size in kernel.DIMS.items() if size is not None}
 
 
@@ -175,10 +180,11 @@ def test_matches_reference(dtype, case):
 def test_batched_leading_dims():
     # [2, 3, ...] inputs are flattened into 6 rows, and the output keeps the [2, 3].
     seed, sizes = new_seed(), {**SIZES, **CASES[0], ROW: 6}
-    inputs = make_inputs(sizes, DTYPES[0], seed, lead=[2, 3])
-    run_and_check(inputs, sizes, DTYPES[0], seed, lead=[2, 3])
+    inputs = make_inputs(sizes, DTYPES[-1], seed, lead=[2, 3])
+    run_and_check(inputs, sizes, DTYPES[-1], seed, lead=[2, 3])
 
 
+@pytest.mark.skipif(HEAVY, reason="strides are tested on smaller kernels under the interpreter")
 def test_noncontiguous_inputs():
     # Strided views (every 2-D input transposed in memory) give the same result.
     seed, sizes = new_seed(), {**SIZES, **CASES[-1]}
@@ -242,7 +248,8 @@ def test_every_config(config):
     ) > kernel._shared_memory_limit(DEVICE):
         pytest.skip("over this GPU's shared memory")
     out = kernel.bias_gelu_residual(**inputs, config=config)
-    assert kernel.last_launch() == {"config": config, "source": "explicit"}
+    assert kernel.last_launch()["config"] == config
+    assert kernel.last_launch()["source"] == "explicit"
     check_output(out, inputs, dtype, seed, config)
 
 
@@ -258,4 +265,5 @@ def test_autotunes_on_gpu(monkeypatch):
 def test_default_config_without_tuning(monkeypatch):
     monkeypatch.setenv("FUSEGEN_AUTOTUNE", "0")
     kernel.bias_gelu_residual(**make_inputs({**SIZES, **CASES[0]}, DTYPES[0], new_seed()))
-    assert kernel.last_launch() == {"config": kernel.DEFAULT_CONFIG, "source": "default"}
+    assert kernel.last_launch()["config"] == kernel.DEFAULT_CONFIG
+    assert kernel.last_launch()["source"] == "default"

@@ -59,6 +59,11 @@ INPUTS = {
 # They are not multiples of the block sizes, and on the interpreter some exceed its
 # large blocks, so several tiles and their masked edges run.
 CASES = [{"M": 1}, {"M": 77}, {"M": 3000}] if ON_GPU else [{"M": 1}, {"M": 37}]
+# Sizes whose rows are 16-byte aligned in every dtype, so the TMA kernel can run.
+ALIGNED = {"M": 300} if ON_GPU else {"M": 37}
+# The spec fixes weights so large that each interpreter launch takes seconds: the CPU
+# runs fewer variants (the GPU runs all).
+HEAVY = False and not ON_GPU
 SIZES = {dim: size for dim, size in kernel.DIMS.items() if size is not None}
 
 
@@ -166,10 +171,11 @@ def test_matches_reference(dtype, case):
 def test_batched_leading_dims():
     # [2, 3, ...] inputs are flattened into 6 rows, and the output keeps the [2, 3].
     seed, sizes = new_seed(), {**SIZES, **CASES[0], ROW: 6}
-    inputs = make_inputs(sizes, DTYPES[0], seed, lead=[2, 3])
-    run_and_check(inputs, sizes, DTYPES[0], seed, lead=[2, 3])
+    inputs = make_inputs(sizes, DTYPES[-1], seed, lead=[2, 3])
+    run_and_check(inputs, sizes, DTYPES[-1], seed, lead=[2, 3])
 
 
+@pytest.mark.skipif(HEAVY, reason="strides are tested on smaller kernels under the interpreter")
 def test_noncontiguous_inputs():
     # Strided views (every 2-D input transposed in memory) give the same result.
     seed, sizes = new_seed(), {**SIZES, **CASES[-1]}
@@ -222,6 +228,55 @@ def test_falls_back_without_gpu(monkeypatch):
     torch.testing.assert_close(result, kernel.reference(**inputs), rtol=0, atol=0)
 
 
+@pytest.mark.skipif(HEAVY, reason="the TMA kernel runs under the interpreter for smaller specs")
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_tma_path(monkeypatch, dtype):
+    # The kernel for sm_90+ GPUs: tensor descriptors and a persistent grid. The
+    # interpreter runs it too when asked to.
+    monkeypatch.setenv("FUSEGEN_TMA", "1")
+    seed, sizes = new_seed(), {**SIZES, **ALIGNED}
+    run_and_check(make_inputs(sizes, dtype, seed), sizes, dtype, seed)
+    assert kernel.last_launch()["path"] == "tma"
+
+
+@needs_gpu
+def test_pointer_path_on_aligned_shapes(monkeypatch):
+    # On a GPU aligned shapes take the TMA kernel; this runs the portable one on them.
+    monkeypatch.setenv("FUSEGEN_TMA", "0")
+    seed, sizes = new_seed(), {**SIZES, **ALIGNED}
+    run_and_check(make_inputs(sizes, DTYPES[0], seed), sizes, DTYPES[0], seed)
+    assert kernel.last_launch()["path"] == "pointer"
+
+
+def test_unaligned_rows_take_the_pointer_path(monkeypatch):
+    monkeypatch.setenv("FUSEGEN_TMA", "1")
+    device = torch.device(DEVICE)
+    aligned = torch.empty(64, 264, dtype=torch.float16, device=device)
+    assert kernel._path(device, (aligned,)) == "tma"
+    # Rows of 50 fp16 elements (100 bytes), a start 2 bytes off, a column-major view.
+    odd_rows = torch.empty(64, 50, dtype=torch.float16, device=device)
+    off_start = torch.empty(64 * 264 + 1, dtype=torch.float16, device=device)[1:].view(64, 264)
+    for tensor in (odd_rows, off_start, aligned.T):
+        assert kernel._path(device, (aligned, tensor)) == "pointer"
+    monkeypatch.setenv("FUSEGEN_TMA", "0")
+    assert kernel._path(device, (aligned,)) == "pointer"
+
+
+@needs_gpu
+@pytest.mark.parametrize("config", kernel.TMA_CONFIGS, ids=config_id)
+def test_every_tma_config(monkeypatch, config):
+    monkeypatch.setenv("FUSEGEN_TMA", "1")
+    seed, sizes, dtype = new_seed(), {**SIZES, **ALIGNED}, DTYPES[0]
+    inputs = make_inputs(sizes, dtype, seed)
+    element = torch.empty((), dtype=dtype).element_size()
+    smem = kernel._config_smem(config, config["num_stages"], element, tma=True)
+    if smem > kernel._shared_memory_limit(DEVICE):
+        pytest.skip("over this GPU's shared memory")
+    out = kernel.gpt2_attn_out(**inputs, config=config)
+    assert kernel.last_launch() == {"config": config, "source": "explicit", "path": "tma"}
+    check_output(out, inputs, dtype, seed, config)
+
+
 @needs_gpu
 @pytest.mark.parametrize("config", kernel.CONFIGS, ids=config_id)
 def test_every_config(config):
@@ -233,7 +288,8 @@ def test_every_config(config):
     ) > kernel._shared_memory_limit(DEVICE):
         pytest.skip("over this GPU's shared memory")
     out = kernel.gpt2_attn_out(**inputs, config=config)
-    assert kernel.last_launch() == {"config": config, "source": "explicit"}
+    assert kernel.last_launch()["config"] == config
+    assert kernel.last_launch()["source"] == "explicit"
     check_output(out, inputs, dtype, seed, config)
 
 
@@ -249,4 +305,5 @@ def test_autotunes_on_gpu(monkeypatch):
 def test_default_config_without_tuning(monkeypatch):
     monkeypatch.setenv("FUSEGEN_AUTOTUNE", "0")
     kernel.gpt2_attn_out(**make_inputs({**SIZES, **CASES[0]}, DTYPES[0], new_seed()))
-    assert kernel.last_launch() == {"config": kernel.DEFAULT_CONFIG, "source": "default"}
+    assert kernel.last_launch()["config"] == kernel.DEFAULT_CONFIG
+    assert kernel.last_launch()["source"] == "default"

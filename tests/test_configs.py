@@ -16,6 +16,10 @@ def test_builtin_spaces_are_valid():
         assert configs.problems(cfg, "matmul") == []
     for cfg in configs.GATED_SPACE:
         assert configs.problems(cfg, "matmul", weights=2) == []
+    for cfg in configs.TMA_MATMUL_SPACE:
+        assert configs.problems(cfg, "matmul", tma=True) == []
+    for cfg in configs.TMA_GATED_SPACE:
+        assert configs.problems(cfg, "matmul", weights=2, tma=True) == []
     for cfg in configs.ELEMENTWISE_SPACE:
         assert configs.problems(cfg, "elementwise") == []
     for kind, cfg in configs.DEFAULTS.items():
