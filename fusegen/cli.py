@@ -43,6 +43,27 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "schema", help="print the spec's JSON Schema (for editors' YAML language servers)"
     )
+
+    bench = sub.add_parser(
+        "bench", help="time the kernels against eager, torch.compile and cuBLASLt (needs a GPU)"
+    )
+    bench.add_argument("specs", nargs="+", metavar="SPEC_OR_DIR")
+    bench.add_argument(
+        "--shapes",
+        nargs="+",
+        metavar="M,K,N",
+        help="matmul shapes M,K,N and elementwise shapes M,N (default: the anchor shapes)",
+    )
+    bench.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    bench.add_argument("--kernels", nargs="+", metavar="NAME", help="only these kernels")
+    bench.add_argument(
+        "--compare",
+        default="eager,compile,max-autotune,cublaslt",
+        help="what to time besides fusegen, comma-separated (default: %(default)s)",
+    )
+    bench.add_argument(
+        "--out", default="bench-results", metavar="DIR", help="where the JSON, Markdown and PNG go"
+    )
     return parser
 
 
@@ -102,11 +123,54 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from fusegen import bench, report
+
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except ImportError:
+        has_gpu = False
+    if not has_gpu:
+        print("fusegen bench: needs a CUDA GPU, and none is visible to torch", file=sys.stderr)
+        return 2
+    try:
+        loaded = build.load(build.collect(args.specs))
+    except SpecErrors as exc:
+        return _print_errors(exc)
+    kernels = [k for k in loaded.kernels if not args.kernels or k.name in args.kernels]
+    wanted = ["fusegen"] + [
+        bench.VARIANT_NAMES[c.strip()] for c in args.compare.split(",") if c.strip()
+    ]
+    variants = [v for v in bench.VARIANTS if v.name in wanted]
+    shapes = dict(bench.DEFAULT_SHAPES)
+    if args.shapes:
+        given = [tuple(int(x) for x in s.split(",")) for s in args.shapes]
+        shapes = {
+            "matmul": [s for s in given if len(s) == 3],
+            "elementwise": [s for s in given if len(s) == 2],
+        }
+    progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    ceilings, results = bench.run(
+        kernels, shapes, args.dtype, variants, bench.do_bench_timer, progress
+    )
+    print(report.table(results))
+    meta = {**bench.versions(), "command": "fusegen bench " + " ".join(args.raw)}
+    for path in report.write(Path(args.out), results, ceilings, meta):
+        print(f"wrote {path}", file=sys.stderr)
+    return 0 if all(r.ok for r in results) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
+    args.raw = argv[1:]
     if args.command == "build":
         return _build(args)
     if args.command == "validate":
         return _validate(args)
+    if args.command == "bench":
+        return _bench(args)
     print(json.dumps(schema.json_schema(), indent=2, sort_keys=True))
     return 0

@@ -1,0 +1,317 @@
+"""`fusegen bench`: time generated kernels against what users would otherwise run.
+
+For each kernel and shape: the fused kernel (after tuning, whose time is reported on its
+own), eager PyTorch (the generated `reference`), torch.compile in its default and
+max-autotune-no-cudagraphs modes (first-call time reported), and the cuBLASLt epilogue
+where one exists. Inputs rotate over several buffer sets and triton's do_bench clears
+L2 between repetitions, so no variant is flattered by a warm cache. Every variant's
+output is checked against a float64 reference before it is timed.
+
+torch and triton are imported here only, when the command runs; fusegen itself needs
+neither.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from fusegen import codegen
+from fusegen.ir import Gate, Kernel
+
+# Relative Frobenius error a variant may show against the float64 reference: rounding
+# to the dtype, plus tf32 products for fp32.
+TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3, "fp32": 5e-3}
+DEFAULT_SHAPES = {
+    "matmul": [(8192, 4096, 14336), (4096, 1024, 4096), (16, 4096, 14336)],
+    "elementwise": [(16384, 8192)],
+}
+# Enough buffer sets that one pass over them is several times the 60 MB L2 of an H200.
+ROTATION_BYTES = 512 << 20
+MAX_SETS = 8
+
+
+@dataclass
+class Result:
+    kernel: str
+    shape: tuple
+    dtype: str
+    variant: str
+    ms: float | None = None  # median time of one call
+    rate: float | None = None  # TFLOP/s for matmul chains, GB/s for elementwise
+    roofline: float | None = None  # fraction of the faster of the two ceilings' times
+    first_call_s: float | None = None  # the first call: compilation and tuning
+    error: float | None = None  # relative error against the float64 reference
+    ok: bool = True
+    note: str = ""
+    speedup: float | None = field(default=None)  # fused only: over the best other variant
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    tflops: float  # a large bf16 matmul through torch (cuBLAS)
+    gbs: float  # a large device-to-device copy, bytes read plus written
+
+
+# -- the work of one shape ----------------------------------------------------------
+
+
+def shape_dims(kernel: Kernel, shape: tuple) -> dict:
+    """{dim: size} for a kernel from an (M, K, N) or (M, N) shape; static dims must agree."""
+    names = (
+        [kernel.matmul.m, kernel.matmul.k, kernel.matmul.n]
+        if kernel.matmul
+        else [kernel.row, kernel.col]
+    )
+    if len(shape) != len(names):
+        raise ValueError(f"{kernel.name} takes shapes {','.join(names)}, got {shape}")
+    sizes = dict(zip(names, shape))
+    for dim in kernel.dims:
+        if dim.size is not None and sizes.get(dim.name, dim.size) != dim.size:
+            raise ValueError(
+                f"{kernel.name}: the spec fixes {dim.name} = {dim.size}, the shape asks {sizes[dim.name]}"
+            )
+    return sizes
+
+
+def work(kernel: Kernel, sizes: dict, element_bytes: int) -> tuple[float, float]:
+    """(floating-point operations, bytes that must move) for one call."""
+    rows, cols = sizes[kernel.row], sizes[kernel.col]
+    flops = 0.0
+    if kernel.matmul:
+        products = 1 + sum(isinstance(s, Gate) for s in kernel.steps)
+        flops = 2.0 * rows * cols * sizes[kernel.matmul.k] * products
+    moved = 0
+    for t in kernel.inputs:
+        numel = 1
+        for d in t.dims:
+            numel *= sizes[d]
+        moved += numel * (4 if t.dtype == "fp32" else element_bytes)
+    out_bytes = 4 if kernel.out_dtype == "fp32" else element_bytes
+    return flops, moved + rows * cols * out_bytes
+
+
+def make_inputs(torch, kernel: Kernel, sizes: dict, dtype, device, seed: int) -> dict:
+    generator = torch.Generator(device=device).manual_seed(seed)
+    weights = (
+        {kernel.matmul.b} | {g.matmul.b for g in kernel.steps if isinstance(g, Gate)}
+        if kernel.matmul
+        else set()
+    )
+    tensors = {}
+    for t in kernel.inputs:
+        shape = [sizes[d] for d in t.dims]
+        values = torch.randn(shape, generator=generator, device=device)
+        if t.name in weights:
+            values *= sizes[kernel.matmul.k] ** -0.5
+        if any(
+            getattr(s, "op", None) == "div" and getattr(s, "operand", None) == t.name
+            for s in kernel.steps
+        ):
+            values = values.sign() * (0.5 + values.abs())
+        pinned = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}.get(t.dtype)
+        tensors[t.name] = values.to(pinned or dtype)
+    return tensors
+
+
+# -- variants -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    applies: Callable[[Kernel], bool]
+    # (torch, module, kernel) -> a function of the inputs, or a reason it cannot run
+    make: Callable
+
+
+def _fused(torch, module, kernel):
+    return getattr(module, kernel.name)
+
+
+def _eager(torch, module, kernel):
+    return module.reference
+
+
+def _compiled(mode):
+    def make(torch, module, kernel):
+        torch._dynamo.reset()
+        return torch.compile(module.reference, mode=mode, dynamic=False)
+
+    return make
+
+
+def cublaslt_form(kernel: Kernel) -> str | None:
+    """'relu' or 'gelu' when the chain is exactly a cuBLASLt epilogue (matmul, bias, then
+    relu or the tanh GELU), else None."""
+    steps = kernel.steps
+    if not kernel.matmul or kernel.matmul.a_transposed or len(steps) != 2 or kernel.out_dtype:
+        return None
+    bias, act = steps
+    if getattr(bias, "op", None) != "bias" or kernel.tensor(bias.operand).dtype is not None:
+        return None
+    return {"relu": "relu", "gelu_tanh": "gelu"}.get(getattr(act, "op", None))
+
+
+def _cublaslt(torch, module, kernel):
+    form = cublaslt_form(kernel)
+    mm = kernel.matmul
+    bias = kernel.steps[0].operand
+
+    def run(**t):
+        b = t[mm.b].T if mm.b_transposed else t[mm.b]
+        x = t[mm.a].reshape(-1, t[mm.a].shape[-1])
+        return torch._addmm_activation(t[bias], x, b, use_gelu=form == "gelu")
+
+    return run
+
+
+VARIANTS = [
+    Variant("fusegen", lambda k: True, _fused),
+    Variant("eager", lambda k: True, _eager),
+    Variant("torch.compile", lambda k: True, _compiled("default")),
+    Variant("torch.compile max-autotune", lambda k: True, _compiled("max-autotune-no-cudagraphs")),
+    Variant("cuBLASLt epilogue", lambda k: cublaslt_form(k) is not None, _cublaslt),
+]
+VARIANT_NAMES = {
+    "fusegen": "fusegen",
+    "eager": "eager",
+    "compile": "torch.compile",
+    "max-autotune": "torch.compile max-autotune",
+    "cublaslt": "cuBLASLt epilogue",
+}
+
+
+# -- running --------------------------------------------------------------------------
+
+
+def load_module(kernel: Kernel, folder: Path):
+    """Render the kernel's module into `folder` and import it under a private name."""
+    text = codegen.render(kernel)[0].text
+    path = folder / f"{kernel.name}.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location(f"fusegen_bench_{kernel.name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def relative_error(torch, out, exact) -> float:
+    out = out.double().reshape(exact.shape)
+    if not torch.isfinite(out).all():
+        return float("inf")
+    return float((out - exact).norm() / exact.norm().clamp_min(1e-30))
+
+
+def bench_shape(
+    torch, timer, module, kernel, sizes, dtype_name, variants, ceilings, progress, device="cuda"
+) -> list[Result]:
+    dtype = getattr(torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype_name])
+    element = torch.empty((), dtype=dtype).element_size()
+    flops, moved = work(kernel, sizes, element)
+    per_set = max(moved, 1)
+    count = min(MAX_SETS, max(2, ROTATION_BYTES // per_set))
+    sets = [make_inputs(torch, kernel, sizes, dtype, device, seed) for seed in range(count)]
+    exact = module.reference(**{k: v.double() for k, v in sets[0].items()}, out_dtype=torch.float64)
+    shape = tuple(sizes.values())
+    floor_s = max(flops / (ceilings.tflops * 1e12), moved / (ceilings.gbs * 1e9))
+    results = []
+    for variant in variants:
+        if not variant.applies(kernel):
+            continue
+        row = Result(kernel.name, shape, dtype_name, variant.name)
+        progress(f"  {kernel.name} {'x'.join(map(str, shape))} {dtype_name}: {variant.name} ...")
+        try:
+            fn = variant.make(torch, module, kernel)
+            start = time.perf_counter()
+            out = fn(**sets[0])
+            if device == "cuda":
+                torch.cuda.synchronize()
+            row.first_call_s = time.perf_counter() - start
+            row.error = relative_error(torch, out, exact)
+            row.ok = row.error <= TOLERANCE[dtype_name]
+            if variant.name == "fusegen":
+                launch = module.last_launch()
+                row.note = f"{launch['path']} {launch['config']}"
+            cycle = itertools.cycle(sets)
+            row.ms = timer(lambda: fn(**next(cycle)))
+            row.rate = flops / row.ms / 1e9 if flops else moved / row.ms / 1e6
+            row.roofline = floor_s / (row.ms / 1e3)
+        except Exception as exc:  # noqa: BLE001 - a variant that fails is reported, not fatal
+            row.ok, row.note = False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+        results.append(row)
+    fused = next((r for r in results if r.variant == "fusegen" and r.ms), None)
+    others = [r.ms for r in results if r.variant != "fusegen" and r.ms and r.ok]
+    if fused and others:
+        fused.speedup = min(others) / fused.ms
+    return results
+
+
+def measure_ceilings(torch, timer) -> Ceilings:
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = timer(lambda: a @ b)
+    src = torch.empty(1 << 30, device="cuda", dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    copy_ms = timer(lambda: dst.copy_(src))
+    return Ceilings(tflops=2 * 8192**3 / ms / 1e9, gbs=2 * src.numel() / copy_ms / 1e6)
+
+
+def run(
+    kernels, shapes, dtype_name, variants, timer, progress, ceilings=None, device="cuda"
+) -> tuple[Ceilings, list[Result]]:
+    """Bench every kernel at every shape of its kind. `timer(fn) -> ms` and `ceilings`
+    can be given (the tests run this on the CPU with a fake timer)."""
+    import torch
+
+    ceilings = ceilings or measure_ceilings(torch, timer)
+    progress(
+        f"ceilings: {ceilings.tflops:.0f} TFLOP/s (bf16 matmul), {ceilings.gbs:.0f} GB/s (copy)"
+    )
+    results: list[Result] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for kernel in kernels:
+            module = load_module(kernel, Path(tmp))
+            for shape in shapes.get(kernel.kind, []):
+                try:
+                    sizes = shape_dims(kernel, shape)
+                except ValueError as exc:
+                    progress(f"  skipped: {exc}")
+                    continue
+                results += bench_shape(
+                    torch,
+                    timer,
+                    module,
+                    kernel,
+                    sizes,
+                    dtype_name,
+                    variants,
+                    ceilings,
+                    progress,
+                    device,
+                )
+    return ceilings, results
+
+
+def do_bench_timer(fn) -> float:
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def versions() -> dict:
+    import torch
+    import triton
+
+    return {
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "python": sys.version.split()[0],
+    }

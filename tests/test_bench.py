@@ -1,0 +1,118 @@
+"""`fusegen bench` without a GPU: it refuses clearly, and with a fake timer its logic
+and every output format work (on the Triton interpreter)."""
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conftest import HAS_CUDA, ROOT  # noqa: E402
+from fusegen import bench, build, report  # noqa: E402
+
+ANCHORS = ROOT / "benchmarks" / "specs" / "anchors.yaml"
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the message shown without a GPU")
+def test_refuses_without_a_gpu(run_cli):
+    code, out, err = run_cli("bench", str(ANCHORS))
+    assert code == 2 and out == ""
+    assert "needs a CUDA GPU" in err
+
+
+def test_shapes_map_onto_dims_and_respect_static_ones():
+    kernels = {k.name: k for k in build.load([ANCHORS]).kernels}
+    assert bench.shape_dims(kernels["anchor_gelu"], (16, 4096, 14336)) == {
+        "M": 16,
+        "K": 4096,
+        "N": 14336,
+    }
+    assert bench.shape_dims(kernels["anchor_ew"], (16384, 8192)) == {"M": 16384, "N": 8192}
+    with pytest.raises(ValueError, match="takes shapes M,K,N"):
+        bench.shape_dims(kernels["anchor_gelu"], (16, 4096))
+    (gpt2,) = [
+        k for k in build.load([ROOT / "specs" / "gpt2.yaml"]).kernels if k.name == "gpt2_mlp_up"
+    ]
+    with pytest.raises(ValueError, match="fixes K = 768"):
+        bench.shape_dims(gpt2, (16, 4096, 3072))
+
+
+def test_work_counts_flops_and_bytes():
+    kernels = {k.name: k for k in build.load([ANCHORS]).kernels}
+    flops, moved = bench.work(kernels["anchor_swiglu"], {"M": 16, "K": 4096, "N": 14336}, 2)
+    assert flops == 2 * 2 * 16 * 4096 * 14336  # two matmuls
+    assert moved == 2 * (16 * 4096 + 2 * 14336 * 4096 + 16 * 14336)
+    assert bench.cublaslt_form(kernels["anchor_gelu"]) == "gelu"
+    assert bench.cublaslt_form(kernels["anchor_swiglu"]) is None
+
+
+def test_bench_with_a_fake_timer(tmp_path):
+    kernels = build.load([ANCHORS]).kernels
+    timings = iter(range(1, 1000))
+
+    def fake_timer(fn):
+        fn()  # the function must run
+        return 0.1 * next(timings)  # fusegen first, so it is the fastest
+
+    variants = [v for v in bench.VARIANTS if v.name in ("fusegen", "eager", "cuBLASLt epilogue")]
+    lines = []
+    ceilings, results = bench.run(
+        kernels,
+        {"matmul": [(7, 40, 24)], "elementwise": [(5, 24)]},
+        "fp32",
+        variants,
+        fake_timer,
+        lines.append,
+        ceilings=bench.Ceilings(tflops=700.0, gbs=4000.0),
+        device="cpu",
+    )
+    assert any("anchor_gelu 7x40x24 fp32: fusegen" in line for line in lines)
+    by = {(r.kernel, r.variant): r for r in results}
+    assert set(by) == {
+        ("anchor_gelu", "fusegen"),
+        ("anchor_gelu", "eager"),
+        ("anchor_gelu", "cuBLASLt epilogue"),
+        ("anchor_swiglu", "fusegen"),
+        ("anchor_swiglu", "eager"),
+        ("anchor_ew", "fusegen"),
+        ("anchor_ew", "eager"),
+    }
+    assert all(r.ok for r in results), [
+        (r.kernel, r.variant, r.error, r.note) for r in results if not r.ok
+    ]
+    gelu = by[("anchor_gelu", "fusegen")]
+    assert gelu.speedup == pytest.approx(by[("anchor_gelu", "eager")].ms / gelu.ms)
+    assert gelu.rate == pytest.approx(2 * 7 * 40 * 24 / gelu.ms / 1e9)
+    assert "pointer" in gelu.note
+
+    text = report.table(results)
+    assert "anchor_swiglu" in text and "vs best other" in text
+    paths = report.write(tmp_path, results, ceilings, {"gpu": "fake", "torch": "t", "triton": "x"})
+    names = {p.name for p in paths}
+    assert {"bench.json", "bench.md"} <= names
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert len(data["results"]) == len(results) and data["ceilings"]["tflops"] == 700.0
+    assert "| **fusegen** |" in (tmp_path / "bench.md").read_text()
+    if "bench.png" in names:
+        assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_failing_variant_is_reported_not_fatal():
+    (kernel,) = [k for k in build.load([ANCHORS]).kernels if k.name == "anchor_ew"]
+
+    def broken(torch_, module, kernel_):
+        raise RuntimeError("no such backend")
+
+    variants = [bench.VARIANTS[0], bench.Variant("broken", lambda k: True, broken)]
+    _, results = bench.run(
+        [kernel],
+        {"elementwise": [(3, 8)]},
+        "fp32",
+        variants,
+        lambda fn: 1.0,
+        lambda line: None,
+        ceilings=bench.Ceilings(1.0, 1.0),
+        device="cpu",
+    )
+    broken_row = next(r for r in results if r.variant == "broken")
+    assert not broken_row.ok and "RuntimeError: no such backend" in broken_row.note
