@@ -15,7 +15,14 @@ import black
 import jinja2
 
 from fusegen import __version__, naming
-from fusegen.chain_text import dict_literal, docstring_safe, dtype_literal, formula, tuple_literal
+from fusegen.chain_text import (
+    dict_literal,
+    docstring_safe,
+    dtype_literal,
+    formula,
+    steps_in_order,
+    tuple_literal,
+)
 from fusegen.ir import Config, Kernel, Tensor
 from fusegen.kernel_text import (
     epilogue,
@@ -93,8 +100,8 @@ def kernel_context(kernel: Kernel) -> dict:
     strides = [
         f"{naming.view2d(t.name)}.stride({i})" for t in kernel.inputs for i in range(len(t.dims))
     ]
-    strides += [f"{naming.view2d(naming.OUT)}.stride(0)", f"{naming.view2d(naming.OUT)}.stride(1)"]
-    launch_args = views + [d.name for d in kernel.dims] + [f"_bucket({kernel.row})"] + strides
+    strides += [kernel.col, "1"]  # the output is contiguous
+    launch_tail = [d.name for d in kernel.dims] + [f"_bucket({kernel.row})"] + strides
     operands, dots = mainloop(kernel) if mm else ([], [])
     gate = kernel.gate
     value = "acc" if mm else "value"
@@ -145,6 +152,9 @@ def kernel_context(kernel: Kernel) -> dict:
         "tma_params": params(kernel, tma=True),
         "tma": tma_mainloop(kernel) if mm else {},
         "tma_configs": [config_literal(c) for c in kernel.tma_configs],
+        "tma_default_config": (
+            config_literal(kernel.tma_default_config) if kernel.tma_default_config else "None"
+        ),
         "tma_tensors": (
             "("
             + ", ".join(
@@ -199,11 +209,25 @@ def kernel_context(kernel: Kernel) -> dict:
         "nonfinite_fallback": kernel.fallback_nonfinite == "reference",
         "out_view": naming.view2d(naming.OUT),
         "views": ", ".join(views),
-        "launch_args": launch_args,
+        "call_views": ", ".join(
+            (
+                f"{t.name}.reshape(-1, {t.name}.shape[-1])"
+                if t.batched and len(t.dims) == 2
+                else f"{t.name}.reshape(-1)" if t.batched else t.name
+            )
+            for t in kernel.inputs
+        ),
+        "launch_tail": launch_tail,
         "reference_lines": reference_lines(kernel),
         "first_unpinned": unpinned[0].name,
         "first_ptr": naming.ptr(kernel.inputs[0].name),
         "weights": 2 if gate else 1,
+        "full_operands": int(
+            any(getattr(s, "broadcast", None) == "full" for s in steps_in_order(kernel))
+        ),
+        "tune_key_values": ", ".join(
+            [f"_bucket({kernel.row})", kernel.col] + ([mm.k] if mm else [])
+        ),
     }
 
 

@@ -19,11 +19,28 @@ KEYS = {
     "matmul": ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"),
     "elementwise": ("BLOCK_M", "BLOCK_N", "num_warps"),
 }
+# Settings only the TMA kernel reads; a matmul config may set them (0 or 1), and the
+# TMA kernel's default fills those it leaves out.
+TMA_SWITCHES = ("FLATTEN", "WARP_SPECIALIZE", "EPILOGUE_SUBTILE")
 
 
 def _mm(bm, bn, bk, group, warps, stages) -> Config:
     return Config(
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, num_warps=warps, num_stages=stages
+    )
+
+
+def _tma(bm, bn, bk, group, warps, stages, flatten, warp_specialize, subtile) -> Config:
+    return Config(
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        GROUP_M=group,
+        num_warps=warps,
+        num_stages=stages,
+        FLATTEN=flatten,
+        WARP_SPECIALIZE=warp_specialize,
+        EPILOGUE_SUBTILE=subtile,
     )
 
 
@@ -44,6 +61,7 @@ MATMUL_SPACE = (
     _mm(32, 128, 128, 8, 4, 4),
     _mm(16, 128, 128, 1, 4, 4),
     _mm(16, 64, 256, 1, 4, 3),
+    _mm(16, 32, 256, 1, 4, 4),
 )
 # Two accumulators (a gate) double the registers a tile needs: no 128x256 tiles.
 GATED_SPACE = (
@@ -55,6 +73,7 @@ GATED_SPACE = (
     _mm(32, 64, 128, 8, 4, 4),
     _mm(16, 128, 128, 1, 4, 3),
     _mm(16, 64, 256, 1, 4, 3),
+    _mm(16, 32, 256, 1, 4, 4),
 )
 ELEMENTWISE_SPACE = (
     _ew(1, 1024, 4),
@@ -67,26 +86,37 @@ ELEMENTWISE_SPACE = (
     _ew(64, 64, 4),
 )
 
-# The TMA kernel's spaces (sm_90+): the output tile also passes through shared memory,
-# and thin tiles with long K steps keep many weight bytes in flight for decode-sized M.
+# The TMA kernel's spaces (sm_90+). Measured on an H200 (bf16, 2026-11-30): for one
+# GEMM chain, 128x256 tiles with a flattened, warp-specialized pipeline (8192x4096x14336:
+# 1.346 ms against cuBLASLt's 1.434) or with a split epilogue store (4096x1024x4096:
+# 0.066 ms); for the gated chain, 128x128 tiles without flattening and with the split
+# store (8192x4096x14336: 2.84 ms; flattened: 3.66 ms). Thin tiles serve decode-sized M.
 TMA_MATMUL_SPACE = (
-    _mm(128, 256, 64, 8, 8, 3),
-    _mm(256, 128, 64, 8, 8, 3),
-    _mm(128, 128, 64, 8, 8, 4),
-    _mm(128, 128, 128, 8, 8, 3),
-    _mm(64, 128, 64, 8, 4, 4),
-    _mm(64, 64, 128, 8, 4, 4),
-    _mm(16, 64, 256, 1, 4, 4),
-    _mm(16, 32, 256, 1, 4, 6),
+    _tma(128, 256, 64, 8, 8, 3, 1, 1, 0),
+    _tma(128, 256, 64, 8, 8, 3, 1, 0, 0),
+    _tma(128, 256, 64, 8, 8, 4, 1, 0, 1),
+    _tma(128, 256, 64, 8, 8, 3, 1, 0, 1),
+    _tma(256, 128, 64, 8, 8, 3, 1, 0, 1),
+    _tma(128, 128, 64, 8, 8, 4, 1, 0, 0),
+    _tma(64, 128, 64, 8, 4, 4, 0, 0, 0),
+    _tma(16, 128, 128, 1, 4, 4, 0, 0, 0),
+    _tma(16, 64, 128, 1, 4, 6, 0, 0, 0),
+    _tma(16, 64, 256, 1, 4, 4, 0, 0, 0),
 )
 TMA_GATED_SPACE = (
-    _mm(128, 128, 64, 8, 8, 3),
-    _mm(128, 64, 64, 8, 4, 4),
-    _mm(64, 128, 64, 8, 4, 4),
-    _mm(64, 64, 128, 8, 4, 4),
-    _mm(16, 64, 256, 1, 4, 3),
-    _mm(16, 32, 256, 1, 4, 5),
+    _tma(128, 128, 64, 8, 8, 3, 0, 0, 1),
+    _tma(128, 128, 64, 8, 8, 4, 0, 0, 1),
+    _tma(128, 128, 32, 8, 8, 4, 0, 0, 1),
+    _tma(128, 128, 64, 8, 8, 3, 1, 1, 0),
+    _tma(64, 128, 64, 8, 4, 4, 0, 0, 0),
+    _tma(16, 128, 128, 1, 4, 3, 0, 0, 0),
+    _tma(16, 64, 128, 1, 4, 6, 0, 0, 0),
+    _tma(16, 64, 256, 1, 4, 3, 0, 0, 0),
 )
+TMA_DEFAULTS = {
+    "matmul": _tma(128, 256, 64, 8, 8, 3, 1, 0, 1),
+    "gated": _tma(128, 128, 64, 8, 8, 3, 0, 0, 1),
+}
 
 DEFAULTS = {
     "matmul": _mm(128, 128, 64, 8, 8, 3),
@@ -107,13 +137,25 @@ INTERPRETER = {
 }
 
 
-def smem_bytes(config: Config, operand_bytes: int, weights: int, *, tma: bool = False) -> int:
-    """Shared memory the pipelined mainloop stages: each stage holds one tile of `a`
-    and one of each weight; on the TMA path the output tile is staged too."""
+def smem_bytes(
+    config: Config,
+    operand_bytes: int,
+    weights: int,
+    *,
+    tma: bool = False,
+    full_operand: bool = False,
+) -> int:
+    """Shared memory a matmul config needs: each pipeline stage holds one tile of `a` and
+    one of each weight; the TMA path stages the output tile; and a full-tile epilogue
+    operand costs an fp32 tile of scratch (triton reshapes the accumulator for it;
+    measured on an H200: a residual add took 128x256 tiles over the limit)."""
     a_tile = config.BLOCK_M * config.BLOCK_K
     b_tile = config.BLOCK_K * config.BLOCK_N
-    out_tile = config.BLOCK_M * config.BLOCK_N if tma else 0
-    return (config.num_stages * (a_tile + weights * b_tile) + out_tile) * operand_bytes
+    out_tile = config.BLOCK_M * config.BLOCK_N * operand_bytes if tma else 0
+    if config.EPILOGUE_SUBTILE:
+        out_tile //= 2  # stored in two halves
+    scratch = config.BLOCK_M * config.BLOCK_N * 4 if full_operand else 0
+    return config.num_stages * (a_tile + weights * b_tile) * operand_bytes + out_tile + scratch
 
 
 def _pow2(v: int) -> bool:
@@ -121,7 +163,13 @@ def _pow2(v: int) -> bool:
 
 
 def problems(
-    config: Config, kind: str, *, weights: int = 1, operand_bytes: int = 2, tma: bool = False
+    config: Config,
+    kind: str,
+    *,
+    weights: int = 1,
+    operand_bytes: int = 2,
+    tma: bool = False,
+    full_operand: bool = False,
 ) -> list[str]:
     """Why `config` cannot run for a kernel of `kind` ("matmul" | "elementwise"); [] if it can.
 
@@ -131,10 +179,15 @@ def problems(
     out: list[str] = []
     values = dict(config.items())
     allowed = KEYS[kind]
+    optional = TMA_SWITCHES if kind == "matmul" else ()
     for key in values:
-        if key not in allowed:
+        if key in optional:
+            if values[key] not in (0, 1):
+                out.append(f"{key} = {values[key]} must be 0 or 1")
+        elif key not in allowed:
             out.append(
-                f"{key} is not a setting of an {kind} kernel (settings: {', '.join(allowed)})"
+                f"{key} is not a setting of an {kind} kernel "
+                f"(settings: {', '.join(allowed + optional)})"
             )
     missing = [k for k in allowed if k not in values]
     if missing:
@@ -155,7 +208,7 @@ def problems(
         if not 1 <= values["num_stages"] <= MAX_STAGES:
             out.append(f"num_stages = {values['num_stages']} must be 1 to {MAX_STAGES}")
         elif not out:
-            smem = smem_bytes(config, operand_bytes, weights, tma=tma)
+            smem = smem_bytes(config, operand_bytes, weights, tma=tma, full_operand=full_operand)
             if smem > SMEM_LIMIT_SM90:
                 out.append(
                     f"needs {smem:,} bytes of shared memory at {operand_bytes}-byte operands, over "

@@ -72,6 +72,11 @@ class Config:
     GROUP_M: int | None = None
     num_warps: int | None = None
     num_stages: int | None = None
+    # The TMA kernel's switches (0 or 1): flatten the tile and K loops into one
+    # software pipeline; warp-specialize it; store the output tile in two halves.
+    FLATTEN: int | None = None
+    WARP_SPECIALIZE: int | None = None
+    EPILOGUE_SUBTILE: int | None = None
 
     def items(self) -> list[tuple[str, int]]:
         """The fields that are set, in declaration order."""
@@ -107,6 +112,7 @@ class Kernel:
     configs: tuple[Config, ...]  # the pointer kernel's autotuning space
     tma_configs: tuple[Config, ...]  # the TMA kernel's (matmul chains only)
     default_config: Config
+    tma_default_config: Config | None
     interpreter_config: Config
 
     @property

@@ -140,9 +140,11 @@ def tma_mainloop(kernel: Kernel) -> dict:
 
     a = kernel.tensor(mm.a)
     bs = [kernel.tensor(b) for _, b in weights(kernel)]
-    out = Tensor(naming.OUT, (kernel.row, kernel.col), None, "", False)
+    out = descriptor(Tensor(naming.OUT, (kernel.row, kernel.col), None, "", False))
+    # A subtiled epilogue stores half tiles.
+    out["block"] = "BLOCK_M, BLOCK_N // 2 if EPILOGUE_SUBTILE else BLOCK_N"
     return {
-        "descriptors": [descriptor(t) for t in [a, *bs, out]],
+        "descriptors": [descriptor(t) for t in [a, *bs]] + [out],
         "loads": [load(a, (mm.m, mm.k))] + [load(b, (mm.k, mm.n)) for b in bs],
         "out_desc": f"{naming.OUT}_desc",
     }
@@ -157,7 +159,7 @@ def params(kernel: Kernel, *, tma: bool = False) -> list[dict]:
     if kernel.matmul:
         meta.append("DOT_UPCAST")
     if tma:
-        meta.append("NUM_SMS")
+        meta += ["NUM_SMS", "FLATTEN", "WARP_SPECIALIZE", "EPILOGUE_SUBTILE"]
     strides = [naming.stride(t.name, d) for t in kernel.inputs for d in t.dims]
     strides += [naming.stride(naming.OUT, kernel.row), naming.stride(naming.OUT, kernel.col)]
     return [

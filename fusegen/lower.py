@@ -62,7 +62,18 @@ RESERVED_NAMES = frozenset(
         "kernel",
     }
 )
-RESERVED_PREFIXES = ("offs_", "mask_", "stride_", "num_pid", "group_", "first_pid", "pid_", "_")
+RESERVED_PREFIXES = (
+    "offs_",
+    "mask_",
+    "stride_",
+    "num_pid",
+    "num_tiles",
+    "group_",
+    "first_pid",
+    "pid_",
+    "acc_",
+    "_",
+)
 RESERVED_SUFFIXES = ("_ptr", "_ptrs", "_tile", "_2d")
 # A generated module of one of these names would shadow what it or its tests import,
 # or a name the module defines.
@@ -264,10 +275,11 @@ class _KernelLowerer:
                 )
         gated = any(isinstance(s, Gate) for s in steps)
         kind = "gated" if gated else ("matmul" if matmul else "elementwise")
-        cfgs = self._configs(kind, matmul is not None, gated)
+        full = any(getattr(s, "broadcast", None) == "full" for s in steps)
+        cfgs = self._configs(kind, matmul is not None, gated, full)
         if self.errors or cfgs is None:
             return None
-        space, tma_space, default = cfgs
+        space, tma_space, default, tma_default = cfgs
         # Inputs that are batched carry the row dim first and are not read transposed.
         batched_inputs = tuple(
             Tensor(
@@ -299,6 +311,7 @@ class _KernelLowerer:
             configs=space,
             tma_configs=tma_space,
             default_config=default,
+            tma_default_config=tma_default,
             interpreter_config=configs.INTERPRETER[kind],
         )
 
@@ -782,7 +795,7 @@ class _KernelLowerer:
     # -- configs -----------------------------------------------------------------------
 
     def _configs(
-        self, kind: str, is_matmul: bool, gated: bool
+        self, kind: str, is_matmul: bool, gated: bool, full_operand: bool
     ) -> tuple[tuple[Config, ...], tuple[Config, ...], Config] | None:
         """The pointer kernel's space, the TMA kernel's and the default config. A space
         the spec gives serves both kernels."""
@@ -793,10 +806,13 @@ class _KernelLowerer:
         space = configs.SPACES[kind]
         tma_space = configs.TMA_SPACES[kind]
         default = configs.DEFAULTS[kind]
+        tma_default = configs.TMA_DEFAULTS.get(kind)
         ok = True
 
         def check(cfg: Config, rel: tuple) -> bool:
-            found = configs.problems(cfg, family, weights=weights, operand_bytes=operand_bytes)
+            found = configs.problems(
+                cfg, family, weights=weights, operand_bytes=operand_bytes, full_operand=full_operand
+            )
             for problem in found:
                 self.err(("autotune",) + rel, f"bad config: {problem}")
             return not found
@@ -807,12 +823,14 @@ class _KernelLowerer:
             for j, cfg in enumerate(space):
                 ok &= check(cfg, ("configs", j))
         if tune and tune.default is not None:
-            given = _config(tune.default)
+            given = dict(_config(tune.default).items())
             # Fields left out keep the built-in default's values.
-            merged = Config(**{**dict(default.items()), **dict(given.items())})
+            merged = Config(**{**dict(default.items()), **given})
             ok &= check(merged, ("default",))
-            default = merged
-        return (space, tma_space, default) if ok else None
+            default = Config(**{k: v for k, v in merged.items() if k not in configs.TMA_SWITCHES})
+            if tma_default is not None:
+                tma_default = Config(**{**dict(tma_default.items()), **given})
+        return (space, tma_space, default, tma_default) if ok else None
 
 
 def _op_name(raw: Any) -> Any:

@@ -78,6 +78,11 @@ class ConfigSpec(_Strict):
     GROUP_M: int | None = None
     num_warps: int | None = None
     num_stages: int | None = None
+    FLATTEN: int | None = Field(None, description="TMA kernel: one pipeline over tiles and K (0/1)")
+    WARP_SPECIALIZE: int | None = Field(None, description="TMA kernel: warp-specialize (0/1)")
+    EPILOGUE_SUBTILE: int | None = Field(
+        None, description="TMA kernel: store the output tile in two halves (0/1)"
+    )
 
 
 class AutotuneSpec(_Strict):

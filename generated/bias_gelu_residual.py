@@ -125,21 +125,26 @@ def _bias_gelu_residual_kernel(
 
 # -- Launch support: the same in every module fusegen generates -------------------------
 
-_KERNELS = {"pointer": (_bias_gelu_residual_kernel, CONFIGS)}
+# Per path: the kernel, its tuning space, and the config it runs where tuning cannot.
+_PATHS = {"pointer": (_bias_gelu_residual_kernel, CONFIGS, DEFAULT_CONFIG)}
 _LAST = {"config": None, "source": None, "path": None}
 _LOGGED = set()
-_TUNED = {}
+_TUNED = {}  # path -> its autotuned kernel
+_PLANS = {}  # tuning key -> (path, config) that tuning chose; later calls launch it directly
+_DEVICES = {}  # device index -> (compute capability major, SM count, shared memory per block)
+_ALLOCATION = getattr(triton.runtime, "_allocation", None)
 
 
 def last_launch() -> dict:
     """What the last call ran: {"config": the config dict or None, "source": one of
     "autotune", "default", "interpreter", "explicit", "reference (...)", "empty",
     "path": "pointer" or "tma" (the kernel that ran) or None}."""
-    return dict(_LAST)
+    config = _LAST["config"]
+    return {**_LAST, "config": dict(config) if config is not None else None}
 
 
 def _record(config, source, path=None):
-    _LAST["config"] = dict(config) if config is not None else None
+    _LAST["config"] = config
     _LAST["source"] = source
     _LAST["path"] = path
 
@@ -148,6 +153,42 @@ def _log_once(reason, message, *args):
     if reason not in _LOGGED:
         _LOGGED.add(reason)
         _log.warning(message, *args)
+
+
+class _Plan:
+    """What the checks of one call signature decided (see _plan)."""
+
+    __slots__ = (
+        "device",
+        "dtype",
+        "out_dtype",
+        "out_shape",
+        "runs_triton",
+        "path",
+        "tail",
+        "consts",
+        "key",
+    )
+
+
+_CALLS = {}  # call signature -> _Plan
+
+
+def _signature(*tensors):
+    """What a plan depends on: shapes, strides, dtypes, devices, 16-byte alignment, and
+    FUSEGEN_TMA. None for a non-tensor argument (the checks then say what is wrong)."""
+    try:
+        return (
+            tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors),
+            os.environ.get("FUSEGEN_TMA"),
+        )
+    except AttributeError:
+        return None
+
+
+def _grid(meta):
+    tiles = triton.cdiv(meta["M"], meta["BLOCK_M"]) * triton.cdiv(meta["N"], meta["BLOCK_N"])
+    return (min(tiles, meta["NUM_SMS"]),) if "NUM_SMS" in meta else (tiles,)
 
 
 def _interpreted():
@@ -260,22 +301,23 @@ def _span(t):
     ) * t.element_size()
 
 
-def _output(out, shape, dtype, device, inputs):
-    if out is None:
-        return torch.empty(shape, dtype=dtype, device=device)
+def _check_out(out, plan, inputs):
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
-    if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != device:
+    if (
+        tuple(out.shape) != tuple(plan.out_shape)
+        or out.dtype != plan.out_dtype
+        or out.device != plan.device
+    ):
         raise ValueError(
-            f"out must be {list(shape)} {dtype} on {device}, got {list(out.shape)} "
-            f"{out.dtype} on {out.device}"
+            f"out must be {list(plan.out_shape)} {plan.out_dtype} on {plan.device}, got "
+            f"{list(out.shape)} {out.dtype} on {out.device}"
         )
     if not out.is_contiguous():
         raise ValueError("out must be contiguous")
     for name, tensor in inputs.items():
         if _shares_memory(out, tensor):
             raise ValueError(f"out shares memory with {name}; pass a separate buffer")
-    return out
 
 
 def _needs_int64(*tensors):
@@ -298,9 +340,19 @@ def _triton_config(config):
     )
 
 
+def _device_facts(device):
+    """(capability major, SM count, shared memory a block may use), read once."""
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    if index not in _DEVICES:
+        props = torch.cuda.get_device_properties(index)
+        smem = getattr(props, "shared_memory_per_block_optin", 101_376)
+        _DEVICES[index] = (props.major, props.multi_processor_count, smem)
+    return _DEVICES[index]
+
+
 def _shared_memory_limit(device):
-    props = torch.cuda.get_device_properties(device)
-    return getattr(props, "shared_memory_per_block_optin", 101_376)
+    return _device_facts(device)[2]
 
 
 def _prune(configs, named_args, **kwargs):
@@ -323,59 +375,94 @@ def _prune(configs, named_args, **kwargs):
 
 
 def _config_smem(meta, stages, element_size, tma=False):
-    """Shared memory a config stages: its pipelined input tiles, and on the TMA path
-    the output tile a descriptor store goes through."""
+    """Shared memory a config needs: its pipelined input tiles, the output tile a TMA
+    store goes through, and fp32 scratch where the chain loads a full-tile operand
+    (triton reshapes the accumulator through shared memory for it)."""
     return 0
 
 
 def _tuned_kernel(path):
     """The autotuned kernel for a path, made at first use: the interpreter cannot tune."""
     if path not in _TUNED:
-        kernel, configs = _KERNELS[path]
+        kernel, configs, _ = _PATHS[path]
         _TUNED[path] = triton.autotune(
-            configs=[_triton_config(c) for c in configs],
+            configs=[_triton_config(_complete(path, c)) for c in configs],
             key=["ROWS_BUCKET", "N"],
             prune_configs_by={"early_config_prune": _prune},
         )(kernel)
     return _TUNED[path]
 
 
-def _launch(path, grid, args, consts, config):
-    if path == "tma":
-        _ensure_allocator(args[0].device)
-        consts = {**consts, "NUM_SMS": _num_sms(args[0].device)}
-    kernel = _KERNELS[path][0]
+def _launch(path, key, grid, args, consts, config):
+    """Launch with an explicit, interpreter, default or tuned config. Tuning happens
+    once per key; where both kernels can run and FUSEGEN_TMA is unset, it times both
+    and keeps the faster (the TMA kernel wins on large tiles, the pointer kernel on
+    some decode-sized shapes)."""
     if config is not None:
-        chosen, source = _checked_config(config), "explicit"
+        chosen, source = _checked_config(path, config), "explicit"
     elif _interpreted():
-        chosen, source = INTERPRETER_CONFIG, "interpreter"
+        chosen, source = _complete(path, INTERPRETER_CONFIG), "interpreter"
     elif os.environ.get("FUSEGEN_AUTOTUNE", "1") == "0":
-        chosen, source = DEFAULT_CONFIG, "default"
+        chosen, source = _PATHS[path][2], "default"
     else:
-        tuned = _tuned_kernel(path)
-        known = len(tuned.cache)
+        key = (*key, path, os.environ.get("FUSEGEN_TMA", ""))
+        plan = _PLANS.get(key) or _tune(path, key, grid, args, consts)
+        if plan is None:
+            chosen, source = _PATHS[path][2], "default"
+        else:
+            (path, chosen), source = plan, "autotune"
+    _PATHS[path][0][grid](*args, **_path_consts(path, args, consts), **_triton_kwargs(chosen))
+    _record(chosen, source, path)
+
+
+def _tune(path, key, grid, args, consts):
+    candidates = [path]
+    if path == "tma" and not os.environ.get("FUSEGEN_TMA"):
+        candidates.append("pointer")
+    found = {}
+    for candidate in candidates:
         try:
-            tuned[grid](*args, **consts)
+            found[candidate] = _autotuned(candidate, grid, args, consts)
         except Exception as exc:  # noqa: BLE001 - any tuning failure falls back
             _log_once(
-                "tuning", "bias_gelu_residual: autotuning failed (%s); using DEFAULT_CONFIG", exc
+                "tuning", "bias_gelu_residual: tuning the %s kernel failed (%s)", candidate, exc
             )
-            chosen, source = DEFAULT_CONFIG, "default"
-        else:
-            best = tuned.best_config
-            found = {**best.kwargs, "num_warps": best.num_warps, "num_stages": best.num_stages}
-            chosen = {k: found[k] for k in DEFAULT_CONFIG}
-            if len(tuned.cache) > known:
-                _log.info(
-                    "bias_gelu_residual: tuned the %s kernel in %.1f s, chose %s",
-                    path,
-                    getattr(tuned, "bench_time", 0.0),
-                    chosen,
-                )
-            _record(chosen, "autotune", path)
-            return
-    kernel[grid](*args, **consts, **_triton_kwargs(chosen))
-    _record(chosen, source, path)
+    if not found:
+        return None
+    best = min(found, key=lambda p: found[p][1])
+    _PLANS[key] = (best, found[best][0])
+    _log.info(
+        "bias_gelu_residual: tuned for %s: %s",
+        key[:-2],
+        ", ".join(f"{p} {c} {ms:.4f} ms" for p, (c, ms) in found.items()),
+    )
+    return _PLANS[key]
+
+
+def _autotuned(path, grid, args, consts):
+    """Run (tuning first, for a new key) the autotuned kernel of a path; return the
+    config it chose and that config's time in ms."""
+    tuned = _tuned_kernel(path)
+    tuned[grid](*args, **_path_consts(path, args, consts))
+    best = tuned.best_config
+    found = {**best.kwargs, "num_warps": best.num_warps, "num_stages": best.num_stages}
+    chosen = {k: found[k] for k in _PATHS[path][2]}
+    timing = getattr(tuned, "configs_timings", {}).get(best)
+    if timing is None:  # one config: the tuner does not time it
+        from triton.testing import do_bench
+
+        kwargs = {**_path_consts(path, args, consts), **_triton_kwargs(chosen)}
+        timing = do_bench(lambda: _PATHS[path][0][grid](*args, **kwargs), warmup=5, rep=20)
+    return chosen, timing[0] if isinstance(timing, (list, tuple)) else timing
+
+
+def _path_consts(path, args, consts):
+    if path != "tma":
+        return consts
+    device = args[0].device
+    _ensure_allocator(device)
+    sms = _device_facts(device)[1] if device.type == "cuda" else 4
+    return {**consts, "NUM_SMS": sms}
 
 
 def _tma_ready(tensor):
@@ -397,16 +484,10 @@ def _path(device, tensors):
     return "pointer"
 
 
-def _num_sms(device):
-    if device.type != "cuda":
-        return 4  # the interpreter: a few programs, each walking several tiles
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _ensure_allocator(device):
-    """Tensor descriptors made inside a kernel need a little global scratch memory;
-    triton asks an allocator for it. Keep one the caller set; else set one."""
-    current = getattr(getattr(triton.runtime, "_allocation", None), "_allocator", None)
+    """Tensor descriptors made inside a kernel need a little global scratch memory,
+    which triton asks an allocator for. Keep one the caller set; else set one."""
+    current = getattr(_ALLOCATION, "_allocator", None)
     if current is not None and type(current.get()).__name__ != "NullAllocator":
         return
 
@@ -416,15 +497,26 @@ def _ensure_allocator(device):
     triton.set_allocator(scratch)
 
 
+def _complete(path, config):
+    """`config` with just the settings `path`'s kernel takes, the ones it leaves out
+    filled from that path's default."""
+    default = _PATHS[path][2]
+    return {k: config.get(k, default[k]) for k in default}
+
+
 def _triton_kwargs(config):
     return {**config, "num_stages": config.get("num_stages", 1)}
 
 
-def _checked_config(config):
-    keys = set(DEFAULT_CONFIG)
-    if not isinstance(config, dict) or set(config) != keys:
-        raise ValueError(f"config must be a dict with keys {sorted(keys)}, got {config!r}")
-    return dict(config)
+def _checked_config(path, config):
+    required = set(DEFAULT_CONFIG)
+    allowed = set().union(*(default for _, _, default in _PATHS.values()))
+    if not isinstance(config, dict) or not required <= set(config) <= allowed:
+        raise ValueError(
+            f"config must be a dict with keys {sorted(required)} (and, for the TMA kernel, "
+            f"optionally {sorted(allowed - required)}), got {config!r}"
+        )
+    return _complete(path, config)
 
 
 def bias_gelu_residual(
@@ -453,6 +545,42 @@ def bias_gelu_residual(
         TypeError, ValueError: an input has the wrong type, shape, dtype or device; the
             message names the tensor and the dim.
     """
+    plan = _CALLS.get(_signature(x, b, r)) or _plan(x, b, r)
+    path = plan.path
+    if out is None:
+        out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
+    else:
+        _check_out(out, plan, {"x": x, "b": b, "r": r})
+        if path == "tma" and not _tma_ready(out.view(-1, out.shape[-1])):
+            path = "pointer"  # the caller's buffer is not 16-byte aligned
+    if not plan.runs_triton:
+        _log_once(
+            "no-gpu",
+            "bias_gelu_residual: the inputs are on %s and the Triton interpreter is off; "
+            "running the PyTorch reference",
+            plan.device,
+        )
+        out.copy_(reference(x, b, r))
+        _record(None, "reference (no GPU)")
+        return out
+    if out.numel() == 0:
+        _record(None, "empty")
+        return out
+    args = (
+        x.reshape(-1, x.shape[-1]),
+        b,
+        r.reshape(-1, r.shape[-1]),
+        out.view(-1, out.shape[-1]),
+        *plan.tail,
+    )
+    _launch(path, plan.key, _grid, args, plan.consts, config)
+    return out
+
+
+def _plan(x, b, r):
+    """Check a call's inputs, and decide what does not change while their shapes,
+    strides, dtypes, devices and alignment do not: sizes, the output, the kernel path,
+    int64 offsets, the launch's trailing arguments. Remembered per signature."""
     shapes = _Shapes(DIMS)
     x_2d = shapes.bind("x", x, ("M", "N"), batched=True)
     b_2d = shapes.bind("b", b, ("N",))
@@ -461,36 +589,15 @@ def bias_gelu_residual(
     device = _common_device({"x": x, "b": b, "r": r})
     M = shapes["M"]
     N = shapes["N"]
-    out_dtype = OUT_DTYPE or dtype
-    out_shape = (*shapes.lead, N)
-    out = _output(out, out_shape, out_dtype, device, {"x": x, "b": b, "r": r})
-
-    if not _runs_triton(device):
-        _log_once(
-            "no-gpu",
-            "bias_gelu_residual: the inputs are on %s and the Triton interpreter is off; "
-            "running the PyTorch reference",
-            device,
-        )
-        out.copy_(reference(x, b, r))
-        _record(None, "reference (no GPU)")
-        return out
-    if out.numel() == 0:
-        _record(None, "empty")
-        return out
-    out_2d = out.view(-1, N)
-
-    path = _path(device, ())
-
-    def grid(meta):
-        tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
-        return (min(tiles, meta["NUM_SMS"]),) if path == "tma" else (tiles,)
-
-    args = (
-        x_2d,
-        b_2d,
-        r_2d,
-        out_2d,
+    plan = _Plan()
+    plan.device, plan.dtype = device, dtype
+    plan.out_dtype = OUT_DTYPE or dtype
+    plan.out_shape = (*shapes.lead, N)
+    plan.runs_triton = _runs_triton(device)
+    # A stand-in for the output, which is contiguous [M, N]: no memory.
+    out_2d = torch.empty((M, N), device="meta", dtype=plan.out_dtype)
+    plan.path = _path(device, ()) if plan.runs_triton else "pointer"
+    plan.tail = (
         M,
         N,
         _bucket(M),
@@ -499,14 +606,17 @@ def bias_gelu_residual(
         b_2d.stride(0),
         r_2d.stride(0),
         r_2d.stride(1),
-        out_2d.stride(0),
-        out_2d.stride(1),
+        N,
+        1,
     )
-    consts = {
+    plan.consts = {
         "INT64": _needs_int64(x_2d, b_2d, r_2d, out_2d),
     }
-    _launch(path, grid, args, consts, config)
-    return out
+    plan.key = (_bucket(M), N, dtype, plan.out_dtype)
+    if len(_CALLS) >= 1024:
+        _CALLS.clear()
+    _CALLS[_signature(x, b, r)] = plan
+    return plan
 
 
 def reference(

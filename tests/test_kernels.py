@@ -189,6 +189,7 @@ def test_small_tiles_cover_every_edge(zoo, name):
     for int64 in (False, True):
         seed = tests.new_seed()
         inputs = tests.make_inputs(sizes, dtype, seed)
+        kernel._CALLS.clear()
         if int64:
             # Force the int64 path on a small problem: the kernel must give the same result.
             original = kernel._needs_int64
@@ -201,6 +202,7 @@ def test_small_tiles_cover_every_edge(zoo, name):
         finally:
             if int64:
                 kernel._needs_int64 = original
+                kernel._CALLS.clear()
         assert kernel.last_launch()["config"] == config
         assert kernel.last_launch()["source"] == "explicit"
         tests.check_output(out, inputs, dtype, seed, config)
@@ -229,6 +231,7 @@ def test_bf16_dot_is_upcast_only_under_the_interpreter(zoo):
 def test_error_without_gpu_when_the_spec_says_so(zoo, monkeypatch):
     kernel, tests = load(zoo, "mm_static_rows")
     monkeypatch.setattr(kernel, "_runs_triton", lambda device: False)
+    monkeypatch.setattr(kernel, "_CALLS", {})
     inputs = tests.make_inputs({**tests.SIZES, "K": 20, "N": 30}, torch.float16, 0)
     with pytest.raises(RuntimeError, match="needs CUDA tensors"):
         kernel.mm_static_rows(**inputs)
