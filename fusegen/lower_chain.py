@@ -1,0 +1,422 @@
+"""Chain steps -> IR steps: the ops of a kernel's chain, checked against its inputs.
+
+Part of lowering (fusegen.lower): `ChainLowering` holds the methods that read the
+`chain:` list; the kernel-level lowerer mixes it in and supplies `err`, `spec` and
+`used_inputs`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from fusegen import dtypes, ops
+from fusegen.errors import did_you_mean
+from fusegen.ir import Dim, Gate, Matmul, Step, Tensor
+
+OP_FORMS = (
+    "a step is an op name (`silu`) or a one-key mapping (`gelu: tanh`, `add: r`); "
+    "ops: " + ", ".join(ops.ALL_OPS)
+)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def op_name(raw: Any) -> Any:
+    return next(iter(raw)) if isinstance(raw, dict) and raw else raw
+
+
+class ChainLowering:
+    def _split_step(self, i: int, raw: Any) -> tuple[str, Any] | None:
+        if isinstance(raw, str):
+            return ops.ALIASES.get(raw, raw), None
+        if isinstance(raw, dict) and len(raw) == 1:
+            ((name, args),) = raw.items()
+            return ops.ALIASES.get(str(name), str(name)), args
+        self.err(
+            ("chain", i), f"a chain step is an op name or a one-key mapping, got {raw!r}", OP_FORMS
+        )
+        return None
+
+    def _chain(self, inputs: dict[str, Tensor], dims: dict[str, Dim]):
+        chain = self.spec.chain
+        first = self._split_step(0, chain[0])
+        if first is None:
+            return None
+        op, args = first
+        matmul = None
+        source = None
+        # When the first step is wrong, the later steps are still checked (every error
+        # in one run), but without the value's shape to check broadcasts against.
+        row = col = None
+        starts_matmul = op == "matmul"
+        if op == "matmul":
+            matmul = self._matmul(("chain", 0, "matmul"), args, inputs)
+            if matmul is not None:
+                row, col = matmul.m, matmul.n
+        elif op == "input":
+            source = self._source(("chain", 0, "input"), args, inputs)
+            if source is not None:
+                row, col = inputs[source].dims
+        else:
+            hint = "an elementwise chain starts with `input: x`; a matmul chain with `matmul: {a: x, b: w.T}`"
+            if op in ops.ALL_OPS:
+                self.err(
+                    ("chain", 0), f"the chain must start with `matmul` or `input`, not `{op}`", hint
+                )
+            else:
+                self.err(
+                    ("chain", 0), f"unknown op '{op}'{did_you_mean(op, ops.KNOWN_NAMES)}", hint
+                )
+        steps: list = []
+        out_dtype = None
+        for i in range(1, len(chain)):
+            split = self._split_step(i, chain[i])
+            if split is None:
+                continue
+            op, args = split
+            path = ("chain", i, op) if isinstance(chain[i], dict) else ("chain", i)
+            if out_dtype is not None:
+                self.err(
+                    ("chain", i),
+                    "`cast` must be the last step",
+                    "the chain computes in fp32; cast sets the output dtype",
+                )
+            if op in ("matmul", "input"):
+                self.err(
+                    ("chain", i),
+                    f"`{op}` can only be the first step",
+                    "use `gate` for a second matmul on the same input",
+                )
+            elif op == "gate":
+                if matmul is None and not starts_matmul:
+                    self.err(
+                        path,
+                        "`gate` needs a matmul chain",
+                        "a gate multiplies by a second matmul on the chain's `a`",
+                    )
+                elif matmul is None:
+                    continue  # the chain's own matmul is wrong; it was reported
+                elif any(isinstance(s, Gate) for s in steps):
+                    self.err(path, "a chain can have only one `gate`")
+                else:
+                    gate = self._gate(path, args, inputs, matmul)
+                    if gate:
+                        steps.append(gate)
+            elif op == "cast":
+                out_dtype = self._cast(path, args)
+            else:
+                step = self._elementwise(path, op, args, inputs, row, col)
+                if step:
+                    steps.append(step)
+        if first[0] == "input" and all(op_name(s) == "cast" for s in chain[1:]):
+            self.err(
+                ("chain",),
+                "an elementwise chain needs at least one op after `input` (a cast alone is a copy)",
+            )
+        return matmul, source, row, col, steps, out_dtype
+
+    def _tensor_ref(
+        self, path: tuple, ref: Any, inputs: dict[str, Tensor], *, allow_t: bool
+    ) -> tuple[str, bool] | None:
+        if not isinstance(ref, str):
+            self.err(
+                path, f"expected the name of an input, got {ref!r}", "inputs: " + ", ".join(inputs)
+            )
+            return None
+        name, transposed = ref, False
+        if ref.endswith(".T"):
+            name, transposed = ref[:-2], True
+            if not allow_t:
+                self.err(path, f"'{ref}': only a matmul operand can be read transposed")
+                return None
+        if name not in inputs:
+            bad = name if name.isidentifier() else ref
+            self.err(
+                path,
+                f"'{bad}' is not an input{did_you_mean(name, inputs)}",
+                "inputs: " + ", ".join(inputs) + ("; write NAME or NAME.T" if allow_t else ""),
+            )
+            return None
+        self.used_inputs.add(name)
+        return name, transposed
+
+    def _matmul(
+        self, path: tuple, args: Any, inputs: dict[str, Tensor], *, main: Matmul | None = None
+    ) -> Matmul | None:
+        if not isinstance(args, dict) or set(args) - {"a", "b"} or not {"a", "b"} <= set(args):
+            self.err(
+                path,
+                f"matmul takes {{a: INPUT, b: INPUT or INPUT.T}}, got {args!r}",
+                "e.g. matmul: {a: x, b: w.T}",
+            )
+            return None
+        a = self._tensor_ref(path + ("a",), args["a"], inputs, allow_t=True)
+        b = self._tensor_ref(path + ("b",), args["b"], inputs, allow_t=True)
+        if a is None or b is None:
+            return None
+        ta, tb = inputs[a[0]], inputs[b[0]]
+        bad = False
+        for which, t in (("a", ta), ("b", tb)):
+            if len(t.dims) != 2:
+                self.err(
+                    path + (which,), f"matmul operand '{t.name}' must be 2-D, it is {list(t.dims)}"
+                )
+                bad = True
+            if t.dtype is not None:
+                self.err(
+                    ("inputs", t.name, "dtype"),
+                    f"matmul operand '{t.name}' cannot pin a dtype",
+                    "matmul operands take the call's dtype (tl.dot needs both sides alike)",
+                )
+                bad = True
+        if bad:
+            return None
+        a_dims = ta.dims[::-1] if a[1] else ta.dims
+        b_dims = tb.dims[::-1] if b[1] else tb.dims
+        if a_dims[1] != b_dims[0]:
+            hint = ""
+            if b_dims[1] == a_dims[1]:
+                hint = f"did you mean b: {b[0] + ('' if b[1] else '.T')}?"
+            self.err(
+                path,
+                f"mismatched matmul dims: a ({args['a']}) is {list(a_dims)}, b ({args['b']}) is {list(b_dims)}; "
+                f"a's columns must be b's rows",
+                hint or "an nn.Linear weight [N, K] is read as w.T",
+            )
+            return None
+        m, k, n = a_dims[0], a_dims[1], b_dims[1]
+        if len({m, k, n}) != 3:
+            self.err(
+                path,
+                f"the matmul's dims must be three different names, got [{m}, {k}] @ [{k}, {n}]",
+                "declare separate dims even when sizes are equal (K: 768, N: 768)",
+            )
+            return None
+        mm = Matmul(a[0], b[0], a[1], b[1], m, k, n)
+        if main is not None and mm.b == main.b:
+            self.err(
+                path + ("b",),
+                f"the gate reads the same weight '{mm.b}' as the chain's matmul",
+                "a gate multiplies by a second, different weight",
+            )
+            return None
+        if main is not None and (mm.a, mm.a_transposed, mm.m, mm.k, mm.n) != (
+            main.a,
+            main.a_transposed,
+            main.m,
+            main.k,
+            main.n,
+        ):
+            self.err(
+                path,
+                f"a gate's matmul must read the same `a` ({main.a}{'.T' if main.a_transposed else ''}) and give the "
+                f"same [{main.m}, {main.n}] output as the chain's; got a = {args['a']} -> [{m}, {n}]",
+                "the point of a gate is one pass over a with two accumulators",
+            )
+            return None
+        return mm
+
+    def _source(self, path: tuple, args: Any, inputs: dict[str, Tensor]) -> str | None:
+        ref = self._tensor_ref(path, args, inputs, allow_t=False)
+        if ref is None:
+            return None
+        t = inputs[ref[0]]
+        if len(t.dims) != 2:
+            self.err(
+                path,
+                f"an elementwise chain runs over a 2-D input [rows, cols]; '{t.name}' is {list(t.dims)}",
+            )
+            return None
+        if t.dtype is not None:
+            self.err(
+                ("inputs", t.name, "dtype"),
+                f"the chain's input '{t.name}' cannot pin a dtype",
+                "it sets the call's dtype",
+            )
+            return None
+        return t.name
+
+    def _cast(self, path: tuple, args: Any) -> str | None:
+        name = dtypes.canonical(args) if isinstance(args, str) else None
+        if name is None:
+            self.err(
+                path,
+                f"unknown dtype {args!r}{did_you_mean(str(args), dtypes.DTYPES)}",
+                f"valid: {ops.dtype_names()}",
+            )
+        return name
+
+    def _gate(self, path: tuple, args: Any, inputs: dict[str, Tensor], main: Matmul) -> Gate | None:
+        allowed = {"matmul", "bias", "activation"}
+        if not isinstance(args, dict) or "matmul" not in args:
+            self.err(
+                path,
+                "gate takes {matmul: {a, b}, bias?: INPUT, activation?: ACTIVATION}",
+                "e.g. gate: {matmul: {a: x, b: w_up.T}}",
+            )
+            return None
+        for key in args:
+            if key not in allowed:
+                self.err(
+                    path + (key,),
+                    f"unknown gate field '{key}'{did_you_mean(key, allowed)}",
+                    "fields: " + ", ".join(sorted(allowed)),
+                    key=True,
+                )
+        mm = self._matmul(path + ("matmul",), args["matmul"], inputs, main=main)
+        steps: list[Step] = []
+        if "bias" in args:
+            step = self._elementwise(path + ("bias",), "bias", args["bias"], inputs, main.m, main.n)
+            if step:
+                steps.append(step)
+        if "activation" in args:
+            act = args["activation"]
+            split = (
+                (act, None)
+                if isinstance(act, str)
+                else (next(iter(act.items())) if isinstance(act, dict) and len(act) == 1 else None)
+            )
+            if split is not None:
+                split = (ops.ALIASES.get(str(split[0]), str(split[0])), split[1])
+            if split is None:
+                self.err(
+                    path + ("activation",),
+                    f"expected an activation (`silu`, `gelu: tanh`), got {act!r}",
+                )
+            elif split[0] not in ops.ACTIVATIONS and split[0] != "gelu":
+                self.err(
+                    path + ("activation",),
+                    f"unknown activation '{split[0]}'{did_you_mean(split[0], [*ops.ACTIVATIONS, *ops.ALIASES])}",
+                    "activations: " + ", ".join(ops.ACTIVATIONS),
+                )
+            else:
+                step = self._elementwise(
+                    path + ("activation",), split[0], split[1], inputs, main.m, main.n
+                )
+                if step:
+                    steps.append(step)
+        return Gate(mm, tuple(steps)) if mm else None
+
+    def _elementwise(
+        self, path: tuple, op: str, args: Any, inputs: dict[str, Tensor], row: str, col: str
+    ) -> Step | None:
+        if op == "gelu":
+            return self._gelu(path, args)
+        if op in ops.ACTIVATIONS:
+            return self._activation(path, ops.ACTIVATIONS[op], args)
+        if op == "bias":
+            ref = self._tensor_ref(path, args, inputs, allow_t=False)
+            if ref is None:
+                return None
+            t = inputs[ref[0]]
+            if col is None:
+                return None
+            if t.dims != (col,):
+                self.err(
+                    path,
+                    f"a bias is a row vector [{col}] over the output's columns; '{t.name}' is {list(t.dims)}",
+                    f"for other broadcasts use `add: {t.name}`",
+                )
+                return None
+            return Step("bias", operand=t.name, broadcast="row")
+        if op == "scale":
+            if not is_number(args):
+                self.err(path, f"scale takes a number, got {args!r}", "e.g. scale: 0.5")
+                return None
+            return Step("scale", constant=float(args))
+        if op in ops.BINARY:
+            if is_number(args):
+                return Step(op, constant=float(args))
+            ref = self._tensor_ref(path, args, inputs, allow_t=False)
+            if ref is None:
+                return None
+            t = inputs[ref[0]]
+            if row is None:
+                return None
+            broadcast = self._broadcast(path, t, row, col)
+            return Step(op, operand=t.name, broadcast=broadcast) if broadcast else None
+        self.err(
+            path[:3] if len(path) > 2 else path,
+            f"unknown op '{op}'{did_you_mean(op, ops.KNOWN_NAMES)}",
+            OP_FORMS,
+        )
+        return None
+
+    def _broadcast(self, path: tuple, t: Tensor, row: str, col: str) -> str | None:
+        shapes = {(row, col): "full", (col,): "row", (row,): "col"}
+        if t.dims in shapes:
+            return shapes[t.dims]
+        self.err(
+            path,
+            f"operand '{t.name}' is {list(t.dims)}; it must be [{row}, {col}] (full), [{col}] (one row, "
+            f"broadcast down the rows) or [{row}] (one column, broadcast across)",
+        )
+        return None
+
+    def _gelu(self, path: tuple, args: Any) -> Step | None:
+        choices = ops.GELU_APPROXIMATE
+        if isinstance(args, dict):
+            extra = set(args) - {"approximate"}
+            if extra:
+                self.err(
+                    path,
+                    f"gelu takes only `approximate`, got {sorted(extra)}",
+                    "gelu: {approximate: tanh}",
+                )
+                return None
+            args = args.get("approximate", "none")
+        if args is None:
+            args = "none"
+        if args not in choices:
+            self.err(path, f"gelu's approximate is 'none' (exact, erf) or 'tanh', got {args!r}")
+            return None
+        return Step(choices[args])
+
+    def _activation(self, path: tuple, act: ops.Activation, args: Any) -> Step | None:
+        names = [p.name for p in act.params]
+        if args is None:
+            given: dict = {}
+        elif isinstance(args, dict):
+            given = args
+        elif act.params and (is_number(args)):
+            given = {names[0]: args}  # `leaky_relu: 0.2` sets the first parameter
+        else:
+            form = f"{act.name}: {{{', '.join(names)}}}" if names else act.name
+            self.err(
+                path,
+                f"{act.name} takes {'no arguments' if not names else 'numbers'}, got {args!r}",
+                f"write `{form}`",
+            )
+            return None
+        params = []
+        ok = True
+        for key in given:
+            if key not in names:
+                ok = False
+                self.err(
+                    path + (key,),
+                    f"{act.name} has no parameter '{key}'{did_you_mean(key, names)}",
+                    "parameters: " + (", ".join(names) or "none"),
+                    key=True,
+                )
+        for p in act.params:
+            value = given.get(p.name, p.default)
+            if value is None:
+                ok = False
+                self.err(
+                    path,
+                    f"{act.name} needs `{p.name}`",
+                    f"e.g. {act.name}: {{{', '.join(f'{n}: ...' for n in names)}}}",
+                )
+            elif not is_number(value):
+                ok = False
+                self.err(path + (p.name,), f"{act.name}'s {p.name} must be a number, got {value!r}")
+            else:
+                params.append((p.name, float(value)))
+        if ok and act.name == "clamp" and params[0][1] > params[1][1]:
+            self.err(path, f"clamp's min ({params[0][1]}) is above its max ({params[1][1]})")
+            return None
+        return Step(act.name, params=tuple(params)) if ok else None
