@@ -31,6 +31,7 @@ TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3, "fp32": 5e-3}
 DEFAULT_SHAPES = {
     "matmul": [(8192, 4096, 14336), (4096, 1024, 4096), (16, 4096, 14336)],
     "elementwise": [(16384, 8192)],
+    "row": [(16384, 8192), (512, 262144), (131072, 1000)],
 }
 # Enough buffer sets that one pass over them is several times the 60 MB L2 of an H200.
 ROTATION_BYTES = 512 << 20
@@ -94,7 +95,9 @@ def work(kernel: Kernel, sizes: dict, element_bytes: int) -> tuple[float, float]
             numel *= sizes[d]
         moved += numel * (4 if t.dtype == "fp32" else element_bytes)
     out_bytes = 4 if kernel.out_dtype == "fp32" else element_bytes
-    return flops, moved + rows * cols * out_bytes
+    out_numel = rows if kernel.reduces else rows * cols
+    extras = len(kernel.emits) * rows * cols * element_bytes
+    return flops, moved + out_numel * out_bytes + extras
 
 
 def make_inputs(torch, kernel: Kernel, sizes: dict, dtype, device, seed: int) -> dict:
@@ -203,6 +206,9 @@ def load_module(kernel: Kernel, folder: Path):
 
 
 def relative_error(torch, out, exact) -> float:
+    """Of the chain's result (the first output, where there are several)."""
+    if isinstance(exact, tuple):
+        out, exact = out[0], exact[0]
     out = out.double().reshape(exact.shape)
     if not torch.isfinite(out).all():
         return float("inf")

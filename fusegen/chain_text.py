@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fusegen import ops
 from fusegen.dtypes import DTYPES
-from fusegen.ir import Gate, Kernel, Matmul, Step
+from fusegen.ir import Emit, Gate, Kernel, Matmul, RowStep, Step
 
 
 def lit(value: float) -> str:
@@ -42,10 +42,26 @@ def matmul_text(mm: Matmul) -> str:
 
 
 def steps_in_order(kernel: Kernel) -> list[Step]:
+    """The elementwise steps, a gate's included (not row ops or extra outputs)."""
     out: list[Step] = []
     for item in kernel.steps:
-        out.extend(item.steps if isinstance(item, Gate) else [item])
+        if isinstance(item, Gate):
+            out.extend(item.steps)
+        elif isinstance(item, Step):
+            out.append(item)
     return out
+
+
+def row_text(step: RowStep, operand: str) -> str:
+    """rmsnorm(h, weight=w, eps=1e-05), softmax(x * 0.125 + mask), sum(x)."""
+    params = dict(step.params)
+    if step.op in ("softmax", "log_softmax"):
+        inner = operand if params["scale"] == 1.0 else f"{operand} * {params['scale']:g}"
+        mask = dict(step.operands).get("mask")
+        return f"{step.op}({inner}{' + ' + mask if mask else ''})"
+    args = [f"{role}={name}" for role, name in step.operands]
+    args += [f"{k}={v:g}" for k, v in step.params if not (k == "offset" and v == 0.0)]
+    return f"{step.op}({', '.join([operand, *args])})"
 
 
 # Precedence levels: 0 an atom or call, 1 a product, 2 a sum.
@@ -70,6 +86,7 @@ def _apply(expr: tuple[str, int], step: Step) -> tuple[str, int]:
 
 def formula(kernel: Kernel) -> str:
     expr = (matmul_text(kernel.matmul), 1) if kernel.matmul else (kernel.source, 0)
+    named = []
     for item in kernel.steps:
         if isinstance(item, Gate):
             gate = (matmul_text(item.matmul), 1)
@@ -78,7 +95,12 @@ def formula(kernel: Kernel) -> str:
             left = f"({expr[0]})" if expr[1] > 1 else expr[0]
             right = f"({gate[0]})" if gate[1] > 0 else gate[0]
             expr = (f"{left} * {right}", 1)
+        elif isinstance(item, Emit):
+            named.append(f"{item.name} = {expr[0]}")
+            expr = (item.name, 0)
+        elif isinstance(item, RowStep):
+            expr = (row_text(item, expr[0]), 0)
         else:
             expr = _apply(expr, item)
-    text = f"y = {expr[0]}"
+    text = "; ".join(named + [f"y = {expr[0]}"])
     return f"{text}, as {kernel.out_dtype}" if kernel.out_dtype else text

@@ -147,10 +147,8 @@ def _bench(args: argparse.Namespace) -> int:
     shapes = dict(bench.DEFAULT_SHAPES)
     if args.shapes:
         given = [tuple(int(x) for x in s.split(",")) for s in args.shapes]
-        shapes = {
-            "matmul": [s for s in given if len(s) == 3],
-            "elementwise": [s for s in given if len(s) == 2],
-        }
+        pairs = [s for s in given if len(s) == 2]
+        shapes = {"matmul": [s for s in given if len(s) == 3], "elementwise": pairs, "row": pairs}
     progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     ceilings, results = bench.run(
         kernels, shapes, args.dtype, variants, bench.do_bench_timer, progress

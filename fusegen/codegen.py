@@ -29,12 +29,14 @@ from fusegen.kernel_text import (
     helpers,
     mainloop,
     params,
+    row_chain,
+    row_pieces,
     tile_addr,
     tma_mainloop,
     weights,
 )
-from fusegen.python_text import input_doc, out_doc, reference_lines
-from fusegen.test_text import aligned_cases, bound_lines, cases, dist, heavy
+from fusegen.python_text import input_doc, out_doc, reference_lines, reference_return
+from fusegen.test_text import aligned_cases, bound_lines, bound_returns, cases, dist, heavy
 
 BLACK_MODE = black.Mode(line_length=100, target_versions={black.TargetVersion.PY310})
 
@@ -96,11 +98,14 @@ def kernel_context(kernel: Kernel) -> dict:
     mm = kernel.matmul
     unpinned = [t for t in kernel.inputs if t.dtype is None]
     pinned = [t for t in kernel.inputs if t.dtype is not None]
-    views = [naming.view2d(t.name) for t in kernel.inputs] + [naming.view2d(naming.OUT)]
+    out_names = [naming.OUT, *kernel.emits]
+    views = [naming.view2d(t.name) for t in kernel.inputs] + [naming.view2d(n) for n in out_names]
     strides = [
         f"{naming.view2d(t.name)}.stride({i})" for t in kernel.inputs for i in range(len(t.dims))
     ]
-    strides += [kernel.col, "1"]  # the output is contiguous
+    # The outputs are contiguous: [rows] for a reduction, else [rows, cols].
+    strides += ["1"] if kernel.reduces else [kernel.col, "1"]
+    strides += [kernel.col, "1"] * len(kernel.emits)
     launch_tail = [d.name for d in kernel.dims] + [f"_bucket({kernel.row})"] + strides
     operands, dots = mainloop(kernel) if mm else ([], [])
     gate = kernel.gate
@@ -192,10 +197,24 @@ def kernel_context(kernel: Kernel) -> dict:
         ],
         "out_doc": out_doc(kernel),
         "out_shape": (
-            f"(*shapes.lead, {kernel.col})"
-            if any(t.batched for t in kernel.inputs)
-            else f"({kernel.row}, {kernel.col})"
+            "(*shapes.lead,)"
+            if kernel.reduces
+            else (
+                f"(*shapes.lead, {kernel.col})"
+                if any(t.batched for t in kernel.inputs)
+                else f"({kernel.row}, {kernel.col})"
+            )
         ),
+        "outputs": outputs(kernel),
+        "emits": bool(kernel.emits),
+        "returns": (
+            "(" + ", ".join(o["kwarg"] for o in outputs(kernel)) + ")" if kernel.emits else "out"
+        ),
+        "return_annotation": " -> tuple[torch.Tensor, ...]" if kernel.emits else " -> torch.Tensor",
+        "reference_return": reference_return(kernel, unpinned[0].name),
+        "rowwise": kernel.row_step is not None,
+        "reduces": kernel.reduces,
+        **row_context(kernel),
         "unpinned_dict": dict_literal([(t.name, t.name) for t in unpinned]),
         "pinned_dict": (
             dict_literal([(t.name, f"({t.name}, {dtype_literal(t.dtype)})") for t in pinned])
@@ -231,6 +250,62 @@ def kernel_context(kernel: Kernel) -> dict:
     }
 
 
+def outputs(kernel: Kernel) -> list[dict]:
+    """The launcher's outputs: the chain's result, then each extra output."""
+    rows, cols = kernel.row, kernel.col
+    main = {
+        "kwarg": "out",
+        "what": "y",
+        "doc": out_doc(kernel),
+        "shape": "plan.out_shape",
+        "dtype": "plan.out_dtype",
+        "view": "out.view(-1)" if kernel.reduces else "out.view(-1, out.shape[-1])",
+        "stand_in": naming.view2d(naming.OUT),
+        "shape_2d": f"({rows},)" if kernel.reduces else f"({rows}, {cols})",
+    }
+    extras = [
+        {
+            "kwarg": f"out_{name}",
+            "what": name,
+            "doc": f"[..., {cols}] in the call dtype: the value at `output: {name}`",
+            "shape": "plan.extra_shape",
+            "dtype": "plan.dtype",
+            "view": f"out_{name}.view(-1, out_{name}.shape[-1])",
+            "stand_in": naming.view2d(name),
+            "shape_2d": f"({rows}, {cols})",
+        }
+        for name in kernel.emits
+    ]
+    return [main, *extras]
+
+
+def row_context(kernel: Kernel) -> dict:
+    if kernel.row_step is None:
+        return {
+            "row_pieces": {},
+            "row_first_pass": [],
+            "row_second_pass": [],
+            "row_after": [],
+            "row_store": "",
+        }
+    first, after = row_chain(kernel, emits=True)
+    second, _ = row_chain(kernel, emits=False)
+    if kernel.reduces:
+        addr = f"{naming.ptr(naming.OUT)} + {naming.offs(kernel.row)} * {naming.stride(naming.OUT, kernel.row)}"
+        mask = naming.mask(kernel.row)
+    else:
+        out = Tensor(naming.OUT, (kernel.row, kernel.col), None, "", False)
+        addr, mask = tile_addr(out, (kernel.row, kernel.col)), "in_bounds"
+    store = f"tl.store({addr}, value.to({naming.ptr(naming.OUT)}.dtype.element_ty), mask={mask})"
+    return {
+        "row_pieces": row_pieces(kernel),
+        "row_first_pass": first,
+        "row_second_pass": second,
+        "row_after": after,
+        "row_store": store,
+    }
+
+
 def test_context(kernel: Kernel) -> dict:
     cpu, gpu = cases(kernel)
     aligned_cpu, aligned_gpu = aligned_cases(kernel)
@@ -254,6 +329,11 @@ def test_context(kernel: Kernel) -> dict:
             for t in kernel.inputs
         ],
         "cases_cpu": repr(cpu),
+        "outputs_literal": repr(["out", *(f"out_{e}" for e in kernel.emits)]),
+        "reduces": kernel.reduces,
+        "source": kernel.source or "",
+        "special_rows": kernel.row_step is not None,
+        "bound_returns": bound_returns(kernel),
         "aligned_cpu": repr(aligned_cpu),
         "aligned_gpu": repr(aligned_gpu),
         "matmul": kernel.matmul is not None,

@@ -118,13 +118,31 @@ TMA_DEFAULTS = {
     "gated": _tma(128, 128, 64, 8, 8, 3, 0, 0, 1),
 }
 
+# Row ops (norms, softmax, reductions): one row per program for long rows, BLOCK_N up
+# to 16384 elements held in registers; longer rows loop over BLOCK_N blocks twice.
+ROW_SPACE = (
+    _ew(1, 1024, 4),
+    _ew(1, 2048, 8),
+    _ew(1, 4096, 8),
+    _ew(1, 8192, 16),
+    _ew(1, 16384, 16),
+    _ew(4, 1024, 8),
+    _ew(16, 256, 4),
+)
+
 DEFAULTS = {
     "matmul": _mm(128, 128, 64, 8, 8, 3),
     "gated": _mm(128, 64, 64, 8, 4, 4),
     "elementwise": _ew(4, 1024, 8),
+    "row": _ew(1, 4096, 8),
 }
-SPACES = {"matmul": MATMUL_SPACE, "gated": GATED_SPACE, "elementwise": ELEMENTWISE_SPACE}
-TMA_SPACES = {"matmul": TMA_MATMUL_SPACE, "gated": TMA_GATED_SPACE, "elementwise": ()}
+SPACES = {
+    "matmul": MATMUL_SPACE,
+    "gated": GATED_SPACE,
+    "elementwise": ELEMENTWISE_SPACE,
+    "row": ROW_SPACE,
+}
+TMA_SPACES = {"matmul": TMA_MATMUL_SPACE, "gated": TMA_GATED_SPACE, "elementwise": (), "row": ()}
 
 # Under the Triton interpreter each tile operation costs about the same whatever its
 # size (numpy does the work), so large tiles are much faster there: measured 34 s with
@@ -134,6 +152,7 @@ INTERPRETER = {
     "matmul": _mm(32, 256, 256, 4, 4, 1),
     "gated": _mm(32, 256, 256, 4, 4, 1),
     "elementwise": _ew(16, 1024, 4),
+    "row": _ew(4, 1024, 4),
 }
 
 

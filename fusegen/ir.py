@@ -61,7 +61,25 @@ class Gate:
     steps: tuple[Step, ...]
 
 
-ChainItem = Union[Step, Gate]
+@dataclass(frozen=True)
+class RowStep:
+    """An op over each row: softmax, log_softmax, rmsnorm, layernorm, sum, mean, max."""
+
+    op: str
+    params: tuple[tuple[str, float], ...]  # in the op's parameter order, defaults filled
+    operands: tuple[tuple[str, str], ...]  # (role, input name): mask, weight, bias
+    mask_broadcast: str | None = None  # "full" or "row", for a softmax mask
+    reduces: bool = False  # sum, mean, max: the value becomes one number per row
+
+
+@dataclass(frozen=True)
+class Emit:
+    """Write the value at this point as an extra output."""
+
+    name: str
+
+
+ChainItem = Union[Step, Gate, RowStep, Emit]
 
 
 @dataclass(frozen=True)
@@ -117,7 +135,22 @@ class Kernel:
 
     @property
     def kind(self) -> str:
-        return "matmul" if self.matmul else "elementwise"
+        if self.matmul:
+            return "matmul"
+        return "row" if self.row_step else "elementwise"
+
+    @property
+    def row_step(self) -> RowStep | None:
+        return next((s for s in self.steps if isinstance(s, RowStep)), None)
+
+    @property
+    def emits(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.steps if isinstance(s, Emit))
+
+    @property
+    def reduces(self) -> bool:
+        """The output is one number per row."""
+        return self.row_step is not None and self.row_step.reduces
 
     @property
     def gate(self) -> Gate | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fusegen import naming, ops
 from fusegen.chain_text import lit, operand_ref, steps_in_order
-from fusegen.ir import Gate, Kernel, Step, Tensor
+from fusegen.ir import Emit, Gate, Kernel, RowStep, Step, Tensor
 
 
 def tile_addr(tensor: Tensor, axes: tuple[str, str]) -> str:
@@ -18,7 +18,7 @@ def tile_addr(tensor: Tensor, axes: tuple[str, str]) -> str:
 
 def operand_load(kernel: Kernel, tensor: Tensor, broadcast: str) -> str:
     if broadcast == "full":
-        addr, mask = tile_addr(tensor, (kernel.row, kernel.col)), "mask"
+        addr, mask = tile_addr(tensor, (kernel.row, kernel.col)), "in_bounds"
     else:
         dim = tensor.dims[0]
         addr = f"{naming.ptr(tensor.name)} + {naming.offs(dim)} * {naming.stride(tensor.name, dim)}"
@@ -46,6 +46,9 @@ def triton_step(kernel: Kernel, step: Step, var: str, loaded: set[str]) -> list[
 
 
 def epilogue(kernel: Kernel, value: str) -> list[str]:
+    """The chain after the matmul or the loaded input (row kernels: see row_pieces)."""
+    if kernel.row_step is not None:
+        return []
     lines: list[str] = []
     loaded: set[str] = set()
     for item in kernel.steps:
@@ -151,23 +154,198 @@ def tma_mainloop(kernel: Kernel) -> dict:
 
 
 def params(kernel: Kernel, *, tma: bool = False) -> list[dict]:
-    meta = (
-        ["BLOCK_M", "BLOCK_N"]
-        + (["BLOCK_K", "GROUP_M"] + ([] if tma else ["EVEN_K"]) if kernel.matmul else [])
-        + ["INT64"]
-    )
     if kernel.matmul:
-        meta.append("DOT_UPCAST")
-    if tma:
-        meta += ["NUM_SMS", "FLATTEN", "WARP_SPECIALIZE", "EPILOGUE_SUBTILE"]
+        meta = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"] + ([] if tma else ["EVEN_K"])
+        meta += ["INT64", "DOT_UPCAST"]
+        if tma:
+            meta += ["NUM_SMS", "FLATTEN", "WARP_SPECIALIZE", "EPILOGUE_SUBTILE"]
+    elif kernel.row_step:
+        meta = ["BLOCK_M", "BLOCK_N", "INT64", "SINGLE_PASS"]
+    else:
+        meta = ["BLOCK_M", "BLOCK_N", "INT64"]
+    out_dims = (kernel.row,) if kernel.reduces else (kernel.row, kernel.col)
     strides = [naming.stride(t.name, d) for t in kernel.inputs for d in t.dims]
-    strides += [naming.stride(naming.OUT, kernel.row), naming.stride(naming.OUT, kernel.col)]
+    strides += [naming.stride(naming.OUT, d) for d in out_dims]
+    strides += [naming.stride(e, d) for e in kernel.emits for d in (kernel.row, kernel.col)]
+    pointers = [naming.ptr(t.name) for t in kernel.inputs] + [naming.ptr(naming.OUT)]
+    pointers += [naming.ptr(e) for e in kernel.emits]
     return [
-        {
-            "comment": "Pointers to the inputs and the output",
-            "names": [naming.ptr(t.name) for t in kernel.inputs] + [naming.ptr(naming.OUT)],
-        },
+        {"comment": "Pointers to the inputs and the outputs", "names": pointers},
         {"comment": "Dims", "names": [d.name for d in kernel.dims] + [naming.ROWS_BUCKET]},
         {"comment": "Strides: elements to step for one index along each dim", "names": strides},
         {"comment": "Meta-parameters", "names": [f"{m}: tl.constexpr" for m in meta]},
     ]
+
+
+# -- row kernels: a norm, softmax or reduction over each row -------------------------
+
+
+def _row_operand(kernel: Kernel, step: RowStep, role: str) -> str | None:
+    return dict(step.operands).get(role)
+
+
+def row_pieces(kernel: Kernel) -> dict:
+    """The row kernel's lines, by phase. One pass when a row fits in BLOCK_N; otherwise
+    pass 1 loops over the row's blocks gathering statistics (`init`, `accumulate`,
+    `finalize`) and pass 2 loops again applying them (`apply`). `prep` runs on every
+    block before either."""
+    step = kernel.row_step
+    params = dict(step.params)
+    n = kernel.col
+    offs_col = naming.offs(kernel.col)
+    mask_col = naming.mask(kernel.col)
+    loads: list[str] = []
+
+    def vector(role: str) -> str | None:
+        name = _row_operand(kernel, step, role)
+        if name is None:
+            return None
+        tensor = kernel.tensor(name)
+        loads.append(operand_load(kernel, tensor, "row"))
+        return f"{name}[None, :]"
+
+    pieces = {"prep": [], "single": [], "init": [], "accumulate": [], "finalize": [], "apply": []}
+    if step.op in ("softmax", "log_softmax"):
+        prep = pieces["prep"]
+        if params["scale"] != 1.0:
+            prep.append(f"value = value * {lit(params['scale'])}")
+        mask_name = _row_operand(kernel, step, "mask")
+        if mask_name:
+            prep.append(operand_load(kernel, kernel.tensor(mask_name), step.mask_broadcast))
+            ref = f"{mask_name}[None, :]" if step.mask_broadcast == "row" else mask_name
+            prep.append(f"value = value + {ref}")
+        prep.append('value = tl.where(in_bounds, value, float("-inf"))')
+        if step.op == "softmax":
+            result = "tl.exp(value - row_safe_max[:, None]) / row_den[:, None]"
+        else:
+            result = "value - row_safe_max[:, None] - tl.log(row_den)[:, None]"
+        pieces["single"] = [
+            "row_max = tl.max(value, axis=1)",
+            "# A row of only -inf (all masked) has no max to subtract; 0 keeps exp finite.",
+            'row_safe_max = tl.where(row_max == float("-inf"), 0.0, row_max)',
+            "row_den = tl.sum(tl.exp(value - row_safe_max[:, None]), axis=1)",
+            f"value = {result}",
+        ]
+        pieces["init"] = [
+            'row_max = tl.full([BLOCK_M], float("-inf"), tl.float32)',
+            "row_den = tl.zeros([BLOCK_M], dtype=tl.float32)",
+        ]
+        pieces["accumulate"] = [
+            "# Online softmax: rescale the running sum whenever the running max grows.",
+            "row_block_max = tl.maximum(row_max, tl.max(value, axis=1))",
+            'row_safe_max = tl.where(row_block_max == float("-inf"), 0.0, row_block_max)',
+            "row_den = row_den * tl.exp(row_max - row_safe_max) + tl.sum(",
+            "    tl.exp(value - row_safe_max[:, None]), axis=1",
+            ")",
+            "row_max = row_block_max",
+        ]
+        pieces["finalize"] = ['row_safe_max = tl.where(row_max == float("-inf"), 0.0, row_max)']
+        pieces["apply"] = [f"value = {result}"]
+    elif step.op == "rmsnorm":
+        pieces["prep"] = ["value = tl.where(in_bounds, value, 0.0)"]
+        eps = lit(params["eps"])
+        weight = vector("weight")
+        scale = []
+        if weight:
+            gain = f"({lit(params['offset'])} + {weight})" if params["offset"] else weight
+            scale = [f"value = value * {gain}"]
+        apply = ["value = value * row_rstd[:, None]", *loads, *scale]
+        pieces["single"] = [
+            f"row_rstd = tl.rsqrt(tl.sum(value * value, axis=1) / {n} + {eps})",
+            *apply,
+        ]
+        pieces["init"] = ["row_sq = tl.zeros([BLOCK_M], dtype=tl.float32)"]
+        pieces["accumulate"] = ["row_sq += tl.sum(value * value, axis=1)"]
+        pieces["finalize"] = [f"row_rstd = tl.rsqrt(row_sq / {n} + {eps})"]
+        pieces["apply"] = apply
+    elif step.op == "layernorm":
+        eps = lit(params["eps"])
+        weight, bias = vector("weight"), vector("bias")
+        affine = [*loads] + ([f"value = value * {weight}"] if weight else [])
+        affine += [f"value = value + {bias}"] if bias else []
+        first = f"tl.sum(tl.where({offs_col}[None, :] == 0, value, 0.0), axis=1)"
+        pieces["single"] = [
+            "# Deviations from the row's first element, then from their mean: a constant",
+            "# row gives exact zeros, and large values near each other lose no precision.",
+            f"row_shift = {first}",
+            "row_dev = tl.where(in_bounds, value - row_shift[:, None], 0.0)",
+            f"row_mean = tl.sum(row_dev, axis=1) / {n}",
+            "row_dev = tl.where(in_bounds, row_dev - row_mean[:, None], 0.0)",
+            f"row_rstd = tl.rsqrt(tl.sum(row_dev * row_dev, axis=1) / {n} + {eps})",
+            "value = row_dev * row_rstd[:, None]",
+            *affine,
+        ]
+        pieces["init"] = [
+            "row_shift = tl.zeros([BLOCK_M], dtype=tl.float32)",
+            "row_count = tl.zeros([BLOCK_M], dtype=tl.float32)",
+            "row_mean = tl.zeros([BLOCK_M], dtype=tl.float32)",
+            "row_m2 = tl.zeros([BLOCK_M], dtype=tl.float32)",
+        ]
+        pieces["accumulate"] = [
+            "# Mean and squared deviations per block, merged into the running ones",
+            "# (Chan et al.), around the row's first element as in the one-pass case.",
+            f"row_shift += {first}",
+            "row_dev = tl.where(in_bounds, value - row_shift[:, None], 0.0)",
+            f"row_block_count = tl.sum({mask_col}.to(tl.float32), axis=0) + row_count * 0.0",
+            "row_block_mean = tl.sum(row_dev, axis=1) / row_block_count",
+            "row_centered = tl.where(in_bounds, row_dev - row_block_mean[:, None], 0.0)",
+            "row_block_m2 = tl.sum(row_centered * row_centered, axis=1)",
+            "row_new_count = row_count + row_block_count",
+            "row_delta = row_block_mean - row_mean",
+            "row_mean += row_delta * (row_block_count / row_new_count)",
+            "row_m2 += row_block_m2 + row_delta * row_delta * (row_count * row_block_count / row_new_count)",
+            "row_count = row_new_count",
+        ]
+        pieces["finalize"] = [f"row_rstd = tl.rsqrt(row_m2 / {n} + {eps})"]
+        pieces["apply"] = [
+            "value = (value - row_shift[:, None] - row_mean[:, None]) * row_rstd[:, None]",
+            *affine,
+        ]
+    else:  # sum, mean, max
+        is_max = step.op == "max"
+        fill = 'float("-inf")' if is_max else "0.0"
+        pieces["prep"] = [f"value = tl.where(in_bounds, value, {fill})"]
+        reduce = "tl.max(value, axis=1)" if is_max else "tl.sum(value, axis=1)"
+        mean = f" / {n}" if step.op == "mean" else ""
+        pieces["single"] = [f"value = {reduce}{mean}"]
+        init = (
+            f"tl.full([BLOCK_M], {fill}, tl.float32)"
+            if is_max
+            else "tl.zeros([BLOCK_M], dtype=tl.float32)"
+        )
+        pieces["init"] = [f"row_total = {init}"]
+        pieces["accumulate"] = [
+            (
+                "row_total = tl.maximum(row_total, tl.max(value, axis=1))"
+                if is_max
+                else "row_total += tl.sum(value, axis=1)"
+            )
+        ]
+        pieces["finalize"] = [f"value = row_total{mean}"]
+    return pieces
+
+
+def row_chain(kernel: Kernel, *, emits: bool) -> tuple[list[str], list[str]]:
+    """(lines before the row op, lines after it) for one block. The first pass writes the
+    extra outputs; the second recomputes the value without writing them again."""
+    before, after = [], []
+    loaded_before: set[str] = set()
+    loaded_after: set[str] = set()
+    seen_row = False
+    for item in kernel.steps:
+        if isinstance(item, RowStep):
+            seen_row = True
+        elif isinstance(item, Emit):
+            if emits:
+                addr = tile_addr(
+                    Tensor(item.name, (kernel.row, kernel.col), None, "", False),
+                    (kernel.row, kernel.col),
+                )
+                before.append(
+                    f"tl.store({addr}, value.to({naming.ptr(item.name)}.dtype.element_ty), mask=in_bounds)"
+                )
+        elif seen_row:
+            after += triton_step(kernel, item, "value", loaded_after)
+        else:
+            before += triton_step(kernel, item, "value", loaded_before)
+    return before, after

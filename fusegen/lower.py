@@ -11,7 +11,7 @@ import pydantic
 
 from fusegen import configs, dtypes
 from fusegen.errors import SpecError, SpecErrors, did_you_mean
-from fusegen.ir import Config, Dim, Gate, Kernel, Matmul, Tensor
+from fusegen.ir import Config, Dim, Gate, Kernel, Matmul, RowStep, Tensor
 from fusegen.lower_chain import ChainLowering
 from fusegen.source import SpecSource
 from fusegen.spec import ConfigSpec, KernelSpec, TOP_LEVEL_KEYS
@@ -24,7 +24,7 @@ RESERVED_NAMES = frozenset(
         "acc",
         "acc_gate",
         "value",
-        "mask",
+        "in_bounds",
         "pid",
         "k",
         "tl",
@@ -238,6 +238,9 @@ class _KernelLowerer(ChainLowering):
         self.errors: list[SpecError] = []
         self.used_inputs: set[str] = set()
 
+    def name_problem(self, name: str) -> str | None:
+        return _check_name(name)
+
     def err(self, rel: tuple, message: str, hint: str = "", *, key: bool = False) -> None:
         self.errors.append(self.source.error(self.path + rel, message, hint, key=key))
 
@@ -269,7 +272,8 @@ class _KernelLowerer(ChainLowering):
                     ("dims", d.name), f"dim '{d.name}' is declared but no input uses it", key=True
                 )
         gated = any(isinstance(s, Gate) for s in steps)
-        kind = "gated" if gated else ("matmul" if matmul else "elementwise")
+        rowwise = any(isinstance(s, RowStep) for s in steps)
+        kind = "gated" if gated else "matmul" if matmul else "row" if rowwise else "elementwise"
         full = any(getattr(s, "broadcast", None) == "full" for s in steps)
         cfgs = self._configs(kind, matmul is not None, gated, full)
         if self.errors or cfgs is None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from fusegen import dtypes, ops
 from fusegen.errors import did_you_mean
-from fusegen.ir import Dim, Gate, Matmul, Step, Tensor
+from fusegen.ir import Dim, Emit, Gate, Matmul, RowStep, Step, Tensor
 
 OP_FORMS = (
     "a step is an op name (`silu`) or a one-key mapping (`gelu: tanh`, `add: r`); "
@@ -30,11 +30,12 @@ def op_name(raw: Any) -> Any:
 
 class ChainLowering:
     def _split_step(self, i: int, raw: Any) -> tuple[str, Any] | None:
+        aliases = {**ops.ALIASES, **ops.ROW_ALIASES}
         if isinstance(raw, str):
-            return ops.ALIASES.get(raw, raw), None
+            return aliases.get(raw, raw), None
         if isinstance(raw, dict) and len(raw) == 1:
             ((name, args),) = raw.items()
-            return ops.ALIASES.get(str(name), str(name)), args
+            return aliases.get(str(name), str(name)), args
         self.err(
             ("chain", i), f"a chain step is an op name or a one-key mapping, got {raw!r}", OP_FORMS
         )
@@ -107,10 +108,45 @@ class ChainLowering:
                         steps.append(gate)
             elif op == "cast":
                 out_dtype = self._cast(path, args)
+            elif op == "output":
+                emit = self._emit(path, args, inputs, steps, starts_matmul)
+                if emit:
+                    steps.append(emit)
+            elif op in ops.ROW_OPS:
+                if starts_matmul or first[0] != "input":
+                    self.err(
+                        path,
+                        f"`{op}` works on an elementwise chain (one starting with `input`)",
+                        "run the matmul chain, then a row chain on its output",
+                    )
+                elif any(isinstance(s, RowStep) for s in steps):
+                    self.err(
+                        path, "a chain can have only one row op (softmax, a norm, a reduction)"
+                    )
+                else:
+                    step = self._row_op(path, ops.ROW_OPS[op], args, inputs, row, col)
+                    if step:
+                        steps.append(step)
             else:
+                reduced = any(isinstance(s, RowStep) and s.reduces for s in steps)
                 step = self._elementwise(path, op, args, inputs, row, col)
-                if step:
+                if step and reduced and step.operand is not None:
+                    self.err(
+                        path,
+                        f"after `{next(s.op for s in steps if isinstance(s, RowStep))}` the value is "
+                        f"one number per row: ops with an input tensor cannot follow",
+                        "activations, scale, cast and ops with a constant can",
+                    )
+                elif step:
                     steps.append(step)
+        if any(isinstance(s, Emit) for s in steps) and not any(
+            isinstance(s, RowStep) for s in steps
+        ):
+            self.err(
+                ("chain",),
+                "`output` needs a row op after it (an extra output is the value before a norm, "
+                "softmax or reduction)",
+            )
         if first[0] == "input" and all(op_name(s) == "cast" for s in chain[1:]):
             self.err(
                 ("chain",),
@@ -420,3 +456,82 @@ class ChainLowering:
             self.err(path, f"clamp's min ({params[0][1]}) is above its max ({params[1][1]})")
             return None
         return Step(act.name, params=tuple(params)) if ok else None
+
+    def _emit(self, path: tuple, args: Any, inputs: dict, steps: list, starts_matmul: bool):
+        if not isinstance(args, str) or not args.isidentifier():
+            self.err(
+                path, f"output takes a name for the extra output, got {args!r}", "e.g. output: h"
+            )
+            return None
+        problem = self.name_problem(args)
+        if problem:
+            self.err(path, f"output {problem}")
+            return None
+        taken = set(inputs) | {s.name for s in steps if isinstance(s, Emit)} | set(self.spec.dims)
+        if args in taken:
+            self.err(path, f"output '{args}' has the name of an input, a dim or another output")
+            return None
+        if any(isinstance(s, RowStep) for s in steps):
+            self.err(path, "`output` must come before the row op")
+            return None
+        return Emit(args)
+
+    def _row_op(self, path: tuple, op: ops.RowOp, args: Any, inputs: dict, row, col):
+        names = [p.name for p in op.params]
+        if args is None:
+            args = {}
+        if not isinstance(args, dict):
+            fields = ", ".join([*names, *op.operands]) or "nothing"
+            self.err(path, f"{op.name} takes a mapping of {fields}, got {args!r}")
+            return None
+        ok = True
+        allowed = [*names, *op.operands]
+        for key in args:
+            if key not in allowed:
+                ok = False
+                self.err(
+                    path + (key,),
+                    f"{op.name} has no field '{key}'{did_you_mean(key, allowed)}",
+                    "fields: " + (", ".join(allowed) or "none"),
+                    key=True,
+                )
+        params = []
+        for p in op.params:
+            value = args.get(p.name, p.default)
+            if not is_number(value):
+                ok = False
+                self.err(path + (p.name,), f"{op.name}'s {p.name} must be a number, got {value!r}")
+            else:
+                params.append((p.name, float(value)))
+        if dict(params).get("eps", 1.0) < 0:
+            ok = False
+            self.err(path + ("eps",), f"{op.name}'s eps must not be negative")
+        operands = []
+        mask_broadcast = None
+        for role in op.operands:
+            if role not in args:
+                continue
+            ref = self._tensor_ref(path + (role,), args[role], inputs, allow_t=False)
+            if ref is None or col is None:
+                ok = False
+                continue
+            t = inputs[ref[0]]
+            if role == "mask":
+                shapes = {(row, col): "full", (col,): "row"}
+                mask_broadcast = shapes.get(t.dims)
+                if mask_broadcast is None:
+                    ok = False
+                    self.err(
+                        path + (role,),
+                        f"a softmax mask is [{row}, {col}] or [{col}]; '{t.name}' is {list(t.dims)}",
+                    )
+            elif t.dims != (col,):
+                ok = False
+                self.err(
+                    path + (role,),
+                    f"a {op.name} {role} is [{col}], one value per column; '{t.name}' is {list(t.dims)}",
+                )
+            operands.append((role, t.name))
+        if not ok:
+            return None
+        return RowStep(op.name, tuple(params), tuple(operands), mask_broadcast, op.reduces)

@@ -249,6 +249,56 @@ BINARY: dict[str, Binary] = {
 
 
 @dataclass(frozen=True)
+class RowOp:
+    """An op over each row of the value (its last dim): a normalization, a softmax, or a
+    reduction that turns the [rows, cols] value into one number per row."""
+
+    name: str
+    summary: str
+    params: tuple[Param, ...]  # numbers
+    operands: tuple[str, ...]  # roles of optional input tensors: "mask", "weight", "bias"
+    reduces: bool  # the value becomes [rows]
+
+
+ROW_OPS: dict[str, RowOp] = {
+    r.name: r
+    for r in [
+        RowOp(
+            "softmax",
+            "softmax over each row of x * scale + mask (mask: an additive [rows, cols] or [cols] input)",
+            (Param("scale", 1.0),),
+            ("mask",),
+            False,
+        ),
+        RowOp(
+            "log_softmax",
+            "log of the softmax over each row of x * scale + mask",
+            (Param("scale", 1.0),),
+            ("mask",),
+            False,
+        ),
+        RowOp(
+            "rmsnorm",
+            "x / sqrt(mean(x^2) + eps) * (offset + weight), per row (Gemma: offset 1)",
+            (Param("eps", 1e-6), Param("offset", 0.0)),
+            ("weight",),
+            False,
+        ),
+        RowOp(
+            "layernorm",
+            "(x - mean) / sqrt(var + eps) * weight + bias, per row",
+            (Param("eps", 1e-5),),
+            ("weight", "bias"),
+            False,
+        ),
+        RowOp("sum", "the sum of each row", (), (), True),
+        RowOp("mean", "the mean of each row", (), (), True),
+        RowOp("max", "the largest value of each row", (), (), True),
+    ]
+}
+
+
+@dataclass(frozen=True)
 class Structural:
     name: str
     summary: str
@@ -277,12 +327,18 @@ STRUCTURAL: dict[str, Structural] = {
             "the output's dtype (last step only; the chain computes in fp32)",
             ("cast: fp32",),
         ),
+        Structural(
+            "output",
+            "also return the value at this point as an extra output (before a row op)",
+            ("output: h",),
+        ),
     ]
 }
 
-ALL_OPS: tuple[str, ...] = tuple(sorted({*ACTIVATIONS, *BINARY, *STRUCTURAL}))
+ALL_OPS: tuple[str, ...] = tuple(sorted({*ACTIVATIONS, *BINARY, *STRUCTURAL, *ROW_OPS}))
 KNOWN_NAMES: tuple[str, ...] = tuple(sorted({*ALL_OPS, *ALIASES}))
 ELEMENTWISE_STEPS = tuple(sorted({*ACTIVATIONS, *BINARY, "bias", "scale", "cast"}))
+ROW_ALIASES = {"rms_norm": "rmsnorm", "layer_norm": "layernorm", "amax": "max"}
 
 
 def dtype_names() -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fusegen import ops
 from fusegen.chain_text import lit, matmul_text, operand_ref
-from fusegen.ir import Gate, Kernel, Step, Tensor
+from fusegen.ir import Emit, Gate, Kernel, RowStep, Step, Tensor
 
 
 def input_doc(kernel: Kernel, t: Tensor) -> str:
@@ -48,6 +48,39 @@ def torch_step(step: Step, var: str) -> str:
     return f"{var} = {var} {symbol} {right}"
 
 
+def row_torch(step: RowStep) -> list[str]:
+    """A row op in PyTorch, in at least fp32 (as model code upcasts for norms)."""
+    params = dict(step.params)
+    operands = dict(step.operands)
+    lines = ["y = y.to(torch.promote_types(y.dtype, torch.float32))"]
+    if step.op in ("softmax", "log_softmax"):
+        z = "y" if params["scale"] == 1.0 else f"y * {lit(params['scale'])}"
+        if "mask" in operands:
+            z += f" + {operands['mask']}"
+        lines.append(f"y = torch.{step.op}({z}, dim=-1)")
+    elif step.op == "rmsnorm":
+        lines.append(
+            f"y = y * torch.rsqrt(y.square().mean(-1, keepdim=True) + {lit(params['eps'])})"
+        )
+        if "weight" in operands:
+            gain = operands["weight"]
+            if params["offset"]:
+                gain = f"({lit(params['offset'])} + {gain})"
+            lines.append(f"y = y * {gain}")
+    elif step.op == "layernorm":
+        lines.append("y = y - y.mean(-1, keepdim=True)")
+        lines.append(
+            f"y = y * torch.rsqrt(y.square().mean(-1, keepdim=True) + {lit(params['eps'])})"
+        )
+        if "weight" in operands:
+            lines.append(f"y = y * {operands['weight']}")
+        if "bias" in operands:
+            lines.append(f"y = y + {operands['bias']}")
+    else:
+        lines.append(f"y = y.{'amax' if step.op == 'max' else step.op}(-1)")
+    return lines
+
+
 def reference_lines(kernel: Kernel) -> list[str]:
     lines = [f"y = {matmul_text(kernel.matmul)}" if kernel.matmul else f"y = {kernel.source}"]
     for item in kernel.steps:
@@ -55,6 +88,16 @@ def reference_lines(kernel: Kernel) -> list[str]:
             lines.append(f"y_gate = {matmul_text(item.matmul)}")
             lines += [torch_step(s, "y_gate") for s in item.steps]
             lines.append("y = y * y_gate")
+        elif isinstance(item, Emit):
+            lines.append(f"{item.name} = y")
+        elif isinstance(item, RowStep):
+            lines += row_torch(item)
         else:
             lines.append(torch_step(item, "y"))
     return lines
+
+
+def reference_return(kernel: Kernel, first_unpinned: str) -> str:
+    main = f"y.to(out_dtype or OUT_DTYPE or {first_unpinned}.dtype)"
+    extras = [f"{e}.to(out_dtype or {first_unpinned}.dtype)" for e in kernel.emits]
+    return ", ".join([main, *extras])

@@ -92,6 +92,13 @@ def chain_step_schema() -> dict:
     )
     for b in ops.BINARY.values():
         forms.append(_step(b.name, {"anyOf": [tensor, {"type": "number"}]}, b.summary))
+    forms.append(_step("output", {"type": "string"}, ops.STRUCTURAL["output"].summary))
+    forms[0]["enum"] = sorted([*bare, *ops.ROW_OPS])
+    for r in ops.ROW_OPS.values():
+        props = {p.name: {"type": "number", "default": p.default} for p in r.params}
+        props.update({role: tensor for role in r.operands})
+        args = {"type": "object", "properties": props, "additionalProperties": False}
+        forms.append(_step(r.name, {"anyOf": [{"type": "null"}, args]}, r.summary))
     for a in ops.ACTIVATIONS.values():
         forms.append(_step(a.name, _activation_args(a), a.math))
     return {"anyOf": forms}

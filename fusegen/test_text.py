@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fusegen import ops
 from fusegen.chain_text import lit, operand_ref, steps_in_order
-from fusegen.ir import Gate, Kernel, Step, Tensor
+from fusegen.ir import Emit, Gate, Kernel, RowStep, Step, Tensor
 
 # Weights larger than this make interpreter launches take seconds each (about 0.1 us
 # per weight element per row tile), so the CPU tests keep such kernels to one row tile.
@@ -66,9 +66,96 @@ def bound_lines(kernel: Kernel) -> list[str]:
                 "e = v.abs() * e_gate + v_gate.abs() * e + e * e_gate + U32 * y.abs()",
                 "v = y",
             ]
+        elif isinstance(item, Emit):
+            lines.append(f"v_{item.name}, e_{item.name} = v, e")
+        elif isinstance(item, RowStep):
+            lines += bound_row(item)
         else:
             lines += bound_step(item, "v", "e")
     return lines
+
+
+def bound_returns(kernel: Kernel) -> str:
+    return "[" + ", ".join(["(v, e)"] + [f"(v_{n}, e_{n})" for n in kernel.emits]) + "]"
+
+
+# A reciprocal square root of x(1 - d) is off by at most (1 - d)**-0.5 - 1 relative:
+# exact for the bound, not first-order, so it holds when a row is nearly constant.
+_RSQRT_REL = "torch.rsqrt((1 - {err} / ({x})).clamp_min(1e-12)) - 1 + 4 * U32"
+
+
+def bound_row(step: RowStep) -> list[str]:
+    """Lines advancing (v, e) through a row op; `depth` bounds how many roundings a
+    reduction's sum passes through (a tree over BLOCK_N, then one per block)."""
+    params = dict(step.params)
+    operands = dict(step.operands)
+    if step.op in ("softmax", "log_softmax"):
+        scale = params["scale"]
+        lines = [
+            f"z = v * {lit(scale)}",
+            f"ez = e * {abs(scale)!r} + 2 * U32 * z.abs()",
+        ]
+        if "mask" in operands:
+            lines += [f"z = z + {operands['mask']}", "ez = ez + U32 * z.abs()"]
+        lines += [
+            "zmax = z.amax(-1, keepdim=True)",
+            "emax = ez.amax(-1, keepdim=True)",
+            "# exp(z - max) for each term, off by its argument's error, relatively",
+            "rel = torch.expm1(ez + emax + U32 * (z - zmax).abs()) + 4 * U32",
+            "rel_sum = rel.amax(-1, keepdim=True) + depth * U_ACC",
+        ]
+        if step.op == "softmax":
+            lines += ["y = torch.softmax(z, dim=-1)", "e = y * (rel + rel_sum + 4 * U32)"]
+        else:
+            lines += [
+                "y = torch.log_softmax(z, dim=-1)",
+                "log_sum = torch.log(torch.exp(z - zmax).sum(-1, keepdim=True))",
+                "e = ez + emax + U32 * (z - zmax).abs() + rel_sum + 4 * U32 * (log_sum.abs() + y.abs())",
+            ]
+        return lines + ["v = y"]
+    if step.op == "rmsnorm":
+        eps = lit(params["eps"])
+        lines = [
+            "ms = v.square().mean(-1, keepdim=True)",
+            "e_ms = (2 * v.abs() * e + e * e).mean(-1, keepdim=True) + (depth + 2) * U_ACC * ms",
+            f"rstd = torch.rsqrt(ms + {eps})",
+            "rel = " + _RSQRT_REL.format(err="e_ms", x=f"ms + {eps}"),
+            "y = v * rstd",
+            "e = e * rstd + y.abs() * rel + U32 * y.abs()",
+        ]
+        if "weight" in operands:
+            gain = operands["weight"]
+            if params["offset"]:
+                gain = f"({lit(params['offset'])} + {gain})"
+            lines += [f"y2 = y * {gain}", f"e = e * {gain}.abs() + 3 * U32 * y2.abs()", "y = y2"]
+        return lines + ["v = y"]
+    if step.op == "layernorm":
+        eps = lit(params["eps"])
+        lines = [
+            "dev = v - v.mean(-1, keepdim=True)",
+            "# The kernel works on deviations from the row's first element.",
+            "spread = dev.abs() + dev[..., :1].abs()",
+            "e_dev = e + e.mean(-1, keepdim=True) + (depth + 4) * U_ACC * (spread + spread.mean(-1, keepdim=True))",
+            "var = dev.square().mean(-1, keepdim=True)",
+            "e_var = (2 * dev.abs() * e_dev + e_dev * e_dev).mean(-1, keepdim=True) + (depth + 4) * U_ACC * var",
+            f"rstd = torch.rsqrt(var + {eps})",
+            "rel = " + _RSQRT_REL.format(err="e_var", x=f"var + {eps}"),
+            "y = dev * rstd",
+            "e = e_dev * rstd + y.abs() * rel + U32 * y.abs()",
+        ]
+        if "weight" in operands:
+            w = operands["weight"]
+            lines += [f"y2 = y * {w}", f"e = e * {w}.abs() + U32 * y2.abs()", "y = y2"]
+        if "bias" in operands:
+            b = operands["bias"]
+            lines += [f"y2 = y + {b}", "e = e + U32 * y2.abs()", "y = y2"]
+        return lines + ["v = y"]
+    if step.op == "max":
+        return ["y = v.amax(-1)", "e = e.amax(-1)", "v = y"]
+    lines = ["y = v.sum(-1)", "e = e.sum(-1) + depth * U_ACC * v.abs().sum(-1)"]
+    if step.op == "mean":
+        lines += ["y = y / v.shape[-1]", "e = e / v.shape[-1] + 2 * U32 * y.abs()"]
+    return lines + ["v = y"]
 
 
 def heavy(kernel: Kernel) -> bool:

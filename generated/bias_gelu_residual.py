@@ -62,7 +62,7 @@ def _gelu_tanh(x):
 
 @triton.jit(do_not_specialize=["ROWS_BUCKET"])
 def _bias_gelu_residual_kernel(
-    # Pointers to the inputs and the output
+    # Pointers to the inputs and the outputs
     x_ptr,
     b_ptr,
     r_ptr,
@@ -101,10 +101,12 @@ def _bias_gelu_residual_kernel(
         offs_n = offs_n.to(tl.int64)
     mask_m = offs_m < M
     mask_n = offs_n < N
-    mask = mask_m[:, None] & mask_n[None, :]
+    in_bounds = mask_m[:, None] & mask_n[None, :]
 
     value = tl.load(
-        x_ptr + offs_m[:, None] * stride_x_m + offs_n[None, :] * stride_x_n, mask=mask, other=0.0
+        x_ptr + offs_m[:, None] * stride_x_m + offs_n[None, :] * stride_x_n,
+        mask=in_bounds,
+        other=0.0,
     ).to(tl.float32)
 
     # The chain, in fp32.
@@ -113,13 +115,15 @@ def _bias_gelu_residual_kernel(
     value = _gelu_tanh(value)
     value = value * 0.5
     r = tl.load(
-        r_ptr + offs_m[:, None] * stride_r_m + offs_n[None, :] * stride_r_n, mask=mask, other=0.0
+        r_ptr + offs_m[:, None] * stride_r_m + offs_n[None, :] * stride_r_n,
+        mask=in_bounds,
+        other=0.0,
     ).to(tl.float32)
     value = value + r
     tl.store(
         out_ptr + offs_m[:, None] * stride_out_m + offs_n[None, :] * stride_out_n,
         value.to(out_ptr.dtype.element_ty),
-        mask=mask,
+        mask=in_bounds,
     )
 
 
@@ -163,6 +167,7 @@ class _Plan:
         "dtype",
         "out_dtype",
         "out_shape",
+        "extra_shape",
         "runs_triton",
         "path",
         "tail",
@@ -301,23 +306,19 @@ def _span(t):
     ) * t.element_size()
 
 
-def _check_out(out, plan, inputs):
+def _check_out(name, out, shape, dtype, device, inputs):
     if not isinstance(out, torch.Tensor):
-        raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
-    if (
-        tuple(out.shape) != tuple(plan.out_shape)
-        or out.dtype != plan.out_dtype
-        or out.device != plan.device
-    ):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != device:
         raise ValueError(
-            f"out must be {list(plan.out_shape)} {plan.out_dtype} on {plan.device}, got "
+            f"{name} must be {list(shape)} {dtype} on {device}, got "
             f"{list(out.shape)} {out.dtype} on {out.device}"
         )
     if not out.is_contiguous():
-        raise ValueError("out must be contiguous")
-    for name, tensor in inputs.items():
+        raise ValueError(f"{name} must be contiguous")
+    for other, tensor in inputs.items():
         if _shares_memory(out, tensor):
-            raise ValueError(f"out shares memory with {name}; pass a separate buffer")
+            raise ValueError(f"{name} shares memory with {other}; pass a separate buffer")
 
 
 def _needs_int64(*tensors):
@@ -533,13 +534,13 @@ def bias_gelu_residual(
         x: [..., N] ([M, N], leading dims flattened into M); the call's dtype (bf16 or fp16 or fp32).
         b: [N]; the call's dtype (bf16 or fp16 or fp32).
         r: [..., N] ([M, N], leading dims flattened into M); the call's dtype (bf16 or fp16 or fp32).
-        out: an output buffer to write into (optional, contiguous, not sharing memory
+        out: a buffer for y (optional; contiguous, not sharing memory
             with an input).
         config: block sizes and launch options to use instead of tuning, in the form of
             DEFAULT_CONFIG.
 
     Returns:
-        [..., N] (the leading dims of x), in the call dtype.
+        y: [..., N] (the leading dims of x), in the call dtype.
 
     Raises:
         TypeError, ValueError: an input has the wrong type, shape, dtype or device; the
@@ -550,9 +551,9 @@ def bias_gelu_residual(
     if out is None:
         out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
     else:
-        _check_out(out, plan, {"x": x, "b": b, "r": r})
-        if path == "tma" and not _tma_ready(out.view(-1, out.shape[-1])):
-            path = "pointer"  # the caller's buffer is not 16-byte aligned
+        _check_out(
+            "out", out, plan.out_shape, plan.out_dtype, plan.device, {"x": x, "b": b, "r": r}
+        )
     if not plan.runs_triton:
         _log_once(
             "no-gpu",
@@ -579,7 +580,7 @@ def bias_gelu_residual(
 
 def _plan(x, b, r):
     """Check a call's inputs, and decide what does not change while their shapes,
-    strides, dtypes, devices and alignment do not: sizes, the output, the kernel path,
+    strides, dtypes, devices and alignment do not: sizes, the outputs, the kernel path,
     int64 offsets, the launch's trailing arguments. Remembered per signature."""
     shapes = _Shapes(DIMS)
     x_2d = shapes.bind("x", x, ("M", "N"), batched=True)
@@ -594,7 +595,7 @@ def _plan(x, b, r):
     plan.out_dtype = OUT_DTYPE or dtype
     plan.out_shape = (*shapes.lead, N)
     plan.runs_triton = _runs_triton(device)
-    # A stand-in for the output, which is contiguous [M, N]: no memory.
+    # Stand-ins for the outputs, which are contiguous: shapes and strides, no memory.
     out_2d = torch.empty((M, N), device="meta", dtype=plan.out_dtype)
     plan.path = _path(device, ()) if plan.runs_triton else "pointer"
     plan.tail = (

@@ -204,7 +204,7 @@ def _gelu_tanh(x):
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit(do_not_specialize=["ROWS_BUCKET"])
 def _gpt2_mlp_up_kernel(
-    # Pointers to the inputs and the output
+    # Pointers to the inputs and the outputs
     x_ptr,
     w_ptr,
     b_ptr,
@@ -257,7 +257,7 @@ def _gpt2_mlp_up_kernel(
         offs_k = offs_k.to(tl.int64)
     mask_m = offs_m < M
     mask_n = offs_n < N
-    mask = mask_m[:, None] & mask_n[None, :]
+    in_bounds = mask_m[:, None] & mask_n[None, :]
 
     x_ptrs = x_ptr + offs_m[:, None] * stride_x_m + offs_k[None, :] * stride_x_k
     w_ptrs = w_ptr + offs_k[:, None] * stride_w_k + offs_n[None, :] * stride_w_n
@@ -286,13 +286,13 @@ def _gpt2_mlp_up_kernel(
     tl.store(
         out_ptr + offs_m[:, None] * stride_out_m + offs_n[None, :] * stride_out_n,
         acc.to(out_ptr.dtype.element_ty),
-        mask=mask,
+        mask=in_bounds,
     )
 
 
 @triton.jit(do_not_specialize=["ROWS_BUCKET"])
 def _gpt2_mlp_up_kernel_tma(
-    # Pointers to the inputs and the output
+    # Pointers to the inputs and the outputs
     x_ptr,
     w_ptr,
     b_ptr,
@@ -372,7 +372,7 @@ def _gpt2_mlp_up_kernel_tma(
             offs_n = offs_n.to(tl.int64)
         mask_m = offs_m < M
         mask_n = offs_n < N
-        mask = mask_m[:, None] & mask_n[None, :]
+        in_bounds = mask_m[:, None] & mask_n[None, :]
         # The chain, in fp32.
         b = tl.load(b_ptr + offs_n * stride_b_n, mask=mask_n, other=0.0).to(tl.float32)
         acc = acc + b[None, :]
@@ -435,6 +435,7 @@ class _Plan:
         "dtype",
         "out_dtype",
         "out_shape",
+        "extra_shape",
         "runs_triton",
         "path",
         "tail",
@@ -573,23 +574,19 @@ def _span(t):
     ) * t.element_size()
 
 
-def _check_out(out, plan, inputs):
+def _check_out(name, out, shape, dtype, device, inputs):
     if not isinstance(out, torch.Tensor):
-        raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
-    if (
-        tuple(out.shape) != tuple(plan.out_shape)
-        or out.dtype != plan.out_dtype
-        or out.device != plan.device
-    ):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != device:
         raise ValueError(
-            f"out must be {list(plan.out_shape)} {plan.out_dtype} on {plan.device}, got "
+            f"{name} must be {list(shape)} {dtype} on {device}, got "
             f"{list(out.shape)} {out.dtype} on {out.device}"
         )
     if not out.is_contiguous():
-        raise ValueError("out must be contiguous")
-    for name, tensor in inputs.items():
+        raise ValueError(f"{name} must be contiguous")
+    for other, tensor in inputs.items():
         if _shares_memory(out, tensor):
-            raise ValueError(f"out shares memory with {name}; pass a separate buffer")
+            raise ValueError(f"{name} shares memory with {other}; pass a separate buffer")
 
 
 def _needs_int64(*tensors):
@@ -816,13 +813,13 @@ def gpt2_mlp_up(
         x: [..., K] ([M, K], leading dims flattened into M); the call's dtype (bf16 or fp16 or fp32).
         w: [K, N] = [768, 3072]; the call's dtype (bf16 or fp16 or fp32).
         b: [N] = [3072]; the call's dtype (bf16 or fp16 or fp32).
-        out: an output buffer to write into (optional, contiguous, not sharing memory
+        out: a buffer for y (optional; contiguous, not sharing memory
             with an input).
         config: block sizes and launch options to use instead of tuning, in the form of
             DEFAULT_CONFIG.
 
     Returns:
-        [..., N] (the leading dims of x), in the call dtype.
+        y: [..., N] (the leading dims of x), in the call dtype.
 
     Raises:
         TypeError, ValueError: an input has the wrong type, shape, dtype or device; the
@@ -833,7 +830,9 @@ def gpt2_mlp_up(
     if out is None:
         out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
     else:
-        _check_out(out, plan, {"x": x, "w": w, "b": b})
+        _check_out(
+            "out", out, plan.out_shape, plan.out_dtype, plan.device, {"x": x, "w": w, "b": b}
+        )
         if path == "tma" and not _tma_ready(out.view(-1, out.shape[-1])):
             path = "pointer"  # the caller's buffer is not 16-byte aligned
     if not plan.runs_triton:
@@ -856,7 +855,7 @@ def gpt2_mlp_up(
 
 def _plan(x, w, b):
     """Check a call's inputs, and decide what does not change while their shapes,
-    strides, dtypes, devices and alignment do not: sizes, the output, the kernel path,
+    strides, dtypes, devices and alignment do not: sizes, the outputs, the kernel path,
     int64 offsets, the launch's trailing arguments. Remembered per signature."""
     shapes = _Shapes(DIMS)
     x_2d = shapes.bind("x", x, ("M", "K"), batched=True)
@@ -872,7 +871,7 @@ def _plan(x, w, b):
     plan.out_dtype = OUT_DTYPE or dtype
     plan.out_shape = (*shapes.lead, N)
     plan.runs_triton = _runs_triton(device)
-    # A stand-in for the output, which is contiguous [M, N]: no memory.
+    # Stand-ins for the outputs, which are contiguous: shapes and strides, no memory.
     out_2d = torch.empty((M, N), device="meta", dtype=plan.out_dtype)
     plan.path = _path(device, (x_2d, w_2d, out_2d)) if plan.runs_triton else "pointer"
     plan.tail = (

@@ -14,6 +14,7 @@ there; fusegen's docs/tolerances.md explains each term.
 Without a CUDA GPU the kernel runs on the Triton interpreter, with small shapes.
 """
 
+import math
 import os
 import random
 
@@ -40,6 +41,10 @@ U32 = 2.0**-24  # unit roundoff of fp32, the kernel's arithmetic
 U_ACC = 2.0**-23  # per-term accumulation error: twice U32, for accumulators that truncate
 TF32_PRODUCT = 2.0**-9  # relative error of a product of two fp32 values cut to tf32
 OUT_ROUNDING = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+# Absolute error allowed near zero: fp16 rounds below its normal range to a fixed
+# spacing (half of it, 2**-25); fp32 math may flush values under 2**-126 to zero (GPU
+# fast math), and the interpreter's bf16 conversion mangles such values.
+OUT_TINY = {torch.float32: 2.0**-126, torch.float16: 2.0**-25, torch.bfloat16: 2.0**-126}
 if kernel._interpreted():
     # The interpreter converts fp32 to bf16 toward zero (up to one ulp off), where a GPU
     # rounds to nearest (half an ulp).
@@ -65,6 +70,12 @@ ALIGNED = {"M": 300} if ON_GPU else {"M": 37}
 # runs fewer variants (the GPU runs all).
 HEAVY = False
 SIZES = {dim: size for dim, size in kernel.DIMS.items() if size is not None}
+# The launcher's output keywords: the chain's result, then each `output:` step's.
+OUTPUTS = ["out"]
+REDUCES = False  # the result is one number per row
+SOURCE = ""  # the input an elementwise chain starts from
+# Row ops also get a constant row and a row of large values in every [ROW, COL] input.
+SPECIAL_ROWS = False
 
 
 def new_seed():
@@ -77,7 +88,7 @@ def make_inputs(sizes, dtype, seed, lead=None):
     With `lead`, batched inputs get those leading dims in place of ROW."""
     generator = torch.Generator().manual_seed(seed)
     tensors = {}
-    for name, (dims, pinned, dist, batched) in INPUTS.items():
+    for index, (name, (dims, pinned, dist, batched)) in enumerate(INPUTS.items()):
         shape = [sizes[d] for d in dims]
         if lead is not None and batched:
             shape = [*lead, *shape[1:]]
@@ -87,13 +98,20 @@ def make_inputs(sizes, dtype, seed, lead=None):
             values = values * sizes[FAN_IN] ** -0.5
         elif dist == "nonzero":
             values = values.sign() * (0.5 + values.abs())
+        if SPECIAL_ROWS and dims == (ROW, COL):
+            rows = values.view(-1, shape[-1])
+            # A constant row (zero variance: naive formulas divide 0 by 0) and a row of
+            # large values (1e4: naive softmax overflows, sums of squares lose digits).
+            rows[0] = 3.0 - 1.25 * index
+            if rows.shape[0] > 1 and name == SOURCE:
+                rows[1] *= 1e4
         tensors[name] = values.to(pinned or dtype).to(DEVICE)
     return tensors
 
 
-def reference_and_bound(p_in, x, w, b, residual):
+def reference_and_bound(p_in, depth, x, w, b, residual):
     """The chain in float64 (v), and for each element a bound (e) on how far a correct
-    kernel's fp32 result can be from it."""
+    kernel's fp32 result can be from it; one (v, e) per output."""
     v = x @ w
     e = dot_error(x, w, p_in)
     y = v + b
@@ -102,7 +120,7 @@ def reference_and_bound(p_in, x, w, b, residual):
     y = v + residual
     e = e + U32 * y.abs()
     v = y
-    return v, e
+    return [(v, e)]
 
 
 def dot_error(a, b, p_in):
@@ -111,38 +129,67 @@ def dot_error(a, b, p_in):
     return (a.shape[-1] * U_ACC + p_in) * (a.abs() @ b.abs())
 
 
-def check_output(out, inputs, dtype, seed, launch):
+def reduction_depth(launch, cols):
+    """How many roundings a row's sum can pass through: a tree over a block of BLOCK_N
+    columns, then one per block."""
+    block = (launch["config"] or {}).get("BLOCK_N", 1 << max(cols - 1, 0).bit_length())
+    block = min(block, 1 << max(cols - 1, 0).bit_length())
+    return math.ceil(math.log2(max(block, 2))) + math.ceil(cols / block) + 2
+
+
+def check_outputs(results, inputs, dtype, seed, launch):
+    """Every output within its bound; returns the float64 inputs and expected values."""
     exact = {name: t.double() for name, t in inputs.items()}
     p_in = TF32_PRODUCT if dtype == torch.float32 and kernel.FP32_MATMUL == "tf32" else 0.0
-    expected, bound = reference_and_bound(p_in, **exact)
-    bound = bound + OUT_ROUNDING[out.dtype] * (expected.abs() + bound)
-    assert out.shape == expected.shape
-    error = (out.double() - expected).abs()
-    bad = ~(error <= bound)  # NaN, the poison, is never <= anything
-    if bad.any():
-        first = tuple(bad.nonzero()[0].tolist())
-        pytest.fail(
-            f"{int(bad.sum())} of {bad.numel()} elements are outside the bound "
-            f"(seed {seed}, {dtype}, {launch}); first at {first}: "
-            f"got {out[first].item()!r}, expected {expected[first].item()!r} "
-            f"+- {bound[first].item():.3g}"
-        )
-    return exact, expected
+    cols = inputs[SOURCE].shape[-1] if SOURCE else results[0].shape[-1]
+    pairs = reference_and_bound(p_in, reduction_depth(launch, cols), **exact)
+    for name, out, (expected, bound) in zip(OUTPUTS, results, pairs):
+        bound = bound + OUT_ROUNDING[out.dtype] * (expected.abs() + bound) + OUT_TINY[out.dtype]
+        assert out.shape == expected.shape, (name, out.shape, expected.shape)
+        error = (out.double() - expected).abs()
+        # Past the dtype's largest finite value the right answer is an infinity.
+        may_overflow = expected.abs() + bound > torch.finfo(out.dtype).max
+        overflowed = may_overflow & torch.isinf(out) & (out.sign() == expected.sign())
+        bad = ~((error <= bound) | overflowed)  # NaN, the poison, is never <= anything
+        if bad.any():
+            first = tuple(bad.nonzero()[0].tolist())
+            pytest.fail(
+                f"{name}: {int(bad.sum())} of {bad.numel()} elements are outside the bound "
+                f"(seed {seed}, {dtype}, {launch}); first at {first}: "
+                f"got {out[first].item()!r}, expected {expected[first].item()!r} "
+                f"+- {bound[first].item():.3g}"
+            )
+    return exact, [expected for expected, _ in pairs]
+
+
+def output_buffers(sizes, dtype, lead=None):
+    """NaN-filled buffers for every output, by keyword."""
+    rows = lead or [sizes[ROW]]
+    full = [*rows, sizes[COL]]
+    buffers = {}
+    for name in OUTPUTS:
+        main = name == "out"
+        shape = rows if main and REDUCES else full
+        out_dtype = (kernel.OUT_DTYPE or dtype) if main else dtype
+        buffers[name] = torch.full(shape, float("nan"), dtype=out_dtype, device=DEVICE)
+    return buffers
+
+
+def as_tuple(result):
+    return result if isinstance(result, tuple) else (result,)
 
 
 def run_and_check(inputs, sizes, dtype, seed, lead=None):
-    out_dtype = kernel.OUT_DTYPE or dtype
-    out = torch.full(
-        [*(lead or [sizes[ROW]]), sizes[COL]], float("nan"), dtype=out_dtype, device=DEVICE
-    )
-    result = kernel.gpt2_attn_out(**inputs, out=out)
+    buffers = output_buffers(sizes, dtype, lead)
+    results = as_tuple(kernel.gpt2_attn_out(**inputs, **buffers))
     launch = kernel.last_launch()
-    assert result is out
+    assert all(r is b for r, b in zip(results, buffers.values()))
     assert not launch["source"].startswith("reference"), f"the kernel did not run: {launch}"
-    exact, expected = check_output(out, inputs, dtype, seed, launch)
+    exact, expected = check_outputs(results, inputs, dtype, seed, launch)
     # The module's own reference is the same chain: check it against this file's.
-    ref = kernel.reference(**exact, out_dtype=torch.float64)
-    torch.testing.assert_close(ref, expected, rtol=1e-9, atol=1e-12)
+    refs = as_tuple(kernel.reference(**exact, out_dtype=torch.float64))
+    for ref, want in zip(refs, expected):
+        torch.testing.assert_close(ref, want, rtol=1e-9, atol=1e-12)
 
 
 def dtype_id(dtype):
@@ -273,9 +320,9 @@ def test_every_tma_config(monkeypatch, config):
     smem = kernel._config_smem(config, config["num_stages"], element, True)
     if smem > kernel._shared_memory_limit(DEVICE):
         pytest.skip("over this GPU's shared memory")
-    out = kernel.gpt2_attn_out(**inputs, config=config)
+    results = as_tuple(kernel.gpt2_attn_out(**inputs, config=config))
     assert kernel.last_launch() == {"config": config, "source": "explicit", "path": "tma"}
-    check_output(out, inputs, dtype, seed, config)
+    check_outputs(results, inputs, dtype, seed, kernel.last_launch())
 
 
 @needs_gpu
@@ -289,10 +336,10 @@ def test_every_config(monkeypatch, config):
         config, config.get("num_stages", 1), element
     ) > kernel._shared_memory_limit(DEVICE):
         pytest.skip("over this GPU's shared memory")
-    out = kernel.gpt2_attn_out(**inputs, config=config)
+    results = as_tuple(kernel.gpt2_attn_out(**inputs, config=config))
     assert kernel.last_launch()["config"] == config
     assert kernel.last_launch()["source"] == "explicit"
-    check_output(out, inputs, dtype, seed, config)
+    check_outputs(results, inputs, dtype, seed, kernel.last_launch())
 
 
 @needs_gpu

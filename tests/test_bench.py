@@ -11,6 +11,7 @@ from conftest import HAS_CUDA, ROOT  # noqa: E402
 from fusegen import bench, build, report  # noqa: E402
 
 ANCHORS = ROOT / "benchmarks" / "specs" / "anchors.yaml"
+ROWS = ROOT / "benchmarks" / "specs" / "rows.yaml"
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the message shown without a GPU")
@@ -95,6 +96,24 @@ def test_bench_with_a_fake_timer(tmp_path):
     assert "| **fusegen** |" in (tmp_path / "bench.md").read_text()
     if "bench.png" in names:
         assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_row_kernels_with_a_fake_timer():
+    kernels = build.load([ROWS]).kernels
+    variants = [v for v in bench.VARIANTS if v.name in ("fusegen", "eager")]
+    _, results = bench.run(
+        kernels,
+        {"row": [(5, 40)]},
+        "fp32",
+        variants,
+        lambda fn: (fn(), 1.0)[1],
+        lambda line: None,
+        ceilings=bench.Ceilings(700.0, 4000.0),
+        device="cpu",
+    )
+    assert len(results) == 6 and all(r.ok for r in results), [(r.kernel, r.note) for r in results]
+    flops, moved = bench.work(kernels[0], {"M": 5, "N": 40}, 4)
+    assert flops == 0 and moved == 4 * (3 * 5 * 40 + 40 + 5 * 40)  # x, residual, out, h + weight
 
 
 def test_a_failing_variant_is_reported_not_fatal():

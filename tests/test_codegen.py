@@ -45,6 +45,7 @@ def test_generated_files_stand_alone(path):
         "triton",
         "logging",
         "os",
+        "math",
         "random",
         "pytest",
         path.stem.removeprefix("test_"),
@@ -73,6 +74,9 @@ def test_formulas(examples):
         "gpt2_mlp_up": "y = gelu_tanh(x @ w + b)",
         "gpt2_attn_out": "y = x @ w + b + residual",
         "llama_mlp_gate_up": "y = silu(x @ w_gate.T) * (x @ w_up.T)",
+        "llama_add_rmsnorm": "h = x + residual; y = rmsnorm(h, weight=weight, eps=1e-05)",
+        "bert_add_layernorm": "y = layernorm(x + residual, weight=gamma, bias=beta, eps=1e-12)",
+        "masked_softmax": "y = softmax(scores * 0.125 + mask)",
     }
 
 

@@ -22,11 +22,13 @@ def test_builtin_spaces_are_valid():
         assert configs.problems(cfg, "matmul", weights=2, tma=True) == []
     for cfg in configs.ELEMENTWISE_SPACE:
         assert configs.problems(cfg, "elementwise") == []
+    for cfg in configs.ROW_SPACE:
+        assert configs.problems(cfg, "elementwise") == []
     for kind, cfg in configs.DEFAULTS.items():
         assert (
             configs.problems(
                 cfg,
-                "elementwise" if kind == "elementwise" else "matmul",
+                "matmul" if kind in ("matmul", "gated") else "elementwise",
                 weights=2 if kind == "gated" else 1,
             )
             == []

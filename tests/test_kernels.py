@@ -105,19 +105,82 @@ kernels:
 """
 
 
+ROW_SPECS = """
+kernels:
+  - name: row_softmax
+    dims: {M: dynamic, N: dynamic}
+    inputs: {x: [M, N]}
+    chain: [{input: x}, softmax]
+
+  - name: row_log_softmax_masked
+    doc: A scaled log-softmax with a full additive mask, then a cast to fp32.
+    dims: {M: dynamic, N: dynamic}
+    inputs: {x: [M, N], m: [M, N]}
+    chain: [{input: x}, {log_softmax: {scale: 0.3, mask: m}}, {cast: fp32}]
+
+  - name: row_softmax_row_mask
+    dims: {M: dynamic, N: dynamic}
+    dtypes: [fp16]
+    inputs: {x: [M, N], m: [N]}
+    chain: [{input: x}, {softmax: {mask: m}}]
+
+  - name: row_rmsnorm_gemma
+    doc: Gemma's RMSNorm, with the (1 + weight) gain.
+    dims: {M: dynamic, N: dynamic}
+    inputs: {x: [M, N], w: [N]}
+    chain: [{input: x}, {rmsnorm: {weight: w, offset: 1.0, eps: 1.0e-6}}]
+
+  - name: row_rmsnorm_plain
+    dims: {M: dynamic, N: dynamic}
+    dtypes: [bf16]
+    inputs: {x: [M, N]}
+    chain: [{input: x}, rmsnorm]
+
+  - name: row_bias_gelu_layernorm
+    doc: bias -> activation -> norm, keeping the activation as an extra output.
+    dims: {M: dynamic, N: dynamic}
+    inputs: {x: [M, N], b: [N], g: [N], beta: [N]}
+    chain:
+      - input: x
+      - bias: b
+      - gelu
+      - output: act
+      - layernorm: {weight: g, bias: beta}
+
+  - name: row_layernorm_scale_cast
+    doc: norm -> scale -> cast.
+    dims: {M: dynamic, N: dynamic}
+    inputs: {x: [M, N]}
+    chain: [{input: x}, layernorm, {scale: 0.5}, {cast: bf16}]
+
+  - name: row_sum
+    dims: {M: dynamic, N: dynamic}
+    inputs: {x: [M, N]}
+    chain: [{input: x}, sum]
+
+  - name: row_mean_fp32
+    dims: {M: dynamic, N: dynamic}
+    dtypes: [bf16, fp16]
+    inputs: {x: [M, N], r: [M, N]}
+    chain: [{input: x}, {mul: r}, mean, {cast: fp32}]
+
+  - name: row_max_silu
+    dims: {M: dynamic, N: dynamic}
+    inputs: {x: [M, N]}
+    chain: [{input: x}, max, silu, {scale: 2.0}]
+"""
+
+
 @pytest.fixture(scope="session")
 def zoo(tmp_path_factory):
     """Build the specs above once; returns the folder of generated modules."""
     root = tmp_path_factory.mktemp("zoo")
     (root / "activations.yaml").write_text(activation_specs())
     (root / "matmuls.yaml").write_text(MATMUL_SPECS)
+    (root / "rows.yaml").write_text(ROW_SPECS)
     out = root / "gen"
-    assert (
-        main(
-            ["build", str(root / "activations.yaml"), str(root / "matmuls.yaml"), "--out", str(out)]
-        )
-        == 0
-    )
+    specs = [str(root / name) for name in ("activations.yaml", "matmuls.yaml", "rows.yaml")]
+    assert main(["build", *specs, "--out", str(out)]) == 0
     return out
 
 
@@ -137,6 +200,7 @@ GROUPS = {
     "activations-a-g": lambda n: n.startswith("test_act_") and n[9] <= "g",
     "activations-h-z": lambda n: n.startswith("test_act_") and n[9] > "g",
     "matmuls": lambda n: n.startswith(("test_mm_", "test_ew_")),
+    "rows": lambda n: n.startswith("test_row_"),
 }
 
 
@@ -170,7 +234,19 @@ TINY = {
 
 
 @pytest.mark.parametrize(
-    "name", ["mm_broadcasts", "mm_transposed_a", "mm_gate_full", "mm_static_rows", "ew_mixed"]
+    "name",
+    [
+        "mm_broadcasts",
+        "mm_transposed_a",
+        "mm_gate_full",
+        "mm_static_rows",
+        "ew_mixed",
+        "row_log_softmax_masked",
+        "row_bias_gelu_layernorm",
+        "row_rmsnorm_gemma",
+        "row_mean_fp32",
+        "row_max_silu",
+    ],
 )
 def test_small_tiles_cover_every_edge(zoo, name):
     """Tiles much smaller than the problem: many row and column tiles, partial groups,
@@ -195,17 +271,15 @@ def test_small_tiles_cover_every_edge(zoo, name):
             original = kernel._needs_int64
             kernel._needs_int64 = lambda *t: True
         try:
-            out = torch.full(
-                [sizes[tests.ROW], sizes[tests.COL]], float("nan"), dtype=kernel.OUT_DTYPE or dtype
-            )
-            getattr(kernel, name)(**inputs, out=out, config=config)
+            buffers = tests.output_buffers(sizes, dtype)
+            results = tests.as_tuple(getattr(kernel, name)(**inputs, **buffers, config=config))
         finally:
             if int64:
                 kernel._needs_int64 = original
                 kernel._CALLS.clear()
         assert kernel.last_launch()["config"] == config
         assert kernel.last_launch()["source"] == "explicit"
-        tests.check_output(out, inputs, dtype, seed, config)
+        tests.check_outputs(results, inputs, dtype, seed, kernel.last_launch())
 
 
 @pytest.mark.parametrize("name", sorted(ops.ACTIVATIONS))
@@ -220,7 +294,7 @@ def test_activations_at_extremes(zoo, name):
     x = values.repeat(3, 1).float()
     out = torch.full_like(x, float("nan"))
     getattr(kernel, f"act_{name}")(x, out=out)
-    tests.check_output(out, {"x": x}, torch.float32, 0, kernel.last_launch())
+    tests.check_outputs((out,), {"x": x}, torch.float32, 0, kernel.last_launch())
 
 
 def test_bf16_dot_is_upcast_only_under_the_interpreter(zoo):
@@ -285,11 +359,30 @@ MUTATIONS = [
     ),
     (
         "mm_transposed_a",
-        "mask = mask_m[:, None]",
-        "mask = (offs_m[:, None] < M - 1)",
+        "in_bounds = mask_m[:, None]",
+        "in_bounds = (offs_m[:, None] < M - 1)",
         "the last row left unwritten",
     ),
     ("act_gelu_tanh", "0.044715", "0.04", "a wrong constant"),
+    (
+        "row_sum",
+        "row_total += tl.sum(value, axis=1)",
+        "row_total = tl.sum(value, axis=1)",
+        "a row's earlier blocks dropped",
+    ),
+    ("row_rmsnorm_plain", "/ N + 1e-06)", "/ (N - 1) + 1e-06)", "a wrong mean"),
+    (
+        "row_softmax",
+        "row_den * tl.exp(row_max - row_safe_max)",
+        "row_den",
+        "an online softmax that forgets to rescale",
+    ),
+    (
+        "row_bias_gelu_layernorm",
+        "row_dev = tl.where(in_bounds, row_dev - row_mean[:, None], 0.0)",
+        "row_dev = tl.where(in_bounds, row_dev, 0.0)",
+        "a layernorm that does not center",
+    ),
 ]
 
 
@@ -316,4 +409,4 @@ def test_small_tiles_on_the_tma_path(zoo, name, monkeypatch):
     inputs = tests.make_inputs(sizes, dtype, seed)
     out = getattr(kernel, name)(**inputs, config=TINY["matmul"])
     assert kernel.last_launch()["path"] == "tma"
-    tests.check_output(out, inputs, dtype, seed, TINY["matmul"])
+    tests.check_outputs((out,), inputs, dtype, seed, kernel.last_launch())

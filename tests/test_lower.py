@@ -7,7 +7,7 @@ import pytest
 from conftest import ROOT
 from fusegen import build, configs, source
 from fusegen.errors import SpecErrors
-from fusegen.ir import Gate, Step
+from fusegen.ir import Gate, RowStep, Step
 from fusegen.lower import lower_file
 
 MLP = """
@@ -47,13 +47,16 @@ def test_examples_lower():
     loaded = build.load(build.collect([str(ROOT / "specs")]))
     names = [k.name for k in loaded.kernels]
     assert names == [
+        "masked_softmax",
         "bert_intermediate",
+        "bert_add_layernorm",
         "bias_gelu_residual",
         "gpt2_mlp_up",
         "gpt2_attn_out",
         "llama_mlp_gate_up",
+        "llama_add_rmsnorm",
     ]
-    llama = loaded.kernels[-1]
+    llama = loaded.kernels[-2]
     assert llama.kind == "matmul" and isinstance(llama.steps[-1], Gate)
     assert (llama.matmul.m, llama.matmul.k, llama.matmul.n) == ("M", "K", "N")
     assert llama.matmul.b_transposed and not llama.matmul.a_transposed
@@ -61,10 +64,10 @@ def test_examples_lower():
     assert (
         llama.configs == configs.GATED_SPACE and llama.default_config == configs.DEFAULTS["gated"]
     )
-    gpt2 = loaded.kernels[2]
+    gpt2 = loaded.kernels[4]
     assert not gpt2.matmul.b_transposed  # Conv1D weights are [K, N]
     assert [t.batched for t in gpt2.inputs] == [True, False, False]
-    assert loaded.kernels[0].fallback_nonfinite == "reference"
+    assert loaded.kernels[1].fallback_nonfinite == "reference"
 
 
 @pytest.mark.parametrize(
@@ -276,3 +279,65 @@ def test_all_kernels_of_a_file_are_checked(write_spec):
         """,
     )
     assert len(found) == 2
+
+
+ROWS = """
+kernels:
+  - name: k
+    dims: {{M: dynamic, N: dynamic, K: 8}}
+    inputs: {{x: [M, N], r: [M, N], w: [N], c: [M], wrong: [K], wk: [N, K]}}
+    chain:
+{steps}
+"""
+
+
+def rows(steps):
+    text = "\n".join(f"      - {s}" for s in steps)
+    used = {"x", *re.findall(r"\b(r|w|c|wrong|wk)\b", text)}
+    spec = ROWS.format(steps=text)
+    shapes = {"x": "[M, N]", "r": "[M, N]", "w": "[N]", "c": "[M]", "wrong": "[K]", "wk": "[N, K]"}
+    inputs = ", ".join(f"{n}: {shapes[n]}" for n in shapes if n in used)
+    spec = re.sub(r"inputs: \{.*\}", "inputs: {" + inputs + "}", spec)
+    if "wrong" not in used and "wk" not in used:
+        spec = spec.replace(", K: 8", "")
+    return spec
+
+
+def test_row_ops_lower(write_spec):
+    (k,) = lower(
+        write_spec, rows(["input: x", "add: r", "output: h", "rmsnorm: {weight: w, offset: 1}"])
+    )
+    assert k.kind == "row" and k.emits == ("h",) and not k.reduces
+    assert k.row_step == RowStep("rmsnorm", (("eps", 1e-6), ("offset", 1.0)), (("weight", "w"),))
+    (k,) = lower(write_spec, rows(["input: x", "softmax: {scale: 0.5, mask: w}"]))
+    assert k.row_step.mask_broadcast == "row"
+    (k,) = lower(write_spec, rows(["input: x", "layer_norm", "scale: 2.0", "cast: fp32"]))
+    assert k.row_step.op == "layernorm" and k.out_dtype == "fp32"
+    (k,) = lower(write_spec, rows(["input: x", "max", "silu", "scale: 0.5"]))
+    assert k.reduces and [s.op for s in k.steps[1:]] == ["silu", "scale"]
+    assert k.default_config == configs.DEFAULTS["row"]
+
+
+ROW_ERRORS = [
+    (["input: x", "softmax", "layernorm"], "only one row op"),
+    (["input: x", "output: h"], "`output` needs a row op after it"),
+    (["input: x", "sum", "output: h"], "must come before the row op"),
+    (["input: x", "output: x", "sum"], "has the name of an input"),
+    (["input: x", "output: offs_q", "sum"], "reserved"),
+    (["input: x", "sum", "add: c"], "one number per row"),
+    (["input: x", "softmax: {mask: c}"], "a softmax mask is [M, N] or [N]"),
+    (["input: x", "rmsnorm: {weight: wrong}"], "a rmsnorm weight is [N]"),
+    (["input: x", "layernorm: {gamma: w}"], "has no field 'gamma'"),
+    (["input: x", "rmsnorm: {eps: -1}"], "eps must not be negative"),
+    (["input: x", "softmax: 0.5"], "softmax takes a mapping"),
+    (["matmul: {a: x, b: wk.T}", "softmax"], "works on an elementwise chain"),
+]
+
+
+@pytest.mark.parametrize("steps, message", ROW_ERRORS, ids=[m for _, m in ROW_ERRORS])
+def test_row_op_errors(write_spec, steps, message):
+    text = rows(steps)
+    if steps[0].startswith("matmul"):
+        text = text.replace("x: [M, N]", "x: [M, K]")
+    found = errors(write_spec, text)
+    assert any(message in m for m in found), found
