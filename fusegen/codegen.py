@@ -98,6 +98,7 @@ def kernel_context(kernel: Kernel) -> dict:
     mm = kernel.matmul
     unpinned = [t for t in kernel.inputs if t.dtype is None]
     pinned = [t for t in kernel.inputs if t.dtype is not None]
+    outs = outputs(kernel)
     out_names = [naming.OUT, *kernel.emits]
     views = [naming.view2d(t.name) for t in kernel.inputs] + [naming.view2d(n) for n in out_names]
     strides = [
@@ -205,7 +206,7 @@ def kernel_context(kernel: Kernel) -> dict:
                 else f"({kernel.row}, {kernel.col})"
             )
         ),
-        "outputs": outputs(kernel),
+        "outputs": outs,
         "emits": bool(kernel.emits),
         "returns": (
             "(" + ", ".join(o["kwarg"] for o in outputs(kernel)) + ")" if kernel.emits else "out"

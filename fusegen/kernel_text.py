@@ -286,7 +286,7 @@ def row_pieces(kernel: Kernel) -> dict:
             "# (Chan et al.), around the row's first element as in the one-pass case.",
             f"row_shift += {first}",
             "row_dev = tl.where(in_bounds, value - row_shift[:, None], 0.0)",
-            f"row_block_count = tl.sum({mask_col}.to(tl.float32), axis=0) + row_count * 0.0",
+            f"row_block_count = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.sum({mask_col}.to(tl.float32), axis=0)",
             "row_block_mean = tl.sum(row_dev, axis=1) / row_block_count",
             "row_centered = tl.where(in_bounds, row_dev - row_block_mean[:, None], 0.0)",
             "row_block_m2 = tl.sum(row_centered * row_centered, axis=1)",

@@ -150,7 +150,7 @@ def lower_file(source: SpecSource) -> list[Kernel]:
                 )
             )
         seen.setdefault(spec.name, i)
-        lowerer = _KernelLowerer(source, path, spec, raw)
+        lowerer = _KernelLowerer(source, path, spec)
         kernel = lowerer.lower()
         errors.extend(lowerer.errors)
         if kernel is not None:
@@ -230,11 +230,10 @@ def _check_name(name: str) -> str | None:
 
 
 class _KernelLowerer(ChainLowering):
-    def __init__(self, source: SpecSource, path: tuple, spec: KernelSpec, raw: dict):
+    def __init__(self, source: SpecSource, path: tuple, spec: KernelSpec):
         self.source = source
         self.path = path
         self.spec = spec
-        self.raw = raw
         self.errors: list[SpecError] = []
         self.used_inputs: set[str] = set()
 

@@ -109,7 +109,7 @@ class ChainLowering:
             elif op == "cast":
                 out_dtype = self._cast(path, args)
             elif op == "output":
-                emit = self._emit(path, args, inputs, steps, starts_matmul)
+                emit = self._emit(path, args, inputs, steps)
                 if emit:
                     steps.append(emit)
             elif op in ops.ROW_OPS:
@@ -457,7 +457,7 @@ class ChainLowering:
             return None
         return Step(act.name, params=tuple(params)) if ok else None
 
-    def _emit(self, path: tuple, args: Any, inputs: dict, steps: list, starts_matmul: bool):
+    def _emit(self, path: tuple, args: Any, inputs: dict, steps: list):
         if not isinstance(args, str) or not args.isidentifier():
             self.err(
                 path, f"output takes a name for the extra output, got {args!r}", "e.g. output: h"

@@ -13,7 +13,7 @@ know them, and lowered by `fusegen.lower`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fusegen import dtypes
 
@@ -302,42 +302,31 @@ ROW_OPS: dict[str, RowOp] = {
 class Structural:
     name: str
     summary: str
-    forms: tuple[str, ...] = field(default=())
 
 
 STRUCTURAL: dict[str, Structural] = {
     s.name: s
     for s in [
-        Structural("input", "start an elementwise chain from an input tensor", ("input: x",)),
+        Structural("input", "start an elementwise chain from an input tensor"),
         Structural(
-            "matmul",
-            "start the chain with a @ b (b may be NAME.T for an nn.Linear weight)",
-            ("matmul: {a: x, b: w.T}",),
+            "matmul", "start the chain with a @ b (b may be NAME.T for an nn.Linear weight)"
         ),
         Structural(
             "gate",
             "multiply the chain by a second matmul on the same `a` (a GLU): "
             "one pass over a, two accumulators",
-            ("gate: {matmul: {a: x, b: w_up.T}, bias: b_up, activation: silu}",),
         ),
-        Structural("bias", "add a row vector over the output's columns", ("bias: b",)),
-        Structural("scale", "multiply by a constant", ("scale: 0.5",)),
+        Structural("bias", "add a row vector over the output's columns"),
+        Structural("scale", "multiply by a constant"),
+        Structural("cast", "the output's dtype (last step only; the chain computes in fp32)"),
         Structural(
-            "cast",
-            "the output's dtype (last step only; the chain computes in fp32)",
-            ("cast: fp32",),
-        ),
-        Structural(
-            "output",
-            "also return the value at this point as an extra output (before a row op)",
-            ("output: h",),
+            "output", "also return the value at this point as an extra output (before a row op)"
         ),
     ]
 }
 
 ALL_OPS: tuple[str, ...] = tuple(sorted({*ACTIVATIONS, *BINARY, *STRUCTURAL, *ROW_OPS}))
 KNOWN_NAMES: tuple[str, ...] = tuple(sorted({*ALL_OPS, *ALIASES}))
-ELEMENTWISE_STEPS = tuple(sorted({*ACTIVATIONS, *BINARY, "bias", "scale", "cast"}))
 ROW_ALIASES = {"rms_norm": "rmsnorm", "layer_norm": "layernorm", "amax": "max"}
 
 

@@ -152,7 +152,9 @@ def _bert_add_layernorm_kernel(
             # (Chan et al.), around the row's first element as in the one-pass case.
             row_shift += tl.sum(tl.where(offs_n[None, :] == 0, value, 0.0), axis=1)
             row_dev = tl.where(in_bounds, value - row_shift[:, None], 0.0)
-            row_block_count = tl.sum(mask_n.to(tl.float32), axis=0) + row_count * 0.0
+            row_block_count = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.sum(
+                mask_n.to(tl.float32), axis=0
+            )
             row_block_mean = tl.sum(row_dev, axis=1) / row_block_count
             row_centered = tl.where(in_bounds, row_dev - row_block_mean[:, None], 0.0)
             row_block_m2 = tl.sum(row_centered * row_centered, axis=1)
