@@ -81,6 +81,22 @@ def shape_dims(kernel: Kernel, shape: tuple) -> dict:
     return sizes
 
 
+def row_shapes(kernel: Kernel, rows: list[int]) -> list[tuple]:
+    """Shapes at these row counts, the other dims at the spec's static sizes."""
+    names = (
+        [kernel.matmul.m, kernel.matmul.k, kernel.matmul.n]
+        if kernel.matmul
+        else [kernel.row, kernel.col]
+    )
+    dynamic = [n for n in names[1:] if kernel.dim(n).size is None]
+    if dynamic:
+        raise ValueError(
+            f"{kernel.name}: dim {', '.join(dynamic)} is dynamic; give full shapes with "
+            f"--shapes {','.join(names)}"
+        )
+    return [(r, *(kernel.dim(n).size for n in names[1:])) for r in rows]
+
+
 def work(kernel: Kernel, sizes: dict, element_bytes: int) -> tuple[float, float]:
     """(floating-point operations, bytes that must move) for one call."""
     rows, cols = sizes[kernel.row], sizes[kernel.col]
@@ -205,6 +221,21 @@ def load_module(kernel: Kernel, folder: Path):
     return module
 
 
+def torch_dtype(torch, dtype_name: str):
+    return getattr(torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype_name])
+
+
+def input_sets(torch, module, kernel, sizes, dtype_name, device) -> tuple[list[dict], object]:
+    """Buffer sets to rotate over (enough that one pass is several times the L2) and the
+    float64 reference of the first."""
+    dtype = torch_dtype(torch, dtype_name)
+    _, moved = work(kernel, sizes, torch.empty((), dtype=dtype).element_size())
+    count = min(MAX_SETS, max(2, ROTATION_BYTES // max(moved, 1)))
+    sets = [make_inputs(torch, kernel, sizes, dtype, device, seed) for seed in range(count)]
+    exact = module.reference(**{k: v.double() for k, v in sets[0].items()}, out_dtype=torch.float64)
+    return sets, exact
+
+
 def relative_error(torch, out, exact) -> float:
     """Of the chain's result (the first output, where there are several)."""
     if isinstance(exact, tuple):
@@ -218,13 +249,9 @@ def relative_error(torch, out, exact) -> float:
 def bench_shape(
     torch, timer, module, kernel, sizes, dtype_name, variants, ceilings, progress, device="cuda"
 ) -> list[Result]:
-    dtype = getattr(torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype_name])
-    element = torch.empty((), dtype=dtype).element_size()
+    sets, exact = input_sets(torch, module, kernel, sizes, dtype_name, device)
+    element = torch.empty((), dtype=torch_dtype(torch, dtype_name)).element_size()
     flops, moved = work(kernel, sizes, element)
-    per_set = max(moved, 1)
-    count = min(MAX_SETS, max(2, ROTATION_BYTES // per_set))
-    sets = [make_inputs(torch, kernel, sizes, dtype, device, seed) for seed in range(count)]
-    exact = module.reference(**{k: v.double() for k, v in sets[0].items()}, out_dtype=torch.float64)
     shape = tuple(sizes.values())
     floor_s = max(flops / (ceilings.tflops * 1e12), moved / (ceilings.gbs * 1e9))
     results = []

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from fusegen import codegen, source
+from fusegen import codegen, source, tables
 from fusegen.errors import SpecError, SpecErrors
 from fusegen.ir import Kernel
 from fusegen.lower import lower_file
@@ -115,5 +115,44 @@ def orphans(loaded: Loaded, planned: list[Planned], out_dir: Path) -> list[Path]
         if first.startswith(HEADER_PREFIX) and any(
             f" from {d} (" in first for d in loaded.displays
         ):
+            out.append(path)
+    return out
+
+
+def table_problems(loaded: Loaded, planned: list[Planned], out_dir: Path) -> list[tuple[Path, str]]:
+    """(table path, what is wrong) for each tuned table beside a planned module that
+    cannot be read or holds entries tuned for other kernel source."""
+    hashes = {
+        p.path.name[: -len(".py")]: codegen.module_kernel_hash(p.text)
+        for p in planned
+        if not p.path.name.startswith("test_")
+    }
+    out = []
+    for kernel in loaded.kernels:
+        path = tables.path_for(out_dir, kernel.name)
+        try:
+            found = tables.staleness(path, hashes[kernel.name])
+        except tables.TableError as exc:
+            out.append((path, str(exc).removeprefix(f"{path}: ")))
+            continue
+        if found:
+            out.append((path, found.message()))
+    return out
+
+
+def orphan_tables(loaded: Loaded, out_dir: Path) -> list[Path]:
+    """Tuned tables in out_dir made for these specs' kernels that no longer exist."""
+    if not out_dir.is_dir():
+        return []
+    names = {k.name for k in loaded.kernels}
+    out = []
+    for path in sorted(out_dir.glob(f"*{tables.SUFFIX}")):
+        if path.name[: -len(tables.SUFFIX)] in names:
+            continue
+        try:
+            spec = tables.read(path).get("spec")
+        except tables.TableError:
+            continue
+        if spec in loaded.displays:
             out.append(path)
     return out

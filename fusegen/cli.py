@@ -64,7 +64,152 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--out", default="bench-results", metavar="DIR", help="where the JSON, Markdown and PNG go"
     )
+    tune = sub.add_parser(
+        "tune",
+        help="measure the config spaces on this GPU and write tuned tables beside the modules",
+    )
+    inspect = sub.add_parser(
+        "inspect",
+        help="registers, spills and shared memory of the configs the launchers choose (GPU)",
+    )
+    for command in (tune, inspect):
+        command.add_argument("specs", nargs="+", metavar="SPEC_OR_DIR")
+        command.add_argument(
+            "--rows",
+            default="16,4096",
+            metavar="M,M,...",
+            help="row counts to use, the other dims at the spec's sizes (default: %(default)s)",
+        )
+        command.add_argument(
+            "--shapes", nargs="+", metavar="M,K,N", help="full shapes instead of --rows"
+        )
+        command.add_argument("--kernels", nargs="+", metavar="NAME", help="only these kernels")
+        command.add_argument(
+            "--out", default="generated", metavar="DIR", help="the generated modules' folder"
+        )
+    tune.add_argument(
+        "--dtypes", nargs="+", default=["bf16"], choices=["bf16", "fp16", "fp32"], metavar="DTYPE"
+    )
+    inspect.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    inspect.add_argument(
+        "--counters",
+        action="store_true",
+        help="also L1/L2 hit rates and DRAM bandwidth of one launch, via Nsight Compute (ncu)",
+    )
     return parser
+
+
+def _gpu_or_exit(command: str) -> bool:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return True
+    except ImportError:
+        pass
+    print(f"fusegen {command}: needs a CUDA GPU, and none is visible to torch", file=sys.stderr)
+    return False
+
+
+def _shapes_for(args: argparse.Namespace):
+    """kernel -> its shapes, from --shapes or --rows; raises ValueError on bad input."""
+    from fusegen import bench
+
+    if args.shapes:
+        given = [_shape(s) for s in args.shapes]
+        return lambda k: [s for s in given if len(s) == (3 if k.matmul else 2)]
+    rows = list(_shape(args.rows))
+    return lambda k: bench.row_shapes(k, rows)
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or any(v < 1 for v in values):
+        raise ValueError(f"'{text}' is not a comma-separated list of positive integers")
+    return values
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from fusegen import bench, tune
+
+    if not _gpu_or_exit("tune"):
+        return 2
+    try:
+        loaded = build.load(build.collect(args.specs))
+    except SpecErrors as exc:
+        return _print_errors(exc)
+    kernels = [k for k in loaded.kernels if not args.kernels or k.name in args.kernels]
+    progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        shapes_for = _shapes_for(args)
+        for k in kernels:
+            shapes_for(k)
+        results, written = tune.run(
+            kernels,
+            shapes_for,
+            args.dtypes,
+            Path(args.out),
+            bench.do_bench_timer,
+            progress,
+            final_timer=tune.final_timer,
+        )
+    except (ValueError, tune.TuneError) as exc:
+        print(f"fusegen tune: {exc}", file=sys.stderr)
+        return 2
+    for r in results:
+        chosen = (
+            f"{r.entry['best']} {r.entry['choices'][r.entry['best']]['ms']} ms"
+            if r.entry
+            else "no config agreed with the reference"
+        )
+        print(f"{r.kernel} {'x'.join(map(str, r.shape))} {r.dtype}: {chosen} ({r.seconds:.1f} s)")
+    for path in written:
+        print(f"wrote {path}")
+    return 0 if all(r.entry for r in results) else 1
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    import os
+
+    from fusegen import inspect_kernels
+
+    if not _gpu_or_exit("inspect"):
+        return 2
+    try:
+        loaded = build.load(build.collect(args.specs))
+    except SpecErrors as exc:
+        return _print_errors(exc)
+    kernels = [k for k in loaded.kernels if not args.kernels or k.name in args.kernels]
+    progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        shapes_for = _shapes_for(args)
+        for k in kernels:
+            shapes_for(k)
+        found = inspect_kernels.run(kernels, shapes_for, args.dtype, Path(args.out), progress)
+    except (ValueError, inspect_kernels.TuneError) as exc:
+        print(f"fusegen inspect: {exc}", file=sys.stderr)
+        return 2
+    if os.environ.get(inspect_kernels.CHILD):
+        return 0  # a child run under ncu: the parent prints
+    print(inspect_kernels.HEADER)
+    for item in found:
+        print(item.row())
+    spilled = [i for i in found if i.spills]
+    for item in spilled:
+        print(
+            f"warning: {item.kernel} {item.shape}: {item.spills} registers spill to local memory "
+            f"with {item.config}; a smaller tile or fewer stages may run faster",
+            file=sys.stderr,
+        )
+    if args.counters:
+        for item in found:
+            argv = ["inspect", *args.specs, "--kernels", item.kernel, "--dtype", item.dtype]
+            argv += ["--shapes", ",".join(map(str, item.shape)), "--out", args.out]
+            print(f"{item.kernel} {item.shape}: {inspect_kernels.counters(item.kernel, argv)}")
+    return 0
 
 
 def _print_errors(exc: SpecErrors) -> int:
@@ -83,20 +228,28 @@ def _build(args: argparse.Namespace) -> int:
         planned = build.plan(loaded, out_dir)
     except SpecErrors as exc:
         return _print_errors(exc)
-    stale = build.orphans(loaded, planned, out_dir)
+    stale = build.orphans(loaded, planned, out_dir) + build.orphan_tables(loaded, out_dir)
+    tuned = build.table_problems(loaded, planned, out_dir)
     if args.check:
-        problems = writer.differences(planned) + [
+        outdated = writer.differences(planned) + [
             (p, "no kernel in the specs makes it any more") for p in stale
         ]
-        for path, what in problems:
+        for path, what in outdated + tuned:
             print(f"{path}: {what}", file=sys.stderr)
-        if problems:
+        specs = " ".join(args.specs) + (f" --out {args.out}" if args.out != "generated" else "")
+        if outdated:
             print(
-                f"fusegen: {len(problems)} generated file(s) out of date; run `fusegen build "
-                f"{' '.join(args.specs)}"
-                + (f" --out {args.out}`" if args.out != "generated" else "`"),
+                f"fusegen: {len(outdated)} generated file(s) out of date; run `fusegen build "
+                f"{specs}`",
                 file=sys.stderr,
             )
+        if tuned:
+            print(
+                f"fusegen: {len(tuned)} tuned table(s) stale or unreadable; run `fusegen tune "
+                f"{specs}` on the GPU",
+                file=sys.stderr,
+            )
+        if outdated or tuned:
             return 1
         print(f"fusegen: {len(planned)} generated files up to date")
         return 0
@@ -106,6 +259,8 @@ def _build(args: argparse.Namespace) -> int:
     for path in stale:
         path.unlink()
         print(f"removed {path} (no kernel in the specs makes it any more)")
+    for path, what in tuned:
+        print(f"warning: {path}: {what}", file=sys.stderr)
     print(
         f"fusegen: {len(loaded.kernels)} kernel(s), {len(written)} file(s) written, "
         f"{len(planned) - len(written)} unchanged"
@@ -170,5 +325,9 @@ def main(argv: list[str] | None = None) -> int:
         return _validate(args)
     if args.command == "bench":
         return _bench(args)
+    if args.command == "tune":
+        return _tune(args)
+    if args.command == "inspect":
+        return _inspect(args)
     print(json.dumps(schema.json_schema(), indent=2, sort_keys=True))
     return 0

@@ -8,6 +8,8 @@ before it is returned.
 from __future__ import annotations
 
 import ast
+import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,8 +80,36 @@ def render(kernel: Kernel) -> list[Rendered]:
     ):
         text = _ENV.get_template(template).render(**context)
         ast.parse(text, filename=filename)  # a template bug must not reach a user's repo
-        out.append(Rendered(filename, black.format_str(text, mode=BLACK_MODE)))
+        text = black.format_str(text, mode=BLACK_MODE)
+        if KERNEL_HASH_PLACEHOLDER in text:
+            text = text.replace(KERNEL_HASH_PLACEHOLDER, kernel_source_hash(text))
+        out.append(Rendered(filename, text))
     return out
+
+
+# As long as the hash it stands for, so that black's layout does not change.
+KERNEL_HASH_PLACEHOLDER = "kernel-hash-here"
+
+
+def kernel_source_hash(module_text: str) -> str:
+    """sha256 (16 hex digits) of the Triton kernels and helpers in a module: the code a
+    tuned config was measured on. Launcher, docs and config spaces are not part of it."""
+    tree = ast.parse(module_text)
+    lines = module_text.splitlines(keepends=True)
+    pieces = []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and any(
+            "triton" in ast.unparse(d) for d in node.decorator_list
+        ):
+            first = min(d.lineno for d in node.decorator_list)
+            pieces.append("".join(lines[first - 1 : node.end_lineno]))
+    return hashlib.sha256("\n".join(pieces).encode()).hexdigest()[:16]
+
+
+def module_kernel_hash(module_text: str) -> str | None:
+    """The KERNEL_HASH a generated module declares, or None."""
+    match = re.search(r'^KERNEL_HASH = "([0-9a-f]{16})"$', module_text, re.MULTILINE)
+    return match.group(1) if match else None
 
 
 def header(kernel: Kernel) -> list[str]:
@@ -147,6 +177,11 @@ def kernel_context(kernel: Kernel) -> dict:
         "configs": [config_literal(c) for c in kernel.configs],
         "default_config": config_literal(kernel.default_config),
         "interpreter_config": config_literal(kernel.interpreter_config),
+        "kernel_hash_placeholder": KERNEL_HASH_PLACEHOLDER,
+        "deterministic": kernel.deterministic,
+        "table_key_names": tuple_literal(
+            [f'"{n}"' for n in [f"{kernel.row}_bucket", *tune_key[1:], "dtype", "out_dtype"]]
+        ),
         "helpers": helpers(kernel),
         "matmul": mm is not None,
         "k": mm.k if mm else "",

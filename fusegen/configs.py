@@ -156,6 +156,72 @@ INTERPRETER = {
 }
 
 
+# `autotune: {profile: ...}` keeps part of a built-in matmul space: "training" the
+# throughput tiles (BLOCK_M >= 64), "inference" the latency ones (BLOCK_M <= 64) plus
+# deeper pipelines for decode-sized M, where the weights' stream is the whole cost.
+PROFILES = ("general", "training", "inference")
+INFERENCE_EXTRA = {
+    "matmul": (_mm(16, 64, 128, 1, 4, 6), _mm(32, 64, 128, 4, 4, 5)),
+    "gated": (_mm(16, 64, 128, 1, 4, 5), _mm(32, 32, 128, 4, 4, 5)),
+}
+INFERENCE_TMA_EXTRA = {
+    "matmul": (_tma(16, 128, 128, 1, 4, 6, 0, 0, 0), _tma(32, 128, 128, 4, 4, 5, 0, 0, 0)),
+    "gated": (_tma(32, 64, 128, 4, 4, 5, 0, 0, 0),),
+}
+INFERENCE_DEFAULTS = {"matmul": _mm(64, 128, 64, 8, 4, 4), "gated": _mm(32, 64, 128, 8, 4, 4)}
+INFERENCE_TMA_DEFAULTS = {
+    "matmul": _tma(64, 128, 64, 8, 4, 4, 0, 0, 0),
+    "gated": _tma(64, 128, 64, 8, 4, 4, 0, 0, 0),
+}
+
+
+def profile_spaces(
+    kind: str, profile: str
+) -> tuple[tuple[Config, ...], tuple[Config, ...], Config, Config | None]:
+    """The built-in (space, TMA space, default, TMA default) of a kernel kind under a
+    profile. Elementwise and row kernels have one space: the profile leaves them be."""
+    space, tma_space = SPACES[kind], TMA_SPACES[kind]
+    default, tma_default = DEFAULTS[kind], TMA_DEFAULTS.get(kind)
+    if kind not in ("matmul", "gated") or profile == "general":
+        return space, tma_space, default, tma_default
+    if profile == "training":
+        keep = lambda c: c.BLOCK_M >= 64  # noqa: E731
+        return (
+            tuple(filter(keep, space)),
+            tuple(filter(keep, tma_space)),
+            default,
+            tma_default,
+        )
+    keep = lambda c: c.BLOCK_M <= 64  # noqa: E731
+    return (
+        tuple(filter(keep, space)) + INFERENCE_EXTRA[kind],
+        tuple(filter(keep, tma_space)) + INFERENCE_TMA_EXTRA[kind],
+        INFERENCE_DEFAULTS[kind],
+        INFERENCE_TMA_DEFAULTS[kind],
+    )
+
+
+def far_larger(block: int, size: int) -> bool:
+    """Whether a block is at least twice the power of two covering `size` (and 16, the
+    smallest tile tl.dot takes): such a tile only adds masked-out work. The generated
+    launcher prunes by the same rule at run time."""
+    covering = 1 << max(size - 1, 0).bit_length()
+    return block >= 2 * max(16, covering)
+
+
+def oversized(config: Config, sizes: dict[str, int | None]) -> list[str]:
+    """The blocks of `config` far larger than the static dims in `sizes`
+    ({"BLOCK_M": rows, ...}; None where the dim is dynamic)."""
+    values = dict(config.items())
+    return [
+        f"{block} = {values[block]} is far larger than the dim it tiles ({size}); "
+        f"a block of {max(16, 1 << max(size - 1, 0).bit_length())} covers it, with less "
+        "masked-out work"
+        for block, size in sizes.items()
+        if size is not None and block in values and far_larger(values[block], size)
+    ]
+
+
 def smem_bytes(
     config: Config,
     operand_bytes: int,

@@ -132,6 +132,7 @@ class Kernel:
     default_config: Config
     tma_default_config: Config | None
     interpreter_config: Config
+    deterministic: bool = False  # no runtime tuning: a tuned table's config or the default
 
     @property
     def kind(self) -> str:

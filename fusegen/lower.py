@@ -274,7 +274,10 @@ class _KernelLowerer(ChainLowering):
         rowwise = any(isinstance(s, RowStep) for s in steps)
         kind = "gated" if gated else "matmul" if matmul else "row" if rowwise else "elementwise"
         full = any(getattr(s, "broadcast", None) == "full" for s in steps)
-        cfgs = self._configs(kind, matmul is not None, gated, full)
+        sizes = {"BLOCK_M": dims[row].size, "BLOCK_N": dims[col].size}
+        if matmul is not None:
+            sizes["BLOCK_K"] = dims[matmul.k].size
+        cfgs = self._configs(kind, matmul is not None, gated, full, sizes)
         if self.errors or cfgs is None:
             return None
         space, tma_space, default, tma_default = cfgs
@@ -311,6 +314,7 @@ class _KernelLowerer(ChainLowering):
             default_config=default,
             tma_default_config=tma_default,
             interpreter_config=configs.INTERPRETER[kind],
+            deterministic=spec.deterministic,
         )
 
     @staticmethod
@@ -399,28 +403,44 @@ class _KernelLowerer(ChainLowering):
     # -- configs -----------------------------------------------------------------------
 
     def _configs(
-        self, kind: str, is_matmul: bool, gated: bool, full_operand: bool
-    ) -> tuple[tuple[Config, ...], tuple[Config, ...], Config] | None:
-        """The pointer kernel's space, the TMA kernel's and the default config. A space
-        the spec gives serves both kernels."""
+        self,
+        kind: str,
+        is_matmul: bool,
+        gated: bool,
+        full_operand: bool,
+        sizes: dict[str, int | None],
+    ) -> tuple[tuple[Config, ...], tuple[Config, ...], Config, Config | None] | None:
+        """The pointer kernel's space, the TMA kernel's and their default configs. A
+        space the spec gives serves both kernels; a built-in one loses the configs whose
+        blocks are far larger than the static dims in `sizes`."""
         tune = self.spec.autotune
         family = "matmul" if is_matmul else "elementwise"
         operand_bytes = min(dtypes.DTYPES[d].bytes for d in self.spec.dtypes)
         weights = 2 if gated else 1
-        space = configs.SPACES[kind]
-        tma_space = configs.TMA_SPACES[kind]
-        default = configs.DEFAULTS[kind]
-        tma_default = configs.TMA_DEFAULTS.get(kind)
+        profile = tune.profile if tune else "general"
+        space, tma_space, default, tma_default = configs.profile_spaces(kind, profile)
+        space = _fitting(space, sizes)
+        tma_space = _fitting(tma_space, sizes)
         ok = True
 
         def check(cfg: Config, rel: tuple) -> bool:
             found = configs.problems(
                 cfg, family, weights=weights, operand_bytes=operand_bytes, full_operand=full_operand
             )
+            if not found and rel[0] == "configs":
+                found = configs.oversized(cfg, sizes)
             for problem in found:
                 self.err(("autotune",) + rel, f"bad config: {problem}")
             return not found
 
+        if tune and tune.configs is not None and profile != "general":
+            self.err(
+                ("autotune", "profile"),
+                f"profile '{profile}' picks from the built-in space, but autotune.configs "
+                "replaces that space",
+                "keep one of the two",
+            )
+            ok = False
         if tune and tune.configs is not None:
             space = tuple(_config(c) for c in tune.configs)
             tma_space = space if is_matmul else ()
@@ -439,3 +459,12 @@ class _KernelLowerer(ChainLowering):
 
 def _config(spec: ConfigSpec) -> Config:
     return Config(**spec.model_dump())
+
+
+def _fitting(space: tuple[Config, ...], sizes: dict[str, int | None]) -> tuple[Config, ...]:
+    """The configs of a built-in space whose blocks fit the static dims; the one of
+    fewest elements per tile if none does."""
+    kept = tuple(c for c in space if not configs.oversized(c, sizes))
+    if kept or not space:
+        return kept
+    return (min(space, key=lambda c: c.BLOCK_M * c.BLOCK_N * (c.BLOCK_K or 1)),)

@@ -86,6 +86,12 @@ class ConfigSpec(_Strict):
 
 
 class AutotuneSpec(_Strict):
+    profile: Literal["general", "training", "inference"] = Field(
+        "general",
+        description="biases the built-in space: 'training' keeps large tiles (throughput), "
+        "'inference' small row tiles and deeper pipelines (latency, decode-sized M); "
+        "'general' keeps both",
+    )
     configs: list[ConfigSpec] | None = Field(
         None, min_length=1, description="replace the default config space"
     )
@@ -115,6 +121,11 @@ class KernelSpec(_Strict):
     )
     fallback: FallbackSpec = FallbackSpec()
     autotune: AutotuneSpec | None = None
+    deterministic: bool = Field(
+        False,
+        description="never tune at run time: launch the tuned table's config (see `fusegen "
+        "tune`) or the default, so every run of a shape takes the same accumulation order",
+    )
 
 
 class SpecFile(_Strict):

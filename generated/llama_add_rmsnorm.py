@@ -16,8 +16,10 @@ Use:
 Only torch and triton are needed to run this module.
 """
 
+import json
 import logging
 import os
+import time
 
 import torch
 import torch.nn.functional as F
@@ -40,8 +42,6 @@ CONFIGS = [
     {"BLOCK_M": 1, "BLOCK_N": 1024, "num_warps": 4},
     {"BLOCK_M": 1, "BLOCK_N": 2048, "num_warps": 8},
     {"BLOCK_M": 1, "BLOCK_N": 4096, "num_warps": 8},
-    {"BLOCK_M": 1, "BLOCK_N": 8192, "num_warps": 16},
-    {"BLOCK_M": 1, "BLOCK_N": 16384, "num_warps": 16},
     {"BLOCK_M": 4, "BLOCK_N": 1024, "num_warps": 8},
     {"BLOCK_M": 16, "BLOCK_N": 256, "num_warps": 4},
 ]
@@ -50,6 +50,14 @@ DEFAULT_CONFIG = {"BLOCK_M": 1, "BLOCK_N": 4096, "num_warps": 8}
 # Launched under the Triton interpreter (TRITON_INTERPRET=1), which has no timer to
 # tune with. Its tiles are large because the interpreter's cost is per tile operation.
 INTERPRETER_CONFIG = {"BLOCK_M": 4, "BLOCK_N": 1024, "num_warps": 4}
+# The configs `fusegen tune` chose on named GPUs, in a file beside this module; the
+# launcher looks there before tuning. Entries tuned for other kernel source are ignored.
+TUNED_TABLE = "llama_add_rmsnorm.tuned.json"
+# sha256 of this module's Triton kernels' source, as tuned tables record it.
+KERNEL_HASH = "b35e76bab6d075d0"
+# Tune at run time where the tuned table has no entry (the spec's `deterministic: true`
+# turns this off).
+DETERMINISTIC = False
 
 
 @triton.heuristics({"SINGLE_PASS": lambda args: args["BLOCK_N"] >= args["N"]})
@@ -189,17 +197,21 @@ def _llama_add_rmsnorm_kernel(
 # Per path: the kernel, its tuning space, and the config it runs where tuning cannot.
 _PATHS = {"pointer": (_llama_add_rmsnorm_kernel, CONFIGS, DEFAULT_CONFIG)}
 _LAST = {"config": None, "source": None, "path": None}
+_LAST_RUN = {}  # the last launch's compiled "kernel" and plan "key" (fusegen tune, inspect)
 _LOGGED = set()
 _TUNED = {}  # path -> its autotuned kernel
-_PLANS = {}  # tuning key -> (path, config) that tuning chose; later calls launch it directly
+_PLANS = {}  # tuning key -> (path, config, source) chosen once; later calls launch it directly
+_TABLE = {}  # "entries": the tuned table's entries, read at first use
+# What a tuned table's entry keys on, in the order of a plan's key.
+_KEY_NAMES = ("M_bucket", "N", "dtype", "out_dtype")
 _DEVICES = {}  # device index -> (compute capability major, SM count, shared memory per block)
 _ALLOCATION = getattr(triton.runtime, "_allocation", None)
 
 
 def last_launch() -> dict:
     """What the last call ran: {"config": the config dict or None, "source": one of
-    "autotune", "default", "interpreter", "explicit", "reference (...)", "empty",
-    "path": "pointer" or "tma" (the kernel that ran) or None}."""
+    "table", "autotune", "default", "interpreter", "explicit", "reference (...)",
+    "empty", "path": "pointer" or "tma" (the kernel that ran) or None}."""
     config = _LAST["config"]
     return {**_LAST, "config": dict(config) if config is not None else None}
 
@@ -413,22 +425,31 @@ def _shared_memory_limit(device):
 
 
 def _prune(configs, named_args, **kwargs):
-    """Drop configs before compiling: those over the device's shared memory, and those
-    whose tiles are far larger than the problem (they only add masked work)."""
+    """Drop configs before compiling (see _fits); keep the smallest if none fits."""
     first = named_args["x_ptr"]
-    limit = _shared_memory_limit(first.device)
     tma = "NUM_SMS" in kwargs
     sizes = {"BLOCK_M": named_args["M"], "BLOCK_N": named_args["N"]}
-    kept = []
-    for c in configs:
-        if _config_smem(c.kwargs, c.num_stages, first.element_size(), tma) > limit:
-            continue
-        if any(c.kwargs[b] >= 2 * max(16, _bucket(n)) for b, n in sizes.items()):
-            continue
-        kept.append(c)
+    kept = [
+        c
+        for c in configs
+        if _fits(
+            {**c.kwargs, "num_stages": c.num_stages}, tma, sizes, first.element_size(), first.device
+        )
+    ]
     return kept or [
         min(configs, key=lambda c: _config_smem(c.kwargs, c.num_stages, first.element_size(), tma))
     ]
+
+
+def _fits(config, tma, sizes, element_size, device):
+    """Whether a config is worth compiling: within the device's shared memory, and no
+    block far larger than the dim it tiles ({"BLOCK_M": rows, ...}; such a tile only
+    adds masked work)."""
+    if _config_smem(config, config.get("num_stages", 1), element_size, tma) > _shared_memory_limit(
+        device
+    ):
+        return False
+    return not any(config[b] >= 2 * max(16, _bucket(n)) for b, n in sizes.items())
 
 
 def _config_smem(meta, stages, element_size, tma=False):
@@ -451,28 +472,118 @@ def _tuned_kernel(path):
 
 
 def _launch(path, key, grid, args, consts, config):
-    """Launch with an explicit, interpreter, default or tuned config. Tuning happens
-    once per key; where both kernels can run and FUSEGEN_TMA is unset, it times both
-    and keeps the faster (the TMA kernel wins on large tiles, the pointer kernel on
-    some decode-sized shapes)."""
-    if config is not None:
-        chosen, source = _checked_config(path, config), "explicit"
-    elif _interpreted():
-        chosen, source = _complete(path, INTERPRETER_CONFIG), "interpreter"
-    elif os.environ.get("FUSEGEN_AUTOTUNE", "1") == "0":
-        chosen, source = _PATHS[path][2], "default"
-    else:
-        key = (*key, path, os.environ.get("FUSEGEN_TMA", ""))
-        plan = _PLANS.get(key) or _tune(path, key, grid, args, consts)
-        if plan is None:
-            chosen, source = _PATHS[path][2], "default"
-        else:
-            (path, chosen), source = plan, "autotune"
-    _PATHS[path][0][grid](*args, **_path_consts(path, args, consts), **_triton_kwargs(chosen))
+    """Launch the kernel with the config _choose picks; remember what ran."""
+    path, chosen, source = _choose(path, key, grid, args, consts, config)
+    compiled = _PATHS[path][0][grid](
+        *args, **_path_consts(path, args, consts), **_triton_kwargs(chosen)
+    )
     _record(chosen, source, path)
+    _LAST_RUN.update(kernel=compiled, key=key)
+
+
+def _choose(path, key, grid, args, consts, config):
+    """(path, config, source) for a launch: the caller's config; the interpreter's; else,
+    once per key, the tuned table's entry for this GPU, or (unless DETERMINISTIC or
+    FUSEGEN_AUTOTUNE=0) runtime tuning, or the default. Tuning times both kernels where
+    both can run and FUSEGEN_TMA is unset, and keeps the faster."""
+    if config is not None:
+        return path, _checked_config(path, config), "explicit"
+    device = args[0].device
+    if not _can_tune(device):
+        return path, _complete(path, INTERPRETER_CONFIG), "interpreter"
+    tuning = not DETERMINISTIC and os.environ.get("FUSEGEN_AUTOTUNE", "1") != "0"
+    key = (*key, path, os.environ.get("FUSEGEN_TMA", ""), tuning)
+    plan = _PLANS.get(key) or _from_table(path, key, device)
+    if plan is None and tuning:
+        plan = _tune(path, key, grid, args, consts)
+    if plan is None:
+        plan = _PLANS[key] = (path, _PATHS[path][2], "default")
+        _log.info(
+            "llama_add_rmsnorm: %s: no tuned table entry; default config %s",
+            _key_text(key),
+            plan[1],
+        )
+    return plan
+
+
+def _can_tune(device):
+    """Tables and tuning are per GPU: under the interpreter there is neither."""
+    return device.type == "cuda" and not _interpreted()
+
+
+def _key_text(key):
+    return " ".join(f"{name}={_plain(value)}" for name, value in zip(_KEY_NAMES, key))
+
+
+def _plain(value):
+    """A key's value as a tuned table spells it: dtypes without "torch."."""
+    return str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else value
+
+
+def _device_identity(device):
+    """(name, [major, minor]) as tuned tables record a GPU."""
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    return torch.cuda.get_device_name(index), list(torch.cuda.get_device_capability(index))
+
+
+def _table_entries():
+    """The tuned table beside this module ([] if there is none or it cannot be read)."""
+    if "entries" not in _TABLE:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), TUNED_TABLE)
+        entries = []
+        if os.path.exists(path):
+            try:
+                with open(path, encoding="utf-8") as f:
+                    entries = list(json.load(f)["entries"])
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                _log_once("table", "llama_add_rmsnorm: ignoring %s: %s", path, exc)
+        _TABLE["entries"] = entries
+    return _TABLE["entries"]
+
+
+def _from_table(path, key, device):
+    """The table's plan for a key on this GPU, or None. An entry of another row bucket
+    serves when none has this one: the nearest (in powers of two), larger on a tie."""
+    name, capability = _device_identity(device)
+    wanted = {n: _plain(v) for n, v in zip(_KEY_NAMES, key)}
+    rows = _KEY_NAMES[0]
+    pick = "best" if path == "tma" and not key[-2] else path
+    found = []
+    for entry in _table_entries():
+        try:
+            if (entry["gpu"], entry["capability"], entry["kernel_hash"]) != (
+                name,
+                capability,
+                KERNEL_HASH,
+            ):
+                continue
+            if any(entry["key"][n] != v for n, v in wanted.items() if n != rows):
+                continue
+            chosen = entry["best"] if pick == "best" else pick
+            config = _complete(chosen, entry["choices"][chosen]["config"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        distance = abs((entry["key"][rows]).bit_length() - wanted[rows].bit_length())
+        found.append((distance, -entry["key"][rows], chosen, config, entry))
+    if not found:
+        return None
+    _, _, chosen, config, entry = min(found, key=lambda f: f[:2])
+    _PLANS[key] = (chosen, config, "table")
+    _log.info(
+        "llama_add_rmsnorm: %s: tuned table entry for %s=%s: %s %s (%s ms when tuned)",
+        _key_text(key),
+        rows,
+        entry["key"][rows],
+        chosen,
+        config,
+        entry["choices"][chosen].get("ms"),
+    )
+    return _PLANS[key]
 
 
 def _tune(path, key, grid, args, consts):
+    started = time.perf_counter()
     candidates = [path]
     if path == "tma" and not os.environ.get("FUSEGEN_TMA"):
         candidates.append("pointer")
@@ -487,10 +598,11 @@ def _tune(path, key, grid, args, consts):
     if not found:
         return None
     best = min(found, key=lambda p: found[p][1])
-    _PLANS[key] = (best, found[best][0])
+    _PLANS[key] = (best, found[best][0], "autotune")
     _log.info(
-        "llama_add_rmsnorm: tuned for %s: %s",
-        key[:-2],
+        "llama_add_rmsnorm: %s: tuned in %.1f s: %s (no tuned table entry; `fusegen tune` makes one)",
+        _key_text(key),
+        time.perf_counter() - started,
         ", ".join(f"{p} {c} {ms:.4f} ms" for p, (c, ms) in found.items()),
     )
     return _PLANS[key]

@@ -345,16 +345,73 @@ def test_every_config(monkeypatch, config):
 @needs_gpu
 def test_autotunes_on_gpu(monkeypatch):
     monkeypatch.delenv("FUSEGEN_AUTOTUNE", raising=False)
+    monkeypatch.setattr(kernel, "_PLANS", {})
+    monkeypatch.setitem(kernel._TABLE, "entries", [])  # no tuned table: tune now
     kernel.gpt2_attn_out(**make_inputs({**SIZES, **CASES[0]}, DTYPES[0], new_seed()))
     launch = kernel.last_launch()
     space = kernel.TMA_CONFIGS if launch["path"] == "tma" else kernel.CONFIGS
-    assert launch["source"] == "autotune" and launch["config"] in space
+    expected = "default" if kernel.DETERMINISTIC else "autotune"
+    assert launch["source"] == expected and (expected == "default" or launch["config"] in space)
 
 
 @needs_gpu
 def test_default_config_without_tuning(monkeypatch):
     monkeypatch.setenv("FUSEGEN_AUTOTUNE", "0")
+    monkeypatch.setattr(kernel, "_PLANS", {})
+    monkeypatch.setitem(kernel._TABLE, "entries", [])
     kernel.gpt2_attn_out(**make_inputs({**SIZES, **CASES[0]}, DTYPES[0], new_seed()))
     launch = kernel.last_launch()
     default = kernel.DEFAULT_CONFIG if launch["path"] == "pointer" else kernel.TMA_DEFAULT_CONFIG
     assert launch["config"] == default and launch["source"] == "default"
+
+
+def test_tuned_table_entry_runs_without_tuning(monkeypatch):
+    # A table entry for this GPU and kernel source: its config runs, nothing is timed.
+    # Off a GPU the interpreter stands in, with a made-up GPU identity.
+    if not ON_GPU:
+        monkeypatch.setattr(kernel, "_can_tune", lambda device: True)
+        monkeypatch.setattr(kernel, "_device_identity", lambda device: ("Fake GPU", [9, 0]))
+    gpu, capability = kernel._device_identity(torch.device(DEVICE))
+
+    def no_tuning(*args):
+        raise AssertionError("the launcher tuned despite a matching table entry")
+
+    monkeypatch.setattr(kernel, "_tune", no_tuning)
+    monkeypatch.setattr(kernel, "_PLANS", {})
+    monkeypatch.delenv("FUSEGEN_TMA", raising=False)
+    dtype = DTYPES[0]
+    seed, sizes = new_seed(), {**SIZES, **CASES[0]}
+    inputs = make_inputs(sizes, dtype, seed)
+    config = kernel.CONFIGS[-1] if ON_GPU else kernel.INTERPRETER_CONFIG
+    config = kernel._complete("pointer", config)
+    tma = kernel._complete("tma", config) if "tma" in kernel._PATHS else None
+    entry = {
+        "gpu": gpu,
+        "capability": capability,
+        "kernel_hash": kernel.KERNEL_HASH,
+        # A row bucket far from this call's: the nearest entry serves.
+        "key": {**table_key(sizes, dtype), kernel._KEY_NAMES[0]: 1 << 20},
+        "best": "tma" if tma else "pointer",
+        "choices": {
+            "pointer": {"config": config, "ms": 1.0},
+            **({"tma": {"config": tma, "ms": 0.5}} if tma else {}),
+        },
+    }
+    stale = {**entry, "kernel_hash": "0" * 16, "choices": {"pointer": {"config": {}, "ms": 0.1}}}
+    monkeypatch.setitem(kernel._TABLE, "entries", [stale, entry])
+    buffers = output_buffers(sizes, dtype)
+    results = as_tuple(kernel.gpt2_attn_out(**inputs, **buffers))
+    launch = kernel.last_launch()
+    assert launch["source"] == "table", launch
+    assert launch["config"] == (tma if launch["path"] == "tma" else config)
+    check_outputs(results, inputs, dtype, seed, launch)
+
+
+def table_key(sizes, dtype):
+    """A tuned table's key for a call at `sizes` in `dtype` (row bucket included)."""
+    values = [1 << max(sizes[ROW] - 1, 0).bit_length(), sizes[COL]]
+    if FAN_IN:
+        values.append(sizes[FAN_IN])
+    names = kernel._KEY_NAMES
+    out_dtype = kernel.OUT_DTYPE or dtype
+    return {**dict(zip(names, values)), names[-2]: dtype_id(dtype), names[-1]: dtype_id(out_dtype)}

@@ -45,6 +45,8 @@ def test_generated_files_stand_alone(path):
         "triton",
         "logging",
         "os",
+        "json",
+        "time",
         "math",
         "random",
         "pytest",

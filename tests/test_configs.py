@@ -35,6 +35,28 @@ def test_builtin_spaces_are_valid():
         )
 
 
+@pytest.mark.parametrize("profile", configs.PROFILES)
+@pytest.mark.parametrize("kind", ["matmul", "gated"])
+def test_profile_spaces_are_valid(kind, profile):
+    space, tma_space, default, tma_default = configs.profile_spaces(kind, profile)
+    weights = 2 if kind == "gated" else 1
+    assert space and tma_space
+    for cfg in (*space, default):
+        assert configs.problems(cfg, "matmul", weights=weights) == []
+    for cfg in (*tma_space, tma_default):
+        assert configs.problems(cfg, "matmul", weights=weights, tma=True) == []
+    assert len(set(space)) == len(space) and len(set(tma_space)) == len(tma_space)
+
+
+def test_far_larger_blocks():
+    # At least twice the power of two covering the dim (and 16, tl.dot's smallest tile).
+    assert configs.far_larger(128, 64) and not configs.far_larger(64, 64)
+    assert not configs.far_larger(64, 40) and configs.far_larger(128, 40)
+    assert not configs.far_larger(16, 1) and configs.far_larger(32, 3)
+    assert configs.oversized(mm(BLOCK_K=256), {"BLOCK_K": 200}) == []
+    assert configs.oversized(mm(BLOCK_K=256), {"BLOCK_K": 64, "BLOCK_M": None})
+
+
 @pytest.mark.parametrize(
     "cfg, fragment",
     [

@@ -171,7 +171,7 @@ def test_partial_default_config_keeps_builtin_values(write_spec):
         """
         kernels:
           - name: k
-            dims: {M: dynamic, N: 32}
+            dims: {M: dynamic, N: 1000}
             inputs: {x: [M, N]}
             chain: [{input: x}, relu]
             autotune:
@@ -182,6 +182,50 @@ def test_partial_default_config_keeps_builtin_values(write_spec):
     assert [c.items() for c in k.configs] == [[("BLOCK_M", 2), ("BLOCK_N", 512), ("num_warps", 4)]]
     assert k.default_config.BLOCK_N == 256
     assert k.default_config.BLOCK_M == configs.DEFAULTS["elementwise"].BLOCK_M
+
+
+def test_profiles_pick_from_the_builtin_space_and_static_dims_prune_it(write_spec):
+    text = """
+        kernels:
+          - name: k
+            dims: {M: dynamic, K: KSIZE, N: 4096}
+            inputs: {x: [M, K], w: [N, K]}
+            chain: [{matmul: {a: x, b: w.T}}, relu]
+            autotune: {profile: PROFILE}
+        """
+    (training,) = lower(write_spec, text.replace("PROFILE", "training").replace("KSIZE", "4096"))
+    (inference,) = lower(write_spec, text.replace("PROFILE", "inference").replace("KSIZE", "4096"))
+    (general,) = lower(write_spec, text.replace("PROFILE", "general").replace("KSIZE", "4096"))
+    assert training.configs and all(c.BLOCK_M >= 64 for c in training.configs)
+    assert inference.configs and all(c.BLOCK_M <= 64 for c in inference.configs)
+    assert max(c.num_stages for c in inference.configs) > max(c.num_stages for c in general.configs)
+    assert inference.default_config.BLOCK_M < general.default_config.BLOCK_M
+    assert set(general.configs) == set(configs.MATMUL_SPACE)
+    (short_k,) = lower(write_spec, text.replace("PROFILE", "general").replace("KSIZE", "40"))
+    assert short_k.configs and all(c.BLOCK_K <= 64 for c in short_k.configs)
+    assert all(c.BLOCK_K <= 64 for c in short_k.tma_configs)
+
+
+def test_config_spaces_are_checked_against_static_dims_and_profiles(write_spec):
+    found = errors(
+        write_spec,
+        """
+        kernels:
+          - name: k
+            dims: {M: dynamic, K: 64, N: 4096}
+            inputs: {x: [M, K], w: [N, K]}
+            chain: [{matmul: {a: x, b: w.T}}, relu]
+            autotune:
+              profile: inference
+              configs:
+                - {BLOCK_M: 64, BLOCK_N: 64, BLOCK_K: 256, GROUP_M: 8, num_warps: 4, num_stages: 2}
+        """,
+    )
+    assert any("profile 'inference' picks from the built-in space" in m for m in found), found
+    assert any(
+        "BLOCK_K = 256 is far larger than the dim it tiles (64); a block of 64 covers it" in m
+        for m in found
+    ), found
 
 
 BAD = [

@@ -1,0 +1,133 @@
+"""`fusegen inspect`: what the compiled kernels a launcher chooses cost the GPU.
+
+For each kernel and shape, one call through the committed module (tuned table first,
+else tuning), then from the compiled kernel's metadata: registers per thread, spilled
+registers, shared memory, warps and stages. With counters, Nsight Compute (`ncu`)
+profiles one launch in a child process for L1/L2 hit rates and DRAM bandwidth.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from fusegen import bench
+from fusegen.tune import TuneError, load_generated  # noqa: F401 - TuneError: for callers
+
+# Nsight Compute metrics: L1 and L2 hit rates, DRAM bytes per second.
+COUNTERS = {
+    "l1tex__t_sector_hit_rate.pct": "L1 hit %",
+    "lts__t_sector_hit_rate.pct": "L2 hit %",
+    "dram__bytes.sum.per_second": "DRAM bytes/s",
+}
+CHILD = "FUSEGEN_INSPECT_CHILD"
+
+
+@dataclass
+class Inspected:
+    kernel: str
+    shape: tuple
+    dtype: str
+    path: str
+    source: str
+    config: dict
+    registers: int | None
+    spills: int | None
+    shared: int | None
+    warps: int | None
+    stages: int | None
+    counters: dict | None = None
+
+    def row(self) -> str:
+        return (
+            f"| {self.kernel} | {'x'.join(map(str, self.shape))} | {self.dtype} | {self.path} "
+            f"({self.source}) | {self.registers} | {self.spills} | {self.shared} | {self.warps} "
+            f"| {self.stages} | {' '.join(f'{k}={v}' for k, v in self.config.items())} |"
+        )
+
+
+HEADER = (
+    "| kernel | shape | dtype | path (config from) | registers/thread | spills | shared bytes "
+    "| warps | stages | config |\n|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def inspect_shape(torch, module, kernel, sizes, dtype_name) -> Inspected:
+    sets, _ = bench.input_sets(torch, module, kernel, sizes, dtype_name, "cuda")
+    getattr(module, kernel.name)(**sets[0])
+    torch.cuda.synchronize()
+    launch = module.last_launch()
+    compiled = module._LAST_RUN["kernel"]
+    meta = getattr(compiled, "metadata", None)
+    return Inspected(
+        kernel.name,
+        tuple(sizes.values()),
+        dtype_name,
+        launch["path"],
+        launch["source"],
+        launch["config"],
+        getattr(compiled, "n_regs", None),
+        getattr(compiled, "n_spills", None),
+        getattr(meta, "shared", None),
+        getattr(meta, "num_warps", None),
+        getattr(meta, "num_stages", None),
+    )
+
+
+def counters(kernel_name: str, argv: list[str]) -> dict | str:
+    """One launch of `kernel_name` profiled by ncu in a child `fusegen inspect`; the
+    counters by label, or why there are none."""
+    ncu = shutil.which("ncu")
+    if ncu is None:
+        return "Nsight Compute (ncu) is not on PATH"
+    command = [
+        ncu,
+        "--target-processes",
+        "all",
+        "--kernel-name",
+        f"regex:_{kernel_name}_kernel",
+        "--launch-skip",
+        "0",
+        "--launch-count",
+        "1",
+        "--metrics",
+        ",".join(COUNTERS),
+        sys.executable,
+        "-m",
+        "fusegen",
+        *argv,
+    ]
+    done = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, CHILD: "1"}, check=False
+    )
+    found = {}
+    for metric, label in COUNTERS.items():
+        match = re.search(rf"{re.escape(metric)}\s+(\S+)\s+([\d.,]+)", done.stdout)
+        if match:
+            found[label] = f"{match.group(2)} {match.group(1)}"
+    if not found:
+        tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+        return "ncu gave no counters: " + " / ".join(tail)
+    return found
+
+
+def run(kernels, shapes_for, dtype_name, out_dir: Path, progress) -> list[Inspected]:
+    import torch
+
+    out = []
+    for kernel in kernels:
+        module = load_generated(kernel, out_dir)
+        for shape in shapes_for(kernel):
+            try:
+                sizes = bench.shape_dims(kernel, shape)
+            except ValueError as exc:
+                progress(f"  skipped: {exc}")
+                continue
+            progress(f"  {kernel.name} {'x'.join(map(str, shape))} {dtype_name} ...")
+            out.append(inspect_shape(torch, module, kernel, sizes, dtype_name))
+    return out

@@ -1,0 +1,272 @@
+"""`fusegen tune` and tuned tables without a GPU: the tuner's logic with a fake timer
+on the Triton interpreter, the table it writes, and a launcher that, given a fake GPU
+identity, takes its config from that table without tuning."""
+
+import functools
+import importlib.util
+import json
+import logging
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conftest import HAS_CUDA  # noqa: E402
+from fusegen import build, codegen, tables, tune  # noqa: E402
+
+SPEC = """
+version: 1
+kernels:
+  - name: tiny_gelu
+    dims: {M: dynamic, K: 64, N: 48}
+    dtypes: [fp32, fp16]
+    inputs: {x: [M, K], w: [N, K], b: [N]}
+    chain:
+      - matmul: {a: x, b: w.T}
+      - bias: b
+      - gelu_tanh
+    autotune:
+      configs:
+        - {BLOCK_M: 16, BLOCK_N: 64, BLOCK_K: 64, GROUP_M: 1, num_warps: 4, num_stages: 2}
+        - {BLOCK_M: 32, BLOCK_N: 32, BLOCK_K: 32, GROUP_M: 4, num_warps: 4, num_stages: 3}
+        - {BLOCK_M: 64, BLOCK_N: 64, BLOCK_K: 64, GROUP_M: 8, num_warps: 4, num_stages: 3}
+"""
+FAKE_GPU = ("Fake GPU 80GB", [9, 0])
+
+
+@pytest.fixture
+def generated(write_spec, run_cli, tmp_path):
+    spec = write_spec(SPEC)
+    code, _, err = run_cli("build", str(spec), "--out", str(tmp_path / "gen"))
+    assert code == 0, err
+    return spec, tmp_path / "gen", build.load([spec]).kernels
+
+
+def fake_gpu_loader(corrupt=None):
+    """Load the generated module as the tuner does, as if on a GPU named FAKE_GPU; with
+    `corrupt`, outputs of that config come back wrong."""
+
+    def load(kernel, out_dir):
+        module = tune.load_generated(kernel, out_dir)
+        module._device_identity = lambda device: FAKE_GPU
+        module._shared_memory_limit = lambda device: 232_448
+        if corrupt is not None:
+            launcher = getattr(module, kernel.name)
+
+            @functools.wraps(launcher)
+            def wrapped(*args, config=None, **kwargs):
+                out = launcher(*args, config=config, **kwargs)
+                if config == corrupt:
+                    out.view(-1)[::7] += 1.0
+                return out
+
+            setattr(module, kernel.name, wrapped)
+        return module
+
+    return load
+
+
+def test_tune_writes_a_table_the_launcher_uses_without_tuning(generated, monkeypatch, caplog):
+    spec, out_dir, kernels = generated
+    (kernel,) = kernels
+    space = [dict(c.items()) for c in kernel.configs]
+    # Times by config: the second is fastest, the first is rejected for wrong output.
+    speed = {str(space[0]): 0.5, str(space[1]): 1.0, str(space[2]): 2.0}
+
+    def timer(fn):
+        fn()
+        return speed[str(last_config[0])]
+
+    last_config = [None]
+
+    def load(kernel_, out):
+        module = fake_gpu_loader(corrupt=space[0])(kernel_, out)
+        launcher = getattr(module, kernel_.name)
+
+        @functools.wraps(launcher)
+        def spy(*args, config=None, **kwargs):
+            last_config[0] = config
+            return launcher(*args, config=config, **kwargs)
+
+        setattr(module, kernel_.name, spy)
+        return module
+
+    lines = []
+    results, written = tune.run(
+        kernels,
+        lambda k: [(40, 64, 48)],
+        ["fp32"],
+        out_dir,
+        timer,
+        lines.append,
+        device="cpu",
+        load=load,
+    )
+    assert written == [tables.path_for(out_dir, "tiny_gelu")]
+    (result,) = results
+    assert result.entry is not None
+    rejected = [m for m in result.measured if m.problem]
+    assert len(rejected) == 1 and "relative error" in rejected[0].problem
+    entry = result.entry
+    assert entry["best"] == "pointer" and entry["choices"]["pointer"]["config"] == space[1]
+    assert entry["gpu"] == FAKE_GPU[0] and entry["capability"] == FAKE_GPU[1]
+    assert entry["key"] == {
+        "M_bucket": 64,
+        "N": 48,
+        "K": 64,
+        "dtype": "float32",
+        "out_dtype": "float32",
+    }
+    assert any("[2/3]" in line for line in lines)
+
+    # The table as written: readable, and a fresh launcher on the "same GPU" uses it.
+    table = tables.read(written[0])
+    assert table["entries"][0]["kernel_hash"] == codegen.module_kernel_hash(
+        (out_dir / "tiny_gelu.py").read_text()
+    )
+    module = import_fresh(out_dir / "tiny_gelu.py")
+    monkeypatch.setattr(module, "_device_identity", lambda device: FAKE_GPU)
+    monkeypatch.setattr(module, "_can_tune", lambda device: True)
+
+    def no_tuning(*args):
+        raise AssertionError("tuned despite a table entry")
+
+    monkeypatch.setattr(module, "_tune", no_tuning)
+    x, w, b = torch.randn(300, 64), torch.randn(48, 64) / 8, torch.randn(48)
+    with caplog.at_level(logging.INFO):
+        y = module.tiny_gelu(x, w, b)
+    launch = module.last_launch()
+    assert launch["source"] == "table" and launch["config"] == space[1]
+    assert "tuned table entry for M_bucket=64" in caplog.text
+    torch.testing.assert_close(y, module.reference(x, w, b), rtol=1e-5, atol=1e-5)
+
+    # Another GPU finds no entry: it tunes (here: the interpreter cannot, so it says so).
+    module._PLANS.clear()
+    monkeypatch.setattr(module, "_device_identity", lambda device: ("Other GPU", [8, 0]))
+    with pytest.raises(AssertionError, match="tuned despite"):
+        module.tiny_gelu(x, w, b)
+
+
+def import_fresh(path):
+    spec = importlib.util.spec_from_file_location(f"fresh_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_deterministic_kernels_never_tune(write_spec, run_cli, tmp_path, monkeypatch):
+    spec = write_spec(SPEC.replace("    autotune:", "    deterministic: true\n    autotune:"))
+    out_dir = tmp_path / "gen"
+    assert run_cli("build", str(spec), "--out", str(out_dir))[0] == 0
+    module = import_fresh(out_dir / "tiny_gelu.py")
+    assert module.DETERMINISTIC is True
+    monkeypatch.setattr(module, "_device_identity", lambda device: FAKE_GPU)
+    monkeypatch.setattr(module, "_can_tune", lambda device: True)
+    monkeypatch.setattr(module, "_tune", lambda *a: pytest.fail("a deterministic kernel tuned"))
+    x, w, b = torch.randn(40, 64), torch.randn(48, 64) / 8, torch.randn(48)
+    module.tiny_gelu(x, w, b)
+    assert module.last_launch()["source"] == "default"
+    assert module.last_launch()["config"] == module.DEFAULT_CONFIG
+
+
+def test_tuning_refuses_a_module_that_differs_from_its_spec(generated):
+    spec, out_dir, kernels = generated
+    path = out_dir / "tiny_gelu.py"
+    path.write_text(path.read_text() + "# edited\n")
+    with pytest.raises(tune.TuneError, match="differs from what .* generates; run `fusegen build"):
+        tune.load_generated(kernels[0], out_dir)
+    path.unlink()
+    with pytest.raises(tune.TuneError, match="missing"):
+        tune.load_generated(kernels[0], out_dir)
+
+
+def entry(hash_, rows=64, gpu="NVIDIA H200"):
+    return {
+        "gpu": gpu,
+        "capability": [9, 0],
+        "kernel_hash": hash_,
+        "key": {"M_bucket": rows, "N": 48, "K": 64, "dtype": "float32", "out_dtype": "float32"},
+        "best": "pointer",
+        "choices": {"pointer": {"config": {"BLOCK_M": 16}, "ms": 0.1}},
+    }
+
+
+def test_tables_render_deterministically_and_merge_by_gpu_and_key(tmp_path):
+    a, b, c = entry("1" * 16, 64), entry("1" * 16, 16), entry("1" * 16, 64, gpu="NVIDIA A100")
+    text = tables.render("tiny_gelu", "spec.yaml", [a, b, c])
+    assert text == tables.render("tiny_gelu", "spec.yaml", [c, b, a])
+    assert '"config": {"BLOCK_M": 16}' in text  # short values stay on one line
+    path = tmp_path / "t.tuned.json"
+    path.write_text(text)
+    assert [e["key"]["M_bucket"] for e in tables.read(path)["entries"]] == [64, 16, 64]
+    newer = {**entry("2" * 16, 64), "best": "pointer"}
+    merged = tables.merge(tables.read(path)["entries"], [newer])
+    assert len(merged) == 3 and newer in merged and a not in merged
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("{", "not valid JSON"),
+        ('{"entries": {}}', 'an "entries" list'),
+        ('{"entries": [{"gpu": "x"}]}', "entries[0] lacks capability, kernel_hash"),
+    ],
+)
+def test_unreadable_tables_say_why(tmp_path, text, message):
+    path = tmp_path / "k.tuned.json"
+    path.write_text(text)
+    with pytest.raises(tables.TableError, match=message.replace("[", r"\[")):
+        tables.read(path)
+
+
+def test_build_check_reports_stale_and_unreadable_tables(generated, run_cli):
+    spec, out_dir, _ = generated
+    current = codegen.module_kernel_hash((out_dir / "tiny_gelu.py").read_text())
+    table = tables.path_for(out_dir, "tiny_gelu")
+    table.write_text(tables.render("tiny_gelu", str(spec), [entry(current), entry("0" * 16, 16)]))
+    code, out, err = run_cli("build", str(spec), "--out", str(out_dir), "--check")
+    assert code == 1
+    assert "1 of 2 tuned entries were measured on other kernel source" in err
+    assert "run `fusegen tune" in err and "out of date" not in err
+    # A plain build writes the modules and warns.
+    code, out, err = run_cli("build", str(spec), "--out", str(out_dir))
+    assert code == 0 and "warning:" in err and "1 of 2 tuned entries" in err
+    table.write_text("[1, 2")
+    code, _, err = run_cli("build", str(spec), "--out", str(out_dir), "--check")
+    assert code == 1 and "not valid JSON" in err
+    table.write_text(tables.render("tiny_gelu", str(spec), [entry(current)]))
+    assert run_cli("build", str(spec), "--out", str(out_dir), "--check")[0] == 0
+
+
+def test_a_table_whose_kernel_is_gone_is_removed(generated, run_cli):
+    spec, out_dir, _ = generated
+    display = build.load([spec]).displays[0]
+    gone = tables.path_for(out_dir, "renamed_away")
+    gone.write_text(tables.render("renamed_away", display, [entry("1" * 16)]))
+    code, _, err = run_cli("build", str(spec), "--out", str(out_dir), "--check")
+    assert code == 1 and f"{gone}: no kernel in the specs makes it any more" in err
+    code, out, _ = run_cli("build", str(spec), "--out", str(out_dir))
+    assert code == 0 and not gone.exists() and "removed" in out
+
+
+def test_the_kernel_hash_covers_kernels_only(generated):
+    _, out_dir, _ = generated
+    text = (out_dir / "tiny_gelu.py").read_text()
+    base = codegen.kernel_source_hash(text)
+    assert codegen.module_kernel_hash(text) == base
+    assert codegen.kernel_source_hash(text.replace("DEFAULT_CONFIG = {", "DEFAULT_CONFIG = {\n")) == base
+    assert codegen.kernel_source_hash(text.replace("tl.dot(", "tl.dot( ", 1)) != base
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the message shown without a GPU")
+@pytest.mark.parametrize("command", ["tune", "inspect"])
+def test_gpu_commands_refuse_without_a_gpu(generated, run_cli, command):
+    spec, out_dir, _ = generated
+    code, out, err = run_cli(command, str(spec), "--out", str(out_dir))
+    assert code == 2 and out == "" and f"fusegen {command}: needs a CUDA GPU" in err
+
+
+def test_table_json_is_plain_json(generated):
+    spec, out_dir, _ = generated
+    text = tables.render("tiny_gelu", str(spec), [entry("1" * 16)])
+    assert json.loads(text)["kernel"] == "tiny_gelu"
