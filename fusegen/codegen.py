@@ -16,7 +16,7 @@ from pathlib import Path
 import black
 import jinja2
 
-from fusegen import __version__, naming
+from fusegen import __version__, configs, naming
 from fusegen.chain_text import (
     dict_literal,
     docstring_safe,
@@ -178,6 +178,10 @@ def kernel_context(kernel: Kernel) -> dict:
         "default_config": config_literal(kernel.default_config),
         "interpreter_config": config_literal(kernel.interpreter_config),
         "kernel_hash_placeholder": KERNEL_HASH_PLACEHOLDER,
+        "partials": naming.PARTIALS,
+        "arrivals": naming.ARRIVALS,
+        "out_arg_index": len(kernel.inputs),
+        "split_k_max_rows": configs.SPLIT_K_MAX_ROWS,
         "deterministic": kernel.deterministic,
         "table_key_names": tuple_literal(
             [f'"{n}"' for n in [f"{kernel.row}_bucket", *tune_key[1:], "dtype", "out_dtype"]]

@@ -22,11 +22,22 @@ KEYS = {
 # Settings only the TMA kernel reads; a matmul config may set them (0 or 1), and the
 # TMA kernel's default fills those it leaves out.
 TMA_SWITCHES = ("FLATTEN", "WARP_SPECIALIZE", "EPILOGUE_SUBTILE")
+# Programs per output tile in the pointer kernel (SPLIT_K): 1 (no split) to 16.
+SPLITS = (1, 2, 4, 8, 16)
+# Rows above which split-K configs are not tried: the partial sums' traffic (SPLIT_K
+# fp32 tiles per output tile) outgrows what the extra programs win.
+SPLIT_K_MAX_ROWS = 256
 
 
-def _mm(bm, bn, bk, group, warps, stages) -> Config:
+def _mm(bm, bn, bk, group, warps, stages, split=None) -> Config:
     return Config(
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, num_warps=warps, num_stages=stages
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        GROUP_M=group,
+        num_warps=warps,
+        num_stages=stages,
+        SPLIT_K=split,
     )
 
 
@@ -62,6 +73,9 @@ MATMUL_SPACE = (
     _mm(16, 128, 128, 1, 4, 4),
     _mm(16, 64, 256, 1, 4, 3),
     _mm(16, 32, 256, 1, 4, 4),
+    _mm(16, 64, 128, 1, 4, 4, split=4),
+    _mm(16, 128, 128, 1, 4, 3, split=4),
+    _mm(16, 64, 256, 1, 4, 3, split=2),
 )
 # Two accumulators (a gate) double the registers a tile needs: no 128x256 tiles.
 GATED_SPACE = (
@@ -74,6 +88,8 @@ GATED_SPACE = (
     _mm(16, 128, 128, 1, 4, 3),
     _mm(16, 64, 256, 1, 4, 3),
     _mm(16, 32, 256, 1, 4, 4),
+    _mm(16, 64, 128, 1, 4, 3, split=4),
+    _mm(16, 32, 128, 1, 4, 4, split=4),
 )
 ELEMENTWISE_SPACE = (
     _ew(1, 1024, 4),
@@ -264,9 +280,12 @@ def problems(
     out: list[str] = []
     values = dict(config.items())
     allowed = KEYS[kind]
-    optional = TMA_SWITCHES if kind == "matmul" else ()
+    optional = (*TMA_SWITCHES, "SPLIT_K") if kind == "matmul" else ()
     for key in values:
-        if key in optional:
+        if key == "SPLIT_K" and kind == "matmul":
+            if values[key] not in SPLITS:
+                out.append(f"SPLIT_K = {values[key]} must be one of {', '.join(map(str, SPLITS))}")
+        elif key in optional:
             if values[key] not in (0, 1):
                 out.append(f"{key} = {values[key]} must be 0 or 1")
         elif key not in allowed:

@@ -95,6 +95,9 @@ class Config:
     FLATTEN: int | None = None
     WARP_SPECIALIZE: int | None = None
     EPILOGUE_SUBTILE: int | None = None
+    # The pointer kernel only: programs per output tile, each summing a slice of K
+    # (decode-sized M: more programs in flight on a weight stream that is the whole cost).
+    SPLIT_K: int | None = None
 
     def items(self) -> list[tuple[str, int]]:
         """The fields that are set, in declaration order."""

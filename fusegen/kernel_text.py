@@ -155,7 +155,7 @@ def tma_mainloop(kernel: Kernel) -> dict:
 
 def params(kernel: Kernel, *, tma: bool = False) -> list[dict]:
     if kernel.matmul:
-        meta = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"] + ([] if tma else ["EVEN_K"])
+        meta = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"] + ([] if tma else ["SPLIT_K", "EVEN_K"])
         meta += ["INT64", "DOT_UPCAST"]
         if tma:
             meta += ["NUM_SMS", "FLATTEN", "WARP_SPECIALIZE", "EPILOGUE_SUBTILE"]
@@ -169,12 +169,23 @@ def params(kernel: Kernel, *, tma: bool = False) -> list[dict]:
     strides += [naming.stride(e, d) for e in kernel.emits for d in (kernel.row, kernel.col)]
     pointers = [naming.ptr(t.name) for t in kernel.inputs] + [naming.ptr(naming.OUT)]
     pointers += [naming.ptr(e) for e in kernel.emits]
-    return [
+    groups = [
         {"comment": "Pointers to the inputs and the outputs", "names": pointers},
         {"comment": "Dims", "names": [d.name for d in kernel.dims] + [naming.ROWS_BUCKET]},
         {"comment": "Strides: elements to step for one index along each dim", "names": strides},
-        {"comment": "Meta-parameters", "names": [f"{m}: tl.constexpr" for m in meta]},
     ]
+    if kernel.matmul:
+        groups.append(
+            {
+                "comment": (
+                    "Split-K scratch: fp32 partial sums and per-tile arrival counters"
+                    + (" (unused here: both kernels take the same arguments)" if tma else "")
+                ),
+                "names": [naming.PARTIALS, naming.ARRIVALS],
+            }
+        )
+    groups.append({"comment": "Meta-parameters", "names": [f"{m}: tl.constexpr" for m in meta]})
+    return groups
 
 
 # -- row kernels: a norm, softmax or reduction over each row -------------------------

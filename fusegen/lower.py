@@ -34,6 +34,14 @@ RESERVED_NAMES = frozenset(
         "range",
         "min",
         "max",
+        "split",
+        "tile_id",
+        "partials",
+        "arrivals",
+        "arrived",
+        "last",
+        "json",
+        "time",
         # launcher and module
         "out",
         "config",
@@ -443,7 +451,9 @@ class _KernelLowerer(ChainLowering):
             ok = False
         if tune and tune.configs is not None:
             space = tuple(_config(c) for c in tune.configs)
-            tma_space = space if is_matmul else ()
+            # The TMA kernel does not split K: it takes the space's other configs.
+            unsplit = tuple(c for c in space if (c.SPLIT_K or 1) == 1)
+            tma_space = (unsplit or space) if is_matmul else ()
             for j, cfg in enumerate(space):
                 ok &= check(cfg, ("configs", j))
         if tune and tune.default is not None:
@@ -453,6 +463,7 @@ class _KernelLowerer(ChainLowering):
             ok &= check(merged, ("default",))
             default = Config(**{k: v for k, v in merged.items() if k not in configs.TMA_SWITCHES})
             if tma_default is not None:
+                given.pop("SPLIT_K", None)  # the TMA kernel does not split K
                 tma_default = Config(**{**dict(tma_default.items()), **given})
         return (space, tma_space, default, tma_default) if ok else None
 

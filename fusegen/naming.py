@@ -39,3 +39,7 @@ def kernel_fn(kernel: str) -> str:
 
 OUT = "out"
 ROWS_BUCKET = "ROWS_BUCKET"
+# The pointer kernel's split-K scratch (see the kernel's SPLIT_K): partial sums, and
+# how many of a tile's programs have stored theirs.
+PARTIALS = "partials_ptr"
+ARRIVALS = "arrivals_ptr"

@@ -83,6 +83,11 @@ class ConfigSpec(_Strict):
     EPILOGUE_SUBTILE: int | None = Field(
         None, description="TMA kernel: store the output tile in two halves (0/1)"
     )
+    SPLIT_K: int | None = Field(
+        None,
+        description="pointer kernel: programs that share one output tile, each summing a slice "
+        "of K, added in a fixed order (a power of two, 1 to 16; for small M)",
+    )
 
 
 class AutotuneSpec(_Strict):

@@ -207,6 +207,7 @@ def _bert_add_layernorm_kernel(
 
 # Per path: the kernel, its tuning space, and the config it runs where tuning cannot.
 _PATHS = {"pointer": (_bert_add_layernorm_kernel, CONFIGS, DEFAULT_CONFIG)}
+_OPTIONAL = {"pointer": {}}
 _LAST = {"config": None, "source": None, "path": None}
 _LAST_RUN = {}  # the last launch's compiled "kernel" and plan "key" (fusegen tune, inspect)
 _LOGGED = set()
@@ -413,8 +414,12 @@ def _bucket(rows):
     return 1 << max(rows - 1, 0).bit_length()
 
 
-def _triton_config(config):
-    meta = {k: v for k, v in config.items() if k not in ("num_warps", "num_stages")}
+def _triton_config(path, config):
+    meta = {
+        k: v
+        for k, v in _triton_kwargs(path, config).items()
+        if k not in ("num_warps", "num_stages")
+    }
     return triton.Config(
         meta, num_warps=config["num_warps"], num_stages=config.get("num_stages", 1)
     )
@@ -475,7 +480,7 @@ def _tuned_kernel(path):
     if path not in _TUNED:
         kernel, configs, _ = _PATHS[path]
         _TUNED[path] = triton.autotune(
-            configs=[_triton_config(_complete(path, c)) for c in configs],
+            configs=[_triton_config(path, _complete(path, c)) for c in configs],
             key=["ROWS_BUCKET", "N"],
             prune_configs_by={"early_config_prune": _prune},
         )(kernel)
@@ -486,7 +491,7 @@ def _launch(path, key, grid, args, consts, config):
     """Launch the kernel with the config _choose picks; remember what ran."""
     path, chosen, source = _choose(path, key, grid, args, consts, config)
     compiled = _PATHS[path][0][grid](
-        *args, **_path_consts(path, args, consts), **_triton_kwargs(chosen)
+        *args, **_path_consts(path, args, consts), **_triton_kwargs(path, chosen)
     )
     _record(chosen, source, path)
     _LAST_RUN.update(kernel=compiled, key=key)
@@ -626,12 +631,14 @@ def _autotuned(path, grid, args, consts):
     tuned[grid](*args, **_path_consts(path, args, consts))
     best = tuned.best_config
     found = {**best.kwargs, "num_warps": best.num_warps, "num_stages": best.num_stages}
+    optional = _OPTIONAL[path]
     chosen = {k: found[k] for k in _PATHS[path][2]}
+    chosen.update({k: found[k] for k in optional if found[k] != optional[k]})
     timing = getattr(tuned, "configs_timings", {}).get(best)
     if timing is None:  # one config: the tuner does not time it
         from triton.testing import do_bench
 
-        kwargs = {**_path_consts(path, args, consts), **_triton_kwargs(chosen)}
+        kwargs = {**_path_consts(path, args, consts), **_triton_kwargs(path, chosen)}
         timing = do_bench(lambda: _PATHS[path][0][grid](*args, **kwargs), warmup=5, rep=20)
     return chosen, timing[0] if isinstance(timing, (list, tuple)) else timing
 
@@ -678,23 +685,24 @@ def _ensure_allocator(device):
 
 
 def _complete(path, config):
-    """`config` with just the settings `path`'s kernel takes, the ones it leaves out
-    filled from that path's default."""
+    """`config` with just the settings `path`'s kernel takes: the ones it leaves out
+    filled from that path's default, optional ones kept where given."""
     default = _PATHS[path][2]
-    return {k: config.get(k, default[k]) for k in default}
+    completed = {k: config.get(k, default[k]) for k in default}
+    return {**completed, **{k: config[k] for k in _OPTIONAL[path] if k in config}}
 
 
-def _triton_kwargs(config):
-    return {**config, "num_stages": config.get("num_stages", 1)}
+def _triton_kwargs(path, config):
+    return {**_OPTIONAL[path], **config, "num_stages": config.get("num_stages", 1)}
 
 
 def _checked_config(path, config):
     required = set(DEFAULT_CONFIG)
-    allowed = set().union(*(default for _, _, default in _PATHS.values()))
+    allowed = set().union(*(default for _, _, default in _PATHS.values()), *_OPTIONAL.values())
     if not isinstance(config, dict) or not required <= set(config) <= allowed:
         raise ValueError(
-            f"config must be a dict with keys {sorted(required)} (and, for the TMA kernel, "
-            f"optionally {sorted(allowed - required)}), got {config!r}"
+            f"config must be a dict with keys {sorted(required)} (optional: "
+            f"{sorted(allowed - required) or 'none'}), got {config!r}"
         )
     return _complete(path, config)
 

@@ -50,6 +50,33 @@ CONFIGS = [
     {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4},
     {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "GROUP_M": 1, "num_warps": 4, "num_stages": 3},
     {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256, "GROUP_M": 1, "num_warps": 4, "num_stages": 4},
+    {
+        "BLOCK_M": 16,
+        "BLOCK_N": 64,
+        "BLOCK_K": 128,
+        "GROUP_M": 1,
+        "num_warps": 4,
+        "num_stages": 4,
+        "SPLIT_K": 4,
+    },
+    {
+        "BLOCK_M": 16,
+        "BLOCK_N": 128,
+        "BLOCK_K": 128,
+        "GROUP_M": 1,
+        "num_warps": 4,
+        "num_stages": 3,
+        "SPLIT_K": 4,
+    },
+    {
+        "BLOCK_M": 16,
+        "BLOCK_N": 64,
+        "BLOCK_K": 256,
+        "GROUP_M": 1,
+        "num_warps": 4,
+        "num_stages": 3,
+        "SPLIT_K": 2,
+    },
 ]
 # Launched where tuning cannot run: on a GPU when tuning fails or FUSEGEN_AUTOTUNE=0.
 DEFAULT_CONFIG = {
@@ -198,7 +225,7 @@ TMA_DEFAULT_CONFIG = {
 # launcher looks there before tuning. Entries tuned for other kernel source are ignored.
 TUNED_TABLE = "gpt2_attn_out.tuned.json"
 # sha256 of this module's Triton kernels' source, as tuned tables record it.
-KERNEL_HASH = "43e56b1a6c563e0c"
+KERNEL_HASH = "319c7107396c7e3f"
 # Tune at run time where the tuned table has no entry (the spec's `deterministic: true`
 # turns this off).
 DETERMINISTIC = False
@@ -228,11 +255,15 @@ def _gpt2_attn_out_kernel(
     stride_residual_n,
     stride_out_m,
     stride_out_n,
+    # Split-K scratch: fp32 partial sums and per-tile arrival counters
+    partials_ptr,
+    arrivals_ptr,
     # Meta-parameters
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr,
     EVEN_K: tl.constexpr,
     INT64: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
@@ -242,16 +273,19 @@ def _gpt2_attn_out_kernel(
     ROWS_BUCKET is not read: it only keys the autotuner's cache.
     """
     pid = tl.program_id(0)
+    # SPLIT_K programs share each output tile, each summing a slice of K.
+    tile_id = pid // SPLIT_K
+    split = pid % SPLIT_K
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     # Programs run in groups of GROUP_M row tiles that sweep the columns together, so
     # the weight columns one row tile reads are still in L2 for the next.
     num_pid_in_group = GROUP_M * num_pid_n
-    group_id = pid // num_pid_in_group
+    group_id = tile_id // num_pid_in_group
     first_pid_m = group_id * GROUP_M
     group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    pid_m = first_pid_m + (tile_id % num_pid_in_group) % group_size_m
+    pid_n = (tile_id % num_pid_in_group) // group_size_m
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -267,8 +301,16 @@ def _gpt2_attn_out_kernel(
 
     x_ptrs = x_ptr + offs_m[:, None] * stride_x_m + offs_k[None, :] * stride_x_k
     w_ptrs = w_ptr + offs_k[:, None] * stride_w_k + offs_n[None, :] * stride_w_n
+    k_first = 0
+    k_last = tl.cdiv(K, BLOCK_K)
+    if SPLIT_K > 1:
+        k_per_split = tl.cdiv(k_last, SPLIT_K)
+        k_first = split * k_per_split
+        k_last = tl.minimum(k_first + k_per_split, k_last)
+        x_ptrs += k_first.to(tl.int64) * BLOCK_K * stride_x_k
+        w_ptrs += k_first.to(tl.int64) * BLOCK_K * stride_w_k
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
+    for k in range(k_first, k_last):
         if EVEN_K:
             x_tile = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
             w_tile = tl.load(w_ptrs, mask=mask_n[None, :], other=0.0)
@@ -284,6 +326,24 @@ def _gpt2_attn_out_kernel(
         acc = tl.dot(x_tile, w_tile, acc, input_precision="tf32")
         x_ptrs += BLOCK_K * stride_x_k
         w_ptrs += BLOCK_K * stride_w_k
+    if SPLIT_K > 1:
+        # Each program stores its partial sums; the last of the tile's SPLIT_K to arrive
+        # adds them all, in split order (so every run rounds alike), and runs the chain.
+        # The others store nothing. The last also resets the counter for the next launch.
+        partial_rows = offs_m.to(tl.int64)
+        partial_cols = offs_n[None, :]
+        partials = partials_ptr + ((partial_rows + (split) * M)[:, None] * N + partial_cols)
+        tl.store(partials, acc, mask=in_bounds)
+        tl.debug_barrier()  # every thread's partial sums are stored before the arrival
+        arrived = tl.atomic_add(arrivals_ptr + tile_id, 1, sem="acq_rel", scope="gpu")
+        last = arrived == SPLIT_K - 1
+        tl.atomic_xchg(arrivals_ptr + tile_id, 0, mask=last, sem="relaxed", scope="gpu")
+        in_bounds = in_bounds & last
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for s in tl.static_range(SPLIT_K):
+            partials = partials_ptr + ((partial_rows + (s) * M)[:, None] * N + partial_cols)
+            # .cg reads through L2, where the other programs' stores are.
+            acc += tl.load(partials, mask=in_bounds, other=0.0, cache_modifier=".cg")
 
     # The chain, in fp32.
     b = tl.load(b_ptr + offs_n * stride_b_n, mask=mask_n, other=0.0).to(tl.float32)
@@ -324,6 +384,9 @@ def _gpt2_attn_out_kernel_tma(
     stride_residual_n,
     stride_out_m,
     stride_out_n,
+    # Split-K scratch: fp32 partial sums and per-tile arrival counters (unused here: both kernels take the same arguments)
+    partials_ptr,
+    arrivals_ptr,
     # Meta-parameters
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -420,6 +483,8 @@ _PATHS = {
     "pointer": (_gpt2_attn_out_kernel, CONFIGS, DEFAULT_CONFIG),
     "tma": (_gpt2_attn_out_kernel_tma, TMA_CONFIGS, TMA_DEFAULT_CONFIG),
 }
+# Per path: settings a config may leave out, and their values then.
+_OPTIONAL = {"pointer": {"SPLIT_K": 1}, "tma": {}}
 _LAST = {"config": None, "source": None, "path": None}
 _LAST_RUN = {}  # the last launch's compiled "kernel" and plan "key" (fusegen tune, inspect)
 _LOGGED = set()
@@ -486,7 +551,9 @@ def _signature(*tensors):
 
 def _grid(meta):
     tiles = triton.cdiv(meta["M"], meta["BLOCK_M"]) * triton.cdiv(meta["N"], meta["BLOCK_N"])
-    return (min(tiles, meta["NUM_SMS"]),) if "NUM_SMS" in meta else (tiles,)
+    if "NUM_SMS" in meta:
+        return (min(tiles, meta["NUM_SMS"]),)  # persistent: a program per SM
+    return (tiles * meta.get("SPLIT_K", 1),)
 
 
 def _interpreted():
@@ -627,8 +694,12 @@ def _bucket(rows):
     return 1 << max(rows - 1, 0).bit_length()
 
 
-def _triton_config(config):
-    meta = {k: v for k, v in config.items() if k not in ("num_warps", "num_stages")}
+def _triton_config(path, config):
+    meta = {
+        k: v
+        for k, v in _triton_kwargs(path, config).items()
+        if k not in ("num_warps", "num_stages")
+    }
     return triton.Config(
         meta, num_warps=config["num_warps"], num_stages=config.get("num_stages", 1)
     )
@@ -674,7 +745,39 @@ def _fits(config, tma, sizes, element_size, device):
         device
     ):
         return False
+    split = config.get("SPLIT_K", 1)
+    if split > 1 and (
+        sizes["BLOCK_M"] > SPLIT_K_MAX_ROWS
+        or triton.cdiv(sizes["BLOCK_K"], config["BLOCK_K"]) < 2 * split
+    ):
+        return False  # many rows, or too few K blocks to share out
     return not any(config[b] >= 2 * max(16, _bucket(n)) for b, n in sizes.items())
+
+
+# Rows above which tuning skips split-K configs: their partial sums' traffic outgrows
+# what the extra programs win.
+SPLIT_K_MAX_ROWS = 256
+_OUT_ARG = 4  # where the output's 2-D view sits in a launch's arguments
+_SPARE = {}  # device -> 1-element stand-ins for the scratch of an unsplit launch
+
+
+def _scratch(args, split):
+    """The split-K scratch for `split` programs per tile: fp32 partial sums (per
+    accumulator) and zeroed arrival counters, enough for any tile of 16 or more."""
+    out = args[_OUT_ARG]
+    if split <= 1:
+        if out.device not in _SPARE:
+            _SPARE[out.device] = (
+                torch.empty(1, dtype=torch.float32, device=out.device),
+                torch.zeros(1, dtype=torch.int32, device=out.device),
+            )
+        return _SPARE[out.device]
+    rows, cols = out.shape
+    partials = torch.empty(1 * split * rows * cols, dtype=torch.float32, device=out.device)
+    arrivals = torch.zeros(
+        triton.cdiv(rows, 16) * triton.cdiv(cols, 16), dtype=torch.int32, device=out.device
+    )
+    return partials, arrivals
 
 
 def _config_smem(meta, stages, element_size, tma=False):
@@ -695,7 +798,7 @@ def _tuned_kernel(path):
     if path not in _TUNED:
         kernel, configs, _ = _PATHS[path]
         _TUNED[path] = triton.autotune(
-            configs=[_triton_config(_complete(path, c)) for c in configs],
+            configs=[_triton_config(path, _complete(path, c)) for c in configs],
             key=["ROWS_BUCKET", "N", "K"],
             prune_configs_by={"early_config_prune": _prune},
         )(kernel)
@@ -705,8 +808,9 @@ def _tuned_kernel(path):
 def _launch(path, key, grid, args, consts, config):
     """Launch the kernel with the config _choose picks; remember what ran."""
     path, chosen, source = _choose(path, key, grid, args, consts, config)
+    args = (*args, *_scratch(args, chosen.get("SPLIT_K", 1)))
     compiled = _PATHS[path][0][grid](
-        *args, **_path_consts(path, args, consts), **_triton_kwargs(chosen)
+        *args, **_path_consts(path, args, consts), **_triton_kwargs(path, chosen)
     )
     _record(chosen, source, path)
     _LAST_RUN.update(kernel=compiled, key=key)
@@ -839,15 +943,20 @@ def _autotuned(path, grid, args, consts):
     """Run (tuning first, for a new key) the autotuned kernel of a path; return the
     config it chose and that config's time in ms."""
     tuned = _tuned_kernel(path)
+    # Scratch for the space's largest split; the kernel resets its counters after each run.
+    split = max(c.get("SPLIT_K", 1) for c in _PATHS[path][1])
+    args = (*args, *_scratch(args, split if args[_OUT_ARG].shape[0] <= SPLIT_K_MAX_ROWS else 1))
     tuned[grid](*args, **_path_consts(path, args, consts))
     best = tuned.best_config
     found = {**best.kwargs, "num_warps": best.num_warps, "num_stages": best.num_stages}
+    optional = _OPTIONAL[path]
     chosen = {k: found[k] for k in _PATHS[path][2]}
+    chosen.update({k: found[k] for k in optional if found[k] != optional[k]})
     timing = getattr(tuned, "configs_timings", {}).get(best)
     if timing is None:  # one config: the tuner does not time it
         from triton.testing import do_bench
 
-        kwargs = {**_path_consts(path, args, consts), **_triton_kwargs(chosen)}
+        kwargs = {**_path_consts(path, args, consts), **_triton_kwargs(path, chosen)}
         timing = do_bench(lambda: _PATHS[path][0][grid](*args, **kwargs), warmup=5, rep=20)
     return chosen, timing[0] if isinstance(timing, (list, tuple)) else timing
 
@@ -901,23 +1010,24 @@ def _ensure_allocator(device):
 
 
 def _complete(path, config):
-    """`config` with just the settings `path`'s kernel takes, the ones it leaves out
-    filled from that path's default."""
+    """`config` with just the settings `path`'s kernel takes: the ones it leaves out
+    filled from that path's default, optional ones kept where given."""
     default = _PATHS[path][2]
-    return {k: config.get(k, default[k]) for k in default}
+    completed = {k: config.get(k, default[k]) for k in default}
+    return {**completed, **{k: config[k] for k in _OPTIONAL[path] if k in config}}
 
 
-def _triton_kwargs(config):
-    return {**config, "num_stages": config.get("num_stages", 1)}
+def _triton_kwargs(path, config):
+    return {**_OPTIONAL[path], **config, "num_stages": config.get("num_stages", 1)}
 
 
 def _checked_config(path, config):
     required = set(DEFAULT_CONFIG)
-    allowed = set().union(*(default for _, _, default in _PATHS.values()))
+    allowed = set().union(*(default for _, _, default in _PATHS.values()), *_OPTIONAL.values())
     if not isinstance(config, dict) or not required <= set(config) <= allowed:
         raise ValueError(
-            f"config must be a dict with keys {sorted(required)} (and, for the TMA kernel, "
-            f"optionally {sorted(allowed - required)}), got {config!r}"
+            f"config must be a dict with keys {sorted(required)} (optional: "
+            f"{sorted(allowed - required) or 'none'}), got {config!r}"
         )
     return _complete(path, config)
 

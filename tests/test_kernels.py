@@ -282,6 +282,32 @@ def test_small_tiles_cover_every_edge(zoo, name):
         tests.check_outputs(results, inputs, dtype, seed, kernel.last_launch())
 
 
+@pytest.mark.parametrize("name", ["mm_broadcasts", "mm_transposed_a", "mm_gate_full"])
+def test_split_k_adds_partial_sums_in_a_fixed_order(zoo, name):
+    """SPLIT_K programs per tile, uneven K slices (one empty), a gate and a full-tile
+    operand: the result is right, and bitwise the same on a second run."""
+    kernel, tests = load(zoo, name)
+    sizes = {
+        **tests.SIZES,
+        **{
+            d: s
+            for d, s in {"M": 37, "N": 40, "K": 200}.items()
+            if d in kernel.DIMS and kernel.DIMS[d] is None
+        },
+    }
+    config = {**TINY["matmul"], "SPLIT_K": 8}  # 13 K blocks: slices of 2, the last empty
+    dtype = tests.DTYPES[0]
+    seed = tests.new_seed()
+    inputs = tests.make_inputs(sizes, dtype, seed)
+    runs = []
+    for _ in range(2):
+        buffers = tests.output_buffers(sizes, dtype)
+        runs.append(tests.as_tuple(getattr(kernel, name)(**inputs, **buffers, config=config)))
+    assert kernel.last_launch()["config"] == config
+    tests.check_outputs(runs[0], inputs, dtype, seed, kernel.last_launch())
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
 @pytest.mark.parametrize("name", sorted(ops.ACTIVATIONS))
 def test_activations_at_extremes(zoo, name):
     """Large magnitudes, where exp overflows and naive forms give inf - inf or 0 * inf."""
