@@ -188,6 +188,7 @@ class _Plan:
         "tail",
         "consts",
         "key",
+        "ready",
     )
 
 
@@ -195,12 +196,14 @@ _CALLS = {}  # call signature -> _Plan
 
 
 def _signature(*tensors):
-    """What a plan depends on: shapes, strides, dtypes, devices, 16-byte alignment, and
-    FUSEGEN_TMA. None for a non-tensor argument (the checks then say what is wrong)."""
+    """What a plan depends on: shapes, strides, dtypes, devices, 16-byte alignment,
+    FUSEGEN_TMA and FUSEGEN_AUTOTUNE. None for a non-tensor argument (the checks then
+    say what is wrong)."""
     try:
         return (
             tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors),
             os.environ.get("FUSEGEN_TMA"),
+            os.environ.get("FUSEGEN_AUTOTUNE"),
         )
     except AttributeError:
         return None
@@ -424,14 +427,38 @@ def _tuned_kernel(path):
     return _TUNED[path]
 
 
-def _launch(path, key, grid, args, consts, config):
-    """Launch the kernel with the config _choose picks; remember what ran."""
-    path, chosen, source = _choose(path, key, grid, args, consts, config)
-    compiled = _PATHS[path][0][grid](
-        *args, **_path_consts(path, args, consts), **_triton_kwargs(path, chosen)
-    )
-    _record(chosen, source, path)
-    _LAST_RUN.update(kernel=compiled, key=key)
+def _launch(path, plan, args, config):
+    """Launch the kernel with the config _choose picks; remember what ran. What a
+    signature's launch needs (kernel, grid, keyword arguments) is worked out once and
+    kept in its plan: a call of a known signature costs a dict lookup and the launch."""
+    ready = plan.ready.get(_config_key(config))
+    if ready is None or ready[0] != path:
+        ready = _ready(path, plan, args, config)
+        if len(plan.ready) >= 64:
+            plan.ready.clear()
+        plan.ready[_config_key(config)] = ready
+    _, kernel, grid, kwargs, split, record = ready
+    _LAST_RUN.update(kernel=kernel[grid](*args, **kwargs), key=plan.key)
+    _record(*record)
+
+
+def _config_key(config):
+    """A caller's config as a key of plan.ready (None: the launcher chooses)."""
+    try:
+        key = None if config is None else tuple(config.items())
+        hash(key)
+        return key
+    except (AttributeError, TypeError):
+        return ("unusable", id(config))  # _checked_config says what is wrong
+
+
+def _ready(path, plan, args, config):
+    """(path asked for, kernel, grid, keyword arguments, SPLIT_K, what last_launch says)."""
+    asked = path
+    path, chosen, source = _choose(path, plan.key, _grid, args, plan.consts, config)
+    kwargs = {**_path_consts(path, args, plan.consts), **_triton_kwargs(path, chosen)}
+    grid = _grid({**dict(zip(DIMS, plan.tail)), **kwargs})
+    return asked, _PATHS[path][0], grid, kwargs, chosen.get("SPLIT_K", 1), (chosen, source, path)
 
 
 def _choose(path, key, grid, args, consts, config):
@@ -698,7 +725,7 @@ def bias_gelu_residual(
         out.view(-1, out.shape[-1]),
         *plan.tail,
     )
-    _launch(path, plan.key, _grid, args, plan.consts, config)
+    _launch(path, plan, args, config)
     return out
 
 
@@ -738,6 +765,7 @@ def _plan(x, b, r):
         "INT64": _needs_int64(x_2d, b_2d, r_2d, out_2d),
     }
     plan.key = (_bucket(M), N, dtype, plan.out_dtype)
+    plan.ready = {}  # config (None: chosen) -> what its launch needs, from _launch
     if len(_CALLS) >= 1024:
         _CALLS.clear()
     _CALLS[_signature(x, b, r)] = plan

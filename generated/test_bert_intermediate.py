@@ -279,8 +279,8 @@ def test_nonfinite_output_falls_back(monkeypatch):
     # A fused result with inf where the stepwise reference is finite returns the reference.
     real_launch = kernel._launch
 
-    def launch_then_corrupt(path, key, grid, args, consts, config):
-        real_launch(path, key, grid, args, consts, config)
+    def launch_then_corrupt(path, plan, args, config):
+        real_launch(path, plan, args, config)
         args[3].view(-1)[0] = float("inf")
 
     monkeypatch.setattr(kernel, "_launch", launch_then_corrupt)
@@ -360,6 +360,7 @@ def test_every_config(monkeypatch, config):
 def test_autotunes_on_gpu(monkeypatch):
     monkeypatch.delenv("FUSEGEN_AUTOTUNE", raising=False)
     monkeypatch.setattr(kernel, "_PLANS", {})
+    monkeypatch.setattr(kernel, "_CALLS", {})
     monkeypatch.setitem(kernel._TABLE, "entries", [])  # no tuned table: tune now
     kernel.bert_intermediate(**make_inputs({**SIZES, **CASES[0]}, DTYPES[0], new_seed()))
     launch = kernel.last_launch()
@@ -372,6 +373,7 @@ def test_autotunes_on_gpu(monkeypatch):
 def test_default_config_without_tuning(monkeypatch):
     monkeypatch.setenv("FUSEGEN_AUTOTUNE", "0")
     monkeypatch.setattr(kernel, "_PLANS", {})
+    monkeypatch.setattr(kernel, "_CALLS", {})
     monkeypatch.setitem(kernel._TABLE, "entries", [])
     kernel.bert_intermediate(**make_inputs({**SIZES, **CASES[0]}, DTYPES[0], new_seed()))
     launch = kernel.last_launch()
@@ -392,6 +394,7 @@ def test_tuned_table_entry_runs_without_tuning(monkeypatch):
 
     monkeypatch.setattr(kernel, "_tune", no_tuning)
     monkeypatch.setattr(kernel, "_PLANS", {})
+    monkeypatch.setattr(kernel, "_CALLS", {})
     monkeypatch.delenv("FUSEGEN_TMA", raising=False)
     dtype = DTYPES[0]
     seed, sizes = new_seed(), {**SIZES, **CASES[0]}

@@ -345,6 +345,7 @@ def test_every_config(monkeypatch, config):
 def test_autotunes_on_gpu(monkeypatch):
     monkeypatch.delenv("FUSEGEN_AUTOTUNE", raising=False)
     monkeypatch.setattr(kernel, "_PLANS", {})
+    monkeypatch.setattr(kernel, "_CALLS", {})
     monkeypatch.setitem(kernel._TABLE, "entries", [])  # no tuned table: tune now
     kernel.gpt2_mlp_up(**make_inputs({**SIZES, **CASES[0]}, DTYPES[0], new_seed()))
     launch = kernel.last_launch()
@@ -357,6 +358,7 @@ def test_autotunes_on_gpu(monkeypatch):
 def test_default_config_without_tuning(monkeypatch):
     monkeypatch.setenv("FUSEGEN_AUTOTUNE", "0")
     monkeypatch.setattr(kernel, "_PLANS", {})
+    monkeypatch.setattr(kernel, "_CALLS", {})
     monkeypatch.setitem(kernel._TABLE, "entries", [])
     kernel.gpt2_mlp_up(**make_inputs({**SIZES, **CASES[0]}, DTYPES[0], new_seed()))
     launch = kernel.last_launch()
@@ -377,6 +379,7 @@ def test_tuned_table_entry_runs_without_tuning(monkeypatch):
 
     monkeypatch.setattr(kernel, "_tune", no_tuning)
     monkeypatch.setattr(kernel, "_PLANS", {})
+    monkeypatch.setattr(kernel, "_CALLS", {})
     monkeypatch.delenv("FUSEGEN_TMA", raising=False)
     dtype = DTYPES[0]
     seed, sizes = new_seed(), {**SIZES, **CASES[0]}

@@ -142,6 +142,7 @@ def test_tune_writes_a_table_the_launcher_uses_without_tuning(generated, monkeyp
 
     # Another GPU finds no entry: it tunes (here: the interpreter cannot, so it says so).
     module._PLANS.clear()
+    module._CALLS.clear()
     monkeypatch.setattr(module, "_device_identity", lambda device: ("Other GPU", [8, 0]))
     with pytest.raises(AssertionError, match="tuned despite"):
         module.tiny_gelu(x, w, b)
