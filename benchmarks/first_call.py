@@ -26,7 +26,11 @@ module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 if no_table:
     module._TABLE["entries"] = []
-sizes = bench.shape_dims(kernel, bench.row_shapes(kernel, [rows])[0])
+try:
+    sizes = bench.shape_dims(kernel, bench.row_shapes(kernel, [rows])[0])
+except ValueError as exc:
+    print(f"{{name}}: skipped ({{exc}})")
+    raise SystemExit(0)
 inputs = bench.make_inputs(torch, kernel, sizes, torch.bfloat16, "cuda", 0)
 torch.cuda.synchronize()
 times = []
