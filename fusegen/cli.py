@@ -160,8 +160,9 @@ def _tune(args: argparse.Namespace) -> int:
         print(f"fusegen tune: {exc}", file=sys.stderr)
         return 2
     for r in results:
+        best = r.entry["choices"][r.entry["best"]] if r.entry else None
         chosen = (
-            f"{r.entry['best']} {r.entry['choices'][r.entry['best']]['ms']} ms"
+            f"{r.entry['best']} {best['ms']} ms {best['config']}"
             if r.entry
             else "no config agreed with the reference"
         )
