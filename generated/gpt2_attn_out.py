@@ -495,6 +495,11 @@ _TABLE = {}  # "entries": the tuned table's entries, read at first use
 _KEY_NAMES = ("M_bucket", "N", "K", "dtype", "out_dtype")
 _DEVICES = {}  # device index -> (compute capability major, SM count, shared memory per block)
 _ALLOCATION = getattr(triton.runtime, "_allocation", None)
+_OUTPUTS = slice(4, 5)  # outputs in a launch's arguments
+try:
+    _TRITON_VERSION = tuple(int(part) for part in triton.__version__.split(".")[:2])
+except ValueError:
+    _TRITON_VERSION = (0, 0)
 
 
 def last_launch() -> dict:
@@ -760,7 +765,7 @@ def _fits(config, tma, sizes, element_size, device):
 # Rows above which tuning skips split-K configs: their partial sums' traffic outgrows
 # what the extra programs win.
 SPLIT_K_MAX_ROWS = 256
-_OUT_ARG = 4  # where the output's 2-D view sits in a launch's arguments
+_OUT_ARG = _OUTPUTS.start  # where the output's 2-D view sits in a launch's arguments
 _SPARE = {}  # device -> 1-element stand-ins for the scratch of an unsplit launch
 
 
@@ -811,17 +816,46 @@ def _tuned_kernel(path):
 def _launch(path, plan, args, config):
     """Launch the kernel with the config _choose picks; remember what ran. What a
     signature's launch needs (kernel, grid, keyword arguments) is worked out once and
-    kept in its plan: a call of a known signature costs a dict lookup and the launch."""
-    ready = plan.ready.get(_config_key(config))
+    kept in its plan, and from the second call the compiled kernel is launched directly
+    (see _direct): a call of a known signature costs a dict lookup and the launch."""
+    key = _config_key(config)
+    ready = plan.ready.get(key)
     if ready is None or ready[0] != path:
-        ready = _ready(path, plan, args, config)
         if len(plan.ready) >= 64:
             plan.ready.clear()
-        plan.ready[_config_key(config)] = ready
-    _, kernel, grid, kwargs, split, record = ready
+        ready = plan.ready[key] = _ready(path, plan, args, config)
+    _, kernel, grid, kwargs, split, record, direct = ready
     args = (*args, *_scratch(args, split))
-    _LAST_RUN.update(kernel=kernel[grid](*args, **kwargs), key=plan.key)
+    aligned = all(t.data_ptr() % 16 == 0 for t in args[_OUTPUTS])
+    if direct is not None and aligned:
+        direct[0][grid](*args, *direct[1])
+        _LAST_RUN.update(kernel=direct[0], key=plan.key)
+    else:
+        compiled = kernel[grid](*args, **kwargs)
+        _LAST_RUN.update(kernel=compiled, key=plan.key)
+        if aligned:  # the outputs' alignment is part of what triton compiled for
+            ready[6] = _direct(compiled, kernel, args, kwargs)
     _record(*record)
+
+
+def _direct(compiled, kernel, args, kwargs):
+    """(compiled kernel, its constexpr arguments in order), to launch it without
+    triton's per-call dispatch, which costs more than a decode-sized kernel runs; None
+    where that cannot be done: the interpreter, triton before 3.3 (which passed no
+    constexprs), or FUSEGEN_DIRECT_LAUNCH=0. The plan's signature pins everything the
+    kernel was specialized on (shapes, strides, dtypes, 16-byte alignment)."""
+    if _TRITON_VERSION < (3, 3) or os.environ.get("FUSEGEN_DIRECT_LAUNCH") == "0":
+        return None
+    try:
+        names = compiled.src.fn.arg_names
+        bound = {**dict(zip(names, args)), **kwargs}
+        while type(kernel).__name__ == "Heuristics":  # the values it would compute
+            for name, rule in kernel.values.items():
+                bound[name] = rule(bound)
+            kernel = kernel.fn
+        return compiled, tuple(bound[name] for name in names[len(args) :])
+    except (AttributeError, KeyError, TypeError):
+        return None
 
 
 def _config_key(config):
@@ -835,12 +869,14 @@ def _config_key(config):
 
 
 def _ready(path, plan, args, config):
-    """(path asked for, kernel, grid, keyword arguments, SPLIT_K, what last_launch says)."""
+    """[path asked for, kernel, grid, keyword arguments, SPLIT_K, what last_launch says,
+    the direct launch once known]."""
     asked = path
     path, chosen, source = _choose(path, plan.key, _grid, args, plan.consts, config)
     kwargs = {**_path_consts(path, args, plan.consts), **_triton_kwargs(path, chosen)}
     grid = _grid({**dict(zip(DIMS, plan.tail)), **kwargs})
-    return asked, _PATHS[path][0], grid, kwargs, chosen.get("SPLIT_K", 1), (chosen, source, path)
+    split = chosen.get("SPLIT_K", 1)
+    return [asked, _PATHS[path][0], grid, kwargs, split, (chosen, source, path), None]
 
 
 def _choose(path, key, grid, args, consts, config):
