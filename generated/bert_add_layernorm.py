@@ -499,7 +499,7 @@ def _launch(path, plan, args, config):
     """Launch the kernel with the config _choose picks; remember what ran. What a
     signature's launch needs (kernel, grid, keyword arguments) is worked out once and
     kept in its plan, and from the second call the compiled kernel is launched directly
-    (see _direct): a call of a known signature costs a dict lookup and the launch."""
+    (see _direct, opt-in): a call of a known signature costs a dict lookup and the launch."""
     key = _config_key(config)
     ready = plan.ready.get(key)
     if ready is None or ready[0] != path:
@@ -521,11 +521,11 @@ def _launch(path, plan, args, config):
 
 def _direct(compiled, kernel, args, kwargs):
     """(compiled kernel, its constexpr arguments in order), to launch it without
-    triton's per-call dispatch, which costs more than a decode-sized kernel runs; None
-    where that cannot be done: the interpreter, triton before 3.3 (which passed no
-    constexprs), or FUSEGEN_DIRECT_LAUNCH=0. The plan's signature pins everything the
-    kernel was specialized on (shapes, strides, dtypes, 16-byte alignment)."""
-    if _TRITON_VERSION < (3, 3) or os.environ.get("FUSEGEN_DIRECT_LAUNCH") == "0":
+    triton's per-call dispatch, which costs more than a decode-sized kernel runs. Opt-in
+    (FUSEGEN_DIRECT_LAUNCH=1) until measured on a GPU; None otherwise, under the
+    interpreter, and before triton 3.3 (which passed no constexprs). The plan's signature
+    pins everything the kernel was specialized on (shapes, strides, dtypes, alignment)."""
+    if _TRITON_VERSION < (3, 3) or os.environ.get("FUSEGEN_DIRECT_LAUNCH") != "1":
         return None
     try:
         names = compiled.src.fn.arg_names
@@ -555,7 +555,7 @@ def _ready(path, plan, args, config):
     asked = path
     path, chosen, source = _choose(path, plan.key, _grid, args, plan.consts, config)
     kwargs = {**_path_consts(path, args, plan.consts), **_triton_kwargs(path, chosen)}
-    grid = _grid({**dict(zip(DIMS, plan.tail)), **kwargs})
+    grid = (*_grid({**dict(zip(DIMS, plan.tail)), **kwargs}), 1, 1)[:3]  # a compiled kernel takes 3
     split = chosen.get("SPLIT_K", 1)
     return [asked, _PATHS[path][0], grid, kwargs, split, (chosen, source, path), None]
 

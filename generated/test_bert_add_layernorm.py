@@ -286,6 +286,24 @@ def test_rejects_wrong_dtype():
         kernel.bert_add_layernorm(**bad)
 
 
+@pytest.mark.skipif(HEAVY, reason="the interpreter runs this spec's large weights slowly")
+def test_repeated_calls_agree(monkeypatch):
+    # The first call of a signature plans its launch; later ones reuse the plan (and,
+    # with FUSEGEN_DIRECT_LAUNCH=1, launch the compiled kernel directly).
+    monkeypatch.setattr(kernel, "_CALLS", {})
+    dtype, seed, sizes = DTYPES[0], new_seed(), {**SIZES, **CASES[0]}
+    inputs = make_inputs(sizes, dtype, seed)
+    runs = []
+    for direct in ("0", "1", "1") if ON_GPU else ("0", "1"):
+        monkeypatch.setenv("FUSEGEN_DIRECT_LAUNCH", direct)
+        buffers = output_buffers(sizes, dtype)
+        runs.append(as_tuple(kernel.bert_add_layernorm(**inputs, **buffers)))
+    check_outputs(runs[-1], inputs, dtype, seed, kernel.last_launch())
+    for run in runs[1:]:
+        for got, first in zip(run, runs[0]):
+            torch.testing.assert_close(got, first, rtol=0, atol=0, equal_nan=True)
+
+
 def test_falls_back_without_gpu(monkeypatch):
     # Not on a GPU and the interpreter off: the reference runs.
     monkeypatch.setattr(kernel, "_runs_triton", lambda device: False)
