@@ -152,7 +152,8 @@ def kernel_context(kernel: Kernel) -> dict:
         + [
             f"    {formula(kernel)}",
             "",
-            f"Dims: {dims_doc}. Dtypes: {', '.join(kernel.dtypes)}, computed in fp32.",
+            f"Dims: {dims_doc}. Dtypes: {', '.join(kernel.dtypes)}, computed in fp32."
+            + (" Target: AMD GPUs (ROCm)." if kernel.target == "amd" else ""),
             "",
             "Use:",
             f"    y = {kernel.name}({', '.join(t.name for t in kernel.inputs)})",
@@ -178,6 +179,9 @@ def kernel_context(kernel: Kernel) -> dict:
         "default_config": config_literal(kernel.default_config),
         "interpreter_config": config_literal(kernel.interpreter_config),
         "kernel_hash_placeholder": KERNEL_HASH_PLACEHOLDER,
+        "has_tma": mm is not None and kernel.target == "nvidia",
+        "amd": kernel.target == "amd",
+        "optional_literal": optional_literal(kernel),
         "partials": naming.PARTIALS,
         "arrivals": naming.ARRIVALS,
         "out_arg_index": len(kernel.inputs),
@@ -290,6 +294,17 @@ def kernel_context(kernel: Kernel) -> dict:
     }
 
 
+def optional_literal(kernel: Kernel) -> str:
+    """Per kernel path, the settings a config may add to its default's, each with the
+    value the kernel takes when it is left out (None: a compile option, not passed)."""
+    if kernel.matmul is None:
+        return '{"pointer": {}}'
+    if kernel.target == "amd":
+        amd = ", ".join(f'"{k}": None' for k in configs.AMD_OPTIONS)
+        return '{"pointer": {"SPLIT_K": 1, ' + amd + "}}"
+    return '{"pointer": {"SPLIT_K": 1}, "tma": {}}'
+
+
 def outputs(kernel: Kernel) -> list[dict]:
     """The launcher's outputs: the chain's result, then each extra output."""
     rows, cols = kernel.row, kernel.col
@@ -377,6 +392,7 @@ def test_context(kernel: Kernel) -> dict:
         "aligned_cpu": repr(aligned_cpu),
         "aligned_gpu": repr(aligned_gpu),
         "matmul": kernel.matmul is not None,
+        "has_tma": kernel.matmul is not None and kernel.target == "nvidia",
         "heavy": heavy(kernel),
         "cases_gpu": repr(gpu),
         "ref_args": ", ".join(t.name for t in kernel.inputs),

@@ -10,6 +10,15 @@ from fusegen.ir import Config
 
 # Shared memory a block may use on an H100/H200 (sm_90): 227 KiB.
 SMEM_LIMIT_SM90 = 232_448
+# Local data share (LDS) a workgroup may use on AMD CDNA GPUs (MI200, MI300): 64 KiB.
+LDS_LIMIT_CDNA = 65_536
+TARGETS = ("nvidia", "amd")
+# AMD compile options a matmul config may carry, and the values each takes.
+AMD_OPTIONS = {
+    "matrix_instr_nonkdim": (0, 16, 32),
+    "waves_per_eu": tuple(range(9)),
+    "kpack": (1, 2),
+}
 # Triton refuses tensors of more elements than this.
 MAX_TENSOR_NUMEL = 1 << 20
 WARPS = (1, 2, 4, 8, 16, 32)
@@ -52,6 +61,20 @@ def _tma(bm, bn, bk, group, warps, stages, flatten, warp_specialize, subtile) ->
         FLATTEN=flatten,
         WARP_SPECIALIZE=warp_specialize,
         EPILOGUE_SUBTILE=subtile,
+    )
+
+
+def _amd(bm, bn, bk, group, warps, stages, nonkdim, waves, kpack) -> Config:
+    return Config(
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        GROUP_M=group,
+        num_warps=warps,
+        num_stages=stages,
+        matrix_instr_nonkdim=nonkdim,
+        waves_per_eu=waves,
+        kpack=kpack,
     )
 
 
@@ -191,11 +214,44 @@ INFERENCE_TMA_DEFAULTS = {
 }
 
 
+# AMD (ROCm, CDNA): no TMA kernel. Triton's AMD pipeliner with num_stages = 2 prefetches
+# the next tiles into registers and keeps one set in LDS, so 64 KiB holds a 256x256x64
+# bf16 pair. MFMA 16x16 instructions (matrix_instr_nonkdim 16) suit every tile here;
+# kpack 2 packs bf16/fp16 operands for the MFMA; waves_per_eu hints occupancy. After
+# the configs AMD's Triton tuning guide gives for MI300; not measured here (no AMD GPU).
+AMD_MATMUL_SPACE = (
+    _amd(256, 256, 64, 4, 8, 2, 16, 2, 2),
+    _amd(128, 256, 64, 4, 8, 2, 16, 2, 2),
+    _amd(256, 128, 64, 4, 8, 2, 16, 2, 2),
+    _amd(128, 128, 64, 8, 4, 2, 16, 0, 2),
+    _amd(64, 128, 64, 8, 4, 2, 16, 0, 1),
+    _amd(32, 64, 128, 1, 4, 2, 16, 0, 1),
+    _amd(16, 64, 256, 1, 4, 2, 16, 0, 1),
+)
+AMD_GATED_SPACE = (
+    _amd(128, 128, 64, 8, 8, 2, 16, 2, 2),
+    _amd(128, 64, 64, 8, 4, 2, 16, 0, 2),
+    _amd(64, 64, 64, 8, 4, 2, 16, 0, 1),
+    _amd(16, 64, 128, 1, 4, 2, 16, 0, 1),
+)
+AMD_DEFAULTS = {
+    "matmul": _amd(128, 128, 64, 8, 4, 2, 16, 0, 2),
+    "gated": _amd(128, 64, 64, 8, 4, 2, 16, 0, 2),
+}
+
+
 def profile_spaces(
-    kind: str, profile: str
+    kind: str, profile: str, target: str = "nvidia"
 ) -> tuple[tuple[Config, ...], tuple[Config, ...], Config, Config | None]:
     """The built-in (space, TMA space, default, TMA default) of a kernel kind under a
-    profile. Elementwise and row kernels have one space: the profile leaves them be."""
+    profile and target. Elementwise and row kernels have one space: the profile leaves
+    them be."""
+    if target == "amd" and kind in ("matmul", "gated"):
+        space = AMD_MATMUL_SPACE if kind == "matmul" else AMD_GATED_SPACE
+        keep = {"training": lambda c: c.BLOCK_M >= 64, "inference": lambda c: c.BLOCK_M <= 64}
+        if profile in keep:
+            space = tuple(filter(keep[profile], space))
+        return space, (), AMD_DEFAULTS[kind], None
     space, tma_space = SPACES[kind], TMA_SPACES[kind]
     default, tma_default = DEFAULTS[kind], TMA_DEFAULTS.get(kind)
     if kind not in ("matmul", "gated") or profile == "general":
@@ -263,6 +319,13 @@ def _pow2(v: int) -> bool:
     return v > 0 and (v & (v - 1)) == 0
 
 
+def lds_bytes(config: Config, operand_bytes: int, weights: int) -> int:
+    """LDS an AMD matmul config needs: Triton's AMD pipeliner keeps num_stages - 1 sets
+    of tiles there (at least one) and prefetches the next into registers."""
+    tiles = config.BLOCK_M * config.BLOCK_K + weights * config.BLOCK_K * config.BLOCK_N
+    return max(1, config.num_stages - 1) * tiles * operand_bytes
+
+
 def problems(
     config: Config,
     kind: str,
@@ -271,6 +334,7 @@ def problems(
     operand_bytes: int = 2,
     tma: bool = False,
     full_operand: bool = False,
+    target: str = "nvidia",
 ) -> list[str]:
     """Why `config` cannot run for a kernel of `kind` ("matmul" | "elementwise"); [] if it can.
 
@@ -280,11 +344,20 @@ def problems(
     out: list[str] = []
     values = dict(config.items())
     allowed = KEYS[kind]
-    optional = (*TMA_SWITCHES, "SPLIT_K") if kind == "matmul" else ()
+    amd = target == "amd"
+    switches = tuple(AMD_OPTIONS) if amd else TMA_SWITCHES
+    optional = (*switches, "SPLIT_K") if kind == "matmul" else ()
     for key in values:
         if key == "SPLIT_K" and kind == "matmul":
             if values[key] not in SPLITS:
                 out.append(f"SPLIT_K = {values[key]} must be one of {', '.join(map(str, SPLITS))}")
+        elif key in AMD_OPTIONS and key in optional:
+            if values[key] not in AMD_OPTIONS[key]:
+                valid = ", ".join(map(str, AMD_OPTIONS[key]))
+                out.append(f"{key} = {values[key]} must be one of {valid}")
+        elif key in (*AMD_OPTIONS, *TMA_SWITCHES) and key not in optional and kind == "matmul":
+            other = "nvidia" if amd else "amd"
+            out.append(f"{key} is a setting for target {other}, not {target}")
         elif key in optional:
             if values[key] not in (0, 1):
                 out.append(f"{key} = {values[key]} must be 0 or 1")
@@ -311,6 +384,13 @@ def problems(
             out.append(f"GROUP_M = {values['GROUP_M']} must be at least 1")
         if not 1 <= values["num_stages"] <= MAX_STAGES:
             out.append(f"num_stages = {values['num_stages']} must be 1 to {MAX_STAGES}")
+        elif not out and amd:
+            lds = lds_bytes(config, operand_bytes, weights)
+            if lds > LDS_LIMIT_CDNA:
+                out.append(
+                    f"needs {lds:,} bytes of LDS at {operand_bytes}-byte operands, over the "
+                    f"{LDS_LIMIT_CDNA:,} an AMD CDNA workgroup can have; use smaller blocks"
+                )
         elif not out:
             smem = smem_bytes(config, operand_bytes, weights, tma=tma, full_operand=full_operand)
             if smem > SMEM_LIMIT_SM90:
@@ -319,8 +399,9 @@ def problems(
                     f"the {SMEM_LIMIT_SM90:,} an H100/H200 block can have; use smaller blocks or "
                     f"fewer stages"
                 )
-    if values["num_warps"] not in WARPS:
-        out.append(f"num_warps = {values['num_warps']} must be one of {', '.join(map(str, WARPS))}")
+    warps = WARPS[:-1] if amd else WARPS  # 64-lane wavefronts: 16 fill a 1024-thread block
+    if values["num_warps"] not in warps:
+        out.append(f"num_warps = {values['num_warps']} must be one of {', '.join(map(str, warps))}")
     if (
         kind == "elementwise"
         and not out

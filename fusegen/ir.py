@@ -98,6 +98,11 @@ class Config:
     # The pointer kernel only: programs per output tile, each summing a slice of K
     # (decode-sized M: more programs in flight on a weight stream that is the whole cost).
     SPLIT_K: int | None = None
+    # AMD (ROCm) compile options: the MFMA instruction size, an occupancy hint, and
+    # how many K elements each MFMA operand packs.
+    matrix_instr_nonkdim: int | None = None
+    waves_per_eu: int | None = None
+    kpack: int | None = None
 
     def items(self) -> list[tuple[str, int]]:
         """The fields that are set, in declaration order."""
@@ -136,6 +141,7 @@ class Kernel:
     tma_default_config: Config | None
     interpreter_config: Config
     deterministic: bool = False  # no runtime tuning: a tuned table's config or the default
+    target: str = "nvidia"  # "nvidia" | "amd"
 
     @property
     def kind(self) -> str:

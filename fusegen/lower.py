@@ -256,6 +256,13 @@ class _KernelLowerer(ChainLowering):
     def lower(self) -> Kernel | None:
         spec = self.spec
         self._check_kernel_name()
+        if spec.target == "amd" and spec.fp32_matmul == "tf32":
+            self.err(
+                ("fp32_matmul",),
+                "fp32_matmul 'tf32' is for target nvidia; Triton's AMD backend runs fp32 dots "
+                "in full fp32",
+                "use fp32_matmul: ieee, or leave it out",
+            )
         dims = self._dims()
         inputs = self._inputs(dims)
         if self.errors:
@@ -314,7 +321,7 @@ class _KernelLowerer(ChainLowering):
             col=col,
             steps=tuple(steps),
             out_dtype=out_dtype,
-            fp32_matmul=spec.fp32_matmul,
+            fp32_matmul=self._fp32_matmul(),
             fallback_no_gpu=spec.fallback.no_gpu,
             fallback_nonfinite=spec.fallback.nonfinite,
             configs=space,
@@ -323,7 +330,14 @@ class _KernelLowerer(ChainLowering):
             tma_default_config=tma_default,
             interpreter_config=configs.INTERPRETER[kind],
             deterministic=spec.deterministic,
+            target=spec.target,
         )
+
+    def _fp32_matmul(self) -> str:
+        """tf32 on nvidia unless the spec says ieee; ieee on amd, whose Triton backend
+        has no tf32 dot (an explicit tf32 there is an error: see lower)."""
+        given = self.spec.fp32_matmul
+        return given or ("ieee" if self.spec.target == "amd" else "tf32")
 
     @staticmethod
     def _transposed(matmul: Matmul | None, name: str) -> bool:
@@ -426,14 +440,20 @@ class _KernelLowerer(ChainLowering):
         operand_bytes = min(dtypes.DTYPES[d].bytes for d in self.spec.dtypes)
         weights = 2 if gated else 1
         profile = tune.profile if tune else "general"
-        space, tma_space, default, tma_default = configs.profile_spaces(kind, profile)
+        target = self.spec.target
+        space, tma_space, default, tma_default = configs.profile_spaces(kind, profile, target)
         space = _fitting(space, sizes)
         tma_space = _fitting(tma_space, sizes)
         ok = True
 
         def check(cfg: Config, rel: tuple) -> bool:
             found = configs.problems(
-                cfg, family, weights=weights, operand_bytes=operand_bytes, full_operand=full_operand
+                cfg,
+                family,
+                weights=weights,
+                operand_bytes=operand_bytes,
+                full_operand=full_operand,
+                target=target,
             )
             if not found and rel[0] == "configs":
                 found = configs.oversized(cfg, sizes)
@@ -453,7 +473,7 @@ class _KernelLowerer(ChainLowering):
             space = tuple(_config(c) for c in tune.configs)
             # The TMA kernel does not split K: it takes the space's other configs.
             unsplit = tuple(c for c in space if (c.SPLIT_K or 1) == 1)
-            tma_space = (unsplit or space) if is_matmul else ()
+            tma_space = (unsplit or space) if is_matmul and target == "nvidia" else ()
             for j, cfg in enumerate(space):
                 ok &= check(cfg, ("configs", j))
         if tune and tune.default is not None:

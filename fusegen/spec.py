@@ -83,6 +83,13 @@ class ConfigSpec(_Strict):
     EPILOGUE_SUBTILE: int | None = Field(
         None, description="TMA kernel: store the output tile in two halves (0/1)"
     )
+    matrix_instr_nonkdim: int | None = Field(
+        None, description="amd: the MFMA instruction's M/N size, 16 or 32 (0: the compiler picks)"
+    )
+    waves_per_eu: int | None = Field(
+        None, description="amd: wavefronts per execution unit to aim for, 0 (no hint) to 8"
+    )
+    kpack: int | None = Field(None, description="amd: K elements packed per MFMA operand, 1 or 2")
     SPLIT_K: int | None = Field(
         None,
         description="pointer kernel: programs that share one output tile, each summing a slice "
@@ -119,10 +126,16 @@ class KernelSpec(_Strict):
     dtypes: list[DTypeName] = Field(default=["bf16", "fp16", "fp32"], min_length=1)
     inputs: dict[str, Annotated[InputSpec, BeforeValidator(_input_shorthand)]] = Field(min_length=1)
     chain: list[ChainStep] = Field(min_length=1)
-    fp32_matmul: Literal["tf32", "ieee"] = Field(
-        "tf32",
+    target: Literal["nvidia", "amd"] = Field(
+        "nvidia",
+        description="the GPUs to generate for: 'nvidia' (a TMA kernel for Hopper and newer "
+        "beside the portable one) or 'amd' (ROCm configs: matrix_instr_nonkdim, waves_per_eu, "
+        "kpack; no TMA kernel)",
+    )
+    fp32_matmul: Literal["tf32", "ieee"] | None = Field(
+        None,
         description="how a matmul on fp32 inputs runs: tf32 tensor cores (fast, ~1e-3 relative "
-        "error) or full fp32 (ieee)",
+        "error) or full fp32 (ieee). Default: tf32 on nvidia, ieee on amd",
     )
     fallback: FallbackSpec = FallbackSpec()
     autotune: AutotuneSpec | None = None

@@ -471,7 +471,8 @@ _PATHS = {
     "pointer": (_bert_intermediate_kernel, CONFIGS, DEFAULT_CONFIG),
     "tma": (_bert_intermediate_kernel_tma, TMA_CONFIGS, TMA_DEFAULT_CONFIG),
 }
-# Per path: settings a config may leave out, and their values then.
+# Per path: settings a config may add to its default's, and the kernel's value for each
+# one left out (None: a compile option, not passed).
 _OPTIONAL = {"pointer": {"SPLIT_K": 1}, "tma": {}}
 _LAST = {"config": None, "source": None, "path": None}
 _LAST_RUN = {}  # the last launch's compiled "kernel" and plan "key" (fusegen tune, inspect)
@@ -1006,7 +1007,7 @@ def _autotuned(path, grid, args, consts):
     found = {**best.kwargs, "num_warps": best.num_warps, "num_stages": best.num_stages}
     optional = _OPTIONAL[path]
     chosen = {k: found[k] for k in _PATHS[path][2]}
-    chosen.update({k: found[k] for k in optional if found[k] != optional[k]})
+    chosen.update({k: found[k] for k in optional if k in found and found[k] != optional[k]})
     timing = getattr(tuned, "configs_timings", {}).get(best)
     if timing is None:  # one config: the tuner does not time it
         from triton.testing import do_bench
@@ -1073,7 +1074,8 @@ def _complete(path, config):
 
 
 def _triton_kwargs(path, config):
-    return {**_OPTIONAL[path], **config, "num_stages": config.get("num_stages", 1)}
+    fixed = {k: v for k, v in _OPTIONAL[path].items() if v is not None}
+    return {**fixed, **config, "num_stages": config.get("num_stages", 1)}
 
 
 def _checked_config(path, config):
