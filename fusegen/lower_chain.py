@@ -8,6 +8,7 @@ Part of lowering (fusegen.lower): `ChainLowering` holds the methods that read th
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from fusegen import dtypes, ops
@@ -182,11 +183,14 @@ class ChainLowering:
     def _matmul(
         self, path: tuple, args: Any, inputs: dict[str, Tensor], *, main: Matmul | None = None
     ) -> Matmul | None:
+        if isinstance(args, str) and re.match(ops.MATMUL_SHORTHAND, args):
+            a_ref, b_ref = (part.strip() for part in args.split("@"))
+            args = {"a": a_ref, "b": b_ref}
         if not isinstance(args, dict) or set(args) - {"a", "b"} or not {"a", "b"} <= set(args):
             self.err(
                 path,
-                f"matmul takes {{a: INPUT, b: INPUT or INPUT.T}}, got {args!r}",
-                "e.g. matmul: {a: x, b: w.T}",
+                f"matmul takes A @ B or {{a: A, b: B}}, each an input or INPUT.T; got {args!r}",
+                "e.g. matmul: x @ w.T",
             )
             return None
         a = self._tensor_ref(path + ("a",), args["a"], inputs, allow_t=True)

@@ -54,10 +54,19 @@ def chain_step_schema() -> dict:
     tensor = {"type": "string", "description": "an input's name"}
     operand = {"type": "string", "description": "an input's name, or NAME.T to read it transposed"}
     matmul = {
-        "type": "object",
-        "properties": {"a": operand, "b": operand},
-        "required": ["a", "b"],
-        "additionalProperties": False,
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {"a": operand, "b": operand},
+                "required": ["a", "b"],
+                "additionalProperties": False,
+            },
+            {
+                "type": "string",
+                "pattern": ops.MATMUL_SHORTHAND,
+                "description": "A @ B, each an input's name or NAME.T (e.g. x @ w.T)",
+            },
+        ]
     }
     bare = sorted(
         a.name for a in ops.ACTIVATIONS.values() if all(p.default is not None for p in a.params)

@@ -228,8 +228,18 @@ def test_config_spaces_are_checked_against_static_dims_and_profiles(write_spec):
     ), found
 
 
+def test_matmul_shorthand_is_the_long_form(write_spec):
+    long, short = (
+        lower(write_spec, mlp([step, "bias: bv", "relu"]))[0]
+        for step in ("matmul: {a: x, b: w.T}", "matmul: x @ w.T")
+    )
+    assert long.matmul == short.matmul and long.steps == short.steps
+
+
 BAD = [
-    (["matmul: {a: x, b: w.T, c: w}"], "matmul takes {a: INPUT"),
+    (["matmul: {a: x, b: w.T, c: w}"], "matmul takes A @ B or {a: A, b: B}"),
+    (["matmul: x * w.T"], "matmul takes A @ B or {a: A, b: B}"),
+    (["matmul: x @ w"], "mismatched matmul dims"),
     (["matmul: {a: x, b: x}"], "mismatched matmul dims"),
     (["matmul: {a: x, b: w.T}", "gate: {matmul: {a: x, b: w.T}}"], "same weight 'w'"),
     (["input: res", "gate: {matmul: {a: x, b: w.T}}"], "`gate` needs a matmul chain"),
