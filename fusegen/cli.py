@@ -132,21 +132,44 @@ def _shape(text: str) -> tuple[int, ...]:
     return values
 
 
-def _tune(args: argparse.Namespace) -> int:
-    from fusegen import bench, tune
+def _gpu_command(args: argparse.Namespace, command: str, work) -> int:
+    """The frame `tune` and `inspect` share: the specs, the kernels asked for and their
+    shapes are checked first (exit 2 with every error), then a GPU is required, then
+    `work(kernels, shapes_for, progress)` runs; its TuneError or ValueError exits 2."""
+    from fusegen.tune import TuneError
 
-    if not _gpu_or_exit("tune"):
-        return 2
     try:
         loaded = build.load(build.collect(args.specs))
     except SpecErrors as exc:
         return _print_errors(exc)
-    kernels = [k for k in loaded.kernels if not args.kernels or k.name in args.kernels]
-    progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    names = [k.name for k in loaded.kernels]
+    unknown = [n for n in args.kernels or [] if n not in names]
     try:
+        if unknown:
+            raise ValueError(
+                f"no kernel named {', '.join(unknown)}; these specs have {', '.join(names)}"
+            )
+        kernels = [k for k in loaded.kernels if not args.kernels or k.name in args.kernels]
         shapes_for = _shapes_for(args)
         for k in kernels:
             shapes_for(k)
+    except ValueError as exc:
+        print(f"fusegen {command}: {exc}", file=sys.stderr)
+        return 2
+    if not _gpu_or_exit(command):
+        return 2
+    progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        return work(kernels, shapes_for, progress)
+    except (ValueError, TuneError) as exc:
+        print(f"fusegen {command}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from fusegen import bench, tune
+
+    def work(kernels, shapes_for, progress) -> int:
         results, written = tune.run(
             kernels,
             shapes_for,
@@ -156,43 +179,32 @@ def _tune(args: argparse.Namespace) -> int:
             progress,
             final_timer=tune.final_timer,
         )
-    except (ValueError, tune.TuneError) as exc:
-        print(f"fusegen tune: {exc}", file=sys.stderr)
-        return 2
-    for r in results:
-        best = r.entry["choices"][r.entry["best"]] if r.entry else None
-        chosen = (
-            f"{r.entry['best']} {best['ms']} ms {best['config']}"
-            if r.entry
-            else "no config agreed with the reference"
-        )
-        print(f"{r.kernel} {'x'.join(map(str, r.shape))} {r.dtype}: {chosen} ({r.seconds:.1f} s)")
-    for path in written:
-        print(f"wrote {path}")
-    return 0 if all(r.entry for r in results) else 1
+        for r in results:
+            best = r.entry["choices"][r.entry["best"]] if r.entry else None
+            chosen = (
+                f"{r.entry['best']} {best['ms']} ms {best['config']}"
+                if r.entry
+                else "no config agreed with the reference"
+            )
+            shape = "x".join(map(str, r.shape))
+            print(f"{r.kernel} {shape} {r.dtype}: {chosen} ({r.seconds:.1f} s)")
+        for path in written:
+            print(f"wrote {path}")
+        return 0 if all(r.entry for r in results) else 1
+
+    return _gpu_command(args, "tune", work)
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    return _gpu_command(args, "inspect", lambda *a: _inspect_work(args, *a))
+
+
+def _inspect_work(args: argparse.Namespace, kernels, shapes_for, progress) -> int:
     import os
 
     from fusegen import inspect_kernels
 
-    if not _gpu_or_exit("inspect"):
-        return 2
-    try:
-        loaded = build.load(build.collect(args.specs))
-    except SpecErrors as exc:
-        return _print_errors(exc)
-    kernels = [k for k in loaded.kernels if not args.kernels or k.name in args.kernels]
-    progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    try:
-        shapes_for = _shapes_for(args)
-        for k in kernels:
-            shapes_for(k)
-        found = inspect_kernels.run(kernels, shapes_for, args.dtype, Path(args.out), progress)
-    except (ValueError, inspect_kernels.TuneError) as exc:
-        print(f"fusegen inspect: {exc}", file=sys.stderr)
-        return 2
+    found = inspect_kernels.run(kernels, shapes_for, args.dtype, Path(args.out), progress)
     if os.environ.get(inspect_kernels.CHILD):
         return 0  # a child run under ncu: the parent prints
     print(inspect_kernels.HEADER)

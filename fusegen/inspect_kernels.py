@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fusegen import bench
-from fusegen.tune import TuneError, load_generated  # noqa: F401 - TuneError: for callers
+from fusegen.tune import load_generated
 
 # Nsight Compute metrics: L1 and L2 hit rates, DRAM bytes per second.
 COUNTERS = {

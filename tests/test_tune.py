@@ -267,6 +267,26 @@ def test_gpu_commands_refuse_without_a_gpu(generated, run_cli, command):
     assert code == 2 and out == "" and f"fusegen {command}: needs a CUDA GPU" in err
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--kernels", "nope"], "no kernel named nope; these specs have tiny_gelu"),
+        (["--rows", "16,x"], "'16,x' is not a comma-separated list of positive integers"),
+    ],
+)
+@pytest.mark.parametrize("command", ["tune", "inspect"])
+def test_gpu_commands_check_their_arguments_first(generated, run_cli, command, args, message):
+    spec, out_dir, _ = generated
+    code, out, err = run_cli(command, str(spec), "--out", str(out_dir), *args)
+    assert code == 2 and out == "" and f"fusegen {command}: {message}" in err
+
+
+def test_rows_need_the_other_dims_fixed(write_spec, run_cli):
+    spec = write_spec(SPEC.replace("K: 64, N: 48", "K: dynamic, N: 48"))
+    code, _, err = run_cli("tune", str(spec))
+    assert code == 2 and "dim K is dynamic; give full shapes with --shapes M,K,N" in err
+
+
 def test_table_json_is_plain_json(generated):
     spec, out_dir, _ = generated
     text = tables.render("tiny_gelu", str(spec), [entry("1" * 16)])
