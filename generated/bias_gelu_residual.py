@@ -446,15 +446,16 @@ def _launch(path, plan, args, config):
             plan.ready.clear()
         ready = plan.ready[key] = _ready(path, plan, args, config)
     _, kernel, grid, kwargs, split, record, direct = ready
-    aligned = all(t.data_ptr() % 16 == 0 for t in args[_OUTPUTS])
-    if direct is not None and aligned:
+    if direct and all(t.data_ptr() % 16 == 0 for t in args[_OUTPUTS]):
         direct[0][grid](*args, *direct[1])
         _LAST_RUN.update(kernel=direct[0], key=plan.key)
     else:
         compiled = kernel[grid](*args, **kwargs)
         _LAST_RUN.update(kernel=compiled, key=plan.key)
-        if aligned:  # the outputs' alignment is part of what triton compiled for
-            ready[6] = _direct(compiled, kernel, args, kwargs)
+        # The outputs' alignment is part of what triton compiled for; False: no direct
+        # launch for this plan (asked once).
+        if direct is None and all(t.data_ptr() % 16 == 0 for t in args[_OUTPUTS]):
+            ready[6] = _direct(compiled, kernel, args, kwargs) or False
     _record(*record)
 
 
@@ -490,7 +491,7 @@ def _config_key(config):
 
 def _ready(path, plan, args, config):
     """[path asked for, kernel, grid, keyword arguments, SPLIT_K, what last_launch says,
-    the direct launch once known]."""
+    the direct launch (None: not yet asked; False: none)]."""
     asked = path
     path, chosen, source = _choose(path, plan.key, _grid, args, plan.consts, config)
     kwargs = {**_path_consts(path, args, plan.consts), **_triton_kwargs(path, chosen)}
