@@ -57,10 +57,11 @@ HEADER = (
 )
 
 
-def inspect_shape(torch, module, kernel, sizes, dtype_name) -> Inspected:
-    sets, _ = bench.input_sets(torch, module, kernel, sizes, dtype_name, "cuda")
+def inspect_shape(torch, module, kernel, sizes, dtype_name, device="cuda") -> Inspected:
+    sets, _ = bench.input_sets(torch, module, kernel, sizes, dtype_name, device)
     getattr(module, kernel.name)(**sets[0])
-    torch.cuda.synchronize()
+    if device == "cuda":
+        torch.cuda.synchronize()
     launch = module.last_launch()
     compiled = module._LAST_RUN["kernel"]
     meta = getattr(compiled, "metadata", None)
@@ -116,12 +117,14 @@ def counters(kernel_name: str, argv: list[str]) -> dict | str:
     return found
 
 
-def run(kernels, shapes_for, dtype_name, out_dir: Path, progress) -> list[Inspected]:
+def run(
+    kernels, shapes_for, dtype_name, out_dir: Path, progress, device="cuda", load=load_generated
+) -> list[Inspected]:
     import torch
 
     out = []
     for kernel in kernels:
-        module = load_generated(kernel, out_dir)
+        module = load(kernel, out_dir)
         for shape in shapes_for(kernel):
             try:
                 sizes = bench.shape_dims(kernel, shape)
@@ -129,5 +132,5 @@ def run(kernels, shapes_for, dtype_name, out_dir: Path, progress) -> list[Inspec
                 progress(f"  skipped: {exc}")
                 continue
             progress(f"  {kernel.name} {'x'.join(map(str, shape))} {dtype_name} ...")
-            out.append(inspect_shape(torch, module, kernel, sizes, dtype_name))
+            out.append(inspect_shape(torch, module, kernel, sizes, dtype_name, device))
     return out

@@ -6,13 +6,14 @@ import functools
 import importlib.util
 import json
 import logging
+import subprocess
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from conftest import HAS_CUDA  # noqa: E402
-from fusegen import build, codegen, tables, tune  # noqa: E402
+from fusegen import build, codegen, inspect_kernels, tables, tune  # noqa: E402
 
 SPEC = """
 version: 1
@@ -255,7 +256,10 @@ def test_the_kernel_hash_covers_kernels_only(generated):
     text = (out_dir / "tiny_gelu.py").read_text()
     base = codegen.kernel_source_hash(text)
     assert codegen.module_kernel_hash(text) == base
-    assert codegen.kernel_source_hash(text.replace("DEFAULT_CONFIG = {", "DEFAULT_CONFIG = {\n")) == base
+    assert (
+        codegen.kernel_source_hash(text.replace("DEFAULT_CONFIG = {", "DEFAULT_CONFIG = {\n"))
+        == base
+    )
     assert codegen.kernel_source_hash(text.replace("tl.dot(", "tl.dot( ", 1)) != base
 
 
@@ -291,3 +295,75 @@ def test_table_json_is_plain_json(generated):
     spec, out_dir, _ = generated
     text = tables.render("tiny_gelu", str(spec), [entry("1" * 16)])
     assert json.loads(text)["kernel"] == "tiny_gelu"
+
+
+def test_inspect_reports_the_compiled_kernel(generated, monkeypatch):
+    """On the interpreter there is no compiled kernel: the row says so (None), and says
+    where the config came from; a fake compiled kernel's metadata fills the columns."""
+    spec, out_dir, kernels = generated
+    lines = []
+    (found,) = inspect_kernels.run(
+        kernels, lambda k: [(40, 64, 48)], "fp32", out_dir, lines.append, device="cpu"
+    )
+    assert found.source == "interpreter" and found.registers is None
+    assert found.row().startswith("| tiny_gelu | 40x64x48 | fp32 | pointer (interpreter) | None |")
+
+    class Meta:
+        shared, num_warps, num_stages = 49152, 4, 3
+
+    class Compiled:
+        n_regs, n_spills, metadata = 128, 2, Meta
+
+    def load(kernel, out):
+        module = tune.load_generated(kernel, out)
+        launch = module._launch
+
+        def spy(*args):
+            launch(*args)
+            module._LAST_RUN["kernel"] = Compiled
+
+        module._launch = spy
+        return module
+
+    (found,) = inspect_kernels.run(
+        kernels, lambda k: [(40, 64, 48)], "fp32", out_dir, lines.append, device="cpu", load=load
+    )
+    assert (found.registers, found.spills, found.shared, found.warps, found.stages) == (
+        128,
+        2,
+        49152,
+        4,
+        3,
+    )
+
+
+def test_inspect_counters_parse_ncu_output(monkeypatch):
+    monkeypatch.setattr(inspect_kernels.shutil, "which", lambda name: None)
+    assert "ncu) is not on PATH" in inspect_kernels.counters("k", [])
+    monkeypatch.setattr(inspect_kernels.shutil, "which", lambda name: "/usr/bin/ncu")
+    stdout = (
+        "  k_kernel (132, 1, 1)x(256, 1, 1), Context 1, Stream 7\n"
+        "    Section: Command line profiler metrics\n"
+        "    dram__bytes.sum.per_second        Tbyte/s      3.21\n"
+        "    l1tex__t_sector_hit_rate.pct      %            12.50\n"
+        "    lts__t_sector_hit_rate.pct        %            86.29\n"
+    )
+    calls = []
+
+    def fake_run(command, **kwargs):
+        calls.append((command, kwargs["env"].get(inspect_kernels.CHILD)))
+        return subprocess.CompletedProcess(command, 0, stdout=stdout, stderr="")
+
+    monkeypatch.setattr(inspect_kernels.subprocess, "run", fake_run)
+    found = inspect_kernels.counters("k", ["inspect", "spec.yaml"])
+    assert found == {"L1 hit %": "12.50 %", "L2 hit %": "86.29 %", "DRAM bytes/s": "3.21 Tbyte/s"}
+    ((command, child),) = calls
+    assert command[0] == "/usr/bin/ncu" and "regex:_k_kernel" in command and child == "1"
+    monkeypatch.setattr(
+        inspect_kernels.subprocess,
+        "run",
+        lambda command, **kw: subprocess.CompletedProcess(
+            command, 1, stdout="", stderr="ERR_NVGPUCTRPERM"
+        ),
+    )
+    assert "ncu gave no counters: ERR_NVGPUCTRPERM" == inspect_kernels.counters("k", [])
