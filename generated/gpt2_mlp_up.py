@@ -1045,8 +1045,8 @@ def _path(device, tensors):
         return "pointer"
     if setting == "1":
         return "tma"
-    if _interpreted() or device.type != "cuda":
-        return "pointer"
+    if _interpreted() or device.type != "cuda" or torch.version.hip:
+        return "pointer"  # ROCm reports CDNA3 as major 9 too: no TMA there
     return "tma" if _device_facts(device)[0] >= 9 else "pointer"
 
 
