@@ -132,10 +132,15 @@ def _measure(torch, timer, fn, sets, exact, dtype_name, m: Measured, device) -> 
         if not m.error <= bench.TOLERANCE[dtype_name]:
             m.problem = f"rejected: relative error {m.error:.3g} against the float64 reference"
             return
-        cycle = itertools.cycle(sets)
-        m.ms = timer(lambda: fn(**next(cycle), config=m.config))
+        m.ms = _time(timer, fn, sets, m.config)
     except Exception as exc:  # noqa: BLE001 - a config that fails is reported and skipped
         m.problem = f"rejected: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}"
+
+
+def _time(timer, fn, sets, config) -> float:
+    """The timer's ms for one launch with `config`, each on the next buffer set."""
+    cycle = itertools.cycle(sets)
+    return timer(lambda: fn(**next(cycle), config=config))
 
 
 def _entry(torch, module, fn, sets, result: ShapeResult, timer, progress, label) -> dict | None:
@@ -148,8 +153,7 @@ def _entry(torch, module, fn, sets, result: ShapeResult, timer, progress, label)
             continue
         with _env(FUSEGEN_TMA="1" if path == "tma" else "0"):
             for m in ran[:FINALISTS]:
-                cycle = itertools.cycle(sets)
-                m.ms = timer(lambda: fn(**next(cycle), config=m.config))
+                m.ms = _time(timer, fn, sets, m.config)
         best = min(ran[:FINALISTS], key=lambda m: m.ms)
         choices[path] = {"config": best.config, "ms": round(best.ms, 5)}
         progress(f"  {label}: {path}: chose {_short(best.config)}: {best.ms:.4f} ms")
