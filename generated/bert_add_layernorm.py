@@ -620,6 +620,15 @@ def _table_entries():
                     entries = list(json.load(f)["entries"])
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 _log_once("table", "bert_add_layernorm: ignoring %s: %s", path, exc)
+        stale = sum(isinstance(e, dict) and e.get("kernel_hash") != KERNEL_HASH for e in entries)
+        if stale:
+            _log.info(
+                "bert_add_layernorm: %d of %d entries in %s were tuned for other kernel source and are "
+                "ignored; run `fusegen tune` to measure them again",
+                stale,
+                len(entries),
+                path,
+            )
         _TABLE["entries"] = entries
     return _TABLE["entries"]
 

@@ -609,6 +609,15 @@ def _table_entries():
                     entries = list(json.load(f)["entries"])
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 _log_once("table", "llama_add_rmsnorm: ignoring %s: %s", path, exc)
+        stale = sum(isinstance(e, dict) and e.get("kernel_hash") != KERNEL_HASH for e in entries)
+        if stale:
+            _log.info(
+                "llama_add_rmsnorm: %d of %d entries in %s were tuned for other kernel source and are "
+                "ignored; run `fusegen tune` to measure them again",
+                stale,
+                len(entries),
+                path,
+            )
         _TABLE["entries"] = entries
     return _TABLE["entries"]
 

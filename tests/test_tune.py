@@ -156,6 +156,21 @@ def import_fresh(path):
     return module
 
 
+def test_a_stale_table_is_ignored_and_says_so(generated, monkeypatch, caplog):
+    spec, out_dir, _ = generated
+    table = tables.path_for(out_dir, "tiny_gelu")
+    table.write_text(tables.render("tiny_gelu", str(spec), [entry("0" * 16)]))
+    module = import_fresh(out_dir / "tiny_gelu.py")
+    monkeypatch.setattr(module, "_device_identity", lambda device: ("NVIDIA H200", [9, 0]))
+    monkeypatch.setattr(module, "_can_tune", lambda device: True)
+    monkeypatch.setattr(module, "DETERMINISTIC", True)  # no table entry: the default runs
+    x, w, b = torch.randn(40, 64), torch.randn(48, 64) / 8, torch.randn(48)
+    with caplog.at_level(logging.INFO):
+        module.tiny_gelu(x, w, b)
+    assert module.last_launch()["source"] == "default"
+    assert "1 of 1 entries in" in caplog.text and "tuned for other kernel source" in caplog.text
+
+
 def test_deterministic_kernels_never_tune(write_spec, run_cli, tmp_path, monkeypatch):
     spec = write_spec(SPEC.replace("    autotune:", "    deterministic: true\n    autotune:"))
     out_dir = tmp_path / "gen"
