@@ -291,11 +291,14 @@ class ChainLowering:
 
     def _gate(self, path: tuple, args: Any, inputs: dict[str, Tensor], main: Matmul) -> Gate | None:
         allowed = {"matmul", "bias", "activation"}
+        matmul_path = path + ("matmul",)
+        if isinstance(args, str):  # gate: x @ w_up.T, short for gate: {matmul: x @ w_up.T}
+            args, matmul_path = {"matmul": args}, path
         if not isinstance(args, dict) or "matmul" not in args:
             self.err(
                 path,
-                "gate takes {matmul: {a, b}, bias?: INPUT, activation?: ACTIVATION}",
-                "e.g. gate: {matmul: {a: x, b: w_up.T}}",
+                "gate takes A @ B or {matmul: A @ B, bias?: INPUT, activation?: ACTIVATION}",
+                "e.g. gate: x @ w_up.T",
             )
             return None
         for key in args:
@@ -306,7 +309,7 @@ class ChainLowering:
                     "fields: " + ", ".join(sorted(allowed)),
                     key=True,
                 )
-        mm = self._matmul(path + ("matmul",), args["matmul"], inputs, main=main)
+        mm = self._matmul(matmul_path, args["matmul"], inputs, main=main)
         steps: list[Step] = []
         if "bias" in args:
             step = self._elementwise(path + ("bias",), "bias", args["bias"], inputs, main.m, main.n)

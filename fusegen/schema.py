@@ -82,10 +82,15 @@ def chain_step_schema() -> dict:
         _step(
             "gate",
             {
-                "type": "object",
-                "properties": {"matmul": matmul, "bias": tensor, "activation": activation},
-                "required": ["matmul"],
-                "additionalProperties": False,
+                "anyOf": [
+                    {
+                        "type": "object",
+                        "properties": {"matmul": matmul, "bias": tensor, "activation": activation},
+                        "required": ["matmul"],
+                        "additionalProperties": False,
+                    },
+                    matmul["anyOf"][1],
+                ]
             },
             ops.STRUCTURAL["gate"].summary,
         )

@@ -234,6 +234,11 @@ def test_matmul_shorthand_is_the_long_form(write_spec):
         for step in ("matmul: {a: x, b: w.T}", "matmul: x @ w.T")
     )
     assert long.matmul == short.matmul and long.steps == short.steps
+    gated = [
+        lower(write_spec, mlp(["matmul: x @ w.T", "silu", step]))[0]
+        for step in ("gate: {matmul: {a: x, b: w2.T}}", "gate: x @ w2.T")
+    ]
+    assert gated[0].steps == gated[1].steps
 
 
 BAD = [
