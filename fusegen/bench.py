@@ -81,6 +81,16 @@ def shape_dims(kernel: Kernel, shape: tuple) -> dict:
     return sizes
 
 
+def usable_sizes(kernel: Kernel, shapes, progress):
+    """(shape, {dim: size}) for each of `shapes` the kernel takes; the others are
+    reported through `progress` and skipped."""
+    for shape in shapes:
+        try:
+            yield shape, shape_dims(kernel, shape)
+        except ValueError as exc:
+            progress(f"  skipped: {exc}")
+
+
 def row_shapes(kernel: Kernel, rows: list[int]) -> list[tuple]:
     """Shapes at these row counts, the other dims at the spec's static sizes."""
     names = (
@@ -215,7 +225,12 @@ def load_module(kernel: Kernel, folder: Path):
     text = codegen.render(kernel)[0].text
     path = folder / f"{kernel.name}.py"
     path.write_text(text)
-    spec = importlib.util.spec_from_file_location(f"fusegen_bench_{kernel.name}", path)
+    return import_file(path, f"fusegen_bench_{kernel.name}")
+
+
+def import_file(path: Path, name: str):
+    """Import a generated module from its file under a private name (not in sys.modules)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -311,12 +326,7 @@ def run(
     with tempfile.TemporaryDirectory() as tmp:
         for kernel in kernels:
             module = load_module(kernel, Path(tmp))
-            for shape in shapes.get(kernel.kind, []):
-                try:
-                    sizes = shape_dims(kernel, shape)
-                except ValueError as exc:
-                    progress(f"  skipped: {exc}")
-                    continue
+            for _, sizes in usable_sizes(kernel, shapes.get(kernel.kind, []), progress):
                 results += bench_shape(
                     torch,
                     timer,

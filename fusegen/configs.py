@@ -240,34 +240,29 @@ AMD_DEFAULTS = {
 }
 
 
+# Which configs of a built-in matmul space a profile keeps, by their row tile.
+PROFILE_KEEPS = {"training": lambda c: c.BLOCK_M >= 64, "inference": lambda c: c.BLOCK_M <= 64}
+
+
 def profile_spaces(
     kind: str, profile: str, target: str = "nvidia"
 ) -> tuple[tuple[Config, ...], tuple[Config, ...], Config, Config | None]:
     """The built-in (space, TMA space, default, TMA default) of a kernel kind under a
     profile and target. Elementwise and row kernels have one space: the profile leaves
     them be."""
-    if target == "amd" and kind in ("matmul", "gated"):
+    if kind not in ("matmul", "gated"):
+        return SPACES[kind], TMA_SPACES[kind], DEFAULTS[kind], TMA_DEFAULTS.get(kind)
+    keep = PROFILE_KEEPS.get(profile, lambda c: True)
+    if target == "amd":
         space = AMD_MATMUL_SPACE if kind == "matmul" else AMD_GATED_SPACE
-        keep = {"training": lambda c: c.BLOCK_M >= 64, "inference": lambda c: c.BLOCK_M <= 64}
-        if profile in keep:
-            space = tuple(filter(keep[profile], space))
-        return space, (), AMD_DEFAULTS[kind], None
-    space, tma_space = SPACES[kind], TMA_SPACES[kind]
-    default, tma_default = DEFAULTS[kind], TMA_DEFAULTS.get(kind)
-    if kind not in ("matmul", "gated") or profile == "general":
-        return space, tma_space, default, tma_default
-    if profile == "training":
-        keep = lambda c: c.BLOCK_M >= 64  # noqa: E731
-        return (
-            tuple(filter(keep, space)),
-            tuple(filter(keep, tma_space)),
-            default,
-            tma_default,
-        )
-    keep = lambda c: c.BLOCK_M <= 64  # noqa: E731
+        return tuple(filter(keep, space)), (), AMD_DEFAULTS[kind], None
+    space = tuple(filter(keep, SPACES[kind]))
+    tma_space = tuple(filter(keep, TMA_SPACES[kind]))
+    if profile != "inference":
+        return space, tma_space, DEFAULTS[kind], TMA_DEFAULTS[kind]
     return (
-        tuple(filter(keep, space)) + INFERENCE_EXTRA[kind],
-        tuple(filter(keep, tma_space)) + INFERENCE_TMA_EXTRA[kind],
+        space + INFERENCE_EXTRA[kind],
+        tma_space + INFERENCE_TMA_EXTRA[kind],
         INFERENCE_DEFAULTS[kind],
         INFERENCE_TMA_DEFAULTS[kind],
     )

@@ -125,12 +125,7 @@ def run(
     out = []
     for kernel in kernels:
         module = load(kernel, out_dir)
-        for shape in shapes_for(kernel):
-            try:
-                sizes = bench.shape_dims(kernel, shape)
-            except ValueError as exc:
-                progress(f"  skipped: {exc}")
-                continue
+        for shape, sizes in bench.usable_sizes(kernel, shapes_for(kernel), progress):
             progress(f"  {kernel.name} {'x'.join(map(str, shape))} {dtype_name} ...")
             out.append(inspect_shape(torch, module, kernel, sizes, dtype_name, device))
     return out

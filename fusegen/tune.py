@@ -14,7 +14,6 @@ torch and triton are imported only when the command runs.
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import itertools
 import os
 import time
@@ -64,10 +63,7 @@ def load_generated(kernel: Kernel, out_dir: Path):
             f"{path}: differs from what {kernel.spec_display} generates; run `fusegen build "
             f"{kernel.spec_display}` first"
         )
-    spec = importlib.util.spec_from_file_location(f"fusegen_tune_{kernel.name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench.import_file(path, f"fusegen_tune_{kernel.name}")
 
 
 @contextmanager
@@ -213,12 +209,7 @@ def run(
     for kernel in kernels:
         module = modules[kernel.name]
         entries = []
-        for shape in shapes_for(kernel):
-            try:
-                sizes = bench.shape_dims(kernel, shape)
-            except ValueError as exc:
-                progress(f"  skipped: {exc}")
-                continue
+        for _, sizes in bench.usable_sizes(kernel, shapes_for(kernel), progress):
             for dtype_name in dtype_names:
                 if dtype_name not in kernel.dtypes:
                     progress(f"  skipped: {kernel.name} does not take {dtype_name}")
