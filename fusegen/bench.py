@@ -342,12 +342,6 @@ def run(
     return ceilings, results
 
 
-def do_bench_timer(fn) -> float:
-    from triton.testing import do_bench
-
-    return do_bench(fn, warmup=25, rep=100, return_mode="median")
-
-
 def versions() -> dict:
     import torch
     import triton

@@ -64,6 +64,13 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--out", default="bench-results", metavar="DIR", help="where the JSON, Markdown and PNG go"
     )
+    bench.add_argument(
+        "--timer",
+        default="call",
+        choices=["call", "graph"],
+        help="call: do_bench of each Python call, launch cost included where it shows "
+        "(default); graph: GPU time of calls replayed from a CUDA graph",
+    )
     tune = sub.add_parser(
         "tune",
         help="measure the config spaces on this GPU and write tuned tables beside the modules",
@@ -87,6 +94,13 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument(
             "--out", default="generated", metavar="DIR", help="the generated modules' folder"
         )
+    tune.add_argument(
+        "--timer",
+        default="graph",
+        choices=["call", "graph"],
+        help="graph: rank configs by GPU time replayed from a CUDA graph (default; "
+        "reproducible for kernels shorter than their launch); call: do_bench per call",
+    )
     tune.add_argument(
         "--dtypes", nargs="+", default=["bf16"], choices=["bf16", "fp16", "fp32"], metavar="DTYPE"
     )
@@ -167,7 +181,7 @@ def _gpu_command(args: argparse.Namespace, command: str, work) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from fusegen import bench, tune
+    from fusegen import timing, tune
 
     def work(kernels, shapes_for, progress) -> int:
         results, written = tune.run(
@@ -175,9 +189,9 @@ def _tune(args: argparse.Namespace) -> int:
             shapes_for,
             args.dtypes,
             Path(args.out),
-            bench.do_bench_timer,
+            timing.TIMERS[args.timer],
             progress,
-            final_timer=tune.final_timer,
+            final_timer=timing.FINAL_TIMERS[args.timer],
         )
         for r in results:
             best = r.entry["choices"][r.entry["best"]] if r.entry else None
@@ -292,7 +306,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from fusegen import bench, report
+    from fusegen import bench, report, timing
 
     try:
         import torch
@@ -319,10 +333,14 @@ def _bench(args: argparse.Namespace) -> int:
         shapes = {"matmul": [s for s in given if len(s) == 3], "elementwise": pairs, "row": pairs}
     progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     ceilings, results = bench.run(
-        kernels, shapes, args.dtype, variants, bench.do_bench_timer, progress
+        kernels, shapes, args.dtype, variants, timing.TIMERS[args.timer], progress
     )
     print(report.table(results))
-    meta = {**bench.versions(), "command": "fusegen bench " + " ".join(args.raw)}
+    meta = {
+        **bench.versions(),
+        "command": "fusegen bench " + " ".join(args.raw),
+        "timer": args.timer,
+    }
     for path in report.write(Path(args.out), results, ceilings, meta):
         print(f"wrote {path}", file=sys.stderr)
     return 0 if all(r.ok for r in results) else 1

@@ -56,13 +56,20 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+TIMER_WORDS = {
+    "call": "Times: do_bench median per Python call, L2 cleared before each.",
+    "graph": "Times: GPU time per call replayed from a CUDA graph (no launch cost).",
+}
+
+
 def markdown(results: list[Result], ceilings: Ceilings, meta: dict) -> str:
     lines = [
         f"Ceilings measured in this run: {ceilings.tflops:.0f} TFLOP/s (bf16 matmul 8192^3), "
         f"{ceilings.gbs:.0f} GB/s (device copy, read + write). Roofline: the larger of "
         "flops / matmul ceiling and bytes / copy ceiling, over the measured time.",
         "",
-        f"{meta.get('gpu')}, torch {meta.get('torch')}, triton {meta.get('triton')}.",
+        f"{meta.get('gpu')}, torch {meta.get('torch')}, triton {meta.get('triton')}. "
+        + TIMER_WORDS.get(meta.get("timer", "call"), ""),
         "",
         "| " + " | ".join(HEADER) + " |",
         "|" + "---|" * len(HEADER),

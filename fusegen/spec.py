@@ -65,7 +65,8 @@ class FallbackSpec(_Strict):
     nonfinite: Literal["off", "reference"] = Field(
         "off",
         description="'reference': after each launch, check the output for inf/NaN and, where "
-        "the stepwise reference is finite there, return the reference (costs a check per call)",
+        "the stepwise reference is finite there, return the reference (costs a check per call; "
+        "skipped while a CUDA graph is captured, which cannot wait for it)",
     )
 
 

@@ -176,13 +176,6 @@ def _entry(torch, module, fn, sets, result: ShapeResult, timer, progress, label)
     }
 
 
-def final_timer(fn) -> float:
-    """The finalists' timer: more repetitions than the sweep's, for a stable choice."""
-    from triton.testing import do_bench
-
-    return do_bench(fn, warmup=50, rep=400, return_mode="median")
-
-
 def _short(config: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in config.items())
 
