@@ -42,6 +42,7 @@ RESERVED_NAMES = frozenset(
         "last",
         "json",
         "time",
+        "inspect",
         # launcher and module
         "out",
         "config",

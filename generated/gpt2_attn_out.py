@@ -16,6 +16,7 @@ Use:
 Only torch and triton are needed to run this module.
 """
 
+import inspect
 import json
 import logging
 import os
@@ -495,6 +496,7 @@ _TABLE = {}  # "entries": the tuned table's entries, read at first use
 # What a tuned table's entry keys on, in the order of a plan's key.
 _KEY_NAMES = ("M_bucket", "N", "K", "dtype", "out_dtype")
 _DEVICES = {}  # device index -> (compute capability major, SM count, shared memory per block)
+_FLUSH = {}  # device index -> the buffer that clears the L2 cache between timed calls
 _ALLOCATION = getattr(triton.runtime, "_allocation", None)
 _OUTPUTS = slice(4, 5)  # outputs in a launch's arguments
 try:
@@ -806,10 +808,13 @@ def _tuned_kernel(path):
     """The autotuned kernel for a path, made at first use: the interpreter cannot tune."""
     if path not in _TUNED:
         kernel, configs, _ = _PATHS[path]
+        takes_timer = "do_bench" in inspect.signature(triton.autotune).parameters
+        timer = {"do_bench": _graph_bench} if takes_timer else {}
         _TUNED[path] = triton.autotune(
             configs=[_triton_config(path, _complete(path, c)) for c in configs],
             key=["ROWS_BUCKET", "N", "K"],
             prune_configs_by={"early_config_prune": _prune},
+            **timer,
         )(kernel)
     return _TUNED[path]
 
@@ -818,7 +823,7 @@ def _launch(path, plan, args, config):
     """Launch the kernel with the config _choose picks; remember what ran. What a
     signature's launch needs (kernel, grid, keyword arguments) is worked out once and
     kept in its plan, and from the second call the compiled kernel is launched directly
-    (see _direct, opt-in): a call of a known signature costs a dict lookup and the launch."""
+    (see _direct): a call of a known signature costs a dict lookup and the launch."""
     key = _config_key(config)
     ready = plan.ready.get(key)
     if ready is None or ready[0] != path:
@@ -829,10 +834,10 @@ def _launch(path, plan, args, config):
     args = (*args, *_scratch(args, split))
     if direct and all(t.data_ptr() % 16 == 0 for t in args[_OUTPUTS]):
         direct[0][grid](*args, *direct[1])
-        _LAST_RUN.update(kernel=direct[0], key=plan.key)
+        _LAST_RUN.update(kernel=direct[0], key=plan.key, direct=True)
     else:
         compiled = kernel[grid](*args, **kwargs)
-        _LAST_RUN.update(kernel=compiled, key=plan.key)
+        _LAST_RUN.update(kernel=compiled, key=plan.key, direct=False)
         # The outputs' alignment is part of what triton compiled for; False: no direct
         # launch for this plan (asked once).
         if direct is None and all(t.data_ptr() % 16 == 0 for t in args[_OUTPUTS]):
@@ -842,11 +847,15 @@ def _launch(path, plan, args, config):
 
 def _direct(compiled, kernel, args, kwargs):
     """(compiled kernel, its constexpr arguments in order), to launch it without
-    triton's per-call dispatch, which costs more than a decode-sized kernel runs. Opt-in
-    (FUSEGEN_DIRECT_LAUNCH=1) until measured on a GPU; None otherwise, under the
-    interpreter, and before triton 3.3 (which passed no constexprs). The plan's signature
-    pins everything the kernel was specialized on (shapes, strides, dtypes, alignment)."""
-    if _TRITON_VERSION < (3, 3) or os.environ.get("FUSEGEN_DIRECT_LAUNCH") != "1":
+    triton's per-call dispatch, which costs more than a decode-sized kernel runs (46 ->
+    27 us per call on an H200). None with FUSEGEN_DIRECT_LAUNCH=0, under the interpreter,
+    and before triton 3.3 (which passed no constexprs). The plan's signature pins
+    everything the kernel was specialized on (shapes, strides, dtypes, alignment)."""
+    if (
+        _TRITON_VERSION < (3, 3)
+        or os.environ.get("FUSEGEN_DIRECT_LAUNCH", "1") == "0"
+        or _interpreted()
+    ):
         return None
     try:
         names = compiled.src.fn.arg_names
@@ -1013,6 +1022,55 @@ def _tune(path, key, grid, args, consts):
     return _PLANS[key]
 
 
+def _graph_bench(kernel_call, quantiles=(0.5, 0.2, 0.8), calls=20, replays=10):
+    """Autotuning's timer: a config's GPU time per call, from CUDA graphs of [clear the
+    L2 cache, call] x calls less [clear the L2 cache] x calls. Triton's default times each
+    Python call, which for a kernel shorter than its launch measures the launch, so
+    decode-sized configs came out ranked by noise. Triton's default where a call cannot
+    be captured (quantiles of the per-call times, as triton's timers return)."""
+    kernel_call()  # compiles outside the capture
+    flush = _l2_flush()
+    try:
+        both = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(both):
+            for _ in range(calls):
+                flush.zero_()
+                kernel_call()
+        alone = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(alone):
+            for _ in range(calls):
+                flush.zero_()
+    except RuntimeError:
+        torch.cuda.synchronize()
+        from triton.testing import do_bench
+
+        return do_bench(kernel_call, quantiles=list(quantiles))
+    both.replay()
+    alone.replay()
+    samples = []
+    for _ in range(replays):  # interleaved, so drift in clocks hits both alike
+        times = []
+        for graph in (both, alone):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        samples.append(max(times[0] - times[1], 0.0) / calls)
+    samples.sort()
+    return [samples[min(int(q * len(samples)), len(samples) - 1)] for q in quantiles]
+
+
+def _l2_flush():
+    """A buffer twice the L2 cache of the current GPU, zeroed between timed calls."""
+    index = torch.cuda.current_device()
+    if index not in _FLUSH:
+        l2 = getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 0) or 64 << 20
+        _FLUSH[index] = torch.empty(2 * l2 // 4, dtype=torch.int32, device="cuda")
+    return _FLUSH[index]
+
+
 def _autotuned(path, grid, args, consts):
     """Run (tuning first, for a new key) the autotuned kernel of a path; return the
     config it chose and that config's time in ms."""
@@ -1028,10 +1086,8 @@ def _autotuned(path, grid, args, consts):
     chosen.update({k: found[k] for k in optional if k in found and found[k] != optional[k]})
     timing = getattr(tuned, "configs_timings", {}).get(best)
     if timing is None:  # one config: the tuner does not time it
-        from triton.testing import do_bench
-
         kwargs = {**_path_consts(path, args, consts), **_triton_kwargs(path, chosen)}
-        timing = do_bench(lambda: _PATHS[path][0][grid](*args, **kwargs), warmup=5, rep=20)
+        timing = _graph_bench(lambda: _PATHS[path][0][grid](*args, **kwargs))
     return chosen, timing[0] if isinstance(timing, (list, tuple)) else timing
 
 

@@ -267,17 +267,23 @@ def test_rejects_wrong_dtype():
 
 @pytest.mark.skipif(HEAVY, reason="the interpreter runs this spec's large weights slowly")
 def test_repeated_calls_agree(monkeypatch):
-    # The first call of a signature plans its launch; later ones reuse the plan (and,
-    # with FUSEGEN_DIRECT_LAUNCH=1, launch the compiled kernel directly).
-    monkeypatch.setattr(kernel, "_CALLS", {})
+    # The first call of a signature plans its launch; later ones reuse the plan and, on
+    # a GPU, launch the compiled kernel directly (unless FUSEGEN_DIRECT_LAUNCH=0).
     dtype, seed, sizes = DTYPES[0], new_seed(), {**SIZES, **CASES[0]}
     inputs = make_inputs(sizes, dtype, seed)
-    runs = []
-    for direct in ("0", "1", "1") if ON_GPU else ("0", "1"):
-        monkeypatch.setenv("FUSEGEN_DIRECT_LAUNCH", direct)
-        buffers = output_buffers(sizes, dtype)
-        runs.append(as_tuple(kernel.bert_intermediate(**inputs, **buffers)))
-    check_outputs(runs[-1], inputs, dtype, seed, kernel.last_launch())
+    runs, direct_runs = [], []
+    for setting, calls in (("0", 2), ("1", 3)) if ON_GPU else (("0", 1), ("1", 2)):
+        monkeypatch.setenv("FUSEGEN_DIRECT_LAUNCH", setting)
+        monkeypatch.setattr(kernel, "_CALLS", {})
+        for _ in range(calls):
+            buffers = output_buffers(sizes, dtype)
+            runs.append(as_tuple(kernel.bert_intermediate(**inputs, **buffers)))
+            check_outputs(runs[-1], inputs, dtype, seed, kernel.last_launch())
+            direct_runs.append(kernel._LAST_RUN.get("direct"))
+    if ON_GPU and kernel._TRITON_VERSION >= (3, 3):
+        assert direct_runs == [False, False, False, True, True]
+    else:
+        assert not any(direct_runs)
     for run in runs[1:]:
         for got, first in zip(run, runs[0]):
             torch.testing.assert_close(got, first, rtol=0, atol=0, equal_nan=True)

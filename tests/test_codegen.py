@@ -45,6 +45,7 @@ def test_generated_files_stand_alone(path):
         "triton",
         "logging",
         "os",
+        "inspect",
         "json",
         "time",
         "math",
