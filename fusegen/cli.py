@@ -98,8 +98,9 @@ def _parser() -> argparse.ArgumentParser:
         "--timer",
         default="graph",
         choices=["call", "graph"],
-        help="graph: rank configs by GPU time replayed from a CUDA graph (default; "
-        "reproducible for kernels shorter than their launch); call: do_bench per call",
+        help="graph (default): rank kernels shorter than 0.1 ms by GPU time replayed from "
+        "a CUDA graph (reproducible where the launch outlasts the kernel), longer ones by "
+        "do_bench; call: do_bench per call for all",
     )
     tune.add_argument(
         "--dtypes", nargs="+", default=["bf16"], choices=["bf16", "fp16", "fp32"], metavar="DTYPE"
@@ -189,9 +190,9 @@ def _tune(args: argparse.Namespace) -> int:
             shapes_for,
             args.dtypes,
             Path(args.out),
-            timing.TIMERS[args.timer],
+            timing.TUNING_TIMERS[args.timer][0],
             progress,
-            final_timer=timing.FINAL_TIMERS[args.timer],
+            final_timer=timing.TUNING_TIMERS[args.timer][1],
         )
         for r in results:
             best = r.entry["choices"][r.entry["best"]] if r.entry else None

@@ -333,5 +333,6 @@ ROW_ALIASES = {"rms_norm": "rmsnorm", "layer_norm": "layernorm", "amax": "max"}
 def dtype_names() -> str:
     return ", ".join(dtypes.DTYPES)
 
+
 # `matmul: x @ w.T`, the short form of `matmul: {a: x, b: w.T}`.
 MATMUL_SHORTHAND = r"^\s*[A-Za-z_][A-Za-z0-9_]*(\.T)?\s*@\s*[A-Za-z_][A-Za-z0-9_]*(\.T)?\s*$"

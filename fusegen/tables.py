@@ -59,7 +59,12 @@ def identity(entry: dict) -> tuple:
 
 def _order(entry: dict) -> tuple:
     key = entry["key"]
-    return (entry["gpu"], tuple(entry["capability"]), str(key.get("dtype")), *map(str, key.values()))
+    return (
+        entry["gpu"],
+        tuple(entry["capability"]),
+        str(key.get("dtype")),
+        *map(str, key.values()),
+    )
 
 
 def merge(old: list[dict], new: list[dict]) -> list[dict]:
