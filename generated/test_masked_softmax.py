@@ -339,6 +339,29 @@ def test_autotunes_on_gpu(monkeypatch):
 
 
 @needs_gpu
+def test_replays_from_a_cuda_graph():
+    # After a first call of a shape (compiling, tuning), calls can be captured in a CUDA
+    # graph; a replay reads whatever the captured input tensors hold then.
+    dtype, sizes = DTYPES[0], {**SIZES, **CASES[0]}
+    static = make_inputs(sizes, dtype, new_seed())
+    buffers = output_buffers(sizes, dtype)
+    kernel.masked_softmax(**static, **buffers)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernel.masked_softmax(**static, **buffers)
+    launch = kernel.last_launch()
+    seed = new_seed()
+    for name, value in make_inputs(sizes, dtype, seed).items():
+        static[name].copy_(value)
+    for buffer in buffers.values():
+        buffer.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    check_outputs(tuple(buffers.values()), static, dtype, seed, launch)
+
+
+@needs_gpu
 def test_default_config_without_tuning(monkeypatch):
     monkeypatch.setenv("FUSEGEN_AUTOTUNE", "0")
     monkeypatch.setattr(kernel, "_PLANS", {})
