@@ -873,7 +873,12 @@ def bert_add_layernorm(
     Raises:
         TypeError, ValueError: an input has the wrong type, shape, dtype or device; the
             message names the tensor and the dim.
+
+    Inside torch.compile it runs as an eager call (a graph break; not under
+    fullgraph=True).
     """
+    if torch.compiler.is_compiling():
+        return _untraced(x, residual, gamma, beta, out=out, config=config)
     plan = _CALLS.get(_signature(x, residual, gamma, beta)) or _plan(x, residual, gamma, beta)
     path = plan.path
     if out is None:
@@ -910,6 +915,13 @@ def bert_add_layernorm(
     )
     _launch(path, plan, args, config)
     return out
+
+
+def _untraced(*args, **kwargs):
+    """The launcher inside a torch.compile'd function: run eagerly, a graph break, since
+    it reads pointers and launches compiled kernels itself, which Dynamo cannot trace.
+    torch.compiler.disable is reached only here: importing it costs seconds."""
+    return torch.compiler.disable(bert_add_layernorm)(*args, **kwargs)
 
 
 def _plan(x, residual, gamma, beta):

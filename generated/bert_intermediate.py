@@ -1187,7 +1187,12 @@ def bert_intermediate(
     Raises:
         TypeError, ValueError: an input has the wrong type, shape, dtype or device; the
             message names the tensor and the dim.
+
+    Inside torch.compile it runs as an eager call (a graph break; not under
+    fullgraph=True).
     """
+    if torch.compiler.is_compiling():
+        return _untraced(x, w, b, out=out, config=config)
     plan = _CALLS.get(_signature(x, w, b)) or _plan(x, w, b)
     path = plan.path
     if out is None:
@@ -1231,6 +1236,13 @@ def bert_intermediate(
             out.copy_(expected)
             _record(None, "reference (non-finite output)")
     return out
+
+
+def _untraced(*args, **kwargs):
+    """The launcher inside a torch.compile'd function: run eagerly, a graph break, since
+    it reads pointers and launches compiled kernels itself, which Dynamo cannot trace.
+    torch.compiler.disable is reached only here: importing it costs seconds."""
+    return torch.compiler.disable(bert_intermediate)(*args, **kwargs)
 
 
 def _plan(x, w, b):

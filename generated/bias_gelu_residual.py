@@ -808,7 +808,12 @@ def bias_gelu_residual(
     Raises:
         TypeError, ValueError: an input has the wrong type, shape, dtype or device; the
             message names the tensor and the dim.
+
+    Inside torch.compile it runs as an eager call (a graph break; not under
+    fullgraph=True).
     """
+    if torch.compiler.is_compiling():
+        return _untraced(x, b, r, out=out, config=config)
     plan = _CALLS.get(_signature(x, b, r)) or _plan(x, b, r)
     path = plan.path
     if out is None:
@@ -839,6 +844,13 @@ def bias_gelu_residual(
     )
     _launch(path, plan, args, config)
     return out
+
+
+def _untraced(*args, **kwargs):
+    """The launcher inside a torch.compile'd function: run eagerly, a graph break, since
+    it reads pointers and launches compiled kernels itself, which Dynamo cannot trace.
+    torch.compiler.disable is reached only here: importing it costs seconds."""
+    return torch.compiler.disable(bias_gelu_residual)(*args, **kwargs)
 
 
 def _plan(x, b, r):

@@ -1197,7 +1197,12 @@ def gpt2_attn_out(
     Raises:
         TypeError, ValueError: an input has the wrong type, shape, dtype or device; the
             message names the tensor and the dim.
+
+    Inside torch.compile it runs as an eager call (a graph break; not under
+    fullgraph=True).
     """
+    if torch.compiler.is_compiling():
+        return _untraced(x, w, b, residual, out=out, config=config)
     plan = _CALLS.get(_signature(x, w, b, residual)) or _plan(x, w, b, residual)
     path = plan.path
     if out is None:
@@ -1236,6 +1241,13 @@ def gpt2_attn_out(
     )
     _launch(path, plan, args, config)
     return out
+
+
+def _untraced(*args, **kwargs):
+    """The launcher inside a torch.compile'd function: run eagerly, a graph break, since
+    it reads pointers and launches compiled kernels itself, which Dynamo cannot trace.
+    torch.compiler.disable is reached only here: importing it costs seconds."""
+    return torch.compiler.disable(gpt2_attn_out)(*args, **kwargs)
 
 
 def _plan(x, w, b, residual):

@@ -1184,7 +1184,12 @@ def gpt2_mlp_up(
     Raises:
         TypeError, ValueError: an input has the wrong type, shape, dtype or device; the
             message names the tensor and the dim.
+
+    Inside torch.compile it runs as an eager call (a graph break; not under
+    fullgraph=True).
     """
+    if torch.compiler.is_compiling():
+        return _untraced(x, w, b, out=out, config=config)
     plan = _CALLS.get(_signature(x, w, b)) or _plan(x, w, b)
     path = plan.path
     if out is None:
@@ -1211,6 +1216,13 @@ def gpt2_mlp_up(
     args = (x.reshape(-1, x.shape[-1]), w, b, out.view(-1, out.shape[-1]), *plan.tail)
     _launch(path, plan, args, config)
     return out
+
+
+def _untraced(*args, **kwargs):
+    """The launcher inside a torch.compile'd function: run eagerly, a graph break, since
+    it reads pointers and launches compiled kernels itself, which Dynamo cannot trace.
+    torch.compiler.disable is reached only here: importing it costs seconds."""
+    return torch.compiler.disable(gpt2_mlp_up)(*args, **kwargs)
 
 
 def _plan(x, w, b):

@@ -864,7 +864,12 @@ def llama_add_rmsnorm(
     Raises:
         TypeError, ValueError: an input has the wrong type, shape, dtype or device; the
             message names the tensor and the dim.
+
+    Inside torch.compile it runs as an eager call (a graph break; not under
+    fullgraph=True).
     """
+    if torch.compiler.is_compiling():
+        return _untraced(x, residual, weight, out=out, out_h=out_h, config=config)
     plan = _CALLS.get(_signature(x, residual, weight)) or _plan(x, residual, weight)
     path = plan.path
     if out is None:
@@ -913,6 +918,13 @@ def llama_add_rmsnorm(
     )
     _launch(path, plan, args, config)
     return (out, out_h)
+
+
+def _untraced(*args, **kwargs):
+    """The launcher inside a torch.compile'd function: run eagerly, a graph break, since
+    it reads pointers and launches compiled kernels itself, which Dynamo cannot trace.
+    torch.compiler.disable is reached only here: importing it costs seconds."""
+    return torch.compiler.disable(llama_add_rmsnorm)(*args, **kwargs)
 
 
 def _plan(x, residual, weight):

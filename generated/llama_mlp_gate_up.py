@@ -1180,7 +1180,12 @@ def llama_mlp_gate_up(
     Raises:
         TypeError, ValueError: an input has the wrong type, shape, dtype or device; the
             message names the tensor and the dim.
+
+    Inside torch.compile it runs as an eager call (a graph break; not under
+    fullgraph=True).
     """
+    if torch.compiler.is_compiling():
+        return _untraced(x, w_gate, w_up, out=out, config=config)
     plan = _CALLS.get(_signature(x, w_gate, w_up)) or _plan(x, w_gate, w_up)
     path = plan.path
     if out is None:
@@ -1212,6 +1217,13 @@ def llama_mlp_gate_up(
     args = (x.reshape(-1, x.shape[-1]), w_gate, w_up, out.view(-1, out.shape[-1]), *plan.tail)
     _launch(path, plan, args, config)
     return out
+
+
+def _untraced(*args, **kwargs):
+    """The launcher inside a torch.compile'd function: run eagerly, a graph break, since
+    it reads pointers and launches compiled kernels itself, which Dynamo cannot trace.
+    torch.compiler.disable is reached only here: importing it costs seconds."""
+    return torch.compiler.disable(llama_mlp_gate_up)(*args, **kwargs)
 
 
 def _plan(x, w_gate, w_up):

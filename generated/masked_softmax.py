@@ -840,7 +840,12 @@ def masked_softmax(
     Raises:
         TypeError, ValueError: an input has the wrong type, shape, dtype or device; the
             message names the tensor and the dim.
+
+    Inside torch.compile it runs as an eager call (a graph break; not under
+    fullgraph=True).
     """
+    if torch.compiler.is_compiling():
+        return _untraced(scores, mask, out=out, config=config)
     plan = _CALLS.get(_signature(scores, mask)) or _plan(scores, mask)
     path = plan.path
     if out is None:
@@ -875,6 +880,13 @@ def masked_softmax(
     )
     _launch(path, plan, args, config)
     return out
+
+
+def _untraced(*args, **kwargs):
+    """The launcher inside a torch.compile'd function: run eagerly, a graph break, since
+    it reads pointers and launches compiled kernels itself, which Dynamo cannot trace.
+    torch.compiler.disable is reached only here: importing it costs seconds."""
+    return torch.compiler.disable(masked_softmax)(*args, **kwargs)
 
 
 def _plan(scores, mask):

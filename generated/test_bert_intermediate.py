@@ -289,6 +289,21 @@ def test_repeated_calls_agree(monkeypatch):
             torch.testing.assert_close(got, first, rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.skipif(HEAVY, reason="the interpreter runs this spec's large weights slowly")
+def test_runs_inside_torch_compile():
+    # torch.compile does not trace the launcher; it runs it eagerly, as a graph break.
+    torch._dynamo.reset()
+    dtype, seed, sizes = DTYPES[0], new_seed(), {**SIZES, **CASES[0]}
+    inputs = make_inputs(sizes, dtype, seed)
+
+    def model(**tensors):
+        return as_tuple(kernel.bert_intermediate(**tensors))
+
+    results = torch.compile(model, backend="eager")(**inputs)
+    check_outputs(results, inputs, dtype, seed, kernel.last_launch())
+    torch._dynamo.reset()
+
+
 def test_falls_back_without_gpu(monkeypatch):
     # Not on a GPU and the interpreter off: the reference runs.
     monkeypatch.setattr(kernel, "_runs_triton", lambda device: False)
