@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import shutil
 import sys
 import tempfile
 import time
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from fusegen import codegen
+from fusegen import codegen, tables
 from fusegen.ir import Gate, Kernel
 
 # Relative Frobenius error a variant may show against the float64 reference: rounding
@@ -220,11 +221,17 @@ VARIANT_NAMES = {
 # -- running --------------------------------------------------------------------------
 
 
-def load_module(kernel: Kernel, folder: Path):
-    """Render the kernel's module into `folder` and import it under a private name."""
+def load_module(kernel: Kernel, folder: Path, tables_dir: Path | None = None):
+    """Render the kernel's module into `folder` and import it under a private name,
+    with its tuned table from `tables_dir` beside it where there is one (the launcher
+    then takes the table's configs, as the committed module would; entries tuned for
+    other kernel source are ignored by the launcher, and logged)."""
     text = codegen.render(kernel)[0].text
     path = folder / f"{kernel.name}.py"
     path.write_text(text)
+    table = tables.path_for(tables_dir, kernel.name) if tables_dir else None
+    if table and table.is_file():
+        shutil.copyfile(table, tables.path_for(folder, kernel.name))
     return import_file(path, f"fusegen_bench_{kernel.name}")
 
 
@@ -286,7 +293,7 @@ def bench_shape(
             row.ok = row.error <= TOLERANCE[dtype_name]
             if variant.name == "fusegen":
                 launch = module.last_launch()
-                row.note = f"{launch['path']} {launch['config']}"
+                row.note = f"{launch['path']} ({launch['source']}) {launch['config']}"
             cycle = itertools.cycle(sets)
             row.ms = timer(lambda: fn(**next(cycle)))
             row.rate = flops / row.ms / 1e9 if flops else moved / row.ms / 1e6
@@ -312,10 +319,19 @@ def measure_ceilings(torch, timer) -> Ceilings:
 
 
 def run(
-    kernels, shapes, dtype_name, variants, timer, progress, ceilings=None, device="cuda"
+    kernels,
+    shapes,
+    dtype_name,
+    variants,
+    timer,
+    progress,
+    ceilings=None,
+    device="cuda",
+    tables_dir: Path | None = None,
 ) -> tuple[Ceilings, list[Result]]:
-    """Bench every kernel at every shape of its kind. `timer(fn) -> ms` and `ceilings`
-    can be given (the tests run this on the CPU with a fake timer)."""
+    """Bench every kernel at every shape of its kind, with the tuned tables found in
+    tables_dir (None: the launcher tunes at the first call of each shape). `timer(fn) ->
+    ms` and `ceilings` can be given (the tests run this on the CPU with a fake timer)."""
     import torch
 
     ceilings = ceilings or measure_ceilings(torch, timer)
@@ -325,7 +341,7 @@ def run(
     results: list[Result] = []
     with tempfile.TemporaryDirectory() as tmp:
         for kernel in kernels:
-            module = load_module(kernel, Path(tmp))
+            module = load_module(kernel, Path(tmp), tables_dir)
             for _, sizes in usable_sizes(kernel, shapes.get(kernel.kind, []), progress):
                 results += bench_shape(
                     torch,

@@ -65,6 +65,13 @@ def _parser() -> argparse.ArgumentParser:
         "--out", default="bench-results", metavar="DIR", help="where the JSON, Markdown and PNG go"
     )
     bench.add_argument(
+        "--tables",
+        default="generated",
+        metavar="DIR",
+        help="where the tuned tables are (default: %(default)s); 'none': tune at the first "
+        "call of each shape, as a module without a table does",
+    )
+    bench.add_argument(
         "--timer",
         default="call",
         choices=["call", "graph"],
@@ -334,7 +341,13 @@ def _bench(args: argparse.Namespace) -> int:
         shapes = {"matmul": [s for s in given if len(s) == 3], "elementwise": pairs, "row": pairs}
     progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     ceilings, results = bench.run(
-        kernels, shapes, args.dtype, variants, timing.TIMERS[args.timer], progress
+        kernels,
+        shapes,
+        args.dtype,
+        variants,
+        timing.TIMERS[args.timer],
+        progress,
+        tables_dir=None if args.tables == "none" else Path(args.tables),
     )
     print(report.table(results))
     meta = {

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from conftest import HAS_CUDA, ROOT  # noqa: E402
-from fusegen import bench, build, report  # noqa: E402
+from fusegen import bench, build, report, tables  # noqa: E402
 
 ANCHORS = ROOT / "benchmarks" / "specs" / "anchors.yaml"
 ROWS = ROOT / "benchmarks" / "specs" / "rows.yaml"
@@ -135,3 +135,19 @@ def test_a_failing_variant_is_reported_not_fatal():
     )
     broken_row = next(r for r in results if r.variant == "broken")
     assert not broken_row.ok and "RuntimeError: no such backend" in broken_row.note
+
+
+def test_bench_uses_the_tuned_table_beside_the_modules(tmp_path):
+    # `fusegen bench` measures what the committed module would run: its tuned table.
+    (kernel,) = [k for k in build.load([ANCHORS]).kernels if k.name == "anchor_gelu"]
+    tables_dir, modules = tmp_path / "generated", tmp_path / "bench"
+    tables_dir.mkdir()
+    modules.mkdir()
+    entry = {"gpu": "Some GPU", "capability": [9, 0], "kernel_hash": "abc", "key": {"M_bucket": 16}}
+    tables.path_for(tables_dir, kernel.name).write_text(
+        tables.render(kernel.name, kernel.spec_display, [entry])
+    )
+    module = bench.load_module(kernel, modules, tables_dir)
+    assert module._table_entries() == [entry]
+    without = bench.load_module(kernel, tmp_path, None)
+    assert without._table_entries() == []
