@@ -155,6 +155,7 @@ _TABLE = {}  # "entries": the tuned table's entries, read at first use
 _KEY_NAMES = ("M_bucket", "N", "dtype", "out_dtype")
 _DEVICES = {}  # device index -> (compute capability major, SM count, shared memory per block)
 _FLUSH = {}  # device index -> the buffer that clears the L2 cache between timed calls
+_UNTRACED = {}  # "launcher": the launcher as torch.compile runs it (see _untraced)
 GRAPH_TIMED_UNDER_MS = 0.1  # tuning times shorter kernels from CUDA graphs (see _graph_bench)
 _ALLOCATION = getattr(triton.runtime, "_allocation", None)
 _OUTPUTS = slice(3, 4)  # outputs in a launch's arguments
@@ -850,7 +851,9 @@ def _untraced(*args, **kwargs):
     """The launcher inside a torch.compile'd function: run eagerly, a graph break, since
     it reads pointers and launches compiled kernels itself, which Dynamo cannot trace.
     torch.compiler.disable is reached only here: importing it costs seconds."""
-    return torch.compiler.disable(bias_gelu_residual)(*args, **kwargs)
+    if "launcher" not in _UNTRACED:
+        _UNTRACED["launcher"] = torch.compiler.disable(bias_gelu_residual)
+    return _UNTRACED["launcher"](*args, **kwargs)
 
 
 def _plan(x, b, r):
