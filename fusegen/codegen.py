@@ -255,6 +255,13 @@ def kernel_context(kernel: Kernel) -> dict:
             "(" + ", ".join(o["kwarg"] for o in outputs(kernel)) + ")" if kernel.emits else "out"
         ),
         "return_annotation": " -> tuple[torch.Tensor, ...]" if kernel.emits else " -> torch.Tensor",
+        # torch.library infers the op's schema from annotations: one per output.
+        "op_return": (
+            "tuple[" + ", ".join(["torch.Tensor"] * len(outputs(kernel))) + "]"
+            if kernel.emits
+            else "torch.Tensor"
+        ),
+        "op_name": f"{kernel.name}_{kernel.spec_sha256[:12]}",
         "reference_return": reference_return(kernel, unpinned[0].name),
         "rowwise": kernel.row_step is not None,
         "reduces": kernel.reduces,

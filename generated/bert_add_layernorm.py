@@ -875,10 +875,12 @@ def bert_add_layernorm(
         TypeError, ValueError: an input has the wrong type, shape, dtype or device; the
             message names the tensor and the dim.
 
-    Inside torch.compile it runs as an eager call (a graph break; not under
-    fullgraph=True).
+    Inside torch.compile it is one custom op, fusegen::bert_add_layernorm_d737b2a7eb5e; given an
+    output buffer or a config there, an eager call (a graph break).
     """
     if torch.compiler.is_compiling():
+        if _OP is not None and config is None and out is None:
+            return _OP(x, residual, gamma, beta)
         return _untraced(x, residual, gamma, beta, out=out, config=config)
     plan = _CALLS.get(_signature(x, residual, gamma, beta)) or _plan(x, residual, gamma, beta)
     path = plan.path
@@ -919,12 +921,58 @@ def bert_add_layernorm(
 
 
 def _untraced(*args, **kwargs):
-    """The launcher inside a torch.compile'd function: run eagerly, a graph break, since
-    it reads pointers and launches compiled kernels itself, which Dynamo cannot trace.
-    torch.compiler.disable is reached only here: importing it costs seconds."""
+    """The launcher inside a torch.compile'd function when the custom op cannot serve
+    (`out=` or `config=` given, or no torch.library.custom_op): run eagerly, a graph
+    break, since it reads pointers and launches compiled kernels itself, which Dynamo
+    cannot trace. torch.compiler.disable is reached only here: importing it costs seconds."""
     if "launcher" not in _UNTRACED:
         _UNTRACED["launcher"] = torch.compiler.disable(bert_add_layernorm)
     return _UNTRACED["launcher"](*args, **kwargs)
+
+
+def _fake(x, residual, gamma, beta):
+    """What torch.compile traces in place of the launcher: the same checks, then empty
+    outputs of the right shapes and dtypes."""
+    shapes = _Shapes(DIMS)
+    x_2d = shapes.bind("x", x, ("M", "N"), batched=True)
+    residual_2d = shapes.bind("residual", residual, ("M", "N"), batched=True)
+    gamma_2d = shapes.bind("gamma", gamma, ("N",))
+    beta_2d = shapes.bind("beta", beta, ("N",))
+    dtype = _call_dtype({"x": x, "residual": residual, "gamma": gamma, "beta": beta})
+    device = _common_device({"x": x, "residual": residual, "gamma": gamma, "beta": beta})
+    M = shapes["M"]
+    N = shapes["N"]
+    plan = _Plan()
+    plan.device, plan.dtype = device, dtype
+    plan.out_dtype = OUT_DTYPE or dtype
+    plan.out_shape = (*shapes.lead, N)
+    out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=device)
+    return out
+
+
+def _custom_op():
+    """The launcher as torch.compile sees it: a custom op, traced through _fake, so a
+    compiled model keeps one graph (fullgraph=True works). Named by the spec's hash:
+
+        fusegen::bert_add_layernorm_d737b2a7eb5e
+
+    a second import of the same module reuses it. None where torch has no
+    torch.library.custom_op."""
+    if not hasattr(torch.library, "custom_op"):
+        return None
+    packet = getattr(torch.ops.fusegen, "bert_add_layernorm_d737b2a7eb5e", None)
+    if packet is None:
+
+        def launch(
+            x: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor
+        ) -> torch.Tensor:
+            return bert_add_layernorm(x, residual, gamma, beta)
+
+        torch.library.custom_op(
+            "fusegen::bert_add_layernorm_d737b2a7eb5e", launch, mutates_args=()
+        ).register_fake(_fake)
+        packet = getattr(torch.ops.fusegen, "bert_add_layernorm_d737b2a7eb5e")
+    return packet.default
 
 
 def _plan(x, residual, gamma, beta):
@@ -993,3 +1041,6 @@ def reference(
     y = y * gamma
     y = y + beta
     return y.to(out_dtype or OUT_DTYPE or x.dtype)
+
+
+_OP = _custom_op()  # registered at import, outside any tracing

@@ -1189,10 +1189,12 @@ def bert_intermediate(
         TypeError, ValueError: an input has the wrong type, shape, dtype or device; the
             message names the tensor and the dim.
 
-    Inside torch.compile it runs as an eager call (a graph break; not under
-    fullgraph=True).
+    Inside torch.compile it is one custom op, fusegen::bert_intermediate_d737b2a7eb5e; given an
+    output buffer or a config there, an eager call (a graph break).
     """
     if torch.compiler.is_compiling():
+        if _OP is not None and config is None and out is None:
+            return _OP(x, w, b)
         return _untraced(x, w, b, out=out, config=config)
     plan = _CALLS.get(_signature(x, w, b)) or _plan(x, w, b)
     path = plan.path
@@ -1240,12 +1242,56 @@ def bert_intermediate(
 
 
 def _untraced(*args, **kwargs):
-    """The launcher inside a torch.compile'd function: run eagerly, a graph break, since
-    it reads pointers and launches compiled kernels itself, which Dynamo cannot trace.
-    torch.compiler.disable is reached only here: importing it costs seconds."""
+    """The launcher inside a torch.compile'd function when the custom op cannot serve
+    (`out=` or `config=` given, or no torch.library.custom_op): run eagerly, a graph
+    break, since it reads pointers and launches compiled kernels itself, which Dynamo
+    cannot trace. torch.compiler.disable is reached only here: importing it costs seconds."""
     if "launcher" not in _UNTRACED:
         _UNTRACED["launcher"] = torch.compiler.disable(bert_intermediate)
     return _UNTRACED["launcher"](*args, **kwargs)
+
+
+def _fake(x, w, b):
+    """What torch.compile traces in place of the launcher: the same checks, then empty
+    outputs of the right shapes and dtypes."""
+    shapes = _Shapes(DIMS)
+    x_2d = shapes.bind("x", x, ("M", "K"), batched=True)
+    w_2d = shapes.bind("w", w, ("N", "K"))
+    b_2d = shapes.bind("b", b, ("N",))
+    dtype = _call_dtype({"x": x, "w": w, "b": b})
+    device = _common_device({"x": x, "w": w, "b": b})
+    M = shapes["M"]
+    K = shapes["K"]
+    N = shapes["N"]
+    plan = _Plan()
+    plan.device, plan.dtype = device, dtype
+    plan.out_dtype = OUT_DTYPE or dtype
+    plan.out_shape = (*shapes.lead, N)
+    out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=device)
+    return out
+
+
+def _custom_op():
+    """The launcher as torch.compile sees it: a custom op, traced through _fake, so a
+    compiled model keeps one graph (fullgraph=True works). Named by the spec's hash:
+
+        fusegen::bert_intermediate_d737b2a7eb5e
+
+    a second import of the same module reuses it. None where torch has no
+    torch.library.custom_op."""
+    if not hasattr(torch.library, "custom_op"):
+        return None
+    packet = getattr(torch.ops.fusegen, "bert_intermediate_d737b2a7eb5e", None)
+    if packet is None:
+
+        def launch(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return bert_intermediate(x, w, b)
+
+        torch.library.custom_op(
+            "fusegen::bert_intermediate_d737b2a7eb5e", launch, mutates_args=()
+        ).register_fake(_fake)
+        packet = getattr(torch.ops.fusegen, "bert_intermediate_d737b2a7eb5e")
+    return packet.default
 
 
 def _plan(x, w, b):
@@ -1310,3 +1356,6 @@ def reference(
     y = y + b
     y = F.gelu(y)
     return y.to(out_dtype or OUT_DTYPE or x.dtype)
+
+
+_OP = _custom_op()  # registered at import, outside any tracing

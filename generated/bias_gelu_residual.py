@@ -810,10 +810,12 @@ def bias_gelu_residual(
         TypeError, ValueError: an input has the wrong type, shape, dtype or device; the
             message names the tensor and the dim.
 
-    Inside torch.compile it runs as an eager call (a graph break; not under
-    fullgraph=True).
+    Inside torch.compile it is one custom op, fusegen::bias_gelu_residual_956313b8af89; given an
+    output buffer or a config there, an eager call (a graph break).
     """
     if torch.compiler.is_compiling():
+        if _OP is not None and config is None and out is None:
+            return _OP(x, b, r)
         return _untraced(x, b, r, out=out, config=config)
     plan = _CALLS.get(_signature(x, b, r)) or _plan(x, b, r)
     path = plan.path
@@ -848,12 +850,55 @@ def bias_gelu_residual(
 
 
 def _untraced(*args, **kwargs):
-    """The launcher inside a torch.compile'd function: run eagerly, a graph break, since
-    it reads pointers and launches compiled kernels itself, which Dynamo cannot trace.
-    torch.compiler.disable is reached only here: importing it costs seconds."""
+    """The launcher inside a torch.compile'd function when the custom op cannot serve
+    (`out=` or `config=` given, or no torch.library.custom_op): run eagerly, a graph
+    break, since it reads pointers and launches compiled kernels itself, which Dynamo
+    cannot trace. torch.compiler.disable is reached only here: importing it costs seconds."""
     if "launcher" not in _UNTRACED:
         _UNTRACED["launcher"] = torch.compiler.disable(bias_gelu_residual)
     return _UNTRACED["launcher"](*args, **kwargs)
+
+
+def _fake(x, b, r):
+    """What torch.compile traces in place of the launcher: the same checks, then empty
+    outputs of the right shapes and dtypes."""
+    shapes = _Shapes(DIMS)
+    x_2d = shapes.bind("x", x, ("M", "N"), batched=True)
+    b_2d = shapes.bind("b", b, ("N",))
+    r_2d = shapes.bind("r", r, ("M", "N"), batched=True)
+    dtype = _call_dtype({"x": x, "b": b, "r": r})
+    device = _common_device({"x": x, "b": b, "r": r})
+    M = shapes["M"]
+    N = shapes["N"]
+    plan = _Plan()
+    plan.device, plan.dtype = device, dtype
+    plan.out_dtype = OUT_DTYPE or dtype
+    plan.out_shape = (*shapes.lead, N)
+    out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=device)
+    return out
+
+
+def _custom_op():
+    """The launcher as torch.compile sees it: a custom op, traced through _fake, so a
+    compiled model keeps one graph (fullgraph=True works). Named by the spec's hash:
+
+        fusegen::bias_gelu_residual_956313b8af89
+
+    a second import of the same module reuses it. None where torch has no
+    torch.library.custom_op."""
+    if not hasattr(torch.library, "custom_op"):
+        return None
+    packet = getattr(torch.ops.fusegen, "bias_gelu_residual_956313b8af89", None)
+    if packet is None:
+
+        def launch(x: torch.Tensor, b: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+            return bias_gelu_residual(x, b, r)
+
+        torch.library.custom_op(
+            "fusegen::bias_gelu_residual_956313b8af89", launch, mutates_args=()
+        ).register_fake(_fake)
+        packet = getattr(torch.ops.fusegen, "bias_gelu_residual_956313b8af89")
+    return packet.default
 
 
 def _plan(x, b, r):
@@ -917,3 +962,6 @@ def reference(
     y = y * 0.5
     y = y + r
     return y.to(out_dtype or OUT_DTYPE or x.dtype)
+
+
+_OP = _custom_op()  # registered at import, outside any tracing

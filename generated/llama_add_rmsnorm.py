@@ -866,10 +866,12 @@ def llama_add_rmsnorm(
         TypeError, ValueError: an input has the wrong type, shape, dtype or device; the
             message names the tensor and the dim.
 
-    Inside torch.compile it runs as an eager call (a graph break; not under
-    fullgraph=True).
+    Inside torch.compile it is one custom op, fusegen::llama_add_rmsnorm_a1c2c21fc973; given an
+    output buffer or a config there, an eager call (a graph break).
     """
     if torch.compiler.is_compiling():
+        if _OP is not None and config is None and out is None and out_h is None:
+            return _OP(x, residual, weight)
         return _untraced(x, residual, weight, out=out, out_h=out_h, config=config)
     plan = _CALLS.get(_signature(x, residual, weight)) or _plan(x, residual, weight)
     path = plan.path
@@ -922,12 +924,59 @@ def llama_add_rmsnorm(
 
 
 def _untraced(*args, **kwargs):
-    """The launcher inside a torch.compile'd function: run eagerly, a graph break, since
-    it reads pointers and launches compiled kernels itself, which Dynamo cannot trace.
-    torch.compiler.disable is reached only here: importing it costs seconds."""
+    """The launcher inside a torch.compile'd function when the custom op cannot serve
+    (`out=` or `config=` given, or no torch.library.custom_op): run eagerly, a graph
+    break, since it reads pointers and launches compiled kernels itself, which Dynamo
+    cannot trace. torch.compiler.disable is reached only here: importing it costs seconds."""
     if "launcher" not in _UNTRACED:
         _UNTRACED["launcher"] = torch.compiler.disable(llama_add_rmsnorm)
     return _UNTRACED["launcher"](*args, **kwargs)
+
+
+def _fake(x, residual, weight):
+    """What torch.compile traces in place of the launcher: the same checks, then empty
+    outputs of the right shapes and dtypes."""
+    shapes = _Shapes(DIMS)
+    x_2d = shapes.bind("x", x, ("M", "N"), batched=True)
+    residual_2d = shapes.bind("residual", residual, ("M", "N"), batched=True)
+    weight_2d = shapes.bind("weight", weight, ("N",))
+    dtype = _call_dtype({"x": x, "residual": residual, "weight": weight})
+    device = _common_device({"x": x, "residual": residual, "weight": weight})
+    M = shapes["M"]
+    N = shapes["N"]
+    plan = _Plan()
+    plan.device, plan.dtype = device, dtype
+    plan.out_dtype = OUT_DTYPE or dtype
+    plan.out_shape = (*shapes.lead, N)
+    plan.extra_shape = (*shapes.lead, N)
+    out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=device)
+    out_h = torch.empty(plan.extra_shape, dtype=plan.dtype, device=device)
+    return (out, out_h)
+
+
+def _custom_op():
+    """The launcher as torch.compile sees it: a custom op, traced through _fake, so a
+    compiled model keeps one graph (fullgraph=True works). Named by the spec's hash:
+
+        fusegen::llama_add_rmsnorm_a1c2c21fc973
+
+    a second import of the same module reuses it. None where torch has no
+    torch.library.custom_op."""
+    if not hasattr(torch.library, "custom_op"):
+        return None
+    packet = getattr(torch.ops.fusegen, "llama_add_rmsnorm_a1c2c21fc973", None)
+    if packet is None:
+
+        def launch(
+            x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            return llama_add_rmsnorm(x, residual, weight)
+
+        torch.library.custom_op(
+            "fusegen::llama_add_rmsnorm_a1c2c21fc973", launch, mutates_args=()
+        ).register_fake(_fake)
+        packet = getattr(torch.ops.fusegen, "llama_add_rmsnorm_a1c2c21fc973")
+    return packet.default
 
 
 def _plan(x, residual, weight):
@@ -996,3 +1045,6 @@ def reference(
     y = y * torch.rsqrt(y.square().mean(-1, keepdim=True) + 1e-05)
     y = y * weight
     return y.to(out_dtype or OUT_DTYPE or x.dtype), h.to(out_dtype or x.dtype)
+
+
+_OP = _custom_op()  # registered at import, outside any tracing

@@ -1182,10 +1182,12 @@ def llama_mlp_gate_up(
         TypeError, ValueError: an input has the wrong type, shape, dtype or device; the
             message names the tensor and the dim.
 
-    Inside torch.compile it runs as an eager call (a graph break; not under
-    fullgraph=True).
+    Inside torch.compile it is one custom op, fusegen::llama_mlp_gate_up_a1c2c21fc973; given an
+    output buffer or a config there, an eager call (a graph break).
     """
     if torch.compiler.is_compiling():
+        if _OP is not None and config is None and out is None:
+            return _OP(x, w_gate, w_up)
         return _untraced(x, w_gate, w_up, out=out, config=config)
     plan = _CALLS.get(_signature(x, w_gate, w_up)) or _plan(x, w_gate, w_up)
     path = plan.path
@@ -1221,12 +1223,56 @@ def llama_mlp_gate_up(
 
 
 def _untraced(*args, **kwargs):
-    """The launcher inside a torch.compile'd function: run eagerly, a graph break, since
-    it reads pointers and launches compiled kernels itself, which Dynamo cannot trace.
-    torch.compiler.disable is reached only here: importing it costs seconds."""
+    """The launcher inside a torch.compile'd function when the custom op cannot serve
+    (`out=` or `config=` given, or no torch.library.custom_op): run eagerly, a graph
+    break, since it reads pointers and launches compiled kernels itself, which Dynamo
+    cannot trace. torch.compiler.disable is reached only here: importing it costs seconds."""
     if "launcher" not in _UNTRACED:
         _UNTRACED["launcher"] = torch.compiler.disable(llama_mlp_gate_up)
     return _UNTRACED["launcher"](*args, **kwargs)
+
+
+def _fake(x, w_gate, w_up):
+    """What torch.compile traces in place of the launcher: the same checks, then empty
+    outputs of the right shapes and dtypes."""
+    shapes = _Shapes(DIMS)
+    x_2d = shapes.bind("x", x, ("M", "K"), batched=True)
+    w_gate_2d = shapes.bind("w_gate", w_gate, ("N", "K"))
+    w_up_2d = shapes.bind("w_up", w_up, ("N", "K"))
+    dtype = _call_dtype({"x": x, "w_gate": w_gate, "w_up": w_up})
+    device = _common_device({"x": x, "w_gate": w_gate, "w_up": w_up})
+    M = shapes["M"]
+    K = shapes["K"]
+    N = shapes["N"]
+    plan = _Plan()
+    plan.device, plan.dtype = device, dtype
+    plan.out_dtype = OUT_DTYPE or dtype
+    plan.out_shape = (*shapes.lead, N)
+    out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=device)
+    return out
+
+
+def _custom_op():
+    """The launcher as torch.compile sees it: a custom op, traced through _fake, so a
+    compiled model keeps one graph (fullgraph=True works). Named by the spec's hash:
+
+        fusegen::llama_mlp_gate_up_a1c2c21fc973
+
+    a second import of the same module reuses it. None where torch has no
+    torch.library.custom_op."""
+    if not hasattr(torch.library, "custom_op"):
+        return None
+    packet = getattr(torch.ops.fusegen, "llama_mlp_gate_up_a1c2c21fc973", None)
+    if packet is None:
+
+        def launch(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
+            return llama_mlp_gate_up(x, w_gate, w_up)
+
+        torch.library.custom_op(
+            "fusegen::llama_mlp_gate_up_a1c2c21fc973", launch, mutates_args=()
+        ).register_fake(_fake)
+        packet = getattr(torch.ops.fusegen, "llama_mlp_gate_up_a1c2c21fc973")
+    return packet.default
 
 
 def _plan(x, w_gate, w_up):
@@ -1293,3 +1339,6 @@ def reference(
     y_gate = x @ w_up.T
     y = y * y_gate
     return y.to(out_dtype or OUT_DTYPE or x.dtype)
+
+
+_OP = _custom_op()  # registered at import, outside any tracing

@@ -842,10 +842,12 @@ def masked_softmax(
         TypeError, ValueError: an input has the wrong type, shape, dtype or device; the
             message names the tensor and the dim.
 
-    Inside torch.compile it runs as an eager call (a graph break; not under
-    fullgraph=True).
+    Inside torch.compile it is one custom op, fusegen::masked_softmax_eff02e74374f; given an
+    output buffer or a config there, an eager call (a graph break).
     """
     if torch.compiler.is_compiling():
+        if _OP is not None and config is None and out is None:
+            return _OP(scores, mask)
         return _untraced(scores, mask, out=out, config=config)
     plan = _CALLS.get(_signature(scores, mask)) or _plan(scores, mask)
     path = plan.path
@@ -884,12 +886,54 @@ def masked_softmax(
 
 
 def _untraced(*args, **kwargs):
-    """The launcher inside a torch.compile'd function: run eagerly, a graph break, since
-    it reads pointers and launches compiled kernels itself, which Dynamo cannot trace.
-    torch.compiler.disable is reached only here: importing it costs seconds."""
+    """The launcher inside a torch.compile'd function when the custom op cannot serve
+    (`out=` or `config=` given, or no torch.library.custom_op): run eagerly, a graph
+    break, since it reads pointers and launches compiled kernels itself, which Dynamo
+    cannot trace. torch.compiler.disable is reached only here: importing it costs seconds."""
     if "launcher" not in _UNTRACED:
         _UNTRACED["launcher"] = torch.compiler.disable(masked_softmax)
     return _UNTRACED["launcher"](*args, **kwargs)
+
+
+def _fake(scores, mask):
+    """What torch.compile traces in place of the launcher: the same checks, then empty
+    outputs of the right shapes and dtypes."""
+    shapes = _Shapes(DIMS)
+    scores_2d = shapes.bind("scores", scores, ("Q", "S"), batched=True)
+    mask_2d = shapes.bind("mask", mask, ("Q", "S"), batched=True)
+    dtype = _call_dtype({"scores": scores, "mask": mask})
+    device = _common_device({"scores": scores, "mask": mask})
+    Q = shapes["Q"]
+    S = shapes["S"]
+    plan = _Plan()
+    plan.device, plan.dtype = device, dtype
+    plan.out_dtype = OUT_DTYPE or dtype
+    plan.out_shape = (*shapes.lead, S)
+    out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=device)
+    return out
+
+
+def _custom_op():
+    """The launcher as torch.compile sees it: a custom op, traced through _fake, so a
+    compiled model keeps one graph (fullgraph=True works). Named by the spec's hash:
+
+        fusegen::masked_softmax_eff02e74374f
+
+    a second import of the same module reuses it. None where torch has no
+    torch.library.custom_op."""
+    if not hasattr(torch.library, "custom_op"):
+        return None
+    packet = getattr(torch.ops.fusegen, "masked_softmax_eff02e74374f", None)
+    if packet is None:
+
+        def launch(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return masked_softmax(scores, mask)
+
+        torch.library.custom_op(
+            "fusegen::masked_softmax_eff02e74374f", launch, mutates_args=()
+        ).register_fake(_fake)
+        packet = getattr(torch.ops.fusegen, "masked_softmax_eff02e74374f")
+    return packet.default
 
 
 def _plan(scores, mask):
@@ -948,3 +992,6 @@ def reference(
     y = y.to(torch.promote_types(y.dtype, torch.float32))
     y = torch.softmax(y * 0.125 + mask, dim=-1)
     return y.to(out_dtype or OUT_DTYPE or scores.dtype)
+
+
+_OP = _custom_op()  # registered at import, outside any tracing

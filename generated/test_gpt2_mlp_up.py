@@ -291,7 +291,8 @@ def test_repeated_calls_agree(monkeypatch):
 
 @pytest.mark.skipif(HEAVY, reason="the interpreter runs this spec's large weights slowly")
 def test_runs_inside_torch_compile():
-    # torch.compile does not trace the launcher; it runs it eagerly, as a graph break.
+    # torch.compile traces the launcher as one custom op (its fake gives the outputs'
+    # shapes), so fullgraph=True holds; with a buffer given, the call is a graph break.
     torch._dynamo.reset()
     dtype, seed, sizes = DTYPES[0], new_seed(), {**SIZES, **CASES[0]}
     inputs = make_inputs(sizes, dtype, seed)
@@ -299,7 +300,15 @@ def test_runs_inside_torch_compile():
     def model(**tensors):
         return as_tuple(kernel.gpt2_mlp_up(**tensors))
 
-    results = torch.compile(model, backend="eager")(**inputs)
+    results = torch.compile(model, backend="aot_eager", fullgraph=True)(**inputs)
+    check_outputs(results, inputs, dtype, seed, kernel.last_launch())
+
+    def into_buffers(buffers, **tensors):
+        return as_tuple(kernel.gpt2_mlp_up(**tensors, **buffers))
+
+    buffers = output_buffers(sizes, dtype)
+    results = torch.compile(into_buffers, backend="eager")(buffers, **inputs)
+    assert all(r is b for r, b in zip(results, buffers.values()))
     check_outputs(results, inputs, dtype, seed, kernel.last_launch())
     torch._dynamo.reset()
 
