@@ -968,9 +968,17 @@ def _custom_op():
         ) -> torch.Tensor:
             return bert_add_layernorm(x, residual, gamma, beta)
 
-        torch.library.custom_op(
-            "fusegen::bert_add_layernorm_d737b2a7eb5e", launch, mutates_args=()
-        ).register_fake(_fake)
+        try:
+            op = torch.library.custom_op(
+                "fusegen::bert_add_layernorm_d737b2a7eb5e", launch, mutates_args=()
+            )
+            op.register_fake(_fake)
+        except Exception as exc:  # noqa: BLE001 - this torch's custom ops differ: no op
+            _log.warning(
+                "bert_add_layernorm: no custom op for torch.compile (%s); calls there run eagerly",
+                exc,
+            )
+            return None
         packet = getattr(torch.ops.fusegen, "bert_add_layernorm_d737b2a7eb5e")
     return packet.default
 

@@ -1287,9 +1287,17 @@ def _custom_op():
         def launch(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             return bert_intermediate(x, w, b)
 
-        torch.library.custom_op(
-            "fusegen::bert_intermediate_d737b2a7eb5e", launch, mutates_args=()
-        ).register_fake(_fake)
+        try:
+            op = torch.library.custom_op(
+                "fusegen::bert_intermediate_d737b2a7eb5e", launch, mutates_args=()
+            )
+            op.register_fake(_fake)
+        except Exception as exc:  # noqa: BLE001 - this torch's custom ops differ: no op
+            _log.warning(
+                "bert_intermediate: no custom op for torch.compile (%s); calls there run eagerly",
+                exc,
+            )
+            return None
         packet = getattr(torch.ops.fusegen, "bert_intermediate_d737b2a7eb5e")
     return packet.default
 

@@ -894,9 +894,17 @@ def _custom_op():
         def launch(x: torch.Tensor, b: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
             return bias_gelu_residual(x, b, r)
 
-        torch.library.custom_op(
-            "fusegen::bias_gelu_residual_956313b8af89", launch, mutates_args=()
-        ).register_fake(_fake)
+        try:
+            op = torch.library.custom_op(
+                "fusegen::bias_gelu_residual_956313b8af89", launch, mutates_args=()
+            )
+            op.register_fake(_fake)
+        except Exception as exc:  # noqa: BLE001 - this torch's custom ops differ: no op
+            _log.warning(
+                "bias_gelu_residual: no custom op for torch.compile (%s); calls there run eagerly",
+                exc,
+            )
+            return None
         packet = getattr(torch.ops.fusegen, "bias_gelu_residual_956313b8af89")
     return packet.default
 

@@ -972,9 +972,17 @@ def _custom_op():
         ) -> tuple[torch.Tensor, torch.Tensor]:
             return llama_add_rmsnorm(x, residual, weight)
 
-        torch.library.custom_op(
-            "fusegen::llama_add_rmsnorm_a1c2c21fc973", launch, mutates_args=()
-        ).register_fake(_fake)
+        try:
+            op = torch.library.custom_op(
+                "fusegen::llama_add_rmsnorm_a1c2c21fc973", launch, mutates_args=()
+            )
+            op.register_fake(_fake)
+        except Exception as exc:  # noqa: BLE001 - this torch's custom ops differ: no op
+            _log.warning(
+                "llama_add_rmsnorm: no custom op for torch.compile (%s); calls there run eagerly",
+                exc,
+            )
+            return None
         packet = getattr(torch.ops.fusegen, "llama_add_rmsnorm_a1c2c21fc973")
     return packet.default
 

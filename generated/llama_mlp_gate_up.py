@@ -1268,9 +1268,17 @@ def _custom_op():
         def launch(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
             return llama_mlp_gate_up(x, w_gate, w_up)
 
-        torch.library.custom_op(
-            "fusegen::llama_mlp_gate_up_a1c2c21fc973", launch, mutates_args=()
-        ).register_fake(_fake)
+        try:
+            op = torch.library.custom_op(
+                "fusegen::llama_mlp_gate_up_a1c2c21fc973", launch, mutates_args=()
+            )
+            op.register_fake(_fake)
+        except Exception as exc:  # noqa: BLE001 - this torch's custom ops differ: no op
+            _log.warning(
+                "llama_mlp_gate_up: no custom op for torch.compile (%s); calls there run eagerly",
+                exc,
+            )
+            return None
         packet = getattr(torch.ops.fusegen, "llama_mlp_gate_up_a1c2c21fc973")
     return packet.default
 

@@ -929,9 +929,16 @@ def _custom_op():
         def launch(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
             return masked_softmax(scores, mask)
 
-        torch.library.custom_op(
-            "fusegen::masked_softmax_eff02e74374f", launch, mutates_args=()
-        ).register_fake(_fake)
+        try:
+            op = torch.library.custom_op(
+                "fusegen::masked_softmax_eff02e74374f", launch, mutates_args=()
+            )
+            op.register_fake(_fake)
+        except Exception as exc:  # noqa: BLE001 - this torch's custom ops differ: no op
+            _log.warning(
+                "masked_softmax: no custom op for torch.compile (%s); calls there run eagerly", exc
+            )
+            return None
         packet = getattr(torch.ops.fusegen, "masked_softmax_eff02e74374f")
     return packet.default
 

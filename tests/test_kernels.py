@@ -366,6 +366,30 @@ def test_empty_rows_launch_nothing(zoo):
     assert out.shape == (0, 16) and kernel.last_launch()["source"] == "empty"
 
 
+def test_torch_compile_without_the_custom_op(zoo, monkeypatch, caplog):
+    # Where torch cannot make the custom op, the module still imports (a warning), and
+    # inside torch.compile its calls run eagerly: a graph break, right results.
+    import types
+
+    kernel, tests = load(zoo, "mm_gate_full")
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("no custom ops here")
+
+    with monkeypatch.context() as patch, caplog.at_level("WARNING"):
+        patch.setattr(torch.ops, "fusegen", types.SimpleNamespace())
+        patch.setattr(torch.library, "custom_op", refuse)  # torch.compile uses it too
+        assert kernel._custom_op() is None
+    assert "no custom op for torch.compile (no custom ops here)" in caplog.text
+    monkeypatch.setattr(kernel, "_OP", None)
+    sizes, seed = {"M": 19, "K": 24, "N": 40}, 5
+    inputs = tests.make_inputs(sizes, torch.float32, seed)
+    torch._dynamo.reset()
+    out = torch.compile(lambda **t: kernel.mm_gate_full(**t), backend="eager")(**inputs)
+    torch._dynamo.reset()
+    tests.check_outputs((out,), inputs, torch.float32, seed, kernel.last_launch())
+
+
 # -- the tests can fail ---------------------------------------------------------------
 
 MUTATIONS = [
