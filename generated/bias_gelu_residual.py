@@ -634,6 +634,7 @@ def _tune(path, key, grid, args, consts):
             _log_once(
                 "tuning", "bias_gelu_residual: tuning the %s kernel failed (%s)", candidate, exc
             )
+    _FLUSH.clear()  # twice the L2 cache of GPU memory: not held between tunings
     if not found:
         return None
     best = min(found, key=lambda p: found[p][1])

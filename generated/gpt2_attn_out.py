@@ -1011,6 +1011,7 @@ def _tune(path, key, grid, args, consts):
             found[candidate] = _autotuned(candidate, grid, args, consts)
         except Exception as exc:  # noqa: BLE001 - any tuning failure falls back
             _log_once("tuning", "gpt2_attn_out: tuning the %s kernel failed (%s)", candidate, exc)
+    _FLUSH.clear()  # twice the L2 cache of GPU memory: not held between tunings
     if not found:
         return None
     best = min(found, key=lambda p: found[p][1])
