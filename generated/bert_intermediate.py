@@ -1282,25 +1282,24 @@ def _custom_op():
     torch.library.custom_op."""
     if not hasattr(torch.library, "custom_op"):
         return None
-    packet = getattr(torch.ops.fusegen, "bert_intermediate_d737b2a7eb5e", None)
-    if packet is None:
 
-        def launch(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-            return bert_intermediate(x, w, b)
+    def launch(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return bert_intermediate(x, w, b)
 
-        try:
+    try:
+        packet = getattr(torch.ops.fusegen, "bert_intermediate_d737b2a7eb5e", None)
+        if packet is None:
             op = torch.library.custom_op(
                 "fusegen::bert_intermediate_d737b2a7eb5e", launch, mutates_args=()
             )
             op.register_fake(_fake)
-        except Exception as exc:  # noqa: BLE001 - this torch's custom ops differ: no op
-            _log.warning(
-                "bert_intermediate: no custom op for torch.compile (%s); calls there run eagerly",
-                exc,
-            )
-            return None
-        packet = getattr(torch.ops.fusegen, "bert_intermediate_d737b2a7eb5e")
-    return packet.default
+            packet = getattr(torch.ops.fusegen, "bert_intermediate_d737b2a7eb5e")
+        return packet.default
+    except Exception as exc:  # noqa: BLE001 - this torch's custom ops differ: no op
+        _log.warning(
+            "bert_intermediate: no custom op for torch.compile (%s); calls there run eagerly", exc
+        )
+        return None
 
 
 def _plan(x, w, b):

@@ -889,25 +889,24 @@ def _custom_op():
     torch.library.custom_op."""
     if not hasattr(torch.library, "custom_op"):
         return None
-    packet = getattr(torch.ops.fusegen, "bias_gelu_residual_956313b8af89", None)
-    if packet is None:
 
-        def launch(x: torch.Tensor, b: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-            return bias_gelu_residual(x, b, r)
+    def launch(x: torch.Tensor, b: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        return bias_gelu_residual(x, b, r)
 
-        try:
+    try:
+        packet = getattr(torch.ops.fusegen, "bias_gelu_residual_956313b8af89", None)
+        if packet is None:
             op = torch.library.custom_op(
                 "fusegen::bias_gelu_residual_956313b8af89", launch, mutates_args=()
             )
             op.register_fake(_fake)
-        except Exception as exc:  # noqa: BLE001 - this torch's custom ops differ: no op
-            _log.warning(
-                "bias_gelu_residual: no custom op for torch.compile (%s); calls there run eagerly",
-                exc,
-            )
-            return None
-        packet = getattr(torch.ops.fusegen, "bias_gelu_residual_956313b8af89")
-    return packet.default
+            packet = getattr(torch.ops.fusegen, "bias_gelu_residual_956313b8af89")
+        return packet.default
+    except Exception as exc:  # noqa: BLE001 - this torch's custom ops differ: no op
+        _log.warning(
+            "bias_gelu_residual: no custom op for torch.compile (%s); calls there run eagerly", exc
+        )
+        return None
 
 
 def _plan(x, b, r):

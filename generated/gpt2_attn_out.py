@@ -1288,26 +1288,26 @@ def _custom_op():
     torch.library.custom_op."""
     if not hasattr(torch.library, "custom_op"):
         return None
-    packet = getattr(torch.ops.fusegen, "gpt2_attn_out_b7b12e46f2b0", None)
-    if packet is None:
 
-        def launch(
-            x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, residual: torch.Tensor
-        ) -> torch.Tensor:
-            return gpt2_attn_out(x, w, b, residual)
+    def launch(
+        x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, residual: torch.Tensor
+    ) -> torch.Tensor:
+        return gpt2_attn_out(x, w, b, residual)
 
-        try:
+    try:
+        packet = getattr(torch.ops.fusegen, "gpt2_attn_out_b7b12e46f2b0", None)
+        if packet is None:
             op = torch.library.custom_op(
                 "fusegen::gpt2_attn_out_b7b12e46f2b0", launch, mutates_args=()
             )
             op.register_fake(_fake)
-        except Exception as exc:  # noqa: BLE001 - this torch's custom ops differ: no op
-            _log.warning(
-                "gpt2_attn_out: no custom op for torch.compile (%s); calls there run eagerly", exc
-            )
-            return None
-        packet = getattr(torch.ops.fusegen, "gpt2_attn_out_b7b12e46f2b0")
-    return packet.default
+            packet = getattr(torch.ops.fusegen, "gpt2_attn_out_b7b12e46f2b0")
+        return packet.default
+    except Exception as exc:  # noqa: BLE001 - this torch's custom ops differ: no op
+        _log.warning(
+            "gpt2_attn_out: no custom op for torch.compile (%s); calls there run eagerly", exc
+        )
+        return None
 
 
 def _plan(x, w, b, residual):

@@ -1263,25 +1263,24 @@ def _custom_op():
     torch.library.custom_op."""
     if not hasattr(torch.library, "custom_op"):
         return None
-    packet = getattr(torch.ops.fusegen, "llama_mlp_gate_up_a1c2c21fc973", None)
-    if packet is None:
 
-        def launch(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
-            return llama_mlp_gate_up(x, w_gate, w_up)
+    def launch(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
+        return llama_mlp_gate_up(x, w_gate, w_up)
 
-        try:
+    try:
+        packet = getattr(torch.ops.fusegen, "llama_mlp_gate_up_a1c2c21fc973", None)
+        if packet is None:
             op = torch.library.custom_op(
                 "fusegen::llama_mlp_gate_up_a1c2c21fc973", launch, mutates_args=()
             )
             op.register_fake(_fake)
-        except Exception as exc:  # noqa: BLE001 - this torch's custom ops differ: no op
-            _log.warning(
-                "llama_mlp_gate_up: no custom op for torch.compile (%s); calls there run eagerly",
-                exc,
-            )
-            return None
-        packet = getattr(torch.ops.fusegen, "llama_mlp_gate_up_a1c2c21fc973")
-    return packet.default
+            packet = getattr(torch.ops.fusegen, "llama_mlp_gate_up_a1c2c21fc973")
+        return packet.default
+    except Exception as exc:  # noqa: BLE001 - this torch's custom ops differ: no op
+        _log.warning(
+            "llama_mlp_gate_up: no custom op for torch.compile (%s); calls there run eagerly", exc
+        )
+        return None
 
 
 def _plan(x, w_gate, w_up):

@@ -924,24 +924,24 @@ def _custom_op():
     torch.library.custom_op."""
     if not hasattr(torch.library, "custom_op"):
         return None
-    packet = getattr(torch.ops.fusegen, "masked_softmax_eff02e74374f", None)
-    if packet is None:
 
-        def launch(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            return masked_softmax(scores, mask)
+    def launch(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return masked_softmax(scores, mask)
 
-        try:
+    try:
+        packet = getattr(torch.ops.fusegen, "masked_softmax_eff02e74374f", None)
+        if packet is None:
             op = torch.library.custom_op(
                 "fusegen::masked_softmax_eff02e74374f", launch, mutates_args=()
             )
             op.register_fake(_fake)
-        except Exception as exc:  # noqa: BLE001 - this torch's custom ops differ: no op
-            _log.warning(
-                "masked_softmax: no custom op for torch.compile (%s); calls there run eagerly", exc
-            )
-            return None
-        packet = getattr(torch.ops.fusegen, "masked_softmax_eff02e74374f")
-    return packet.default
+            packet = getattr(torch.ops.fusegen, "masked_softmax_eff02e74374f")
+        return packet.default
+    except Exception as exc:  # noqa: BLE001 - this torch's custom ops differ: no op
+        _log.warning(
+            "masked_softmax: no custom op for torch.compile (%s); calls there run eagerly", exc
+        )
+        return None
 
 
 def _plan(scores, mask):
