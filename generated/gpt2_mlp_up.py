@@ -1014,14 +1014,24 @@ def _tune(path, key, grid, args, consts):
     return _PLANS[key]
 
 
-def _graph_bench(kernel_call, quantiles=(0.5, 0.2, 0.8), calls=20, replays=10):
-    """Autotuning's timer: a config's GPU time per call, from CUDA graphs of [clear the
-    L2 cache, call] x calls less [clear the L2 cache] x calls. Triton's default times each
-    Python call, which for a kernel shorter than its launch measures the launch, so
-    decode-sized configs came out ranked by noise. Triton's default where a call cannot
-    be captured, and for kernels of GRAPH_TIMED_UNDER_MS or more, where the launch is
-    hidden anyway (on an H200 the graph ranking picked a config 10% slower for a 0.12 ms
-    gated kernel). Returns quantiles of the per-call times, as triton's timers do."""
+def _graph_bench(kernel_call, quantiles=(0.5, 0.2, 0.8)):
+    """Autotuning's timer: a config's GPU time per call (see _graph_samples). Triton's
+    default times each Python call, which for a kernel shorter than its launch measures
+    the launch, so decode-sized configs came out ranked by noise. Triton's default where
+    a call cannot be captured, and for kernels of GRAPH_TIMED_UNDER_MS or more, where the
+    launch is hidden anyway (on an H200 the graph ranking picked a config 10% slower for
+    a 0.12 ms gated kernel). Returns quantiles of the per-call times, as triton's timers do."""
+    samples = _graph_samples(kernel_call)
+    if samples is None or samples[len(samples) // 2] >= GRAPH_TIMED_UNDER_MS:
+        from triton.testing import do_bench
+
+        return do_bench(kernel_call, quantiles=list(quantiles))
+    return [samples[min(int(q * len(samples)), len(samples) - 1)] for q in quantiles]
+
+
+def _graph_samples(kernel_call, calls=20, replays=10):
+    """Sorted ms per call, one per replay, from CUDA graphs of [clear the L2 cache,
+    call] x calls less [clear the L2 cache] x calls; None where a call cannot be captured."""
     kernel_call()  # compiles outside the capture
     flush = _l2_flush()
     try:
@@ -1036,9 +1046,7 @@ def _graph_bench(kernel_call, quantiles=(0.5, 0.2, 0.8), calls=20, replays=10):
                 flush.zero_()
     except RuntimeError:
         torch.cuda.synchronize()
-        from triton.testing import do_bench
-
-        return do_bench(kernel_call, quantiles=list(quantiles))
+        return None
     both.replay()
     alone.replay()
     samples = []
@@ -1052,12 +1060,7 @@ def _graph_bench(kernel_call, quantiles=(0.5, 0.2, 0.8), calls=20, replays=10):
             end.synchronize()
             times.append(start.elapsed_time(end))
         samples.append(max(times[0] - times[1], 0.0) / calls)
-    samples.sort()
-    if samples[len(samples) // 2] >= GRAPH_TIMED_UNDER_MS:
-        from triton.testing import do_bench
-
-        return do_bench(kernel_call, quantiles=list(quantiles))
-    return [samples[min(int(q * len(samples)), len(samples) - 1)] for q in quantiles]
+    return sorted(samples)
 
 
 def _l2_flush():
