@@ -1,0 +1,290 @@
+"""Time many kernel configs (and kernel-source variants) of the anchor chains in one GPU
+call, each checked against the float64 reference, to find what beats the current
+spaces before changing them. Not part of fusegen: an experiment bench.
+
+Each row: GPU time of calls replayed from a CUDA graph (inputs rotated over buffer sets
+larger than the L2; `graph`), do_bench's median with the L2 cleared (`call`, what
+`fusegen bench` reports), first-call seconds, relative error. `programs_per_sm` > 1 runs
+the persistent TMA kernel with that many programs per SM (two CTAs resident per SM when
+shared memory and registers allow, so one's epilogue overlaps the other's mainloop).
+
+Usage (GPU, repo root, pydantic on PYTHONPATH):
+    python3 benchmarks/sweep.py OUT.jsonl [CASE ...]     # CASE: names in CASES
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+from triton.testing import do_bench
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fusegen import bench, build, codegen, timing  # noqa: E402
+
+SPEC = Path(__file__).resolve().parent / "specs" / "anchors.yaml"
+CASE_BUDGET_S = float(os.environ.get("SWEEP_CASE_BUDGET_S", "240"))
+
+
+def tma(bm, bn, bk, warps, stages, flatten=0, ws=0, subtile=0, group=8):
+    return dict(
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        GROUP_M=group,
+        num_warps=warps,
+        num_stages=stages,
+        FLATTEN=flatten,
+        WARP_SPECIALIZE=ws,
+        EPILOGUE_SUBTILE=subtile,
+    )
+
+
+def ptr(bm, bn, bk, warps, stages, split=1, group=8):
+    return dict(
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        GROUP_M=group,
+        num_warps=warps,
+        num_stages=stages,
+        SPLIT_K=split,
+    )
+
+
+def no_activation(text):
+    """The chain without its activation: how much of a tile's time the epilogue math is."""
+    return text.replace("acc = _gelu_tanh(acc)", "acc = acc")
+
+
+SOURCE_VARIANTS = {"base": lambda text: text, "noact": no_activation}
+
+# name -> (kernel, shape, [(source variant, path, programs per SM, config)], baselines)
+CASES = {
+    "gelu4096": (
+        "anchor_gelu",
+        (4096, 1024, 4096),
+        [
+            ("base", "tma", 1, c)
+            for c in (
+                tma(128, 256, 64, 8, 3, 1, 0, 1),
+                tma(128, 256, 64, 8, 4, 1, 0, 1),
+                tma(128, 256, 64, 8, 3, 1, 1, 0),
+                tma(128, 256, 64, 8, 3, 0, 0, 1),
+                tma(128, 256, 64, 8, 3, 0, 1, 0),
+                tma(128, 256, 128, 8, 2, 1, 0, 1),
+                tma(256, 128, 64, 8, 3, 1, 0, 1),
+                tma(256, 128, 64, 8, 4, 1, 0, 1),
+                tma(128, 128, 64, 8, 4, 1, 0, 0),
+                tma(128, 256, 64, 8, 3, 1, 0, 1, group=4),
+                tma(128, 256, 64, 8, 3, 1, 0, 1, group=16),
+            )
+        ]
+        + [
+            ("base", "tma", 2, c)
+            for c in (
+                tma(128, 128, 64, 4, 2, 0, 0, 1),
+                tma(128, 128, 64, 4, 3, 0, 0, 1),
+                tma(128, 128, 64, 4, 3, 1, 0, 1),
+                tma(128, 128, 64, 8, 3, 1, 0, 1),
+                tma(128, 128, 32, 4, 4, 1, 0, 1),
+                tma(64, 256, 64, 4, 2, 1, 0, 1),
+            )
+        ]
+        + [
+            ("noact", "tma", 1, tma(128, 256, 64, 8, 3, 1, 0, 1)),
+            ("noact", "tma", 2, tma(128, 128, 64, 4, 3, 1, 0, 1)),
+        ],
+        ("cublaslt",),
+    ),
+    "gelu1000": (
+        "anchor_gelu",
+        (1000, 1000, 1000),
+        [
+            ("base", "tma", 1, c)
+            for c in (
+                tma(64, 128, 64, 4, 4),
+                tma(64, 64, 64, 4, 4),
+                tma(128, 64, 64, 4, 4),
+                tma(64, 128, 128, 4, 3),
+                tma(128, 128, 64, 8, 3),
+                tma(64, 64, 128, 4, 3),
+                tma(64, 128, 64, 4, 4, 1, 0, 0),
+            )
+        ]
+        + [
+            ("base", "tma", 2, c)
+            for c in (
+                tma(64, 64, 64, 4, 4),
+                tma(64, 64, 64, 4, 3, 1),
+                tma(64, 128, 64, 4, 3),
+            )
+        ]
+        + [
+            ("base", "pointer", 1, c)
+            for c in (
+                ptr(64, 64, 64, 4, 4),
+                ptr(64, 128, 64, 4, 4),
+                ptr(128, 128, 64, 8, 3),
+                ptr(64, 128, 64, 4, 4, split=2),
+                ptr(128, 128, 64, 8, 3, split=2),
+                ptr(128, 128, 64, 8, 3, split=4),
+                ptr(64, 64, 64, 4, 4, split=2),
+            )
+        ],
+        ("cublaslt",),
+    ),
+    "swiglu8192": (
+        "anchor_swiglu",
+        (8192, 4096, 14336),
+        [
+            ("base", "tma", 1, c)
+            for c in (
+                tma(128, 128, 64, 8, 3, 0, 0, 1),
+                tma(128, 128, 64, 8, 4, 0, 0, 1),
+                tma(128, 128, 64, 8, 3, 0, 1, 1),
+                tma(128, 128, 64, 8, 3, 0, 1, 0),
+                tma(128, 128, 64, 8, 3, 1, 1, 0),
+                tma(128, 128, 64, 8, 3, 0, 0, 1, group=16),
+                tma(128, 128, 128, 8, 2, 0, 0, 1),
+                tma(256, 128, 64, 16, 3, 0, 0, 1),
+                tma(256, 128, 64, 16, 2, 0, 0, 1),
+                tma(128, 256, 64, 16, 2, 0, 0, 1),
+                tma(128, 256, 32, 16, 4, 0, 0, 1),
+            )
+        ],
+        ("compile", "gemm2x"),
+    ),
+}
+
+
+def baseline(name, torch, module, kernel, sizes):
+    if name == "cublaslt":
+        return bench._cublaslt(torch, module, kernel)
+    if name == "compile":
+        return bench._compiled("default")(torch, module, kernel)
+    if name == "gemm2x":  # the two GEMMs alone, as one of twice the columns: a ceiling
+
+        def run(x, w1, w3):
+            return x @ w13.T
+
+        w13 = None
+
+        def make(x, w1, w3):
+            nonlocal w13
+            if w13 is None:
+                w13 = torch.cat([w1, w3])
+            return run(x, w1, w3)
+
+        return make
+    raise ValueError(name)
+
+
+def fresh_module(kernel, folder, variant, programs_per_sm):
+    text = SOURCE_VARIANTS[variant](codegen.render(kernel)[0].text)
+    path = folder / f"{kernel.name}_{variant}_{programs_per_sm}.py"
+    path.write_text(text)
+    module = bench.import_file(path, f"sweep_{kernel.name}_{variant}_{programs_per_sm}")
+    module._TABLE["entries"] = []
+    if programs_per_sm > 1:
+        device = torch.device("cuda", torch.cuda.current_device())
+        major, sms, smem = module._device_facts(device)
+        module._DEVICES[device.index] = (major, sms * programs_per_sm, smem)
+    return module
+
+
+def label(c):
+    tile = f"{c['BLOCK_M']}x{c['BLOCK_N']}x{c['BLOCK_K']} g{c['GROUP_M']} w{c['num_warps']} s{c['num_stages']}"
+    extra = "".join(
+        f" {k[:2]}{v}" for k, v in c.items() if k.isupper() and not k.startswith(("BLOCK", "GROUP"))
+    )
+    return tile + extra
+
+
+def time_row(fn, sets, exact, check=True):
+    rotation = itertools.cycle(sets)
+    call = lambda: fn(**next(rotation))  # noqa: E731
+    started = time.perf_counter()
+    out = fn(**sets[0])
+    torch.cuda.synchronize()
+    first = time.perf_counter() - started
+    error = bench.relative_error(torch, out, exact) if check else None
+    graph = timing.graph_ms(call)
+    call_ms = do_bench(call, warmup=25, rep=200, return_mode="median")
+    return dict(first_s=round(first, 2), error=error, graph_ms=graph, call_ms=call_ms)
+
+
+def main():
+    out_path = Path(sys.argv[1])
+    wanted = sys.argv[2:] or list(CASES)
+    kernels = {k.name: k for k in build.load([SPEC]).kernels}
+    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    with tempfile.TemporaryDirectory() as tmp, out_path.open("a") as log:
+
+        def emit(row):
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+            graph, call, error = row.get("graph_ms"), row.get("call_ms"), row.get("error")
+            print(
+                f"{row['case']:11} {row['what']:62} graph {graph and round(graph, 4)} "
+                f"call {call and round(call, 4)} err {error and round(error, 5)} "
+                f"first {row.get('first_s')} {row.get('failed', '')}",
+                flush=True,
+            )
+
+        for case in wanted:
+            kernel_name, shape, rows, baselines = CASES[case]
+            kernel = kernels[kernel_name]
+            sizes = dict(zip(("M", "K", "N"), shape))
+            modules = {}
+            sets, exact = None, None
+            case_start = time.perf_counter()
+            for name in baselines:
+                if sets is None:
+                    module = modules.setdefault(
+                        ("base", 1), fresh_module(kernel, Path(tmp), "base", 1)
+                    )
+                    sets, exact = bench.input_sets(torch, module, kernel, sizes, "bf16", "cuda")
+                try:
+                    fn = baseline(name, torch, modules[("base", 1)], kernel, sizes)
+                    timed = time_row(fn, sets, exact, check=name != "gemm2x")
+                    emit(dict(case=case, what=f"baseline {name}", **timed))
+                except Exception as exc:  # noqa: BLE001 - an experiment: record and go on
+                    emit(dict(case=case, what=f"baseline {name}", failed=repr(exc)[:300]))
+            for variant, path, per_sm, config in rows:
+                if time.perf_counter() - case_start > CASE_BUDGET_S:
+                    emit(dict(case=case, what="out of time budget: rest skipped"))
+                    break
+                key = (variant, per_sm)
+                if key not in modules:
+                    modules[key] = fresh_module(kernel, Path(tmp), variant, per_sm)
+                module = modules[key]
+                if sets is None:
+                    sets, exact = bench.input_sets(torch, module, kernel, sizes, "bf16", "cuda")
+                os.environ["FUSEGEN_TMA"] = "1" if path == "tma" else "0"
+                launcher = getattr(module, kernel.name)
+                fn = lambda cfg=config, **t: launcher(**t, config=cfg)  # noqa: E731
+                what = f"{variant} {path} x{per_sm} {label(config)}"
+                row = dict(case=case, what=what, config=config, path=path, programs_per_sm=per_sm)
+                try:
+                    row.update(time_row(fn, sets, exact))
+                    ran = module.last_launch()
+                    if ran["path"] != path:
+                        row["failed"] = f"ran the {ran['path']} path"
+                except Exception as exc:  # noqa: BLE001
+                    row["failed"] = repr(exc)[:300]
+                    traceback.print_exc(limit=1)
+                    torch.cuda.synchronize()
+                emit(row)
+            os.environ.pop("FUSEGEN_TMA", None)
+
+
+if __name__ == "__main__":
+    main()
