@@ -16,7 +16,7 @@ from pathlib import Path
 import black
 import jinja2
 
-from fusegen import __version__, configs, naming
+from fusegen import __version__, configs, naming, ops
 from fusegen.chain_text import (
     dict_literal,
     docstring_safe,
@@ -28,6 +28,7 @@ from fusegen.chain_text import (
 from fusegen.ir import Config, Kernel, Tensor
 from fusegen.kernel_text import (
     epilogue,
+    fast_tanh,
     helpers,
     mainloop,
     params,
@@ -191,6 +192,7 @@ def kernel_context(kernel: Kernel) -> dict:
             [f'"{n}"' for n in [f"{kernel.row}_bucket", *tune_key[1:], "dtype", "out_dtype"]]
         ),
         "helpers": helpers(kernel),
+        "fast_tanh": fast_tanh(kernel),
         "matmul": mm is not None,
         "k": mm.k if mm else "",
         "offs_k": naming.offs(mm.k) if mm else "",
@@ -404,6 +406,8 @@ def test_context(kernel: Kernel) -> dict:
         "cases_gpu": repr(gpu),
         "ref_args": ", ".join(t.name for t in kernel.inputs),
         "bound_lines": bound_lines(kernel),
+        "fast_tanh": fast_tanh(kernel),
+        "tanh_approx": f"2.0**{ops.TANH_APPROX_EXPONENT}",
         "no_gpu_fallback": kernel.fallback_no_gpu == "reference",
         "nonfinite_fallback": kernel.fallback_nonfinite == "reference",
         "out_arg_index": views_before_out,

@@ -142,6 +142,9 @@ class Kernel:
     interpreter_config: Config
     deterministic: bool = False  # no runtime tuning: a tuned table's config or the default
     target: str = "nvidia"  # "nvidia" | "amd"
+    # The spec's fast_tanh, on nvidia: activations with a tanh.approx form may use it
+    # (the launcher decides per call: see kernel_text.fast_tanh).
+    fast_tanh: bool = False
 
     @property
     def kind(self) -> str:

@@ -33,6 +33,8 @@ def triton_step(kernel: Kernel, step: Step, var: str, loaded: set[str]) -> list[
         lines.append(operand_load(kernel, kernel.tensor(step.operand), step.broadcast))
     if step.op in ops.ACTIVATIONS:
         args = "".join(f", {lit(v)}" for _, v in step.params)
+        if fast_tanh(kernel) and ops.ACTIVATIONS[step.op].fast:
+            args += ", FAST_TANH"
         lines.append(f"{var} = {naming.helper(step.op)}({var}{args})")
         return lines
     symbol = "*" if step.op == "scale" else "+" if step.op == "bias" else ops.BINARY[step.op].symbol
@@ -61,21 +63,32 @@ def epilogue(kernel: Kernel, value: str) -> list[str]:
     return lines
 
 
+def fast_tanh(kernel: Kernel) -> bool:
+    """Whether the kernel takes FAST_TANH: its spec allows tanh.approx and one of its
+    activations has a form on it. The launcher sets it per call (on NVIDIA GPUs, for
+    bf16 and fp16 outputs)."""
+    return kernel.fast_tanh and ops.fast_tanh_used(steps_in_order(kernel))
+
+
 def helpers(kernel: Kernel) -> list[dict]:
     seen: list[str] = []
     for step in steps_in_order(kernel):
         if step.op in ops.ACTIVATIONS and step.op not in seen:
             seen.append(step.op)
+    fast = fast_tanh(kernel)
     out = []
     for name in seen:
         act = ops.ACTIVATIONS[name]
+        args = ["x"] + [p.helper_arg for p in act.params]
         out.append(
             {
                 "name": naming.helper(name),
-                "args": ", ".join(["x"] + [p.helper_arg for p in act.params]),
+                "args": ", ".join(args + (["FAST_TANH: tl.constexpr"] if fast and act.fast else [])),
                 "math": act.math,
                 "why": act.why,
                 "body": list(act.triton),
+                "fast": list(act.fast) if fast else [],
+                "fast_why": act.fast_why,
             }
         )
     return out
@@ -163,6 +176,8 @@ def params(kernel: Kernel, *, tma: bool = False) -> list[dict]:
         meta = ["BLOCK_M", "BLOCK_N", "INT64", "SINGLE_PASS"]
     else:
         meta = ["BLOCK_M", "BLOCK_N", "INT64"]
+    if fast_tanh(kernel):
+        meta.append("FAST_TANH")
     out_dims = (kernel.row,) if kernel.reduces else (kernel.row, kernel.col)
     strides = [naming.stride(t.name, d) for t in kernel.inputs for d in t.dims]
     strides += [naming.stride(naming.OUT, d) for d in out_dims]

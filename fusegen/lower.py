@@ -68,6 +68,8 @@ RESERVED_NAMES = frozenset(
         "v_gate",
         "e_gate",
         "p_in",
+        "depth",
+        "fast_tanh",
         "kernel",
     }
 )
@@ -332,6 +334,7 @@ class _KernelLowerer(ChainLowering):
             interpreter_config=configs.INTERPRETER[kind],
             deterministic=spec.deterministic,
             target=spec.target,
+            fast_tanh=spec.fast_tanh and spec.target == "nvidia",
         )
 
     def _fp32_matmul(self) -> str:

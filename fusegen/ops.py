@@ -47,6 +47,13 @@ class Activation:
     # a few ulp; piecewise-linear ones are exact up to one rounding.
     transcendental: bool = True
     why: str = ""  # a comment for the Triton helper, when its form is not the obvious one
+    # The form on the GPU's tanh.approx instruction (`_tanh_approx`), for kernels whose
+    # spec keeps `fast_tanh` (see fast_tanh_used): body lines, and a bound on how far its
+    # tanh's error (under TANH_APPROX of tanh's value) moves the result, as a multiple of
+    # TANH_APPROX, in v (the input) and y (the exact result).
+    fast: tuple[str, ...] = ()
+    fast_error: str = ""
+    fast_why: str = ""
 
 
 ACTIVATIONS: dict[str, Activation] = {
@@ -83,10 +90,32 @@ ACTIVATIONS: dict[str, Activation] = {
             'F.gelu({v}, approximate="tanh")',
             "1.13",
             why="0.5 * (1 + tanh(z)) == sigmoid(2 * z): one exp, and no tanh, which Triton lacks",
+            fast=(
+                "h = 0.5 * x",
+                "return h + h * _tanh_approx(0.7978845608028654 * (x + 0.044715 * x * x * x))",
+            ),
+            fast_error="0.5 * {v}.abs()",
+            fast_why="h * (1 + tanh(z)), h = x / 2: one instruction where sigmoid takes two",
         ),
-        Activation("silu", "x * sigmoid(x)", ("return x * tl.sigmoid(x)",), "F.silu({v})", "1.1"),
         Activation(
-            "sigmoid", "1 / (1 + exp(-x))", ("return tl.sigmoid(x)",), "torch.sigmoid({v})", "0.25"
+            "silu",
+            "x * sigmoid(x)",
+            ("return x * tl.sigmoid(x)",),
+            "F.silu({v})",
+            "1.1",
+            fast=("h = 0.5 * x", "return h + h * _tanh_approx(h)"),
+            fast_error="0.5 * {v}.abs()",
+            fast_why="x * sigmoid(x) == h * (1 + tanh(h)), h = x / 2",
+        ),
+        Activation(
+            "sigmoid",
+            "1 / (1 + exp(-x))",
+            ("return tl.sigmoid(x)",),
+            "torch.sigmoid({v})",
+            "0.25",
+            fast=("return 0.5 + 0.5 * _tanh_approx(0.5 * x)",),
+            fast_error="0.5",
+            fast_why="sigmoid(x) == (1 + tanh(x / 2)) / 2",
         ),
         Activation(
             "tanh",
@@ -95,6 +124,8 @@ ACTIVATIONS: dict[str, Activation] = {
             "torch.tanh({v})",
             "1.0",
             why="tanh(x) == 2 * sigmoid(2 * x) - 1; Triton has no portable tanh",
+            fast=("return _tanh_approx(x)",),
+            fast_error="y.abs()",
         ),
         Activation(
             "quick_gelu",
@@ -102,6 +133,9 @@ ACTIVATIONS: dict[str, Activation] = {
             ("return x * tl.sigmoid(1.702 * x)",),
             "{v} * torch.sigmoid(1.702 * {v})",
             "1.1",
+            fast=("h = 0.5 * x", "return h + h * _tanh_approx(0.851 * x)"),
+            fast_error="0.5 * {v}.abs()",
+            fast_why="x * sigmoid(1.702 * x) == h * (1 + tanh(0.851 * x)), h = x / 2",
         ),
         Activation(
             "softplus",
@@ -125,6 +159,11 @@ ACTIVATIONS: dict[str, Activation] = {
             "F.mish({v})",
             "1.1",
             why="tanh(s) == 2 * sigmoid(2 * s) - 1; exp is clamped as in softplus",
+            fast=(
+                "softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))",
+                "return x * _tanh_approx(softplus)",
+            ),
+            fast_error="{v}.abs()",
         ),
         Activation(
             "elu",
@@ -182,6 +221,17 @@ ACTIVATIONS: dict[str, Activation] = {
         ),
     ]
 }
+
+# Relative error of the GPU's tanh.approx.f32, as the fast forms' tolerance allows it:
+# twice the PTX ISA's 2**-10.987 (measured on an H200: see docs/tolerances.md).
+TANH_APPROX_EXPONENT = -10
+TANH_APPROX = 2.0**TANH_APPROX_EXPONENT
+
+
+def fast_tanh_used(steps) -> bool:
+    """Whether any of these steps has a form on tanh.approx."""
+    return any(getattr(s, "op", None) in ACTIVATIONS and ACTIVATIONS[s.op].fast for s in steps)
+
 
 # Other names for the same activations (Hugging Face configs use several of these).
 ALIASES = {

@@ -140,6 +140,14 @@ class KernelSpec(_Strict):
     )
     fallback: FallbackSpec = FallbackSpec()
     autotune: AutotuneSpec | None = None
+    fast_tanh: bool = Field(
+        True,
+        description="on NVIDIA GPUs, where every output is bf16 or fp16, run the "
+        "activations built on tanh or sigmoid (gelu_tanh, silu, sigmoid, tanh, quick_gelu, "
+        "mish) on the GPU's tanh.approx instruction: half the special-function work of the "
+        "exp-based form, an error under 2**-10 of tanh's value. false: the exp-based form "
+        "always (fp32 outputs, AMD GPUs and the interpreter always use it)",
+    )
     deterministic: bool = Field(
         False,
         description="never tune at run time: launch the tuned table's config (see `fusegen "

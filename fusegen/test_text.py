@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fusegen import ops
 from fusegen.chain_text import lit, operand_ref, steps_in_order
+from fusegen.kernel_text import fast_tanh
 from fusegen.ir import Emit, Gate, Kernel, RowStep, Step, Tensor
 
 # Weights larger than this make interpreter launches take seconds each (about 0.1 us
@@ -11,8 +12,10 @@ from fusegen.ir import Emit, Gate, Kernel, RowStep, Step, Tensor
 LARGE_WEIGHT = 1 << 22
 
 
-def bound_step(step: Step, v: str, e: str) -> list[str]:
-    """Lines that advance value `v` and bound `e` through one step (docs/tolerances.md)."""
+def bound_step(step: Step, v: str, e: str, fast: bool = False) -> list[str]:
+    """Lines that advance value `v` and bound `e` through one step (docs/tolerances.md).
+    fast: the kernel may run this activation's tanh.approx form (when the launch says
+    `fast_tanh`, the test's flag of that name is 1)."""
     if step.op in ops.ACTIVATIONS:
         act = ops.ACTIVATIONS[step.op]
         params = {k: lit(val) for k, val in step.params}
@@ -27,6 +30,8 @@ def bound_step(step: Step, v: str, e: str) -> list[str]:
             if act.transcendental
             else f"4 * U32 * ({v}.abs() + y.abs())"
         )
+        if fast and act.fast:
+            impl += f" + fast_tanh * TANH_APPROX * {act.fast_error.format(v=v)}"
         return [f"y = {expr}", f"{e} = {lip_term} + {impl}", f"{v} = y"]
     if step.op == "scale":
         return [
@@ -46,6 +51,7 @@ def bound_step(step: Step, v: str, e: str) -> list[str]:
 
 
 def bound_lines(kernel: Kernel) -> list[str]:
+    fast = fast_tanh(kernel)
     if kernel.matmul:
         mm = kernel.matmul
         a = f"{mm.a}.T" if mm.a_transposed else mm.a
@@ -60,7 +66,7 @@ def bound_lines(kernel: Kernel) -> list[str]:
             b = f"{mm.b}.T" if mm.b_transposed else mm.b
             lines += [f"v_gate = {a} @ {b}", f"e_gate = dot_error({a}, {b}, p_in)"]
             for step in item.steps:
-                lines += bound_step(step, "v_gate", "e_gate")
+                lines += bound_step(step, "v_gate", "e_gate", fast)
             lines += [
                 "y = v * v_gate",
                 "e = v.abs() * e_gate + v_gate.abs() * e + e * e_gate + U32 * y.abs()",
@@ -71,7 +77,7 @@ def bound_lines(kernel: Kernel) -> list[str]:
         elif isinstance(item, RowStep):
             lines += bound_row(item)
         else:
-            lines += bound_step(item, "v", "e")
+            lines += bound_step(item, "v", "e", fast)
     return lines
 
 

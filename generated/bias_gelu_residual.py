@@ -58,17 +58,33 @@ INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 1024, "num_warps": 4}
 # launcher looks there before tuning. Entries tuned for other kernel source are ignored.
 TUNED_TABLE = "bias_gelu_residual.tuned.json"
 # sha256 of this module's Triton kernels' source, as tuned tables record it.
-KERNEL_HASH = "809aaa4bd3d7aaa0"
+KERNEL_HASH = "53f92d4e19aaea49"
 # Tune at run time where the tuned table has no entry (the spec's `deterministic: true`
 # turns this off).
 DETERMINISTIC = False
 
 
 @triton.jit
-def _gelu_tanh(x):
+def _tanh_approx(x):
+    """tanh(x) by the GPU's tanh.approx.f32 instruction (NVIDIA, sm_75 and newer): one
+    special-function op where sigmoid takes two (an exp and a reciprocal), relative error
+    under 2**-10.98. The launcher asks for it (FAST_TANH) only where every output is
+    bf16 or fp16, whose own rounding is coarser."""
+    return tl.inline_asm_elementwise(
+        "tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def _gelu_tanh(x, FAST_TANH: tl.constexpr):
     """0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))"""
-    # 0.5 * (1 + tanh(z)) == sigmoid(2 * z): one exp, and no tanh, which Triton lacks
-    return x * tl.sigmoid(1.5957691216057308 * (x + 0.044715 * x * x * x))
+    if FAST_TANH:
+        # h * (1 + tanh(z)), h = x / 2: one instruction where sigmoid takes two
+        h = 0.5 * x
+        return h + h * _tanh_approx(0.7978845608028654 * (x + 0.044715 * x * x * x))
+    else:
+        # 0.5 * (1 + tanh(z)) == sigmoid(2 * z): one exp, and no tanh, which Triton lacks
+        return x * tl.sigmoid(1.5957691216057308 * (x + 0.044715 * x * x * x))
 
 
 @triton.jit(do_not_specialize=["ROWS_BUCKET"])
@@ -94,6 +110,7 @@ def _bias_gelu_residual_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     INT64: tl.constexpr,
+    FAST_TANH: tl.constexpr,
 ):
     """y = gelu_tanh(x + b) * 0.5 + r, for one [BLOCK_M, BLOCK_N] tile of the output.
 
@@ -123,7 +140,7 @@ def _bias_gelu_residual_kernel(
     # The chain, in fp32.
     b = tl.load(b_ptr + offs_n * stride_b_n, mask=mask_n, other=0.0).to(tl.float32)
     value = value + b[None, :]
-    value = _gelu_tanh(value)
+    value = _gelu_tanh(value, FAST_TANH)
     value = value * 0.5
     r = tl.load(
         r_ptr + offs_m[:, None] * stride_r_m + offs_n[None, :] * stride_r_n,
@@ -145,7 +162,7 @@ _PATHS = {"pointer": (_bias_gelu_residual_kernel, CONFIGS, DEFAULT_CONFIG)}
 # Per path: settings a config may add to its default's, and the kernel's value for each
 # one left out (None: a compile option, not passed).
 _OPTIONAL = {"pointer": {}}
-_LAST = {"config": None, "source": None, "path": None}
+_LAST = {"config": None, "source": None, "path": None, "fast_tanh": False}
 _LAST_RUN = {}  # the last launch's compiled "kernel" and plan "key" (fusegen tune, inspect)
 _LOGGED = set()
 _TUNED = {}  # path -> its autotuned kernel
@@ -168,15 +185,17 @@ except ValueError:
 def last_launch() -> dict:
     """What the last call ran: {"config": the config dict or None, "source": one of
     "table", "autotune", "default", "interpreter", "explicit", "reference (...)",
-    "empty", "path": "pointer" or "tma" (the kernel that ran) or None}."""
+    "empty", "path": "pointer" or "tma" (the kernel that ran) or None, "fast_tanh":
+    whether its activations ran on the GPU's tanh.approx}."""
     config = _LAST["config"]
     return {**_LAST, "config": dict(config) if config is not None else None}
 
 
-def _record(config, source, path=None):
+def _record(config, source, path=None, fast_tanh=False):
     _LAST["config"] = config
     _LAST["source"] = source
     _LAST["path"] = path
+    _LAST["fast_tanh"] = fast_tanh
 
 
 def _log_once(reason, message, *args):
@@ -238,6 +257,19 @@ def _interpreted():
 
 def _runs_triton(device):
     return device.type == "cuda" or _interpreted()
+
+
+def _fast_tanh(device, *out_dtypes):
+    """Whether the activations run on tanh.approx (FAST_TANH): on NVIDIA GPUs from
+    Ampere on, where every output is bf16 or fp16 (its error, under 2**-10.98 of tanh's
+    value, then sits below their rounding); never under the interpreter (no PTX there)."""
+    return (
+        device.type == "cuda"
+        and not torch.version.hip
+        and not _interpreted()
+        and all(d in (torch.float16, torch.bfloat16) for d in out_dtypes)
+        and _device_facts(device)[0] >= 8
+    )
 
 
 class _Shapes:
@@ -508,7 +540,8 @@ def _ready(path, plan, args, config):
     kwargs = {**_path_consts(path, args, plan.consts), **_triton_kwargs(path, chosen)}
     grid = (*_grid({**dict(zip(DIMS, plan.tail)), **kwargs}), 1, 1)[:3]  # a compiled kernel takes 3
     split = chosen.get("SPLIT_K", 1)
-    return [asked, _PATHS[path][0], grid, kwargs, split, (chosen, source, path), None]
+    record = (chosen, source, path, bool(plan.consts.get("FAST_TANH")))
+    return [asked, _PATHS[path][0], grid, kwargs, split, record, None]
 
 
 def _choose(path, key, grid, args, consts, config):
@@ -946,6 +979,7 @@ def _plan(x, b, r):
     )
     plan.consts = {
         "INT64": _needs_int64(x_2d, b_2d, r_2d, out_2d),
+        "FAST_TANH": _fast_tanh(device, plan.out_dtype),
     }
     plan.key = (_bucket(M), N, dtype, plan.out_dtype)
     plan.ready = {}  # config (None: chosen) -> what its launch needs, from _launch

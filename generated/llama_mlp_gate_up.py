@@ -104,6 +104,17 @@ TMA_CONFIGS = [
         "BLOCK_M": 128,
         "BLOCK_N": 128,
         "BLOCK_K": 64,
+        "GROUP_M": 16,
+        "num_warps": 8,
+        "num_stages": 3,
+        "FLATTEN": 0,
+        "WARP_SPECIALIZE": 0,
+        "EPILOGUE_SUBTILE": 1,
+    },
+    {
+        "BLOCK_M": 128,
+        "BLOCK_N": 128,
+        "BLOCK_K": 64,
         "GROUP_M": 8,
         "num_warps": 8,
         "num_stages": 4,
@@ -193,16 +204,32 @@ TMA_DEFAULT_CONFIG = {
 # launcher looks there before tuning. Entries tuned for other kernel source are ignored.
 TUNED_TABLE = "llama_mlp_gate_up.tuned.json"
 # sha256 of this module's Triton kernels' source, as tuned tables record it.
-KERNEL_HASH = "6b79577ad0685931"
+KERNEL_HASH = "456f82c3000e8d5e"
 # Tune at run time where the tuned table has no entry (the spec's `deterministic: true`
 # turns this off).
 DETERMINISTIC = False
 
 
 @triton.jit
-def _silu(x):
+def _tanh_approx(x):
+    """tanh(x) by the GPU's tanh.approx.f32 instruction (NVIDIA, sm_75 and newer): one
+    special-function op where sigmoid takes two (an exp and a reciprocal), relative error
+    under 2**-10.98. The launcher asks for it (FAST_TANH) only where every output is
+    bf16 or fp16, whose own rounding is coarser."""
+    return tl.inline_asm_elementwise(
+        "tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def _silu(x, FAST_TANH: tl.constexpr):
     """x * sigmoid(x)"""
-    return x * tl.sigmoid(x)
+    if FAST_TANH:
+        # x * sigmoid(x) == h * (1 + tanh(h)), h = x / 2
+        h = 0.5 * x
+        return h + h * _tanh_approx(h)
+    else:
+        return x * tl.sigmoid(x)
 
 
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
@@ -239,6 +266,7 @@ def _llama_mlp_gate_up_kernel(
     EVEN_K: tl.constexpr,
     INT64: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
+    FAST_TANH: tl.constexpr,
 ):
     """y = silu(x @ w_gate.T) * (x @ w_up.T), for one [BLOCK_M, BLOCK_N] tile of the output.
 
@@ -337,7 +365,7 @@ def _llama_mlp_gate_up_kernel(
             acc_gate += tl.load(partials, mask=in_bounds, other=0.0, cache_modifier=".cg")
 
     # The chain, in fp32.
-    acc = _silu(acc)
+    acc = _silu(acc, FAST_TANH)
     acc = acc * acc_gate
     tl.store(
         out_ptr + offs_m[:, None] * stride_out_m + offs_n[None, :] * stride_out_n,
@@ -381,6 +409,7 @@ def _llama_mlp_gate_up_kernel_tma(
     FLATTEN: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
     EPILOGUE_SUBTILE: tl.constexpr,
+    FAST_TANH: tl.constexpr,
 ):
     """y = silu(x @ w_gate.T) * (x @ w_up.T): the TMA kernel, for sm_90 and newer GPUs.
 
@@ -441,7 +470,7 @@ def _llama_mlp_gate_up_kernel_tma(
         mask_n = offs_n < N
         in_bounds = mask_m[:, None] & mask_n[None, :]
         # The chain, in fp32.
-        acc = _silu(acc)
+        acc = _silu(acc, FAST_TANH)
         acc = acc * acc_gate
         if EPILOGUE_SUBTILE:
             # Two [BLOCK_M, BLOCK_N / 2] stores: half the shared memory to stage them in.
@@ -468,7 +497,7 @@ _PATHS = {
 # Per path: settings a config may add to its default's, and the kernel's value for each
 # one left out (None: a compile option, not passed).
 _OPTIONAL = {"pointer": {"SPLIT_K": 1}, "tma": {}}
-_LAST = {"config": None, "source": None, "path": None}
+_LAST = {"config": None, "source": None, "path": None, "fast_tanh": False}
 _LAST_RUN = {}  # the last launch's compiled "kernel" and plan "key" (fusegen tune, inspect)
 _LOGGED = set()
 _TUNED = {}  # path -> its autotuned kernel
@@ -491,15 +520,17 @@ except ValueError:
 def last_launch() -> dict:
     """What the last call ran: {"config": the config dict or None, "source": one of
     "table", "autotune", "default", "interpreter", "explicit", "reference (...)",
-    "empty", "path": "pointer" or "tma" (the kernel that ran) or None}."""
+    "empty", "path": "pointer" or "tma" (the kernel that ran) or None, "fast_tanh":
+    whether its activations ran on the GPU's tanh.approx}."""
     config = _LAST["config"]
     return {**_LAST, "config": dict(config) if config is not None else None}
 
 
-def _record(config, source, path=None):
+def _record(config, source, path=None, fast_tanh=False):
     _LAST["config"] = config
     _LAST["source"] = source
     _LAST["path"] = path
+    _LAST["fast_tanh"] = fast_tanh
 
 
 def _log_once(reason, message, *args):
@@ -561,6 +592,19 @@ def _interpreted():
 
 def _runs_triton(device):
     return device.type == "cuda" or _interpreted()
+
+
+def _fast_tanh(device, *out_dtypes):
+    """Whether the activations run on tanh.approx (FAST_TANH): on NVIDIA GPUs from
+    Ampere on, where every output is bf16 or fp16 (its error, under 2**-10.98 of tanh's
+    value, then sits below their rounding); never under the interpreter (no PTX there)."""
+    return (
+        device.type == "cuda"
+        and not torch.version.hip
+        and not _interpreted()
+        and all(d in (torch.float16, torch.bfloat16) for d in out_dtypes)
+        and _device_facts(device)[0] >= 8
+    )
 
 
 class _Shapes:
@@ -870,7 +914,8 @@ def _ready(path, plan, args, config):
     kwargs = {**_path_consts(path, args, plan.consts), **_triton_kwargs(path, chosen)}
     grid = (*_grid({**dict(zip(DIMS, plan.tail)), **kwargs}), 1, 1)[:3]  # a compiled kernel takes 3
     split = chosen.get("SPLIT_K", 1)
-    return [asked, _PATHS[path][0], grid, kwargs, split, (chosen, source, path), None]
+    record = (chosen, source, path, bool(plan.consts.get("FAST_TANH")))
+    return [asked, _PATHS[path][0], grid, kwargs, split, record, None]
 
 
 def _choose(path, key, grid, args, consts, config):
@@ -1324,6 +1369,7 @@ def _plan(x, w_gate, w_up):
     plan.consts = {
         "INT64": _needs_int64(x_2d, w_gate_2d, w_up_2d, out_2d),
         "DOT_UPCAST": _interpreted() and dtype == torch.bfloat16,
+        "FAST_TANH": _fast_tanh(device, plan.out_dtype),
     }
     plan.key = (_bucket(M), N, K, dtype, plan.out_dtype)
     plan.ready = {}  # config (None: chosen) -> what its launch needs, from _launch

@@ -186,7 +186,7 @@ _PATHS = {"pointer": (_masked_softmax_kernel, CONFIGS, DEFAULT_CONFIG)}
 # Per path: settings a config may add to its default's, and the kernel's value for each
 # one left out (None: a compile option, not passed).
 _OPTIONAL = {"pointer": {}}
-_LAST = {"config": None, "source": None, "path": None}
+_LAST = {"config": None, "source": None, "path": None, "fast_tanh": False}
 _LAST_RUN = {}  # the last launch's compiled "kernel" and plan "key" (fusegen tune, inspect)
 _LOGGED = set()
 _TUNED = {}  # path -> its autotuned kernel
@@ -209,15 +209,17 @@ except ValueError:
 def last_launch() -> dict:
     """What the last call ran: {"config": the config dict or None, "source": one of
     "table", "autotune", "default", "interpreter", "explicit", "reference (...)",
-    "empty", "path": "pointer" or "tma" (the kernel that ran) or None}."""
+    "empty", "path": "pointer" or "tma" (the kernel that ran) or None, "fast_tanh":
+    whether its activations ran on the GPU's tanh.approx}."""
     config = _LAST["config"]
     return {**_LAST, "config": dict(config) if config is not None else None}
 
 
-def _record(config, source, path=None):
+def _record(config, source, path=None, fast_tanh=False):
     _LAST["config"] = config
     _LAST["source"] = source
     _LAST["path"] = path
+    _LAST["fast_tanh"] = fast_tanh
 
 
 def _log_once(reason, message, *args):
@@ -546,7 +548,8 @@ def _ready(path, plan, args, config):
     kwargs = {**_path_consts(path, args, plan.consts), **_triton_kwargs(path, chosen)}
     grid = (*_grid({**dict(zip(DIMS, plan.tail)), **kwargs}), 1, 1)[:3]  # a compiled kernel takes 3
     split = chosen.get("SPLIT_K", 1)
-    return [asked, _PATHS[path][0], grid, kwargs, split, (chosen, source, path), None]
+    record = (chosen, source, path, bool(plan.consts.get("FAST_TANH")))
+    return [asked, _PATHS[path][0], grid, kwargs, split, record, None]
 
 
 def _choose(path, key, grid, args, consts, config):

@@ -40,6 +40,7 @@ needs_gpu = pytest.mark.skipif(
 U32 = 2.0**-24  # unit roundoff of fp32, the kernel's arithmetic
 U_ACC = 2.0**-23  # per-term accumulation error: twice U32, for accumulators that truncate
 TF32_PRODUCT = 2.0**-9  # relative error of a product of two fp32 values cut to tf32
+TANH_APPROX = 2.0**-10  # relative error allowed the GPU's tanh.approx (the launch says fast_tanh)
 OUT_ROUNDING = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 # Absolute error allowed near zero: fp16 rounds below its normal range to a fixed
 # spacing (half of it, 2**-25); fp32 math may flush values under 2**-126 to zero (GPU
@@ -108,16 +109,17 @@ def make_inputs(sizes, dtype, seed, lead=None):
     return tensors
 
 
-def reference_and_bound(p_in, depth, x, w, b):
+def reference_and_bound(p_in, depth, fast_tanh, x, w, b):
     """The chain in float64 (v), and for each element a bound (e) on how far a correct
-    kernel's fp32 result can be from it; one (v, e) per output."""
+    kernel's fp32 result can be from it; one (v, e) per output. fast_tanh: 1 where the
+    kernel's activations ran on tanh.approx, else 0."""
     v = x @ w
     e = dot_error(x, w, p_in)
     y = v + b
     e = e + U32 * y.abs()
     v = y
     y = F.gelu(v, approximate="tanh")
-    e = 1.13 * e + 16 * U32 * (1 + v.abs() + y.abs())
+    e = 1.13 * e + 16 * U32 * (1 + v.abs() + y.abs()) + fast_tanh * TANH_APPROX * 0.5 * v.abs()
     v = y
     return [(v, e)]
 
@@ -141,7 +143,8 @@ def check_outputs(results, inputs, dtype, seed, launch):
     exact = {name: t.double() for name, t in inputs.items()}
     p_in = TF32_PRODUCT if dtype == torch.float32 and kernel.FP32_MATMUL == "tf32" else 0.0
     cols = inputs[SOURCE].shape[-1] if SOURCE else results[0].shape[-1]
-    pairs = reference_and_bound(p_in, reduction_depth(launch, cols), **exact)
+    fast = int(launch["fast_tanh"])
+    pairs = reference_and_bound(p_in, reduction_depth(launch, cols), fast, **exact)
     for name, out, (expected, bound) in zip(OUTPUTS, results, pairs):
         bound = bound + OUT_ROUNDING[out.dtype] * (expected.abs() + bound) + OUT_TINY[out.dtype]
         assert out.shape == expected.shape, (name, out.shape, expected.shape)
@@ -289,6 +292,20 @@ def test_repeated_calls_agree(monkeypatch):
             torch.testing.assert_close(got, first, rtol=0, atol=0, equal_nan=True)
 
 
+@needs_gpu
+def test_fast_tanh_only_for_16_bit_outputs():
+    # The activations run on tanh.approx (FAST_TANH) where every output is bf16 or fp16;
+    # fp32 outputs keep the exp-based form, whose error fits fp32's rounding.
+    seed, sizes = new_seed(), {**SIZES, **CASES[0]}
+    for dtype in DTYPES:
+        inputs = make_inputs(sizes, dtype, seed)
+        results = as_tuple(kernel.gpt2_mlp_up(**inputs))
+        launch = kernel.last_launch()
+        halves = all(r.dtype in (torch.float16, torch.bfloat16) for r in results)
+        assert launch["fast_tanh"] == (halves and kernel._device_facts(DEVICE)[0] >= 8), launch
+        check_outputs(results, inputs, dtype, seed, launch)
+
+
 @pytest.mark.skipif(HEAVY, reason="the interpreter runs this spec's large weights slowly")
 def test_runs_inside_torch_compile():
     # torch.compile traces the launcher as one custom op (its fake gives the outputs'
@@ -368,7 +385,8 @@ def test_every_tma_config(monkeypatch, config):
     if smem > kernel._shared_memory_limit(DEVICE):
         pytest.skip("over this GPU's shared memory")
     results = as_tuple(kernel.gpt2_mlp_up(**inputs, config=config))
-    assert kernel.last_launch() == {"config": config, "source": "explicit", "path": "tma"}
+    launch = kernel.last_launch()
+    assert (launch["config"], launch["source"], launch["path"]) == (config, "explicit", "tma")
     check_outputs(results, inputs, dtype, seed, kernel.last_launch())
 
 

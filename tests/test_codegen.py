@@ -89,7 +89,7 @@ def test_kernel_reads_like_the_chain(examples):
     for line in (
         "acc = tl.dot(x_tile, w_gate_tile, acc",
         "acc_gate = tl.dot(x_tile, w_up_tile, acc_gate",
-        "acc = _silu(acc)",
+        "acc = _silu(acc, FAST_TANH)",
         "acc = acc * acc_gate",
         "EVEN_K",
         "GROUP_M",
@@ -131,3 +131,33 @@ def test_spec_text_cannot_break_the_module(write_spec):
     namespace = {}
     exec(compile(ast.parse(module), "odd_doc", "exec"), namespace)  # noqa: S102
     assert 'quotes """ and a backslash \\ end' in namespace["__doc__"]
+
+
+@pytest.mark.parametrize(
+    "chain, options, fast",
+    [
+        ("[{input: x}, silu]", "", True),
+        ("[{input: x}, gelu: tanh, relu]", "", True),
+        ("[{input: x}, silu]", "fast_tanh: false", False),
+        ("[{input: x}, silu]", "target: amd", False),
+        ("[{input: x}, relu, {gelu: none}]", "", False),
+    ],
+)
+def test_fast_tanh_only_where_an_activation_has_a_form_on_it(write_spec, chain, options, fast):
+    path = write_spec(f"""
+        kernels:
+          - name: act
+            dims: {{M: dynamic, N: dynamic}}
+            inputs: {{x: [M, N]}}
+            chain: {chain}
+            {options}
+        """)
+    (kernel,) = build.load([path]).kernels
+    module, tests = (r.text for r in codegen.render(kernel))
+    assert ("FAST_TANH: tl.constexpr" in module) == fast
+    assert ("def _tanh_approx(x):" in module) == fast
+    assert ('"FAST_TANH": _fast_tanh(device, plan.out_dtype)' in module) == fast
+    assert ("fast_tanh * TANH_APPROX" in tests) == fast
+    assert ("def test_fast_tanh_only_for_16_bit_outputs" in tests) == fast
+    # The exact form stays beside the fast one: the interpreter, fp32 outputs and AMD run it.
+    assert "return x * tl.sigmoid(x)" in module or "silu" not in chain

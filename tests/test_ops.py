@@ -97,3 +97,53 @@ def test_binary_bounds_name_their_operands():
     for b in ops.BINARY.values():
         assert "{r}" in b.bound_tensor or b.name in ("add", "sub")
         assert "{c}" in b.bound_constant
+
+
+class _Tl:
+    """The few triton.language functions the fast forms use, on float64 torch tensors."""
+
+    where = staticmethod(torch.where)
+    log = staticmethod(torch.log)
+    exp = staticmethod(torch.exp)
+
+    @staticmethod
+    def minimum(a, b):
+        return torch.clamp(a, max=b)
+
+
+def fast_form(act, tanh):
+    """The activation's tanh.approx form as a Python function, with `tanh` standing in
+    for the GPU instruction."""
+    source = "def f(x):\n" + "".join(f"    {line}\n" for line in act.fast)
+    namespace = {"tl": _Tl, "_tanh_approx": tanh}
+    exec(source, namespace)  # noqa: S102 - the registry's own text
+    return namespace["f"]
+
+
+FAST = sorted(name for name, act in ops.ACTIVATIONS.items() if act.fast)
+
+
+def test_the_tanh_and_sigmoid_activations_have_fast_forms():
+    assert FAST == ["gelu_tanh", "mish", "quick_gelu", "sigmoid", "silu", "tanh"]
+    assert all(bool(act.fast) == bool(act.fast_error) for act in ops.ACTIVATIONS.values())
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_fast_form_matches_the_definition(name):
+    act = ops.ACTIVATIONS[name]
+    x = torch.linspace(-30, 30, 12001, dtype=torch.float64)
+    got = fast_form(act, torch.tanh)(x)
+    torch.testing.assert_close(got, INDEPENDENT[name](x, {}), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_fast_error_bound_holds(name):
+    """A tanh off by up to TANH_APPROX of its value moves the result by at most
+    TANH_APPROX * fast_error: the generated tests' allowance for it."""
+    act = ops.ACTIVATIONS[name]
+    v = torch.linspace(-30, 30, 12001, dtype=torch.float64)
+    y = fast_form(act, torch.tanh)(v)  # the exact value (see the test above)
+    allowed = ops.TANH_APPROX * eval(act.fast_error.format(v="v"), {"v": v, "y": y})  # noqa: S307
+    for rel in (-ops.TANH_APPROX, ops.TANH_APPROX):
+        moved = fast_form(act, lambda z, rel=rel: torch.tanh(z) * (1 + rel))(v)
+        assert ((moved - y).abs() <= allowed * (1 + 1e-9) + 1e-300).all()
