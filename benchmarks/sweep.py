@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import os
 import sys
 import tempfile
@@ -87,7 +88,58 @@ def approx_tanh(text):
     )
 
 
-SOURCE_VARIANTS = {"base": lambda text: text, "noact": no_activation, "approx": approx_tanh}
+def host_descriptors(text):
+    """The TMA kernel taking tensor descriptors made on the host (HostDescriptors
+    below) instead of building them on the device at each launch: how much of a small
+    kernel's time the device-side descriptors cost."""
+    head, tma = text.split("_kernel_tma(", 1)
+    tma = re.sub(
+        r"(\w+)_desc = tl\.make_tensor_descriptor\(\s*(\w+_ptr),.*?\n    \)\n",
+        r"\1_desc = \2\n",
+        tma,
+        flags=re.S,
+    )
+    tma = tma.replace("out_ptr.dtype.element_ty", "out_desc.dtype")
+    return head + "_kernel_tma(" + tma
+
+
+SOURCE_VARIANTS = {
+    "base": lambda text: text,
+    "noact": no_activation,
+    "approx": approx_tanh,
+    "hostdesc": lambda text: host_descriptors(approx_tanh(text)),
+}
+
+
+class HostDescriptors:
+    """Stands in for the TMA kernel in the launcher's _PATHS: makes the descriptors on
+    the host (triton.tools.tensor_descriptor) from the tensors the launcher passes."""
+
+    def __init__(self, kernel, roles):
+        self.kernel, self.roles = kernel, roles  # roles: argument index -> x / w / out
+
+    def __getitem__(self, grid):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        def launch(*args, **kwargs):
+            args = list(args)
+            bm, bn, bk = kwargs["BLOCK_M"], kwargs["BLOCK_N"], kwargs["BLOCK_K"]
+            blocks = {
+                "x": [bm, bk],
+                "w": [bn, bk],
+                "out": [bm, bn // 2 if kwargs.get("EPILOGUE_SUBTILE") else bn],
+            }
+            for index, role in self.roles.items():
+                args[index] = TensorDescriptor.from_tensor(args[index], blocks[role])
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+HOST_ROLES = {
+    "anchor_gelu": {0: "x", 1: "w", 3: "out"},
+    "anchor_swiglu": {0: "x", 1: "w", 2: "w", 3: "out"},
+}
 
 # name -> (kernel, shape, [(source variant, path, programs per SM, config)], baselines)
 CASES = {
@@ -226,6 +278,21 @@ CASES["gelu8192"] = (
 CASES["swiglu8192"][2].insert(0, ("approx", "tma", 1, tma(128, 128, 64, 8, 3, 0, 0, 1)))
 
 
+# Round 3: is there a fixed cost in the TMA kernel (device-side descriptors)? Small and
+# mid shapes, with the descriptors made on the device (approx) or the host (hostdesc).
+for _shape in ((256, 256, 256), (1000, 1000, 1000), (4096, 1024, 4096)):
+    _rows = [
+        (variant, "tma", 1, config)
+        for variant in ("approx", "hostdesc")
+        for config in (
+            (tma(64, 128, 64, 4, 4), tma(128, 128, 64, 8, 3))
+            if _shape[0] <= 1000
+            else (tma(128, 256, 64, 8, 3, 1, 0, 1), tma(128, 256, 64, 8, 3, 0, 0, 1))
+        )
+    ]
+    CASES[f"desc{_shape[0]}"] = ("anchor_gelu", _shape, _rows, ("cublaslt",))
+
+
 def baseline(name, torch, module, kernel, sizes):
     if name == "cublaslt":
         return bench._cublaslt(torch, module, kernel)
@@ -254,6 +321,14 @@ def fresh_module(kernel, folder, variant, programs_per_sm):
     path.write_text(text)
     module = bench.import_file(path, f"sweep_{kernel.name}_{variant}_{programs_per_sm}")
     module._TABLE["entries"] = []
+    if variant == "hostdesc":
+        kernel_fn, configs, default = module._PATHS["tma"]
+        module._PATHS["tma"] = (
+            HostDescriptors(kernel_fn, HOST_ROLES[kernel.name]),
+            configs,
+            default,
+        )
+        module._direct = lambda *args: None  # the direct launch would pass tensors
     if programs_per_sm > 1:
         device = torch.device("cuda", torch.cuda.current_device())
         major, sms, smem = module._device_facts(device)
