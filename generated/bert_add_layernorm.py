@@ -916,11 +916,11 @@ def bert_add_layernorm(
         _record(None, "empty")
         return out
     args = (
-        x.reshape(-1, x.shape[-1]),
-        residual.reshape(-1, residual.shape[-1]),
+        x if x.dim() == 2 else x.reshape(-1, x.shape[-1]),
+        residual if residual.dim() == 2 else residual.reshape(-1, residual.shape[-1]),
         gamma,
         beta,
-        out.view(-1, out.shape[-1]),
+        out if out.dim() == 2 else out.view(-1, out.shape[-1]),
         *plan.tail,
     )
     _launch(path, plan, args, config)

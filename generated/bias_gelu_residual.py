@@ -876,10 +876,10 @@ def bias_gelu_residual(
         _record(None, "empty")
         return out
     args = (
-        x.reshape(-1, x.shape[-1]),
+        x if x.dim() == 2 else x.reshape(-1, x.shape[-1]),
         b,
-        r.reshape(-1, r.shape[-1]),
-        out.view(-1, out.shape[-1]),
+        r if r.dim() == 2 else r.reshape(-1, r.shape[-1]),
+        out if out.dim() == 2 else out.view(-1, out.shape[-1]),
         *plan.tail,
     )
     _launch(path, plan, args, config)

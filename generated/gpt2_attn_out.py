@@ -1226,7 +1226,7 @@ def gpt2_attn_out(
             plan.device,
             {"x": x, "w": w, "b": b, "residual": residual},
         )
-        if path == "tma" and not _tma_ready(out.view(-1, out.shape[-1])):
+        if path == "tma" and not _tma_ready(out if out.dim() == 2 else out.view(-1, out.shape[-1])):
             path = "pointer"  # the caller's buffer is not 16-byte aligned
     if not plan.runs_triton:
         _log_once(
@@ -1242,11 +1242,11 @@ def gpt2_attn_out(
         _record(None, "empty")
         return out
     args = (
-        x.reshape(-1, x.shape[-1]),
+        x if x.dim() == 2 else x.reshape(-1, x.shape[-1]),
         w,
         b,
-        residual.reshape(-1, residual.shape[-1]),
-        out.view(-1, out.shape[-1]),
+        residual if residual.dim() == 2 else residual.reshape(-1, residual.shape[-1]),
+        out if out.dim() == 2 else out.view(-1, out.shape[-1]),
         *plan.tail,
     )
     _launch(path, plan, args, config)

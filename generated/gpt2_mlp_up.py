@@ -1239,7 +1239,7 @@ def gpt2_mlp_up(
         _check_out(
             "out", out, plan.out_shape, plan.out_dtype, plan.device, {"x": x, "w": w, "b": b}
         )
-        if path == "tma" and not _tma_ready(out.view(-1, out.shape[-1])):
+        if path == "tma" and not _tma_ready(out if out.dim() == 2 else out.view(-1, out.shape[-1])):
             path = "pointer"  # the caller's buffer is not 16-byte aligned
     if not plan.runs_triton:
         _log_once(
@@ -1254,7 +1254,13 @@ def gpt2_mlp_up(
     if out.numel() == 0:
         _record(None, "empty")
         return out
-    args = (x.reshape(-1, x.shape[-1]), w, b, out.view(-1, out.shape[-1]), *plan.tail)
+    args = (
+        x if x.dim() == 2 else x.reshape(-1, x.shape[-1]),
+        w,
+        b,
+        out if out.dim() == 2 else out.view(-1, out.shape[-1]),
+        *plan.tail,
+    )
     _launch(path, plan, args, config)
     return out
 

@@ -919,11 +919,11 @@ def llama_add_rmsnorm(
         _record(None, "empty")
         return (out, out_h)
     args = (
-        x.reshape(-1, x.shape[-1]),
-        residual.reshape(-1, residual.shape[-1]),
+        x if x.dim() == 2 else x.reshape(-1, x.shape[-1]),
+        residual if residual.dim() == 2 else residual.reshape(-1, residual.shape[-1]),
         weight,
-        out.view(-1, out.shape[-1]),
-        out_h.view(-1, out_h.shape[-1]),
+        out if out.dim() == 2 else out.view(-1, out.shape[-1]),
+        out_h if out_h.dim() == 2 else out_h.view(-1, out_h.shape[-1]),
         *plan.tail,
     )
     _launch(path, plan, args, config)

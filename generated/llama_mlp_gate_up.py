@@ -1251,7 +1251,7 @@ def llama_mlp_gate_up(
             plan.device,
             {"x": x, "w_gate": w_gate, "w_up": w_up},
         )
-        if path == "tma" and not _tma_ready(out.view(-1, out.shape[-1])):
+        if path == "tma" and not _tma_ready(out if out.dim() == 2 else out.view(-1, out.shape[-1])):
             path = "pointer"  # the caller's buffer is not 16-byte aligned
     if not plan.runs_triton:
         _log_once(
@@ -1266,7 +1266,13 @@ def llama_mlp_gate_up(
     if out.numel() == 0:
         _record(None, "empty")
         return out
-    args = (x.reshape(-1, x.shape[-1]), w_gate, w_up, out.view(-1, out.shape[-1]), *plan.tail)
+    args = (
+        x if x.dim() == 2 else x.reshape(-1, x.shape[-1]),
+        w_gate,
+        w_up,
+        out if out.dim() == 2 else out.view(-1, out.shape[-1]),
+        *plan.tail,
+    )
     _launch(path, plan, args, config)
     return out
 

@@ -883,9 +883,9 @@ def masked_softmax(
         _record(None, "empty")
         return out
     args = (
-        scores.reshape(-1, scores.shape[-1]),
-        mask.reshape(-1, mask.shape[-1]),
-        out.view(-1, out.shape[-1]),
+        scores if scores.dim() == 2 else scores.reshape(-1, scores.shape[-1]),
+        mask if mask.dim() == 2 else mask.reshape(-1, mask.shape[-1]),
+        out if out.dim() == 2 else out.view(-1, out.shape[-1]),
         *plan.tail,
     )
     _launch(path, plan, args, config)
