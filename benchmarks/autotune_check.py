@@ -26,4 +26,6 @@ for rows in (7, 16, 4096):
     config = launch["config"]
     call = lambda: m.gpt2_mlp_up(x, w, b, config=config)  # noqa: E731
     graph = m._graph_bench(call)
-    print(f"  graph timer {graph[0]:.4f} ms, do_bench {do_bench(call, return_mode='median'):.4f} ms")
+    print(
+        f"  graph timer {graph[0]:.4f} ms, do_bench {do_bench(call, return_mode='median'):.4f} ms"
+    )

@@ -48,7 +48,9 @@ print(f"{{name}} rows={{rows}}: {{launch['source']}} {{launch['path']}}: first c
 def main() -> None:
     rows = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 4096
     no_table = "--no-table" in sys.argv
-    names = sorted(p.stem for p in (ROOT / "generated").glob("*.py") if not p.stem.startswith("test_"))
+    names = sorted(
+        p.stem for p in (ROOT / "generated").glob("*.py") if not p.stem.startswith("test_")
+    )
     for name in names:
         with tempfile.TemporaryDirectory() as cache:
             code = CHILD.format(root=str(ROOT), name=name, rows=rows, no_table=no_table)

@@ -287,7 +287,11 @@ def kernel_context(kernel: Kernel) -> dict:
             (
                 f"{t.name} if {t.name}.dim() == 2 else {t.name}.reshape(-1, {t.name}.shape[-1])"
                 if t.batched and len(t.dims) == 2
-                else f"{t.name} if {t.name}.dim() == 1 else {t.name}.reshape(-1)" if t.batched else t.name
+                else (
+                    f"{t.name} if {t.name}.dim() == 1 else {t.name}.reshape(-1)"
+                    if t.batched
+                    else t.name
+                )
             )
             for t in kernel.inputs
         ),

@@ -83,7 +83,9 @@ def helpers(kernel: Kernel) -> list[dict]:
         out.append(
             {
                 "name": naming.helper(name),
-                "args": ", ".join(args + (["FAST_TANH: tl.constexpr"] if fast and act.fast else [])),
+                "args": ", ".join(
+                    args + (["FAST_TANH: tl.constexpr"] if fast and act.fast else [])
+                ),
                 "math": act.math,
                 "why": act.why,
                 "body": list(act.triton),
