@@ -293,7 +293,8 @@ def bench_shape(
             row.ok = row.error <= TOLERANCE[dtype_name]
             if variant.name == "fusegen":
                 launch = module.last_launch()
-                row.note = f"{launch['path']} ({launch['source']}) {launch['config']}"
+                fast = ", tanh.approx" if launch.get("fast_tanh") else ""
+                row.note = f"{launch['path']} ({launch['source']}{fast}) {launch['config']}"
             cycle = itertools.cycle(sets)
             row.ms = timer(lambda: fn(**next(cycle)))
             row.rate = flops / row.ms / 1e9 if flops else moved / row.ms / 1e6
