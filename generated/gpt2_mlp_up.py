@@ -594,7 +594,8 @@ def _runs_triton(device):
 def _fast_tanh(device, *out_dtypes):
     """Whether the activations run on tanh.approx (FAST_TANH): on NVIDIA GPUs from
     Ampere on, where every output is bf16 or fp16 (its error, under 2**-10.98 of tanh's
-    value, then sits below their rounding); never under the interpreter (no PTX there)."""
+    value, is a small fraction of their rounding at the input's scale; the tests bound
+    it); never under the interpreter (no PTX there)."""
     return (
         device.type == "cuda"
         and not torch.version.hip
