@@ -16,7 +16,7 @@ from pathlib import Path
 import black
 import jinja2
 
-from fusegen import __version__, configs, naming, ops
+from fusegen import __version__, configs, naming, ops, timing
 from fusegen.chain_text import (
     dict_literal,
     docstring_safe,
@@ -187,6 +187,7 @@ def kernel_context(kernel: Kernel) -> dict:
         "arrivals": naming.ARRIVALS,
         "out_arg_index": len(kernel.inputs),
         "split_k_max_rows": configs.SPLIT_K_MAX_ROWS,
+        "graph_timed_under_ms": timing.GRAPH_TIMED_UNDER_MS,  # the launcher's tuner and `tune` agree
         "deterministic": kernel.deterministic,
         "table_key_names": tuple_literal(
             [f'"{n}"' for n in [f"{kernel.row}_bucket", *tune_key[1:], "dtype", "out_dtype"]]
