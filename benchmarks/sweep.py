@@ -92,11 +92,78 @@ def host_descriptors(text):
     return head + "_kernel_tma(" + tma
 
 
+def _tma_part(text):
+    head, tma = text.split("_kernel_tma(", 1)
+    tma, tail = tma.split("\n# -- Launch support", 1)
+    return head + "_kernel_tma(", tma, "\n# -- Launch support" + tail
+
+
+def bias_first(text):
+    """The bias loaded before the K loop: its global-load latency hidden under the
+    mainloop instead of stalling each tile's epilogue."""
+    head, tma, tail = _tma_part(text)
+    load = re.search(r"\n( +)b = tl\.load\(b_ptr \+ offs_n \* stride_b_n[^\n]*\n", tma)
+    assert load, "no bias load"
+    tma = tma.replace(load.group(0), "\n")
+    indent = load.group(1)
+    early = (
+        f"{indent}offs_n_early = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)\n"
+        f"{indent}b = tl.load(b_ptr + offs_n_early * stride_b_n, mask=offs_n_early < N, "
+        "other=0.0).to(tl.float32)\n"
+    )
+    loop = re.search(r"\n( +)acc = tl\.zeros\(\(BLOCK_M, BLOCK_N\), dtype=tl\.float32\)\n", tma)
+    tma = tma.replace(loop.group(0), "\n" + early + loop.group(0)[1:], 1)
+    return head + tma + tail
+
+
+BIAS_HALVES_SPLIT = """\
+            b_left, b_right = tl.split(tl.permute(tl.reshape(b, (2, BLOCK_N // 2)), (1, 0)))
+"""
+BIAS_HALVES_LOADED = """\
+            offs_h = pid_n * BLOCK_N + tl.arange(0, BLOCK_N // 2)
+            b_left = tl.load(b_ptr + offs_h * stride_b_n, mask=offs_h < N, other=0.0).to(tl.float32)
+            offs_h = offs_h + BLOCK_N // 2
+            b_right = tl.load(b_ptr + offs_h * stride_b_n, mask=offs_h < N, other=0.0).to(tl.float32)
+"""
+
+
+def sub_chain(text):
+    """With EPILOGUE_SUBTILE, the chain runs on each half of the tile just before that
+    half's store, so the first half's TMA store overlaps the second half's math."""
+    head, tma, tail = _tma_part(text)
+    start = tma.index("        # The chain, in fp32.")
+    end = tma.index("        else:\n            out_desc.store(")
+    chain = tma[start : tma.index("        if EPILOGUE_SUBTILE:")]
+    half = """            acc_halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+            acc_left, acc_right = tl.split(acc_halves)
+""" + (BIAS_HALVES_SPLIT if "offs_n_early" in tma else BIAS_HALVES_LOADED) + """\
+            acc_left = _gelu_tanh(acc_left + b_left[None, :], FAST_TANH)
+            out_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc_left.to(out_ptr.dtype.element_ty))
+            acc_right = _gelu_tanh(acc_right + b_right[None, :], FAST_TANH)
+            out_desc.store(
+                [pid_m * BLOCK_M, pid_n * BLOCK_N + BLOCK_N // 2],
+                acc_right.to(out_ptr.dtype.element_ty),
+            )
+"""
+    whole = "\n".join("    " + line if line else line for line in chain.split("\n"))
+    rest = tma[end:]
+    rest = rest.replace(
+        "        else:\n",
+        "        else:\n" + whole.rstrip(" ") ,
+        1,
+    )
+    tma = tma[:start] + "        if EPILOGUE_SUBTILE:\n" + half + rest
+    return head + tma + tail
+
+
 SOURCE_VARIANTS = {
     "base": lambda text: text,
     "noact": no_activation,
     "approx": approx_tanh,
     "hostdesc": lambda text: host_descriptors(approx_tanh(text)),
+    "biasfirst": bias_first,
+    "subchain": sub_chain,
+    "subbias": lambda text: sub_chain(bias_first(text)),
 }
 
 
@@ -295,6 +362,42 @@ _big = [
 CASES["gelu8192fp16"] = ("anchor_gelu", (8192, 4096, 14336), _big, ("cublaslt",), "fp16")
 CASES["gelu8192bf16"] = ("anchor_gelu", (8192, 4096, 14336), _big, ("cublaslt",), "bf16")
 
+
+# Session 5: the epilogue's place in a tile. The bias loaded before the K loop
+# (biasfirst), the chain run per half-tile so the first half's store overlaps the second's
+# math (subchain), both (subbias).
+_epilogue_variants = ("base", "biasfirst", "subchain", "subbias")
+CASES["epi4096"] = (
+    "anchor_gelu",
+    (4096, 1024, 4096),
+    [
+        (v, "tma", per_sm, c)
+        for v in _epilogue_variants
+        for per_sm, c in (
+            (1, tma(128, 256, 64, 8, 3, 1, 0, 1)),
+            (1, tma(128, 256, 64, 8, 4, 1, 0, 1)),
+            (2, tma(128, 128, 64, 8, 3, 1, 0, 1)),
+            (2, tma(128, 128, 64, 4, 3, 1, 0, 1)),
+        )
+    ],
+    ("cublaslt",),
+)
+CASES["epi1000"] = (
+    "anchor_gelu",
+    (1000, 1000, 1000),
+    [
+        (v, "tma", 1, c)
+        for v in _epilogue_variants
+        for c in (tma(64, 128, 64, 4, 4, 0, 0, 1), tma(128, 128, 64, 8, 3, 0, 0, 1))
+    ],
+    ("cublaslt",),
+)
+CASES["epi8192"] = (
+    "anchor_gelu",
+    (8192, 4096, 14336),
+    [(v, "tma", 1, tma(128, 256, 64, 8, 3, 1, 0, 1)) for v in _epilogue_variants],
+    ("cublaslt",),
+)
 
 def baseline(name, torch, module, kernel, sizes):
     if name == "cublaslt":

@@ -34,6 +34,9 @@ DEFAULT_SHAPES = {
     "elementwise": [(16384, 8192)],
     "row": [(16384, 8192), (512, 262144), (131072, 1000)],
 }
+# Row counts for kernels whose spec fixes every other dim: a decode batch and a prefill
+# (the ones `fusegen tune` tunes by default, so the committed tables serve them).
+DEFAULT_ROWS = (16, 4096)
 # Enough buffer sets that one pass over them is several times the 60 MB L2 of an H200.
 ROTATION_BYTES = 512 << 20
 MAX_SETS = 8
@@ -102,10 +105,26 @@ def row_shapes(kernel: Kernel, rows: list[int]) -> list[tuple]:
     dynamic = [n for n in names[1:] if kernel.dim(n).size is None]
     if dynamic:
         raise ValueError(
-            f"{kernel.name}: dim {', '.join(dynamic)} is dynamic; give full shapes with "
+            f"{kernel.name}: {'dims' if len(dynamic) > 1 else 'dim'} {', '.join(dynamic)} "
+            f"{'are' if len(dynamic) > 1 else 'is'} dynamic; give full shapes with "
             f"--shapes {','.join(names)}"
         )
     return [(r, *(kernel.dim(n).size for n in names[1:])) for r in rows]
+
+
+def kernel_shapes(kernel: Kernel, shapes=None, rows=None) -> list[tuple]:
+    """What to bench a kernel at: the given full shapes of its kind; else the given row
+    counts at the spec's sizes; else, where the spec fixes every dim but the rows,
+    DEFAULT_ROWS at its sizes (the anchor shapes would not fit it), and the anchor shapes
+    of its kind otherwise. Raises ValueError for rows on a spec that leaves dims dynamic."""
+    if shapes is not None:
+        return [s for s in shapes if len(s) == (3 if kernel.matmul else 2)]
+    if rows is not None:
+        return row_shapes(kernel, rows)
+    try:
+        return row_shapes(kernel, DEFAULT_ROWS)
+    except ValueError:
+        return DEFAULT_SHAPES[kernel.kind]
 
 
 def work(kernel: Kernel, sizes: dict, element_bytes: int) -> tuple[float, float]:
@@ -330,9 +349,10 @@ def run(
     device="cuda",
     tables_dir: Path | None = None,
 ) -> tuple[Ceilings, list[Result]]:
-    """Bench every kernel at every shape of its kind, with the tuned tables found in
-    tables_dir (None: the launcher tunes at the first call of each shape). `timer(fn) ->
-    ms` and `ceilings` can be given (the tests run this on the CPU with a fake timer)."""
+    """Bench every kernel at its shapes (`shapes(kernel)`, see kernel_shapes), with the
+    tuned tables found in tables_dir (None: the launcher tunes at the first call of each
+    shape). `timer(fn) -> ms` and `ceilings` can be given (the tests run this on the CPU
+    with a fake timer)."""
     import torch
 
     ceilings = ceilings or measure_ceilings(torch, timer)
@@ -343,7 +363,7 @@ def run(
     with tempfile.TemporaryDirectory() as tmp:
         for kernel in kernels:
             module = load_module(kernel, Path(tmp), tables_dir)
-            for _, sizes in usable_sizes(kernel, shapes.get(kernel.kind, []), progress):
+            for _, sizes in usable_sizes(kernel, shapes(kernel), progress):
                 results += bench_shape(
                     torch,
                     timer,

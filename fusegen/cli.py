@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from fusegen import __version__, build, schema, writer
+from fusegen.bench import DEFAULT_ROWS
 from fusegen.errors import SpecErrors
 
 
@@ -52,7 +53,15 @@ def _parser() -> argparse.ArgumentParser:
         "--shapes",
         nargs="+",
         metavar="M,K,N",
-        help="matmul shapes M,K,N and elementwise shapes M,N (default: the anchor shapes)",
+        help="matmul shapes M,K,N and elementwise/row shapes M,N (default: --rows where the "
+        "spec fixes every dim but the rows, else the anchor shapes)",
+    )
+    bench.add_argument(
+        "--rows",
+        metavar="M,M,...",
+        help="row counts, the other dims at the spec's sizes (default: "
+        + ",".join(map(str, DEFAULT_ROWS))
+        + " where the spec fixes the other dims)",
     )
     bench.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     bench.add_argument("--kernels", nargs="+", metavar="NAME", help="only these kernels")
@@ -90,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("specs", nargs="+", metavar="SPEC_OR_DIR")
         command.add_argument(
             "--rows",
-            default="16,4096",
+            default=",".join(map(str, DEFAULT_ROWS)),
             metavar="M,M,...",
             help="row counts to use, the other dims at the spec's sizes (default: %(default)s)",
         )
@@ -134,14 +143,13 @@ def _gpu_or_exit(command: str) -> bool:
 
 
 def _shapes_for(args: argparse.Namespace):
-    """kernel -> its shapes, from --shapes or --rows; raises ValueError on bad input."""
+    """kernel -> its shapes, from --shapes or --rows (see bench.kernel_shapes); raises
+    ValueError on bad input."""
     from fusegen import bench
 
-    if args.shapes:
-        given = [_shape(s) for s in args.shapes]
-        return lambda k: [s for s in given if len(s) == (3 if k.matmul else 2)]
-    rows = list(_shape(args.rows))
-    return lambda k: bench.row_shapes(k, rows)
+    given = [_shape(s) for s in args.shapes] if args.shapes else None
+    rows = list(_shape(args.rows)) if args.rows else None
+    return lambda k: bench.kernel_shapes(k, given, rows)
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -314,35 +322,34 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    from fusegen import bench
+
+    compare = [c.strip() for c in args.compare.split(",") if c.strip()]
+    unknown = [c for c in compare if c not in bench.VARIANT_NAMES]
+    if unknown:
+        print(
+            f"fusegen bench: --compare: no variant named {', '.join(unknown)}; valid: "
+            + ", ".join(n for n in bench.VARIANT_NAMES if n != "fusegen"),
+            file=sys.stderr,
+        )
+        return 2
+    wanted = {"fusegen", *(bench.VARIANT_NAMES[c] for c in compare)}
+    variants = [v for v in bench.VARIANTS if v.name in wanted]
+    return _gpu_command(
+        args,
+        "bench",
+        lambda kernels, shapes_for, progress: _bench_work(
+            args, kernels, shapes_for, variants, progress
+        ),
+    )
+
+
+def _bench_work(args, kernels, shapes_for, variants, progress) -> int:
     from fusegen import bench, report, timing
 
-    try:
-        import torch
-
-        has_gpu = torch.cuda.is_available()
-    except ImportError:
-        has_gpu = False
-    if not has_gpu:
-        print("fusegen bench: needs a CUDA GPU, and none is visible to torch", file=sys.stderr)
-        return 2
-    try:
-        loaded = build.load(build.collect(args.specs))
-    except SpecErrors as exc:
-        return _print_errors(exc)
-    kernels = [k for k in loaded.kernels if not args.kernels or k.name in args.kernels]
-    wanted = ["fusegen"] + [
-        bench.VARIANT_NAMES[c.strip()] for c in args.compare.split(",") if c.strip()
-    ]
-    variants = [v for v in bench.VARIANTS if v.name in wanted]
-    shapes = dict(bench.DEFAULT_SHAPES)
-    if args.shapes:
-        given = [tuple(int(x) for x in s.split(",")) for s in args.shapes]
-        pairs = [s for s in given if len(s) == 2]
-        shapes = {"matmul": [s for s in given if len(s) == 3], "elementwise": pairs, "row": pairs}
-    progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     ceilings, results = bench.run(
         kernels,
-        shapes,
+        shapes_for,
         args.dtype,
         variants,
         timing.TIMERS[args.timer],

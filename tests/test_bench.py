@@ -38,6 +38,37 @@ def test_shapes_map_onto_dims_and_respect_static_ones():
         bench.shape_dims(gpt2, (16, 4096, 3072))
 
 
+def test_default_shapes_follow_the_spec():
+    """A spec that fixes every dim but the rows is benched at DEFAULT_ROWS there (the
+    anchor shapes would not fit it); a dynamic one at the anchor shapes; --rows on a
+    dynamic dim is refused with the dim named."""
+    examples = {k.name: k for k in build.load(build.collect([ROOT / "specs"])).kernels}
+    assert bench.kernel_shapes(examples["gpt2_mlp_up"]) == [(16, 768, 3072), (4096, 768, 3072)]
+    assert bench.kernel_shapes(examples["llama_add_rmsnorm"]) == [(16, 4096), (4096, 4096)]
+    assert (
+        bench.kernel_shapes(examples["bias_gelu_residual"]) == bench.DEFAULT_SHAPES["elementwise"]
+    )
+    assert bench.kernel_shapes(examples["gpt2_mlp_up"], rows=[1]) == [(1, 768, 3072)]
+    given = [(2, 768, 3072), (3, 768)]
+    assert bench.kernel_shapes(examples["gpt2_mlp_up"], given) == [(2, 768, 3072)]
+    assert bench.kernel_shapes(examples["masked_softmax"], given) == [(3, 768)]
+    with pytest.raises(ValueError, match="dim N is dynamic"):
+        bench.kernel_shapes(examples["bias_gelu_residual"], rows=[16])
+
+
+def test_bad_arguments_exit_2_before_any_gpu_work(run_cli):
+    """Checked before the GPU is: a dynamic dim with --rows, an unknown kernel or
+    --compare name, a malformed shape."""
+    code, out, err = run_cli("bench", str(ANCHORS), "--rows", "16")
+    assert code == 2 and out == "" and "anchor_gelu: dims K, N are dynamic" in err
+    code, _, err = run_cli("bench", str(ANCHORS), "--kernels", "nope")
+    assert code == 2 and "no kernel named nope; these specs have anchor_gelu" in err
+    code, _, err = run_cli("bench", str(ANCHORS), "--compare", "eager,cublas")
+    assert code == 2 and "no variant named cublas; valid: eager, compile" in err
+    code, _, err = run_cli("bench", str(ANCHORS), "--shapes", "16,x")
+    assert code == 2 and "'16,x' is not a comma-separated list" in err
+
+
 def test_work_counts_flops_and_bytes():
     kernels = {k.name: k for k in build.load([ANCHORS]).kernels}
     flops, moved = bench.work(kernels["anchor_swiglu"], {"M": 16, "K": 4096, "N": 14336}, 2)
@@ -59,7 +90,7 @@ def test_bench_with_a_fake_timer(tmp_path):
     lines = []
     ceilings, results = bench.run(
         kernels,
-        {"matmul": [(7, 40, 24)], "elementwise": [(5, 24)]},
+        lambda k: bench.kernel_shapes(k, [(7, 40, 24), (5, 24)]),
         "fp32",
         variants,
         fake_timer,
@@ -103,7 +134,7 @@ def test_bench_row_kernels_with_a_fake_timer():
     variants = [v for v in bench.VARIANTS if v.name in ("fusegen", "eager")]
     _, results = bench.run(
         kernels,
-        {"row": [(5, 40)]},
+        lambda k: [(5, 40)],
         "fp32",
         variants,
         lambda fn: (fn(), 1.0)[1],
@@ -125,7 +156,7 @@ def test_a_failing_variant_is_reported_not_fatal():
     variants = [bench.VARIANTS[0], bench.Variant("broken", lambda k: True, broken)]
     _, results = bench.run(
         [kernel],
-        {"elementwise": [(3, 8)]},
+        lambda k: [(3, 8)],
         "fp32",
         variants,
         lambda fn: 1.0,
