@@ -88,8 +88,17 @@ def tune_shape(
     started = time.perf_counter()
     sets, exact = bench.input_sets(torch, module, kernel, sizes, dtype_name, device)
     fn = getattr(module, kernel.name)
-    with _env(FUSEGEN_AUTOTUNE="0"):
-        fn(**sets[0])  # which kernel the launcher picks for these tensors
+    # Which kernel the launcher picks for these tensors: with its table set aside, since
+    # an entry whose best was the pointer kernel would hide the TMA one from every re-tune.
+    table = module._TABLE.pop("entries", None)
+    module._TABLE["entries"] = []
+    try:
+        with _env(FUSEGEN_AUTOTUNE="0"):
+            fn(**sets[0])
+    finally:
+        module._TABLE.pop("entries")
+        if table is not None:
+            module._TABLE["entries"] = table
     launch = module.last_launch()
     paths = ["tma", "pointer"] if launch["path"] == "tma" else ["pointer"]
     dtype = bench.torch_dtype(torch, dtype_name)

@@ -6,6 +6,7 @@ import functools
 import importlib.util
 import json
 import logging
+import os
 import subprocess
 
 import pytest
@@ -147,6 +148,40 @@ def test_tune_writes_a_table_the_launcher_uses_without_tuning(generated, monkeyp
     monkeypatch.setattr(module, "_device_identity", lambda device: ("Other GPU", [8, 0]))
     with pytest.raises(AssertionError, match="tuned despite"):
         module.tiny_gelu(x, w, b)
+
+
+def test_a_table_that_chose_the_pointer_kernel_does_not_hide_the_tma_one(generated, monkeypatch):
+    """Re-tuning measures every kernel the tensors allow: an entry from a tune where the
+    pointer kernel won (or the only one offered) must not decide which kernels are timed."""
+    _, out_dir, kernels = generated
+    monkeypatch.delenv("FUSEGEN_TMA", raising=False)
+
+    def loader(hopper):
+        def load(kernel, out):
+            module = fake_gpu_loader()(kernel, out)
+            module._can_tune = lambda device: True  # tables are consulted, as on a GPU
+            if hopper:  # as on an H200: the TMA kernel where FUSEGEN_TMA allows it
+                module._path = lambda d, t: (
+                    "pointer" if os.environ.get("FUSEGEN_TMA") == "0" else "tma"
+                )
+            return module
+
+        return load
+
+    def timer(fn):
+        fn()
+        return 1.0
+
+    def tune_once(hopper):
+        results, _ = tune.run(
+            kernels, lambda k: [(40, 64, 48)], ["fp32"], out_dir, timer, lambda line: None,
+            device="cpu", load=loader(hopper),
+        )  # fmt: skip
+        return results[0].entry
+
+    assert set(tune_once(hopper=False)["choices"]) == {"pointer"}
+    entry = tune_once(hopper=True)
+    assert set(entry["choices"]) == {"pointer", "tma"}
 
 
 def import_fresh(path):
