@@ -340,6 +340,25 @@ def test_nonfinite_output_falls_back(monkeypatch):
     torch.testing.assert_close(result, kernel.reference(**inputs), rtol=0, atol=0)
 
 
+def test_finite_output_with_an_overflowing_sum_is_kept(monkeypatch):
+    # The launcher first checks the output's fp32 sum; one that overflows while every
+    # element is finite must still return the fused result.
+    real_launch = kernel._launch
+    kept = {}
+
+    def launch_then_enlarge(path, plan, args, config):
+        real_launch(path, plan, args, config)
+        flat = args[3].view(-1)
+        flat[:2] = torch.finfo(flat.dtype).max
+        kept["out"] = flat.clone()
+
+    monkeypatch.setattr(kernel, "_launch", launch_then_enlarge)
+    inputs = make_inputs({**SIZES, **CASES[0]}, DTYPES[0], new_seed())
+    result = kernel.bert_intermediate(**inputs)
+    assert kernel.last_launch()["source"] != "reference (non-finite output)"
+    assert torch.equal(result.reshape(-1), kept["out"])
+
+
 @pytest.mark.skipif(HEAVY, reason="the TMA kernel runs under the interpreter for smaller specs")
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_tma_path(monkeypatch, dtype):
