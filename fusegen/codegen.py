@@ -27,6 +27,8 @@ from fusegen.chain_text import (
 )
 from fusegen.ir import Config, Kernel, Tensor
 from fusegen.kernel_text import (
+    align_heuristic,
+    aligned_ints,
     epilogue,
     fast_tanh,
     helpers,
@@ -201,6 +203,8 @@ def kernel_context(kernel: Kernel) -> dict:
         "rows_bucket": naming.ROWS_BUCKET,
         "kernel_fn": naming.kernel_fn(kernel.name),
         "params": params(kernel),
+        "aligned_ints": aligned_ints(kernel),
+        "align_heuristic": align_heuristic(kernel) if not mm else "",
         "tma_params": params(kernel, tma=True),
         "tma": tma_mainloop(kernel) if mm else {},
         "tma_configs": [config_literal(c) for c in kernel.tma_configs],

@@ -175,9 +175,9 @@ def params(kernel: Kernel, *, tma: bool = False) -> list[dict]:
         if tma:
             meta += ["NUM_SMS", "FLATTEN", "WARP_SPECIALIZE", "EPILOGUE_SUBTILE"]
     elif kernel.row_step:
-        meta = ["BLOCK_M", "BLOCK_N", "INT64", "SINGLE_PASS"]
+        meta = ["BLOCK_M", "BLOCK_N", "INT64", "SINGLE_PASS", "ALIGN"]
     else:
-        meta = ["BLOCK_M", "BLOCK_N", "INT64"]
+        meta = ["BLOCK_M", "BLOCK_N", "INT64", "ALIGN"]
     if fast_tanh(kernel):
         meta.append("FAST_TANH")
     out_dims = (kernel.row,) if kernel.reduces else (kernel.row, kernel.col)
@@ -203,6 +203,28 @@ def params(kernel: Kernel, *, tma: bool = False) -> list[dict]:
         )
     groups.append({"comment": "Meta-parameters", "names": [f"{m}: tl.constexpr" for m in meta]})
     return groups
+
+
+def aligned_ints(kernel: Kernel) -> list[str]:
+    """The integer arguments that decide whether a row or elementwise kernel's loads and
+    stores along a row can be vectors: the row length and every 2-D tensor's row stride.
+    Triton learns by itself only which integers divide by 16 (a 1000-column row tells it
+    nothing), so the launcher passes ALIGN, the power of two up to 16 dividing them all,
+    and the kernel restates them as multiples of it. None for matmul kernels, whose tiles
+    are loaded by descriptors or along K."""
+    if kernel.matmul:
+        return []
+    rows = [naming.stride(t.name, t.dims[0]) for t in kernel.inputs if len(t.dims) == 2]
+    if not kernel.reduces:
+        rows.append(naming.stride(naming.OUT, kernel.row))
+    rows += [naming.stride(e, kernel.row) for e in kernel.emits]
+    return [kernel.col, *rows]
+
+
+def align_heuristic(kernel: Kernel) -> str:
+    """The @triton.heuristics entry that computes ALIGN from the launch's arguments."""
+    names = ", ".join(f'args["{n}"]' for n in aligned_ints(kernel))
+    return f'"ALIGN": lambda args: _align({names})'
 
 
 # -- row kernels: a norm, softmax or reduction over each row -------------------------

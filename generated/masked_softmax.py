@@ -19,6 +19,7 @@ Only torch and triton are needed to run this module.
 import inspect
 import json
 import logging
+import math
 import os
 import time
 
@@ -57,13 +58,27 @@ INTERPRETER_CONFIG = {"BLOCK_M": 4, "BLOCK_N": 1024, "num_warps": 4}
 # launcher looks there before tuning. Entries tuned for other kernel source are ignored.
 TUNED_TABLE = "masked_softmax.tuned.json"
 # sha256 of this module's Triton kernels' source, as tuned tables record it.
-KERNEL_HASH = "1b79d2a7fa5ba6cd"
+KERNEL_HASH = "2daabd5ac70a8da6"
 # Tune at run time where the tuned table has no entry (the spec's `deterministic: true`
 # turns this off).
 DETERMINISTIC = False
 
 
-@triton.heuristics({"SINGLE_PASS": lambda args: args["BLOCK_N"] >= args["S"]})
+def _align(*ints):
+    """The largest power of two up to 16 that divides each of `ints` (0 is divisible by
+    any): the ALIGN of a launch, computed by the heuristic from its arguments."""
+    common = math.gcd(*ints)
+    return 16 if common == 0 else min(16, common & -common)
+
+
+@triton.heuristics(
+    {
+        "SINGLE_PASS": lambda args: args["BLOCK_N"] >= args["S"],
+        "ALIGN": lambda args: _align(
+            args["S"], args["stride_scores_q"], args["stride_mask_q"], args["stride_out_q"]
+        ),
+    }
+)
 @triton.jit(do_not_specialize=["ROWS_BUCKET"])
 def _masked_softmax_kernel(
     # Pointers to the inputs and the outputs
@@ -86,6 +101,7 @@ def _masked_softmax_kernel(
     BLOCK_N: tl.constexpr,
     INT64: tl.constexpr,
     SINGLE_PASS: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
     """y = softmax(scores * 0.125 + mask), for BLOCK_M rows.
 
@@ -93,6 +109,14 @@ def _masked_softmax_kernel(
     block by block: the first pass gathers its statistics, the second applies them.
     ROWS_BUCKET is not read: it only keys the autotuner's cache.
     """
+    if ALIGN > 1:
+        # Multiples of ALIGN (see _align): restated so, Triton knows it too and keeps
+        # its vector loads and stores along the rows.
+        S = S // ALIGN * ALIGN
+        stride_scores_q = stride_scores_q // ALIGN * ALIGN
+        stride_mask_q = stride_mask_q // ALIGN * ALIGN
+        stride_out_q = stride_out_q // ALIGN * ALIGN
+
     pid = tl.program_id(0)
     offs_q = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     if INT64:
