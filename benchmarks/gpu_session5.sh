@@ -71,3 +71,20 @@ align)
     echo "bench exit $?" >>"$out/rows.txt"
     grep -E "chose|exit|Error" "$out/tune.txt"; tail -2 "$out/tests.txt"; cut -c1-200 "$out/rows.txt" ;;
 esac
+# rowspace: the row space gained (1, 8192, 8), (2, 1024, 4) and three 4-warp configs:
+# re-tune the row tables, bench LayerNorm, then the example specs once more.
+case $step in
+rowspace)
+    timeout 100 python3 -m fusegen tune specs/llama.yaml specs/bert.yaml \
+        --kernels llama_add_rmsnorm bert_add_layernorm --rows 16,4096 >"$out/tune.txt" 2>&1
+    timeout 40 python3 -m fusegen tune specs/attention.yaml --shapes 16384,2048 >>"$out/tune.txt" 2>&1
+    echo "tune exit $?" >>"$out/tune.txt"
+    tar cf "$out/tables.tar" generated/*.tuned.json
+    timeout 80 python3 -m fusegen bench benchmarks/specs/rows.yaml --kernels bench_layernorm \
+        --shapes 16384,8192 131072,1000 --compare compile --out "$out/ln" >"$out/ln.txt" 2>&1
+    timeout 150 python3 -m fusegen bench specs --compare cublaslt,eager,compile \
+        --out "$out/examples" >"$out/examples.txt" 2>"$out/examples.log"
+    echo "bench exit $?" >>"$out/examples.txt"
+    tar cf "$out/logs.tar" "$out"/*.txt "$out/examples" "$out/ln"
+    grep -E "chose|exit" "$out/tune.txt"; cut -c1-150 "$out/ln.txt" | grep -E "fusegen|compile"; cut -c1-200 "$out/examples.txt" ;;
+esac

@@ -42,10 +42,14 @@ FP32_MATMUL = "tf32"
 # The space the autotuner searches (on a GPU, per the row count's power-of-two bucket, S).
 CONFIGS = [
     {"BLOCK_M": 1, "BLOCK_N": 1024, "num_warps": 4},
+    {"BLOCK_M": 1, "BLOCK_N": 2048, "num_warps": 4},
     {"BLOCK_M": 1, "BLOCK_N": 2048, "num_warps": 8},
+    {"BLOCK_M": 1, "BLOCK_N": 4096, "num_warps": 4},
     {"BLOCK_M": 1, "BLOCK_N": 4096, "num_warps": 8},
+    {"BLOCK_M": 1, "BLOCK_N": 8192, "num_warps": 8},
     {"BLOCK_M": 1, "BLOCK_N": 8192, "num_warps": 16},
     {"BLOCK_M": 1, "BLOCK_N": 16384, "num_warps": 16},
+    {"BLOCK_M": 2, "BLOCK_N": 1024, "num_warps": 4},
     {"BLOCK_M": 4, "BLOCK_N": 1024, "num_warps": 8},
     {"BLOCK_M": 16, "BLOCK_N": 256, "num_warps": 4},
 ]
