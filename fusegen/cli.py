@@ -163,7 +163,7 @@ def _shape(text: str) -> tuple[int, ...]:
 
 
 def _gpu_command(args: argparse.Namespace, command: str, work) -> int:
-    """The frame `tune` and `inspect` share: the specs, the kernels asked for and their
+    """The frame `bench`, `tune` and `inspect` share: the specs, the kernels asked for and their
     shapes are checked first (exit 2 with every error), then a GPU is required, then
     `work(kernels, shapes_for, progress)` runs; its TuneError or ValueError exits 2."""
     from fusegen.tune import TuneError
