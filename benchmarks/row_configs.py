@@ -5,12 +5,14 @@ Not part of fusegen: an experiment bench.
 Usage (GPU, repo root, pydantic and black on PYTHONPATH):
     python3 benchmarks/row_configs.py SPEC KERNEL ROWS,COLS [dtype [VARIANT ...]]
 
-VARIANT: a kernel-source change to time beside the generated source (see VARIANTS).
+VARIANT: a kernel-source change to time beside the generated source (see VARIANTS), e.g.
+    python3 benchmarks/row_configs.py benchmarks/specs/rows.yaml bench_layernorm 16384,8192 bf16 noshift welford
 """
 
 from __future__ import annotations
 
 import itertools
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -35,7 +37,44 @@ def no_shift(text: str) -> str:
     return text.replace(multi, "row_shift += 0.0")
 
 
-VARIANTS = {"noshift": no_shift}
+WELFORD_COMBINE = """
+
+@triton.jit
+def _welford_combine(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
+    n = n_a + n_b
+    frac = tl.where(n == 0.0, 0.0, n_b / tl.where(n == 0.0, 1.0, n))
+    delta = mean_b - mean_a
+    return mean_a + delta * frac, m2_a + m2_b + delta * delta * n_a * frac, n
+"""
+
+
+def welford(text: str) -> str:
+    """The one-pass LayerNorm's statistics in one reduction (Welford's merge of
+    (mean, M2, count) through tl.reduce) instead of three (shift, mean, variance). A
+    constant row still gives exact zeros: every merge sees delta = 0."""
+    single = re.search(
+        r"( +)row_shift = tl\.sum\(tl\.where\(offs_n\[None, :\] == 0, value, 0\.0\), axis=1\)\n"
+        r".*?row_rstd = tl\.rsqrt\(tl\.sum\(row_dev \* row_dev, axis=1\) / (\w+) \+ ([0-9.e+-]+)\)\n",
+        text,
+        flags=re.S,
+    )
+    assert single, "no one-pass LayerNorm statistics"
+    pad, cols, eps = single.group(1), single.group(2), single.group(3)
+    new = (
+        f"{pad}row_mean, row_m2, _ = tl.reduce(\n"
+        f"{pad}    (tl.where(in_bounds, value, 0.0), tl.zeros_like(value), in_bounds.to(tl.float32)),\n"
+        f"{pad}    1,\n"
+        f"{pad}    _welford_combine,\n"
+        f"{pad})\n"
+        f"{pad}row_dev = tl.where(in_bounds, value - row_mean[:, None], 0.0)\n"
+        f"{pad}row_rstd = tl.rsqrt(row_m2 / {cols} + {eps})\n"
+    )
+    text = text.replace(single.group(0), new)
+    kernel = re.search(r"\n(@triton\.heuristics)", text)
+    return text[: kernel.start()] + WELFORD_COMBINE + "\n" + text[kernel.start() :]
+
+
+VARIANTS = {"noshift": no_shift, "welford": welford}
 
 
 def main():
