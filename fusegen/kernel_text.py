@@ -209,8 +209,8 @@ def aligned_ints(kernel: Kernel) -> list[str]:
     """The integer arguments that decide whether a row or elementwise kernel's loads and
     stores along a row can be vectors: the row length and every 2-D tensor's row stride.
     Triton learns by itself only which integers divide by 16 (a 1000-column row tells it
-    nothing), so the launcher passes ALIGN, the power of two up to 16 dividing them all,
-    and the kernel restates them as multiples of it. None for matmul kernels, whose tiles
+    nothing), so a heuristic computes ALIGN at each launch, the power of two up to 16
+    dividing them all, and the kernel restates them as multiples of it. None for matmul kernels, whose tiles
     are loaded by descriptors or along K."""
     if kernel.matmul:
         return []

@@ -88,17 +88,8 @@ def tune_shape(
     started = time.perf_counter()
     sets, exact = bench.input_sets(torch, module, kernel, sizes, dtype_name, device)
     fn = getattr(module, kernel.name)
-    # Which kernel the launcher picks for these tensors: with its table set aside, since
-    # an entry whose best was the pointer kernel would hide the TMA one from every re-tune.
-    table = module._TABLE.pop("entries", None)
-    module._TABLE["entries"] = []
-    try:
-        with _env(FUSEGEN_AUTOTUNE="0"):
-            fn(**sets[0])
-    finally:
-        module._TABLE.pop("entries")
-        if table is not None:
-            module._TABLE["entries"] = table
+    with _env(FUSEGEN_AUTOTUNE="0"):
+        fn(**sets[0])  # which kernel the launcher picks for these tensors
     launch = module.last_launch()
     paths = ["tma", "pointer"] if launch["path"] == "tma" else ["pointer"]
     dtype = bench.torch_dtype(torch, dtype_name)
@@ -207,6 +198,10 @@ def run(
 
     results: list[ShapeResult] = []
     modules = {k.name: load(k, out_dir) for k in kernels}
+    for module in modules.values():
+        # Tuning measures; the module's own table must not steer it (an entry whose best
+        # was the pointer kernel would hide the TMA one from every re-tune).
+        module._TABLE["entries"] = []
     written = []
     for kernel in kernels:
         module = modules[kernel.name]
