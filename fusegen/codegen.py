@@ -280,6 +280,8 @@ def kernel_context(kernel: Kernel) -> dict:
             else ""
         ),
         "all_dict": all_dict,
+        "requires_grad_any": " or ".join(f"{t.name}.requires_grad" for t in kernel.inputs),
+        "input_names": tuple_literal([f'"{t.name}"' for t in kernel.inputs]),
         "dims": [d.name for d in kernel.dims],
         "call_args": ", ".join(t.name for t in kernel.inputs),
         "no_gpu_fallback": kernel.fallback_no_gpu == "reference",

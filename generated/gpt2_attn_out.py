@@ -523,6 +523,21 @@ def _record(config, source, path=None, fast_tanh=False):
     _LAST["fast_tanh"] = fast_tanh
 
 
+def _refuse_grad(tensors):
+    """Raise for inputs that require grad: the output of a kernel with no backward
+    would carry no gradient to them, and training would silently leave them unchanged."""
+    names = [name for name, tensor in tensors.items() if getattr(tensor, "requires_grad", False)]
+    listed = ", ".join(names)
+    detached = ", ".join(f"{name}.detach()" for name in names)
+    raise RuntimeError(
+        f"gpt2_attn_out: {listed} {'requires' if len(names) == 1 else 'require'} grad, but this "
+        "kernel has no backward yet: its output would carry no gradient to "
+        f"{'it' if len(names) == 1 else 'them'}. For inference, call it under torch.no_grad() "
+        f"or torch.inference_mode(), or pass {detached}; to train through the chain, call "
+        "reference(...) (the same chain in PyTorch ops, which autograd differentiates)."
+    )
+
+
 def _log_once(reason, message, *args):
     if reason not in _LOGGED:
         _LOGGED.add(reason)
@@ -1205,6 +1220,8 @@ def gpt2_attn_out(
     Raises:
         TypeError, ValueError: an input has the wrong type, shape, dtype or device; the
             message names the tensor and the dim.
+        RuntimeError: an input requires grad while grad mode is on: this kernel has no
+            backward, and its output would silently carry no gradient.
 
     Inside torch.compile it is one custom op, fusegen::gpt2_attn_out_b7b12e46f2b0; given an
     output buffer or a config there, an eager call (a graph break).
@@ -1214,6 +1231,10 @@ def gpt2_attn_out(
             return _OP(x, w, b, residual)
         return _untraced(x, w, b, residual, out=out, config=config)
     plan = _CALLS.get(_signature(x, w, b, residual)) or _plan(x, w, b, residual)
+    if torch.is_grad_enabled() and (
+        x.requires_grad or w.requires_grad or b.requires_grad or residual.requires_grad
+    ):
+        _refuse_grad({"x": x, "w": w, "b": b, "residual": residual})
     path = plan.path
     if out is None:
         out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
@@ -1263,6 +1284,16 @@ def _untraced(*args, **kwargs):
     return _UNTRACED["launcher"](*args, **kwargs)
 
 
+def _refuse_grad_when_traced(ctx, inputs, output):
+    """The custom op's autograd setup, reached only where an input needs a gradient
+    (torch.compile traces it): refuse, as the eager launcher does."""
+    _refuse_grad(dict(zip(("x", "w", "b", "residual"), inputs)))
+
+
+def _no_backward(ctx, *grads):
+    raise RuntimeError("gpt2_attn_out has no backward")  # unreachable: the setup refuses
+
+
 def _fake(x, w, b, residual):
     """What torch.compile traces in place of the launcher: the same checks, then empty
     outputs of the right shapes and dtypes."""
@@ -1307,6 +1338,7 @@ def _custom_op():
                 "fusegen::gpt2_attn_out_b7b12e46f2b0", launch, mutates_args=()
             )
             op.register_fake(_fake)
+            op.register_autograd(_no_backward, setup_context=_refuse_grad_when_traced)
             packet = getattr(torch.ops.fusegen, "gpt2_attn_out_b7b12e46f2b0")
         return packet.default
     except Exception as exc:  # noqa: BLE001 - this torch's custom ops differ: no op

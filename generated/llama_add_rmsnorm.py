@@ -268,6 +268,21 @@ def _record(config, source, path=None, fast_tanh=False):
     _LAST["fast_tanh"] = fast_tanh
 
 
+def _refuse_grad(tensors):
+    """Raise for inputs that require grad: the output of a kernel with no backward
+    would carry no gradient to them, and training would silently leave them unchanged."""
+    names = [name for name, tensor in tensors.items() if getattr(tensor, "requires_grad", False)]
+    listed = ", ".join(names)
+    detached = ", ".join(f"{name}.detach()" for name in names)
+    raise RuntimeError(
+        f"llama_add_rmsnorm: {listed} {'requires' if len(names) == 1 else 'require'} grad, but this "
+        "kernel has no backward yet: its output would carry no gradient to "
+        f"{'it' if len(names) == 1 else 'them'}. For inference, call it under torch.no_grad() "
+        f"or torch.inference_mode(), or pass {detached}; to train through the chain, call "
+        "reference(...) (the same chain in PyTorch ops, which autograd differentiates)."
+    )
+
+
 def _log_once(reason, message, *args):
     if reason not in _LOGGED:
         _LOGGED.add(reason)
@@ -904,6 +919,8 @@ def llama_add_rmsnorm(
     Raises:
         TypeError, ValueError: an input has the wrong type, shape, dtype or device; the
             message names the tensor and the dim.
+        RuntimeError: an input requires grad while grad mode is on: this kernel has no
+            backward, and its output would silently carry no gradient.
 
     Inside torch.compile it is one custom op, fusegen::llama_add_rmsnorm_a1c2c21fc973; given an
     output buffer or a config there, an eager call (a graph break).
@@ -913,6 +930,10 @@ def llama_add_rmsnorm(
             return _OP(x, residual, weight)
         return _untraced(x, residual, weight, out=out, out_h=out_h, config=config)
     plan = _CALLS.get(_signature(x, residual, weight)) or _plan(x, residual, weight)
+    if torch.is_grad_enabled() and (
+        x.requires_grad or residual.requires_grad or weight.requires_grad
+    ):
+        _refuse_grad({"x": x, "residual": residual, "weight": weight})
     path = plan.path
     if out is None:
         out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
@@ -972,6 +993,16 @@ def _untraced(*args, **kwargs):
     return _UNTRACED["launcher"](*args, **kwargs)
 
 
+def _refuse_grad_when_traced(ctx, inputs, output):
+    """The custom op's autograd setup, reached only where an input needs a gradient
+    (torch.compile traces it): refuse, as the eager launcher does."""
+    _refuse_grad(dict(zip(("x", "residual", "weight"), inputs)))
+
+
+def _no_backward(ctx, *grads):
+    raise RuntimeError("llama_add_rmsnorm has no backward")  # unreachable: the setup refuses
+
+
 def _fake(x, residual, weight):
     """What torch.compile traces in place of the launcher: the same checks, then empty
     outputs of the right shapes and dtypes."""
@@ -1016,6 +1047,7 @@ def _custom_op():
                 "fusegen::llama_add_rmsnorm_a1c2c21fc973", launch, mutates_args=()
             )
             op.register_fake(_fake)
+            op.register_autograd(_no_backward, setup_context=_refuse_grad_when_traced)
             packet = getattr(torch.ops.fusegen, "llama_add_rmsnorm_a1c2c21fc973")
         return packet.default
     except Exception as exc:  # noqa: BLE001 - this torch's custom ops differ: no op

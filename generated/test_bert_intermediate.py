@@ -291,6 +291,30 @@ def test_repeated_calls_agree(monkeypatch):
             torch.testing.assert_close(got, first, rtol=0, atol=0, equal_nan=True)
 
 
+def test_refuses_inputs_that_require_grad():
+    # The kernel has no backward: an output without a grad_fn would silently leave the
+    # inputs that ask for gradients untrained. Inference runs as before.
+    dtype, seed, sizes = DTYPES[0], new_seed(), {**SIZES, **CASES[0]}
+    inputs = make_inputs(sizes, dtype, seed)
+    for name in inputs:
+        asking = {n: t.detach().requires_grad_(n == name) for n, t in inputs.items()}
+        with pytest.raises(
+            RuntimeError, match=rf"^bert_intermediate: {name} requires grad, .*torch\.no_grad\(\)"
+        ):
+            kernel.bert_intermediate(**asking)
+    asking = {n: t.detach().requires_grad_() for n, t in inputs.items()}
+    with pytest.raises(
+        RuntimeError, match="^bert_intermediate: " + ", ".join(inputs) + " require grad"
+    ):
+        kernel.bert_intermediate(**asking)
+    modes = (torch.no_grad,) if HEAVY else (torch.no_grad, torch.inference_mode)
+    for mode in modes:
+        with mode():
+            results = as_tuple(kernel.bert_intermediate(**asking))
+        assert all(r.grad_fn is None and not r.requires_grad for r in results)
+        check_outputs(results, inputs, dtype, seed, kernel.last_launch())
+
+
 @pytest.mark.skipif(HEAVY, reason="the interpreter runs this spec's large weights slowly")
 def test_runs_inside_torch_compile():
     # torch.compile traces the launcher as one custom op (its fake gives the outputs'
@@ -312,6 +336,12 @@ def test_runs_inside_torch_compile():
     results = torch.compile(into_buffers, backend="eager")(buffers, **inputs)
     assert all(r is b for r, b in zip(results, buffers.values()))
     check_outputs(results, inputs, dtype, seed, kernel.last_launch())
+
+    # Inputs that require grad are refused when traced, as in eager mode.
+    first = next(iter(inputs))
+    asking = {**inputs, first: inputs[first].detach().requires_grad_()}
+    with pytest.raises(Exception, match=rf"bert_intermediate: {first} requires grad"):
+        torch.compile(model, backend="aot_eager", fullgraph=True)(**asking)
     torch._dynamo.reset()
 
 

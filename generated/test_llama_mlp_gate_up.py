@@ -294,6 +294,30 @@ def test_repeated_calls_agree(monkeypatch):
             torch.testing.assert_close(got, first, rtol=0, atol=0, equal_nan=True)
 
 
+def test_refuses_inputs_that_require_grad():
+    # The kernel has no backward: an output without a grad_fn would silently leave the
+    # inputs that ask for gradients untrained. Inference runs as before.
+    dtype, seed, sizes = DTYPES[0], new_seed(), {**SIZES, **CASES[0]}
+    inputs = make_inputs(sizes, dtype, seed)
+    for name in inputs:
+        asking = {n: t.detach().requires_grad_(n == name) for n, t in inputs.items()}
+        with pytest.raises(
+            RuntimeError, match=rf"^llama_mlp_gate_up: {name} requires grad, .*torch\.no_grad\(\)"
+        ):
+            kernel.llama_mlp_gate_up(**asking)
+    asking = {n: t.detach().requires_grad_() for n, t in inputs.items()}
+    with pytest.raises(
+        RuntimeError, match="^llama_mlp_gate_up: " + ", ".join(inputs) + " require grad"
+    ):
+        kernel.llama_mlp_gate_up(**asking)
+    modes = (torch.no_grad,) if HEAVY else (torch.no_grad, torch.inference_mode)
+    for mode in modes:
+        with mode():
+            results = as_tuple(kernel.llama_mlp_gate_up(**asking))
+        assert all(r.grad_fn is None and not r.requires_grad for r in results)
+        check_outputs(results, inputs, dtype, seed, kernel.last_launch())
+
+
 @needs_gpu
 def test_fast_tanh_only_for_16_bit_outputs():
     # The activations run on tanh.approx (FAST_TANH) where every output is bf16 or fp16;
@@ -329,6 +353,12 @@ def test_runs_inside_torch_compile():
     results = torch.compile(into_buffers, backend="eager")(buffers, **inputs)
     assert all(r is b for r, b in zip(results, buffers.values()))
     check_outputs(results, inputs, dtype, seed, kernel.last_launch())
+
+    # Inputs that require grad are refused when traced, as in eager mode.
+    first = next(iter(inputs))
+    asking = {**inputs, first: inputs[first].detach().requires_grad_()}
+    with pytest.raises(Exception, match=rf"llama_mlp_gate_up: {first} requires grad"):
+        torch.compile(model, backend="aot_eager", fullgraph=True)(**asking)
     torch._dynamo.reset()
 
 
