@@ -175,7 +175,7 @@ def kernel_context(kernel: Kernel) -> dict:
         "dims_literal": dict_literal([(d.name, str(d.size)) for d in kernel.dims]),
         "dtypes_literal": tuple_literal([dtype_literal(d) for d in kernel.dtypes]),
         "out_dtype_literal": dtype_literal(kernel.out_dtype) if kernel.out_dtype else "None",
-        "fp32_matmul": kernel.fp32_matmul,
+        "fp32_matmul": f'"{kernel.fp32_matmul}"' if kernel.fp32_matmul else "None",
         "tune_key_doc": "the row count's power-of-two bucket, " + " and ".join(tune_key[1:]),
         "tune_key": "[" + ", ".join(f'"{k}"' for k in tune_key) + "]",
         "configs": [config_literal(c) for c in kernel.configs],

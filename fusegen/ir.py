@@ -132,7 +132,7 @@ class Kernel:
     col: str
     steps: tuple[ChainItem, ...]
     out_dtype: str | None  # a `cast` step's dtype; None: the call's dtype
-    fp32_matmul: str  # "tf32" | "ieee"
+    fp32_matmul: str | None  # "tf32" | "ieee"; None: PyTorch's setting at each call
     fallback_no_gpu: str  # "reference" | "error"
     fallback_nonfinite: str  # "off" | "reference"
     configs: tuple[Config, ...]  # the pointer kernel's autotuning space

@@ -171,7 +171,7 @@ def tma_mainloop(kernel: Kernel) -> dict:
 def params(kernel: Kernel, *, tma: bool = False) -> list[dict]:
     if kernel.matmul:
         meta = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"] + ([] if tma else ["SPLIT_K", "EVEN_K"])
-        meta += ["INT64", "DOT_UPCAST"]
+        meta += ["INT64", "DOT_UPCAST", "INPUT_PRECISION"]
         if tma:
             meta += ["NUM_SMS", "FLATTEN", "WARP_SPECIALIZE", "EPILOGUE_SUBTILE"]
     elif kernel.row_step:

@@ -337,11 +337,12 @@ class _KernelLowerer(ChainLowering):
             fast_tanh=spec.fast_tanh and spec.target == "nvidia",
         )
 
-    def _fp32_matmul(self) -> str:
-        """tf32 on nvidia unless the spec says ieee; ieee on amd, whose Triton backend
-        has no tf32 dot (an explicit tf32 there is an error: see lower)."""
+    def _fp32_matmul(self) -> str | None:
+        """What the spec fixes; else on nvidia None (the launcher follows PyTorch's
+        setting at each call), on amd ieee, as its Triton backend has no tf32 dot (an
+        explicit tf32 there is an error: see lower)."""
         given = self.spec.fp32_matmul
-        return given or ("ieee" if self.spec.target == "amd" else "tf32")
+        return given or ("ieee" if self.spec.target == "amd" else None)
 
     @staticmethod
     def _transposed(matmul: Matmul | None, name: str) -> bool:

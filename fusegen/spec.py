@@ -136,7 +136,9 @@ class KernelSpec(_Strict):
     fp32_matmul: Literal["tf32", "ieee"] | None = Field(
         None,
         description="how a matmul on fp32 inputs runs: tf32 tensor cores (fast, ~1e-3 relative "
-        "error) or full fp32 (ieee). Default: tf32 on nvidia, ieee on amd",
+        "error) or full fp32 (ieee). Default on nvidia: PyTorch's own setting at each call "
+        "(torch.set_float32_matmul_precision 'highest' -> ieee, 'high' or 'medium' -> tf32), "
+        "as torch.compile does; on amd: ieee",
     )
     fallback: FallbackSpec = FallbackSpec()
     autotune: AutotuneSpec | None = None

@@ -36,8 +36,6 @@ DIMS = {"M": None, "N": None}
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # The output's dtype; None: the call's dtype.
 OUT_DTYPE = None
-# How tl.dot runs on fp32 inputs.
-FP32_MATMUL = "tf32"
 
 # The space the autotuner searches (on a GPU, per the row count's power-of-two bucket, N).
 CONFIGS = [
@@ -186,7 +184,7 @@ _PATHS = {"pointer": (_bias_gelu_residual_kernel, CONFIGS, DEFAULT_CONFIG)}
 # Per path: settings a config may add to its default's, and the kernel's value for each
 # one left out (None: a compile option, not passed).
 _OPTIONAL = {"pointer": {}}
-_LAST = {"config": None, "source": None, "path": None, "fast_tanh": False}
+_LAST = {"config": None, "source": None, "path": None, "fast_tanh": False, "fp32_matmul": None}
 _LAST_RUN = {}  # the last launch's compiled "kernel" and plan "key" (fusegen tune, inspect)
 _LOGGED = set()
 _TUNED = {}  # path -> its autotuned kernel
@@ -210,16 +208,18 @@ def last_launch() -> dict:
     """What the last call ran: {"config": the config dict or None, "source": one of
     "table", "autotune", "default", "interpreter", "explicit", "reference (...)",
     "empty", "path": "pointer" or "tma" (the kernel that ran) or None, "fast_tanh":
-    whether its activations ran on the GPU's tanh.approx}."""
+    whether its activations ran on the GPU's tanh.approx, "fp32_matmul": "tf32" or
+    "ieee", how its matmul ran on fp32 operands (None: no fp32 matmul ran)}."""
     config = _LAST["config"]
     return {**_LAST, "config": dict(config) if config is not None else None}
 
 
-def _record(config, source, path=None, fast_tanh=False):
+def _record(config, source, path=None, fast_tanh=False, fp32_matmul=None):
     _LAST["config"] = config
     _LAST["source"] = source
     _LAST["path"] = path
     _LAST["fast_tanh"] = fast_tanh
+    _LAST["fp32_matmul"] = fp32_matmul
 
 
 def _refuse_grad(tensors):
@@ -258,6 +258,8 @@ class _Plan:
         "consts",
         "key",
         "ready",
+        "fp32",
+        "follows_torch",
     )
 
 
@@ -517,13 +519,19 @@ def _launch(path, plan, args, config):
     """Launch the kernel with the config _choose picks; remember what ran. What a
     signature's launch needs (kernel, grid, keyword arguments) is worked out once and
     kept in its plan, and from the second call the compiled kernel is launched directly
-    (see _direct): a call of a known signature costs a dict lookup and the launch."""
+    (see _direct): a call of a known signature costs a dict lookup and the launch. An
+    fp32 call that follows PyTorch's matmul precision reads it each time (_fp32_matmul)."""
     key = _config_key(config)
+    consts = plan.consts
+    if plan.follows_torch:
+        precision = _fp32_matmul()
+        key = (key, precision)
+        consts = {**consts, "INPUT_PRECISION": precision}
     ready = plan.ready.get(key)
     if ready is None or ready[0] != path:
         if len(plan.ready) >= 64:
             plan.ready.clear()
-        ready = plan.ready[key] = _ready(path, plan, args, config)
+        ready = plan.ready[key] = _ready(path, plan, args, config, consts)
     _, kernel, grid, kwargs, split, record, direct = ready
     if direct and all(t.data_ptr() % 16 == 0 for t in args[_OUTPUTS]):
         direct[0][grid](*args, *direct[1])
@@ -572,15 +580,16 @@ def _config_key(config):
         return ("unusable", id(config))  # _checked_config says what is wrong
 
 
-def _ready(path, plan, args, config):
+def _ready(path, plan, args, config, consts):
     """[path asked for, kernel, grid, keyword arguments, SPLIT_K, what last_launch says,
     the direct launch (None: not yet asked; False: none)]."""
     asked = path
-    path, chosen, source = _choose(path, plan.key, _grid, args, plan.consts, config)
-    kwargs = {**_path_consts(path, args, plan.consts), **_triton_kwargs(path, chosen)}
+    path, chosen, source = _choose(path, plan.key, _grid, args, consts, config)
+    kwargs = {**_path_consts(path, args, consts), **_triton_kwargs(path, chosen)}
     grid = (*_grid({**dict(zip(DIMS, plan.tail)), **kwargs}), 1, 1)[:3]  # a compiled kernel takes 3
     split = chosen.get("SPLIT_K", 1)
-    record = (chosen, source, path, bool(plan.consts.get("FAST_TANH")))
+    fp32_matmul = consts["INPUT_PRECISION"] if plan.fp32 else None
+    record = (chosen, source, path, bool(consts.get("FAST_TANH")), fp32_matmul)
     return [asked, _PATHS[path][0], grid, kwargs, split, record, None]
 
 
@@ -1036,6 +1045,7 @@ def _plan(x, b, r):
         "INT64": _needs_int64(x_2d, b_2d, r_2d, out_2d),
         "FAST_TANH": _fast_tanh(device, plan.out_dtype),
     }
+    plan.fp32 = plan.follows_torch = False
     plan.key = (_bucket(M), N, dtype, plan.out_dtype)
     plan.ready = {}  # config (None: chosen) -> what its launch needs, from _launch
     if len(_CALLS) >= 1024:

@@ -35,8 +35,9 @@ DIMS = {"M": None, "K": 768, "N": 3072}
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # The output's dtype; None: the call's dtype.
 OUT_DTYPE = None
-# How tl.dot runs on fp32 inputs.
-FP32_MATMUL = "tf32"
+# How tl.dot runs on fp32 inputs: "tf32" or "ieee"; None: as PyTorch's own setting says
+# at each call (see _fp32_matmul).
+FP32_MATMUL = None
 
 # The space the autotuner searches (on a GPU, per the row count's power-of-two bucket, N and K).
 CONFIGS = [
@@ -226,7 +227,7 @@ TMA_DEFAULT_CONFIG = {
 # launcher looks there before tuning. Entries tuned for other kernel source are ignored.
 TUNED_TABLE = "gpt2_mlp_up.tuned.json"
 # sha256 of this module's Triton kernels' source, as tuned tables record it.
-KERNEL_HASH = "84fcbb3ee30bb16a"
+KERNEL_HASH = "276c0a4dc939e67c"
 # Tune at run time where the tuned table has no entry (the spec's `deterministic: true`
 # turns this off).
 DETERMINISTIC = False
@@ -288,6 +289,7 @@ def _gpt2_mlp_up_kernel(
     EVEN_K: tl.constexpr,
     INT64: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
     FAST_TANH: tl.constexpr,
 ):
     """y = gelu_tanh(x @ w + b), for one [BLOCK_M, BLOCK_N] tile of the output.
@@ -345,7 +347,7 @@ def _gpt2_mlp_up_kernel(
             # holds every bf16 value exactly, so upcasting leaves the products unchanged.
             x_tile = x_tile.to(tl.float32)
             w_tile = w_tile.to(tl.float32)
-        acc = tl.dot(x_tile, w_tile, acc, input_precision="tf32")
+        acc = tl.dot(x_tile, w_tile, acc, input_precision=INPUT_PRECISION)
         x_ptrs += BLOCK_K * stride_x_k
         w_ptrs += BLOCK_K * stride_w_k
     if SPLIT_K > 1:
@@ -408,6 +410,7 @@ def _gpt2_mlp_up_kernel_tma(
     GROUP_M: tl.constexpr,
     INT64: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
     NUM_SMS: tl.constexpr,
     FLATTEN: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
@@ -454,7 +457,7 @@ def _gpt2_mlp_up_kernel_tma(
                 # As in the pointer kernel: the interpreter's bf16 tl.dot is wrong.
                 x_tile = x_tile.to(tl.float32)
                 w_tile = w_tile.to(tl.float32)
-            acc = tl.dot(x_tile, w_tile, acc, input_precision="tf32")
+            acc = tl.dot(x_tile, w_tile, acc, input_precision=INPUT_PRECISION)
 
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -494,7 +497,7 @@ _PATHS = {
 # Per path: settings a config may add to its default's, and the kernel's value for each
 # one left out (None: a compile option, not passed).
 _OPTIONAL = {"pointer": {"SPLIT_K": 1}, "tma": {}}
-_LAST = {"config": None, "source": None, "path": None, "fast_tanh": False}
+_LAST = {"config": None, "source": None, "path": None, "fast_tanh": False, "fp32_matmul": None}
 _LAST_RUN = {}  # the last launch's compiled "kernel" and plan "key" (fusegen tune, inspect)
 _LOGGED = set()
 _TUNED = {}  # path -> its autotuned kernel
@@ -518,16 +521,18 @@ def last_launch() -> dict:
     """What the last call ran: {"config": the config dict or None, "source": one of
     "table", "autotune", "default", "interpreter", "explicit", "reference (...)",
     "empty", "path": "pointer" or "tma" (the kernel that ran) or None, "fast_tanh":
-    whether its activations ran on the GPU's tanh.approx}."""
+    whether its activations ran on the GPU's tanh.approx, "fp32_matmul": "tf32" or
+    "ieee", how its matmul ran on fp32 operands (None: no fp32 matmul ran)}."""
     config = _LAST["config"]
     return {**_LAST, "config": dict(config) if config is not None else None}
 
 
-def _record(config, source, path=None, fast_tanh=False):
+def _record(config, source, path=None, fast_tanh=False, fp32_matmul=None):
     _LAST["config"] = config
     _LAST["source"] = source
     _LAST["path"] = path
     _LAST["fast_tanh"] = fast_tanh
+    _LAST["fp32_matmul"] = fp32_matmul
 
 
 def _refuse_grad(tensors):
@@ -566,6 +571,8 @@ class _Plan:
         "consts",
         "key",
         "ready",
+        "fp32",
+        "follows_torch",
     )
 
 
@@ -591,6 +598,18 @@ def _grid(meta):
     if "NUM_SMS" in meta:
         return (min(tiles, meta["NUM_SMS"]),)  # persistent: a program per SM
     return (tiles * meta.get("SPLIT_K", 1),)
+
+
+def _fp32_matmul():
+    """ "tf32" or "ieee": how PyTorch runs an fp32 matmul now, as torch.compile follows it
+    too. torch.set_float32_matmul_precision("high" or "medium") or
+    torch.backends.cuda.matmul.fp32_precision = "tf32" (or allow_tf32 = True) give tf32;
+    "highest", the default, gives ieee. Read at each fp32 call: the setting is global."""
+    matmul = torch.backends.cuda.matmul
+    setting = getattr(matmul, "fp32_precision", None)  # torch 2.9 and newer
+    if setting is None:
+        return "tf32" if matmul.allow_tf32 else "ieee"
+    return "tf32" if setting == "tf32" else "ieee"
 
 
 def _interpreted():
@@ -863,13 +882,19 @@ def _launch(path, plan, args, config):
     """Launch the kernel with the config _choose picks; remember what ran. What a
     signature's launch needs (kernel, grid, keyword arguments) is worked out once and
     kept in its plan, and from the second call the compiled kernel is launched directly
-    (see _direct): a call of a known signature costs a dict lookup and the launch."""
+    (see _direct): a call of a known signature costs a dict lookup and the launch. An
+    fp32 call that follows PyTorch's matmul precision reads it each time (_fp32_matmul)."""
     key = _config_key(config)
+    consts = plan.consts
+    if plan.follows_torch:
+        precision = _fp32_matmul()
+        key = (key, precision)
+        consts = {**consts, "INPUT_PRECISION": precision}
     ready = plan.ready.get(key)
     if ready is None or ready[0] != path:
         if len(plan.ready) >= 64:
             plan.ready.clear()
-        ready = plan.ready[key] = _ready(path, plan, args, config)
+        ready = plan.ready[key] = _ready(path, plan, args, config, consts)
     _, kernel, grid, kwargs, split, record, direct = ready
     args = (*args, *_scratch(args, split))
     if direct and all(t.data_ptr() % 16 == 0 for t in args[_OUTPUTS]):
@@ -919,15 +944,16 @@ def _config_key(config):
         return ("unusable", id(config))  # _checked_config says what is wrong
 
 
-def _ready(path, plan, args, config):
+def _ready(path, plan, args, config, consts):
     """[path asked for, kernel, grid, keyword arguments, SPLIT_K, what last_launch says,
     the direct launch (None: not yet asked; False: none)]."""
     asked = path
-    path, chosen, source = _choose(path, plan.key, _grid, args, plan.consts, config)
-    kwargs = {**_path_consts(path, args, plan.consts), **_triton_kwargs(path, chosen)}
+    path, chosen, source = _choose(path, plan.key, _grid, args, consts, config)
+    kwargs = {**_path_consts(path, args, consts), **_triton_kwargs(path, chosen)}
     grid = (*_grid({**dict(zip(DIMS, plan.tail)), **kwargs}), 1, 1)[:3]  # a compiled kernel takes 3
     split = chosen.get("SPLIT_K", 1)
-    record = (chosen, source, path, bool(plan.consts.get("FAST_TANH")))
+    fp32_matmul = consts["INPUT_PRECISION"] if plan.fp32 else None
+    record = (chosen, source, path, bool(consts.get("FAST_TANH")), fp32_matmul)
     return [asked, _PATHS[path][0], grid, kwargs, split, record, None]
 
 
@@ -1393,8 +1419,12 @@ def _plan(x, w, b):
     plan.consts = {
         "INT64": _needs_int64(x_2d, w_2d, b_2d, out_2d),
         "DOT_UPCAST": _interpreted() and dtype == torch.bfloat16,
+        # tl.dot ignores it for 16-bit operands; an fp32 call may set it again (_launch).
+        "INPUT_PRECISION": FP32_MATMUL or "tf32",
         "FAST_TANH": _fast_tanh(device, plan.out_dtype),
     }
+    plan.fp32 = dtype == torch.float32
+    plan.follows_torch = plan.fp32 and FP32_MATMUL is None
     plan.key = (_bucket(M), N, K, dtype, plan.out_dtype)
     plan.ready = {}  # config (None: chosen) -> what its launch needs, from _launch
     if len(_CALLS) >= 1024:

@@ -141,7 +141,7 @@ def reduction_depth(launch, cols):
 def check_outputs(results, inputs, dtype, seed, launch):
     """Every output within its bound; returns the float64 inputs and expected values."""
     exact = {name: t.double() for name, t in inputs.items()}
-    p_in = TF32_PRODUCT if dtype == torch.float32 and kernel.FP32_MATMUL == "tf32" else 0.0
+    p_in = TF32_PRODUCT if launch["fp32_matmul"] == "tf32" else 0.0
     cols = inputs[SOURCE].shape[-1] if SOURCE else results[0].shape[-1]
     fast = int(launch["fast_tanh"])
     pairs = reference_and_bound(p_in, reduction_depth(launch, cols), fast, **exact)
@@ -304,9 +304,8 @@ def test_refuses_inputs_that_require_grad():
         ):
             kernel.gpt2_attn_out(**asking)
     asking = {n: t.detach().requires_grad_() for n, t in inputs.items()}
-    with pytest.raises(
-        RuntimeError, match="^gpt2_attn_out: " + ", ".join(inputs) + " require grad"
-    ):
+    verb = "requires" if len(inputs) == 1 else "require"
+    with pytest.raises(RuntimeError, match=f"^gpt2_attn_out: {', '.join(inputs)} {verb} grad"):
         kernel.gpt2_attn_out(**asking)
     modes = (torch.no_grad,) if HEAVY else (torch.no_grad, torch.inference_mode)
     for mode in modes:
@@ -314,6 +313,29 @@ def test_refuses_inputs_that_require_grad():
             results = as_tuple(kernel.gpt2_attn_out(**asking))
         assert all(r.grad_fn is None and not r.requires_grad for r in results)
         check_outputs(results, inputs, dtype, seed, kernel.last_launch())
+
+
+@pytest.mark.skipif(torch.float32 not in DTYPES, reason="the spec allows no fp32 call")
+def test_fp32_matmul_follows_torch_precision():
+    # As in PyTorch and torch.compile, an fp32 matmul runs on tf32 where torch's setting
+    # asks for it ("high", "medium") and in full fp32 under "highest", the default; the
+    # spec's fp32_matmul fixes one instead.
+    seed, sizes = new_seed(), {**SIZES, **CASES[0]}
+    inputs = make_inputs(sizes, torch.float32, seed)
+    try:
+        for setting, expected in (("high", "tf32"), ("highest", "ieee"), ("medium", "tf32")):
+            torch.set_float32_matmul_precision(setting)
+            results = as_tuple(kernel.gpt2_attn_out(**inputs))
+            launch = kernel.last_launch()
+            assert launch["fp32_matmul"] == (kernel.FP32_MATMUL or expected), (setting, launch)
+            _, wanted = check_outputs(results, inputs, torch.float32, seed, launch)
+            if ON_GPU:
+                # tf32 keeps 10 of fp32's 23 mantissa bits: ~1e-4 norm-wise, fp32 ~1e-7
+                # (the interpreter computes in fp32 whatever it is asked).
+                error = ((results[0].double() - wanted[0]).norm() / wanted[0].norm()).item()
+                assert (error > 1e-5) == (launch["fp32_matmul"] == "tf32"), (setting, error)
+    finally:
+        torch.set_float32_matmul_precision("highest")
 
 
 @pytest.mark.skipif(HEAVY, reason="the interpreter runs this spec's large weights slowly")
