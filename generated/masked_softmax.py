@@ -16,12 +16,15 @@ Use:
 Only torch and triton are needed to run this module.
 """
 
+import gc
 import inspect
 import json
 import logging
 import math
 import os
+import sys
 import time
+import types
 
 import torch
 import torch.nn.functional as F
@@ -1076,4 +1079,23 @@ def reference(
     return y.to(out_dtype or OUT_DTYPE or scores.dtype)
 
 
+def _make_importable():
+    """Put this module in sys.modules under its name if it is not there: torch.compile
+    imports the module of each function it traces by that name, and a module loaded by
+    file path (importlib.util.spec_from_file_location, as plugin loaders and notebooks
+    do) is in sys.modules under none."""
+    if __name__ in sys.modules:
+        if sys.modules[__name__].__dict__ is not globals():
+            _log.warning(
+                "masked_softmax: sys.modules[%r] is another module: torch.compile would read its "
+                "globals for this one's; load this file under a name of its own",
+                __name__,
+            )
+        return
+    for holder in gc.get_referrers(globals()):
+        if isinstance(holder, types.ModuleType) and holder.__dict__ is globals():
+            sys.modules[__name__] = holder
+
+
+_make_importable()
 _OP = _custom_op()  # registered at import, outside any tracing
