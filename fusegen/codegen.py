@@ -38,6 +38,7 @@ from fusegen.kernel_text import (
     row_pieces,
     tile_addr,
     tma_mainloop,
+    tma_operands,
     weights,
 )
 from fusegen.python_text import input_doc, out_doc, reference_lines, reference_return
@@ -211,15 +212,30 @@ def kernel_context(kernel: Kernel) -> dict:
         "tma_default_config": (
             config_literal(kernel.tma_default_config) if kernel.tma_default_config else "None"
         ),
-        "tma_tensors": (
-            "("
-            + ", ".join(
-                naming.view2d(n) for n in [mm.a, *(b for _, b in weights(kernel))] + [naming.OUT]
-            )
-            + ")"
-            if mm
-            else "()"
+        "tma_operands": (
+            tuple_literal([naming.view2d(t.name) for t in tma_operands(kernel)]) if mm else "()"
         ),
+        "tma_outputs": tuple_literal([naming.view2d(naming.OUT)]) if mm else "()",
+        "tma_operands_literal": (
+            dict_literal(
+                [
+                    (naming.column_major(t.name), str([i.name for i in kernel.inputs].index(t.name)))
+                    for t in tma_operands(kernel)
+                ]
+            )
+            if mm and kernel.target == "nvidia"
+            else "{}"
+        ),
+        # Every 2-D input may be copied first; matmul operands under other rules.
+        "copy_candidates": [
+            {
+                "view": naming.view2d(t.name),
+                "index": i,
+                "operand": mm is not None and t.name in (mm.a, *(b for _, b in weights(kernel))),
+            }
+            for i, t in enumerate(kernel.inputs)
+            if len(t.dims) == 2
+        ],
         "row": kernel.row,
         "col": kernel.col,
         "offs_row": naming.offs(kernel.row),
@@ -422,6 +438,7 @@ def test_context(kernel: Kernel) -> dict:
         "heavy": heavy(kernel),
         "cases_gpu": repr(gpu),
         "ref_args": ", ".join(t.name for t in kernel.inputs),
+        "matmul_operands": repr([t.name for t in tma_operands(kernel)] if kernel.matmul else []),
         "bound_lines": bound_lines(kernel),
         "fast_tanh": fast_tanh(kernel),
         "tanh_approx": f"2.0**{ops.TANH_APPROX_EXPONENT}",

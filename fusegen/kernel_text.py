@@ -134,36 +134,49 @@ def weights(kernel: Kernel) -> list[tuple[str, str]]:
     ]
 
 
+def tma_operands(kernel: Kernel) -> list[Tensor]:
+    """The matmul operands the TMA kernel reads through descriptors: a, then each weight."""
+    mm = kernel.matmul
+    return [kernel.tensor(mm.a)] + [kernel.tensor(b) for _, b in weights(kernel)]
+
+
 def tma_mainloop(kernel: Kernel) -> dict:
-    """The TMA kernel's descriptors and tile loads. Each descriptor covers its tensor in
-    the layout the spec declares (last dim contiguous); a tile the dot needs the other
-    way round is loaded as declared and transposed in registers, which wgmma reads from
-    shared memory at no cost."""
+    """The TMA kernel's descriptors and tile loads, as lines. A descriptor covers its
+    tensor as memory holds it, its unit-stride dim last: the declared dims, or reversed
+    where the operand arrives column-major (its constexpr *_COLUMN_MAJOR, as cuBLAS takes
+    transA/transB). A tile the dot needs the other way round is transposed after the
+    load, which wgmma reads from shared memory at no cost."""
     mm = kernel.matmul
     block = {mm.m: "BLOCK_M", mm.k: "BLOCK_K", mm.n: "BLOCK_N"}
     coord = {mm.m: "pid_m * BLOCK_M", mm.k: "k * BLOCK_K", mm.n: "pid_n * BLOCK_N"}
 
-    def descriptor(t: Tensor) -> dict:
-        return {
-            "name": f"{t.name}_desc",
-            "ptr": naming.ptr(t.name),
-            "shape": ", ".join(t.dims),
-            "strides": f"{naming.stride(t.name, t.dims[0])}, 1",
-            "block": ", ".join(block[d] for d in t.dims),
-        }
+    def make(t: Tensor, dims: tuple[str, ...], block_text: str | None = None) -> str:
+        return (
+            f"{t.name}_desc = tl.make_tensor_descriptor({naming.ptr(t.name)}, "
+            f"shape=[{', '.join(dims)}], strides=[{naming.stride(t.name, dims[0])}, 1], "
+            f"block_shape=[{block_text or ', '.join(block[d] for d in dims)}])"
+        )
 
-    def load(t: Tensor, needed: tuple[str, str]) -> dict:
-        expr = f"{t.name}_desc.load([{', '.join(coord[d] for d in t.dims)}])"
-        return {"tile": naming.tile(t.name), "expr": expr + (".T" if t.dims != needed else "")}
+    def load(t: Tensor, dims: tuple[str, ...], needed: tuple[str, str]) -> str:
+        expr = f"{t.name}_desc.load([{', '.join(coord[d] for d in dims)}])"
+        return f"{naming.tile(t.name)} = {expr}{'.T' if dims != needed else ''}"
 
-    a = kernel.tensor(mm.a)
-    bs = [kernel.tensor(b) for _, b in weights(kernel)]
-    out = descriptor(Tensor(naming.OUT, (kernel.row, kernel.col), None, "", False))
+    def both(flag: str, column_major: str, row_major: str) -> list[str]:
+        return [f"if {flag}:", f"    {column_major}", "else:", f"    {row_major}"]
+
+    descriptors, loads = [], []
+    operands = tma_operands(kernel)
+    for t, needed in zip(operands, [(mm.m, mm.k)] + [(mm.k, mm.n)] * (len(operands) - 1)):
+        flag, flipped = naming.column_major(t.name), tuple(reversed(t.dims))
+        descriptors += both(flag, make(t, flipped), make(t, t.dims))
+        loads += both(flag, load(t, flipped, needed), load(t, t.dims, needed))
+    out = Tensor(naming.OUT, (kernel.row, kernel.col), None, "", False)
     # A subtiled epilogue stores half tiles.
-    out["block"] = "BLOCK_M, BLOCK_N // 2 if EPILOGUE_SUBTILE else BLOCK_N"
+    descriptors.append(make(out, out.dims, "BLOCK_M, BLOCK_N // 2 if EPILOGUE_SUBTILE else BLOCK_N"))
     return {
-        "descriptors": [descriptor(t) for t in [a, *bs]] + [out],
-        "loads": [load(a, (mm.m, mm.k))] + [load(b, (mm.k, mm.n)) for b in bs],
+        "descriptors": descriptors,
+        "loads": loads,
+        "tiles": [naming.tile(t.name) for t in operands],
         "out_desc": f"{naming.OUT}_desc",
     }
 
@@ -174,6 +187,7 @@ def params(kernel: Kernel, *, tma: bool = False) -> list[dict]:
         meta += ["INT64", "DOT_UPCAST", "INPUT_PRECISION"]
         if tma:
             meta += ["NUM_SMS", "FLATTEN", "WARP_SPECIALIZE", "EPILOGUE_SUBTILE"]
+            meta += [naming.column_major(t.name) for t in tma_operands(kernel)]
     elif kernel.row_step:
         meta = ["BLOCK_M", "BLOCK_N", "INT64", "SINGLE_PASS", "ALIGN"]
     else:

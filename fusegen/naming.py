@@ -24,6 +24,12 @@ def tile(tensor: str) -> str:
     return f"{tensor}_tile"
 
 
+def column_major(tensor: str) -> str:
+    """The TMA kernel's constexpr saying a matmul operand arrived column-major: its unit
+    stride along its first dim, as a transposed view (`w.t()`) holds it."""
+    return f"{tensor.upper()}_COLUMN_MAJOR"
+
+
 def view2d(tensor: str) -> str:
     """The launcher's flattened view of an input."""
     return f"{tensor}_2d"

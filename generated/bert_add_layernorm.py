@@ -251,6 +251,7 @@ _UNTRACED = {}  # "launcher": the launcher as torch.compile runs it (see _untrac
 GRAPH_TIMED_UNDER_MS = 0.1  # tuning times shorter kernels from CUDA graphs (see _graph_bench)
 _ALLOCATION = getattr(triton.runtime, "_allocation", None)
 _OUTPUTS = slice(4, 5)  # outputs in a launch's arguments
+_TMA_OPERANDS = {}  # the TMA kernel's layout flags -> operands' places in them
 try:
     _TRITON_VERSION = tuple(int(part) for part in triton.__version__.split(".")[:2])
 except ValueError:
@@ -313,6 +314,7 @@ class _Plan:
         "ready",
         "fp32",
         "follows_torch",
+        "copies",
     )
 
 
@@ -847,25 +849,52 @@ def _path_consts(path, args, consts):
     device = args[0].device
     _ensure_allocator(device)
     sms = _device_facts(device)[1] if device.type == "cuda" else 4
-    return {**consts, "NUM_SMS": sms}
+    layouts = {flag: _column_major(args[i]) for flag, i in _TMA_OPERANDS.items()}
+    return {**consts, "NUM_SMS": sms, **layouts}
 
 
-def _tma_ready(tensor):
-    """A tensor descriptor needs a contiguous last dim, 16-byte-aligned strides and a
-    16-byte-aligned start (an fp16 row of 50 elements is 100 bytes: not aligned)."""
+def _column_major(tensor):
+    """Whether a 2-D tensor's unit stride is along its first dim (a transposed view)."""
+    return tensor.stride(0) == 1 and tensor.stride(1) != 1 and tensor.shape[1] > 1
+
+
+def _tma_ready(tensor, either_major=False):
+    """A tensor descriptor needs a unit-stride last dim, 16-byte-aligned other strides
+    and a 16-byte-aligned start (an fp16 row of 50 elements is 100 bytes: not aligned).
+    either_major: a column-major 2-D tensor will do, read through its transpose."""
     size = tensor.element_size()
+    strides = tensor.stride()
+    if either_major and _column_major(tensor):
+        strides = strides[::-1]
     return (
         tensor.numel() > 0
-        and tensor.stride(-1) == 1
-        and all(stride * size % 16 == 0 for stride in tensor.stride()[:-1])
+        and strides[-1] == 1
+        and all(stride * size % 16 == 0 for stride in strides[:-1])
         and tensor.data_ptr() % 16 == 0
     )
 
 
-def _path(device, tensors):
-    """ "tma" on sm_90+ GPUs when every matmul operand and the output allow it, else
-    "pointer". FUSEGEN_TMA=0 forces the pointer path; FUSEGEN_TMA=1 takes the TMA path
-    wherever the tensors allow, the interpreter included."""
+def _copy_first(tensor, operand):
+    """Whether a call copies this 2-D input to contiguous memory before launching. A
+    matmul operand (operand=True) with no unit stride, a slice such as x[:, ::2]: the
+    copy is one pass, and the copied operand takes the TMA kernel, where the pointer
+    kernel's strided loads ran 3x slower than eager PyTorch (which copies too). Other
+    inputs: never; the kernels read them along rows whatever their strides."""
+    return operand and 1 not in (tensor.stride(0), tensor.stride(1))
+
+
+def _with_copies(args, copies):
+    """The launch arguments with the inputs at indices `copies` made contiguous."""
+    args = list(args)
+    for index in copies:
+        args[index] = args[index].contiguous()
+    return tuple(args)
+
+
+def _path(device, operands, outputs=()):
+    """ "tma" on sm_90+ GPUs when every matmul operand (row- or column-major) and output
+    (row-major) allows it, else "pointer". FUSEGEN_TMA=0 forces the pointer path;
+    FUSEGEN_TMA=1 takes the TMA path wherever the tensors allow, the interpreter included."""
     return "pointer"
 
 
@@ -981,6 +1010,8 @@ def bert_add_layernorm(
         out if out.dim() == 2 else out.view(-1, out.shape[-1]),
         *plan.tail,
     )
+    if plan.copies:
+        args = _with_copies(args, plan.copies)
     _launch(path, plan, args, config)
     return out
 
@@ -1078,7 +1109,16 @@ def _plan(x, residual, gamma, beta):
     plan.runs_triton = _runs_triton(device)
     # Stand-ins for the outputs, which are contiguous: shapes and strides, no memory.
     out_2d = torch.empty((M, N), device="meta", dtype=plan.out_dtype)
-    plan.path = _path(device, ()) if plan.runs_triton else "pointer"
+    # Inputs that a launch copies to contiguous memory first (see _copy_first): the plan
+    # sees the copies' strides.
+    plan.copies = ()
+    if _copy_first(x_2d, operand=False):
+        plan.copies += (0,)
+        x_2d = torch.empty(x_2d.shape, device="meta", dtype=x_2d.dtype)
+    if _copy_first(residual_2d, operand=False):
+        plan.copies += (1,)
+        residual_2d = torch.empty(residual_2d.shape, device="meta", dtype=residual_2d.dtype)
+    plan.path = _path(device, (), ()) if plan.runs_triton else "pointer"
     plan.tail = (
         M,
         N,

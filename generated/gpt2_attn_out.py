@@ -230,7 +230,7 @@ TMA_DEFAULT_CONFIG = {
 # launcher looks there before tuning. Entries tuned for other kernel source are ignored.
 TUNED_TABLE = "gpt2_attn_out.tuned.json"
 # sha256 of this module's Triton kernels' source, as tuned tables record it.
-KERNEL_HASH = "ec57ba46a8d5c215"
+KERNEL_HASH = "c51080dc80084cc0"
 # Tune at run time where the tuned table has no entry (the spec's `deterministic: true`
 # turns this off).
 DETERMINISTIC = False
@@ -405,21 +405,35 @@ def _gpt2_attn_out_kernel_tma(
     FLATTEN: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
     EPILOGUE_SUBTILE: tl.constexpr,
+    X_COLUMN_MAJOR: tl.constexpr,
+    W_COLUMN_MAJOR: tl.constexpr,
 ):
     """y = x @ w + b + residual: the TMA kernel, for sm_90 and newer GPUs.
 
     A persistent grid: NUM_SMS programs walk the output tiles in GROUP_M order. Tiles
     move between global and shared memory through tensor descriptors, which zero-fill
     loads and clip stores at the tensors' edges, so the mainloop needs no masks. The
-    launcher takes this path only for contiguous rows with 16-byte-aligned strides.
-    FLATTEN, WARP_SPECIALIZE and EPILOGUE_SUBTILE are tuned like the block sizes.
+    launcher takes this path only where each operand has a unit stride in one dim (a
+    column-major one is read through a descriptor of its transpose: *_COLUMN_MAJOR) and
+    16-byte-aligned other strides. FLATTEN, WARP_SPECIALIZE and EPILOGUE_SUBTILE are
+    tuned like the block sizes.
     """
-    x_desc = tl.make_tensor_descriptor(
-        x_ptr, shape=[M, K], strides=[stride_x_m, 1], block_shape=[BLOCK_M, BLOCK_K]
-    )
-    w_desc = tl.make_tensor_descriptor(
-        w_ptr, shape=[K, N], strides=[stride_w_k, 1], block_shape=[BLOCK_K, BLOCK_N]
-    )
+    if X_COLUMN_MAJOR:
+        x_desc = tl.make_tensor_descriptor(
+            x_ptr, shape=[K, M], strides=[stride_x_k, 1], block_shape=[BLOCK_K, BLOCK_M]
+        )
+    else:
+        x_desc = tl.make_tensor_descriptor(
+            x_ptr, shape=[M, K], strides=[stride_x_m, 1], block_shape=[BLOCK_M, BLOCK_K]
+        )
+    if W_COLUMN_MAJOR:
+        w_desc = tl.make_tensor_descriptor(
+            w_ptr, shape=[N, K], strides=[stride_w_n, 1], block_shape=[BLOCK_N, BLOCK_K]
+        )
+    else:
+        w_desc = tl.make_tensor_descriptor(
+            w_ptr, shape=[K, N], strides=[stride_w_k, 1], block_shape=[BLOCK_K, BLOCK_N]
+        )
     out_desc = tl.make_tensor_descriptor(
         out_ptr,
         shape=[M, N],
@@ -440,8 +454,14 @@ def _gpt2_attn_out_kernel_tma(
         pid_n = (tile_id % num_pid_in_group) // group_size_m
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in range(0, tl.cdiv(K, BLOCK_K)):
-            x_tile = x_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
-            w_tile = w_desc.load([k * BLOCK_K, pid_n * BLOCK_N])
+            if X_COLUMN_MAJOR:
+                x_tile = x_desc.load([k * BLOCK_K, pid_m * BLOCK_M]).T
+            else:
+                x_tile = x_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
+            if W_COLUMN_MAJOR:
+                w_tile = w_desc.load([pid_n * BLOCK_N, k * BLOCK_K]).T
+            else:
+                w_tile = w_desc.load([k * BLOCK_K, pid_n * BLOCK_N])
             if DOT_UPCAST:
                 # As in the pointer kernel: the interpreter's bf16 tl.dot is wrong.
                 x_tile = x_tile.to(tl.float32)
@@ -507,6 +527,10 @@ _UNTRACED = {}  # "launcher": the launcher as torch.compile runs it (see _untrac
 GRAPH_TIMED_UNDER_MS = 0.1  # tuning times shorter kernels from CUDA graphs (see _graph_bench)
 _ALLOCATION = getattr(triton.runtime, "_allocation", None)
 _OUTPUTS = slice(4, 5)  # outputs in a launch's arguments
+_TMA_OPERANDS = {
+    "X_COLUMN_MAJOR": 0,
+    "W_COLUMN_MAJOR": 1,
+}  # the TMA kernel's layout flags -> operands' places in them
 try:
     _TRITON_VERSION = tuple(int(part) for part in triton.__version__.split(".")[:2])
 except ValueError:
@@ -569,6 +593,7 @@ class _Plan:
         "ready",
         "fp32",
         "follows_torch",
+        "copies",
     )
 
 
@@ -1156,27 +1181,55 @@ def _path_consts(path, args, consts):
     device = args[0].device
     _ensure_allocator(device)
     sms = _device_facts(device)[1] if device.type == "cuda" else 4
-    return {**consts, "NUM_SMS": sms}
+    layouts = {flag: _column_major(args[i]) for flag, i in _TMA_OPERANDS.items()}
+    return {**consts, "NUM_SMS": sms, **layouts}
 
 
-def _tma_ready(tensor):
-    """A tensor descriptor needs a contiguous last dim, 16-byte-aligned strides and a
-    16-byte-aligned start (an fp16 row of 50 elements is 100 bytes: not aligned)."""
+def _column_major(tensor):
+    """Whether a 2-D tensor's unit stride is along its first dim (a transposed view)."""
+    return tensor.stride(0) == 1 and tensor.stride(1) != 1 and tensor.shape[1] > 1
+
+
+def _tma_ready(tensor, either_major=False):
+    """A tensor descriptor needs a unit-stride last dim, 16-byte-aligned other strides
+    and a 16-byte-aligned start (an fp16 row of 50 elements is 100 bytes: not aligned).
+    either_major: a column-major 2-D tensor will do, read through its transpose."""
     size = tensor.element_size()
+    strides = tensor.stride()
+    if either_major and _column_major(tensor):
+        strides = strides[::-1]
     return (
         tensor.numel() > 0
-        and tensor.stride(-1) == 1
-        and all(stride * size % 16 == 0 for stride in tensor.stride()[:-1])
+        and strides[-1] == 1
+        and all(stride * size % 16 == 0 for stride in strides[:-1])
         and tensor.data_ptr() % 16 == 0
     )
 
 
-def _path(device, tensors):
-    """ "tma" on sm_90+ GPUs when every matmul operand and the output allow it, else
-    "pointer". FUSEGEN_TMA=0 forces the pointer path; FUSEGEN_TMA=1 takes the TMA path
-    wherever the tensors allow, the interpreter included."""
+def _copy_first(tensor, operand):
+    """Whether a call copies this 2-D input to contiguous memory before launching. A
+    matmul operand (operand=True) with no unit stride, a slice such as x[:, ::2]: the
+    copy is one pass, and the copied operand takes the TMA kernel, where the pointer
+    kernel's strided loads ran 3x slower than eager PyTorch (which copies too). Other
+    inputs: never; the kernels read them along rows whatever their strides."""
+    return operand and 1 not in (tensor.stride(0), tensor.stride(1))
+
+
+def _with_copies(args, copies):
+    """The launch arguments with the inputs at indices `copies` made contiguous."""
+    args = list(args)
+    for index in copies:
+        args[index] = args[index].contiguous()
+    return tuple(args)
+
+
+def _path(device, operands, outputs=()):
+    """ "tma" on sm_90+ GPUs when every matmul operand (row- or column-major) and output
+    (row-major) allows it, else "pointer". FUSEGEN_TMA=0 forces the pointer path;
+    FUSEGEN_TMA=1 takes the TMA path wherever the tensors allow, the interpreter included."""
     setting = os.environ.get("FUSEGEN_TMA", "")
-    if setting == "0" or not all(_tma_ready(t) for t in tensors):
+    ready = all(_tma_ready(t, either_major=True) for t in operands)
+    if setting == "0" or not ready or not all(_tma_ready(t) for t in outputs):
         return "pointer"
     if setting == "1":
         return "tma"
@@ -1299,6 +1352,8 @@ def gpt2_attn_out(
         out if out.dim() == 2 else out.view(-1, out.shape[-1]),
         *plan.tail,
     )
+    if plan.copies:
+        args = _with_copies(args, plan.copies)
     _launch(path, plan, args, config)
     return out
 
@@ -1398,7 +1453,19 @@ def _plan(x, w, b, residual):
     plan.runs_triton = _runs_triton(device)
     # Stand-ins for the outputs, which are contiguous: shapes and strides, no memory.
     out_2d = torch.empty((M, N), device="meta", dtype=plan.out_dtype)
-    plan.path = _path(device, (x_2d, w_2d, out_2d)) if plan.runs_triton else "pointer"
+    # Inputs that a launch copies to contiguous memory first (see _copy_first): the plan
+    # sees the copies' strides.
+    plan.copies = ()
+    if _copy_first(x_2d, operand=True):
+        plan.copies += (0,)
+        x_2d = torch.empty(x_2d.shape, device="meta", dtype=x_2d.dtype)
+    if _copy_first(w_2d, operand=True):
+        plan.copies += (1,)
+        w_2d = torch.empty(w_2d.shape, device="meta", dtype=w_2d.dtype)
+    if _copy_first(residual_2d, operand=False):
+        plan.copies += (3,)
+        residual_2d = torch.empty(residual_2d.shape, device="meta", dtype=residual_2d.dtype)
+    plan.path = _path(device, (x_2d, w_2d), (out_2d,)) if plan.runs_triton else "pointer"
     plan.tail = (
         M,
         K,

@@ -74,6 +74,7 @@ SIZES = {dim: size for dim, size in kernel.DIMS.items() if size is not None}
 OUTPUTS = ["out"]
 REDUCES = False  # the result is one number per row
 SOURCE = "x"  # the input an elementwise chain starts from
+MATMUL_OPERANDS = []
 # Row ops also get a constant row and a row of large values in every [ROW, COL] input.
 SPECIAL_ROWS = True
 
@@ -252,6 +253,24 @@ def test_noncontiguous_inputs():
     strided = {name: t.T.contiguous().T if t.dim() == 2 else t for name, t in inputs.items()}
     assert any(not t.is_contiguous() for t in strided.values())
     run_and_check(strided, sizes, DTYPES[-1], seed)
+
+
+@pytest.mark.skipif(HEAVY, reason="strides are tested on smaller kernels under the interpreter")
+def test_inputs_with_no_unit_stride():
+    # Every other column of twice-as-wide tensors (x[:, ::2]): matmul operands are
+    # copied to contiguous memory first (see _copy_first), the others read as they are.
+    seed, sizes = new_seed(), {**SIZES, **CASES[-1]}
+    inputs = make_inputs(sizes, DTYPES[-1], seed)
+    strided = {}
+    for name, t in inputs.items():
+        wide = torch.full(
+            (*t.shape[:-1], 2 * t.shape[-1]), float("nan"), dtype=t.dtype, device=DEVICE
+        )
+        wide[..., ::2] = t
+        strided[name] = wide[..., ::2] if t.dim() == 2 else t
+    run_and_check(strided, sizes, DTYPES[-1], seed)
+    plan = kernel._CALLS[kernel._signature(*strided.values())]
+    assert plan.copies == tuple(i for i, name in enumerate(strided) if name in MATMUL_OPERANDS)
 
 
 def test_rejects_wrong_shapes():

@@ -74,6 +74,7 @@ SIZES = {dim: size for dim, size in kernel.DIMS.items() if size is not None}
 OUTPUTS = ["out"]
 REDUCES = False  # the result is one number per row
 SOURCE = ""  # the input an elementwise chain starts from
+MATMUL_OPERANDS = ["x", "w"]
 # Row ops also get a constant row and a row of large values in every [ROW, COL] input.
 SPECIAL_ROWS = False
 
@@ -234,6 +235,24 @@ def test_noncontiguous_inputs():
     run_and_check(strided, sizes, DTYPES[-1], seed)
 
 
+@pytest.mark.skipif(HEAVY, reason="strides are tested on smaller kernels under the interpreter")
+def test_inputs_with_no_unit_stride():
+    # Every other column of twice-as-wide tensors (x[:, ::2]): matmul operands are
+    # copied to contiguous memory first (see _copy_first), the others read as they are.
+    seed, sizes = new_seed(), {**SIZES, **CASES[-1]}
+    inputs = make_inputs(sizes, DTYPES[-1], seed)
+    strided = {}
+    for name, t in inputs.items():
+        wide = torch.full(
+            (*t.shape[:-1], 2 * t.shape[-1]), float("nan"), dtype=t.dtype, device=DEVICE
+        )
+        wide[..., ::2] = t
+        strided[name] = wide[..., ::2] if t.dim() == 2 else t
+    run_and_check(strided, sizes, DTYPES[-1], seed)
+    plan = kernel._CALLS[kernel._signature(*strided.values())]
+    assert plan.copies == tuple(i for i, name in enumerate(strided) if name in MATMUL_OPERANDS)
+
+
 def test_rejects_wrong_shapes():
     sizes = {**SIZES, **CASES[0]}
     inputs = make_inputs(sizes, DTYPES[0], new_seed())
@@ -389,6 +408,24 @@ def test_tma_path(monkeypatch, dtype):
     assert kernel.last_launch()["path"] == "tma"
 
 
+@pytest.mark.skipif(HEAVY, reason="the TMA kernel runs under the interpreter for smaller specs")
+@pytest.mark.parametrize("flipped", MATMUL_OPERANDS + ["all"])
+def test_tma_path_takes_column_major_operands(monkeypatch, flipped):
+    # An operand stored the other way round (a transposed view, as nn.Linear's weight.t()
+    # or a cuBLAS transA/transB) runs on the TMA kernel through a descriptor of its
+    # transpose, without a copy.
+    monkeypatch.setenv("FUSEGEN_TMA", "1")
+    dtype, seed, sizes = DTYPES[0], new_seed(), {**SIZES, **ALIGNED}
+    if kernel.DIMS[ROW] is None:
+        sizes[ROW] = -(-sizes[ROW] // 8) * 8  # a row length in the flipped storage
+    inputs = make_inputs(sizes, dtype, seed)
+    for name in MATMUL_OPERANDS if flipped == "all" else [flipped]:
+        inputs[name] = inputs[name].T.contiguous().T
+    run_and_check(inputs, sizes, dtype, seed)
+    assert kernel.last_launch()["path"] == "tma"
+    assert kernel._CALLS[kernel._signature(*inputs.values())].copies == ()
+
+
 @needs_gpu
 def test_pointer_path_on_aligned_shapes(monkeypatch):
     # On a GPU aligned shapes take the TMA kernel; this runs the portable one on them.
@@ -402,14 +439,18 @@ def test_unaligned_rows_take_the_pointer_path(monkeypatch):
     monkeypatch.setenv("FUSEGEN_TMA", "1")
     device = torch.device(DEVICE)
     aligned = torch.empty(64, 264, dtype=torch.float16, device=device)
-    assert kernel._path(device, (aligned,)) == "tma"
-    # Rows of 50 fp16 elements (100 bytes), a start 2 bytes off, a column-major view.
+    assert kernel._path(device, (aligned,), (aligned,)) == "tma"
+    # An operand may be column-major; an output may not.
+    assert kernel._path(device, (aligned.T,), (aligned,)) == "tma"
+    assert kernel._path(device, (aligned,), (aligned.T,)) == "pointer"
+    # Rows of 50 fp16 elements (100 bytes), a start 2 bytes off, every other column.
     odd_rows = torch.empty(64, 50, dtype=torch.float16, device=device)
     off_start = torch.empty(64 * 264 + 1, dtype=torch.float16, device=device)[1:].view(64, 264)
-    for tensor in (odd_rows, off_start, aligned.T):
-        assert kernel._path(device, (aligned, tensor)) == "pointer"
+    sliced = torch.empty(64, 528, dtype=torch.float16, device=device)[:, ::2]
+    for tensor in (odd_rows, odd_rows.T, off_start, sliced):
+        assert kernel._path(device, (aligned, tensor), (aligned,)) == "pointer"
     monkeypatch.setenv("FUSEGEN_TMA", "0")
-    assert kernel._path(device, (aligned,)) == "pointer"
+    assert kernel._path(device, (aligned,), (aligned,)) == "pointer"
 
 
 @needs_gpu
