@@ -37,6 +37,12 @@ DEFAULT_SHAPES = {
 # Row counts for kernels whose spec fixes every other dim: a decode batch and a prefill
 # (the ones `fusegen tune` tunes by default, so the committed tables serve them).
 DEFAULT_ROWS = (16, 4096)
+# How `--layout NAME=KIND` stores an input: the same values, in memory as a model may
+# hold them. The launcher takes any strides; these are the ones worth measuring.
+LAYOUTS = {
+    "transposed": "stored with its first dim contiguous, as w.t() of a contiguous w",
+    "sliced": "every other element of a twice-as-long last dim, as x[:, ::2]",
+}
 # Enough buffer sets that one pass over them is several times the 60 MB L2 of an H200.
 ROTATION_BYTES = 512 << 20
 MAX_SETS = 8
@@ -53,6 +59,7 @@ class Result:
     roofline: float | None = None  # fraction of the faster of the two ceilings' times
     first_call_s: float | None = None  # the first call: compilation and tuning
     error: float | None = None  # relative error against the float64 reference
+    layout: str = ""  # the inputs not stored contiguously, as `--layout` gave them
     ok: bool = True
     note: str = ""
     speedup: float | None = field(default=None)  # fused only: over the best other variant
@@ -146,7 +153,45 @@ def work(kernel: Kernel, sizes: dict, element_bytes: int) -> tuple[float, float]
     return flops, moved + out_numel * out_bytes + extras
 
 
-def make_inputs(torch, kernel: Kernel, sizes: dict, dtype, device, seed: int) -> dict:
+def check_layouts(kernels, layouts: dict[str, str]) -> None:
+    """ValueError unless each `--layout` names a layout of LAYOUTS and an input that some
+    kernel has (a transposed one with two dims)."""
+    for name, kind in layouts.items():
+        if kind not in LAYOUTS:
+            raise ValueError(
+                f"--layout {name}={kind}: no layout '{kind}'; valid: {', '.join(LAYOUTS)}"
+            )
+        found = [t for k in kernels for t in k.inputs if t.name == name]
+        if not found:
+            have = sorted({t.name for k in kernels for t in k.inputs})
+            raise ValueError(
+                f"--layout {name}={kind}: no input '{name}'; inputs: {', '.join(have)}"
+            )
+        if kind == "transposed" and all(len(t.dims) < 2 for t in found):
+            raise ValueError(f"--layout {name}=transposed: '{name}' has one dim")
+
+
+def stored_as(torch, values, kind: str):
+    """`values` in the memory layout `kind` (see LAYOUTS)."""
+    if kind == "transposed" and values.dim() == 2:
+        return values.T.contiguous().T
+    if kind == "sliced":
+        wide = torch.empty(
+            (*values.shape[:-1], 2 * values.shape[-1]), dtype=values.dtype, device=values.device
+        )
+        wide[..., ::2] = values
+        return wide[..., ::2]
+    return values
+
+
+def layout_text(kernel: Kernel, layouts: dict[str, str]) -> str:
+    names = {t.name for t in kernel.inputs}
+    return ", ".join(f"{n} {kind}" for n, kind in layouts.items() if n in names)
+
+
+def make_inputs(
+    torch, kernel: Kernel, sizes: dict, dtype, device, seed: int, layouts: dict | None = None
+) -> dict:
     generator = torch.Generator(device=device).manual_seed(seed)
     weights = (
         {kernel.matmul.b} | {g.matmul.b for g in kernel.steps if isinstance(g, Gate)}
@@ -165,7 +210,7 @@ def make_inputs(torch, kernel: Kernel, sizes: dict, dtype, device, seed: int) ->
         ):
             values = values.sign() * (0.5 + values.abs())
         pinned = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}.get(t.dtype)
-        tensors[t.name] = values.to(pinned or dtype)
+        tensors[t.name] = stored_as(torch, values.to(pinned or dtype), (layouts or {}).get(t.name))
     return tensors
 
 
@@ -266,13 +311,17 @@ def torch_dtype(torch, dtype_name: str):
     return getattr(torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype_name])
 
 
-def input_sets(torch, module, kernel, sizes, dtype_name, device) -> tuple[list[dict], object]:
+def input_sets(
+    torch, module, kernel, sizes, dtype_name, device, layouts=None
+) -> tuple[list[dict], object]:
     """Buffer sets to rotate over (enough that one pass is several times the L2) and the
     float64 reference of the first."""
     dtype = torch_dtype(torch, dtype_name)
     _, moved = work(kernel, sizes, torch.empty((), dtype=dtype).element_size())
     count = min(MAX_SETS, max(2, ROTATION_BYTES // max(moved, 1)))
-    sets = [make_inputs(torch, kernel, sizes, dtype, device, seed) for seed in range(count)]
+    sets = [
+        make_inputs(torch, kernel, sizes, dtype, device, seed, layouts) for seed in range(count)
+    ]
     exact = module.reference(**{k: v.double() for k, v in sets[0].items()}, out_dtype=torch.float64)
     return sets, exact
 
@@ -288,9 +337,20 @@ def relative_error(torch, out, exact) -> float:
 
 
 def bench_shape(
-    torch, timer, module, kernel, sizes, dtype_name, variants, ceilings, progress, device="cuda"
+    torch,
+    timer,
+    module,
+    kernel,
+    sizes,
+    dtype_name,
+    variants,
+    ceilings,
+    progress,
+    device="cuda",
+    layouts=None,
 ) -> list[Result]:
-    sets, exact = input_sets(torch, module, kernel, sizes, dtype_name, device)
+    sets, exact = input_sets(torch, module, kernel, sizes, dtype_name, device, layouts)
+    layout = layout_text(kernel, layouts or {})
     element = torch.empty((), dtype=torch_dtype(torch, dtype_name)).element_size()
     flops, moved = work(kernel, sizes, element)
     shape = tuple(sizes.values())
@@ -299,8 +359,11 @@ def bench_shape(
     for variant in variants:
         if not variant.applies(kernel):
             continue
-        row = Result(kernel.name, shape, dtype_name, variant.name)
-        progress(f"  {kernel.name} {'x'.join(map(str, shape))} {dtype_name}: {variant.name} ...")
+        row = Result(kernel.name, shape, dtype_name, variant.name, layout=layout)
+        stored = f" ({layout})" if layout else ""
+        progress(
+            f"  {kernel.name} {'x'.join(map(str, shape))}{stored} {dtype_name}: {variant.name} ..."
+        )
         try:
             fn = variant.make(torch, module, kernel)
             start = time.perf_counter()
@@ -350,11 +413,13 @@ def run(
     ceilings=None,
     device="cuda",
     tables_dir: Path | None = None,
+    layouts: dict | None = None,
 ) -> tuple[Ceilings, list[Result]]:
     """Bench every kernel at its shapes (`shapes(kernel)`, see kernel_shapes), with the
     tuned tables found in tables_dir (None: the launcher tunes at the first call of each
-    shape). `timer(fn) -> ms` and `ceilings` can be given (the tests run this on the CPU
-    with a fake timer)."""
+    shape) and inputs stored as `layouts` says (input name -> a LAYOUTS kind; the others
+    contiguous). `timer(fn) -> ms` and `ceilings` can be given (the tests run this on the
+    CPU with a fake timer)."""
     import torch
 
     ceilings = ceilings or measure_ceilings(torch, timer)
@@ -377,6 +442,7 @@ def run(
                     ceilings,
                     progress,
                     device,
+                    layouts,
                 )
     return ceilings, results
 

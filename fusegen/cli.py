@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from fusegen import __version__, build, schema, writer
-from fusegen.bench import DEFAULT_ROWS
+from fusegen.bench import DEFAULT_ROWS, LAYOUTS
 from fusegen.errors import SpecErrors
 
 
@@ -64,6 +64,14 @@ def _parser() -> argparse.ArgumentParser:
         + " where the spec fixes the other dims)",
     )
     bench.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    bench.add_argument(
+        "--layout",
+        nargs="+",
+        default=[],
+        metavar="INPUT=KIND",
+        help="store these inputs other than contiguously, for every variant: "
+        + "; ".join(f"{k}: {v}" for k, v in LAYOUTS.items()),
+    )
     bench.add_argument("--kernels", nargs="+", metavar="NAME", help="only these kernels")
     bench.add_argument(
         "--compare",
@@ -162,10 +170,11 @@ def _shape(text: str) -> tuple[int, ...]:
     return values
 
 
-def _gpu_command(args: argparse.Namespace, command: str, work) -> int:
+def _gpu_command(args: argparse.Namespace, command: str, work, check=None) -> int:
     """The frame `bench`, `tune` and `inspect` share: the specs, the kernels asked for and their
-    shapes are checked first (exit 2 with every error), then a GPU is required, then
-    `work(kernels, shapes_for, progress)` runs; its TuneError or ValueError exits 2."""
+    shapes (and `check(kernels)`, which raises ValueError) are checked first (exit 2 with
+    every error), then a GPU is required, then `work(kernels, shapes_for, progress)` runs;
+    its TuneError or ValueError exits 2."""
     from fusegen.tune import TuneError
 
     try:
@@ -183,6 +192,8 @@ def _gpu_command(args: argparse.Namespace, command: str, work) -> int:
         shapes_for = _shapes_for(args)
         for k in kernels:
             shapes_for(k)
+        if check:
+            check(kernels)
     except ValueError as exc:
         print(f"fusegen {command}: {exc}", file=sys.stderr)
         return 2
@@ -335,12 +346,18 @@ def _bench(args: argparse.Namespace) -> int:
         return 2
     wanted = {"fusegen", *(bench.VARIANT_NAMES[c] for c in compare)}
     variants = [v for v in bench.VARIANTS if v.name in wanted]
+    bad = [item for item in args.layout if item.count("=") != 1]
+    if bad:
+        print(f"fusegen bench: --layout takes INPUT=KIND, got {', '.join(bad)}", file=sys.stderr)
+        return 2
+    args.layouts = dict(item.split("=") for item in args.layout)
     return _gpu_command(
         args,
         "bench",
         lambda kernels, shapes_for, progress: _bench_work(
             args, kernels, shapes_for, variants, progress
         ),
+        check=lambda kernels: bench.check_layouts(kernels, args.layouts),
     )
 
 
@@ -355,6 +372,7 @@ def _bench_work(args, kernels, shapes_for, variants, progress) -> int:
         timing.TIMERS[args.timer],
         progress,
         tables_dir=None if args.tables == "none" else Path(args.tables),
+        layouts=args.layouts,
     )
     print(report.table(results))
     meta = {

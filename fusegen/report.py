@@ -13,7 +13,7 @@ def _cells(r: Result) -> list[str]:
     unit = "TFLOP/s" if _is_matmul(r) else "GB/s"
     return [
         r.kernel,
-        "x".join(map(str, r.shape)),
+        "x".join(map(str, r.shape)) + (f" ({r.layout})" if r.layout else ""),
         r.dtype,
         r.variant,
         f"{r.ms:.4f}" if r.ms is not None else "-",
@@ -102,7 +102,10 @@ def chart(results: list[Result], path: Path) -> bool:
     groups: dict[str, list[Result]] = {}
     for r in results:
         if r.ms is not None:
-            groups.setdefault(f"{r.kernel}\n{'x'.join(map(str, r.shape))} {r.dtype}", []).append(r)
+            stored = f" ({r.layout})" if r.layout else ""
+            groups.setdefault(
+                f"{r.kernel}\n{'x'.join(map(str, r.shape))}{stored} {r.dtype}", []
+            ).append(r)
     variants = sorted({r.variant for r in results}, key=lambda v: (v != "fusegen", v))
     fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(groups)), 4.5))
     width = 0.8 / max(1, len(variants))

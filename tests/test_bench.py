@@ -67,6 +67,43 @@ def test_bad_arguments_exit_2_before_any_gpu_work(run_cli):
     assert code == 2 and "no variant named cublas; valid: eager, compile" in err
     code, _, err = run_cli("bench", str(ANCHORS), "--shapes", "16,x")
     assert code == 2 and "'16,x' is not a comma-separated list" in err
+    for layout, message in (
+        ("x=diagonal", "no layout 'diagonal'; valid: transposed, sliced"),
+        ("y=sliced", "no input 'y'; inputs: b, r, w, w1, w3, x"),
+        ("b=transposed", "'b' has one dim"),
+        ("x", "--layout takes INPUT=KIND, got x"),
+    ):
+        code, out, err = run_cli("bench", str(ANCHORS), "--layout", layout)
+        assert code == 2 and out == "" and message in err, (layout, err)
+
+
+def test_bench_stores_inputs_as_the_layouts_say():
+    """Every variant gets the same strided inputs; the rows say which were strided."""
+    (kernel,) = [k for k in build.load([ANCHORS]).kernels if k.name == "anchor_gelu"]
+    seen = []
+
+    def recording(torch_, module, kernel_):
+        def run(**t):
+            seen.append({name: tensor.stride() for name, tensor in t.items()})
+            return module.reference(**t)
+
+        return run
+
+    variants = [bench.VARIANTS[0], bench.Variant("recording", lambda k: True, recording)]
+    _, results = bench.run(
+        [kernel],
+        lambda k: [(6, 40, 24)],
+        "fp32",
+        variants,
+        lambda fn: (fn(), 1.0)[1],
+        lambda line: None,
+        ceilings=bench.Ceilings(1.0, 1.0),
+        device="cpu",
+        layouts={"x": "sliced", "w": "transposed"},
+    )
+    assert all(r.ok and r.layout == "x sliced, w transposed" for r in results), results
+    assert seen and all(s == {"x": (80, 2), "w": (1, 24), "b": (1,)} for s in seen)
+    assert "6x40x24 (x sliced, w transposed)" in report.table(results)
 
 
 def test_work_counts_flops_and_bytes():
