@@ -39,6 +39,36 @@ def test_anchors_and_merge_keys_work(write_spec):
     assert source.load(path).data["kernels"][0]["dims"] == {"M": "dynamic", "N": 64, "K": 8}
 
 
+def test_merged_keys_are_overridden_as_in_yaml(write_spec):
+    # Explicit keys win over merged ones; of `<<: [*a, *b]`, a's win over b's. Merged
+    # keys come first, in PyYAML's order (dims and inputs keep their order).
+    path = write_spec("""
+        a: &a {M: 1, K: 1}
+        b: &b {M: 2, N: 2}
+        d: {<<: [*a, *b], N: 3, X: 0}
+        """)
+    src = source.load(path)
+    assert src.data["d"] == {"M": 1, "N": 3, "K": 1, "X": 0}
+    assert list(src.data["d"]) == ["M", "N", "K", "X"]
+    assert src.locate(("d", "M")) == (1, 11)  # where the merged value stands
+
+
+def test_aliases_point_at_their_use(write_spec):
+    path = write_spec("""
+        a: &a {M: 1}
+        b: [*a, *a]
+        """)
+    src = source.load(path)
+    assert src.data["b"] == [{"M": 1}, {"M": 1}]
+    assert src.locate(("b", 1)) == (2, 9)
+    assert src.locate(("b", 1, "M")) == (1, 11)
+
+
+def test_dates_stay_text(write_spec):
+    # YAML 1.1 reads 2024-01-01 as a date; no field takes one.
+    assert source.load(write_spec("doc: 2024-01-01\n")).data == {"doc": "2024-01-01"}
+
+
 def test_yaml_booleans_as_keys_stay_names(write_spec):
     # YAML 1.1 reads a bare `on` as True; as a key here it must stay the name "on".
     assert source.load(write_spec("on: 1\n")).data == {"on": 1}
