@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from fusegen import codegen, source, tables
+from fusegen import codegen, limits, source, tables
 from fusegen.errors import SpecError, SpecErrors
 from fusegen.ir import Kernel
 from fusegen.lower import lower_file
@@ -33,8 +33,24 @@ def collect(paths: list[str]) -> list[Path]:
             found += inside
         elif path.is_file():
             found.append(path)
+        elif path.exists():
+            errors.append(
+                SpecError(name, 0, 0, (), "not a regular file (a device, pipe or socket)")
+            )
         else:
             errors.append(SpecError(name, 0, 0, (), "no such file or folder"))
+        if len(found) > limits.MAX_FILES:
+            errors.append(
+                SpecError(
+                    name,
+                    0,
+                    0,
+                    (),
+                    f"{len(found):,} spec files in this build",
+                    f"one build reads at most {limits.MAX_FILES} spec files",
+                )
+            )
+            break
     if errors:
         raise SpecErrors(errors)
     unique: list[Path] = []
@@ -56,9 +72,11 @@ def load(paths: list[Path]) -> Loaded:
     kernels: list[Kernel] = []
     displays: list[str] = []
     where: dict[str, tuple[str, int, int]] = {}
+    budget = source.Budget()  # shared: the limits hold for the build, not each file
+    over = False  # more than MAX_KERNELS kernels (reported once)
     for path in paths:
         try:
-            src = source.load(path)
+            src = source.load(path, budget=budget)
         except SpecErrors as exc:
             errors += exc.errors
             continue
@@ -70,6 +88,21 @@ def load(paths: list[Path]) -> Loaded:
             continue
         for i, k in enumerate(file_kernels):
             line, col = src.locate(("kernels", i, "name"))
+            if len(kernels) == limits.MAX_KERNELS:
+                if not over:
+                    errors.append(
+                        SpecError(
+                            src.display,
+                            line,
+                            col,
+                            ("kernels", i),
+                            f"more than {limits.MAX_KERNELS} kernels in this build",
+                            f"one build makes at most {limits.MAX_KERNELS} kernels; build the "
+                            "specs in parts",
+                        )
+                    )
+                over = True
+                break
             if k.name in where and where[k.name][0] != src.display:
                 first = where[k.name]
                 errors.append(

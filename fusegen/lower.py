@@ -9,7 +9,7 @@ from typing import Any
 
 import pydantic
 
-from fusegen import configs, dtypes
+from fusegen import configs, dtypes, limits
 from fusegen.errors import SpecError, SpecErrors, did_you_mean
 from fusegen.ir import Config, Dim, Gate, Kernel, Matmul, RowStep, Tensor
 from fusegen.lower_chain import ChainLowering
@@ -140,12 +140,25 @@ def lower_file(source: SpecSource) -> list[Kernel]:
             )
         )
         raise SpecErrors(errors)
+    if len(kernels_raw) > limits.MAX_KERNELS_PER_FILE:
+        errors.append(
+            source.error(
+                ("kernels",),
+                f"{len(kernels_raw):,} kernels in one file",
+                f"a spec file holds at most {limits.MAX_KERNELS_PER_FILE} kernels; split it",
+            )
+        )
+        raise SpecErrors(errors)
     kernels: list[Kernel] = []
     seen: dict[str, int] = {}
     for i, raw in enumerate(kernels_raw):
         path = ("kernels", i)
         if not isinstance(raw, dict):
             errors.append(source.error(path, f"a kernel is a mapping, not a {type(raw).__name__}"))
+            continue
+        too_many = _over_limits(source, path, raw)
+        if too_many:
+            errors.extend(too_many)
             continue
         try:
             spec = KernelSpec.model_validate(raw)
@@ -169,6 +182,34 @@ def lower_file(source: SpecSource) -> list[Kernel]:
     if errors:
         raise SpecErrors(errors)
     return kernels
+
+
+# (where in a kernel, the most it may hold, what it counts); see fusegen.limits.
+_COUNTED = (
+    (("dims",), limits.MAX_DIMS, "dims"),
+    (("inputs",), limits.MAX_INPUTS, "inputs"),
+    (("chain",), limits.MAX_CHAIN_STEPS, "chain steps"),
+    (("autotune", "configs"), limits.MAX_CONFIGS, "configs"),
+)
+
+
+def _over_limits(source: SpecSource, base: tuple, raw: dict) -> list[SpecError]:
+    """Errors for the lists and mappings of a kernel that hold more than fusegen.limits
+    allows; checked before anything else reads them."""
+    out = []
+    for rel, most, what in _COUNTED:
+        value: Any = raw
+        for part in rel:
+            value = value.get(part) if isinstance(value, dict) else None
+        if isinstance(value, (list, dict)) and len(value) > most:
+            out.append(
+                source.error(
+                    base + rel,
+                    f"{len(value):,} {what}",
+                    f"a kernel has at most {most} {what}",
+                )
+            )
+    return out
 
 
 def _pydantic_errors(
@@ -227,8 +268,20 @@ def _allowed_fields(loc: tuple) -> list[str]:
     return list(model.model_fields)
 
 
+def _too_long(name: str) -> str:
+    return (
+        f"'{name[:20]}...' is {len(name):,} characters; a name has at most "
+        f"{limits.MAX_NAME_CHARS}"
+    )
+
+
 def _check_name(name: str) -> str | None:
     """Why `name` cannot name an input or dim, or None."""
+    if len(name) > limits.MAX_NAME_CHARS:
+        return _too_long(name)
+    if not name.isascii():
+        # Python reads identifiers in NFKC form: `ｘ` is `x`, and `𝔞b.py` imports as `ab`.
+        return f"'{name}' is not a Python identifier of ASCII letters, digits and _"
     if not name.isidentifier() or keyword.iskeyword(name):
         return f"'{name}' is not a Python identifier"
     if (
@@ -259,6 +312,13 @@ class _KernelLowerer(ChainLowering):
     def lower(self) -> Kernel | None:
         spec = self.spec
         self._check_kernel_name()
+        for j, name in enumerate(spec.dtypes):
+            if name in spec.dtypes[:j]:
+                self.err(
+                    ("dtypes", j),
+                    f"dtype {name} is listed twice",
+                    "list each dtype once: " + ", ".join(dtypes.DTYPES),
+                )
         if spec.target == "amd" and spec.fp32_matmul == "tf32":
             self.err(
                 ("fp32_matmul",),
@@ -354,10 +414,13 @@ class _KernelLowerer(ChainLowering):
 
     def _check_kernel_name(self) -> None:
         name = self.spec.name
-        if not name.isidentifier() or keyword.iskeyword(name):
+        if len(name) > limits.MAX_NAME_CHARS:
+            self.err(("name",), f"kernel name {_too_long(name)}", "it names a module and files")
+        elif not name.isascii() or not name.isidentifier() or keyword.iskeyword(name):
             self.err(
                 ("name",),
-                f"kernel name '{name}' is not a Python identifier",
+                f"kernel name '{name}' is not a Python identifier"
+                + ("" if name.isascii() else " of ASCII letters, digits and _"),
                 "it names a module: letters, digits, _",
             )
         elif name in RESERVED_MODULES or name.startswith(("test", "_")) or name.isupper():
@@ -385,6 +448,14 @@ class _KernelLowerer(ChainLowering):
                 )
                 continue
             lowered[name.lower()] = name
+            if size != "dynamic" and size > limits.MAX_DIM_SIZE:
+                self.err(
+                    ("dims", name),
+                    f"dim {name} = {size:,} is too large",
+                    f"a fixed dim is at most 2**31 - 1 ({limits.MAX_DIM_SIZE:,}); "
+                    "use `dynamic` for sizes known at call time",
+                )
+                continue
             dims[name] = Dim(name, None if size == "dynamic" else size)
         return dims
 
@@ -452,6 +523,15 @@ class _KernelLowerer(ChainLowering):
         ok = True
 
         def check(cfg: Config, rel: tuple) -> bool:
+            huge = [(k, v) for k, v in cfg.items() if abs(v) > limits.MAX_CONFIG_VALUE]
+            for key, value in huge:
+                self.err(
+                    ("autotune",) + rel + (key,),
+                    f"bad config: {key} = {value:,} is too large",
+                    f"config values are at most 2**20 ({limits.MAX_CONFIG_VALUE:,})",
+                )
+            if huge:
+                return False
             found = configs.problems(
                 cfg,
                 family,
