@@ -178,7 +178,13 @@ def kernel_context(kernel: Kernel) -> dict:
         "out_dtype_literal": dtype_literal(kernel.out_dtype) if kernel.out_dtype else "None",
         "fp32_matmul": f'"{kernel.fp32_matmul}"' if kernel.fp32_matmul else "None",
         "tune_key_doc": "the row count's power-of-two bucket, " + " and ".join(tune_key[1:]),
-        "tune_key": "[" + ", ".join(f'"{k}"' for k in tune_key) + "]",
+        # The inner strides too: a column-major input is tuned apart from a row-major one.
+        "tune_key": "[" + ", ".join(f'"{k}"' for k in tune_key + inner_strides(kernel)) + "]",
+        "layout_views": (
+            tuple_literal([naming.view2d(t.name) for t in kernel.inputs if len(t.dims) == 2])
+            if any(len(t.dims) == 2 for t in kernel.inputs)
+            else "()"
+        ),
         "configs": [config_literal(c) for c in kernel.configs],
         "default_config": config_literal(kernel.default_config),
         "interpreter_config": config_literal(kernel.interpreter_config),
@@ -192,6 +198,10 @@ def kernel_context(kernel: Kernel) -> dict:
         "split_k_max_rows": configs.SPLIT_K_MAX_ROWS,
         "graph_timed_under_ms": timing.GRAPH_TIMED_UNDER_MS,  # the launcher's tuner and `tune` agree
         "deterministic": kernel.deterministic,
+        # The matmul config estimate is measured on NVIDIA GPUs; a spec's own default
+        # (autotune.default) is launched as given.
+        "estimated": mm is not None and kernel.target == "nvidia" and not kernel.default_given,
+        "shortlist": configs.SHORTLIST,
         "table_key_names": tuple_literal(
             [f'"{n}"' for n in [f"{kernel.row}_bucket", *tune_key[1:], "dtype", "out_dtype"]]
         ),
@@ -219,7 +229,10 @@ def kernel_context(kernel: Kernel) -> dict:
         "tma_operands_literal": (
             dict_literal(
                 [
-                    (naming.column_major(t.name), str([i.name for i in kernel.inputs].index(t.name)))
+                    (
+                        naming.column_major(t.name),
+                        str([i.name for i in kernel.inputs].index(t.name)),
+                    )
                     for t in tma_operands(kernel)
                 ]
             )
@@ -332,6 +345,11 @@ def kernel_context(kernel: Kernel) -> dict:
     }
 
 
+def inner_strides(kernel: Kernel) -> list[str]:
+    """The stride of each 2-D input along its last dim: 1 unless it arrives column-major."""
+    return [naming.stride(t.name, t.dims[-1]) for t in kernel.inputs if len(t.dims) == 2]
+
+
 def optional_literal(kernel: Kernel) -> str:
     """Per kernel path, the settings a config may add to its default's, each with the
     value the kernel takes when it is left out (None: a compile option, not passed)."""
@@ -441,6 +459,9 @@ def test_context(kernel: Kernel) -> dict:
         "matmul_operands": repr([t.name for t in tma_operands(kernel)] if kernel.matmul else []),
         "bound_lines": bound_lines(kernel),
         "fast_tanh": fast_tanh(kernel),
+        "estimated": kernel.matmul is not None
+        and kernel.target == "nvidia"
+        and not kernel.default_given,
         "tanh_approx": f"2.0**{ops.TANH_APPROX_EXPONENT}",
         "no_gpu_fallback": kernel.fallback_no_gpu == "reference",
         "nonfinite_fallback": kernel.fallback_nonfinite == "reference",

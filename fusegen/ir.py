@@ -139,6 +139,7 @@ class Kernel:
     tma_configs: tuple[Config, ...]  # the TMA kernel's (matmul chains only)
     default_config: Config
     tma_default_config: Config | None
+    default_given: bool  # the spec's autotune.default: launched as given where nothing is tuned
     interpreter_config: Config
     deterministic: bool = False  # no runtime tuning: a tuned table's config or the default
     target: str = "nvidia"  # "nvidia" | "amd"

@@ -172,7 +172,9 @@ def tma_mainloop(kernel: Kernel) -> dict:
         loads += both(flag, load(t, flipped, needed), load(t, t.dims, needed))
     out = Tensor(naming.OUT, (kernel.row, kernel.col), None, "", False)
     # A subtiled epilogue stores half tiles.
-    descriptors.append(make(out, out.dims, "BLOCK_M, BLOCK_N // 2 if EPILOGUE_SUBTILE else BLOCK_N"))
+    descriptors.append(
+        make(out, out.dims, "BLOCK_M, BLOCK_N // 2 if EPILOGUE_SUBTILE else BLOCK_N")
+    )
     return {
         "descriptors": descriptors,
         "loads": loads,

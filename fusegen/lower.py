@@ -391,6 +391,7 @@ class _KernelLowerer(ChainLowering):
             tma_configs=tma_space,
             default_config=default,
             tma_default_config=tma_default,
+            default_given=bool(spec.autotune and spec.autotune.default is not None),
             interpreter_config=configs.INTERPRETER[kind],
             deterministic=spec.deterministic,
             target=spec.target,

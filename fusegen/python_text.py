@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fusegen import ops
-from fusegen.chain_text import lit, matmul_text, operand_ref
+from fusegen.chain_text import docstring_safe, lit, matmul_text, operand_ref
 from fusegen.ir import Emit, Gate, Kernel, RowStep, Step, Tensor
 
 
@@ -21,7 +21,8 @@ def input_doc(kernel: Kernel, t: Tensor) -> str:
         shape += " = [" + ", ".join(map(str, sizes)) + "]"
     dtype = t.dtype or "the call's dtype (" + " or ".join(kernel.dtypes) + ")"
     text = f"{shape}; {dtype}."
-    return f"{text} {t.doc}" if t.doc else text
+    # The doc lands in the launcher's docstring: a """ in it must not close it.
+    return f"{text} {docstring_safe(t.doc)}" if t.doc else text
 
 
 def out_doc(kernel: Kernel) -> str:

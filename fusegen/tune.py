@@ -89,9 +89,10 @@ def tune_shape(
     sets, exact = bench.input_sets(torch, module, kernel, sizes, dtype_name, device)
     fn = getattr(module, kernel.name)
     with _env(FUSEGEN_AUTOTUNE="0"):
-        fn(**sets[0])  # which kernel the launcher picks for these tensors
-    launch = module.last_launch()
-    paths = ["tma", "pointer"] if launch["path"] == "tma" else ["pointer"]
+        fn(**sets[0])  # which kernels these tensors allow: the plan's path
+        # (not the path that ran: untuned, the estimate may pick the pointer kernel)
+        plan = module._CALLS[module._signature(*sets[0].values())]
+    paths = ["tma", "pointer"] if plan.path == "tma" else ["pointer"]
     dtype = bench.torch_dtype(torch, dtype_name)
     element = torch.empty((), dtype=dtype).element_size()
     fit = {"BLOCK_M": sizes[kernel.row], "BLOCK_N": sizes[kernel.col]}

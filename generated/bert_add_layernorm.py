@@ -489,7 +489,10 @@ def _triton_config(path, config):
 
 
 def _device_facts(device):
-    """(capability major, SM count, shared memory a block may use), read once."""
+    """(capability major, SM count, shared memory a block may use), read once; for a
+    device that is no GPU (the interpreter), stand-ins of a small one."""
+    if torch.device(device).type != "cuda":
+        return (0, 4, 101_376)
     index = torch.device(device).index
     index = torch.cuda.current_device() if index is None else index
     if index not in _DEVICES:
@@ -546,7 +549,7 @@ def _tuned_kernel(path):
         timer = {"do_bench": _graph_bench} if takes_timer else {}
         _TUNED[path] = triton.autotune(
             configs=[_triton_config(path, _complete(path, c)) for c in configs],
-            key=["ROWS_BUCKET", "N"],
+            key=["ROWS_BUCKET", "N", "stride_x_n", "stride_residual_n"],
             prune_configs_by={"early_config_prune": _prune},
             **timer,
         )(kernel)
@@ -642,8 +645,9 @@ def _choose(path, key, grid, args, consts, config):
     if not _can_tune(device):
         return path, _complete(path, INTERPRETER_CONFIG), "interpreter"
     tuning = not DETERMINISTIC and os.environ.get("FUSEGEN_AUTOTUNE", "1") != "0"
+    row_major = not any(key[len(_KEY_NAMES)])  # see _plan: the key ends with the layout
     key = (*key, path, os.environ.get("FUSEGEN_TMA", ""), tuning)
-    plan = _PLANS.get(key) or _from_table(path, key, device)
+    plan = _PLANS.get(key) or (_from_table(path, key, device) if row_major else None)
     if plan is None and tuning:
         plan = _tune(path, key, grid, args, consts)
     if plan is None:
@@ -1136,7 +1140,10 @@ def _plan(x, residual, gamma, beta):
         "INT64": _needs_int64(x_2d, residual_2d, gamma_2d, beta_2d, out_2d),
     }
     plan.fp32 = plan.follows_torch = False
-    plan.key = (_bucket(M), N, dtype, plan.out_dtype)
+    # Last, which 2-D inputs are column-major: tuned apart, and the tuned table (measured
+    # on row-major inputs) serves only calls with none.
+    layout = tuple(_column_major(t) for t in (x_2d, residual_2d))
+    plan.key = (_bucket(M), N, dtype, plan.out_dtype, layout)
     plan.ready = {}  # config (None: chosen) -> what its launch needs, from _launch
     if len(_CALLS) >= 1024:
         _CALLS.clear()

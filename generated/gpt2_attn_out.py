@@ -783,7 +783,10 @@ def _triton_config(path, config):
 
 
 def _device_facts(device):
-    """(capability major, SM count, shared memory a block may use), read once."""
+    """(capability major, SM count, shared memory a block may use), read once; for a
+    device that is no GPU (the interpreter), stand-ins of a small one."""
+    if torch.device(device).type != "cuda":
+        return (0, 4, 101_376)
     index = torch.device(device).index
     index = torch.cuda.current_device() if index is None else index
     if index not in _DEVICES:
@@ -809,9 +812,80 @@ def _prune(configs, named_args, **kwargs):
             {**c.kwargs, "num_stages": c.num_stages}, tma, sizes, first.element_size(), first.device
         )
     ]
+    if kept:
+        sms = _device_facts(first.device)[1]
+        ranked = _ranked([c.kwargs for c in kept], tma, sizes, first.element_size(), sms)
+        return [kept[i] for i in ranked[:SHORTLIST]]
     return kept or [
         min(configs, key=lambda c: _config_smem(c.kwargs, c.num_stages, first.element_size(), tma))
     ]
+
+
+# Runtime tuning compiles and times only the SHORTLIST configs of each kernel that
+# _estimate_us ranks first: compiling is most of a first call (about 1 s a config on an
+# H200, where both full spaces took 35-55 s). Without tuning, the estimate's best runs.
+SHORTLIST = 3
+# Per SM of an H200, measured: bf16 tensor-core flops, and bytes from L2 and from HBM.
+_MMA_FLOPS_PER_US = 5.36e6
+_L2_BYTES_PER_US = 72e3
+_HBM_BYTES_PER_US = 32.6e3
+_WAVE_US = 1.5  # a wave's start and pipeline fill
+_TMA_US = 2.0  # the TMA kernel's descriptors, made in the kernel
+
+
+def _estimate_us(config, tma, sizes, element_size, sms):
+    """A config's time for a shape, roughly (us), to rank configs before compiling any:
+    waves of output tiles over the SMs, each tile as long as the longer of its
+    tensor-core work and its loads. Tensor cores work on 64 rows at a time; weight tiles
+    that one row of tiles alone reads come from HBM, shared ones mostly from L2. The
+    pointer kernel's larger tiles run ~1.25x the TMA kernel's (measured), and far slower
+    with K or N not a multiple of 16 (no vector loads). On the anchor GEMM chains of an
+    H200 it ranks the fastest config first, or one within 6% of it."""
+    rows, cols, depth = sizes["BLOCK_M"], sizes["BLOCK_N"], sizes["BLOCK_K"]
+    block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
+    split = config.get("SPLIT_K", 1)
+    row_tiles = triton.cdiv(rows, block_m)
+    waves = triton.cdiv(row_tiles * triton.cdiv(cols, block_n) * split, sms)
+    share = triton.cdiv(depth, split)
+    mma = 2 * max(block_m, 64) * block_n * share * 1 / _MMA_FLOPS_PER_US
+    weight_bytes_per_us = _HBM_BYTES_PER_US if row_tiles == 1 else _L2_BYTES_PER_US
+    loads = block_m * share * element_size / _L2_BYTES_PER_US
+    loads += 1 * block_n * share * element_size / weight_bytes_per_us
+    estimate = waves * (max(mma, loads) + _WAVE_US)
+    if tma:
+        estimate += _TMA_US
+    elif block_m >= 64:
+        estimate *= 1.25 if depth % 16 == 0 and cols % 16 == 0 else 3.0
+    if split > 1:  # partial sums stored and read back
+        estimate += 2 * split * rows * cols * 4 * 1 / (_HBM_BYTES_PER_US * sms)
+    return estimate
+
+
+def _ranked(configs, tma, sizes, element_size, sms):
+    """Indices of `configs` by estimated time, fastest first; ties keep the space's order."""
+    times = [_estimate_us(c, tma, sizes, element_size, sms) for c in configs]
+    return sorted(range(len(configs)), key=lambda i: times[i])
+
+
+def _estimated_choice(path, args):
+    """(path, config) the estimate picks where nothing is tuned: the best of `path`'s
+    fitting configs, and of the pointer kernel's too where `path` is TMA and
+    FUSEGEN_TMA leaves the choice open (decode-sized calls run faster on it)."""
+    first = args[0]
+    dims = dict(zip(DIMS, args[_OUTPUTS.stop :]))
+    sizes = {"BLOCK_M": dims["M"], "BLOCK_N": dims["N"], "BLOCK_K": dims["K"]}
+    sms = _device_facts(first.device)[1]
+    paths = [path] + (["pointer"] if path == "tma" and not os.environ.get("FUSEGEN_TMA") else [])
+    best = None
+    for candidate in paths:
+        tma = candidate == "tma"
+        space = [_complete(candidate, c) for c in _PATHS[candidate][1]]
+        space = [c for c in space if _fits(c, tma, sizes, first.element_size(), first.device)]
+        for config in space:
+            estimate = _estimate_us(config, tma, sizes, first.element_size(), sms)
+            if best is None or estimate < best[0]:
+                best = (estimate, candidate, config)
+    return (best[1], best[2]) if best else (path, _PATHS[path][2])
 
 
 def _fits(config, tma, sizes, element_size, device):
@@ -878,7 +952,7 @@ def _tuned_kernel(path):
         timer = {"do_bench": _graph_bench} if takes_timer else {}
         _TUNED[path] = triton.autotune(
             configs=[_triton_config(path, _complete(path, c)) for c in configs],
-            key=["ROWS_BUCKET", "N", "K"],
+            key=["ROWS_BUCKET", "N", "K", "stride_x_k", "stride_w_n", "stride_residual_n"],
             prune_configs_by={"early_config_prune": _prune},
             **timer,
         )(kernel)
@@ -975,12 +1049,13 @@ def _choose(path, key, grid, args, consts, config):
     if not _can_tune(device):
         return path, _complete(path, INTERPRETER_CONFIG), "interpreter"
     tuning = not DETERMINISTIC and os.environ.get("FUSEGEN_AUTOTUNE", "1") != "0"
+    row_major = not any(key[len(_KEY_NAMES)])  # see _plan: the key ends with the layout
     key = (*key, path, os.environ.get("FUSEGEN_TMA", ""), tuning)
-    plan = _PLANS.get(key) or _from_table(path, key, device)
+    plan = _PLANS.get(key) or (_from_table(path, key, device) if row_major else None)
     if plan is None and tuning:
         plan = _tune(path, key, grid, args, consts)
     if plan is None:
-        plan = _PLANS[key] = (path, _PATHS[path][2], "default")
+        plan = _PLANS[key] = (*_estimated_choice(path, args), "default")
         _log.info(
             "gpt2_attn_out: %s: no tuned table entry; default config %s", _key_text(key), plan[1]
         )
@@ -1489,7 +1564,10 @@ def _plan(x, w, b, residual):
     }
     plan.fp32 = dtype == torch.float32
     plan.follows_torch = plan.fp32 and FP32_MATMUL is None
-    plan.key = (_bucket(M), N, K, dtype, plan.out_dtype)
+    # Last, which 2-D inputs are column-major: tuned apart, and the tuned table (measured
+    # on row-major inputs) serves only calls with none.
+    layout = tuple(_column_major(t) for t in (x_2d, w_2d, residual_2d))
+    plan.key = (_bucket(M), N, K, dtype, plan.out_dtype, layout)
     plan.ready = {}  # config (None: chosen) -> what its launch needs, from _launch
     if len(_CALLS) >= 1024:
         _CALLS.clear()

@@ -563,8 +563,29 @@ def test_default_config_without_tuning(monkeypatch):
     monkeypatch.setitem(kernel._TABLE, "entries", [])
     kernel.bert_intermediate(**make_inputs({**SIZES, **CASES[0]}, DTYPES[0], new_seed()))
     launch = kernel.last_launch()
-    default = kernel.DEFAULT_CONFIG if launch["path"] == "pointer" else kernel.TMA_DEFAULT_CONFIG
-    assert launch["config"] == default and launch["source"] == "default"
+    assert launch["source"] == "default"
+    # The estimate's pick from the space of the kernel that ran.
+    space = kernel.TMA_CONFIGS if launch["path"] == "tma" else kernel.CONFIGS
+    assert launch["config"] in [kernel._complete(launch["path"], c) for c in space]
+
+
+def test_estimate_ranks_tiles_for_the_shape():
+    # What a first call compiles (and runs untuned) comes from the estimate: large row
+    # tiles for a prefill-sized call, the smallest for a decode-sized one (measured so
+    # on an H200: benchmarks/results/2026-12-01-h200-layouts-first-calls/space.txt).
+    dims = {dim: SIZES.get(dim, 4096) for dim in kernel.DIMS}
+    for path, space in (("pointer", kernel.CONFIGS),) + (
+        (("tma", kernel.TMA_CONFIGS),) if "tma" in kernel._PATHS else ()
+    ):
+        space = [kernel._complete(path, c) for c in space]
+        for rows, wanted in (
+            (8192, lambda m: m >= 128),
+            (16, lambda m: m == min(c["BLOCK_M"] for c in space)),
+        ):
+            sizes = {"BLOCK_M": rows, "BLOCK_N": dims[COL], "BLOCK_K": dims[FAN_IN]}
+            ranked = kernel._ranked(space, path == "tma", sizes, 2, 132)
+            assert sorted(ranked) == list(range(len(space)))
+            assert wanted(space[ranked[0]]["BLOCK_M"]), (path, rows, space[ranked[0]])
 
 
 def test_tuned_table_entry_runs_without_tuning(monkeypatch):

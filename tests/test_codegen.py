@@ -43,9 +43,12 @@ def test_generated_files_stand_alone(path):
     allowed = {
         "torch",
         "triton",
+        "gc",
         "logging",
         "os",
         "inspect",
+        "sys",
+        "types",
         "json",
         "time",
         "math",

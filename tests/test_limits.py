@@ -220,11 +220,6 @@ def test_hostile_specs_stay_within_memory(tmp_path):
         assert code == "2" and float(seconds) < 10, (spec, code, seconds)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fusegen/python_text.py's input_doc copies an input's doc into the launcher's "
-    "docstring without chain_text.docstring_safe (its owner is to fix it; then drop this mark)",
-)
 def test_docs_cannot_inject_code(write_spec, run_cli, tmp_path):
     import ast
 

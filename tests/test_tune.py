@@ -161,7 +161,7 @@ def test_a_table_that_chose_the_pointer_kernel_does_not_hide_the_tma_one(generat
             module = fake_gpu_loader()(kernel, out)
             module._can_tune = lambda device: True  # tables are consulted, as on a GPU
             if hopper:  # as on an H200: the TMA kernel where FUSEGEN_TMA allows it
-                module._path = lambda d, t: (
+                module._path = lambda d, operands, outputs=(): (
                     "pointer" if os.environ.get("FUSEGEN_TMA") == "0" else "tma"
                 )
             return module
@@ -217,8 +217,25 @@ def test_deterministic_kernels_never_tune(write_spec, run_cli, tmp_path, monkeyp
     monkeypatch.setattr(module, "_tune", lambda *a: pytest.fail("a deterministic kernel tuned"))
     x, w, b = torch.randn(40, 64), torch.randn(48, 64) / 8, torch.randn(48)
     module.tiny_gelu(x, w, b)
-    assert module.last_launch()["source"] == "default"
-    assert module.last_launch()["config"] == module.DEFAULT_CONFIG
+    launch = module.last_launch()
+    assert launch["source"] == "default"
+    # Where nothing is tuned the estimate picks from the space (see _estimated_choice).
+    assert launch["config"] in [module._complete(launch["path"], c) for c in module.CONFIGS]
+
+
+def test_a_default_the_spec_gives_runs_as_given(write_spec, run_cli, tmp_path, monkeypatch):
+    given = "    deterministic: true\n    autotune:\n      default: {BLOCK_M: 32, BLOCK_N: 32}\n"
+    spec = write_spec(SPEC[: SPEC.index("    autotune:")] + given)
+    out_dir = tmp_path / "gen"
+    assert run_cli("build", str(spec), "--out", str(out_dir))[0] == 0
+    module = import_fresh(out_dir / "tiny_gelu.py")
+    assert not hasattr(module, "_estimated_choice")
+    monkeypatch.setattr(module, "_device_identity", lambda device: FAKE_GPU)
+    monkeypatch.setattr(module, "_can_tune", lambda device: True)
+    module.tiny_gelu(torch.randn(40, 64), torch.randn(48, 64) / 8, torch.randn(48))
+    launch = module.last_launch()
+    assert launch["source"] == "default" and launch["config"] == module.DEFAULT_CONFIG
+    assert (module.DEFAULT_CONFIG["BLOCK_M"], module.DEFAULT_CONFIG["BLOCK_N"]) == (32, 32)
 
 
 def test_tuning_refuses_a_module_that_differs_from_its_spec(generated):
