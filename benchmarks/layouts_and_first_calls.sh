@@ -9,6 +9,7 @@
 #              per-config log): what a first-call shortlist and default must find
 #   layouts:   `fusegen bench --layout` on the OPT fc1 (x sliced) and tutorial-03 (b
 #              transposed) chains, contiguous beside them; benchmarks/row_layouts.py
+#   rows:      benchmarks/row_layouts.py alone (strided row and elementwise inputs)
 #   tests:     every generated test
 #   firstcall: each example kernel's first call in a fresh process, empty Triton cache, no
 #              tuned table, at 16 and 4096 rows; the anchor chains at their shapes
@@ -51,6 +52,9 @@ for step in "$@"; do
         } >"$log" 2>"$out/layouts.log"
         echo "layouts exit $?" >>"$log"
         tar czf "$out/layouts.tar.gz" "$out/layouts" "$out/layouts.log"; rm -rf "$out/layouts" ;;
+    rows)
+        timeout 200 python3 benchmarks/row_layouts.py >"$log" 2>&1
+        echo "rows exit $?" >>"$log" ;;
     tests)
         timeout 560 python3 -m pytest generated tests/test_import_styles.py -q -p no:cacheprovider -n 8 >"$log" 2>&1
         echo "tests exit $?" >>"$log" ;;
