@@ -199,8 +199,11 @@ def kernel_context(kernel: Kernel) -> dict:
         "graph_timed_under_ms": timing.GRAPH_TIMED_UNDER_MS,  # the launcher's tuner and `tune` agree
         "deterministic": kernel.deterministic,
         # The matmul config estimate is measured on NVIDIA GPUs; a spec's own default
-        # (autotune.default) is launched as given.
-        "estimated": mm is not None and kernel.target == "nvidia" and not kernel.default_given,
+        # (autotune.default) is launched as given where nothing is tuned.
+        "estimated": mm is not None and kernel.target == "nvidia",
+        "estimated_default": mm is not None
+        and kernel.target == "nvidia"
+        and not kernel.default_given,
         "shortlist": configs.SHORTLIST,
         "table_key_names": tuple_literal(
             [f'"{n}"' for n in [f"{kernel.row}_bucket", *tune_key[1:], "dtype", "out_dtype"]]
@@ -459,7 +462,8 @@ def test_context(kernel: Kernel) -> dict:
         "matmul_operands": repr([t.name for t in tma_operands(kernel)] if kernel.matmul else []),
         "bound_lines": bound_lines(kernel),
         "fast_tanh": fast_tanh(kernel),
-        "estimated": kernel.matmul is not None
+        "estimated": kernel.matmul is not None and kernel.target == "nvidia",
+        "estimated_default": kernel.matmul is not None
         and kernel.target == "nvidia"
         and not kernel.default_given,
         "tanh_approx": f"2.0**{ops.TANH_APPROX_EXPONENT}",

@@ -803,16 +803,17 @@ def _prune(configs, named_args, **kwargs):
     if kept:
         sms = _device_facts(first.device)[1]
         ranked = _ranked([c.kwargs for c in kept], tma, sizes, first.element_size(), sms)
-        return [kept[i] for i in ranked[:SHORTLIST]]
+        return [kept[i] for i in ranked[: _SHORTLISTS.get("tma" if tma else "pointer", SHORTLIST)]]
     return kept or [
         min(configs, key=lambda c: _config_smem(c.kwargs, c.num_stages, first.element_size(), tma))
     ]
 
 
-# Runtime tuning compiles and times only the SHORTLIST configs of each kernel that
-# _estimate_us ranks first: compiling is most of a first call (about 1 s a config on an
-# H200, where both full spaces took 35-55 s). Without tuning, the estimate's best runs.
+# Runtime tuning compiles and times only the SHORTLIST configs that _estimate_us ranks
+# first for the kernel it favours, and the best one of the other: compiling is most of
+# a first call (about 1 s a config on an H200, where both full spaces took 35-55 s).
 SHORTLIST = 3
+_SHORTLISTS = {}  # path -> configs its next tuning compiles (set by _tune)
 # Per SM of an H200, measured: bf16 tensor-core flops, and bytes from L2 and from HBM.
 _MMA_FLOPS_PER_US = 5.36e6
 _L2_BYTES_PER_US = 72e3
@@ -1142,6 +1143,9 @@ def _tune(path, key, grid, args, consts):
     candidates = [path]
     if path == "tma" and not os.environ.get("FUSEGEN_TMA"):
         candidates.append("pointer")
+    favoured = _estimated_choice(path, args)[0]
+    for candidate in candidates:
+        _SHORTLISTS[candidate] = SHORTLIST if candidate == favoured else 1
     found = {}
     for candidate in candidates:
         try:

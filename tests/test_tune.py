@@ -229,7 +229,6 @@ def test_a_default_the_spec_gives_runs_as_given(write_spec, run_cli, tmp_path, m
     out_dir = tmp_path / "gen"
     assert run_cli("build", str(spec), "--out", str(out_dir))[0] == 0
     module = import_fresh(out_dir / "tiny_gelu.py")
-    assert not hasattr(module, "_estimated_choice")
     monkeypatch.setattr(module, "_device_identity", lambda device: FAKE_GPU)
     monkeypatch.setattr(module, "_can_tune", lambda device: True)
     module.tiny_gelu(torch.randn(40, 64), torch.randn(48, 64) / 8, torch.randn(48))
