@@ -489,6 +489,14 @@ def test_tuned_table_entry_runs_without_tuning(monkeypatch):
     assert launch["config"] == (tma if launch["path"] == "tma" else config)
     check_outputs(results, inputs, dtype, seed, launch)
 
+    # The table holds row-major measurements: a column-major input is tuned apart.
+    tuned = []
+    monkeypatch.setattr(kernel, "_tune", lambda *args: tuned.append(args[1]))
+    flipped = {n: t.T.contiguous().T if t.dim() == 2 else t for n, t in inputs.items()}
+    if any(kernel._column_major(t) for t in flipped.values() if t.dim() == 2):
+        kernel.llama_add_rmsnorm(**flipped)
+        assert tuned and kernel.last_launch()["source"] == "default", kernel.last_launch()
+
 
 def table_key(sizes, dtype):
     """A tuned table's key for a call at `sizes` in `dtype` (row bucket included)."""
