@@ -536,6 +536,7 @@ def test_default_config_without_tuning(monkeypatch):
     assert launch["config"] in [kernel._complete(launch["path"], c) for c in space]
 
 
+@pytest.mark.skipif(kernel.DIMS[ROW] is not None, reason="the spec fixes the row count")
 def test_estimate_ranks_tiles_for_the_shape():
     # What a first call compiles (and runs untuned) comes from the estimate: large row
     # tiles for a prefill-sized call, the smallest for a decode-sized one (measured so
