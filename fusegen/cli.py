@@ -16,6 +16,16 @@ from fusegen import __version__, build, schema, writer
 from fusegen.bench import DEFAULT_ROWS, LAYOUTS
 from fusegen.errors import SpecErrors
 
+# What `bench` takes where an option is not given (None in argparse, so that --suite can
+# tell which were given: a suite run sets them itself).
+_BENCH_DEFAULTS = {
+    "dtype": "bf16",
+    "compare": "eager,compile,max-autotune,cublaslt",
+    "tables": "generated",
+    "timer": "call",
+    "layout": [],
+}
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -46,9 +56,26 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     bench = sub.add_parser(
-        "bench", help="time the kernels against eager, torch.compile and cuBLASLt (needs a GPU)"
+        "bench",
+        help="time the kernels against eager, torch.compile and cuBLASLt (needs a GPU)",
+        description="Time the kernels of SPEC_OR_DIR, or the runs of a suite file (--suite).",
     )
-    bench.add_argument("specs", nargs="+", metavar="SPEC_OR_DIR")
+    bench.add_argument("specs", nargs="*", metavar="SPEC_OR_DIR")
+    bench.add_argument(
+        "--suite",
+        metavar="FILE",
+        help="run the named runs of this suite file (e.g. benchmarks/suite.yaml) instead of "
+        "SPEC_OR_DIR; each run's results go to OUT/RUN/. Each run sets what the options below "
+        "would, so only --runs, --list and --out go with it",
+    )
+    bench.add_argument(
+        "--runs", nargs="+", metavar="RUN", help="with --suite: only these runs (default: all)"
+    )
+    bench.add_argument(
+        "--list",
+        action="store_true",
+        help="with --suite: print each run, what it measures and its command line; time nothing",
+    )
     bench.add_argument(
         "--shapes",
         nargs="+",
@@ -63,11 +90,10 @@ def _parser() -> argparse.ArgumentParser:
         + ",".join(map(str, DEFAULT_ROWS))
         + " where the spec fixes the other dims)",
     )
-    bench.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    bench.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="(default: bf16)")
     bench.add_argument(
         "--layout",
         nargs="+",
-        default=[],
         metavar="INPUT=KIND",
         help="store these inputs other than contiguously, for every variant: "
         + "; ".join(f"{k}: {v}" for k, v in LAYOUTS.items()),
@@ -75,22 +101,21 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--kernels", nargs="+", metavar="NAME", help="only these kernels")
     bench.add_argument(
         "--compare",
-        default="eager,compile,max-autotune,cublaslt",
-        help="what to time besides fusegen, comma-separated (default: %(default)s)",
+        help="what to time besides fusegen, comma-separated (default: "
+        + _BENCH_DEFAULTS["compare"]
+        + ")",
     )
     bench.add_argument(
         "--out", default="bench-results", metavar="DIR", help="where the JSON, Markdown and PNG go"
     )
     bench.add_argument(
         "--tables",
-        default="generated",
         metavar="DIR",
-        help="where the tuned tables are (default: %(default)s); 'none': tune at the first "
+        help="where the tuned tables are (default: generated); 'none': tune at the first "
         "call of each shape, as a module without a table does",
     )
     bench.add_argument(
         "--timer",
-        default="call",
         choices=["call", "graph"],
         help="call: do_bench of each Python call, launch cost included where it shows "
         "(default); graph: GPU time of calls replayed from a CUDA graph",
@@ -335,6 +360,17 @@ def _validate(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from fusegen import bench
 
+    if args.suite:
+        return _bench_suite(args)
+    if not args.specs:
+        print("fusegen bench: give SPEC_OR_DIR, or --suite FILE", file=sys.stderr)
+        return 2
+    if args.runs or args.list:
+        print("fusegen bench: --runs and --list go with --suite FILE", file=sys.stderr)
+        return 2
+    for name, default in _BENCH_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     compare = [c.strip() for c in args.compare.split(",") if c.strip()]
     unknown = [c for c in compare if c not in bench.VARIANT_NAMES]
     if unknown:
@@ -383,6 +419,63 @@ def _bench_work(args, kernels, shapes_for, variants, progress) -> int:
     for path in report.write(Path(args.out), results, ceilings, meta):
         print(f"wrote {path}", file=sys.stderr)
     return 0 if all(r.ok for r in results) else 1
+
+
+def _bench_suite(args: argparse.Namespace) -> int:
+    """`bench --suite FILE [--runs RUN...] [--list]`: the suite is checked whole (exit 2
+    with every error) before a GPU is asked for; each run's results go to OUT/RUN/."""
+    from fusegen import bench_suite
+
+    given = [f"--{n}" for n in ("shapes", "rows", "kernels", *_BENCH_DEFAULTS)]
+    given = [o for o in given if getattr(args, o[2:]) not in (None, [])]
+    if args.specs or given:
+        extra = ", ".join(args.specs + given)
+        print(
+            f"fusegen bench: --suite takes only --runs, --list and --out; got {extra} (a suite "
+            "run sets its specs, kernels, shapes, dtype, compare, layout, tables and timer)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        suite = bench_suite.load(Path(args.suite))
+        runs = suite.select(args.runs)
+    except SpecErrors as exc:
+        return _print_errors(exc)
+    except ValueError as exc:
+        print(f"fusegen bench: --runs: {exc}", file=sys.stderr)
+        return 2
+    if args.list:
+        for run in runs:
+            print(f"{run.name}: {run.measures}\n    {run.command()}")
+        return 0
+    if not _gpu_or_exit("bench"):
+        return 2
+    return _bench_suite_work(Path(args.out), suite, runs)
+
+
+def _bench_suite_work(out: Path, suite, runs, timers=None, ceilings=None, device="cuda") -> int:
+    """Each run in turn, its results in out/RUN/ (a GPU is there); `timers`, `ceilings` and
+    `device` are for the tests, which run this on the CPU with a fake timer."""
+    from fusegen import bench, bench_suite, report, timing
+
+    timers = timers or timing.TIMERS
+    progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    status = 0
+    for run in runs:
+        progress(f"{suite.display} {run.name}: {run.command()}")
+        measured, results = bench_suite.run(run, timers[run.timer], progress, ceilings, device)
+        print(f"## {run.name}: {run.measures}\n{run.command()}\n")
+        print(report.table(results) + "\n")
+        meta = {
+            **bench.versions(),
+            "command": run.command(),
+            "suite": f"fusegen bench --suite {suite.display} --runs {run.name}",
+            "timer": run.timer,
+        }
+        for path in report.write(out / run.name, results, measured, meta):
+            print(f"wrote {path}", file=sys.stderr)
+        status = status or (0 if all(r.ok for r in results) else 1)
+    return status
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,13 +2,14 @@
 and every output format work (on the Triton interpreter)."""
 
 import json
+import os
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from conftest import HAS_CUDA, ROOT  # noqa: E402
-from fusegen import bench, build, report, tables  # noqa: E402
+from fusegen import bench, bench_suite, build, report, tables  # noqa: E402
 
 ANCHORS = ROOT / "benchmarks" / "specs" / "anchors.yaml"
 ROWS = ROOT / "benchmarks" / "specs" / "rows.yaml"
@@ -219,3 +220,186 @@ def test_bench_uses_the_tuned_table_beside_the_modules(tmp_path):
     assert module._table_entries() == [entry]
     without = bench.load_module(kernel, tmp_path, None)
     assert without._table_entries() == []
+
+
+# -- the suite: benchmarks/suite.yaml, `fusegen bench --suite` -------------------------
+
+SUITE = ROOT / "benchmarks" / "suite.yaml"
+
+
+def test_the_committed_suite_names_the_recorded_runs():
+    """Every run of benchmarks/suite.yaml loads (its specs, kernels, shapes, layouts and
+    dtypes agree) and says the `fusegen bench` command it stands for."""
+    suite = bench_suite.load(SUITE)
+    runs = {r.name: r for r in suite.runs}
+    assert suite.display == "benchmarks/suite.yaml"
+    assert {"anchors-bf16", "anchors-fp16", "anchors-gpu-time", "examples", "row-chains"} <= set(
+        runs
+    )
+    assert all(
+        r.measures and r.command().startswith(("fusegen bench ", "FUSEGEN_")) for r in runs.values()
+    )
+    assert runs["examples"].command() == "fusegen bench specs --compare cublaslt,eager,compile"
+    assert runs["anchors-untuned-default"].command() == (
+        "FUSEGEN_AUTOTUNE=0 fusegen bench benchmarks/specs/anchors.yaml --kernels anchor_gelu "
+        "anchor_swiglu --shapes 8192,4096,14336 4096,1024,4096 16,4096,14336 1000,1000,1000 "
+        "--compare eager --tables none"
+    )
+    sliced = runs["opt-fc1-x-sliced"]
+    assert sliced.layouts == {"x": "sliced"} and sliced.dtype == "fp16"
+    assert sliced.shapes_for(sliced.kernels[0]) == [(4096, 768, 3072)]
+    assert runs["anchors-gpu-time"].timer == "graph"
+    assert [v.name for v in runs["anchors-bf16"].variants()] == [
+        "fusegen",
+        "eager",
+        "torch.compile",
+        "cuBLASLt epilogue",
+    ]
+
+
+def test_suite_list_prints_each_run_without_a_gpu(run_cli):
+    code, out, err = run_cli("bench", "--suite", str(SUITE), "--list", "--runs", "examples")
+    assert code == 0 and err == ""
+    assert out.splitlines()[1] == "    fusegen bench specs --compare cublaslt,eager,compile"
+
+
+def _suite(tmp_path, text: str):
+    path = tmp_path / "suite.yaml"
+    path.write_text(text.replace("ANCHORS", str(ANCHORS)).replace("ROWS", str(ROWS)))
+    return path
+
+
+def test_a_bad_suite_is_reported_whole_before_any_gpu_work(tmp_path, run_cli):
+    path = _suite(
+        tmp_path,
+        """\
+runs:
+  anchors:
+    measure: a typo
+    specs: [ANCHORS]
+    kernels: [anchor_gleu]
+    compare: [eager, cublas]
+    dtype: bf32
+  rows:
+    measures: row counts on dynamic dims
+    specs: [ANCHORS]
+    kernels: [anchor_gelu]
+    rows: [16]
+    compare: [eager]
+    layout: {y: sliced}
+    env: {PATH: /tmp}
+  Shapes:
+    measures: shapes that fit no kernel
+    specs: [ANCHORS, missing.yaml]
+    shapes: [[16, 4096], [0, 1]]
+    compare: [eager]
+    tables: nowhere
+""",
+    )
+    code, out, err = run_cli("bench", "--suite", str(path))
+    assert code == 2 and out == ""
+    for message in (
+        "suite.yaml:2:3: runs.anchors: missing field 'measures'",
+        "suite.yaml:3:5: runs.anchors.measure: unknown field 'measure'; did you mean 'measures'?",
+        "suite.yaml:5:15: runs.anchors.kernels[0]: no kernel 'anchor_gleu'; did you mean "
+        "'anchor_gelu'?\n    the specs have anchor_gelu, anchor_swiglu, anchor_ew",
+        "suite.yaml:6:22: runs.anchors.compare[1]: no variant 'cublas'; did you mean 'cublaslt'?"
+        "\n    valid: eager, compile, max-autotune, cublaslt",
+        "suite.yaml:7:12: runs.anchors.dtype: no dtype 'bf32'",
+        "suite.yaml:12:11: runs.rows.rows: anchor_gelu: dims K, N are dynamic",
+        "suite.yaml:14:13: runs.rows.layout: y=sliced: no input 'y'; inputs: b, w, x",
+        "suite.yaml:15:11: runs.rows.env.PATH: 'PATH' is not a FUSEGEN_* setting",
+        "runs.Shapes: run name 'Shapes' is not lower-case letters, digits and dashes",
+        "runs.Shapes.specs[1]: no such file or folder: missing.yaml",
+        "runs.Shapes.shapes[1]: [0, 1] is not a shape",
+        "runs.Shapes.tables: no such folder: nowhere",
+    ):
+        assert message in err, (message, err)
+    assert err.rstrip().endswith("fusegen: 12 errors; nothing written")
+
+    (tmp_path / "empty.yaml").write_text("")
+    code, _, err = run_cli("bench", "--suite", str(tmp_path / "empty.yaml"))
+    assert code == 2 and "the file is empty" in err and "a suite is a mapping with a `runs:`" in err
+
+
+def test_suite_options_are_checked(run_cli):
+    """--suite takes no specs and none of the options a run sets; --runs and --list need
+    --suite; an unknown run is named with the runs there are."""
+    code, _, err = run_cli("bench", "--suite", str(SUITE), "specs", "--dtype", "fp16")
+    assert code == 2 and "--suite takes only --runs, --list and --out; got specs, --dtype" in err
+    code, _, err = run_cli("bench", "specs", "--runs", "examples")
+    assert code == 2 and "--runs and --list go with --suite FILE" in err
+    code, _, err = run_cli("bench")
+    assert code == 2 and "give SPEC_OR_DIR, or --suite FILE" in err
+    code, _, err = run_cli("bench", "--suite", str(SUITE), "--runs", "exampels")
+    assert code == 2 and "has no run named exampels; runs: anchors-bf16," in err
+    assert err.rstrip().endswith("did you mean 'examples'?")
+
+
+def test_the_suite_runs_what_it_names_with_a_fake_timer(tmp_path, monkeypatch):
+    """Each run: its kernels at its shapes, dtype and layouts, the variants it compares,
+    its timer, its FUSEGEN_* settings (set during the run only); results in OUT/RUN/."""
+    from fusegen import cli
+
+    path = _suite(
+        tmp_path,
+        """\
+runs:
+  gelu-sliced:
+    measures: anchor_gelu with x sliced, against eager and cuBLASLt
+    specs: [ANCHORS]
+    kernels: [anchor_gelu]
+    shapes: [[7, 40, 24]]
+    dtype: fp32
+    layout: {x: sliced}
+    compare: [eager, cublaslt]
+  rows-untuned:
+    measures: the row chains untuned, GPU time
+    specs: [ROWS]
+    kernels: [bench_layernorm]
+    shapes: [[5, 40]]
+    dtype: fp32
+    compare: [eager]
+    timer: graph
+    tables: none
+    env: {FUSEGEN_AUTOTUNE: 0}
+""",
+    )
+    monkeypatch.delenv("FUSEGEN_AUTOTUNE", raising=False)
+    suite = bench_suite.load(path)
+    seen = []
+
+    def timer(name):
+        def fake(fn):
+            fn()
+            seen.append((name, os.environ.get("FUSEGEN_AUTOTUNE")))
+            return 1.0
+
+        return fake
+
+    code = cli._bench_suite_work(
+        tmp_path / "out",
+        suite,
+        suite.select(None),
+        timers={"call": timer("call"), "graph": timer("graph")},
+        ceilings=bench.Ceilings(700.0, 4000.0),
+        device="cpu",
+    )
+    assert code == 0
+    assert "FUSEGEN_AUTOTUNE" not in os.environ
+    assert seen == [("call", None)] * 3 + [("graph", "0")] * 2
+    sliced = json.loads((tmp_path / "out" / "gelu-sliced" / "bench.json").read_text())
+    assert sliced["meta"]["command"].startswith(f"fusegen bench {ANCHORS} --kernels anchor_gelu")
+    assert sliced["meta"]["suite"].endswith("suite.yaml --runs gelu-sliced")
+    got = [(r["kernel"], tuple(r["shape"]), r["variant"], r["layout"]) for r in sliced["results"]]
+    assert got == [
+        ("anchor_gelu", (7, 40, 24), v, "x sliced")
+        for v in ("fusegen", "eager", "cuBLASLt epilogue")
+    ]
+    rows = json.loads((tmp_path / "out" / "rows-untuned" / "bench.json").read_text())
+    assert rows["meta"]["timer"] == "graph"
+    assert rows["meta"]["command"].startswith("FUSEGEN_AUTOTUNE=0 fusegen bench")
+    assert [(r["kernel"], r["variant"], r["ok"]) for r in rows["results"]] == [
+        ("bench_layernorm", "fusegen", True),
+        ("bench_layernorm", "eager", True),
+    ]
