@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# The GPU measurements behind benchmarks/RESULTS.md, from one entry point.
+#
+# Usage (on a CUDA machine, from the repository root, fusegen and its test extras installed):
+#   bash benchmarks/run_suite.sh OUT                    # every step and every suite run
+#   bash benchmarks/run_suite.sh OUT STEP_OR_RUN ...    # only these, in the order given
+#   bash benchmarks/run_suite.sh --list                 # the steps and the runs
+#
+# A RUN is a run of benchmarks/suite.yaml (a `fusegen bench` table; `fusegen bench --suite
+# benchmarks/suite.yaml --list` prints each with its command line): it writes
+# OUT/RUN/bench.{json,md,png} and its output to OUT/RUN.txt.
+# A STEP is a measurement that is not a `fusegen bench` table; each writes OUT/STEP.txt,
+# which starts every command it runs with "+ ", as written here:
+#   generated-tests    every generated test, and the import-style tests, on the GPU
+#   tune-tables        `fusegen tune` of the example specs' committed tables (rewrites
+#                      generated/*.tuned.json; copies them to OUT/tune-tables/)
+#   tuning-repeat      `fusegen tune` of gpt2_mlp_up at 4096 rows three times, into a fresh
+#                      build: do three tunings pick configs within a few percent?
+#   config-space       every config of the anchor GEMM chains at issue 3's shapes (`fusegen
+#                      tune`'s per-config log): what a first-call shortlist and the untuned
+#                      default must find
+#   first-calls        a launcher's first call in a fresh process, empty Triton cache: the
+#                      example kernels with their tables, without, and the anchor chains
+#   row-layouts        row and elementwise kernels on strided inputs: read as they are, or
+#                      copied first
+#   launch-cost        the launcher's Python per call on the CPU (launch stubbed), and its
+#                      time per call on the GPU at 16 rows, direct launch and triton's dispatch
+#   split-k            split-K configs of the decode matmuls: the float64 reference, and
+#                      bitwise-identical output over 200 calls
+#   inspect            registers, spills, shared memory of the chosen configs; L1/L2 hit
+#                      rates and DRAM bandwidth of one launch (Nsight Compute)
+#   tanh-approx        the GPU's tanh.approx.f32 against float64, over every fp32 in [2^-30, 16]
+#   launcher-tuning    the launcher's own first-call tuning of gpt2_mlp_up (no table) at 7,
+#                      16 and 4096 rows: what it picks and how long it takes
+# Settings: PYTHON (python3), TEST_WORKERS (8), STEP_TIMEOUT_S per command (1200).
+# Exit status: 0 when every command exited 0, 1 otherwise, 2 for a wrong command line.
+set -u
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+SUITE=benchmarks/suite.yaml
+STEPS="generated-tests tune-tables tuning-repeat config-space first-calls row-layouts
+launch-cost split-k inspect tanh-approx launcher-tuning"
+ANCHOR_SHAPES="8192,4096,14336 4096,1024,4096 16,4096,14336 1000,1000,1000"
+
+listing=$($PYTHON -m fusegen bench --suite "$SUITE" --list) || {
+    echo "run_suite.sh: cannot read $SUITE (above)" >&2
+    exit 2
+}
+runs=$(grep -v '^ ' <<<"$listing" | cut -d: -f1)
+if [ "${1:-}" = "--list" ] || [ $# -eq 0 ]; then
+    echo "steps:" $STEPS
+    echo "runs of $SUITE:" $runs
+    [ $# -eq 0 ] && echo "usage: bash benchmarks/run_suite.sh OUT [STEP_OR_RUN ...]" >&2
+    exit $(($# == 0 ? 2 : 0))
+fi
+out=$1
+shift
+wanted=("$@")
+[ ${#wanted[@]} -eq 0 ] && wanted=($STEPS $runs)
+for name in "${wanted[@]}"; do
+    if ! tr ' ' '\n' <<<"$STEPS $runs" | grep -qx -- "$name"; then
+        echo "run_suite.sh: no step or run '$name'" >&2
+        echo "steps: $(echo $STEPS)" >&2
+        echo "runs of $SUITE: $(echo $runs)" >&2
+        exit 2
+    fi
+done
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+
+failed=0
+run() {  # run COMMAND...: print it to the step's log, then run it there
+    echo "+ $*" >>"$log"
+    timeout "${STEP_TIMEOUT_S:-1200}" "$@" >>"$log" 2>&1
+    local status=$?
+    echo "exit $status" >>"$log"
+    [ $status -eq 0 ] || failed=1
+}
+
+for name in "${wanted[@]}"; do
+    log="$out/$name.txt"
+    : >"$log"
+    echo "== $name -> $log" >&2
+    case $name in
+    generated-tests)
+        run $PYTHON -m pytest generated tests/test_import_styles.py -q -p no:cacheprovider \
+            -n "${TEST_WORKERS:-8}" ;;
+    tune-tables)
+        run $PYTHON -m fusegen tune specs/gpt2.yaml specs/llama.yaml specs/bert.yaml --rows 16,4096
+        run $PYTHON -m fusegen tune specs/attention.yaml --shapes 16384,2048
+        run $PYTHON -m fusegen tune specs/elementwise.yaml --shapes 16384,8192
+        mkdir -p "$out/tune-tables"
+        cp generated/*.tuned.json "$out/tune-tables/" ;;
+    tuning-repeat)
+        run $PYTHON -m fusegen build specs --out "$out/tuning-repeat"
+        for _ in 1 2 3; do
+            run $PYTHON -m fusegen tune specs --kernels gpt2_mlp_up --rows 4096 \
+                --out "$out/tuning-repeat"
+        done ;;
+    config-space)
+        run $PYTHON -m fusegen build benchmarks/specs --out "$out/config-space"
+        run $PYTHON -m fusegen tune benchmarks/specs/anchors.yaml \
+            --kernels anchor_gelu anchor_swiglu --shapes $ANCHOR_SHAPES --out "$out/config-space" ;;
+    first-calls)
+        run $PYTHON benchmarks/first_call.py --rows 16,4096
+        run $PYTHON benchmarks/first_call.py --no-table --rows 16,4096
+        run $PYTHON benchmarks/first_call.py --spec benchmarks/specs/anchors.yaml \
+            --kernels anchor_gelu anchor_swiglu --shapes $ANCHOR_SHAPES ;;
+    row-layouts)
+        run $PYTHON benchmarks/row_layouts.py ;;
+    launch-cost)
+        run $PYTHON benchmarks/launch_overhead.py
+        run $PYTHON benchmarks/call_time.py
+        run env FUSEGEN_DIRECT_LAUNCH=0 $PYTHON benchmarks/call_time.py ;;
+    split-k)
+        run $PYTHON benchmarks/split_k_determinism.py ;;
+    inspect)
+        run $PYTHON -m fusegen inspect specs --kernels gpt2_mlp_up llama_mlp_gate_up --rows 16,4096
+        run $PYTHON -m fusegen inspect specs --kernels gpt2_mlp_up --rows 4096 --counters ;;
+    tanh-approx)
+        run $PYTHON benchmarks/tanh_approx_error.py ;;
+    launcher-tuning)
+        run $PYTHON benchmarks/autotune_check.py ;;
+    *)
+        run $PYTHON -m fusegen bench --suite "$SUITE" --runs "$name" --out "$out" ;;
+    esac
+    tail -n 3 "$log" >&2
+done
+exit $failed
