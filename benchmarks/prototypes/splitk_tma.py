@@ -7,7 +7,7 @@ table stale, so it wants its re-tune in the same call):
   its fp32 partial sums, and the last of a tile's SPLIT_K units to arrive adds them in
   slice order (deterministic, like the pointer kernel's split-K) and runs the epilogue;
 - tensor descriptors made on the host (HOST_DESC=1) instead of in the kernel: a sweep
-  measured ~2 us less GPU time per launch (benchmarks/RESULTS.md, session 4).
+  measured ~2 us less GPU time per launch (benchmarks/HISTORY.md, 2026-11-30, night).
 
 The chain is the anchor's y = gelu_tanh(x @ w.T + b), tanh.approx on a GPU.
 
