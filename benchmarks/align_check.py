@@ -49,6 +49,8 @@ def main():
     (kernel,) = [k for k in build.load([SPEC]).kernels if k.name == "masked_softmax"]
     base = codegen.render(kernel)[0].text
     with tempfile.TemporaryDirectory() as tmp:
+        runtime = codegen.render_runtime()  # the launch support the modules load
+        (Path(tmp) / runtime.filename).write_text(runtime.text)
         modules = {}
         variants = (
             ("generated", base),
@@ -65,7 +67,7 @@ def main():
             path = Path(tmp) / f"{name}.py"
             path.write_text(text)
             modules[name] = bench.import_file(path, f"align_{name}")
-            modules[name]._TABLE["entries"] = []
+            modules[name]._KERNELS.table["entries"] = []
         for cols in (1000, 1008):
             sizes = bench.shape_dims(kernel, (131072, cols))
             sets, exact = bench.input_sets(

@@ -13,7 +13,7 @@ sys.path.insert(0, "generated")
 import gpt2_mlp_up as m  # noqa: E402
 
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
-m._TABLE["entries"] = []  # as if no table: the launcher tunes
+m._KERNELS.table["entries"] = []  # as if no table: the launcher tunes
 w = torch.randn(768, 3072, device="cuda", dtype=torch.bfloat16) / 30
 b = torch.randn(3072, device="cuda", dtype=torch.bfloat16)
 for rows in (7, 16, 4096):
@@ -25,7 +25,7 @@ for rows in (7, 16, 4096):
     print(f"rows {rows}: first call {time.perf_counter() - started:.2f} s: {launch}")
     config = launch["config"]
     call = lambda: m.gpt2_mlp_up(x, w, b, config=config)  # noqa: E731
-    graph = m._graph_bench(call)
+    graph = m._rt.graph_bench(call)
     print(
         f"  graph timer {graph[0]:.4f} ms, do_bench {do_bench(call, return_mode='median'):.4f} ms"
     )

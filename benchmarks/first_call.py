@@ -29,14 +29,14 @@ sys.path.insert(0, {root!r})
 from fusegen import bench, build
 spec, name, shape, no_table = {spec!r}, {name!r}, {shape!r}, {no_table}
 kernel = next(k for k in build.load(build.collect([spec])).kernels if k.name == name)
-examples = Path(spec).resolve().parent == Path({root!r}, "specs")
+examples = Path({root!r}, "specs").resolve() in (Path(spec).resolve(), Path(spec).resolve().parent)
 folder = tempfile.mkdtemp()
 if examples:
     module = bench.import_file(Path({root!r}, "generated", name + ".py"), "first_call_" + name)
 else:
     module = bench.load_module(kernel, Path(folder))
 if no_table:
-    module._TABLE["entries"] = []
+    module._KERNELS.table["entries"] = []
 sizes = bench.shape_dims(kernel, shape)
 inputs = bench.make_inputs(torch, kernel, sizes, torch.bfloat16, "cuda", 0)
 torch.cuda.synchronize()

@@ -1,9 +1,10 @@
 """Should a row or elementwise kernel copy a strided input to contiguous memory before
 launching, or read it as it is? Times the example row and elementwise kernels with their
 first input stored sliced (every other column, x[:, ::2]) and transposed (column-major),
-read as they are and copied first (the launcher's _copy_first forced on), against eager
-PyTorch and torch.compile on the same tensors; each checked against float64. Not part
-of fusegen: the measurement behind _copy_first's rule.
+read as they are and copied first (the launcher's plan copying it at each launch, as
+it copies a strided matmul operand), against eager PyTorch and torch.compile on the same
+tensors; each checked against float64. Not part of fusegen: the measurement behind the
+rule of `copies` in _fusegen_runtime.py (a row or elementwise kernel copies no input).
 
 Usage (GPU, repo root, pydantic and black on PYTHONPATH):
     python3 benchmarks/row_layouts.py
@@ -22,6 +23,24 @@ from triton.testing import do_bench
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from fusegen import bench, build  # noqa: E402
+
+
+def copying(module, index):
+    """The module's _plan, planning input `index` as a contiguous copy that each launch
+    makes first (plan.copies): strides, alignment and layout are the copy's."""
+    plan_as_is = module._plan
+
+    def plan(*inputs):
+        copied = list(inputs)
+        copied[index] = inputs[index].contiguous()
+        made = plan_as_is(*copied)
+        module._CALLS.pop(module._signature(*copied), None)
+        made.copies = (index,)
+        module._CALLS[module._signature(*inputs)] = made
+        return made
+
+    return plan
+
 
 CASES = [  # kernel, rows, cols, the input stored strided
     ("bias_gelu_residual", 16384, 8192, "x"),
@@ -42,17 +61,18 @@ def main() -> None:
         kernel = kernels[name]
         module = bench.import_file(ROOT / "generated" / f"{name}.py", f"row_layouts_{name}")
         launcher = getattr(module, name)
+        index = module._KERNELS.inputs.index(strided)  # its place in the launch arguments
+        planners = {"as is": module._plan, "copy first": copying(module, index)}
         sizes = {kernel.row: rows, kernel.col: cols}
         for layout in ("contiguous", "sliced", "transposed"):
             layouts = {} if layout == "contiguous" else {strided: layout}
             sets, exact = bench.input_sets(torch, module, kernel, sizes, "bf16", device, layouts)
             compiled = module.reference if dry else torch.compile(module.reference, dynamic=False)
             variants = {"fusegen": launcher, "eager": module.reference, "torch.compile": compiled}
-            rules = {"as is": lambda t, operand: False, "copy first": lambda t, operand: True}
             for label, fn in variants.items():
-                for rule, copy_first in rules.items() if label == "fusegen" else [("", None)]:
-                    if copy_first is not None:
-                        module._copy_first = copy_first
+                for rule, planner in planners.items() if label == "fusegen" else [("", None)]:
+                    if planner is not None:
+                        module._plan = planner
                         module._CALLS.clear()
                     error = bench.relative_error(torch, fn(**sets[0]), exact)
                     cycle = itertools.cycle(sets)

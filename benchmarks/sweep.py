@@ -82,20 +82,22 @@ def host_descriptors(text):
     below) instead of building them on the device at each launch: how much of a small
     kernel's time the device-side descriptors cost."""
     head, tma = text.split("_kernel_tma(", 1)
-    tma = re.sub(
-        r"(\w+)_desc = tl\.make_tensor_descriptor\(\s*(\w+_ptr),.*?\n    \)\n",
-        r"\1_desc = \2\n",
-        tma,
-        flags=re.S,
-    )
+    made = re.compile(r"(\w+)_desc = tl\.make_tensor_descriptor\(\s*(\w+_ptr),")
+    while found := made.search(tma):  # each call, on one line or several: to its ")"
+        depth, end = 1, found.end()
+        while depth:
+            depth += {"(": 1, ")": -1}.get(tma[end], 0)
+            end += 1
+        tma = tma[: found.start()] + f"{found.group(1)}_desc = {found.group(2)}" + tma[end:]
     tma = tma.replace("out_ptr.dtype.element_ty", "out_desc.dtype")
     return head + "_kernel_tma(" + tma
 
 
 def _tma_part(text):
+    """(the text through the TMA kernel's name, the rest of that kernel, what follows it)."""
     head, tma = text.split("_kernel_tma(", 1)
-    tma, tail = tma.split("\n# -- Launch support", 1)
-    return head + "_kernel_tma(", tma, "\n# -- Launch support" + tail
+    end = re.search(r"\n\n\n(?=\S)", tma).start()  # the next top-level statement
+    return head + "_kernel_tma(", tma[:end], tma[end:]
 
 
 def bias_first(text):
@@ -134,9 +136,12 @@ def sub_chain(text):
     start = tma.index("        # The chain, in fp32.")
     end = tma.index("        else:\n            out_desc.store(")
     chain = tma[start : tma.index("        if EPILOGUE_SUBTILE:")]
-    half = """            acc_halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+    half = (
+        """            acc_halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
             acc_left, acc_right = tl.split(acc_halves)
-""" + (BIAS_HALVES_SPLIT if "offs_n_early" in tma else BIAS_HALVES_LOADED) + """\
+"""
+        + (BIAS_HALVES_SPLIT if "offs_n_early" in tma else BIAS_HALVES_LOADED)
+        + """\
             acc_left = _gelu_tanh(acc_left + b_left[None, :], FAST_TANH)
             out_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc_left.to(out_ptr.dtype.element_ty))
             acc_right = _gelu_tanh(acc_right + b_right[None, :], FAST_TANH)
@@ -145,11 +150,12 @@ def sub_chain(text):
                 acc_right.to(out_ptr.dtype.element_ty),
             )
 """
+    )
     whole = "\n".join("    " + line if line else line for line in chain.split("\n"))
     rest = tma[end:]
     rest = rest.replace(
         "        else:\n",
-        "        else:\n" + whole.rstrip(" ") ,
+        "        else:\n" + whole.rstrip(" "),
         1,
     )
     tma = tma[:start] + "        if EPILOGUE_SUBTILE:\n" + half + rest
@@ -168,7 +174,7 @@ SOURCE_VARIANTS = {
 
 
 class HostDescriptors:
-    """Stands in for the TMA kernel in the launcher's _PATHS: makes the descriptors on
+    """Stands in for the TMA kernel in the launcher's paths: makes the descriptors on
     the host (triton.tools.tensor_descriptor) from the tensors the launcher passes."""
 
     def __init__(self, kernel, roles):
@@ -363,7 +369,7 @@ CASES["gelu8192fp16"] = ("anchor_gelu", (8192, 4096, 14336), _big, ("cublaslt",)
 CASES["gelu8192bf16"] = ("anchor_gelu", (8192, 4096, 14336), _big, ("cublaslt",), "bf16")
 
 
-# Session 5: the epilogue's place in a tile. The bias loaded before the K loop
+# Round 5: the epilogue's place in a tile. The bias loaded before the K loop
 # (biasfirst), the chain run per half-tile so the first half's store overlaps the second's
 # math (subchain), both (subbias).
 _epilogue_variants = ("base", "biasfirst", "subchain", "subbias")
@@ -399,6 +405,7 @@ CASES["epi8192"] = (
     ("cublaslt",),
 )
 
+
 def baseline(name, torch, module, kernel, sizes):
     if name == "cublaslt":
         return bench._cublaslt(torch, module, kernel)
@@ -425,20 +432,29 @@ def fresh_module(kernel, folder, variant, programs_per_sm):
     text = SOURCE_VARIANTS[variant](codegen.render(kernel)[0].text)
     path = folder / f"{kernel.name}_{variant}_{programs_per_sm}.py"
     path.write_text(text)
+    runtime = codegen.render_runtime()  # the launch support the module loads
+    (folder / runtime.filename).write_text(runtime.text)
     module = bench.import_file(path, f"sweep_{kernel.name}_{variant}_{programs_per_sm}")
-    module._TABLE["entries"] = []
+    kernels = module._KERNELS
+    kernels.table["entries"] = []
     if variant == "hostdesc":
-        kernel_fn, configs, default = module._PATHS["tma"]
-        module._PATHS["tma"] = (
+        kernel_fn, configs, default = kernels.paths["tma"]
+        kernels.paths["tma"] = (
             HostDescriptors(kernel_fn, HOST_ROLES[kernel.name]),
             configs,
             default,
         )
-        module._direct = lambda *args: None  # the direct launch would pass tensors
+        kernels.direct = lambda *args: None  # the direct launch would pass tensors
     if programs_per_sm > 1:
-        device = torch.device("cuda", torch.cuda.current_device())
-        major, sms, smem = module._device_facts(device)
-        module._DEVICES[device.index] = (major, sms * programs_per_sm, smem)
+        # This module's view of the GPU only: the runtime's device cache is shared by
+        # every module loaded from it.
+        facts = kernels.device_facts
+
+        def more_programs(device):
+            major, sms, smem = facts(device)
+            return major, sms * programs_per_sm, smem
+
+        kernels.device_facts = more_programs
     return module
 
 
