@@ -293,6 +293,8 @@ def load_module(kernel: Kernel, folder: Path, tables_dir: Path | None = None):
     text = codegen.render(kernel)[0].text
     path = folder / f"{kernel.name}.py"
     path.write_text(text)
+    runtime = codegen.render_runtime()
+    (folder / runtime.filename).write_text(runtime.text)
     table = tables.path_for(tables_dir, kernel.name) if tables_dir else None
     if table and table.is_file():
         shutil.copyfile(table, tables.path_for(folder, kernel.name))

@@ -128,6 +128,9 @@ def plan(loaded: Loaded, out_dir: Path) -> list[Planned]:
     for kernel in loaded.kernels:
         for rendered in codegen.render(kernel):
             planned.append(Planned(out_dir / rendered.filename, rendered.text))
+    if planned:  # the launch support the folder's modules share
+        runtime = codegen.render_runtime()
+        planned.append(Planned(out_dir / runtime.filename, runtime.text))
     return planned
 
 

@@ -63,7 +63,7 @@ def inspect_shape(torch, module, kernel, sizes, dtype_name, device="cuda") -> In
     if device == "cuda":
         torch.cuda.synchronize()
     launch = module.last_launch()
-    compiled = module._LAST_RUN["kernel"]
+    compiled = module._KERNELS.last_run["kernel"]
     meta = getattr(compiled, "metadata", None)
     return Inspected(
         kernel.name,

@@ -151,10 +151,11 @@ def tma_mainloop(kernel: Kernel) -> dict:
     coord = {mm.m: "pid_m * BLOCK_M", mm.k: "k * BLOCK_K", mm.n: "pid_n * BLOCK_N"}
 
     def make(t: Tensor, dims: tuple[str, ...], block_text: str | None = None) -> str:
+        # Positional: (base, shape, strides, block_shape).
         return (
             f"{t.name}_desc = tl.make_tensor_descriptor({naming.ptr(t.name)}, "
-            f"shape=[{', '.join(dims)}], strides=[{naming.stride(t.name, dims[0])}, 1], "
-            f"block_shape=[{block_text or ', '.join(block[d] for d in dims)}])"
+            f"[{', '.join(dims)}], [{naming.stride(t.name, dims[0])}, 1], "
+            f"[{block_text or ', '.join(block[d] for d in dims)}])"
         )
 
     def load(t: Tensor, dims: tuple[str, ...], needed: tuple[str, str]) -> str:
@@ -177,10 +178,37 @@ def tma_mainloop(kernel: Kernel) -> dict:
     )
     return {
         "descriptors": descriptors,
+        "epilogue_bounds": epilogue_bounds(kernel),
         "loads": loads,
         "tiles": [naming.tile(t.name) for t in operands],
         "out_desc": f"{naming.OUT}_desc",
     }
+
+
+def epilogue_bounds(kernel: Kernel) -> list[str]:
+    """The TMA kernel's tile offsets and masks, as far as its chain reads them (a bias
+    needs the column mask, a full-tile operand both): its store clips at the edges."""
+    rows, cols = kernel.row, kernel.col
+    offs_r, offs_c = naming.offs(rows), naming.offs(cols)
+    mask_r, mask_c = naming.mask(rows), naming.mask(cols)
+    chain = " ".join(epilogue(kernel, "acc"))
+    used = {name for name in (offs_r, offs_c, mask_r, mask_c, "in_bounds") if name in chain}
+    if "in_bounds" in used:
+        used |= {mask_r, mask_c}
+    used |= {offs_r for m in (mask_r,) if m in used} | {offs_c for m in (mask_c,) if m in used}
+    offsets = [
+        (offs_r, f"{offs_r} = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)"),
+        (offs_c, f"{offs_c} = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)"),
+    ]
+    lines = [line for name, line in offsets if name in used]
+    widened = [f"    {name} = {name}.to(tl.int64)" for name, _ in offsets if name in used]
+    if widened:
+        lines += ["if INT64:", "    # Offset times stride would overflow int32 past 2**31 elements."]
+        lines += widened
+    lines += [f"{m} = {o} < {d}" for m, o, d in ((mask_r, offs_r, rows), (mask_c, offs_c, cols)) if m in used]
+    if "in_bounds" in used:
+        lines.append(f"in_bounds = {mask_r}[:, None] & {mask_c}[None, :]")
+    return lines
 
 
 def params(kernel: Kernel, *, tma: bool = False) -> list[dict]:
@@ -203,21 +231,22 @@ def params(kernel: Kernel, *, tma: bool = False) -> list[dict]:
     pointers = [naming.ptr(t.name) for t in kernel.inputs] + [naming.ptr(naming.OUT)]
     pointers += [naming.ptr(e) for e in kernel.emits]
     groups = [
-        {"comment": "Pointers to the inputs and the outputs", "names": pointers},
-        {"comment": "Dims", "names": [d.name for d in kernel.dims] + [naming.ROWS_BUCKET]},
-        {"comment": "Strides: elements to step for one index along each dim", "names": strides},
+        {"comment": "the inputs, then the outputs", "names": pointers},
+        {"comment": "dims", "names": [d.name for d in kernel.dims] + [naming.ROWS_BUCKET]},
+        {"comment": "strides, in elements", "names": strides},
     ]
     if kernel.matmul:
         groups.append(
             {
                 "comment": (
-                    "Split-K scratch: fp32 partial sums and per-tile arrival counters"
-                    + (" (unused here: both kernels take the same arguments)" if tma else "")
+                    "split-K scratch (unused: both kernels take the same arguments)"
+                    if tma
+                    else "split-K scratch: fp32 partial sums, per-tile arrival counts"
                 ),
                 "names": [naming.PARTIALS, naming.ARRIVALS],
             }
         )
-    groups.append({"comment": "Meta-parameters", "names": [f"{m}: tl.constexpr" for m in meta]})
+    groups.append({"comment": "meta-parameters", "names": [f"{m}: tl.constexpr" for m in meta]})
     return groups
 
 

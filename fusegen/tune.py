@@ -63,6 +63,13 @@ def load_generated(kernel: Kernel, out_dir: Path):
             f"{path}: differs from what {kernel.spec_display} generates; run `fusegen build "
             f"{kernel.spec_display}` first"
         )
+    runtime = codegen.render_runtime()
+    runtime_path = out_dir / runtime.filename
+    if not runtime_path.exists() or runtime_path.read_text(encoding="utf-8") != runtime.text:
+        raise TuneError(
+            f"{runtime_path}: missing or not what this fusegen writes; run `fusegen build "
+            f"{kernel.spec_display}` first"
+        )
     return bench.import_file(path, f"fusegen_tune_{kernel.name}")
 
 
@@ -102,12 +109,12 @@ def tune_shape(
     result = ShapeResult(kernel.name, shape, dtype_name, None)
     label = f"{kernel.name} {'x'.join(map(str, shape))} {dtype_name}"
     for path in paths:
-        space = [module._complete(path, c) for c in module._PATHS[path][1]]
+        space = [module._KERNELS.complete(path, c) for c in module._KERNELS.paths[path][1]]
         with _env(FUSEGEN_TMA="1" if path == "tma" else "0"):
             for i, config in enumerate(space, 1):
                 m = Measured(path, config)
                 result.measured.append(m)
-                if not module._fits(config, path == "tma", fit, element, torch.device(device)):
+                if not module._KERNELS.fits(config, path == "tma", fit, element, torch.device(device)):
                     m.problem = "skipped: over shared memory, or blocks far larger than the shape"
                 else:
                     _measure(torch, timer, fn, sets, exact, dtype_name, m, device)
@@ -156,9 +163,9 @@ def _entry(torch, module, fn, sets, result: ShapeResult, timer, progress, label)
         progress(f"  {label}: {path}: chose {_short(best.config)}: {best.ms:.4f} ms")
     if not choices:
         return None
-    name, capability = module._device_identity(sets[0][next(iter(sets[0]))].device)
+    name, capability = module._KERNELS.device_identity(sets[0][next(iter(sets[0]))].device)
     # The launcher's key for this shape: row bucket, the other dims, dtypes.
-    key = {n: module._plain(v) for n, v in zip(module._KEY_NAMES, module._LAST_RUN["key"])}
+    key = {n: module._rt.plain(v) for n, v in zip(module._KERNELS.key_names, module._KERNELS.last_run["key"])}
     return {
         "gpu": name,
         "capability": capability,
@@ -202,7 +209,7 @@ def run(
     for module in modules.values():
         # Tuning measures; the module's own table must not steer it (an entry whose best
         # was the pointer kernel would hide the TMA one from every re-tune).
-        module._TABLE["entries"] = []
+        module._KERNELS.table["entries"] = []
     written = []
     for kernel in kernels:
         module = modules[kernel.name]

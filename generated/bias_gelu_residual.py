@@ -8,30 +8,38 @@ Bias, tanh GELU, scale and residual add in one pass, y = gelu_tanh(x + b) * 0.5 
 
 Dims: M = dynamic, N = dynamic. Dtypes: bf16, fp16, fp32, computed in fp32.
 
-Use:
-    y = bias_gelu_residual(x, b, r)
-    y_ref = reference(x, b, r)  # the same chain, unfused
-    last_launch()  # the config (and its source) the last call ran
-
-Only torch and triton are needed to run this module.
+Use: y = bias_gelu_residual(x, b, r). reference(...) is the same chain unfused;
+last_launch() says what the last call ran. Only torch, triton and _fusegen_runtime.py
+(beside this file) are needed.
 """
 
-import gc
-import inspect
-import json
-import logging
-import math
+import importlib.util
 import os
 import sys
-import time
-import types
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-_log = logging.getLogger(__name__)
+
+def _runtime(digest):
+    """The launch support beside this module, loaded by path under a name holding its
+    hash: found however this module was imported, and other fusegen versions' kept apart."""
+    name = f"_fusegen_runtime_{digest}"
+    if name not in sys.modules:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fusegen_runtime.py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        if getattr(module, "RUNTIME_HASH", None) != digest:
+            raise ImportError(f"{path}: not the runtime of {__name__}; run `fusegen build`")
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
+_rt = _runtime("1e6171e76e73403a")
+_align = _rt.align  # the ALIGN heuristic's
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
 DIMS = {"M": None, "N": None}
@@ -39,39 +47,36 @@ DIMS = {"M": None, "N": None}
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # The output's dtype; None: the call's dtype.
 OUT_DTYPE = None
-
-# The space the autotuner searches (on a GPU, per the row count's power-of-two bucket, N).
-CONFIGS = [
-    {"BLOCK_M": 1, "BLOCK_N": 1024, "num_warps": 4},
-    {"BLOCK_M": 1, "BLOCK_N": 2048, "num_warps": 8},
-    {"BLOCK_M": 2, "BLOCK_N": 1024, "num_warps": 4},
-    {"BLOCK_M": 4, "BLOCK_N": 1024, "num_warps": 8},
-    {"BLOCK_M": 8, "BLOCK_N": 512, "num_warps": 4},
-    {"BLOCK_M": 16, "BLOCK_N": 256, "num_warps": 4},
-    {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 4},
-    {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4},
-]
-# Launched where tuning cannot run: on a GPU when tuning fails or FUSEGEN_AUTOTUNE=0.
-DEFAULT_CONFIG = {"BLOCK_M": 4, "BLOCK_N": 1024, "num_warps": 8}
-# Launched under the Triton interpreter (TRITON_INTERPRET=1), which has no timer to
-# tune with. Its tiles are large because the interpreter's cost is per tile operation.
-INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 1024, "num_warps": 4}
-# The configs `fusegen tune` chose on named GPUs, in a file beside this module; the
-# launcher looks there before tuning. Entries tuned for other kernel source are ignored.
+# Configs, one a row (None: the kernel's default). CONFIGS: the autotuner's, per row-count
+# power-of-two bucket, N. DEFAULT_CONFIG: where tuning cannot run. INTERPRETER_CONFIG: under
+# TRITON_INTERPRET=1 (large tiles: its cost is per op).
+# fmt: off
+_SETTINGS = ("BLOCK_M", "BLOCK_N", "num_warps")
+CONFIGS = _rt.configs(_SETTINGS, [
+    (  1, 1024,   4),
+    (  1, 2048,   8),
+    (  2, 1024,   4),
+    (  4, 1024,   8),
+    (  8, 512,   4),
+    ( 16, 256,   4),
+    ( 32, 128,   4),
+    ( 64,  64,   4),
+])
+DEFAULT_CONFIG = _rt.config(_SETTINGS,   4, 1024,   8)
+INTERPRETER_CONFIG = _rt.config(_SETTINGS,  16, 1024,   4)
+# fmt: on
+# `fusegen tune`'s configs for named GPUs, beside this module, looked up before tuning;
+# entries measured on other kernel code (KERNEL_HASH: its sha256) are ignored.
 TUNED_TABLE = "bias_gelu_residual.tuned.json"
-# sha256 of this module's Triton kernels' source, as tuned tables record it.
-KERNEL_HASH = "1fa081f7d145419f"
-# Tune at run time where the tuned table has no entry (the spec's `deterministic: true`
-# turns this off).
+KERNEL_HASH = "07531d72c0a176ad"
+# True (the spec's `deterministic`): no tuning at run time, one config per shape.
 DETERMINISTIC = False
 
 
 @triton.jit
 def _tanh_approx(x):
-    """tanh(x) by the GPU's tanh.approx.f32 instruction (NVIDIA, sm_75 and newer): one
-    special-function op where sigmoid takes two (an exp and a reciprocal), relative error
-    under 2**-10.98. The launcher asks for it (FAST_TANH) only where every output is
-    bf16 or fp16, whose own rounding is coarser."""
+    """tanh(x) by tanh.approx.f32 (NVIDIA sm_75+), relative error under 2**-10.98: used
+    (FAST_TANH) only where every output is bf16 or fp16, whose rounding is coarser."""
     return tl.inline_asm_elementwise(
         "tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
     )
@@ -89,13 +94,6 @@ def _gelu_tanh(x, FAST_TANH: tl.constexpr):
         return x * tl.sigmoid(1.5957691216057308 * (x + 0.044715 * x * x * x))
 
 
-def _align(*ints):
-    """The largest power of two up to 16 that divides each of `ints` (0 is divisible by
-    any): the ALIGN of a launch, computed by the heuristic from its arguments."""
-    common = math.gcd(*ints)
-    return 16 if common == 0 else min(16, common & -common)
-
-
 @triton.heuristics(
     {
         "ALIGN": lambda args: _align(
@@ -105,37 +103,19 @@ def _align(*ints):
 )
 @triton.jit(do_not_specialize=["ROWS_BUCKET"])
 def _bias_gelu_residual_kernel(
-    # Pointers to the inputs and the outputs
-    x_ptr,
-    b_ptr,
-    r_ptr,
-    out_ptr,
-    # Dims
-    M,
-    N,
-    ROWS_BUCKET,
-    # Strides: elements to step for one index along each dim
-    stride_x_m,
-    stride_x_n,
-    stride_b_n,
-    stride_r_m,
-    stride_r_n,
-    stride_out_m,
-    stride_out_n,
-    # Meta-parameters
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    INT64: tl.constexpr,
-    ALIGN: tl.constexpr,
-    FAST_TANH: tl.constexpr,
+    # fmt: off
+    x_ptr, b_ptr, r_ptr, out_ptr,  # the inputs, then the outputs
+    M, N, ROWS_BUCKET,  # dims
+    stride_x_m, stride_x_n, stride_b_n, stride_r_m, stride_r_n,  # strides, in elements
+    stride_out_m, stride_out_n,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INT64: tl.constexpr,  # meta-parameters
+    ALIGN: tl.constexpr, FAST_TANH: tl.constexpr,
+    # fmt: on
 ):
-    """y = gelu_tanh(x + b) * 0.5 + r, for one [BLOCK_M, BLOCK_N] tile of the output.
-
-    ROWS_BUCKET is not read: it only keys the autotuner's cache.
-    """
+    """y = gelu_tanh(x + b) * 0.5 + r
+    for one [BLOCK_M, BLOCK_N] output tile (ROWS_BUCKET only keys the tuning)."""
     if ALIGN > 1:
-        # Multiples of ALIGN (see _align): restated so, Triton knows it too and keeps
-        # its vector loads and stores along the rows.
+        # Restated as multiples of ALIGN (see _rt.align): Triton keeps vector loads then.
         N = N // ALIGN * ALIGN
         stride_x_m = stride_x_m // ALIGN * ALIGN
         stride_r_m = stride_r_m // ALIGN * ALIGN
@@ -180,732 +160,6 @@ def _bias_gelu_residual_kernel(
     )
 
 
-# -- Launch support: the same in every module fusegen generates -------------------------
-
-# Per path: the kernel, its tuning space, and the config it runs where tuning cannot.
-_PATHS = {"pointer": (_bias_gelu_residual_kernel, CONFIGS, DEFAULT_CONFIG)}
-# Per path: settings a config may add to its default's, and the kernel's value for each
-# one left out (None: a compile option, not passed).
-_OPTIONAL = {"pointer": {}}
-_LAST = {"config": None, "source": None, "path": None, "fast_tanh": False, "fp32_matmul": None}
-_LAST_RUN = {}  # the last launch's compiled "kernel" and plan "key" (fusegen tune, inspect)
-_LOGGED = set()
-_TUNED = {}  # path -> its autotuned kernel
-_PLANS = {}  # tuning key -> (path, config, source) chosen once; later calls launch it directly
-_TABLE = {}  # "entries": the tuned table's entries, read at first use
-# What a tuned table's entry keys on, in the order of a plan's key.
-_KEY_NAMES = ("M_bucket", "N", "dtype", "out_dtype")
-_DEVICES = {}  # device index -> (compute capability major, SM count, shared memory per block)
-_FLUSH = {}  # device index -> the buffer that clears the L2 cache between timed calls
-_UNTRACED = {}  # "launcher": the launcher as torch.compile runs it (see _untraced)
-GRAPH_TIMED_UNDER_MS = 0.1  # tuning times shorter kernels from CUDA graphs (see _graph_bench)
-_ALLOCATION = getattr(triton.runtime, "_allocation", None)
-_OUTPUTS = slice(3, 4)  # outputs in a launch's arguments
-_TMA_OPERANDS = {}  # the TMA kernel's layout flags -> operands' places in them
-try:
-    _TRITON_VERSION = tuple(int(part) for part in triton.__version__.split(".")[:2])
-except ValueError:
-    _TRITON_VERSION = (0, 0)
-
-
-def last_launch() -> dict:
-    """What the last call ran: {"config": the config dict or None, "source": one of
-    "table", "autotune", "default", "interpreter", "explicit", "reference (...)",
-    "empty", "path": "pointer" or "tma" (the kernel that ran) or None, "fast_tanh":
-    whether its activations ran on the GPU's tanh.approx, "fp32_matmul": "tf32" or
-    "ieee", how its matmul ran on fp32 operands (None: no fp32 matmul ran)}."""
-    config = _LAST["config"]
-    return {**_LAST, "config": dict(config) if config is not None else None}
-
-
-def _record(config, source, path=None, fast_tanh=False, fp32_matmul=None):
-    _LAST["config"] = config
-    _LAST["source"] = source
-    _LAST["path"] = path
-    _LAST["fast_tanh"] = fast_tanh
-    _LAST["fp32_matmul"] = fp32_matmul
-
-
-def _refuse_grad(tensors):
-    """Raise for inputs that require grad: the output of a kernel with no backward
-    would carry no gradient to them, and training would silently leave them unchanged."""
-    names = [name for name, tensor in tensors.items() if getattr(tensor, "requires_grad", False)]
-    listed = ", ".join(names)
-    detached = ", ".join(f"{name}.detach()" for name in names)
-    raise RuntimeError(
-        f"bias_gelu_residual: {listed} {'requires' if len(names) == 1 else 'require'} grad, but this "
-        "kernel has no backward yet: its output would carry no gradient to "
-        f"{'it' if len(names) == 1 else 'them'}. For inference, call it under torch.no_grad() "
-        f"or torch.inference_mode(), or pass {detached}; to train through the chain, call "
-        "reference(...) (the same chain in PyTorch ops, which autograd differentiates)."
-    )
-
-
-def _log_once(reason, message, *args):
-    if reason not in _LOGGED:
-        _LOGGED.add(reason)
-        _log.warning(message, *args)
-
-
-class _Plan:
-    """What the checks of one call signature decided (see _plan)."""
-
-    __slots__ = (
-        "device",
-        "dtype",
-        "out_dtype",
-        "out_shape",
-        "extra_shape",
-        "runs_triton",
-        "path",
-        "tail",
-        "consts",
-        "key",
-        "ready",
-        "fp32",
-        "follows_torch",
-        "copies",
-    )
-
-
-_CALLS = {}  # call signature -> _Plan
-
-
-def _signature(*tensors):
-    """What a plan depends on: shapes, strides, dtypes, devices, 16-byte alignment,
-    FUSEGEN_TMA and FUSEGEN_AUTOTUNE. None for a non-tensor argument (the checks then
-    say what is wrong)."""
-    try:
-        return (
-            tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors),
-            os.environ.get("FUSEGEN_TMA"),
-            os.environ.get("FUSEGEN_AUTOTUNE"),
-        )
-    except AttributeError:
-        return None
-
-
-def _grid(meta):
-    tiles = triton.cdiv(meta["M"], meta["BLOCK_M"]) * triton.cdiv(meta["N"], meta["BLOCK_N"])
-    if "NUM_SMS" in meta:
-        return (min(tiles, meta["NUM_SMS"]),)  # persistent: a program per SM
-    return (tiles * meta.get("SPLIT_K", 1),)
-
-
-def _interpreted():
-    """Whether TRITON_INTERPRET=1 was set when this module was imported (triton.jit
-    decides then); the kernel may sit inside a @triton.heuristics wrapper."""
-    fn = _bias_gelu_residual_kernel
-    while type(fn).__name__ == "Heuristics":
-        fn = fn.fn
-    return type(fn).__name__ == "InterpretedFunction"
-
-
-def _runs_triton(device):
-    return device.type == "cuda" or _interpreted()
-
-
-def _fast_tanh(device, *out_dtypes):
-    """Whether the activations run on tanh.approx (FAST_TANH): on NVIDIA GPUs from
-    Ampere on, where every output is bf16 or fp16 (its error, under 2**-10.98 of tanh's
-    value, is a small fraction of their rounding at the input's scale; the tests bound
-    it); never under the interpreter (no PTX there)."""
-    return (
-        device.type == "cuda"
-        and not torch.version.hip
-        and not _interpreted()
-        and all(d in (torch.float16, torch.bfloat16) for d in out_dtypes)
-        and _device_facts(device)[0] >= 8
-    )
-
-
-class _Shapes:
-    """Binds each dim to the size the first tensor having it gives, and checks the rest
-    against it and against the spec."""
-
-    def __init__(self, declared):
-        self.declared = declared
-        self.sizes = {}
-        self.origin = {}
-        self.lead = None
-        self.lead_origin = None
-
-    def __getitem__(self, dim):
-        return self.sizes[dim]
-
-    def bind(self, name, tensor, dims, batched=False):
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-        spelled = ", ".join(dims)
-        if batched:
-            if tensor.dim() < len(dims):
-                raise ValueError(
-                    f"{name} must be [..., {spelled}] (leading dims are flattened into "
-                    f"{dims[0]}), got shape {list(tensor.shape)}"
-                )
-            lead = tuple(tensor.shape[: tensor.dim() - len(dims) + 1])
-            if self.lead is None:
-                self.lead, self.lead_origin = lead, name
-            elif lead != self.lead:
-                raise ValueError(
-                    f"{name} has leading dims {list(lead)} but {self.lead_origin} has "
-                    f"{list(self.lead)}; they must match"
-                )
-            tensor = tensor.reshape(-1, *tensor.shape[len(lead) :])
-        elif tensor.dim() != len(dims):
-            raise ValueError(
-                f"{name} must be {len(dims)}-D [{spelled}], got shape {list(tensor.shape)}"
-            )
-        for axis, dim in enumerate(dims):
-            self._bind_dim(dim, tensor.shape[axis], f"{name}.shape[{axis}]")
-        return tensor
-
-    def _bind_dim(self, dim, size, where):
-        declared = self.declared[dim]
-        if dim in self.sizes:
-            if size != self.sizes[dim]:
-                raise ValueError(
-                    f"{where} is {size}, but {self.origin[dim]} is {self.sizes[dim]}; "
-                    f"both are dim {dim}"
-                )
-        elif declared is not None and size != declared:
-            raise ValueError(f"{where} is {size}, but the spec fixes dim {dim} = {declared}")
-        self.sizes[dim] = size
-        self.origin.setdefault(dim, where)
-
-
-def _call_dtype(tensors):
-    """The one dtype all unpinned inputs share."""
-    name, first = next(iter(tensors.items()))
-    for other, tensor in tensors.items():
-        if tensor.dtype != first.dtype:
-            raise TypeError(
-                f"{other} is {tensor.dtype} but {name} is {first.dtype}; they must match"
-            )
-    if first.dtype not in DTYPES:
-        allowed = ", ".join(str(d) for d in DTYPES)
-        raise TypeError(f"{name} is {first.dtype}; this kernel takes {allowed}")
-    return first.dtype
-
-
-def _check_pinned(tensors):
-    for name, (tensor, dtype) in tensors.items():
-        if tensor.dtype != dtype:
-            raise TypeError(f"{name} must be {dtype} (pinned by the spec), got {tensor.dtype}")
-
-
-def _common_device(tensors):
-    name, first = next(iter(tensors.items()))
-    for other, tensor in tensors.items():
-        if tensor.device != first.device:
-            raise ValueError(f"{other} is on {tensor.device} but {name} is on {first.device}")
-    return first.device
-
-
-def _shares_memory(a, b):
-    if a.numel() == 0 or b.numel() == 0:
-        return False
-    a_start, a_end = a.data_ptr(), a.data_ptr() + _span(a)
-    b_start, b_end = b.data_ptr(), b.data_ptr() + _span(b)
-    return a.device == b.device and a_start < b_end and b_start < a_end
-
-
-def _span(t):
-    return (
-        sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) + 1
-    ) * t.element_size()
-
-
-def _check_out(name, out, shape, dtype, device, inputs):
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(out).__name__}")
-    if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != device:
-        raise ValueError(
-            f"{name} must be {list(shape)} {dtype} on {device}, got "
-            f"{list(out.shape)} {out.dtype} on {out.device}"
-        )
-    if not out.is_contiguous():
-        raise ValueError(f"{name} must be contiguous")
-    for other, tensor in inputs.items():
-        if _shares_memory(out, tensor):
-            raise ValueError(f"{name} shares memory with {other}; pass a separate buffer")
-
-
-def _needs_int64(*tensors):
-    """Whether some element's offset (index times stride) reaches 2**31."""
-    return any(
-        sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) >= 2**31
-        for t in tensors
-    )
-
-
-def _bucket(rows):
-    """The power of two at or above `rows`: tuning per bucket, not per exact size."""
-    return 1 << max(rows - 1, 0).bit_length()
-
-
-def _triton_config(path, config):
-    meta = {
-        k: v
-        for k, v in _triton_kwargs(path, config).items()
-        if k not in ("num_warps", "num_stages")
-    }
-    return triton.Config(
-        meta, num_warps=config["num_warps"], num_stages=config.get("num_stages", 1)
-    )
-
-
-def _device_facts(device):
-    """(capability major, SM count, shared memory a block may use), read once; for a
-    device that is no GPU (the interpreter), stand-ins of a small one."""
-    if torch.device(device).type != "cuda":
-        return (0, 4, 101_376)
-    index = torch.device(device).index
-    index = torch.cuda.current_device() if index is None else index
-    if index not in _DEVICES:
-        props = torch.cuda.get_device_properties(index)
-        smem = getattr(props, "shared_memory_per_block_optin", 101_376)
-        _DEVICES[index] = (props.major, props.multi_processor_count, smem)
-    return _DEVICES[index]
-
-
-def _shared_memory_limit(device):
-    return _device_facts(device)[2]
-
-
-def _prune(configs, named_args, **kwargs):
-    """Drop configs before compiling (see _fits); keep the smallest if none fits."""
-    first = named_args["x_ptr"]
-    tma = "NUM_SMS" in kwargs
-    sizes = {"BLOCK_M": named_args["M"], "BLOCK_N": named_args["N"]}
-    kept = [
-        c
-        for c in configs
-        if _fits(
-            {**c.kwargs, "num_stages": c.num_stages}, tma, sizes, first.element_size(), first.device
-        )
-    ]
-    return kept or [
-        min(configs, key=lambda c: _config_smem(c.kwargs, c.num_stages, first.element_size(), tma))
-    ]
-
-
-def _fits(config, tma, sizes, element_size, device):
-    """Whether a config is worth compiling: within the device's shared memory, and no
-    block far larger than the dim it tiles ({"BLOCK_M": rows, ...}; such a tile only
-    adds masked work)."""
-    if _config_smem(config, config.get("num_stages", 1), element_size, tma) > _shared_memory_limit(
-        device
-    ):
-        return False
-    return not any(config[b] >= 2 * max(16, _bucket(n)) for b, n in sizes.items())
-
-
-def _config_smem(meta, stages, element_size, tma=False):
-    """Shared memory a config needs: its pipelined input tiles, the output tile a TMA
-    store goes through, and fp32 scratch where the chain loads a full-tile operand
-    (triton reshapes the accumulator through shared memory for it)."""
-    return 0
-
-
-def _tuned_kernel(path):
-    """The autotuned kernel for a path, made at first use: the interpreter cannot tune."""
-    if path not in _TUNED:
-        kernel, configs, _ = _PATHS[path]
-        takes_timer = "do_bench" in inspect.signature(triton.autotune).parameters
-        timer = {"do_bench": _graph_bench} if takes_timer else {}
-        _TUNED[path] = triton.autotune(
-            configs=[_triton_config(path, _complete(path, c)) for c in configs],
-            key=["ROWS_BUCKET", "N", "stride_x_n", "stride_r_n"],
-            prune_configs_by={"early_config_prune": _prune},
-            **timer,
-        )(kernel)
-    return _TUNED[path]
-
-
-def _launch(path, plan, args, config):
-    """Launch the kernel with the config _choose picks; remember what ran. What a
-    signature's launch needs (kernel, grid, keyword arguments) is worked out once and
-    kept in its plan, and from the second call the compiled kernel is launched directly
-    (see _direct): a call of a known signature costs a dict lookup and the launch. An
-    fp32 call that follows PyTorch's matmul precision reads it each time (_fp32_matmul)."""
-    key = _config_key(config)
-    consts = plan.consts
-    if plan.follows_torch:
-        precision = _fp32_matmul()
-        key = (key, precision)
-        consts = {**consts, "INPUT_PRECISION": precision}
-    ready = plan.ready.get(key)
-    if ready is None or ready[0] != path:
-        if len(plan.ready) >= 64:
-            plan.ready.clear()
-        ready = plan.ready[key] = _ready(path, plan, args, config, consts)
-    _, kernel, grid, kwargs, split, record, direct = ready
-    if direct and all(t.data_ptr() % 16 == 0 for t in args[_OUTPUTS]):
-        direct[0][grid](*args, *direct[1])
-        _LAST_RUN.update(kernel=direct[0], key=plan.key, direct=True)
-    else:
-        compiled = kernel[grid](*args, **kwargs)
-        _LAST_RUN.update(kernel=compiled, key=plan.key, direct=False)
-        # The outputs' alignment is part of what triton compiled for; False: no direct
-        # launch for this plan (asked once).
-        if direct is None and all(t.data_ptr() % 16 == 0 for t in args[_OUTPUTS]):
-            ready[6] = _direct(compiled, kernel, args, kwargs) or False
-    _record(*record)
-
-
-def _direct(compiled, kernel, args, kwargs):
-    """(compiled kernel, its constexpr arguments in order), to launch it without
-    triton's per-call dispatch, which costs more than a decode-sized kernel runs (46 ->
-    27 us per call on an H200). None with FUSEGEN_DIRECT_LAUNCH=0, under the interpreter,
-    and before triton 3.3 (which passed no constexprs). The plan's signature pins
-    everything the kernel was specialized on (shapes, strides, dtypes, alignment)."""
-    if (
-        _TRITON_VERSION < (3, 3)
-        or os.environ.get("FUSEGEN_DIRECT_LAUNCH", "1") == "0"
-        or _interpreted()
-    ):
-        return None
-    try:
-        names = compiled.src.fn.arg_names
-        bound = {**dict(zip(names, args)), **kwargs}
-        while type(kernel).__name__ == "Heuristics":  # the values it would compute
-            for name, rule in kernel.values.items():
-                bound[name] = rule(bound)
-            kernel = kernel.fn
-        return compiled, tuple(bound[name] for name in names[len(args) :])
-    except (AttributeError, KeyError, TypeError):
-        return None
-
-
-def _config_key(config):
-    """A caller's config as a key of plan.ready (None: the launcher chooses)."""
-    try:
-        key = None if config is None else tuple(config.items())
-        hash(key)
-        return key
-    except (AttributeError, TypeError):
-        return ("unusable", id(config))  # _checked_config says what is wrong
-
-
-def _ready(path, plan, args, config, consts):
-    """[path asked for, kernel, grid, keyword arguments, SPLIT_K, what last_launch says,
-    the direct launch (None: not yet asked; False: none)]."""
-    asked = path
-    path, chosen, source = _choose(path, plan.key, _grid, args, consts, config)
-    kwargs = {**_path_consts(path, args, consts), **_triton_kwargs(path, chosen)}
-    grid = (*_grid({**dict(zip(DIMS, plan.tail)), **kwargs}), 1, 1)[:3]  # a compiled kernel takes 3
-    split = chosen.get("SPLIT_K", 1)
-    fp32_matmul = consts["INPUT_PRECISION"] if plan.fp32 else None
-    record = (chosen, source, path, bool(consts.get("FAST_TANH")), fp32_matmul)
-    return [asked, _PATHS[path][0], grid, kwargs, split, record, None]
-
-
-def _choose(path, key, grid, args, consts, config):
-    """(path, config, source) for a launch: the caller's config; the interpreter's; else,
-    once per key, the tuned table's entry for this GPU, or (unless DETERMINISTIC or
-    FUSEGEN_AUTOTUNE=0) runtime tuning, or the default. Tuning times both kernels where
-    both can run and FUSEGEN_TMA is unset, and keeps the faster."""
-    if config is not None:
-        return path, _checked_config(path, config), "explicit"
-    device = args[0].device
-    if not _can_tune(device):
-        return path, _complete(path, INTERPRETER_CONFIG), "interpreter"
-    tuning = not DETERMINISTIC and os.environ.get("FUSEGEN_AUTOTUNE", "1") != "0"
-    row_major = not any(key[len(_KEY_NAMES)])  # see _plan: the key ends with the layout
-    key = (*key, path, os.environ.get("FUSEGEN_TMA", ""), tuning)
-    plan = _PLANS.get(key) or (_from_table(path, key, device) if row_major else None)
-    if plan is None and tuning:
-        plan = _tune(path, key, grid, args, consts)
-    if plan is None:
-        plan = _PLANS[key] = (path, _PATHS[path][2], "default")
-        _log.info(
-            "bias_gelu_residual: %s: no tuned table entry; default config %s",
-            _key_text(key),
-            plan[1],
-        )
-    return plan
-
-
-def _can_tune(device):
-    """Tables and tuning are per GPU: under the interpreter there is neither."""
-    return device.type == "cuda" and not _interpreted()
-
-
-def _key_text(key):
-    return " ".join(f"{name}={_plain(value)}" for name, value in zip(_KEY_NAMES, key))
-
-
-def _plain(value):
-    """A key's value as a tuned table spells it: dtypes without "torch."."""
-    return str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else value
-
-
-def _device_identity(device):
-    """(name, [major, minor]) as tuned tables record a GPU."""
-    index = torch.device(device).index
-    index = torch.cuda.current_device() if index is None else index
-    return torch.cuda.get_device_name(index), list(torch.cuda.get_device_capability(index))
-
-
-def _table_entries():
-    """The tuned table beside this module ([] if there is none or it cannot be read)."""
-    if "entries" not in _TABLE:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), TUNED_TABLE)
-        entries = []
-        if os.path.exists(path):
-            try:
-                with open(path, encoding="utf-8") as f:
-                    entries = list(json.load(f)["entries"])
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                _log_once("table", "bias_gelu_residual: ignoring %s: %s", path, exc)
-        stale = sum(isinstance(e, dict) and e.get("kernel_hash") != KERNEL_HASH for e in entries)
-        if stale:
-            _log.info(
-                "bias_gelu_residual: %d of %d entries in %s were tuned for other kernel source and are "
-                "ignored; run `fusegen tune` to measure them again",
-                stale,
-                len(entries),
-                path,
-            )
-        _TABLE["entries"] = entries
-    return _TABLE["entries"]
-
-
-def _from_table(path, key, device):
-    """The table's plan for a key on this GPU, or None. An entry of another row bucket
-    serves when none has this one: the nearest (in powers of two), larger on a tie."""
-    name, capability = _device_identity(device)
-    wanted = {n: _plain(v) for n, v in zip(_KEY_NAMES, key)}
-    rows = _KEY_NAMES[0]
-    pick = "best" if path == "tma" and not key[-2] else path
-    found = []
-    for entry in _table_entries():
-        try:
-            if (entry["gpu"], entry["capability"], entry["kernel_hash"]) != (
-                name,
-                capability,
-                KERNEL_HASH,
-            ):
-                continue
-            if any(entry["key"][n] != v for n, v in wanted.items() if n != rows):
-                continue
-            chosen = entry["best"] if pick == "best" else pick
-            config = _complete(chosen, entry["choices"][chosen]["config"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        distance = abs((entry["key"][rows]).bit_length() - wanted[rows].bit_length())
-        found.append((distance, -entry["key"][rows], chosen, config, entry))
-    if not found:
-        return None
-    _, _, chosen, config, entry = min(found, key=lambda f: f[:2])
-    _PLANS[key] = (chosen, config, "table")
-    _log.info(
-        "bias_gelu_residual: %s: tuned table entry for %s=%s: %s %s (%s ms when tuned)",
-        _key_text(key),
-        rows,
-        entry["key"][rows],
-        chosen,
-        config,
-        entry["choices"][chosen].get("ms"),
-    )
-    return _PLANS[key]
-
-
-def _tune(path, key, grid, args, consts):
-    started = time.perf_counter()
-    candidates = [path]
-    if path == "tma" and not os.environ.get("FUSEGEN_TMA"):
-        candidates.append("pointer")
-    found = {}
-    for candidate in candidates:
-        try:
-            found[candidate] = _autotuned(candidate, grid, args, consts)
-        except Exception as exc:  # noqa: BLE001 - any tuning failure falls back
-            _log_once(
-                "tuning", "bias_gelu_residual: tuning the %s kernel failed (%s)", candidate, exc
-            )
-    _FLUSH.clear()  # twice the L2 cache of GPU memory: not held between tunings
-    if not found:
-        return None
-    best = min(found, key=lambda p: found[p][1])
-    _PLANS[key] = (best, found[best][0], "autotune")
-    _log.info(
-        "bias_gelu_residual: %s: tuned in %.1f s: %s (no tuned table entry; `fusegen tune` makes one)",
-        _key_text(key),
-        time.perf_counter() - started,
-        ", ".join(f"{p} {c} {ms:.4f} ms" for p, (c, ms) in found.items()),
-    )
-    return _PLANS[key]
-
-
-def _graph_bench(kernel_call, quantiles=(0.5, 0.2, 0.8)):
-    """Autotuning's timer: a config's GPU time per call (see _graph_samples). Triton's
-    default times each Python call, which for a kernel shorter than its launch measures
-    the launch, so decode-sized configs came out ranked by noise. Triton's default where
-    a call cannot be captured, and for kernels of GRAPH_TIMED_UNDER_MS or more, where the
-    launch is hidden anyway (on an H200 the graph ranking picked a config 10% slower for
-    a 0.12 ms gated kernel). Returns quantiles of the per-call times, as triton's timers do."""
-    samples = _graph_samples(kernel_call)
-    if samples is None or samples[len(samples) // 2] >= GRAPH_TIMED_UNDER_MS:
-        from triton.testing import do_bench
-
-        return do_bench(kernel_call, quantiles=list(quantiles))
-    return [samples[min(int(q * len(samples)), len(samples) - 1)] for q in quantiles]
-
-
-def _graph_samples(kernel_call, calls=20, replays=10):
-    """Sorted ms per call, one per replay, from CUDA graphs of [clear the L2 cache,
-    call] x calls less [clear the L2 cache] x calls; None where a call cannot be captured."""
-    kernel_call()  # compiles outside the capture
-    flush = _l2_flush()
-    try:
-        both = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(both):
-            for _ in range(calls):
-                flush.zero_()
-                kernel_call()
-        alone = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(alone):
-            for _ in range(calls):
-                flush.zero_()
-    except RuntimeError:
-        torch.cuda.synchronize()
-        return None
-    both.replay()
-    alone.replay()
-    samples = []
-    for _ in range(replays):  # interleaved, so drift in clocks hits both alike
-        times = []
-        for graph in (both, alone):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        samples.append(max(times[0] - times[1], 0.0) / calls)
-    return sorted(samples)
-
-
-def _l2_flush():
-    """A buffer twice the L2 cache of the current GPU, zeroed between timed calls."""
-    index = torch.cuda.current_device()
-    if index not in _FLUSH:
-        l2 = getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 0) or 64 << 20
-        _FLUSH[index] = torch.empty(2 * l2 // 4, dtype=torch.int32, device="cuda")
-    return _FLUSH[index]
-
-
-def _autotuned(path, grid, args, consts):
-    """Run (tuning first, for a new key) the autotuned kernel of a path; return the
-    config it chose and that config's time in ms."""
-    tuned = _tuned_kernel(path)
-    tuned[grid](*args, **_path_consts(path, args, consts))
-    best = tuned.best_config
-    found = {**best.kwargs, "num_warps": best.num_warps, "num_stages": best.num_stages}
-    optional = _OPTIONAL[path]
-    chosen = {k: found[k] for k in _PATHS[path][2]}
-    chosen.update({k: found[k] for k in optional if k in found and found[k] != optional[k]})
-    timing = getattr(tuned, "configs_timings", {}).get(best)
-    if timing is None:  # one config: the tuner does not time it
-        kwargs = {**_path_consts(path, args, consts), **_triton_kwargs(path, chosen)}
-        timing = _graph_bench(lambda: _PATHS[path][0][grid](*args, **kwargs))
-    return chosen, timing[0] if isinstance(timing, (list, tuple)) else timing
-
-
-def _path_consts(path, args, consts):
-    if path != "tma":
-        return consts
-    device = args[0].device
-    _ensure_allocator(device)
-    sms = _device_facts(device)[1] if device.type == "cuda" else 4
-    layouts = {flag: _column_major(args[i]) for flag, i in _TMA_OPERANDS.items()}
-    return {**consts, "NUM_SMS": sms, **layouts}
-
-
-def _column_major(tensor):
-    """Whether a 2-D tensor's unit stride is along its first dim (a transposed view)."""
-    return tensor.stride(0) == 1 and tensor.stride(1) != 1 and tensor.shape[1] > 1
-
-
-def _tma_ready(tensor, either_major=False):
-    """A tensor descriptor needs a unit-stride last dim, 16-byte-aligned other strides
-    and a 16-byte-aligned start (an fp16 row of 50 elements is 100 bytes: not aligned).
-    either_major: a column-major 2-D tensor will do, read through its transpose."""
-    size = tensor.element_size()
-    strides = tensor.stride()
-    if either_major and _column_major(tensor):
-        strides = strides[::-1]
-    return (
-        tensor.numel() > 0
-        and strides[-1] == 1
-        and all(stride * size % 16 == 0 for stride in strides[:-1])
-        and tensor.data_ptr() % 16 == 0
-    )
-
-
-def _copy_first(tensor, operand):
-    """Whether a call copies this 2-D input to contiguous memory before launching. A
-    matmul operand (operand=True) with no unit stride, a slice such as x[:, ::2]: the
-    copy is one pass, and the copied operand takes the TMA kernel, where the pointer
-    kernel's strided loads ran 3x slower than eager PyTorch (which copies too). Other
-    inputs: never; the kernels read them along rows whatever their strides."""
-    return operand and 1 not in (tensor.stride(0), tensor.stride(1))
-
-
-def _with_copies(args, copies):
-    """The launch arguments with the inputs at indices `copies` made contiguous."""
-    args = list(args)
-    for index in copies:
-        args[index] = args[index].contiguous()
-    return tuple(args)
-
-
-def _path(device, operands, outputs=()):
-    """ "tma" on sm_90+ GPUs when every matmul operand (row- or column-major) and output
-    (row-major) allows it, else "pointer". FUSEGEN_TMA=0 forces the pointer path;
-    FUSEGEN_TMA=1 takes the TMA path wherever the tensors allow, the interpreter included."""
-    return "pointer"
-
-
-def _ensure_allocator(device):
-    """Tensor descriptors made inside a kernel need a little global scratch memory,
-    which triton asks an allocator for. Keep one the caller set; else set one."""
-    current = getattr(_ALLOCATION, "_allocator", None)
-    if current is not None and type(current.get()).__name__ != "NullAllocator":
-        return
-
-    def scratch(size, alignment, stream):
-        return torch.empty(size, dtype=torch.int8, device=device)
-
-    triton.set_allocator(scratch)
-
-
-def _complete(path, config):
-    """`config` with just the settings `path`'s kernel takes: the ones it leaves out
-    filled from that path's default, optional ones kept where given."""
-    default = _PATHS[path][2]
-    completed = {k: config.get(k, default[k]) for k in default}
-    return {**completed, **{k: config[k] for k in _OPTIONAL[path] if k in config}}
-
-
-def _triton_kwargs(path, config):
-    fixed = {k: v for k, v in _OPTIONAL[path].items() if v is not None}
-    return {**fixed, **config, "num_stages": config.get("num_stages", 1)}
-
-
-def _checked_config(path, config):
-    required = set(DEFAULT_CONFIG)
-    allowed = set().union(*(default for _, _, default in _PATHS.values()), *_OPTIONAL.values())
-    if not isinstance(config, dict) or not required <= set(config) <= allowed:
-        raise ValueError(
-            f"config must be a dict with keys {sorted(required)} (optional: "
-            f"{sorted(allowed - required) or 'none'}), got {config!r}"
-        )
-    return _complete(path, config)
-
-
 def bias_gelu_residual(
     x: torch.Tensor,
     b: torch.Tensor,
@@ -917,53 +171,37 @@ def bias_gelu_residual(
     """y = gelu_tanh(x + b) * 0.5 + r
 
     Args:
-        x: [..., N] ([M, N], leading dims flattened into M); the call's dtype (bf16 or fp16 or fp32).
+        x: [..., N] ([M, N], leading dims flattened into M); the call's dtype (bf16 or
+            fp16 or fp32).
         b: [N]; the call's dtype (bf16 or fp16 or fp32).
-        r: [..., N] ([M, N], leading dims flattened into M); the call's dtype (bf16 or fp16 or fp32).
-        out: a buffer for y (optional; contiguous, not sharing memory
-            with an input).
-        config: block sizes and launch options to use instead of tuning, in the form of
+        r: [..., N] ([M, N], leading dims flattened into M); the call's dtype (bf16 or
+            fp16 or fp32).
+        out: a buffer for y (optional; contiguous, sharing no memory with an input).
+        config: a config to launch instead of choosing one, in the form of
             DEFAULT_CONFIG.
 
     Returns:
         y: [..., N] (the leading dims of x), in the call dtype.
 
-    Raises:
-        TypeError, ValueError: an input has the wrong type, shape, dtype or device; the
-            message names the tensor and the dim.
-        RuntimeError: an input requires grad while grad mode is on: this kernel has no
-            backward, and its output would silently carry no gradient.
-
-    Inside torch.compile it is one custom op, fusegen::bias_gelu_residual_956313b8af89; given an
-    output buffer or a config there, an eager call (a graph break).
+    Raises TypeError or ValueError naming the tensor and dim for a wrong type, shape, dtype
+    or device; RuntimeError where an input requires grad (grad mode on): this kernel has no
+    backward. Inside torch.compile it is the custom op
+    fusegen::bias_gelu_residual_956313b8af89 (with `out=` or `config=` given there, an eager
+    call: a graph break).
     """
     if torch.compiler.is_compiling():
         if _OP is not None and config is None and out is None:
             return _OP(x, b, r)
-        return _untraced(x, b, r, out=out, config=config)
+        return _KERNELS.untraced(x, b, r, out=out, config=config)
     plan = _CALLS.get(_signature(x, b, r)) or _plan(x, b, r)
     if torch.is_grad_enabled() and (x.requires_grad or b.requires_grad or r.requires_grad):
-        _refuse_grad({"x": x, "b": b, "r": r})
-    path = plan.path
+        _KERNELS.refuse_grad(x, b, r)
     if out is None:
         out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
     else:
-        _check_out(
-            "out", out, plan.out_shape, plan.out_dtype, plan.device, {"x": x, "b": b, "r": r}
-        )
-    if not plan.runs_triton:
-        _log_once(
-            "no-gpu",
-            "bias_gelu_residual: the inputs are on %s and the Triton interpreter is off; "
-            "running the PyTorch reference",
-            plan.device,
-        )
-        out.copy_(reference(x, b, r))
-        _record(None, "reference (no GPU)")
-        return out
-    if out.numel() == 0:
-        _record(None, "empty")
-        return out
+        _KERNELS.check_out("out", out, plan, (x, b, r))
+    if not plan.launches:
+        return _KERNELS.without_launch(plan, (out,), (x, b, r))
     args = (
         x if x.dim() == 2 else x.reshape(-1, x.shape[-1]),
         b,
@@ -971,151 +209,50 @@ def bias_gelu_residual(
         out if out.dim() == 2 else out.view(-1, out.shape[-1]),
         *plan.tail,
     )
-    if plan.copies:
-        args = _with_copies(args, plan.copies)
-    _launch(path, plan, args, config)
+    _KERNELS.launch(plan, args, config)
     return out
 
 
-def _untraced(*args, **kwargs):
-    """The launcher inside a torch.compile'd function when the custom op cannot serve
-    (`out=` or `config=` given, or no torch.library.custom_op): run eagerly, a graph
-    break, since it reads pointers and launches compiled kernels itself, which Dynamo
-    cannot trace. torch.compiler.disable is reached only here: importing it costs seconds."""
-    if "launcher" not in _UNTRACED:
-        _UNTRACED["launcher"] = torch.compiler.disable(bias_gelu_residual)
-    return _UNTRACED["launcher"](*args, **kwargs)
+def last_launch() -> dict:
+    """What the last call ran: its "config", "source" (table, autotune, default, interpreter,
+    explicit, reference (...), empty), "path" (pointer, tma), "fast_tanh" (tanh.approx ran)
+    and "fp32_matmul" (tf32 or ieee, for an fp32 matmul), as a dict."""
+    return _KERNELS.last_launch()
 
 
-def _refuse_grad_when_traced(ctx, inputs, output):
-    """The custom op's autograd setup, reached only where an input needs a gradient
-    (torch.compile traces it): refuse, as the eager launcher does."""
-    _refuse_grad(dict(zip(("x", "b", "r"), inputs)))
-
-
-def _no_backward(ctx, *grads):
-    raise RuntimeError("bias_gelu_residual has no backward")  # unreachable: the setup refuses
+def _checked(x, b, r):
+    """A call's checks, for _plan and _fake: (its plan so far, dim sizes, 2-D views)."""
+    shapes = _rt.Shapes(DIMS)
+    x_2d = shapes.bind("x", x, ("M", "N"), batched=True)
+    b_2d = shapes.bind("b", b, ("N",))
+    r_2d = shapes.bind("r", r, ("M", "N"), batched=True)
+    plan = _rt.Plan()
+    plan.dtype, plan.device = _KERNELS.dtype_and_device(x, b, r)
+    plan.out_dtype = OUT_DTYPE or plan.dtype
+    plan.out_shape = (*shapes.lead, shapes["N"])
+    return plan, shapes, (x_2d, b_2d, r_2d)
 
 
 def _fake(x, b, r):
-    """What torch.compile traces in place of the launcher: the same checks, then empty
-    outputs of the right shapes and dtypes."""
-    shapes = _Shapes(DIMS)
-    x_2d = shapes.bind("x", x, ("M", "N"), batched=True)
-    b_2d = shapes.bind("b", b, ("N",))
-    r_2d = shapes.bind("r", r, ("M", "N"), batched=True)
-    dtype = _call_dtype({"x": x, "b": b, "r": r})
-    device = _common_device({"x": x, "b": b, "r": r})
-    M = shapes["M"]
-    N = shapes["N"]
-    plan = _Plan()
-    plan.device, plan.dtype = device, dtype
-    plan.out_dtype = OUT_DTYPE or dtype
-    plan.out_shape = (*shapes.lead, N)
-    out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=device)
-    return out
-
-
-def _custom_op():
-    """The launcher as torch.compile sees it: a custom op, traced through _fake, so a
-    compiled model keeps one graph (fullgraph=True works). Named by the spec's hash:
-
-        fusegen::bias_gelu_residual_956313b8af89
-
-    a second import of the same module reuses it. None where torch has no
-    torch.library.custom_op."""
-    if not hasattr(torch.library, "custom_op"):
-        return None
-
-    def launch(x: torch.Tensor, b: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-        return bias_gelu_residual(x, b, r)
-
-    try:
-        packet = getattr(torch.ops.fusegen, "bias_gelu_residual_956313b8af89", None)
-        if packet is None:
-            op = torch.library.custom_op(
-                "fusegen::bias_gelu_residual_956313b8af89", launch, mutates_args=()
-            )
-            op.register_fake(_fake)
-            op.register_autograd(_no_backward, setup_context=_refuse_grad_when_traced)
-            packet = getattr(torch.ops.fusegen, "bias_gelu_residual_956313b8af89")
-        return packet.default
-    except Exception as exc:  # noqa: BLE001 - this torch's custom ops differ: no op
-        _log.warning(
-            "bias_gelu_residual: no custom op for torch.compile (%s); calls there run eagerly", exc
-        )
-        return None
+    """What torch.compile traces in place of the launcher: the checks, then empty outputs."""
+    return _KERNELS.empty_outputs(_checked(x, b, r)[0])
 
 
 def _plan(x, b, r):
-    """Check a call's inputs, and decide what does not change while their shapes,
-    strides, dtypes, devices and alignment do not: sizes, the outputs, the kernel path,
-    int64 offsets, the launch's trailing arguments. Remembered per signature."""
-    shapes = _Shapes(DIMS)
-    x_2d = shapes.bind("x", x, ("M", "N"), batched=True)
-    b_2d = shapes.bind("b", b, ("N",))
-    r_2d = shapes.bind("r", r, ("M", "N"), batched=True)
-    dtype = _call_dtype({"x": x, "b": b, "r": r})
-    device = _common_device({"x": x, "b": b, "r": r})
-    M = shapes["M"]
-    N = shapes["N"]
-    plan = _Plan()
-    plan.device, plan.dtype = device, dtype
-    plan.out_dtype = OUT_DTYPE or dtype
-    plan.out_shape = (*shapes.lead, N)
-    plan.runs_triton = _runs_triton(device)
-    # Stand-ins for the outputs, which are contiguous: shapes and strides, no memory.
-    out_2d = torch.empty((M, N), device="meta", dtype=plan.out_dtype)
-    # Inputs that a launch copies to contiguous memory first (see _copy_first): the plan
-    # sees the copies' strides.
-    plan.copies = ()
-    if _copy_first(x_2d, operand=False):
-        plan.copies += (0,)
-        x_2d = torch.empty(x_2d.shape, device="meta", dtype=x_2d.dtype)
-    if _copy_first(r_2d, operand=False):
-        plan.copies += (2,)
-        r_2d = torch.empty(r_2d.shape, device="meta", dtype=r_2d.dtype)
-    plan.path = _path(device, (), ()) if plan.runs_triton else "pointer"
-    plan.tail = (
-        M,
-        N,
-        _bucket(M),
-        x_2d.stride(0),
-        x_2d.stride(1),
-        b_2d.stride(0),
-        r_2d.stride(0),
-        r_2d.stride(1),
-        N,
-        1,
-    )
-    plan.consts = {
-        "INT64": _needs_int64(x_2d, b_2d, r_2d, out_2d),
-        "FAST_TANH": _fast_tanh(device, plan.out_dtype),
-    }
-    plan.fp32 = plan.follows_torch = False
-    # Last, which 2-D inputs are column-major: tuned apart, and the tuned table (measured
-    # on row-major inputs) serves only calls with none.
-    layout = tuple(_column_major(t) for t in (x_2d, r_2d))
-    plan.key = (_bucket(M), N, dtype, plan.out_dtype, layout)
-    plan.ready = {}  # config (None: chosen) -> what its launch needs, from _launch
-    if len(_CALLS) >= 1024:
-        _CALLS.clear()
-    _CALLS[_signature(x, b, r)] = plan
-    return plan
+    """Check a call, and decide what holds while its shapes, strides, dtypes, devices and
+    alignment do: the kernel path, the launch's trailing arguments, its constexprs."""
+    plan, shapes, (x_2d, b_2d, r_2d) = _checked(x, b, r)
+    M, N = shapes["M"], shapes["N"]
+    out_2d = torch.empty((M, N), device="meta", dtype=plan.out_dtype)  # its strides
+    plan.copies, plan.path = (), "pointer"
+    plan.tail = (M, N, _rt.bucket(M), *_rt.strides(x_2d, b_2d, r_2d), N, 1)
+    plan.key = (_rt.bucket(M), N, plan.dtype, plan.out_dtype)  # + the layout (finish)
+    return _KERNELS.finish(plan, _CALLS, _signature(x, b, r), x_2d, b_2d, r_2d, out_2d)
 
 
-def reference(
-    x: torch.Tensor,
-    b: torch.Tensor,
-    r: torch.Tensor,
-    *,
-    out_dtype: torch.dtype | None = None,
-) -> torch.Tensor:
-    """The same chain, one PyTorch op at a time, in the inputs' dtype.
-
-    The launcher's fallback, and what the tests check the kernel against (on float64
-    inputs, with out_dtype=torch.float64). out_dtype defaults to the launcher's.
-    """
+def reference(x: torch.Tensor, b: torch.Tensor, r: torch.Tensor, *, out_dtype=None) -> torch.Tensor:
+    """The same chain, one PyTorch op at a time, in the inputs' dtype (out_dtype: the
+    launcher's if None): its fallback, and what the tests check it against in float64."""
     y = x
     y = y + b
     y = F.gelu(y, approximate="tanh")
@@ -1124,23 +261,17 @@ def reference(
     return y.to(out_dtype or OUT_DTYPE or x.dtype)
 
 
-def _make_importable():
-    """Put this module in sys.modules under its name if it is not there: torch.compile
-    imports the module of each function it traces by that name, and a module loaded by
-    file path (importlib.util.spec_from_file_location, as plugin loaders and notebooks
-    do) is in sys.modules under none."""
-    if __name__ in sys.modules:
-        if sys.modules[__name__].__dict__ is not globals():
-            _log.warning(
-                "bias_gelu_residual: sys.modules[%r] is another module: torch.compile would read its "
-                "globals for this one's; load this file under a name of its own",
-                __name__,
-            )
-        return
-    for holder in gc.get_referrers(globals()):
-        if isinstance(holder, types.ModuleType) and holder.__dict__ is globals():
-            sys.modules[__name__] = holder
-
-
-_make_importable()
-_OP = _custom_op()  # registered at import, outside any tracing
+_KERNELS = _rt.Kernels(
+    globals(),
+    "bias_gelu_residual",
+    pointer=(_bias_gelu_residual_kernel, CONFIGS, DEFAULT_CONFIG),
+    inputs=("x", "b", "r"),
+    dims=("M", "N"),
+    tune_key=["ROWS_BUCKET", "N", "stride_x_n", "stride_r_n"],
+    op_name="bias_gelu_residual_956313b8af89",
+    fast_tanh=True,
+    no_gpu_reference=True,
+)
+_CALLS, _signature = {}, _rt.signature  # plans by call signature
+_KERNELS.make_importable()
+_OP = _KERNELS.custom_op(_fake)  # registered at import, outside any tracing

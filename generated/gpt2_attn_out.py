@@ -8,29 +8,36 @@ GPT-2 attention output projection (c_proj) with the residual add, y = x @ w + b 
 
 Dims: M = dynamic, K = 768, N = 768. Dtypes: bf16, fp16, fp32, computed in fp32.
 
-Use:
-    y = gpt2_attn_out(x, w, b, residual)
-    y_ref = reference(x, w, b, residual)  # the same chain, unfused
-    last_launch()  # the config (and its source) the last call ran
-
-Only torch and triton are needed to run this module.
+Use: y = gpt2_attn_out(x, w, b, residual). reference(...) is the same chain unfused;
+last_launch() says what the last call ran. Only torch, triton and _fusegen_runtime.py
+(beside this file) are needed.
 """
 
-import gc
-import inspect
-import json
-import logging
+import importlib.util
 import os
 import sys
-import time
-import types
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-_log = logging.getLogger(__name__)
+
+def _runtime(digest):
+    """The launch support beside this module, loaded by path under a name holding its
+    hash: found however this module was imported, and other fusegen versions' kept apart."""
+    name = f"_fusegen_runtime_{digest}"
+    if name not in sys.modules:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fusegen_runtime.py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        if getattr(module, "RUNTIME_HASH", None) != digest:
+            raise ImportError(f"{path}: not the runtime of {__name__}; run `fusegen build`")
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
+_rt = _runtime("1e6171e76e73403a")
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
 DIMS = {"M": None, "K": 768, "N": 768}
@@ -38,246 +45,72 @@ DIMS = {"M": None, "K": 768, "N": 768}
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # The output's dtype; None: the call's dtype.
 OUT_DTYPE = None
-# How tl.dot runs on fp32 inputs: "tf32" or "ieee"; None: as PyTorch's own setting says
-# at each call (see _fp32_matmul).
+# How tl.dot runs on fp32 inputs: "tf32", "ieee", or None: as PyTorch's setting says.
 FP32_MATMUL = None
-
-# The space the autotuner searches (on a GPU, per the row count's power-of-two bucket, N and K).
-CONFIGS = [
-    {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
-    {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
-    {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
-    {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
-    {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
-    {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
-    {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4},
-    {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "GROUP_M": 1, "num_warps": 4, "num_stages": 3},
-    {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256, "GROUP_M": 1, "num_warps": 4, "num_stages": 4},
-    {
-        "BLOCK_M": 16,
-        "BLOCK_N": 64,
-        "BLOCK_K": 128,
-        "GROUP_M": 1,
-        "num_warps": 4,
-        "num_stages": 4,
-        "SPLIT_K": 4,
-    },
-    {
-        "BLOCK_M": 16,
-        "BLOCK_N": 128,
-        "BLOCK_K": 128,
-        "GROUP_M": 1,
-        "num_warps": 4,
-        "num_stages": 3,
-        "SPLIT_K": 4,
-    },
-    {
-        "BLOCK_M": 16,
-        "BLOCK_N": 64,
-        "BLOCK_K": 256,
-        "GROUP_M": 1,
-        "num_warps": 4,
-        "num_stages": 3,
-        "SPLIT_K": 2,
-    },
-]
-# Launched where tuning cannot run: on a GPU when tuning fails or FUSEGEN_AUTOTUNE=0.
-DEFAULT_CONFIG = {
-    "BLOCK_M": 128,
-    "BLOCK_N": 128,
-    "BLOCK_K": 64,
-    "GROUP_M": 8,
-    "num_warps": 8,
-    "num_stages": 3,
-}
-# Launched under the Triton interpreter (TRITON_INTERPRET=1), which has no timer to
-# tune with. Its tiles are large because the interpreter's cost is per tile operation.
-INTERPRETER_CONFIG = {
-    "BLOCK_M": 32,
-    "BLOCK_N": 256,
-    "BLOCK_K": 256,
-    "GROUP_M": 4,
-    "num_warps": 4,
-    "num_stages": 1,
-}
-# The TMA kernel's space (sm_90 and newer GPUs), and its config where tuning cannot run.
-TMA_CONFIGS = [
-    {
-        "BLOCK_M": 128,
-        "BLOCK_N": 256,
-        "BLOCK_K": 64,
-        "GROUP_M": 8,
-        "num_warps": 8,
-        "num_stages": 3,
-        "FLATTEN": 1,
-        "WARP_SPECIALIZE": 1,
-        "EPILOGUE_SUBTILE": 0,
-    },
-    {
-        "BLOCK_M": 128,
-        "BLOCK_N": 256,
-        "BLOCK_K": 64,
-        "GROUP_M": 8,
-        "num_warps": 8,
-        "num_stages": 3,
-        "FLATTEN": 1,
-        "WARP_SPECIALIZE": 0,
-        "EPILOGUE_SUBTILE": 0,
-    },
-    {
-        "BLOCK_M": 128,
-        "BLOCK_N": 256,
-        "BLOCK_K": 64,
-        "GROUP_M": 8,
-        "num_warps": 8,
-        "num_stages": 4,
-        "FLATTEN": 1,
-        "WARP_SPECIALIZE": 0,
-        "EPILOGUE_SUBTILE": 1,
-    },
-    {
-        "BLOCK_M": 128,
-        "BLOCK_N": 256,
-        "BLOCK_K": 64,
-        "GROUP_M": 8,
-        "num_warps": 8,
-        "num_stages": 3,
-        "FLATTEN": 1,
-        "WARP_SPECIALIZE": 0,
-        "EPILOGUE_SUBTILE": 1,
-    },
-    {
-        "BLOCK_M": 256,
-        "BLOCK_N": 128,
-        "BLOCK_K": 64,
-        "GROUP_M": 8,
-        "num_warps": 8,
-        "num_stages": 3,
-        "FLATTEN": 1,
-        "WARP_SPECIALIZE": 0,
-        "EPILOGUE_SUBTILE": 1,
-    },
-    {
-        "BLOCK_M": 128,
-        "BLOCK_N": 128,
-        "BLOCK_K": 64,
-        "GROUP_M": 8,
-        "num_warps": 8,
-        "num_stages": 4,
-        "FLATTEN": 1,
-        "WARP_SPECIALIZE": 0,
-        "EPILOGUE_SUBTILE": 0,
-    },
-    {
-        "BLOCK_M": 64,
-        "BLOCK_N": 128,
-        "BLOCK_K": 64,
-        "GROUP_M": 8,
-        "num_warps": 4,
-        "num_stages": 4,
-        "FLATTEN": 0,
-        "WARP_SPECIALIZE": 0,
-        "EPILOGUE_SUBTILE": 0,
-    },
-    {
-        "BLOCK_M": 16,
-        "BLOCK_N": 128,
-        "BLOCK_K": 128,
-        "GROUP_M": 1,
-        "num_warps": 4,
-        "num_stages": 4,
-        "FLATTEN": 0,
-        "WARP_SPECIALIZE": 0,
-        "EPILOGUE_SUBTILE": 0,
-    },
-    {
-        "BLOCK_M": 16,
-        "BLOCK_N": 64,
-        "BLOCK_K": 128,
-        "GROUP_M": 1,
-        "num_warps": 4,
-        "num_stages": 6,
-        "FLATTEN": 0,
-        "WARP_SPECIALIZE": 0,
-        "EPILOGUE_SUBTILE": 0,
-    },
-    {
-        "BLOCK_M": 16,
-        "BLOCK_N": 64,
-        "BLOCK_K": 256,
-        "GROUP_M": 1,
-        "num_warps": 4,
-        "num_stages": 4,
-        "FLATTEN": 0,
-        "WARP_SPECIALIZE": 0,
-        "EPILOGUE_SUBTILE": 0,
-    },
-]
-TMA_DEFAULT_CONFIG = {
-    "BLOCK_M": 128,
-    "BLOCK_N": 256,
-    "BLOCK_K": 64,
-    "GROUP_M": 8,
-    "num_warps": 8,
-    "num_stages": 3,
-    "FLATTEN": 1,
-    "WARP_SPECIALIZE": 0,
-    "EPILOGUE_SUBTILE": 1,
-}
-# The configs `fusegen tune` chose on named GPUs, in a file beside this module; the
-# launcher looks there before tuning. Entries tuned for other kernel source are ignored.
+# Configs, one a row (None: the kernel's default). CONFIGS: the autotuner's, per row-count
+# power-of-two bucket, N and K. DEFAULT_CONFIG: where tuning cannot run. INTERPRETER_CONFIG:
+# under TRITON_INTERPRET=1 (large tiles: its cost is per op).
+# TMA_*: the TMA kernel's (sm_90 and newer GPUs).
+# fmt: off
+_SETTINGS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "SPLIT_K")
+CONFIGS = _rt.configs(_SETTINGS, [
+    (128, 256,  64,   8,   8,   3, None),
+    (256, 128,  64,   8,   8,   3, None),
+    (128, 128,  64,   8,   8,   4, None),
+    (128, 128,  32,   8,   4,   4, None),
+    (128,  64,  64,   8,   4,   4, None),
+    ( 64, 128,  64,   8,   4,   4, None),
+    ( 64,  64,  64,   8,   4,   4, None),
+    ( 32, 128, 128,   8,   4,   4, None),
+    ( 16, 128, 128,   1,   4,   4, None),
+    ( 16,  64, 256,   1,   4,   3, None),
+    ( 16,  32, 256,   1,   4,   4, None),
+    ( 16,  64, 128,   1,   4,   4,   4),
+    ( 16, 128, 128,   1,   4,   3,   4),
+    ( 16,  64, 256,   1,   4,   3,   2),
+])
+DEFAULT_CONFIG = _rt.config(_SETTINGS, 128, 128,  64,   8,   8,   3, None)
+INTERPRETER_CONFIG = _rt.config(_SETTINGS,  32, 256, 256,   4,   4,   1, None)
+_TMA_SETTINGS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages",
+                 "FLATTEN", "WARP_SPECIALIZE", "EPILOGUE_SUBTILE")
+TMA_CONFIGS = _rt.configs(_TMA_SETTINGS, [
+    (128, 256,  64,   8,   8,   3,   1,   1,   0),
+    (128, 256,  64,   8,   8,   3,   1,   0,   0),
+    (128, 256,  64,   8,   8,   4,   1,   0,   1),
+    (128, 256,  64,   8,   8,   3,   1,   0,   1),
+    (256, 128,  64,   8,   8,   3,   1,   0,   1),
+    (128, 128,  64,   8,   8,   4,   1,   0,   0),
+    ( 64, 128,  64,   8,   4,   4,   0,   0,   0),
+    ( 16, 128, 128,   1,   4,   4,   0,   0,   0),
+    ( 16,  64, 128,   1,   4,   6,   0,   0,   0),
+    ( 16,  64, 256,   1,   4,   4,   0,   0,   0),
+])
+TMA_DEFAULT_CONFIG = _rt.config(_TMA_SETTINGS, 128, 256,  64,   8,   8,   3,   1,   0,   1)
+# fmt: on
+# `fusegen tune`'s configs for named GPUs, beside this module, looked up before tuning;
+# entries measured on other kernel code (KERNEL_HASH: its sha256) are ignored.
 TUNED_TABLE = "gpt2_attn_out.tuned.json"
-# sha256 of this module's Triton kernels' source, as tuned tables record it.
-KERNEL_HASH = "c51080dc80084cc0"
-# Tune at run time where the tuned table has no entry (the spec's `deterministic: true`
-# turns this off).
+KERNEL_HASH = "b078f2932c46f860"
+# True (the spec's `deterministic`): no tuning at run time, one config per shape.
 DETERMINISTIC = False
 
 
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit(do_not_specialize=["ROWS_BUCKET"])
 def _gpt2_attn_out_kernel(
-    # Pointers to the inputs and the outputs
-    x_ptr,
-    w_ptr,
-    b_ptr,
-    residual_ptr,
-    out_ptr,
-    # Dims
-    M,
-    K,
-    N,
-    ROWS_BUCKET,
-    # Strides: elements to step for one index along each dim
-    stride_x_m,
-    stride_x_k,
-    stride_w_k,
-    stride_w_n,
-    stride_b_n,
-    stride_residual_m,
-    stride_residual_n,
-    stride_out_m,
-    stride_out_n,
-    # Split-K scratch: fp32 partial sums and per-tile arrival counters
-    partials_ptr,
-    arrivals_ptr,
-    # Meta-parameters
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    INT64: tl.constexpr,
-    DOT_UPCAST: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
+    # fmt: off
+    x_ptr, w_ptr, b_ptr, residual_ptr, out_ptr,  # the inputs, then the outputs
+    M, K, N, ROWS_BUCKET,  # dims
+    stride_x_m, stride_x_k, stride_w_k, stride_w_n, stride_b_n,  # strides, in elements
+    stride_residual_m, stride_residual_n, stride_out_m, stride_out_n,
+    partials_ptr, arrivals_ptr,  # split-K scratch: fp32 partial sums, per-tile arrival counts
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,  # meta-parameters
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, INT64: tl.constexpr,
+    DOT_UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    # fmt: on
 ):
-    """y = x @ w + b + residual, for one [BLOCK_M, BLOCK_N] tile of the output.
-
-    ROWS_BUCKET is not read: it only keys the autotuner's cache.
-    """
+    """y = x @ w + b + residual
+    for one [BLOCK_M, BLOCK_N] output tile (ROWS_BUCKET only keys the tuning)."""
     pid = tl.program_id(0)
     # SPLIT_K programs share each output tile, each summing a slice of K.
     tile_id = pid // SPLIT_K
@@ -369,76 +202,35 @@ def _gpt2_attn_out_kernel(
 
 @triton.jit(do_not_specialize=["ROWS_BUCKET"])
 def _gpt2_attn_out_kernel_tma(
-    # Pointers to the inputs and the outputs
-    x_ptr,
-    w_ptr,
-    b_ptr,
-    residual_ptr,
-    out_ptr,
-    # Dims
-    M,
-    K,
-    N,
-    ROWS_BUCKET,
-    # Strides: elements to step for one index along each dim
-    stride_x_m,
-    stride_x_k,
-    stride_w_k,
-    stride_w_n,
-    stride_b_n,
-    stride_residual_m,
-    stride_residual_n,
-    stride_out_m,
-    stride_out_n,
-    # Split-K scratch: fp32 partial sums and per-tile arrival counters (unused here: both kernels take the same arguments)
-    partials_ptr,
+    # fmt: off
+    x_ptr, w_ptr, b_ptr, residual_ptr, out_ptr,  # the inputs, then the outputs
+    M, K, N, ROWS_BUCKET,  # dims
+    stride_x_m, stride_x_k, stride_w_k, stride_w_n, stride_b_n,  # strides, in elements
+    stride_residual_m, stride_residual_n, stride_out_m, stride_out_n,
+    partials_ptr,  # split-K scratch (unused: both kernels take the same arguments)
     arrivals_ptr,
-    # Meta-parameters
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    INT64: tl.constexpr,
-    DOT_UPCAST: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
-    NUM_SMS: tl.constexpr,
-    FLATTEN: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
-    EPILOGUE_SUBTILE: tl.constexpr,
-    X_COLUMN_MAJOR: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,  # meta-parameters
+    GROUP_M: tl.constexpr, INT64: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, NUM_SMS: tl.constexpr, FLATTEN: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, X_COLUMN_MAJOR: tl.constexpr,
     W_COLUMN_MAJOR: tl.constexpr,
+    # fmt: on
 ):
     """y = x @ w + b + residual: the TMA kernel, for sm_90 and newer GPUs.
 
-    A persistent grid: NUM_SMS programs walk the output tiles in GROUP_M order. Tiles
-    move between global and shared memory through tensor descriptors, which zero-fill
-    loads and clip stores at the tensors' edges, so the mainloop needs no masks. The
-    launcher takes this path only where each operand has a unit stride in one dim (a
-    column-major one is read through a descriptor of its transpose: *_COLUMN_MAJOR) and
-    16-byte-aligned other strides. FLATTEN, WARP_SPECIALIZE and EPILOGUE_SUBTILE are
-    tuned like the block sizes.
-    """
+    NUM_SMS programs walk the output tiles in GROUP_M order; descriptors zero-fill loads
+    and clip stores at the edges, and read a column-major operand (*_COLUMN_MAJOR) through
+    its transpose. FLATTEN, WARP_SPECIALIZE and EPILOGUE_SUBTILE are tuned."""
     if X_COLUMN_MAJOR:
-        x_desc = tl.make_tensor_descriptor(
-            x_ptr, shape=[K, M], strides=[stride_x_k, 1], block_shape=[BLOCK_K, BLOCK_M]
-        )
+        x_desc = tl.make_tensor_descriptor(x_ptr, [K, M], [stride_x_k, 1], [BLOCK_K, BLOCK_M])
     else:
-        x_desc = tl.make_tensor_descriptor(
-            x_ptr, shape=[M, K], strides=[stride_x_m, 1], block_shape=[BLOCK_M, BLOCK_K]
-        )
+        x_desc = tl.make_tensor_descriptor(x_ptr, [M, K], [stride_x_m, 1], [BLOCK_M, BLOCK_K])
     if W_COLUMN_MAJOR:
-        w_desc = tl.make_tensor_descriptor(
-            w_ptr, shape=[N, K], strides=[stride_w_n, 1], block_shape=[BLOCK_N, BLOCK_K]
-        )
+        w_desc = tl.make_tensor_descriptor(w_ptr, [N, K], [stride_w_n, 1], [BLOCK_N, BLOCK_K])
     else:
-        w_desc = tl.make_tensor_descriptor(
-            w_ptr, shape=[K, N], strides=[stride_w_k, 1], block_shape=[BLOCK_K, BLOCK_N]
-        )
+        w_desc = tl.make_tensor_descriptor(w_ptr, [K, N], [stride_w_k, 1], [BLOCK_K, BLOCK_N])
     out_desc = tl.make_tensor_descriptor(
-        out_ptr,
-        shape=[M, N],
-        strides=[stride_out_m, 1],
-        block_shape=[BLOCK_M, BLOCK_N // 2 if EPILOGUE_SUBTILE else BLOCK_N],
+        out_ptr, [M, N], [stride_out_m, 1], [BLOCK_M, BLOCK_N // 2 if EPILOGUE_SUBTILE else BLOCK_N]
     )
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -467,7 +259,6 @@ def _gpt2_attn_out_kernel_tma(
                 x_tile = x_tile.to(tl.float32)
                 w_tile = w_tile.to(tl.float32)
             acc = tl.dot(x_tile, w_tile, acc, input_precision=INPUT_PRECISION)
-
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         if INT64:
@@ -492,866 +283,13 @@ def _gpt2_attn_out_kernel_tma(
             # Two [BLOCK_M, BLOCK_N / 2] stores: half the shared memory to stage them in.
             acc_halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
             acc_left, acc_right = tl.split(acc_halves)
+            out_type = out_ptr.dtype.element_ty
+            out_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc_left.to(out_type))
             out_desc.store(
-                [pid_m * BLOCK_M, pid_n * BLOCK_N], acc_left.to(out_ptr.dtype.element_ty)
-            )
-            out_desc.store(
-                [pid_m * BLOCK_M, pid_n * BLOCK_N + BLOCK_N // 2],
-                acc_right.to(out_ptr.dtype.element_ty),
+                [pid_m * BLOCK_M, pid_n * BLOCK_N + BLOCK_N // 2], acc_right.to(out_type)
             )
         else:
             out_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(out_ptr.dtype.element_ty))
-
-
-# -- Launch support: the same in every module fusegen generates -------------------------
-
-# Per path: the kernel, its tuning space, and the config it runs where tuning cannot.
-_PATHS = {
-    "pointer": (_gpt2_attn_out_kernel, CONFIGS, DEFAULT_CONFIG),
-    "tma": (_gpt2_attn_out_kernel_tma, TMA_CONFIGS, TMA_DEFAULT_CONFIG),
-}
-# Per path: settings a config may add to its default's, and the kernel's value for each
-# one left out (None: a compile option, not passed).
-_OPTIONAL = {"pointer": {"SPLIT_K": 1}, "tma": {}}
-_LAST = {"config": None, "source": None, "path": None, "fast_tanh": False, "fp32_matmul": None}
-_LAST_RUN = {}  # the last launch's compiled "kernel" and plan "key" (fusegen tune, inspect)
-_LOGGED = set()
-_TUNED = {}  # path -> its autotuned kernel
-_PLANS = {}  # tuning key -> (path, config, source) chosen once; later calls launch it directly
-_TABLE = {}  # "entries": the tuned table's entries, read at first use
-# What a tuned table's entry keys on, in the order of a plan's key.
-_KEY_NAMES = ("M_bucket", "N", "K", "dtype", "out_dtype")
-_DEVICES = {}  # device index -> (compute capability major, SM count, shared memory per block)
-_FLUSH = {}  # device index -> the buffer that clears the L2 cache between timed calls
-_UNTRACED = {}  # "launcher": the launcher as torch.compile runs it (see _untraced)
-GRAPH_TIMED_UNDER_MS = 0.1  # tuning times shorter kernels from CUDA graphs (see _graph_bench)
-_ALLOCATION = getattr(triton.runtime, "_allocation", None)
-_OUTPUTS = slice(4, 5)  # outputs in a launch's arguments
-_TMA_OPERANDS = {
-    "X_COLUMN_MAJOR": 0,
-    "W_COLUMN_MAJOR": 1,
-}  # the TMA kernel's layout flags -> operands' places in them
-try:
-    _TRITON_VERSION = tuple(int(part) for part in triton.__version__.split(".")[:2])
-except ValueError:
-    _TRITON_VERSION = (0, 0)
-
-
-def last_launch() -> dict:
-    """What the last call ran: {"config": the config dict or None, "source": one of
-    "table", "autotune", "default", "interpreter", "explicit", "reference (...)",
-    "empty", "path": "pointer" or "tma" (the kernel that ran) or None, "fast_tanh":
-    whether its activations ran on the GPU's tanh.approx, "fp32_matmul": "tf32" or
-    "ieee", how its matmul ran on fp32 operands (None: no fp32 matmul ran)}."""
-    config = _LAST["config"]
-    return {**_LAST, "config": dict(config) if config is not None else None}
-
-
-def _record(config, source, path=None, fast_tanh=False, fp32_matmul=None):
-    _LAST["config"] = config
-    _LAST["source"] = source
-    _LAST["path"] = path
-    _LAST["fast_tanh"] = fast_tanh
-    _LAST["fp32_matmul"] = fp32_matmul
-
-
-def _refuse_grad(tensors):
-    """Raise for inputs that require grad: the output of a kernel with no backward
-    would carry no gradient to them, and training would silently leave them unchanged."""
-    names = [name for name, tensor in tensors.items() if getattr(tensor, "requires_grad", False)]
-    listed = ", ".join(names)
-    detached = ", ".join(f"{name}.detach()" for name in names)
-    raise RuntimeError(
-        f"gpt2_attn_out: {listed} {'requires' if len(names) == 1 else 'require'} grad, but this "
-        "kernel has no backward yet: its output would carry no gradient to "
-        f"{'it' if len(names) == 1 else 'them'}. For inference, call it under torch.no_grad() "
-        f"or torch.inference_mode(), or pass {detached}; to train through the chain, call "
-        "reference(...) (the same chain in PyTorch ops, which autograd differentiates)."
-    )
-
-
-def _log_once(reason, message, *args):
-    if reason not in _LOGGED:
-        _LOGGED.add(reason)
-        _log.warning(message, *args)
-
-
-class _Plan:
-    """What the checks of one call signature decided (see _plan)."""
-
-    __slots__ = (
-        "device",
-        "dtype",
-        "out_dtype",
-        "out_shape",
-        "extra_shape",
-        "runs_triton",
-        "path",
-        "tail",
-        "consts",
-        "key",
-        "ready",
-        "fp32",
-        "follows_torch",
-        "copies",
-    )
-
-
-_CALLS = {}  # call signature -> _Plan
-
-
-def _signature(*tensors):
-    """What a plan depends on: shapes, strides, dtypes, devices, 16-byte alignment,
-    FUSEGEN_TMA and FUSEGEN_AUTOTUNE. None for a non-tensor argument (the checks then
-    say what is wrong)."""
-    try:
-        return (
-            tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors),
-            os.environ.get("FUSEGEN_TMA"),
-            os.environ.get("FUSEGEN_AUTOTUNE"),
-        )
-    except AttributeError:
-        return None
-
-
-def _grid(meta):
-    tiles = triton.cdiv(meta["M"], meta["BLOCK_M"]) * triton.cdiv(meta["N"], meta["BLOCK_N"])
-    if "NUM_SMS" in meta:
-        return (min(tiles, meta["NUM_SMS"]),)  # persistent: a program per SM
-    return (tiles * meta.get("SPLIT_K", 1),)
-
-
-def _fp32_matmul():
-    """ "tf32" or "ieee": how PyTorch runs an fp32 matmul now, as torch.compile follows it
-    too. torch.set_float32_matmul_precision("high" or "medium") or
-    torch.backends.cuda.matmul.fp32_precision = "tf32" (or allow_tf32 = True) give tf32;
-    "highest", the default, gives ieee. Read at each fp32 call: the setting is global."""
-    matmul = torch.backends.cuda.matmul
-    setting = getattr(matmul, "fp32_precision", None)  # torch 2.9 and newer
-    if setting is None:
-        return "tf32" if matmul.allow_tf32 else "ieee"
-    return "tf32" if setting == "tf32" else "ieee"
-
-
-def _interpreted():
-    """Whether TRITON_INTERPRET=1 was set when this module was imported (triton.jit
-    decides then); the kernel may sit inside a @triton.heuristics wrapper."""
-    fn = _gpt2_attn_out_kernel
-    while type(fn).__name__ == "Heuristics":
-        fn = fn.fn
-    return type(fn).__name__ == "InterpretedFunction"
-
-
-def _runs_triton(device):
-    return device.type == "cuda" or _interpreted()
-
-
-class _Shapes:
-    """Binds each dim to the size the first tensor having it gives, and checks the rest
-    against it and against the spec."""
-
-    def __init__(self, declared):
-        self.declared = declared
-        self.sizes = {}
-        self.origin = {}
-        self.lead = None
-        self.lead_origin = None
-
-    def __getitem__(self, dim):
-        return self.sizes[dim]
-
-    def bind(self, name, tensor, dims, batched=False):
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-        spelled = ", ".join(dims)
-        if batched:
-            if tensor.dim() < len(dims):
-                raise ValueError(
-                    f"{name} must be [..., {spelled}] (leading dims are flattened into "
-                    f"{dims[0]}), got shape {list(tensor.shape)}"
-                )
-            lead = tuple(tensor.shape[: tensor.dim() - len(dims) + 1])
-            if self.lead is None:
-                self.lead, self.lead_origin = lead, name
-            elif lead != self.lead:
-                raise ValueError(
-                    f"{name} has leading dims {list(lead)} but {self.lead_origin} has "
-                    f"{list(self.lead)}; they must match"
-                )
-            tensor = tensor.reshape(-1, *tensor.shape[len(lead) :])
-        elif tensor.dim() != len(dims):
-            raise ValueError(
-                f"{name} must be {len(dims)}-D [{spelled}], got shape {list(tensor.shape)}"
-            )
-        for axis, dim in enumerate(dims):
-            self._bind_dim(dim, tensor.shape[axis], f"{name}.shape[{axis}]")
-        return tensor
-
-    def _bind_dim(self, dim, size, where):
-        declared = self.declared[dim]
-        if dim in self.sizes:
-            if size != self.sizes[dim]:
-                raise ValueError(
-                    f"{where} is {size}, but {self.origin[dim]} is {self.sizes[dim]}; "
-                    f"both are dim {dim}"
-                )
-        elif declared is not None and size != declared:
-            raise ValueError(f"{where} is {size}, but the spec fixes dim {dim} = {declared}")
-        self.sizes[dim] = size
-        self.origin.setdefault(dim, where)
-
-
-def _call_dtype(tensors):
-    """The one dtype all unpinned inputs share."""
-    name, first = next(iter(tensors.items()))
-    for other, tensor in tensors.items():
-        if tensor.dtype != first.dtype:
-            raise TypeError(
-                f"{other} is {tensor.dtype} but {name} is {first.dtype}; they must match"
-            )
-    if first.dtype not in DTYPES:
-        allowed = ", ".join(str(d) for d in DTYPES)
-        raise TypeError(f"{name} is {first.dtype}; this kernel takes {allowed}")
-    return first.dtype
-
-
-def _check_pinned(tensors):
-    for name, (tensor, dtype) in tensors.items():
-        if tensor.dtype != dtype:
-            raise TypeError(f"{name} must be {dtype} (pinned by the spec), got {tensor.dtype}")
-
-
-def _common_device(tensors):
-    name, first = next(iter(tensors.items()))
-    for other, tensor in tensors.items():
-        if tensor.device != first.device:
-            raise ValueError(f"{other} is on {tensor.device} but {name} is on {first.device}")
-    return first.device
-
-
-def _shares_memory(a, b):
-    if a.numel() == 0 or b.numel() == 0:
-        return False
-    a_start, a_end = a.data_ptr(), a.data_ptr() + _span(a)
-    b_start, b_end = b.data_ptr(), b.data_ptr() + _span(b)
-    return a.device == b.device and a_start < b_end and b_start < a_end
-
-
-def _span(t):
-    return (
-        sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) + 1
-    ) * t.element_size()
-
-
-def _check_out(name, out, shape, dtype, device, inputs):
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(out).__name__}")
-    if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != device:
-        raise ValueError(
-            f"{name} must be {list(shape)} {dtype} on {device}, got "
-            f"{list(out.shape)} {out.dtype} on {out.device}"
-        )
-    if not out.is_contiguous():
-        raise ValueError(f"{name} must be contiguous")
-    for other, tensor in inputs.items():
-        if _shares_memory(out, tensor):
-            raise ValueError(f"{name} shares memory with {other}; pass a separate buffer")
-
-
-def _needs_int64(*tensors):
-    """Whether some element's offset (index times stride) reaches 2**31."""
-    return any(
-        sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) >= 2**31
-        for t in tensors
-    )
-
-
-def _bucket(rows):
-    """The power of two at or above `rows`: tuning per bucket, not per exact size."""
-    return 1 << max(rows - 1, 0).bit_length()
-
-
-def _triton_config(path, config):
-    meta = {
-        k: v
-        for k, v in _triton_kwargs(path, config).items()
-        if k not in ("num_warps", "num_stages")
-    }
-    return triton.Config(
-        meta, num_warps=config["num_warps"], num_stages=config.get("num_stages", 1)
-    )
-
-
-def _device_facts(device):
-    """(capability major, SM count, shared memory a block may use), read once; for a
-    device that is no GPU (the interpreter), stand-ins of a small one."""
-    if torch.device(device).type != "cuda":
-        return (0, 4, 101_376)
-    index = torch.device(device).index
-    index = torch.cuda.current_device() if index is None else index
-    if index not in _DEVICES:
-        props = torch.cuda.get_device_properties(index)
-        smem = getattr(props, "shared_memory_per_block_optin", 101_376)
-        _DEVICES[index] = (props.major, props.multi_processor_count, smem)
-    return _DEVICES[index]
-
-
-def _shared_memory_limit(device):
-    return _device_facts(device)[2]
-
-
-def _prune(configs, named_args, **kwargs):
-    """Drop configs before compiling (see _fits); keep the smallest if none fits."""
-    first = named_args["x_ptr"]
-    tma = "NUM_SMS" in kwargs
-    sizes = {"BLOCK_M": named_args["M"], "BLOCK_N": named_args["N"], "BLOCK_K": named_args["K"]}
-    kept = [
-        c
-        for c in configs
-        if _fits(
-            {**c.kwargs, "num_stages": c.num_stages}, tma, sizes, first.element_size(), first.device
-        )
-    ]
-    if kept:
-        sms = _device_facts(first.device)[1]
-        ranked = _ranked([c.kwargs for c in kept], tma, sizes, first.element_size(), sms)
-        return [kept[i] for i in ranked[: _SHORTLISTS.get("tma" if tma else "pointer", SHORTLIST)]]
-    return kept or [
-        min(configs, key=lambda c: _config_smem(c.kwargs, c.num_stages, first.element_size(), tma))
-    ]
-
-
-# Runtime tuning compiles and times only the SHORTLIST configs that _estimate_us ranks
-# first for the kernel it favours, and the best one of the other: compiling is most of
-# a first call (about 1 s a config on an H200, where both full spaces took 35-55 s).
-SHORTLIST = 3
-_SHORTLISTS = {}  # path -> configs its next tuning compiles (set by _tune)
-# Per SM of an H200, measured: bf16 tensor-core flops, and bytes from L2 and from HBM.
-_MMA_FLOPS_PER_US = 5.36e6
-_L2_BYTES_PER_US = 72e3
-_HBM_BYTES_PER_US = 32.6e3
-_WAVE_US = 1.5  # a wave's start and pipeline fill
-_TMA_US = 2.0  # the TMA kernel's descriptors, made in the kernel
-
-
-def _estimate_us(config, tma, sizes, element_size, sms):
-    """A config's time for a shape, roughly (us), to rank configs before compiling any:
-    waves of output tiles over the SMs, each tile as long as the longer of its
-    tensor-core work and its loads. Tensor cores work on 64 rows at a time; weight tiles
-    that one row of tiles alone reads come from HBM, shared ones mostly from L2. The
-    pointer kernel's larger tiles run ~1.25x the TMA kernel's (measured), and far slower
-    with K or N not a multiple of 16 (no vector loads). On the anchor GEMM chains of an
-    H200 it ranks the fastest config first, or one within 6% of it."""
-    rows, cols, depth = sizes["BLOCK_M"], sizes["BLOCK_N"], sizes["BLOCK_K"]
-    block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
-    split = config.get("SPLIT_K", 1)
-    row_tiles = triton.cdiv(rows, block_m)
-    waves = triton.cdiv(row_tiles * triton.cdiv(cols, block_n) * split, sms)
-    share = triton.cdiv(depth, split)
-    mma = 2 * max(block_m, 64) * block_n * share * 1 / _MMA_FLOPS_PER_US
-    weight_bytes_per_us = _HBM_BYTES_PER_US if row_tiles == 1 else _L2_BYTES_PER_US
-    loads = block_m * share * element_size / _L2_BYTES_PER_US
-    loads += 1 * block_n * share * element_size / weight_bytes_per_us
-    estimate = waves * (max(mma, loads) + _WAVE_US)
-    if tma:
-        estimate += _TMA_US
-    elif block_m >= 64:
-        estimate *= 1.25 if depth % 16 == 0 and cols % 16 == 0 else 3.0
-    if split > 1:  # partial sums stored and read back
-        estimate += 2 * split * rows * cols * 4 * 1 / (_HBM_BYTES_PER_US * sms)
-    return estimate
-
-
-def _ranked(configs, tma, sizes, element_size, sms):
-    """Indices of `configs` by estimated time, fastest first; ties keep the space's order."""
-    times = [_estimate_us(c, tma, sizes, element_size, sms) for c in configs]
-    return sorted(range(len(configs)), key=lambda i: times[i])
-
-
-def _estimated_choice(path, args):
-    """(path, config) the estimate picks where nothing is tuned: the best of `path`'s
-    fitting configs, and of the pointer kernel's too where `path` is TMA and
-    FUSEGEN_TMA leaves the choice open (decode-sized calls run faster on it)."""
-    first = args[0]
-    dims = dict(zip(DIMS, args[_OUTPUTS.stop :]))
-    sizes = {"BLOCK_M": dims["M"], "BLOCK_N": dims["N"], "BLOCK_K": dims["K"]}
-    sms = _device_facts(first.device)[1]
-    paths = [path] + (["pointer"] if path == "tma" and not os.environ.get("FUSEGEN_TMA") else [])
-    best = None
-    for candidate in paths:
-        tma = candidate == "tma"
-        space = [_complete(candidate, c) for c in _PATHS[candidate][1]]
-        space = [c for c in space if _fits(c, tma, sizes, first.element_size(), first.device)]
-        for config in space:
-            estimate = _estimate_us(config, tma, sizes, first.element_size(), sms)
-            if best is None or estimate < best[0]:
-                best = (estimate, candidate, config)
-    return (best[1], best[2]) if best else (path, _PATHS[path][2])
-
-
-def _fits(config, tma, sizes, element_size, device):
-    """Whether a config is worth compiling: within the device's shared memory, and no
-    block far larger than the dim it tiles ({"BLOCK_M": rows, ...}; such a tile only
-    adds masked work)."""
-    if _config_smem(config, config.get("num_stages", 1), element_size, tma) > _shared_memory_limit(
-        device
-    ):
-        return False
-    split = config.get("SPLIT_K", 1)
-    if split > 1 and (
-        sizes["BLOCK_M"] > SPLIT_K_MAX_ROWS
-        or triton.cdiv(sizes["BLOCK_K"], config["BLOCK_K"]) < 2 * split
-    ):
-        return False  # many rows, or too few K blocks to share out
-    return not any(config[b] >= 2 * max(16, _bucket(n)) for b, n in sizes.items())
-
-
-# Rows above which tuning skips split-K configs: their partial sums' traffic outgrows
-# what the extra programs win.
-SPLIT_K_MAX_ROWS = 256
-_OUT_ARG = _OUTPUTS.start  # where the output's 2-D view sits in a launch's arguments
-_SPARE = {}  # device -> 1-element stand-ins for the scratch of an unsplit launch
-
-
-def _scratch(args, split):
-    """The split-K scratch for `split` programs per tile: fp32 partial sums (per
-    accumulator) and zeroed arrival counters, enough for any tile of 16 or more."""
-    out = args[_OUT_ARG]
-    if split <= 1:
-        if out.device not in _SPARE:
-            _SPARE[out.device] = (
-                torch.empty(1, dtype=torch.float32, device=out.device),
-                torch.zeros(1, dtype=torch.int32, device=out.device),
-            )
-        return _SPARE[out.device]
-    rows, cols = out.shape
-    partials = torch.empty(1 * split * rows * cols, dtype=torch.float32, device=out.device)
-    arrivals = torch.zeros(
-        triton.cdiv(rows, 16) * triton.cdiv(cols, 16), dtype=torch.int32, device=out.device
-    )
-    return partials, arrivals
-
-
-def _config_smem(meta, stages, element_size, tma=False):
-    """Shared memory a config needs: its pipelined input tiles, the output tile a TMA
-    store goes through, and fp32 scratch where the chain loads a full-tile operand
-    (triton reshapes the accumulator through shared memory for it)."""
-    a_tile = meta["BLOCK_M"] * meta["BLOCK_K"]
-    b_tile = meta["BLOCK_K"] * meta["BLOCK_N"]
-    out_tile = meta["BLOCK_M"] * meta["BLOCK_N"] * element_size if tma else 0
-    if meta.get("EPILOGUE_SUBTILE"):
-        out_tile //= 2  # stored in two halves
-    scratch = meta["BLOCK_M"] * meta["BLOCK_N"] * 4
-    return stages * (a_tile + 1 * b_tile) * element_size + out_tile + scratch
-
-
-def _tuned_kernel(path):
-    """The autotuned kernel for a path, made at first use: the interpreter cannot tune."""
-    if path not in _TUNED:
-        kernel, configs, _ = _PATHS[path]
-        takes_timer = "do_bench" in inspect.signature(triton.autotune).parameters
-        timer = {"do_bench": _graph_bench} if takes_timer else {}
-        _TUNED[path] = triton.autotune(
-            configs=[_triton_config(path, _complete(path, c)) for c in configs],
-            key=["ROWS_BUCKET", "N", "K", "stride_x_k", "stride_w_n", "stride_residual_n"],
-            prune_configs_by={"early_config_prune": _prune},
-            **timer,
-        )(kernel)
-    return _TUNED[path]
-
-
-def _launch(path, plan, args, config):
-    """Launch the kernel with the config _choose picks; remember what ran. What a
-    signature's launch needs (kernel, grid, keyword arguments) is worked out once and
-    kept in its plan, and from the second call the compiled kernel is launched directly
-    (see _direct): a call of a known signature costs a dict lookup and the launch. An
-    fp32 call that follows PyTorch's matmul precision reads it each time (_fp32_matmul)."""
-    key = _config_key(config)
-    consts = plan.consts
-    if plan.follows_torch:
-        precision = _fp32_matmul()
-        key = (key, precision)
-        consts = {**consts, "INPUT_PRECISION": precision}
-    ready = plan.ready.get(key)
-    if ready is None or ready[0] != path:
-        if len(plan.ready) >= 64:
-            plan.ready.clear()
-        ready = plan.ready[key] = _ready(path, plan, args, config, consts)
-    _, kernel, grid, kwargs, split, record, direct = ready
-    args = (*args, *_scratch(args, split))
-    if direct and all(t.data_ptr() % 16 == 0 for t in args[_OUTPUTS]):
-        direct[0][grid](*args, *direct[1])
-        _LAST_RUN.update(kernel=direct[0], key=plan.key, direct=True)
-    else:
-        compiled = kernel[grid](*args, **kwargs)
-        _LAST_RUN.update(kernel=compiled, key=plan.key, direct=False)
-        # The outputs' alignment is part of what triton compiled for; False: no direct
-        # launch for this plan (asked once).
-        if direct is None and all(t.data_ptr() % 16 == 0 for t in args[_OUTPUTS]):
-            ready[6] = _direct(compiled, kernel, args, kwargs) or False
-    _record(*record)
-
-
-def _direct(compiled, kernel, args, kwargs):
-    """(compiled kernel, its constexpr arguments in order), to launch it without
-    triton's per-call dispatch, which costs more than a decode-sized kernel runs (46 ->
-    27 us per call on an H200). None with FUSEGEN_DIRECT_LAUNCH=0, under the interpreter,
-    and before triton 3.3 (which passed no constexprs). The plan's signature pins
-    everything the kernel was specialized on (shapes, strides, dtypes, alignment)."""
-    if (
-        _TRITON_VERSION < (3, 3)
-        or os.environ.get("FUSEGEN_DIRECT_LAUNCH", "1") == "0"
-        or _interpreted()
-    ):
-        return None
-    try:
-        names = compiled.src.fn.arg_names
-        bound = {**dict(zip(names, args)), **kwargs}
-        while type(kernel).__name__ == "Heuristics":  # the values it would compute
-            for name, rule in kernel.values.items():
-                bound[name] = rule(bound)
-            kernel = kernel.fn
-        return compiled, tuple(bound[name] for name in names[len(args) :])
-    except (AttributeError, KeyError, TypeError):
-        return None
-
-
-def _config_key(config):
-    """A caller's config as a key of plan.ready (None: the launcher chooses)."""
-    try:
-        key = None if config is None else tuple(config.items())
-        hash(key)
-        return key
-    except (AttributeError, TypeError):
-        return ("unusable", id(config))  # _checked_config says what is wrong
-
-
-def _ready(path, plan, args, config, consts):
-    """[path asked for, kernel, grid, keyword arguments, SPLIT_K, what last_launch says,
-    the direct launch (None: not yet asked; False: none)]."""
-    asked = path
-    path, chosen, source = _choose(path, plan.key, _grid, args, consts, config)
-    kwargs = {**_path_consts(path, args, consts), **_triton_kwargs(path, chosen)}
-    grid = (*_grid({**dict(zip(DIMS, plan.tail)), **kwargs}), 1, 1)[:3]  # a compiled kernel takes 3
-    split = chosen.get("SPLIT_K", 1)
-    fp32_matmul = consts["INPUT_PRECISION"] if plan.fp32 else None
-    record = (chosen, source, path, bool(consts.get("FAST_TANH")), fp32_matmul)
-    return [asked, _PATHS[path][0], grid, kwargs, split, record, None]
-
-
-def _choose(path, key, grid, args, consts, config):
-    """(path, config, source) for a launch: the caller's config; the interpreter's; else,
-    once per key, the tuned table's entry for this GPU, or (unless DETERMINISTIC or
-    FUSEGEN_AUTOTUNE=0) runtime tuning, or the default. Tuning times both kernels where
-    both can run and FUSEGEN_TMA is unset, and keeps the faster."""
-    if config is not None:
-        return path, _checked_config(path, config), "explicit"
-    device = args[0].device
-    if not _can_tune(device):
-        return path, _complete(path, INTERPRETER_CONFIG), "interpreter"
-    tuning = not DETERMINISTIC and os.environ.get("FUSEGEN_AUTOTUNE", "1") != "0"
-    row_major = not any(key[len(_KEY_NAMES)])  # see _plan: the key ends with the layout
-    key = (*key, path, os.environ.get("FUSEGEN_TMA", ""), tuning)
-    plan = _PLANS.get(key) or (_from_table(path, key, device) if row_major else None)
-    if plan is None and tuning:
-        plan = _tune(path, key, grid, args, consts)
-    if plan is None:
-        plan = _PLANS[key] = (*_estimated_choice(path, args), "default")
-        _log.info(
-            "gpt2_attn_out: %s: no tuned table entry; default config %s", _key_text(key), plan[1]
-        )
-    return plan
-
-
-def _can_tune(device):
-    """Tables and tuning are per GPU: under the interpreter there is neither."""
-    return device.type == "cuda" and not _interpreted()
-
-
-def _key_text(key):
-    return " ".join(f"{name}={_plain(value)}" for name, value in zip(_KEY_NAMES, key))
-
-
-def _plain(value):
-    """A key's value as a tuned table spells it: dtypes without "torch."."""
-    return str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else value
-
-
-def _device_identity(device):
-    """(name, [major, minor]) as tuned tables record a GPU."""
-    index = torch.device(device).index
-    index = torch.cuda.current_device() if index is None else index
-    return torch.cuda.get_device_name(index), list(torch.cuda.get_device_capability(index))
-
-
-def _table_entries():
-    """The tuned table beside this module ([] if there is none or it cannot be read)."""
-    if "entries" not in _TABLE:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), TUNED_TABLE)
-        entries = []
-        if os.path.exists(path):
-            try:
-                with open(path, encoding="utf-8") as f:
-                    entries = list(json.load(f)["entries"])
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                _log_once("table", "gpt2_attn_out: ignoring %s: %s", path, exc)
-        stale = sum(isinstance(e, dict) and e.get("kernel_hash") != KERNEL_HASH for e in entries)
-        if stale:
-            _log.info(
-                "gpt2_attn_out: %d of %d entries in %s were tuned for other kernel source and are "
-                "ignored; run `fusegen tune` to measure them again",
-                stale,
-                len(entries),
-                path,
-            )
-        _TABLE["entries"] = entries
-    return _TABLE["entries"]
-
-
-def _from_table(path, key, device):
-    """The table's plan for a key on this GPU, or None. An entry of another row bucket
-    serves when none has this one: the nearest (in powers of two), larger on a tie."""
-    name, capability = _device_identity(device)
-    wanted = {n: _plain(v) for n, v in zip(_KEY_NAMES, key)}
-    rows = _KEY_NAMES[0]
-    pick = "best" if path == "tma" and not key[-2] else path
-    found = []
-    for entry in _table_entries():
-        try:
-            if (entry["gpu"], entry["capability"], entry["kernel_hash"]) != (
-                name,
-                capability,
-                KERNEL_HASH,
-            ):
-                continue
-            if any(entry["key"][n] != v for n, v in wanted.items() if n != rows):
-                continue
-            chosen = entry["best"] if pick == "best" else pick
-            config = _complete(chosen, entry["choices"][chosen]["config"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        distance = abs((entry["key"][rows]).bit_length() - wanted[rows].bit_length())
-        found.append((distance, -entry["key"][rows], chosen, config, entry))
-    if not found:
-        return None
-    _, _, chosen, config, entry = min(found, key=lambda f: f[:2])
-    _PLANS[key] = (chosen, config, "table")
-    _log.info(
-        "gpt2_attn_out: %s: tuned table entry for %s=%s: %s %s (%s ms when tuned)",
-        _key_text(key),
-        rows,
-        entry["key"][rows],
-        chosen,
-        config,
-        entry["choices"][chosen].get("ms"),
-    )
-    return _PLANS[key]
-
-
-def _tune(path, key, grid, args, consts):
-    started = time.perf_counter()
-    candidates = [path]
-    if path == "tma" and not os.environ.get("FUSEGEN_TMA"):
-        candidates.append("pointer")
-    favoured = _estimated_choice(path, args)[0]
-    for candidate in candidates:
-        _SHORTLISTS[candidate] = SHORTLIST if candidate == favoured else 1
-    found = {}
-    for candidate in candidates:
-        try:
-            found[candidate] = _autotuned(candidate, grid, args, consts)
-        except Exception as exc:  # noqa: BLE001 - any tuning failure falls back
-            _log_once("tuning", "gpt2_attn_out: tuning the %s kernel failed (%s)", candidate, exc)
-    _FLUSH.clear()  # twice the L2 cache of GPU memory: not held between tunings
-    if not found:
-        return None
-    best = min(found, key=lambda p: found[p][1])
-    _PLANS[key] = (best, found[best][0], "autotune")
-    _log.info(
-        "gpt2_attn_out: %s: tuned in %.1f s: %s (no tuned table entry; `fusegen tune` makes one)",
-        _key_text(key),
-        time.perf_counter() - started,
-        ", ".join(f"{p} {c} {ms:.4f} ms" for p, (c, ms) in found.items()),
-    )
-    return _PLANS[key]
-
-
-def _graph_bench(kernel_call, quantiles=(0.5, 0.2, 0.8)):
-    """Autotuning's timer: a config's GPU time per call (see _graph_samples). Triton's
-    default times each Python call, which for a kernel shorter than its launch measures
-    the launch, so decode-sized configs came out ranked by noise. Triton's default where
-    a call cannot be captured, and for kernels of GRAPH_TIMED_UNDER_MS or more, where the
-    launch is hidden anyway (on an H200 the graph ranking picked a config 10% slower for
-    a 0.12 ms gated kernel). Returns quantiles of the per-call times, as triton's timers do."""
-    samples = _graph_samples(kernel_call)
-    if samples is None or samples[len(samples) // 2] >= GRAPH_TIMED_UNDER_MS:
-        from triton.testing import do_bench
-
-        return do_bench(kernel_call, quantiles=list(quantiles))
-    return [samples[min(int(q * len(samples)), len(samples) - 1)] for q in quantiles]
-
-
-def _graph_samples(kernel_call, calls=20, replays=10):
-    """Sorted ms per call, one per replay, from CUDA graphs of [clear the L2 cache,
-    call] x calls less [clear the L2 cache] x calls; None where a call cannot be captured."""
-    kernel_call()  # compiles outside the capture
-    flush = _l2_flush()
-    try:
-        both = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(both):
-            for _ in range(calls):
-                flush.zero_()
-                kernel_call()
-        alone = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(alone):
-            for _ in range(calls):
-                flush.zero_()
-    except RuntimeError:
-        torch.cuda.synchronize()
-        return None
-    both.replay()
-    alone.replay()
-    samples = []
-    for _ in range(replays):  # interleaved, so drift in clocks hits both alike
-        times = []
-        for graph in (both, alone):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        samples.append(max(times[0] - times[1], 0.0) / calls)
-    return sorted(samples)
-
-
-def _l2_flush():
-    """A buffer twice the L2 cache of the current GPU, zeroed between timed calls."""
-    index = torch.cuda.current_device()
-    if index not in _FLUSH:
-        l2 = getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 0) or 64 << 20
-        _FLUSH[index] = torch.empty(2 * l2 // 4, dtype=torch.int32, device="cuda")
-    return _FLUSH[index]
-
-
-def _autotuned(path, grid, args, consts):
-    """Run (tuning first, for a new key) the autotuned kernel of a path; return the
-    config it chose and that config's time in ms."""
-    tuned = _tuned_kernel(path)
-    # Scratch for the space's largest split; the kernel resets its counters after each run.
-    split = max(c.get("SPLIT_K", 1) for c in _PATHS[path][1])
-    args = (*args, *_scratch(args, split if args[_OUT_ARG].shape[0] <= SPLIT_K_MAX_ROWS else 1))
-    tuned[grid](*args, **_path_consts(path, args, consts))
-    best = tuned.best_config
-    found = {**best.kwargs, "num_warps": best.num_warps, "num_stages": best.num_stages}
-    optional = _OPTIONAL[path]
-    chosen = {k: found[k] for k in _PATHS[path][2]}
-    chosen.update({k: found[k] for k in optional if k in found and found[k] != optional[k]})
-    timing = getattr(tuned, "configs_timings", {}).get(best)
-    if timing is None:  # one config: the tuner does not time it
-        kwargs = {**_path_consts(path, args, consts), **_triton_kwargs(path, chosen)}
-        timing = _graph_bench(lambda: _PATHS[path][0][grid](*args, **kwargs))
-    return chosen, timing[0] if isinstance(timing, (list, tuple)) else timing
-
-
-def _path_consts(path, args, consts):
-    if path != "tma":
-        return consts
-    device = args[0].device
-    _ensure_allocator(device)
-    sms = _device_facts(device)[1] if device.type == "cuda" else 4
-    layouts = {flag: _column_major(args[i]) for flag, i in _TMA_OPERANDS.items()}
-    return {**consts, "NUM_SMS": sms, **layouts}
-
-
-def _column_major(tensor):
-    """Whether a 2-D tensor's unit stride is along its first dim (a transposed view)."""
-    return tensor.stride(0) == 1 and tensor.stride(1) != 1 and tensor.shape[1] > 1
-
-
-def _tma_ready(tensor, either_major=False):
-    """A tensor descriptor needs a unit-stride last dim, 16-byte-aligned other strides
-    and a 16-byte-aligned start (an fp16 row of 50 elements is 100 bytes: not aligned).
-    either_major: a column-major 2-D tensor will do, read through its transpose."""
-    size = tensor.element_size()
-    strides = tensor.stride()
-    if either_major and _column_major(tensor):
-        strides = strides[::-1]
-    return (
-        tensor.numel() > 0
-        and strides[-1] == 1
-        and all(stride * size % 16 == 0 for stride in strides[:-1])
-        and tensor.data_ptr() % 16 == 0
-    )
-
-
-def _copy_first(tensor, operand):
-    """Whether a call copies this 2-D input to contiguous memory before launching. A
-    matmul operand (operand=True) with no unit stride, a slice such as x[:, ::2]: the
-    copy is one pass, and the copied operand takes the TMA kernel, where the pointer
-    kernel's strided loads ran 3x slower than eager PyTorch (which copies too). Other
-    inputs: never; the kernels read them along rows whatever their strides."""
-    return operand and 1 not in (tensor.stride(0), tensor.stride(1))
-
-
-def _with_copies(args, copies):
-    """The launch arguments with the inputs at indices `copies` made contiguous."""
-    args = list(args)
-    for index in copies:
-        args[index] = args[index].contiguous()
-    return tuple(args)
-
-
-def _path(device, operands, outputs=()):
-    """ "tma" on sm_90+ GPUs when every matmul operand (row- or column-major) and output
-    (row-major) allows it, else "pointer". FUSEGEN_TMA=0 forces the pointer path;
-    FUSEGEN_TMA=1 takes the TMA path wherever the tensors allow, the interpreter included."""
-    setting = os.environ.get("FUSEGEN_TMA", "")
-    ready = all(_tma_ready(t, either_major=True) for t in operands)
-    if setting == "0" or not ready or not all(_tma_ready(t) for t in outputs):
-        return "pointer"
-    if setting == "1":
-        return "tma"
-    if _interpreted() or device.type != "cuda" or torch.version.hip:
-        return "pointer"  # ROCm reports CDNA3 as major 9 too: no TMA there
-    return "tma" if _device_facts(device)[0] >= 9 else "pointer"
-
-
-def _ensure_allocator(device):
-    """Tensor descriptors made inside a kernel need a little global scratch memory,
-    which triton asks an allocator for. Keep one the caller set; else set one."""
-    current = getattr(_ALLOCATION, "_allocator", None)
-    if current is not None and type(current.get()).__name__ != "NullAllocator":
-        return
-
-    def scratch(size, alignment, stream):
-        return torch.empty(size, dtype=torch.int8, device=device)
-
-    triton.set_allocator(scratch)
-
-
-def _complete(path, config):
-    """`config` with just the settings `path`'s kernel takes: the ones it leaves out
-    filled from that path's default, optional ones kept where given."""
-    default = _PATHS[path][2]
-    completed = {k: config.get(k, default[k]) for k in default}
-    return {**completed, **{k: config[k] for k in _OPTIONAL[path] if k in config}}
-
-
-def _triton_kwargs(path, config):
-    fixed = {k: v for k, v in _OPTIONAL[path].items() if v is not None}
-    return {**fixed, **config, "num_stages": config.get("num_stages", 1)}
-
-
-def _checked_config(path, config):
-    required = set(DEFAULT_CONFIG)
-    allowed = set().union(*(default for _, _, default in _PATHS.values()), *_OPTIONAL.values())
-    if not isinstance(config, dict) or not required <= set(config) <= allowed:
-        raise ValueError(
-            f"config must be a dict with keys {sorted(required)} (optional: "
-            f"{sorted(allowed - required) or 'none'}), got {config!r}"
-        )
-    return _complete(path, config)
 
 
 def gpt2_attn_out(
@@ -1366,63 +304,39 @@ def gpt2_attn_out(
     """y = x @ w + b + residual
 
     Args:
-        x: [..., K] ([M, K], leading dims flattened into M); the call's dtype (bf16 or fp16 or fp32).
+        x: [..., K] ([M, K], leading dims flattened into M); the call's dtype (bf16 or
+            fp16 or fp32).
         w: [K, N] = [768, 768]; the call's dtype (bf16 or fp16 or fp32).
         b: [N] = [768]; the call's dtype (bf16 or fp16 or fp32).
-        residual: [..., N] ([M, N], leading dims flattened into M); the call's dtype (bf16 or fp16 or fp32).
-        out: a buffer for y (optional; contiguous, not sharing memory
-            with an input).
-        config: block sizes and launch options to use instead of tuning, in the form of
+        residual: [..., N] ([M, N], leading dims flattened into M); the call's dtype
+            (bf16 or fp16 or fp32).
+        out: a buffer for y (optional; contiguous, sharing no memory with an input).
+        config: a config to launch instead of choosing one, in the form of
             DEFAULT_CONFIG.
 
     Returns:
         y: [..., N] (the leading dims of x), in the call dtype.
 
-    Raises:
-        TypeError, ValueError: an input has the wrong type, shape, dtype or device; the
-            message names the tensor and the dim.
-        RuntimeError: an input requires grad while grad mode is on: this kernel has no
-            backward, and its output would silently carry no gradient.
-
-    Inside torch.compile it is one custom op, fusegen::gpt2_attn_out_b7b12e46f2b0; given an
-    output buffer or a config there, an eager call (a graph break).
+    Raises TypeError or ValueError naming the tensor and dim for a wrong type, shape, dtype
+    or device; RuntimeError where an input requires grad (grad mode on): this kernel has no
+    backward. Inside torch.compile it is the custom op fusegen::gpt2_attn_out_b7b12e46f2b0
+    (with `out=` or `config=` given there, an eager call: a graph break).
     """
     if torch.compiler.is_compiling():
         if _OP is not None and config is None and out is None:
             return _OP(x, w, b, residual)
-        return _untraced(x, w, b, residual, out=out, config=config)
+        return _KERNELS.untraced(x, w, b, residual, out=out, config=config)
     plan = _CALLS.get(_signature(x, w, b, residual)) or _plan(x, w, b, residual)
     if torch.is_grad_enabled() and (
         x.requires_grad or w.requires_grad or b.requires_grad or residual.requires_grad
     ):
-        _refuse_grad({"x": x, "w": w, "b": b, "residual": residual})
-    path = plan.path
+        _KERNELS.refuse_grad(x, w, b, residual)
     if out is None:
         out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
     else:
-        _check_out(
-            "out",
-            out,
-            plan.out_shape,
-            plan.out_dtype,
-            plan.device,
-            {"x": x, "w": w, "b": b, "residual": residual},
-        )
-        if path == "tma" and not _tma_ready(out if out.dim() == 2 else out.view(-1, out.shape[-1])):
-            path = "pointer"  # the caller's buffer is not 16-byte aligned
-    if not plan.runs_triton:
-        _log_once(
-            "no-gpu",
-            "gpt2_attn_out: the inputs are on %s and the Triton interpreter is off; "
-            "running the PyTorch reference",
-            plan.device,
-        )
-        out.copy_(reference(x, w, b, residual))
-        _record(None, "reference (no GPU)")
-        return out
-    if out.numel() == 0:
-        _record(None, "empty")
-        return out
+        _KERNELS.check_out("out", out, plan, (x, w, b, residual))
+    if not plan.launches:
+        return _KERNELS.without_launch(plan, (out,), (x, w, b, residual))
     args = (
         x if x.dim() == 2 else x.reshape(-1, x.shape[-1]),
         w,
@@ -1431,190 +345,77 @@ def gpt2_attn_out(
         out if out.dim() == 2 else out.view(-1, out.shape[-1]),
         *plan.tail,
     )
-    if plan.copies:
-        args = _with_copies(args, plan.copies)
-    _launch(path, plan, args, config)
+    _KERNELS.launch(plan, args, config)
     return out
 
 
-def _untraced(*args, **kwargs):
-    """The launcher inside a torch.compile'd function when the custom op cannot serve
-    (`out=` or `config=` given, or no torch.library.custom_op): run eagerly, a graph
-    break, since it reads pointers and launches compiled kernels itself, which Dynamo
-    cannot trace. torch.compiler.disable is reached only here: importing it costs seconds."""
-    if "launcher" not in _UNTRACED:
-        _UNTRACED["launcher"] = torch.compiler.disable(gpt2_attn_out)
-    return _UNTRACED["launcher"](*args, **kwargs)
+def last_launch() -> dict:
+    """What the last call ran: its "config", "source" (table, autotune, default, interpreter,
+    explicit, reference (...), empty), "path" (pointer, tma), "fast_tanh" (tanh.approx ran)
+    and "fp32_matmul" (tf32 or ieee, for an fp32 matmul), as a dict."""
+    return _KERNELS.last_launch()
 
 
-def _refuse_grad_when_traced(ctx, inputs, output):
-    """The custom op's autograd setup, reached only where an input needs a gradient
-    (torch.compile traces it): refuse, as the eager launcher does."""
-    _refuse_grad(dict(zip(("x", "w", "b", "residual"), inputs)))
-
-
-def _no_backward(ctx, *grads):
-    raise RuntimeError("gpt2_attn_out has no backward")  # unreachable: the setup refuses
+def _checked(x, w, b, residual):
+    """A call's checks, for _plan and _fake: (its plan so far, dim sizes, 2-D views)."""
+    shapes = _rt.Shapes(DIMS)
+    x_2d = shapes.bind("x", x, ("M", "K"), batched=True)
+    w_2d = shapes.bind("w", w, ("K", "N"))
+    b_2d = shapes.bind("b", b, ("N",))
+    residual_2d = shapes.bind("residual", residual, ("M", "N"), batched=True)
+    plan = _rt.Plan()
+    plan.dtype, plan.device = _KERNELS.dtype_and_device(x, w, b, residual)
+    plan.out_dtype = OUT_DTYPE or plan.dtype
+    plan.out_shape = (*shapes.lead, shapes["N"])
+    return plan, shapes, (x_2d, w_2d, b_2d, residual_2d)
 
 
 def _fake(x, w, b, residual):
-    """What torch.compile traces in place of the launcher: the same checks, then empty
-    outputs of the right shapes and dtypes."""
-    shapes = _Shapes(DIMS)
-    x_2d = shapes.bind("x", x, ("M", "K"), batched=True)
-    w_2d = shapes.bind("w", w, ("K", "N"))
-    b_2d = shapes.bind("b", b, ("N",))
-    residual_2d = shapes.bind("residual", residual, ("M", "N"), batched=True)
-    dtype = _call_dtype({"x": x, "w": w, "b": b, "residual": residual})
-    device = _common_device({"x": x, "w": w, "b": b, "residual": residual})
-    M = shapes["M"]
-    K = shapes["K"]
-    N = shapes["N"]
-    plan = _Plan()
-    plan.device, plan.dtype = device, dtype
-    plan.out_dtype = OUT_DTYPE or dtype
-    plan.out_shape = (*shapes.lead, N)
-    out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=device)
-    return out
-
-
-def _custom_op():
-    """The launcher as torch.compile sees it: a custom op, traced through _fake, so a
-    compiled model keeps one graph (fullgraph=True works). Named by the spec's hash:
-
-        fusegen::gpt2_attn_out_b7b12e46f2b0
-
-    a second import of the same module reuses it. None where torch has no
-    torch.library.custom_op."""
-    if not hasattr(torch.library, "custom_op"):
-        return None
-
-    def launch(
-        x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, residual: torch.Tensor
-    ) -> torch.Tensor:
-        return gpt2_attn_out(x, w, b, residual)
-
-    try:
-        packet = getattr(torch.ops.fusegen, "gpt2_attn_out_b7b12e46f2b0", None)
-        if packet is None:
-            op = torch.library.custom_op(
-                "fusegen::gpt2_attn_out_b7b12e46f2b0", launch, mutates_args=()
-            )
-            op.register_fake(_fake)
-            op.register_autograd(_no_backward, setup_context=_refuse_grad_when_traced)
-            packet = getattr(torch.ops.fusegen, "gpt2_attn_out_b7b12e46f2b0")
-        return packet.default
-    except Exception as exc:  # noqa: BLE001 - this torch's custom ops differ: no op
-        _log.warning(
-            "gpt2_attn_out: no custom op for torch.compile (%s); calls there run eagerly", exc
-        )
-        return None
+    """What torch.compile traces in place of the launcher: the checks, then empty outputs."""
+    return _KERNELS.empty_outputs(_checked(x, w, b, residual)[0])
 
 
 def _plan(x, w, b, residual):
-    """Check a call's inputs, and decide what does not change while their shapes,
-    strides, dtypes, devices and alignment do not: sizes, the outputs, the kernel path,
-    int64 offsets, the launch's trailing arguments. Remembered per signature."""
-    shapes = _Shapes(DIMS)
-    x_2d = shapes.bind("x", x, ("M", "K"), batched=True)
-    w_2d = shapes.bind("w", w, ("K", "N"))
-    b_2d = shapes.bind("b", b, ("N",))
-    residual_2d = shapes.bind("residual", residual, ("M", "N"), batched=True)
-    dtype = _call_dtype({"x": x, "w": w, "b": b, "residual": residual})
-    device = _common_device({"x": x, "w": w, "b": b, "residual": residual})
-    M = shapes["M"]
-    K = shapes["K"]
-    N = shapes["N"]
-    plan = _Plan()
-    plan.device, plan.dtype = device, dtype
-    plan.out_dtype = OUT_DTYPE or dtype
-    plan.out_shape = (*shapes.lead, N)
-    plan.runs_triton = _runs_triton(device)
-    # Stand-ins for the outputs, which are contiguous: shapes and strides, no memory.
-    out_2d = torch.empty((M, N), device="meta", dtype=plan.out_dtype)
-    # Inputs that a launch copies to contiguous memory first (see _copy_first): the plan
-    # sees the copies' strides.
-    plan.copies = ()
-    if _copy_first(x_2d, operand=True):
-        plan.copies += (0,)
-        x_2d = torch.empty(x_2d.shape, device="meta", dtype=x_2d.dtype)
-    if _copy_first(w_2d, operand=True):
-        plan.copies += (1,)
-        w_2d = torch.empty(w_2d.shape, device="meta", dtype=w_2d.dtype)
-    if _copy_first(residual_2d, operand=False):
-        plan.copies += (3,)
-        residual_2d = torch.empty(residual_2d.shape, device="meta", dtype=residual_2d.dtype)
-    plan.path = _path(device, (x_2d, w_2d), (out_2d,)) if plan.runs_triton else "pointer"
-    plan.tail = (
-        M,
-        K,
-        N,
-        _bucket(M),
-        x_2d.stride(0),
-        x_2d.stride(1),
-        w_2d.stride(0),
-        w_2d.stride(1),
-        b_2d.stride(0),
-        residual_2d.stride(0),
-        residual_2d.stride(1),
-        N,
-        1,
+    """Check a call, and decide what holds while its shapes, strides, dtypes, devices and
+    alignment do: the kernel path, the launch's trailing arguments, its constexprs."""
+    plan, shapes, (x_2d, w_2d, b_2d, residual_2d) = _checked(x, w, b, residual)
+    M, K, N = shapes["M"], shapes["K"], shapes["N"]
+    out_2d = torch.empty((M, N), device="meta", dtype=plan.out_dtype)  # its strides
+    plan.copies, (x_2d, w_2d) = _rt.copies({0: x_2d, 1: w_2d})  # operands with no unit stride
+    plan.path = _KERNELS.path(plan.device, (x_2d, w_2d), (out_2d,))
+    plan.tail = (M, K, N, _rt.bucket(M), *_rt.strides(x_2d, w_2d, b_2d, residual_2d), N, 1)
+    plan.key = (_rt.bucket(M), N, K, plan.dtype, plan.out_dtype)  # + the layout (finish)
+    return _KERNELS.finish(
+        plan, _CALLS, _signature(x, w, b, residual), x_2d, w_2d, b_2d, residual_2d, out_2d
     )
-    plan.consts = {
-        "INT64": _needs_int64(x_2d, w_2d, b_2d, residual_2d, out_2d),
-        "DOT_UPCAST": _interpreted() and dtype == torch.bfloat16,
-        # tl.dot ignores it for 16-bit operands; an fp32 call may set it again (_launch).
-        "INPUT_PRECISION": FP32_MATMUL or "tf32",
-    }
-    plan.fp32 = dtype == torch.float32
-    plan.follows_torch = plan.fp32 and FP32_MATMUL is None
-    # Last, which 2-D inputs are column-major: tuned apart, and the tuned table (measured
-    # on row-major inputs) serves only calls with none.
-    layout = tuple(_column_major(t) for t in (x_2d, w_2d, residual_2d))
-    plan.key = (_bucket(M), N, K, dtype, plan.out_dtype, layout)
-    plan.ready = {}  # config (None: chosen) -> what its launch needs, from _launch
-    if len(_CALLS) >= 1024:
-        _CALLS.clear()
-    _CALLS[_signature(x, w, b, residual)] = plan
-    return plan
 
 
 def reference(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    b: torch.Tensor,
-    residual: torch.Tensor,
-    *,
-    out_dtype: torch.dtype | None = None,
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, residual: torch.Tensor, *, out_dtype=None
 ) -> torch.Tensor:
-    """The same chain, one PyTorch op at a time, in the inputs' dtype.
-
-    The launcher's fallback, and what the tests check the kernel against (on float64
-    inputs, with out_dtype=torch.float64). out_dtype defaults to the launcher's.
-    """
+    """The same chain, one PyTorch op at a time, in the inputs' dtype (out_dtype: the
+    launcher's if None): its fallback, and what the tests check it against in float64."""
     y = x @ w
     y = y + b
     y = y + residual
     return y.to(out_dtype or OUT_DTYPE or x.dtype)
 
 
-def _make_importable():
-    """Put this module in sys.modules under its name if it is not there: torch.compile
-    imports the module of each function it traces by that name, and a module loaded by
-    file path (importlib.util.spec_from_file_location, as plugin loaders and notebooks
-    do) is in sys.modules under none."""
-    if __name__ in sys.modules:
-        if sys.modules[__name__].__dict__ is not globals():
-            _log.warning(
-                "gpt2_attn_out: sys.modules[%r] is another module: torch.compile would read its "
-                "globals for this one's; load this file under a name of its own",
-                __name__,
-            )
-        return
-    for holder in gc.get_referrers(globals()):
-        if isinstance(holder, types.ModuleType) and holder.__dict__ is globals():
-            sys.modules[__name__] = holder
-
-
-_make_importable()
-_OP = _custom_op()  # registered at import, outside any tracing
+_KERNELS = _rt.Kernels(
+    globals(),
+    "gpt2_attn_out",
+    pointer=(_gpt2_attn_out_kernel, CONFIGS, DEFAULT_CONFIG),
+    tma=(_gpt2_attn_out_kernel_tma, TMA_CONFIGS, TMA_DEFAULT_CONFIG),
+    inputs=("x", "w", "b", "residual"),
+    dims=("M", "N", "K"),
+    tune_key=["ROWS_BUCKET", "N", "K", "stride_x_k", "stride_w_n", "stride_residual_n"],
+    op_name="gpt2_attn_out_b7b12e46f2b0",
+    optional={"pointer": {"SPLIT_K": 1}, "tma": {}},
+    tma_operands={"X_COLUMN_MAJOR": 0, "W_COLUMN_MAJOR": 1},
+    weights=1,
+    full_operands=True,
+    no_gpu_reference=True,
+)
+_CALLS, _signature = {}, _rt.signature  # plans by call signature
+_KERNELS.make_importable()
+_OP = _KERNELS.custom_op(_fake)  # registered at import, outside any tracing

@@ -20,7 +20,6 @@ import random
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 if not torch.cuda.is_available():
     # Must be set before the kernel module is imported: triton.jit reads it then.
@@ -45,7 +44,7 @@ OUT_ROUNDING = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16
 # spacing (half of it, 2**-25); fp32 math may flush values under 2**-126 to zero (GPU
 # fast math), and the interpreter's bf16 conversion mangles such values.
 OUT_TINY = {torch.float32: 2.0**-126, torch.float16: 2.0**-25, torch.bfloat16: 2.0**-126}
-if kernel._interpreted():
+if kernel._KERNELS.interpreted():
     # The interpreter converts fp32 to bf16 toward zero (up to one ulp off), where a GPU
     # rounds to nearest (half an ulp).
     OUT_ROUNDING[torch.bfloat16] = 2.0**-7
@@ -153,7 +152,7 @@ def check_outputs(results, inputs, dtype, seed, launch):
     cols = inputs[SOURCE].shape[-1] if SOURCE else results[0].shape[-1]
     fast = int(launch["fast_tanh"])
     pairs = reference_and_bound(p_in, reduction_depth(launch, cols), fast, **exact)
-    for name, out, (expected, bound) in zip(OUTPUTS, results, pairs):
+    for name, out, (expected, bound) in zip(OUTPUTS, results, pairs, strict=True):
         bound = bound + OUT_ROUNDING[out.dtype] * (expected.abs() + bound) + OUT_TINY[out.dtype]
         assert out.shape == expected.shape, (name, out.shape, expected.shape)
         error = (out.double() - expected).abs()
@@ -193,12 +192,12 @@ def run_and_check(inputs, sizes, dtype, seed, lead=None):
     buffers = output_buffers(sizes, dtype, lead)
     results = as_tuple(kernel.llama_add_rmsnorm(**inputs, **buffers))
     launch = kernel.last_launch()
-    assert all(r is b for r, b in zip(results, buffers.values()))
+    assert all(r is b for r, b in zip(results, buffers.values(), strict=True))
     assert not launch["source"].startswith("reference"), f"the kernel did not run: {launch}"
     exact, expected = check_outputs(results, inputs, dtype, seed, launch)
     # The module's own reference is the same chain: check it against this file's.
     refs = as_tuple(kernel.reference(**exact, out_dtype=torch.float64))
-    for ref, want in zip(refs, expected):
+    for ref, want in zip(refs, expected, strict=True):
         torch.testing.assert_close(ref, want, rtol=1e-9, atol=1e-12)
 
 
@@ -245,7 +244,7 @@ def test_noncontiguous_inputs():
 @pytest.mark.skipif(HEAVY, reason="strides are tested on smaller kernels under the interpreter")
 def test_inputs_with_no_unit_stride():
     # Every other column of twice-as-wide tensors (x[:, ::2]): matmul operands are
-    # copied to contiguous memory first (see _copy_first), the others read as they are.
+    # copied to contiguous memory first (see the runtime's copies), the others read as they are.
     seed, sizes = new_seed(), {**SIZES, **CASES[-1]}
     inputs = make_inputs(sizes, DTYPES[-1], seed)
     strided = {}
@@ -308,13 +307,13 @@ def test_repeated_calls_agree(monkeypatch):
             buffers = output_buffers(sizes, dtype)
             runs.append(as_tuple(kernel.llama_add_rmsnorm(**inputs, **buffers)))
             check_outputs(runs[-1], inputs, dtype, seed, kernel.last_launch())
-            direct_runs.append(kernel._LAST_RUN.get("direct"))
-    if ON_GPU and kernel._TRITON_VERSION >= (3, 3):
+            direct_runs.append(kernel._KERNELS.last_run.get("direct"))
+    if ON_GPU and kernel._rt.TRITON_VERSION >= (3, 3):
         assert direct_runs == [False, False, False, True, True]
     else:
         assert not any(direct_runs)
     for run in runs[1:]:
-        for got, first in zip(run, runs[0]):
+        for got, first in zip(run, runs[0], strict=True):
             torch.testing.assert_close(got, first, rtol=0, atol=0, equal_nan=True)
 
 
@@ -360,7 +359,7 @@ def test_runs_inside_torch_compile():
 
     buffers = output_buffers(sizes, dtype)
     results = torch.compile(into_buffers, backend="eager")(buffers, **inputs)
-    assert all(r is b for r, b in zip(results, buffers.values()))
+    assert all(r is b for r, b in zip(results, buffers.values(), strict=True))
     check_outputs(results, inputs, dtype, seed, kernel.last_launch())
 
     # Inputs that require grad are refused when traced, as in eager mode.
@@ -373,7 +372,7 @@ def test_runs_inside_torch_compile():
 
 def test_falls_back_without_gpu(monkeypatch):
     # Not on a GPU and the interpreter off: the reference runs.
-    monkeypatch.setattr(kernel, "_runs_triton", lambda device: False)
+    monkeypatch.setattr(kernel._KERNELS, "runs_triton", lambda device: False)
     monkeypatch.setattr(kernel, "_CALLS", {})  # plans made with the interpreter on
     inputs = make_inputs({**SIZES, **CASES[0]}, DTYPES[0], new_seed())
     result = kernel.llama_add_rmsnorm(**inputs)
@@ -388,9 +387,9 @@ def test_every_config(monkeypatch, config):
     seed, sizes, dtype = new_seed(), {**SIZES, **CASES[-1]}, DTYPES[0]
     inputs = make_inputs(sizes, dtype, seed)
     element = torch.empty((), dtype=dtype).element_size()
-    if kernel._config_smem(
+    if kernel._KERNELS.config_smem(
         config, config.get("num_stages", 1), element
-    ) > kernel._shared_memory_limit(DEVICE):
+    ) > kernel._KERNELS.shared_memory_limit(DEVICE):
         pytest.skip("over this GPU's shared memory")
     results = as_tuple(kernel.llama_add_rmsnorm(**inputs, config=config))
     assert kernel.last_launch()["config"] == config
@@ -401,9 +400,9 @@ def test_every_config(monkeypatch, config):
 @needs_gpu
 def test_autotunes_on_gpu(monkeypatch):
     monkeypatch.delenv("FUSEGEN_AUTOTUNE", raising=False)
-    monkeypatch.setattr(kernel, "_PLANS", {})
+    monkeypatch.setattr(kernel._KERNELS, "plans", {})
     monkeypatch.setattr(kernel, "_CALLS", {})
-    monkeypatch.setitem(kernel._TABLE, "entries", [])  # no tuned table: tune now
+    monkeypatch.setitem(kernel._KERNELS.table, "entries", [])  # no tuned table: tune now
     kernel.llama_add_rmsnorm(**make_inputs({**SIZES, **CASES[0]}, DTYPES[0], new_seed()))
     launch = kernel.last_launch()
     space = kernel.TMA_CONFIGS if launch["path"] == "tma" else kernel.CONFIGS
@@ -437,13 +436,15 @@ def test_replays_from_a_cuda_graph():
 @needs_gpu
 def test_default_config_without_tuning(monkeypatch):
     monkeypatch.setenv("FUSEGEN_AUTOTUNE", "0")
-    monkeypatch.setattr(kernel, "_PLANS", {})
+    monkeypatch.setattr(kernel._KERNELS, "plans", {})
     monkeypatch.setattr(kernel, "_CALLS", {})
-    monkeypatch.setitem(kernel._TABLE, "entries", [])
+    monkeypatch.setitem(kernel._KERNELS.table, "entries", [])
     kernel.llama_add_rmsnorm(**make_inputs({**SIZES, **CASES[0]}, DTYPES[0], new_seed()))
     launch = kernel.last_launch()
     assert launch["source"] == "default"
-    default = kernel.DEFAULT_CONFIG if launch["path"] == "pointer" else kernel._PATHS["tma"][2]
+    default = (
+        kernel.DEFAULT_CONFIG if launch["path"] == "pointer" else kernel._KERNELS.paths["tma"][2]
+    )
     assert launch["config"] == default
 
 
@@ -451,29 +452,29 @@ def test_tuned_table_entry_runs_without_tuning(monkeypatch):
     # A table entry for this GPU and kernel source: its config runs, nothing is timed.
     # Off a GPU the interpreter stands in, with a made-up GPU identity.
     if not ON_GPU:
-        monkeypatch.setattr(kernel, "_can_tune", lambda device: True)
-        monkeypatch.setattr(kernel, "_device_identity", lambda device: ("Fake GPU", [9, 0]))
-    gpu, capability = kernel._device_identity(torch.device(DEVICE))
+        monkeypatch.setattr(kernel._KERNELS, "can_tune", lambda device: True)
+        monkeypatch.setattr(kernel._KERNELS, "device_identity", lambda device: ("Fake GPU", [9, 0]))
+    gpu, capability = kernel._KERNELS.device_identity(torch.device(DEVICE))
 
     def no_tuning(*args):
         raise AssertionError("the launcher tuned despite a matching table entry")
 
-    monkeypatch.setattr(kernel, "_tune", no_tuning)
-    monkeypatch.setattr(kernel, "_PLANS", {})
+    monkeypatch.setattr(kernel._KERNELS, "tune", no_tuning)
+    monkeypatch.setattr(kernel._KERNELS, "plans", {})
     monkeypatch.setattr(kernel, "_CALLS", {})
     monkeypatch.delenv("FUSEGEN_TMA", raising=False)
     dtype = DTYPES[0]
     seed, sizes = new_seed(), {**SIZES, **CASES[0]}
     inputs = make_inputs(sizes, dtype, seed)
     config = kernel.CONFIGS[-1] if ON_GPU else kernel.INTERPRETER_CONFIG
-    config = kernel._complete("pointer", config)
-    tma = kernel._complete("tma", config) if "tma" in kernel._PATHS else None
+    config = kernel._KERNELS.complete("pointer", config)
+    tma = kernel._KERNELS.complete("tma", config) if "tma" in kernel._KERNELS.paths else None
     entry = {
         "gpu": gpu,
         "capability": capability,
         "kernel_hash": kernel.KERNEL_HASH,
         # A row bucket far from this call's: the nearest entry serves.
-        "key": {**table_key(sizes, dtype), kernel._KEY_NAMES[0]: 1 << 20},
+        "key": {**table_key(sizes, dtype), kernel._KERNELS.key_names[0]: 1 << 20},
         "best": "tma" if tma else "pointer",
         "choices": {
             "pointer": {"config": config, "ms": 1.0},
@@ -481,7 +482,7 @@ def test_tuned_table_entry_runs_without_tuning(monkeypatch):
         },
     }
     stale = {**entry, "kernel_hash": "0" * 16, "choices": {"pointer": {"config": {}, "ms": 0.1}}}
-    monkeypatch.setitem(kernel._TABLE, "entries", [stale, entry])
+    monkeypatch.setitem(kernel._KERNELS.table, "entries", [stale, entry])
     buffers = output_buffers(sizes, dtype)
     results = as_tuple(kernel.llama_add_rmsnorm(**inputs, **buffers))
     launch = kernel.last_launch()
@@ -491,9 +492,9 @@ def test_tuned_table_entry_runs_without_tuning(monkeypatch):
 
     # The table holds row-major measurements: a column-major input is tuned apart.
     tuned = []
-    monkeypatch.setattr(kernel, "_tune", lambda *args: tuned.append(args[1]))
+    monkeypatch.setattr(kernel._KERNELS, "tune", lambda *args: tuned.append(args[1]))
     flipped = {n: t.T.contiguous().T if t.dim() == 2 else t for n, t in inputs.items()}
-    if any(kernel._column_major(t) for t in flipped.values() if t.dim() == 2):
+    if any(kernel._rt.column_major(t) for t in flipped.values() if t.dim() == 2):
         kernel.llama_add_rmsnorm(**flipped)
         assert tuned and kernel.last_launch()["source"] == "default", kernel.last_launch()
 
@@ -503,6 +504,10 @@ def table_key(sizes, dtype):
     values = [1 << max(sizes[ROW] - 1, 0).bit_length(), sizes[COL]]
     if FAN_IN:
         values.append(sizes[FAN_IN])
-    names = kernel._KEY_NAMES
+    names = kernel._KERNELS.key_names
     out_dtype = kernel.OUT_DTYPE or dtype
-    return {**dict(zip(names, values)), names[-2]: dtype_id(dtype), names[-1]: dtype_id(out_dtype)}
+    return {
+        **dict(zip(names, values, strict=False)),
+        names[-2]: dtype_id(dtype),
+        names[-1]: dtype_id(out_dtype),
+    }

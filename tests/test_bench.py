@@ -217,9 +217,9 @@ def test_bench_uses_the_tuned_table_beside_the_modules(tmp_path):
         tables.render(kernel.name, kernel.spec_display, [entry])
     )
     module = bench.load_module(kernel, modules, tables_dir)
-    assert module._table_entries() == [entry]
+    assert module._KERNELS.table_entries() == [entry]
     without = bench.load_module(kernel, tmp_path, None)
-    assert without._table_entries() == []
+    assert without._KERNELS.table_entries() == []
 
 
 # -- the suite: benchmarks/suite.yaml, `fusegen bench --suite` -------------------------

@@ -56,10 +56,11 @@ def test_build_writes_modules_and_reports(write_spec, run_cli, tmp_path):
     assert code == 0, err
     assert (tmp_path / "gen" / "relu_plus.py").is_file()
     assert (tmp_path / "gen" / "test_relu_plus.py").is_file()
-    assert "1 kernel(s), 2 file(s) written" in out
+    assert (tmp_path / "gen" / "_fusegen_runtime.py").is_file()  # the folder's launch support
+    assert "1 kernel(s), 3 file(s) written" in out
     # A second build changes nothing.
     code, out, _ = run_cli("build", str(spec), "--out", str(tmp_path / "gen"))
-    assert code == 0 and "0 file(s) written, 2 unchanged" in out
+    assert code == 0 and "0 file(s) written, 3 unchanged" in out
 
 
 def test_check_reports_missing_and_changed_files(write_spec, run_cli, tmp_path):
@@ -88,7 +89,11 @@ def test_renamed_kernel_leaves_no_stale_module(write_spec, run_cli, tmp_path):
     assert code == 1 and "relu_plus.py: no kernel in the specs makes it any more" in err
     code, out, _ = run_cli("build", str(spec), "--out", str(gen))
     assert code == 0 and "removed" in out
-    assert sorted(p.name for p in gen.iterdir()) == ["relu_add.py", "test_relu_add.py"]
+    assert sorted(p.name for p in gen.iterdir()) == [
+        "_fusegen_runtime.py",
+        "relu_add.py",
+        "test_relu_add.py",
+    ]
 
 
 def test_kernel_name_used_in_two_files(write_spec, run_cli):

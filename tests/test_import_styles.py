@@ -73,6 +73,7 @@ def folder(tmp_path_factory):
     package.mkdir()
     (package / "__init__.py").write_text("")
     shutil.copy(ROOT / "generated" / f"{MODULE}.py", package)
+    shutil.copy(ROOT / "generated" / "_fusegen_runtime.py", package)
     return root
 
 

@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from fusegen import ops  # noqa: E402
+from fusegen import codegen, ops  # noqa: E402
 from fusegen.cli import main  # noqa: E402
 
 ACTIVATION_ARGS = {
@@ -268,14 +268,14 @@ def test_small_tiles_cover_every_edge(zoo, name):
         kernel._CALLS.clear()
         if int64:
             # Force the int64 path on a small problem: the kernel must give the same result.
-            original = kernel._needs_int64
-            kernel._needs_int64 = lambda *t: True
+            original = kernel._rt.needs_int64
+            kernel._rt.needs_int64 = lambda *t: True
         try:
             buffers = tests.output_buffers(sizes, dtype)
             results = tests.as_tuple(getattr(kernel, name)(**inputs, **buffers, config=config))
         finally:
             if int64:
-                kernel._needs_int64 = original
+                kernel._rt.needs_int64 = original
                 kernel._CALLS.clear()
         assert kernel.last_launch()["config"] == config
         assert kernel.last_launch()["source"] == "explicit"
@@ -325,12 +325,12 @@ def test_activations_at_extremes(zoo, name):
 
 def test_bf16_dot_is_upcast_only_under_the_interpreter(zoo):
     kernel, _ = load(zoo, "mm_gate_full")
-    assert kernel._interpreted() == (not torch.cuda.is_available())
+    assert kernel._KERNELS.interpreted() == (not torch.cuda.is_available())
 
 
 def test_error_without_gpu_when_the_spec_says_so(zoo, monkeypatch):
     kernel, tests = load(zoo, "mm_static_rows")
-    monkeypatch.setattr(kernel, "_runs_triton", lambda device: False)
+    monkeypatch.setattr(kernel._KERNELS, "runs_triton", lambda device: False)
     monkeypatch.setattr(kernel, "_CALLS", {})
     inputs = tests.make_inputs({**tests.SIZES, "K": 20, "N": 30}, torch.float16, 0)
     with pytest.raises(RuntimeError, match="needs CUDA tensors"):
@@ -379,7 +379,7 @@ def test_torch_compile_without_the_custom_op(zoo, monkeypatch, caplog):
     with monkeypatch.context() as patch, caplog.at_level("WARNING"):
         patch.setattr(torch.ops, "fusegen", types.SimpleNamespace())
         patch.setattr(torch.library, "custom_op", refuse)  # torch.compile uses it too
-        assert kernel._custom_op() is None
+        assert kernel._KERNELS.custom_op(kernel._fake) is None
     assert "no custom op for torch.compile (no custom ops here)" in caplog.text
     monkeypatch.setattr(kernel, "_OP", None)
     sizes, seed = {"M": 19, "K": 24, "N": 40}, 5
@@ -439,6 +439,7 @@ MUTATIONS = [
 @pytest.mark.parametrize("module, old, new, why", MUTATIONS, ids=[m[3] for m in MUTATIONS])
 def test_generated_tests_catch_a_broken_kernel(zoo, tmp_path, module, old, new, why):
     shutil.copy(zoo / f"test_{module}.py", tmp_path)
+    shutil.copy(zoo / codegen.RUNTIME_FILE, tmp_path)
     text = (zoo / f"{module}.py").read_text()
     assert old in text, f"mutation target missing: {old}"
     (tmp_path / f"{module}.py").write_text(text.replace(old, new))

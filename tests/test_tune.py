@@ -50,8 +50,8 @@ def fake_gpu_loader(corrupt=None):
 
     def load(kernel, out_dir):
         module = tune.load_generated(kernel, out_dir)
-        module._device_identity = lambda device: FAKE_GPU
-        module._shared_memory_limit = lambda device: 232_448
+        module._KERNELS.device_identity = lambda device: FAKE_GPU
+        module._KERNELS.shared_memory_limit = lambda device: 232_448
         if corrupt is not None:
             launcher = getattr(module, kernel.name)
 
@@ -127,13 +127,13 @@ def test_tune_writes_a_table_the_launcher_uses_without_tuning(generated, monkeyp
         (out_dir / "tiny_gelu.py").read_text()
     )
     module = import_fresh(out_dir / "tiny_gelu.py")
-    monkeypatch.setattr(module, "_device_identity", lambda device: FAKE_GPU)
-    monkeypatch.setattr(module, "_can_tune", lambda device: True)
+    monkeypatch.setattr(module._KERNELS, "device_identity", lambda device: FAKE_GPU)
+    monkeypatch.setattr(module._KERNELS, "can_tune", lambda device: True)
 
     def no_tuning(*args):
         raise AssertionError("tuned despite a table entry")
 
-    monkeypatch.setattr(module, "_tune", no_tuning)
+    monkeypatch.setattr(module._KERNELS, "tune", no_tuning)
     x, w, b = torch.randn(300, 64), torch.randn(48, 64) / 8, torch.randn(48)
     with caplog.at_level(logging.INFO):
         y = module.tiny_gelu(x, w, b)
@@ -143,9 +143,9 @@ def test_tune_writes_a_table_the_launcher_uses_without_tuning(generated, monkeyp
     torch.testing.assert_close(y, module.reference(x, w, b), rtol=1e-5, atol=1e-5)
 
     # Another GPU finds no entry: it tunes (here: the interpreter cannot, so it says so).
-    module._PLANS.clear()
+    module._KERNELS.plans.clear()
     module._CALLS.clear()
-    monkeypatch.setattr(module, "_device_identity", lambda device: ("Other GPU", [8, 0]))
+    monkeypatch.setattr(module._KERNELS, "device_identity", lambda device: ("Other GPU", [8, 0]))
     with pytest.raises(AssertionError, match="tuned despite"):
         module.tiny_gelu(x, w, b)
 
@@ -159,9 +159,9 @@ def test_a_table_that_chose_the_pointer_kernel_does_not_hide_the_tma_one(generat
     def loader(hopper):
         def load(kernel, out):
             module = fake_gpu_loader()(kernel, out)
-            module._can_tune = lambda device: True  # tables are consulted, as on a GPU
+            module._KERNELS.can_tune = lambda device: True  # tables are consulted, as on a GPU
             if hopper:  # as on an H200: the TMA kernel where FUSEGEN_TMA allows it
-                module._path = lambda d, operands, outputs=(): (
+                module._KERNELS.path = lambda d, operands, outputs=(): (
                     "pointer" if os.environ.get("FUSEGEN_TMA") == "0" else "tma"
                 )
             return module
@@ -196,8 +196,8 @@ def test_a_stale_table_is_ignored_and_says_so(generated, monkeypatch, caplog):
     table = tables.path_for(out_dir, "tiny_gelu")
     table.write_text(tables.render("tiny_gelu", str(spec), [entry("0" * 16)]))
     module = import_fresh(out_dir / "tiny_gelu.py")
-    monkeypatch.setattr(module, "_device_identity", lambda device: ("NVIDIA H200", [9, 0]))
-    monkeypatch.setattr(module, "_can_tune", lambda device: True)
+    monkeypatch.setattr(module._KERNELS, "device_identity", lambda device: ("NVIDIA H200", [9, 0]))
+    monkeypatch.setattr(module._KERNELS, "can_tune", lambda device: True)
     monkeypatch.setattr(module, "DETERMINISTIC", True)  # no table entry: the default runs
     x, w, b = torch.randn(40, 64), torch.randn(48, 64) / 8, torch.randn(48)
     with caplog.at_level(logging.INFO):
@@ -212,15 +212,17 @@ def test_deterministic_kernels_never_tune(write_spec, run_cli, tmp_path, monkeyp
     assert run_cli("build", str(spec), "--out", str(out_dir))[0] == 0
     module = import_fresh(out_dir / "tiny_gelu.py")
     assert module.DETERMINISTIC is True
-    monkeypatch.setattr(module, "_device_identity", lambda device: FAKE_GPU)
-    monkeypatch.setattr(module, "_can_tune", lambda device: True)
-    monkeypatch.setattr(module, "_tune", lambda *a: pytest.fail("a deterministic kernel tuned"))
+    monkeypatch.setattr(module._KERNELS, "device_identity", lambda device: FAKE_GPU)
+    monkeypatch.setattr(module._KERNELS, "can_tune", lambda device: True)
+    monkeypatch.setattr(
+        module._KERNELS, "tune", lambda *a: pytest.fail("a deterministic kernel tuned")
+    )
     x, w, b = torch.randn(40, 64), torch.randn(48, 64) / 8, torch.randn(48)
     module.tiny_gelu(x, w, b)
     launch = module.last_launch()
     assert launch["source"] == "default"
     # Where nothing is tuned the estimate picks from the space (see _estimated_choice).
-    assert launch["config"] in [module._complete(launch["path"], c) for c in module.CONFIGS]
+    assert launch["config"] in [module._KERNELS.complete(launch["path"], c) for c in module.CONFIGS]
 
 
 def test_a_default_the_spec_gives_runs_as_given(write_spec, run_cli, tmp_path, monkeypatch):
@@ -229,8 +231,8 @@ def test_a_default_the_spec_gives_runs_as_given(write_spec, run_cli, tmp_path, m
     out_dir = tmp_path / "gen"
     assert run_cli("build", str(spec), "--out", str(out_dir))[0] == 0
     module = import_fresh(out_dir / "tiny_gelu.py")
-    monkeypatch.setattr(module, "_device_identity", lambda device: FAKE_GPU)
-    monkeypatch.setattr(module, "_can_tune", lambda device: True)
+    monkeypatch.setattr(module._KERNELS, "device_identity", lambda device: FAKE_GPU)
+    monkeypatch.setattr(module._KERNELS, "can_tune", lambda device: True)
     module.tiny_gelu(torch.randn(40, 64), torch.randn(48, 64) / 8, torch.randn(48))
     launch = module.last_launch()
     assert launch["source"] == "default" and launch["config"] == module.DEFAULT_CONFIG
@@ -322,11 +324,23 @@ def test_the_kernel_hash_covers_kernels_only(generated):
     text = (out_dir / "tiny_gelu.py").read_text()
     base = codegen.kernel_source_hash(text)
     assert codegen.module_kernel_hash(text) == base
+
+    def edited(old, new):
+        assert old in text, old
+        return codegen.kernel_source_hash(text.replace(old, new, 1))
+
+    # Config spaces, layout, comments and docstrings are not kernel code; the code is.
     assert (
-        codegen.kernel_source_hash(text.replace("DEFAULT_CONFIG = {", "DEFAULT_CONFIG = {\n"))
+        edited(
+            "DEFAULT_CONFIG = _rt.config(_SETTINGS, 128",
+            "DEFAULT_CONFIG = _rt.config(_SETTINGS, 64",
+        )
         == base
     )
-    assert codegen.kernel_source_hash(text.replace("tl.dot(", "tl.dot( ", 1)) != base
+    assert edited("tl.dot(", "tl.dot( ") == base
+    assert edited("# The chain, in fp32.", "# edited") == base
+    assert edited("for one [BLOCK_M", "for a [BLOCK_M") == base
+    assert edited("tl.dot(", "tl.dot(-1 * ") != base
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the message shown without a GPU")
@@ -382,13 +396,13 @@ def test_inspect_reports_the_compiled_kernel(generated, monkeypatch):
 
     def load(kernel, out):
         module = tune.load_generated(kernel, out)
-        launch = module._launch
+        launch = module._KERNELS.launch
 
         def spy(*args):
             launch(*args)
-            module._LAST_RUN["kernel"] = Compiled
+            module._KERNELS.last_run["kernel"] = Compiled
 
-        module._launch = spy
+        module._KERNELS.launch = spy
         return module
 
     (found,) = inspect_kernels.run(
