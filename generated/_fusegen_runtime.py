@@ -30,7 +30,7 @@ _log = logging.getLogger(__name__)
 
 # sha256 of this file as fusegen wrote it (this line holding a placeholder): the kernel
 # modules beside it name the runtime they were built with by it.
-RUNTIME_HASH = "1e6171e76e73403a"
+RUNTIME_HASH = "3ddeb687dfb8f899"
 # Rows above which tuning skips split-K configs: their partial sums' traffic outgrows
 # what the extra programs win.
 SPLIT_K_MAX_ROWS = 256
@@ -472,9 +472,14 @@ class Kernels:
         return {**self.last, "config": dict(config) if config is not None else None}
 
     def record(self, config, source, path=None, fast_tanh=False, fp32_matmul=None):
-        self.last.update(
-            config=config, source=source, path=path, fast_tanh=fast_tanh, fp32_matmul=fp32_matmul
-        )
+        """What last_launch says (a launch of a known signature stores its plan's dict)."""
+        self.last = {
+            "config": config,
+            "source": source,
+            "path": path,
+            "fast_tanh": fast_tanh,
+            "fp32_matmul": fp32_matmul,
+        }
 
     def log_once(self, reason, message, *args):
         if reason not in self.logged:
@@ -699,7 +704,11 @@ class Kernels:
                 args[index] = args[index].contiguous()
         # A caller's output buffer may start off 16 bytes: the TMA kernel cannot store
         # there, and what triton compiled assumed alignment.
-        aligned = all(t.data_ptr() % 16 == 0 for t in args[self.outputs])
+        aligned = True
+        for output in args[self.outputs]:
+            if output.data_ptr() % 16:
+                aligned = False
+                break
         path = plan.path if aligned else "pointer"
         ready = plan.ready.get(key)
         if ready is None or ready[0] != path:
@@ -717,7 +726,7 @@ class Kernels:
             self.last_run.update(kernel=compiled, key=plan.key, direct=False)
             if direct is None and aligned:  # False: no direct launch for this plan (asked once)
                 ready[6] = self.direct(compiled, kernel, args, kwargs) or False
-        self.record(*record)
+        self.last = record
 
     def _ready(self, path, plan, args, config, consts):
         """[path asked for, kernel, grid, keyword arguments, SPLIT_K, what last_launch
@@ -728,7 +737,14 @@ class Kernels:
         dims = dict(zip(self.module["DIMS"], plan.tail, strict=False))
         grid = (*self.grid({**dims, **kwargs}), 1, 1)[:3]  # a compiled kernel takes 3
         fp32 = consts["INPUT_PRECISION"] if plan.fp32 else None
-        record = (chosen, source, path, bool(consts.get("FAST_TANH")), fp32)
+        fast = bool(consts.get("FAST_TANH"))
+        record = {
+            "config": chosen,
+            "source": source,
+            "path": path,
+            "fast_tanh": fast,
+            "fp32_matmul": fp32,
+        }
         return [asked, self.paths[path][0], grid, kwargs, chosen.get("SPLIT_K", 1), record, None]
 
     def direct(self, compiled, kernel, args, kwargs):

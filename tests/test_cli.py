@@ -210,3 +210,16 @@ def test_spec_outside_a_repo_is_named_relative_to_cwd(tmp_path, run_cli):
     text = Path(tmp_path / "gen" / "relu_plus.py").read_text()
     assert "from specs/k.yaml (sha256 " in text.splitlines()[0]
     assert str(tmp_path) not in text
+
+
+def test_check_covers_the_folders_runtime(write_spec, run_cli, tmp_path):
+    spec = write_spec(GOOD)
+    gen = tmp_path / "gen"
+    run_cli("build", str(spec), "--out", str(gen))
+    runtime = gen / "_fusegen_runtime.py"
+    runtime.write_text(runtime.read_text().replace("SHORTLIST = 3", "SHORTLIST = 9"))
+    code, _, err = run_cli("build", "--check", str(spec), "--out", str(gen))
+    assert code == 1 and "_fusegen_runtime.py: differs" in err
+    runtime.unlink()
+    code, _, err = run_cli("build", "--check", str(spec), "--out", str(gen))
+    assert code == 1 and "_fusegen_runtime.py: missing" in err
