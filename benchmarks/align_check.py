@@ -75,7 +75,7 @@ def main():
             )
             compiled = torch.compile(modules["generated"].reference)
             rows = [("torch.compile", compiled)] + [
-                (name, getattr(m, "masked_softmax"))
+                (name, m.masked_softmax)
                 for name, m in modules.items()
                 if name == "generated" or cols % 16
             ]
@@ -89,7 +89,9 @@ def main():
                     out = fn(**sets[0], **kwargs)
                     error = bench.relative_error(torch, out, exact)
                     cycle = itertools.cycle(sets)
-                    ms = timing.do_bench_timer(lambda: fn(**next(cycle), **kwargs))
+                    ms = timing.do_bench_timer(
+                        lambda fn=fn, cycle=cycle, kwargs=kwargs: fn(**next(cycle), **kwargs)
+                    )
                     print(
                         f"131072x{cols} {name:14} {str(config):60} {ms:.4f} ms err {error:.1e}",
                         flush=True,

@@ -24,7 +24,7 @@ for rows in (7, 16, 4096):
     launch = m.last_launch()
     print(f"rows {rows}: first call {time.perf_counter() - started:.2f} s: {launch}")
     config = launch["config"]
-    call = lambda: m.gpt2_mlp_up(x, w, b, config=config)  # noqa: E731
+    call = lambda x=x, config=config: m.gpt2_mlp_up(x, w, b, config=config)  # noqa: E731
     graph = m._rt.graph_bench(call)
     print(
         f"  graph timer {graph[0]:.4f} ms, do_bench {do_bench(call, return_mode='median'):.4f} ms"

@@ -6,7 +6,8 @@ Usage (GPU, repo root, pydantic and black on PYTHONPATH):
     python3 benchmarks/row_configs.py SPEC KERNEL ROWS,COLS [dtype [VARIANT ...]]
 
 VARIANT: a kernel-source change to time beside the generated source (see VARIANTS), e.g.
-    python3 benchmarks/row_configs.py benchmarks/specs/rows.yaml bench_layernorm 16384,8192 bf16 noshift welford
+    python3 benchmarks/row_configs.py benchmarks/specs/rows.yaml bench_layernorm \\
+        16384,8192 bf16 noshift welford
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def welford(text: str) -> str:
     constant row still gives exact zeros: every merge sees delta = 0."""
     single = re.search(
         r"( +)row_shift = tl\.sum\(tl\.where\(offs_n\[None, :\] == 0, value, 0\.0\), axis=1\)\n"
-        r".*?row_rstd = tl\.rsqrt\(tl\.sum\(row_dev \* row_dev, axis=1\) / (\w+) \+ ([0-9.e+-]+)\)\n",
+        r".*?row_rstd = tl\.rsqrt\(tl\.sum\(row_dev \* row_dev, axis=1\) / (\w+)"
+        r" \+ ([0-9.e+-]+)\)\n",
         text,
         flags=re.S,
     )
@@ -62,7 +64,8 @@ def welford(text: str) -> str:
     pad, cols, eps = single.group(1), single.group(2), single.group(3)
     new = (
         f"{pad}row_mean, row_m2, _ = tl.reduce(\n"
-        f"{pad}    (tl.where(in_bounds, value, 0.0), tl.zeros_like(value), in_bounds.to(tl.float32)),\n"
+        f"{pad}    (tl.where(in_bounds, value, 0.0), tl.zeros_like(value),"
+        " in_bounds.to(tl.float32)),\n"
         f"{pad}    1,\n"
         f"{pad}    _welford_combine,\n"
         f"{pad})\n"
@@ -112,8 +115,8 @@ def time_configs(module, name, shape, block_n, sets, exact):
         try:
             out = launcher(**sets[0], config=config)
             error = bench.relative_error(torch, out, exact)
-            ms = timing.do_bench_timer(lambda: launcher(**next(cycle), config=config))
-            graph = timing.graph_ms(lambda: launcher(**next(cycle), config=config))
+            ms = timing.do_bench_timer(lambda config=config: launcher(**next(cycle), config=config))
+            graph = timing.graph_ms(lambda config=config: launcher(**next(cycle), config=config))
             ran = module.last_launch()["config"]
             print(
                 f"{name} {shape} {label:36} call {ms:.4f} graph {graph and round(graph, 4)} "

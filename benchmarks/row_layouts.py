@@ -76,7 +76,7 @@ def main() -> None:
                         module._CALLS.clear()
                     error = bench.relative_error(torch, fn(**sets[0]), exact)
                     cycle = itertools.cycle(sets)
-                    ms = timer(lambda: fn(**next(cycle)), warmup=25, rep=100)
+                    ms = timer(lambda fn=fn, cycle=cycle: fn(**next(cycle)), warmup=25, rep=100)
                     print(
                         f"{name:20s} {rows}x{cols} {strided} {layout:10s} {label:13s} "
                         f"{rule:10s} {ms:.4f} ms  err {error:.1e}",

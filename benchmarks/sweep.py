@@ -14,6 +14,7 @@ Usage (GPU, repo root, pydantic on PYTHONPATH):
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import re
@@ -121,12 +122,14 @@ def bias_first(text):
 BIAS_HALVES_SPLIT = """\
             b_left, b_right = tl.split(tl.permute(tl.reshape(b, (2, BLOCK_N // 2)), (1, 0)))
 """
-BIAS_HALVES_LOADED = """\
-            offs_h = pid_n * BLOCK_N + tl.arange(0, BLOCK_N // 2)
-            b_left = tl.load(b_ptr + offs_h * stride_b_n, mask=offs_h < N, other=0.0).to(tl.float32)
-            offs_h = offs_h + BLOCK_N // 2
-            b_right = tl.load(b_ptr + offs_h * stride_b_n, mask=offs_h < N, other=0.0).to(tl.float32)
-"""
+BIAS_HALVES_LOADED = (
+    "            offs_h = pid_n * BLOCK_N + tl.arange(0, BLOCK_N // 2)\n"
+    "            b_left = tl.load(b_ptr + offs_h * stride_b_n, mask=offs_h < N, other=0.0)"
+    ".to(tl.float32)\n"
+    "            offs_h = offs_h + BLOCK_N // 2\n"
+    "            b_right = tl.load(b_ptr + offs_h * stride_b_n, mask=offs_h < N, other=0.0)"
+    ".to(tl.float32)\n"
+)
 
 
 def sub_chain(text):
@@ -137,19 +140,18 @@ def sub_chain(text):
     end = tma.index("        else:\n            out_desc.store(")
     chain = tma[start : tma.index("        if EPILOGUE_SUBTILE:")]
     half = (
-        """            acc_halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
-            acc_left, acc_right = tl.split(acc_halves)
-"""
+        "            acc_halves = tl.permute("
+        "tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))\n"
+        "            acc_left, acc_right = tl.split(acc_halves)\n"
         + (BIAS_HALVES_SPLIT if "offs_n_early" in tma else BIAS_HALVES_LOADED)
-        + """\
-            acc_left = _gelu_tanh(acc_left + b_left[None, :], FAST_TANH)
-            out_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc_left.to(out_ptr.dtype.element_ty))
-            acc_right = _gelu_tanh(acc_right + b_right[None, :], FAST_TANH)
-            out_desc.store(
-                [pid_m * BLOCK_M, pid_n * BLOCK_N + BLOCK_N // 2],
-                acc_right.to(out_ptr.dtype.element_ty),
-            )
-"""
+        + "            acc_left = _gelu_tanh(acc_left + b_left[None, :], FAST_TANH)\n"
+        "            out_desc.store("
+        "[pid_m * BLOCK_M, pid_n * BLOCK_N], acc_left.to(out_ptr.dtype.element_ty))\n"
+        "            acc_right = _gelu_tanh(acc_right + b_right[None, :], FAST_TANH)\n"
+        "            out_desc.store(\n"
+        "                [pid_m * BLOCK_M, pid_n * BLOCK_N + BLOCK_N // 2],\n"
+        "                acc_right.to(out_ptr.dtype.element_ty),\n"
+        "            )\n"
     )
     whole = "\n".join("    " + line if line else line for line in chain.split("\n"))
     rest = tma[end:]
@@ -459,7 +461,10 @@ def fresh_module(kernel, folder, variant, programs_per_sm):
 
 
 def label(c):
-    tile = f"{c['BLOCK_M']}x{c['BLOCK_N']}x{c['BLOCK_K']} g{c['GROUP_M']} w{c['num_warps']} s{c['num_stages']}"
+    tile = (
+        f"{c['BLOCK_M']}x{c['BLOCK_N']}x{c['BLOCK_K']} g{c['GROUP_M']}"
+        f" w{c['num_warps']} s{c['num_stages']}"
+    )
     extra = "".join(
         f" {k[:2]}{v}" for k, v in c.items() if k.isupper() and not k.startswith(("BLOCK", "GROUP"))
     )
@@ -501,7 +506,7 @@ def main():
             kernel_name, shape, rows, baselines, *dtype = CASES[case]
             dtype = dtype[0] if dtype else "bf16"
             kernel = kernels[kernel_name]
-            sizes = dict(zip(("M", "K", "N"), shape))
+            sizes = dict(zip(("M", "K", "N"), shape, strict=True))
             modules = {}
             sets, exact = None, None
             case_start = time.perf_counter()
@@ -529,7 +534,7 @@ def main():
                     sets, exact = bench.input_sets(torch, module, kernel, sizes, dtype, "cuda")
                 os.environ["FUSEGEN_TMA"] = "1" if path == "tma" else "0"
                 launcher = getattr(module, kernel.name)
-                fn = lambda cfg=config, **t: launcher(**t, config=cfg)  # noqa: E731
+                fn = functools.partial(launcher, config=config)
                 what = f"{variant} {path} x{per_sm} {label(config)}"
                 row = dict(case=case, what=what, config=config, path=path, programs_per_sm=per_sm)
                 try:

@@ -83,11 +83,12 @@ def shape_dims(kernel: Kernel, shape: tuple) -> dict:
     )
     if len(shape) != len(names):
         raise ValueError(f"{kernel.name} takes shapes {','.join(names)}, got {shape}")
-    sizes = dict(zip(names, shape))
+    sizes = dict(zip(names, shape, strict=True))
     for dim in kernel.dims:
         if dim.size is not None and sizes.get(dim.name, dim.size) != dim.size:
             raise ValueError(
-                f"{kernel.name}: the spec fixes {dim.name} = {dim.size}, the shape asks {sizes[dim.name]}"
+                f"{kernel.name}: the spec fixes {dim.name} = {dim.size}, "
+                f"the shape asks {sizes[dim.name]}"
             )
     return sizes
 
@@ -382,7 +383,7 @@ def bench_shape(
                 check = ", inf/NaN check" if kernel.fallback_nonfinite == "reference" else ""
                 row.note = f"{launch['path']} ({launch['source']}{fast}{check}) {launch['config']}"
             cycle = itertools.cycle(sets)
-            row.ms = timer(lambda: fn(**next(cycle)))
+            row.ms = timer(lambda fn=fn, cycle=cycle: fn(**next(cycle)))
             row.rate = flops / row.ms / 1e9 if flops else moved / row.ms / 1e6
             row.roofline = floor_s / (row.ms / 1e3)
         except Exception as exc:  # noqa: BLE001 - a variant that fails is reported, not fatal

@@ -117,7 +117,8 @@ def _runtime_text() -> str:
         "runtime_hash_placeholder": RUNTIME_HASH_PLACEHOLDER,
         "split_k_max_rows": configs.SPLIT_K_MAX_ROWS,
         "shortlist": configs.SHORTLIST,
-        "graph_timed_under_ms": timing.GRAPH_TIMED_UNDER_MS,  # the launcher's tuner and `tune` agree
+        # The launcher's tuner and `tune` agree.
+        "graph_timed_under_ms": timing.GRAPH_TIMED_UNDER_MS,
     }
     return _format(RUNTIME_FILE, _ENV.get_template("runtime.py.j2").render(**context))
 
@@ -253,9 +254,7 @@ def kernel_context(kernel: Kernel, runtime_hash: str) -> dict:
         "tune_key_doc": "the row count's power-of-two bucket, " + " and ".join(tune_key[1:]),
         # The inner strides too: a column-major input is tuned apart from a row-major one.
         "tune_key": "[" + ", ".join(f'"{k}"' for k in tune_key + inner_strides(kernel)) + "]",
-        "layout_views": ", ".join(
-            naming.view2d(t.name) for t in kernel.inputs if len(t.dims) == 2
-        ),
+        "layout_views": ", ".join(naming.view2d(t.name) for t in kernel.inputs if len(t.dims) == 2),
         "configs": [config_literal(c) for c in kernel.configs],
         "default_config": config_literal(kernel.default_config),
         "interpreter_config": config_literal(kernel.interpreter_config),
@@ -267,7 +266,8 @@ def kernel_context(kernel: Kernel, runtime_hash: str) -> dict:
         "arrivals": naming.ARRIVALS,
         "out_arg_index": len(kernel.inputs),
         "split_k_max_rows": configs.SPLIT_K_MAX_ROWS,
-        "graph_timed_under_ms": timing.GRAPH_TIMED_UNDER_MS,  # the launcher's tuner and `tune` agree
+        # The launcher's tuner and `tune` agree.
+        "graph_timed_under_ms": timing.GRAPH_TIMED_UNDER_MS,
         "deterministic": kernel.deterministic,
         # The matmul config estimate is measured on NVIDIA GPUs; a spec's own default
         # (autotune.default) is launched as given where nothing is tuned.
@@ -447,8 +447,13 @@ def launcher_doc(kernel: Kernel, outs: list[dict]) -> list[str]:
     for t in kernel.inputs:
         lines += item(t.name, input_doc(kernel, t))
     for o in outs:
-        lines += item(o["kwarg"], f"a buffer for {o['what']} (optional; contiguous, sharing no memory with an input).")
-    lines += item("config", "a config to launch instead of choosing one, in the form of DEFAULT_CONFIG.")
+        lines += item(
+            o["kwarg"],
+            f"a buffer for {o['what']} (optional; contiguous, sharing no memory with an input).",
+        )
+    lines += item(
+        "config", "a config to launch instead of choosing one, in the form of DEFAULT_CONFIG."
+    )
     lines += ["", "Returns:"]
     for o in outs:
         lines += item(o["what"], f"{o['doc']}.")
@@ -488,9 +493,7 @@ def kernels_options(kernel: Kernel) -> list[tuple[str, str]]:
         options.append(("outputs", str(1 + len(kernel.emits))))
     pinned = [t for t in kernel.inputs if t.dtype is not None]
     if pinned:
-        options.append(
-            ("pinned", dict_literal([(t.name, dtype_literal(t.dtype)) for t in pinned]))
-        )
+        options.append(("pinned", dict_literal([(t.name, dtype_literal(t.dtype)) for t in pinned])))
     if nvidia_mm:
         flags = [
             (naming.column_major(t.name), [i.name for i in kernel.inputs].index(t.name))
@@ -601,7 +604,10 @@ def outputs(kernel: Kernel) -> list[dict]:
             "doc": f"[..., {cols}] in the call dtype: the value at `output: {name}`",
             "shape": "plan.extra_shape",
             "dtype": "plan.dtype",
-            "view": f"out_{name} if out_{name}.dim() == 2 else out_{name}.view(-1, out_{name}.shape[-1])",
+            "view": (
+                f"out_{name} if out_{name}.dim() == 2 "
+                f"else out_{name}.view(-1, out_{name}.shape[-1])"
+            ),
             "stand_in": naming.view2d(name),
             "shape_2d": f"({rows}, {cols})",
         }
@@ -622,7 +628,10 @@ def row_context(kernel: Kernel) -> dict:
     first, after = row_chain(kernel, emits=True)
     second, _ = row_chain(kernel, emits=False)
     if kernel.reduces:
-        addr = f"{naming.ptr(naming.OUT)} + {naming.offs(kernel.row)} * {naming.stride(naming.OUT, kernel.row)}"
+        addr = (
+            f"{naming.ptr(naming.OUT)} + {naming.offs(kernel.row)}"
+            f" * {naming.stride(naming.OUT, kernel.row)}"
+        )
         mask = naming.mask(kernel.row)
     else:
         out = Tensor(naming.OUT, (kernel.row, kernel.col), None, "", False)

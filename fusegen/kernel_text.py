@@ -11,7 +11,8 @@ def tile_addr(tensor: Tensor, axes: tuple[str, str]) -> str:
     """Address of a [len(axes[0]), len(axes[1])] tile of a tensor, by dim name."""
     rows, cols = axes
     return (
-        f"{naming.ptr(tensor.name)} + {naming.offs(rows)}[:, None] * {naming.stride(tensor.name, rows)}"
+        f"{naming.ptr(tensor.name)} + {naming.offs(rows)}[:, None]"
+        f" * {naming.stride(tensor.name, rows)}"
         f" + {naming.offs(cols)}[None, :] * {naming.stride(tensor.name, cols)}"
     )
 
@@ -167,7 +168,8 @@ def tma_mainloop(kernel: Kernel) -> dict:
 
     descriptors, loads = [], []
     operands = tma_operands(kernel)
-    for t, needed in zip(operands, [(mm.m, mm.k)] + [(mm.k, mm.n)] * (len(operands) - 1)):
+    needs = [(mm.m, mm.k)] + [(mm.k, mm.n)] * (len(operands) - 1)
+    for t, needed in zip(operands, needs, strict=True):
         flag, flipped = naming.column_major(t.name), tuple(reversed(t.dims))
         descriptors += both(flag, make(t, flipped), make(t, t.dims))
         loads += both(flag, load(t, flipped, needed), load(t, t.dims, needed))
@@ -203,9 +205,13 @@ def epilogue_bounds(kernel: Kernel) -> list[str]:
     lines = [line for name, line in offsets if name in used]
     widened = [f"    {name} = {name}.to(tl.int64)" for name, _ in offsets if name in used]
     if widened:
-        lines += ["if INT64:", "    # Offset times stride would overflow int32 past 2**31 elements."]
+        lines += [
+            "if INT64:",
+            "    # Offset times stride would overflow int32 past 2**31 elements.",
+        ]
         lines += widened
-    lines += [f"{m} = {o} < {d}" for m, o, d in ((mask_r, offs_r, rows), (mask_c, offs_c, cols)) if m in used]
+    bounds = ((mask_r, offs_r, rows), (mask_c, offs_c, cols))
+    lines += [f"{m} = {o} < {d}" for m, o, d in bounds if m in used]
     if "in_bounds" in used:
         lines.append(f"in_bounds = {mask_r}[:, None] & {mask_c}[None, :]")
     return lines
@@ -255,8 +261,8 @@ def aligned_ints(kernel: Kernel) -> list[str]:
     stores along a row can be vectors: the row length and every 2-D tensor's row stride.
     Triton learns by itself only which integers divide by 16 (a 1000-column row tells it
     nothing), so a heuristic computes ALIGN at each launch, the power of two up to 16
-    dividing them all, and the kernel restates them as multiples of it. None for matmul kernels, whose tiles
-    are loaded by descriptors or along K."""
+    dividing them all, and the kernel restates them as multiples of it. None for matmul
+    kernels, whose tiles are loaded by descriptors or along K."""
     if kernel.matmul:
         return []
     rows = [naming.stride(t.name, t.dims[0]) for t in kernel.inputs if len(t.dims) == 2]
@@ -381,14 +387,16 @@ def row_pieces(kernel: Kernel) -> dict:
             "# (Chan et al.), around the row's first element as in the one-pass case.",
             f"row_shift += {first}",
             "row_dev = tl.where(in_bounds, value - row_shift[:, None], 0.0)",
-            f"row_block_count = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.sum({mask_col}.to(tl.float32), axis=0)",
+            "row_block_count = tl.zeros([BLOCK_M], dtype=tl.float32)"
+            f" + tl.sum({mask_col}.to(tl.float32), axis=0)",
             "row_block_mean = tl.sum(row_dev, axis=1) / row_block_count",
             "row_centered = tl.where(in_bounds, row_dev - row_block_mean[:, None], 0.0)",
             "row_block_m2 = tl.sum(row_centered * row_centered, axis=1)",
             "row_new_count = row_count + row_block_count",
             "row_delta = row_block_mean - row_mean",
             "row_mean += row_delta * (row_block_count / row_new_count)",
-            "row_m2 += row_block_m2 + row_delta * row_delta * (row_count * row_block_count / row_new_count)",
+            "row_m2 += row_block_m2 + row_delta * row_delta"
+            " * (row_count * row_block_count / row_new_count)",
             "row_count = row_new_count",
         ]
         pieces["finalize"] = [f"row_rstd = tl.rsqrt(row_m2 / {n} + {eps})"]
@@ -437,7 +445,8 @@ def row_chain(kernel: Kernel, *, emits: bool) -> tuple[list[str], list[str]]:
                     (kernel.row, kernel.col),
                 )
                 before.append(
-                    f"tl.store({addr}, value.to({naming.ptr(item.name)}.dtype.element_ty), mask=in_bounds)"
+                    f"tl.store({addr}, value.to({naming.ptr(item.name)}.dtype.element_ty),"
+                    " mask=in_bounds)"
                 )
         elif seen_row:
             after += triton_step(kernel, item, "value", loaded_after)

@@ -169,7 +169,8 @@ def lower_file(source: SpecSource) -> list[Kernel]:
             errors.append(
                 source.error(
                     path + ("name",),
-                    f"kernel name '{spec.name}' is used twice in this file (also kernels[{seen[spec.name]}])",
+                    f"kernel name '{spec.name}' is used twice in this file"
+                    f" (also kernels[{seen[spec.name]}])",
                     "each kernel names its own generated module; rename one",
                 )
             )

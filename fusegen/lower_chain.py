@@ -63,7 +63,10 @@ class ChainLowering:
             if source is not None:
                 row, col = inputs[source].dims
         else:
-            hint = "an elementwise chain starts with `input: x`; a matmul chain with `matmul: {a: x, b: w.T}`"
+            hint = (
+                "an elementwise chain starts with `input: x`; "
+                "a matmul chain with `matmul: {a: x, b: w.T}`"
+            )
             if op in ops.ALL_OPS:
                 self.err(
                     ("chain", 0), f"the chain must start with `matmul` or `input`, not `{op}`", hint
@@ -134,8 +137,8 @@ class ChainLowering:
                 if step and reduced and step.operand is not None:
                     self.err(
                         path,
-                        f"after `{next(s.op for s in steps if isinstance(s, RowStep))}` the value is "
-                        f"one number per row: ops with an input tensor cannot follow",
+                        f"after `{next(s.op for s in steps if isinstance(s, RowStep))}` "
+                        "the value is one number per row: ops with an input tensor cannot follow",
                         "activations, scale, cast and ops with a constant can",
                     )
                 elif step:
@@ -222,7 +225,8 @@ class ChainLowering:
                 hint = f"did you mean b: {b[0] + ('' if b[1] else '.T')}?"
             self.err(
                 path,
-                f"mismatched matmul dims: a ({args['a']}) is {list(a_dims)}, b ({args['b']}) is {list(b_dims)}; "
+                f"mismatched matmul dims: a ({args['a']}) is {list(a_dims)}, "
+                f"b ({args['b']}) is {list(b_dims)}; "
                 f"a's columns must be b's rows",
                 hint or "an nn.Linear weight [N, K] is read as w.T",
             )
@@ -252,8 +256,10 @@ class ChainLowering:
         ):
             self.err(
                 path,
-                f"a gate's matmul must read the same `a` ({main.a}{'.T' if main.a_transposed else ''}) and give the "
-                f"same [{main.m}, {main.n}] output as the chain's; got a = {args['a']} -> [{m}, {n}]",
+                f"a gate's matmul must read the same `a` "
+                f"({main.a}{'.T' if main.a_transposed else ''}) and give the "
+                f"same [{main.m}, {main.n}] output as the chain's; "
+                f"got a = {args['a']} -> [{m}, {n}]",
                 "the point of a gate is one pass over a with two accumulators",
             )
             return None
@@ -267,7 +273,8 @@ class ChainLowering:
         if len(t.dims) != 2:
             self.err(
                 path,
-                f"an elementwise chain runs over a 2-D input [rows, cols]; '{t.name}' is {list(t.dims)}",
+                "an elementwise chain runs over a 2-D input [rows, cols]; "
+                f"'{t.name}' is {list(t.dims)}",
             )
             return None
         if t.dtype is not None:
@@ -332,7 +339,8 @@ class ChainLowering:
             elif split[0] not in ops.ACTIVATIONS and split[0] != "gelu":
                 self.err(
                     path + ("activation",),
-                    f"unknown activation '{split[0]}'{did_you_mean(split[0], [*ops.ACTIVATIONS, *ops.ALIASES])}",
+                    f"unknown activation '{split[0]}'"
+                    f"{did_you_mean(split[0], [*ops.ACTIVATIONS, *ops.ALIASES])}",
                     "activations: " + ", ".join(ops.ACTIVATIONS),
                 )
             else:
@@ -360,7 +368,8 @@ class ChainLowering:
             if t.dims != (col,):
                 self.err(
                     path,
-                    f"a bias is a row vector [{col}] over the output's columns; '{t.name}' is {list(t.dims)}",
+                    f"a bias is a row vector [{col}] over the output's columns; "
+                    f"'{t.name}' is {list(t.dims)}",
                     f"for other broadcasts use `add: {t.name}`",
                 )
                 return None
@@ -394,7 +403,8 @@ class ChainLowering:
             return shapes[t.dims]
         self.err(
             path,
-            f"operand '{t.name}' is {list(t.dims)}; it must be [{row}, {col}] (full), [{col}] (one row, "
+            f"operand '{t.name}' is {list(t.dims)}; it must be [{row}, {col}] (full), "
+            f"[{col}] (one row, "
             f"broadcast down the rows) or [{row}] (one column, broadcast across)",
         )
         return None
@@ -530,13 +540,15 @@ class ChainLowering:
                     ok = False
                     self.err(
                         path + (role,),
-                        f"a softmax mask is [{row}, {col}] or [{col}]; '{t.name}' is {list(t.dims)}",
+                        f"a softmax mask is [{row}, {col}] or [{col}]; "
+                        f"'{t.name}' is {list(t.dims)}",
                     )
             elif t.dims != (col,):
                 ok = False
                 self.err(
                     path + (role,),
-                    f"a {op.name} {role} is [{col}], one value per column; '{t.name}' is {list(t.dims)}",
+                    f"a {op.name} {role} is [{col}], one value per column; "
+                    f"'{t.name}' is {list(t.dims)}",
                 )
             operands.append((role, t.name))
         if not ok:

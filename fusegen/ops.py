@@ -142,7 +142,8 @@ ACTIVATIONS: dict[str, Activation] = {
             "log(1 + exp(beta * x)) / beta, or x where beta * x > threshold",
             (
                 "z = x * beta",
-                "return tl.where(z > threshold, x, tl.log(1.0 + tl.exp(tl.minimum(z, threshold))) / beta)",
+                "return tl.where("
+                "z > threshold, x, tl.log(1.0 + tl.exp(tl.minimum(z, threshold))) / beta)",
             ),
             "F.softplus({v}, {beta}, {threshold})",
             "1.0",
@@ -315,7 +316,8 @@ ROW_OPS: dict[str, RowOp] = {
     for r in [
         RowOp(
             "softmax",
-            "softmax over each row of x * scale + mask (mask: an additive [rows, cols] or [cols] input)",
+            "softmax over each row of x * scale + mask "
+            "(mask: an additive [rows, cols] or [cols] input)",
             (Param("scale", 1.0),),
             ("mask",),
             False,

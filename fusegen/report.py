@@ -52,7 +52,8 @@ def table(results: list[Result]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER) - 1)]
     lines = []
     for row in rows:
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+        padded = zip(row, widths, strict=False)  # all but the last cell, which is not padded
+        lines.append("  ".join(cell.ljust(w) for cell, w in padded) + "  " + row[-1])
     return "\n".join(lines)
 
 

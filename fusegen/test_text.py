@@ -116,7 +116,8 @@ def bound_row(step: RowStep) -> list[str]:
             lines += [
                 "y = torch.log_softmax(z, dim=-1)",
                 "log_sum = torch.log(torch.exp(z - zmax).sum(-1, keepdim=True))",
-                "e = ez + emax + U32 * (z - zmax).abs() + rel_sum + 4 * U32 * (log_sum.abs() + y.abs())",
+                "e = ez + emax + U32 * (z - zmax).abs() + rel_sum"
+                " + 4 * U32 * (log_sum.abs() + y.abs())",
             ]
         return lines + ["v = y"]
     if step.op == "rmsnorm":
@@ -141,9 +142,11 @@ def bound_row(step: RowStep) -> list[str]:
             "dev = v - v.mean(-1, keepdim=True)",
             "# The kernel works on deviations from the row's first element.",
             "spread = dev.abs() + dev[..., :1].abs()",
-            "e_dev = e + e.mean(-1, keepdim=True) + (depth + 4) * U_ACC * (spread + spread.mean(-1, keepdim=True))",
+            "e_dev = e + e.mean(-1, keepdim=True)"
+            " + (depth + 4) * U_ACC * (spread + spread.mean(-1, keepdim=True))",
             "var = dev.square().mean(-1, keepdim=True)",
-            "e_var = (2 * dev.abs() * e_dev + e_dev * e_dev).mean(-1, keepdim=True) + (depth + 4) * U_ACC * var",
+            "e_var = (2 * dev.abs() * e_dev + e_dev * e_dev).mean(-1, keepdim=True)"
+            " + (depth + 4) * U_ACC * var",
             f"rstd = torch.rsqrt(var + {eps})",
             "rel = " + _RSQRT_REL.format(err="e_var", x=f"var + {eps}"),
             "y = dev * rstd",

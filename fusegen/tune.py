@@ -114,7 +114,9 @@ def tune_shape(
             for i, config in enumerate(space, 1):
                 m = Measured(path, config)
                 result.measured.append(m)
-                if not module._KERNELS.fits(config, path == "tma", fit, element, torch.device(device)):
+                if not module._KERNELS.fits(
+                    config, path == "tma", fit, element, torch.device(device)
+                ):
                     m.problem = "skipped: over shared memory, or blocks far larger than the shape"
                 else:
                     _measure(torch, timer, fn, sets, exact, dtype_name, m, device)
@@ -165,7 +167,9 @@ def _entry(torch, module, fn, sets, result: ShapeResult, timer, progress, label)
         return None
     name, capability = module._KERNELS.device_identity(sets[0][next(iter(sets[0]))].device)
     # The launcher's key for this shape: row bucket, the other dims, dtypes.
-    key = {n: module._rt.plain(v) for n, v in zip(module._KERNELS.key_names, module._KERNELS.last_run["key"])}
+    # The key ends with the layout, which has no name: zip stops before it.
+    names, values = module._KERNELS.key_names, module._KERNELS.last_run["key"]
+    key = {n: module._rt.plain(v) for n, v in zip(names, values, strict=False)}
     return {
         "gpu": name,
         "capability": capability,

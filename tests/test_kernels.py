@@ -305,7 +305,7 @@ def test_split_k_adds_partial_sums_in_a_fixed_order(zoo, name):
         runs.append(tests.as_tuple(getattr(kernel, name)(**inputs, **buffers, config=config)))
     assert kernel.last_launch()["config"] == config
     tests.check_outputs(runs[0], inputs, dtype, seed, kernel.last_launch())
-    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
 
 
 @pytest.mark.parametrize("name", sorted(ops.ACTIVATIONS))

@@ -239,14 +239,16 @@ def main():
         ]
         rotation = itertools.cycle(sets)
 
-        def cublaslt():
+        def cublaslt(rotation=rotation):
             x, w, b, _ = next(rotation)
             return torch._addmm_activation(b, x, w.T, use_gelu=True)
 
         rows = [("cuBLASLt epilogue", cublaslt)]
         for config in GPU_CONFIGS:
             launch = make_launcher(*sets[0][:3], config, programs)
-            rows.append((str(config), lambda launch=launch: launch(*next(rotation))))
+            rows.append(
+                (str(config), lambda launch=launch, rotation=rotation: launch(*next(rotation)))
+            )
         for name, fn in rows:
             try:
                 graph = timing.graph_ms(fn)
