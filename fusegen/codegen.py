@@ -44,7 +44,7 @@ from fusegen.kernel_text import (
     weights,
 )
 from fusegen.python_text import input_doc, out_doc, reference_lines, reference_return
-from fusegen.test_text import aligned_cases, bound_lines, bound_returns, cases, dist, heavy
+from fusegen.equivalence_text import aligned_cases, bound_lines, bound_returns, cases, dist, heavy
 
 BLACK_MODE = black.Mode(line_length=100, target_versions={black.TargetVersion.PY310})
 
