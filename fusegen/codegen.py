@@ -162,14 +162,9 @@ def header(kernel: Kernel) -> list[str]:
     ]
 
 
-def config_literal(config: Config) -> str:
-    return "{" + ", ".join(f'"{k}": {v}' for k, v in config.items()) + "}"
-
-
 def kernel_context(kernel: Kernel, runtime_hash: str) -> dict:
     mm = kernel.matmul
     unpinned = [t for t in kernel.inputs if t.dtype is None]
-    pinned = [t for t in kernel.inputs if t.dtype is not None]
     outs = outputs(kernel)
     out_names = [naming.OUT, *kernel.emits]
     views = [naming.view2d(t.name) for t in kernel.inputs] + [naming.view2d(n) for n in out_names]
@@ -183,7 +178,6 @@ def kernel_context(kernel: Kernel, runtime_hash: str) -> dict:
     value = "acc" if mm else "value"
     tune_key = [naming.ROWS_BUCKET, kernel.col] + ([mm.k] if mm else [])
     source_tensor = kernel.tensor(kernel.source) if kernel.source else None
-    all_dict = dict_literal([(t.name, t.name) for t in kernel.inputs])
     doc_lines = [
         wrapped
         for line in (kernel.doc.splitlines() if kernel.doc else [])
@@ -228,7 +222,6 @@ def kernel_context(kernel: Kernel, runtime_hash: str) -> dict:
             "TRITON_INTERPRET=1 (large tiles: its cost is per op).",
             DOC_WIDTH - 2,
         ),
-        "views_in": ", ".join(naming.view2d(t.name) for t in kernel.inputs),
         "dims_unpacked": ", ".join(d.name for d in kernel.dims),
         "dims_values": ", ".join(f'shapes["{d.name}"]' for d in kernel.dims),
         "copy_views": ", ".join(copyable.values()),
@@ -251,34 +244,13 @@ def kernel_context(kernel: Kernel, runtime_hash: str) -> dict:
         "dtypes_literal": tuple_literal([dtype_literal(d) for d in kernel.dtypes]),
         "out_dtype_literal": dtype_literal(kernel.out_dtype) if kernel.out_dtype else "None",
         "fp32_matmul": f'"{kernel.fp32_matmul}"' if kernel.fp32_matmul else "None",
-        "tune_key_doc": "the row count's power-of-two bucket, " + " and ".join(tune_key[1:]),
         # The inner strides too: a column-major input is tuned apart from a row-major one.
         "tune_key": "[" + ", ".join(f'"{k}"' for k in tune_key + inner_strides(kernel)) + "]",
-        "layout_views": ", ".join(naming.view2d(t.name) for t in kernel.inputs if len(t.dims) == 2),
-        "configs": [config_literal(c) for c in kernel.configs],
-        "default_config": config_literal(kernel.default_config),
-        "interpreter_config": config_literal(kernel.interpreter_config),
         "kernel_hash_placeholder": KERNEL_HASH_PLACEHOLDER,
         "has_tma": mm is not None and kernel.target == "nvidia",
-        "amd": kernel.target == "amd",
-        "optional_literal": optional_literal(kernel),
         "partials": naming.PARTIALS,
         "arrivals": naming.ARRIVALS,
-        "out_arg_index": len(kernel.inputs),
-        "split_k_max_rows": configs.SPLIT_K_MAX_ROWS,
-        # The launcher's tuner and `tune` agree.
-        "graph_timed_under_ms": timing.GRAPH_TIMED_UNDER_MS,
         "deterministic": kernel.deterministic,
-        # The matmul config estimate is measured on NVIDIA GPUs; a spec's own default
-        # (autotune.default) is launched as given where nothing is tuned.
-        "estimated": mm is not None and kernel.target == "nvidia",
-        "estimated_default": mm is not None
-        and kernel.target == "nvidia"
-        and not kernel.default_given,
-        "shortlist": configs.SHORTLIST,
-        "table_key_names": tuple_literal(
-            [f'"{n}"' for n in [f"{kernel.row}_bucket", *tune_key[1:], "dtype", "out_dtype"]]
-        ),
         "helpers": helpers(kernel),
         "fast_tanh": fast_tanh(kernel),
         "matmul": mm is not None,
@@ -292,37 +264,9 @@ def kernel_context(kernel: Kernel, runtime_hash: str) -> dict:
         "align_heuristic": align_heuristic(kernel) if not mm else "",
         "tma_params": param_lines(params(kernel, tma=True)),
         "tma": tma_mainloop(kernel) if mm else {},
-        "tma_configs": [config_literal(c) for c in kernel.tma_configs],
-        "tma_default_config": (
-            config_literal(kernel.tma_default_config) if kernel.tma_default_config else "None"
-        ),
         "tma_operands": (
             tuple_literal([naming.view2d(t.name) for t in tma_operands(kernel)]) if mm else "()"
         ),
-        "tma_outputs": tuple_literal([naming.view2d(naming.OUT)]) if mm else "()",
-        "tma_operands_literal": (
-            dict_literal(
-                [
-                    (
-                        naming.column_major(t.name),
-                        str([i.name for i in kernel.inputs].index(t.name)),
-                    )
-                    for t in tma_operands(kernel)
-                ]
-            )
-            if mm and kernel.target == "nvidia"
-            else "{}"
-        ),
-        # Every 2-D input may be copied first; matmul operands under other rules.
-        "copy_candidates": [
-            {
-                "view": naming.view2d(t.name),
-                "index": i,
-                "operand": mm is not None and t.name in (mm.a, *(b for _, b in weights(kernel))),
-            }
-            for i, t in enumerate(kernel.inputs)
-            if len(t.dims) == 2
-        ],
         "row": kernel.row,
         "col": kernel.col,
         "offs_row": naming.offs(kernel.row),
@@ -349,7 +293,6 @@ def kernel_context(kernel: Kernel, runtime_hash: str) -> dict:
             }
             for t in kernel.inputs
         ],
-        "out_doc": out_doc(kernel),
         "out_shape": (
             "(*shapes.lead,)"
             if kernel.reduces
@@ -365,29 +308,15 @@ def kernel_context(kernel: Kernel, runtime_hash: str) -> dict:
             "(" + ", ".join(o["kwarg"] for o in outputs(kernel)) + ")" if kernel.emits else "out"
         ),
         "return_annotation": " -> tuple[torch.Tensor, ...]" if kernel.emits else " -> torch.Tensor",
-        # torch.library infers the op's schema from annotations: one per output.
-        "op_return": (
-            "tuple[" + ", ".join(["torch.Tensor"] * len(outputs(kernel))) + "]"
-            if kernel.emits
-            else "torch.Tensor"
-        ),
         "op_name": f"{kernel.name}_{kernel.spec_sha256[:12]}",
         "reference_return": reference_return(kernel, unpinned[0].name),
         "rowwise": kernel.row_step is not None,
         "reduces": kernel.reduces,
         **row_context(kernel),
-        "unpinned_dict": dict_literal([(t.name, t.name) for t in unpinned]),
-        "pinned_dict": (
-            dict_literal([(t.name, f"({t.name}, {dtype_literal(t.dtype)})") for t in pinned])
-            if pinned
-            else ""
-        ),
-        "all_dict": all_dict,
         "requires_grad_any": " or ".join(f"{t.name}.requires_grad" for t in kernel.inputs),
         "input_names": tuple_literal([f'"{t.name}"' for t in kernel.inputs]),
         "dims": [d.name for d in kernel.dims],
         "call_args": ", ".join(t.name for t in kernel.inputs),
-        "no_gpu_fallback": kernel.fallback_no_gpu == "reference",
         "nonfinite_fallback": kernel.fallback_nonfinite == "reference",
         "out_view": naming.view2d(naming.OUT),
         "views": ", ".join(views),
@@ -407,12 +336,6 @@ def kernel_context(kernel: Kernel, runtime_hash: str) -> dict:
         ),
         "launch_tail": ", ".join(launch_tail),
         "reference_lines": reference,
-        "first_unpinned": unpinned[0].name,
-        "first_ptr": naming.ptr(kernel.inputs[0].name),
-        "weights": 2 if gate else 1,
-        "full_operands": int(
-            any(getattr(s, "broadcast", None) == "full" for s in steps_in_order(kernel))
-        ),
         "tune_key_values": ", ".join(
             [f"_rt.bucket({kernel.row})", kernel.col] + ([mm.k] if mm else [])
         ),

@@ -197,7 +197,10 @@ def epilogue_bounds(kernel: Kernel) -> list[str]:
     used = {name for name in (offs_r, offs_c, mask_r, mask_c, "in_bounds") if name in chain}
     if "in_bounds" in used:
         used |= {mask_r, mask_c}
-    used |= {offs_r for m in (mask_r,) if m in used} | {offs_c for m in (mask_c,) if m in used}
+    if mask_r in used:
+        used.add(offs_r)
+    if mask_c in used:
+        used.add(offs_c)
     offsets = [
         (offs_r, f"{offs_r} = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)"),
         (offs_c, f"{offs_c} = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)"),

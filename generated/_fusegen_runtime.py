@@ -30,7 +30,7 @@ _log = logging.getLogger(__name__)
 
 # sha256 of this file as fusegen wrote it (this line holding a placeholder): the kernel
 # modules beside it name the runtime they were built with by it.
-RUNTIME_HASH = "3ddeb687dfb8f899"
+RUNTIME_HASH = "f1aed4ca1c803e7c"
 # Rows above which tuning skips split-K configs: their partial sums' traffic outgrows
 # what the extra programs win.
 SPLIT_K_MAX_ROWS = 256
@@ -434,8 +434,7 @@ class Kernels:
     ):
         self.module, self.name = module, name
         self.paths = {"pointer": pointer, **({"tma": tma} if tma else {})}
-        paths = self.paths
-        self.optional = optional or {path: {} for path in paths}
+        self.optional = optional or {path: {} for path in self.paths}
         self.inputs, self.dims, self.tune_key, self.pinned = inputs, dims, tune_key, pinned or {}
         # What a tuned table's entry keys on, in the order of a plan's key.
         self.key_names = (f"{dims[0]}_bucket", *dims[1:], "dtype", "out_dtype")
