@@ -38,10 +38,19 @@ from fusegen.kernel_text import (
     params,
     row_chain,
     row_pieces,
+    saved,
     tile_addr,
     tma_mainloop,
     tma_operands,
     weights,
+)
+from fusegen.backward_text import (
+    backward_facts,
+    backward_inputs,
+    backward_params,
+    helper_grads,
+    row_backward,
+    tile_backward,
 )
 from fusegen.python_text import input_doc, out_doc, reference_lines, reference_return
 from fusegen.equivalence_text import aligned_cases, bound_lines, bound_returns, cases, dist, heavy
@@ -134,13 +143,17 @@ RUNTIME_HASH_PLACEHOLDER = "runtime-hash-hex"
 
 
 def kernel_source_hash(module_text: str) -> str:
-    """sha256 (16 hex digits) of the code of the Triton kernels and helpers in a module
-    (decorators included; docstrings, comments and layout not): the code a tuned config
-    was measured on. Launcher, docs and config spaces are not part of it."""
+    """sha256 (16 hex digits) of the code of the forward's Triton kernels and helpers in
+    a module (decorators included; docstrings, comments and layout not): the code a tuned
+    config was measured on. Launcher, docs, config spaces and the backward are not."""
     pieces = []
     for node in ast.parse(module_text).body:
-        if isinstance(node, ast.FunctionDef) and any(
-            "triton" in ast.unparse(d) for d in node.decorator_list
+        # The backward kernel and its derivative helpers take no tuned config.
+        backward = node.name.endswith(("_backward", "_grad")) if hasattr(node, "name") else False
+        if (
+            isinstance(node, ast.FunctionDef)
+            and not backward
+            and any("triton" in ast.unparse(d) for d in node.decorator_list)
         ):
             if ast.get_docstring(node) is not None:
                 node.body = node.body[1:] or [ast.Pass()]
@@ -313,6 +326,12 @@ def kernel_context(kernel: Kernel, runtime_hash: str) -> dict:
         "rowwise": kernel.row_step is not None,
         "reduces": kernel.reduces,
         **row_context(kernel),
+        "returns_unpacked": ", ".join(o["kwarg"] for o in outs),
+        "out_view_expr": f"({outs[0]['view']})",
+        "saves": 1 + bool(gate),
+        "saved": saved(kernel) if mm else [],
+        "grad_helpers": helper_grads(kernel),
+        "backward": backward_context(kernel),
         "requires_grad_any": " or ".join(f"{t.name}.requires_grad" for t in kernel.inputs),
         "input_names": tuple_literal([f'"{t.name}"' for t in kernel.inputs]),
         "dims": [d.name for d in kernel.dims],
@@ -383,8 +402,10 @@ def launcher_doc(kernel: Kernel, outs: list[dict]) -> list[str]:
     lines.append("")
     lines += textwrap.wrap(
         "Raises TypeError or ValueError naming the tensor and dim for a wrong type, shape, "
-        "dtype or device; RuntimeError where an input requires grad (grad mode on): this "
-        f"kernel has no backward. Inside torch.compile it is the custom op fusegen::"
+        "dtype or device. Where an input requires grad (grad mode on), the outputs carry a "
+        "grad_fn: the backward kernel, then (a matmul chain) cuBLAS for the operands, computing "
+        "only the gradients asked for; out= and config= are refused there. Inside "
+        f"torch.compile it is the custom op fusegen::"
         f"{kernel.name}_{kernel.spec_sha256[:12]} (with `out=` or `config=` given there, an "
         "eager call: a graph break).",
         DOC_WIDTH - 4,
@@ -427,7 +448,19 @@ def kernels_options(kernel: Kernel) -> list[tuple[str, str]]:
         options.append(("weights", str(len(weights(kernel)))))
     if any(getattr(s, "broadcast", None) == "full" for s in steps_in_order(kernel)) and mm:
         options.append(("full_operands", "True"))
+    grads = backward_context(kernel)["grads"]
+    options.append(("backward", backward_facts(kernel, grads)))
+    names = [t.name for t in kernel.inputs]
+    reads = [str(names.index(n)) for n in backward_inputs(kernel)]
+    options.append(("backward_reads", tuple_literal(reads) if reads else "()"))
+    if mm:
+        bs = [(mm.b, mm.b_transposed)] + (
+            [(gate.matmul.b, gate.matmul.b_transposed)] if (gate := kernel.gate) else []
+        )
+        weights_text = tuple_literal([f"({names.index(b)}, {t})" for b, t in bs])
+        options.append(("matmul", f"({names.index(mm.a)}, {mm.a_transposed}, {weights_text})"))
     flags = {
+        "reduces": kernel.reduces,
         "rowwise": kernel.row_step is not None,
         "fast_tanh": fast_tanh(kernel),
         # A spec's own default (autotune.default) is launched as given where nothing is
@@ -501,6 +534,16 @@ def param_lines(groups: list[dict]) -> list[str]:
             current = f"{current} {piece}" if current else piece
         lines.append(current + (comment if first else ""))
     return lines
+
+
+def backward_context(kernel: Kernel) -> dict:
+    """The backward kernel's parameters and lines (see fusegen.backward_text)."""
+    pieces = row_backward(kernel) if kernel.row_step else tile_backward(kernel)
+    return {
+        **{k: pieces.get(k, []) for k in ("loads", "backward", "stores", "totals", "final")},
+        "params": param_lines(backward_params(kernel, pieces["grads"])),
+        "grads": pieces["grads"],
+    }
 
 
 def outputs(kernel: Kernel) -> list[dict]:
@@ -616,4 +659,6 @@ def test_context(kernel: Kernel) -> dict:
         "no_gpu_fallback": kernel.fallback_no_gpu == "reference",
         "nonfinite_fallback": kernel.fallback_nonfinite == "reference",
         "out_arg_index": views_before_out,
+        "weight_count": len(weights(kernel)) if kernel.matmul else 0,
+        "matmul_a": f'"{kernel.matmul.a}"' if kernel.matmul else "None",
     }

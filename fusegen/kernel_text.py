@@ -181,6 +181,7 @@ def tma_mainloop(kernel: Kernel) -> dict:
     return {
         "descriptors": descriptors,
         "epilogue_bounds": epilogue_bounds(kernel),
+        "save_bounds": save_bounds(kernel),
         "loads": loads,
         "tiles": [naming.tile(t.name) for t in operands],
         "out_desc": f"{naming.OUT}_desc",
@@ -223,7 +224,7 @@ def epilogue_bounds(kernel: Kernel) -> list[str]:
 def params(kernel: Kernel, *, tma: bool = False) -> list[dict]:
     if kernel.matmul:
         meta = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"] + ([] if tma else ["SPLIT_K", "EVEN_K"])
-        meta += ["INT64", "DOT_UPCAST", "INPUT_PRECISION"]
+        meta += ["INT64", "DOT_UPCAST", "INPUT_PRECISION", "SAVE_PRE"]
         if tma:
             meta += ["NUM_SMS", "FLATTEN", "WARP_SPECIALIZE", "EPILOGUE_SUBTILE"]
             meta += [naming.column_major(t.name) for t in tma_operands(kernel)]
@@ -239,8 +240,12 @@ def params(kernel: Kernel, *, tma: bool = False) -> list[dict]:
     strides += [naming.stride(e, d) for e in kernel.emits for d in (kernel.row, kernel.col)]
     pointers = [naming.ptr(t.name) for t in kernel.inputs] + [naming.ptr(naming.OUT)]
     pointers += [naming.ptr(e) for e in kernel.emits]
+    comment = "the inputs, then the outputs"
+    if kernel.matmul:
+        pointers += [save["ptr"] for save in saved(kernel)]
+        comment += " (and the accumulators, SAVE_PRE)"
     groups = [
-        {"comment": "the inputs, then the outputs", "names": pointers},
+        {"comment": comment, "names": pointers},
         {"comment": "dims", "names": [d.name for d in kernel.dims] + [naming.ROWS_BUCKET]},
         {"comment": "strides, in elements", "names": strides},
     ]
@@ -456,3 +461,34 @@ def row_chain(kernel: Kernel, *, emits: bool) -> tuple[list[str], list[str]]:
         else:
             before += triton_step(kernel, item, "value", loaded_before)
     return before, after
+
+
+def saved(kernel: Kernel) -> list[dict]:
+    """What a matmul chain's training forward stores for the backward (SAVE_PRE): each
+    accumulator before the epilogue, at the output's strides, from either kernel."""
+    out = []
+    for acc, ptr in (("acc", "pre_ptr"), ("acc_gate", "pre_gate_ptr"))[: 1 + bool(kernel.gate)]:
+        rows = f"{naming.stride(naming.OUT, kernel.row)}"
+        cols = f"{naming.stride(naming.OUT, kernel.col)}"
+        offs_r, offs_c = naming.offs(kernel.row), naming.offs(kernel.col)
+        out.append(
+            {
+                "acc": acc,
+                "ptr": ptr,
+                "addr": f"{ptr} + {offs_r}[:, None] * {rows} + {offs_c}[None, :] * {cols}",
+                "tma_addr": f"{ptr} + pre_rows[:, None] * {rows} + pre_cols[None, :] * {cols}",
+            }
+        )
+    return out
+
+
+def save_bounds(kernel: Kernel) -> list[str]:
+    """The TMA kernel's offsets and mask for the SAVE_PRE stores (its output goes through
+    a descriptor, which clips by itself)."""
+    return [
+        "pre_rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
+        "pre_cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
+        "if INT64:",
+        "    pre_rows = pre_rows.to(tl.int64)",
+        f"pre_bounds = (pre_rows < {kernel.row})[:, None] & (pre_cols < {kernel.col})[None, :]",
+    ]

@@ -54,6 +54,12 @@ class Activation:
     fast: tuple[str, ...] = ()
     fast_error: str = ""
     fast_why: str = ""
+    # The derivative f'(x): body lines of a @triton.jit helper `_<name>_grad(x, *params)`,
+    # and the same in torch, in `v` (as `torch`). The backward kernels multiply the
+    # incoming gradient by it; tests/test_ops.py checks both against autograd. Where f is
+    # not differentiable (relu at 0, clamp at its bounds) they take PyTorch's side.
+    grad: tuple[str, ...] = ()
+    grad_torch: str = ""
 
 
 ACTIVATIONS: dict[str, Activation] = {
@@ -66,6 +72,8 @@ ACTIVATIONS: dict[str, Activation] = {
             "torch.relu({v})",
             "1.0",
             transcendental=False,
+            grad=("return tl.where(x > 0.0, 1.0, 0.0)",),
+            grad_torch="({v} > 0).to({v}.dtype)",
         ),
         Activation(
             "leaky_relu",
@@ -75,6 +83,8 @@ ACTIVATIONS: dict[str, Activation] = {
             "max(1.0, abs({alpha}))",
             params=(Param("alpha", 0.01),),
             transcendental=False,
+            grad=("return tl.where(x > 0.0, 1.0, alpha)",),
+            grad_torch="torch.where({v} > 0, {v}.new_tensor(1.0), {v}.new_tensor({alpha}))",
         ),
         Activation(
             "gelu",
@@ -82,6 +92,16 @@ ACTIVATIONS: dict[str, Activation] = {
             ("return 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))",),
             "F.gelu({v})",
             "1.13",
+            grad=(
+                (
+                    "return 0.5 * (1.0 + tl.erf(x * 0.7071067811865476)) + x * "
+                    "0.3989422804014327 * tl.exp(-0.5 * x * x)"
+                ),
+            ),
+            grad_torch=(
+                "0.5 * (1 + torch.erf({v} * 0.7071067811865476)) + {v} * "
+                "0.3989422804014327 * torch.exp(-0.5 * {v} * {v})"
+            ),
         ),
         Activation(
             "gelu_tanh",
@@ -96,6 +116,15 @@ ACTIVATIONS: dict[str, Activation] = {
             ),
             fast_error="0.5 * {v}.abs()",
             fast_why="h * (1 + tanh(z)), h = x / 2: one instruction where sigmoid takes two",
+            grad=(
+                "s = tl.sigmoid(1.5957691216057308 * (x + 0.044715 * x * x * x))",
+                "return s + x * s * (1.0 - s) * 1.5957691216057308 * (1.0 + 0.134145 * x * x)",
+            ),
+            grad_torch=(
+                "(lambda s: s + {v} * s * (1 - s) * 1.5957691216057308 * (1 + 0.134145 "
+                "* {v} * {v}))(torch.sigmoid(1.5957691216057308 * ({v} + 0.044715 * "
+                "{v} ** 3)))"
+            ),
         ),
         Activation(
             "silu",
@@ -106,6 +135,8 @@ ACTIVATIONS: dict[str, Activation] = {
             fast=("h = 0.5 * x", "return h + h * _tanh_approx(h)"),
             fast_error="0.5 * {v}.abs()",
             fast_why="x * sigmoid(x) == h * (1 + tanh(h)), h = x / 2",
+            grad=("s = tl.sigmoid(x)", "return s * (1.0 + x * (1.0 - s))"),
+            grad_torch="torch.sigmoid({v}) * (1 + {v} * (1 - torch.sigmoid({v})))",
         ),
         Activation(
             "sigmoid",
@@ -116,6 +147,8 @@ ACTIVATIONS: dict[str, Activation] = {
             fast=("return 0.5 + 0.5 * _tanh_approx(0.5 * x)",),
             fast_error="0.5",
             fast_why="sigmoid(x) == (1 + tanh(x / 2)) / 2",
+            grad=("s = tl.sigmoid(x)", "return s * (1.0 - s)"),
+            grad_torch="torch.sigmoid({v}) * (1 - torch.sigmoid({v}))",
         ),
         Activation(
             "tanh",
@@ -126,6 +159,8 @@ ACTIVATIONS: dict[str, Activation] = {
             why="tanh(x) == 2 * sigmoid(2 * x) - 1; Triton has no portable tanh",
             fast=("return _tanh_approx(x)",),
             fast_error="y.abs()",
+            grad=("t = 2.0 * tl.sigmoid(2.0 * x) - 1.0", "return 1.0 - t * t"),
+            grad_torch="1 - torch.tanh({v}) ** 2",
         ),
         Activation(
             "quick_gelu",
@@ -136,6 +171,11 @@ ACTIVATIONS: dict[str, Activation] = {
             fast=("h = 0.5 * x", "return h + h * _tanh_approx(0.851 * x)"),
             fast_error="0.5 * {v}.abs()",
             fast_why="x * sigmoid(1.702 * x) == h * (1 + tanh(0.851 * x)), h = x / 2",
+            grad=("s = tl.sigmoid(1.702 * x)", "return s + 1.702 * x * s * (1.0 - s)"),
+            grad_torch=(
+                "torch.sigmoid(1.702 * {v}) * (1 + 1.702 * {v} * (1 - "
+                "torch.sigmoid(1.702 * {v})))"
+            ),
         ),
         Activation(
             "softplus",
@@ -149,6 +189,11 @@ ACTIVATIONS: dict[str, Activation] = {
             "1.0",
             params=(Param("beta", 1.0), Param("threshold", 20.0)),
             why="exp is clamped at the threshold so that the branch not taken cannot overflow",
+            grad=("z = x * beta", "return tl.where(z > threshold, 1.0, tl.sigmoid(z))"),
+            grad_torch=(
+                "torch.where({v} * {beta} > {threshold}, 1.0, torch.sigmoid({v} * "
+                "{beta})).to({v}.dtype)"
+            ),
         ),
         Activation(
             "mish",
@@ -165,6 +210,15 @@ ACTIVATIONS: dict[str, Activation] = {
                 "return x * _tanh_approx(softplus)",
             ),
             fast_error="{v}.abs()",
+            grad=(
+                "softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))",
+                "t = 2.0 * tl.sigmoid(2.0 * softplus) - 1.0",
+                "return t + x * (1.0 - t * t) * tl.sigmoid(x)",
+            ),
+            grad_torch=(
+                "torch.tanh(F.softplus({v})) + {v} * (1 - torch.tanh(F.softplus({v})) "
+                "** 2) * torch.sigmoid({v})"
+            ),
         ),
         Activation(
             "elu",
@@ -173,6 +227,10 @@ ACTIVATIONS: dict[str, Activation] = {
             "F.elu({v}, {alpha})",
             "max(1.0, abs({alpha}))",
             params=(Param("alpha", 1.0),),
+            grad=("return tl.where(x > 0.0, 1.0, alpha * tl.exp(tl.minimum(x, 0.0)))",),
+            grad_torch=(
+                "torch.where({v} > 0, 1.0, {alpha} * " "torch.exp({v}.clamp(max=0))).to({v}.dtype)"
+            ),
         ),
         Activation(
             "hardsigmoid",
@@ -181,6 +239,8 @@ ACTIVATIONS: dict[str, Activation] = {
             "F.hardsigmoid({v})",
             "1.0 / 6.0",
             transcendental=False,
+            grad=("return tl.where((x > -3.0) & (x < 3.0), 1.0 / 6.0, 0.0)",),
+            grad_torch="(({v} > -3) & ({v} < 3)).to({v}.dtype) / 6",
         ),
         Activation(
             "hardswish",
@@ -189,6 +249,11 @@ ACTIVATIONS: dict[str, Activation] = {
             "F.hardswish({v})",
             "1.5",
             transcendental=False,
+            grad=("return tl.where(x <= -3.0, 0.0, tl.where(x < 3.0, x / 3.0 + 0.5, 1.0))",),
+            grad_torch=(
+                "torch.where({v} <= -3, 0.0, torch.where({v} < 3, {v} / 3 + 0.5, "
+                "1.0)).to({v}.dtype)"
+            ),
         ),
         Activation(
             "relu_squared",
@@ -197,6 +262,8 @@ ACTIVATIONS: dict[str, Activation] = {
             "torch.relu({v}).square()",
             "2.0 * ({v}.abs() + {e})",
             transcendental=False,
+            grad=("return 2.0 * tl.maximum(x, 0.0)",),
+            grad_torch="2 * torch.relu({v})",
         ),
         Activation(
             "square",
@@ -205,11 +272,37 @@ ACTIVATIONS: dict[str, Activation] = {
             "{v}.square()",
             "2.0 * ({v}.abs() + {e})",
             transcendental=False,
+            grad=("return 2.0 * x",),
+            grad_torch="2 * {v}",
         ),
-        Activation("abs", "|x|", ("return tl.abs(x)",), "{v}.abs()", "1.0", transcendental=False),
-        Activation("neg", "-x", ("return -x",), "-{v}", "1.0", transcendental=False),
         Activation(
-            "exp", "exp(x)", ("return tl.exp(x)",), "torch.exp({v})", "torch.exp({v} + {e})"
+            "abs",
+            "|x|",
+            ("return tl.abs(x)",),
+            "{v}.abs()",
+            "1.0",
+            transcendental=False,
+            grad=("return tl.where(x > 0.0, 1.0, tl.where(x < 0.0, -1.0, 0.0))",),
+            grad_torch="torch.sign({v})",
+        ),
+        Activation(
+            "neg",
+            "-x",
+            ("return -x",),
+            "-{v}",
+            "1.0",
+            transcendental=False,
+            grad=("return tl.full(x.shape, -1.0, tl.float32)",),
+            grad_torch="-torch.ones_like({v})",
+        ),
+        Activation(
+            "exp",
+            "exp(x)",
+            ("return tl.exp(x)",),
+            "torch.exp({v})",
+            "torch.exp({v} + {e})",
+            grad=("return tl.exp(x)",),
+            grad_torch="torch.exp({v})",
         ),
         Activation(
             "clamp",
@@ -219,6 +312,8 @@ ACTIVATIONS: dict[str, Activation] = {
             "1.0",
             params=(Param("min", None, "lo"), Param("max", None, "hi")),
             transcendental=False,
+            grad=("return tl.where((x >= lo) & (x <= hi), 1.0, 0.0)",),
+            grad_torch="(({v} >= {min}) & ({v} <= {max})).to({v}.dtype)",
         ),
     ]
 }
@@ -262,6 +357,12 @@ class Binary:
     # the kernel rounds to fp32).
     bound_tensor: str
     bound_constant: str
+    # The derivatives, in g (the incoming gradient), v (the value before the op) and r
+    # (the operand, a tensor or the constant), as Triton and torch write them alike: the
+    # gradient passed on to the value, and the operand's (a tensor's: summed over what it
+    # broadcasts along).
+    grad_value: str = "g"
+    grad_operand: str = "g"
 
 
 BINARY: dict[str, Binary] = {
@@ -280,6 +381,7 @@ BINARY: dict[str, Binary] = {
             "subtract a tensor or a constant",
             "{e} + U32 * {y}.abs()",
             "{e} + U32 * ({y}.abs() + abs({c}))",
+            grad_operand="-g",
         ),
         Binary(
             "mul",
@@ -287,6 +389,8 @@ BINARY: dict[str, Binary] = {
             "multiply by a tensor or a constant",
             "{e} * {r}.abs() + U32 * {y}.abs()",
             "{e} * abs({c}) + 2 * U32 * {y}.abs()",
+            grad_value="g * r",
+            grad_operand="g * v",
         ),
         Binary(
             "div",
@@ -294,6 +398,8 @@ BINARY: dict[str, Binary] = {
             "divide by a tensor or a constant",
             "{e} / {r}.abs() + 4 * U32 * {y}.abs()",
             "{e} / abs({c}) + 4 * U32 * {y}.abs()",
+            grad_value="g / r",
+            grad_operand="-g * v / (r * r)",
         ),
     ]
 }

@@ -30,7 +30,7 @@ _log = logging.getLogger(__name__)
 
 # sha256 of this file as fusegen wrote it (this line holding a placeholder): the kernel
 # modules beside it name the runtime they were built with by it.
-RUNTIME_HASH = "f1aed4ca1c803e7c"
+RUNTIME_HASH = "3c4eb189f7c005a4"
 # Rows above which tuning skips split-K configs: their partial sums' traffic outgrows
 # what the extra programs win.
 SPLIT_K_MAX_ROWS = 256
@@ -52,6 +52,11 @@ try:
     TRITON_VERSION = tuple(int(part) for part in triton.__version__.split(".")[:2])
 except ValueError:
     TRITON_VERSION = (0, 0)
+
+
+# The longest row a row chain's backward kernel holds in registers (BLOCK_N); longer
+# rows take the reference's autograd (logged once).
+ROW_BACKWARD_MAX_COLS = 16384
 
 
 # -- What a call's checks use ---------------------------------------------------------
@@ -76,7 +81,19 @@ class Plan:
         "fp32",
         "follows_torch",
         "copies",
+        "training",
     )
+
+    def saving(self):
+        """This plan for a training forward (SAVE_PRE: the accumulators kept), made once."""
+        if getattr(self, "training", None) is None:
+            train = Plan()
+            for name in Plan.__slots__:
+                if name != "training" and hasattr(self, name):
+                    setattr(train, name, getattr(self, name))
+            train.consts, train.ready, train.training = {**self.consts, "SAVE_PRE": True}, {}, False
+            self.training = train
+        return self.training or self
 
 
 def signature(*tensors):
@@ -431,6 +448,11 @@ class Kernels:
         nonfinite=False,
         no_gpu_reference=False,
         amd=False,
+        backward=(),
+        backward_reads=(),
+        matmul=None,
+        backward_config=None,
+        reduces=False,
     ):
         self.module, self.name = module, name
         self.paths = {"pointer": pointer, **({"tma": tma} if tma else {})}
@@ -438,7 +460,14 @@ class Kernels:
         self.inputs, self.dims, self.tune_key, self.pinned = inputs, dims, tune_key, pinned or {}
         # What a tuned table's entry keys on, in the order of a plan's key.
         self.key_names = (f"{dims[0]}_bucket", *dims[1:], "dtype", "out_dtype")
-        self.outputs = slice(len(inputs), len(inputs) + outputs)  # in a launch's arguments
+        # In a launch's arguments: the outputs, then a matmul chain's saved accumulators.
+        self.returns, self.saves = outputs, (1 + (weights > 1) if weights else 0)
+        self.outputs = slice(len(inputs), len(inputs) + outputs + self.saves)
+        # The backward: (gradient, input index or -1, kind) per gradient its kernel
+        # writes; a matmul chain's (a index, a transposed, ((b index, b transposed), ...)).
+        self.grads, self.matmul, self.backward_config = backward, matmul, backward_config
+        self.backward_reads, self.reduces = backward_reads, reduces  # inputs it reads; [rows] out
+        self.train_op = self.backward_op = None
         self.op_name, self.tma_operands, self.weights = op_name, tma_operands or {}, weights
         self.full_operands, self.rowwise, self.uses_fast_tanh = full_operands, rowwise, fast_tanh
         # The estimate ranks matmul configs (its constants are measured on NVIDIA GPUs),
@@ -486,8 +515,9 @@ class Kernels:
             _log.warning(f"{self.name}: {message}", *args)
 
     def refuse_grad(self, *tensors):
-        """Raise for inputs that require grad: the output of a kernel with no backward
-        would carry no gradient to them, and training would silently leave them unchanged."""
+        """Raise for inputs that require grad where no backward can run (a torch without
+        torch.library.custom_op, or the inference op called directly): the output would
+        carry no gradient, and training would silently leave them unchanged."""
         names = [
             n
             for n, t in zip(self.inputs, tensors, strict=True)
@@ -496,11 +526,11 @@ class Kernels:
         one = len(names) == 1
         detached = ", ".join(f"{name}.detach()" for name in names)
         raise RuntimeError(
-            f"{self.name}: {', '.join(names)} {'requires' if one else 'require'} grad, but this "
-            "kernel has no backward yet: its output would carry no gradient to "
-            f"{'it' if one else 'them'}. For inference, call it under torch.no_grad() "
-            f"or torch.inference_mode(), or pass {detached}; to train through the chain, call "
-            "reference(...) (the same chain in PyTorch ops, which autograd differentiates)."
+            f"{self.name}: {', '.join(names)} {'requires' if one else 'require'} grad, but the "
+            "backward runs through torch.library.custom_op (torch 2.4 or newer), which this call "
+            f"cannot reach: its output would carry no gradient to {'it' if one else 'them'}. "
+            "Call the launcher itself (not its inference op) on such a torch; for inference, "
+            f"call it under torch.no_grad() or pass {detached}; or train through reference(...)."
         )
 
     def dtype_and_device(self, *tensors):
@@ -607,10 +637,9 @@ class Kernels:
             consts["DOT_UPCAST"] = self.interpreted() and plan.dtype == torch.bfloat16
             # tl.dot ignores it for 16-bit operands; an fp32 call may set it again (launch).
             consts["INPUT_PRECISION"] = self.module["FP32_MATMUL"] or "tf32"
+            consts["SAVE_PRE"] = False  # a training forward's plan sets it (forward_saving)
         if self.uses_fast_tanh:
-            out_dtypes = [plan.out_dtype] + [plan.dtype] * (
-                self.outputs.stop - self.outputs.start - 1
-            )
+            out_dtypes = [plan.out_dtype] + [plan.dtype] * (self.returns - 1)
             consts["FAST_TANH"] = self.fast_tanh(plan.device, *out_dtypes)
         plan.consts = consts
         plan.ready = {}  # config (None: chosen) -> what its launch needs, from launch
@@ -647,7 +676,7 @@ class Kernels:
     def empty_outputs(self, plan):
         """The outputs of a call as torch.compile traces it (see a module's _fake)."""
         out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
-        extras = self.outputs.stop - self.outputs.start - 1
+        extras = self.returns - 1
         if not extras:
             return out
         return (
@@ -1134,6 +1163,218 @@ class Kernels:
             timing = graph_bench(lambda: self.paths[path][0][self.grid](*args, **kwargs))
         return chosen, timing[0] if isinstance(timing, (list, tuple)) else timing
 
+    # Training: the forward that keeps what the backward reads, and the backward.
+
+    def trained(self, inputs, plain):
+        """A call where an input requires grad (grad mode on), through the custom op
+        fusegen::<op_name>_train, whose autograd runs the backward kernel: its outputs
+        carry a grad_fn, eagerly and inside torch.compile alike. `plain`: no out= or
+        config= given (which autograd cannot serve, as for torch's own out= ops)."""
+        if not plain:
+            raise RuntimeError(
+                f"{self.name}: out= and config= are for calls without autograd; with inputs "
+                "that require grad, call it without them (or under torch.no_grad())"
+            )
+        if self.train_op is None:
+            self.refuse_grad(*inputs)
+        results = self.train_op(*inputs)
+        if not isinstance(results, (tuple, list)):
+            return results
+        return results[0] if self.returns == 1 else tuple(results[: self.returns])
+
+    def call_plan(self, inputs):
+        module = self.module
+        return module["_CALLS"].get(module["_signature"](*inputs)) or module["_plan"](*inputs)
+
+    def saved_shape(self, plan):
+        return (math.prod(plan.out_shape[:-1]), plan.out_shape[-1])
+
+    def forward_saving(self, *inputs):
+        """The training forward: the outputs, then what a matmul chain's backward reads
+        (its accumulators before the epilogue, stored by the same kernel: SAVE_PRE). Row
+        and elementwise chains save nothing: their backward reads the inputs again."""
+        plan = self.call_plan(inputs)
+        outputs = self.empty_outputs(plan)
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        saved = tuple(
+            torch.empty(self.saved_shape(plan), dtype=plan.dtype, device=plan.device)
+            for _ in range(self.saves)
+        )
+        if plan.launches:
+            self.module["_launch"](
+                plan.saving() if self.saves else plan, inputs, outputs, None, saved
+            )
+        else:
+            self.without_launch(plan, outputs, inputs)  # the backward takes the reference's too
+        results = (*outputs, *saved)
+        return results[0] if len(results) == 1 else results
+
+    def backward(self, grads, inputs, saved, needs):
+        """The inputs' gradients from the outputs' (`grads`), as a list: an empty tensor
+        for each input `needs` does not ask for, which costs no work (a frozen weight: no
+        weight-gradient matmul)."""
+        plan = self.call_plan(inputs)
+        dims = dict(zip(self.module["DIMS"], plan.tail, strict=False))
+        rows, cols = dims[self.dims[0]], dims[self.dims[1]]
+        if not plan.launches or (self.rowwise and cols > ROW_BACKWARD_MAX_COLS):
+            if plan.launches:
+                self.log_once(
+                    "long-rows",
+                    "rows over %d columns: the backward runs the reference's autograd",
+                    ROW_BACKWARD_MAX_COLS,
+                )
+            return self.reference_grads(grads, inputs, needs)
+        views = self.module["_checked"](*inputs)[2]
+        config, grid, blocks = self.backward_launch(rows, cols, plan.device)
+        incoming = [
+            g.reshape(-1) if i == 0 and self.reduces else g.reshape(-1, cols)
+            for i, g in enumerate(grads)
+        ]
+        buffers, flags = [], {}
+        for name, index, kind in self.grads:
+            want = index < 0 or needs[index]
+            if index >= 0:
+                flags[f"NEED_{name.upper()}"] = want
+            dtype = plan.dtype if index < 0 else inputs[index].dtype
+            if not want:
+                shape, dtype = (1,), torch.float32
+            elif kind == "full":
+                shape = (rows, cols)
+            else:
+                shape, dtype = (
+                    (blocks[0], cols) if kind == "row" else (blocks[1], rows)
+                ), torch.float32
+            buffers.append(torch.empty(shape, dtype=dtype, device=plan.device))
+        reads = [views[i] for i in self.backward_reads]
+        pointers = [*incoming, *reads, *saved, *buffers]
+        strides = [s for t in (*incoming, *reads) for s in t.stride()]
+        kernel = self.module[f"_{self.name}_kernel_backward"]
+        int64 = needs_int64(*incoming, *reads, *saved, *(b for b in buffers if b.dim() == 2))
+        kernel[grid](*pointers, rows, cols, *strides, INT64=int64, **flags, **config)
+        found = [None] * len(inputs)
+
+        def add(index, grad):
+            found[index] = grad if found[index] is None else found[index] + grad
+
+        for (name, index, kind), buffer in zip(self.grads, buffers, strict=True):
+            if index >= 0 and needs[index]:
+                grad = buffer if kind == "full" else buffer.sum(0).to(inputs[index].dtype)
+                add(index, grad.view(inputs[index].shape))
+        if self.matmul:
+            a_index, a_t, weights = self.matmul
+            a = views[a_index].t() if a_t else views[a_index]  # [M, K]
+            for (b_index, b_t), d_pre in zip(weights, buffers, strict=False):
+                b = views[b_index].t() if b_t else views[b_index]  # [K, N]
+                if needs[a_index]:
+                    d_a = torch.mm(d_pre, b.t())
+                    add(a_index, (d_a.t() if a_t else d_a).reshape(inputs[a_index].shape))
+                if needs[b_index]:
+                    add(b_index, torch.mm(d_pre.t(), a) if b_t else torch.mm(a.t(), d_pre))
+        return [
+            g.contiguous() if g is not None else t.new_empty(0)
+            for g, t in zip(found, inputs, strict=True)
+        ]
+
+    def backward_launch(self, rows, cols, device):
+        """(config, grid, (row blocks, column blocks)) for the backward kernel: a tile
+        kernel's fixed tiles, or a row kernel's whole row in BLOCK_N, its programs
+        looping over row blocks (a few per SM: its [cols] sums are stored per program)."""
+        interpreted = self.interpreted()
+        if self.rowwise:
+            block_n = triton.next_power_of_2(cols)
+            block_m = max(1, min(16, (8192 if interpreted else 2048) // block_n))
+            warps = 4 if block_m * block_n < 2048 else 8 if block_m * block_n < 8192 else 16
+            programs = triton.cdiv(rows, block_m)
+            programs = min(programs, 2 if interpreted else 2 * self.device_facts(device)[1])
+            config = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps}
+            return config, (programs,), (programs, 1)
+        config = dict(self.backward_config or {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8})
+        if interpreted:
+            config["BLOCK_M"] = min(64, triton.next_power_of_2(rows))
+            config["BLOCK_N"] = min(256, triton.next_power_of_2(cols))
+        blocks = (triton.cdiv(rows, config["BLOCK_M"]), triton.cdiv(cols, config["BLOCK_N"]))
+        return config, (blocks[0] * blocks[1],), blocks
+
+    def reference_grads(self, grads, inputs, needs):
+        """The gradients by autograd through the reference (no GPU, or rows too long)."""
+        with torch.enable_grad():
+            leaves = [
+                t.detach().requires_grad_(bool(n)) for t, n in zip(inputs, needs, strict=True)
+            ]
+            outputs = self.module["reference"](*leaves)
+            outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+            wanted = [t for t, n in zip(leaves, needs, strict=True) if n]
+            found = iter(torch.autograd.grad(outputs, wanted, grads, allow_unused=True))
+        grads = [next(found) if n else None for n in needs]
+        return [
+            (g if g is not None else torch.zeros_like(t)).contiguous() if n else t.new_empty(0)
+            for g, t, n in zip(grads, inputs, needs, strict=True)
+        ]
+
+    def training_ops(self):
+        """fusegen::<op_name>_train (the forward that saves, with autograd) and
+        fusegen::<op_name>_backward, registered once per process."""
+        train_name, backward_name = f"{self.op_name}_train", f"{self.op_name}_backward"
+        count = self.returns + self.saves
+        returns = "Tensor" if count == 1 else "(" + ", ".join(["Tensor"] * count) + ")"
+        schema = "(" + ", ".join(f"Tensor {name}" for name in self.inputs) + ") -> " + returns
+        if getattr(torch.ops.fusegen, train_name, None) is None:
+            train = torch.library.custom_op(
+                f"fusegen::{train_name}",
+                lambda *inputs: self.forward_saving(*inputs),
+                mutates_args=(),
+                schema=schema,
+            )
+            backward = torch.library.custom_op(
+                f"fusegen::{backward_name}",
+                lambda grads, inputs, saved, needs: self.backward(grads, inputs, saved, needs),
+                mutates_args=(),
+                schema="(Tensor[] grads, Tensor[] inputs, Tensor[] saved, bool[] needs) -> Tensor[]",
+            )
+
+            @train.register_fake
+            def _(*inputs):
+                plan = self.module["_checked"](*inputs)[0]
+                outputs = self.empty_outputs(plan)
+                outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+                saved = [
+                    torch.empty(self.saved_shape(plan), dtype=plan.dtype, device=plan.device)
+                    for _ in range(self.saves)
+                ]
+                results = (*outputs, *saved)
+                return results[0] if count == 1 else results
+
+            @backward.register_fake
+            def _(grads, inputs, saved, needs):
+                return [
+                    torch.empty(t.shape, dtype=t.dtype, device=t.device) if n else t.new_empty(0)
+                    for t, n in zip(inputs, needs, strict=True)
+                ]
+
+            def setup(ctx, inputs, output):
+                outputs = output if isinstance(output, tuple) else (output,)
+                ctx.save_for_backward(*inputs, *outputs[self.returns :])
+                ctx.outputs = [(o.shape, o.dtype, o.device) for o in outputs[: self.returns]]
+
+            def differentiate(ctx, *grads):
+                saved = ctx.saved_tensors
+                count = len(self.inputs)
+                grads = [
+                    g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
+                    for g, (shape, dtype, device) in zip(
+                        grads[: self.returns], ctx.outputs, strict=True
+                    )
+                ]
+                needs = [bool(n) for n in ctx.needs_input_grad]
+                found = self.backward_op(grads, list(saved[:count]), list(saved[count:]), needs)
+                return tuple(g if n else None for g, n in zip(found, needs, strict=True))
+
+            train.register_autograd(differentiate, setup_context=setup)
+        return (
+            getattr(torch.ops.fusegen, train_name).default,
+            getattr(torch.ops.fusegen, backward_name).default,
+        )
+
     # Inside torch.compile, and importing.
 
     def untraced(self, *args, **kwargs):
@@ -1154,7 +1395,7 @@ class Kernels:
         does. None where torch has no torch.library.custom_op."""
         if not hasattr(torch.library, "custom_op"):
             return None
-        outputs = self.outputs.stop - self.outputs.start
+        outputs = self.returns
         returns = "Tensor" if outputs == 1 else "(" + ", ".join(["Tensor"] * outputs) + ")"
         schema = "(" + ", ".join(f"Tensor {name}" for name in self.inputs) + ") -> " + returns
         launcher = self.module[self.name]
@@ -1177,6 +1418,8 @@ class Kernels:
                 op.register_fake(fake)
                 op.register_autograd(no_backward, setup_context=refuse)
                 packet = getattr(torch.ops.fusegen, self.op_name)
+            if self.grads:
+                self.train_op, self.backward_op = self.training_ops()
             return packet.default
         except Exception as exc:  # noqa: BLE001 - this torch's custom ops differ: no op
             _log.warning(

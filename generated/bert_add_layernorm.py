@@ -37,7 +37,7 @@ def _runtime(digest):
     return sys.modules[name]
 
 
-_rt = _runtime("f1aed4ca1c803e7c")
+_rt = _runtime("3c4eb189f7c005a4")
 _align = _rt.align  # the ALIGN heuristic's
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
@@ -209,6 +209,89 @@ def _bert_add_layernorm_kernel(
             )
 
 
+@triton.jit
+def _bert_add_layernorm_kernel_backward(
+    # fmt: off
+    grad_ptr, x_ptr, residual_ptr,  # incoming gradients, inputs, saved values, then gradients
+    gamma_ptr, beta_ptr, d_beta_ptr, d_gamma_ptr, d_residual_ptr, d_x_ptr,
+    M, N,  # dims
+    stride_grad_m, stride_grad_n, stride_x_m, stride_x_n,  # strides, in elements
+    stride_residual_m, stride_residual_n, stride_gamma_n, stride_beta_n,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INT64: tl.constexpr,  # meta-parameters
+    NEED_BETA: tl.constexpr, NEED_GAMMA: tl.constexpr, NEED_RESIDUAL: tl.constexpr,
+    NEED_X: tl.constexpr,
+    # fmt: on
+):
+    """The chain's gradients, BLOCK_M rows at a time (a whole row in BLOCK_N): the sums
+    over rows of a [N] input's gradient are kept per program and stored at the end."""
+    pid = tl.program_id(0)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    d_beta_total = tl.zeros([BLOCK_N], dtype=tl.float32)
+    d_gamma_total = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for block in range(pid, tl.cdiv(M, BLOCK_M), tl.num_programs(0)):
+        offs_m = block * BLOCK_M + tl.arange(0, BLOCK_M)
+        if INT64:
+            offs_m = offs_m.to(tl.int64)
+        mask_m = offs_m < M
+        in_bounds = mask_m[:, None] & mask_n[None, :]
+        flat = offs_m[:, None] * N + offs_n[None, :]
+        # The forward again, in fp32, then the gradient back through it.
+        fwd_0 = tl.load(
+            x_ptr + offs_m[:, None] * stride_x_m + offs_n[None, :] * stride_x_n,
+            mask=in_bounds,
+            other=0.0,
+        ).to(tl.float32)
+        residual = tl.load(
+            residual_ptr
+            + offs_m[:, None] * stride_residual_m
+            + offs_n[None, :] * stride_residual_n,
+            mask=in_bounds,
+            other=0.0,
+        ).to(tl.float32)
+        fwd_1 = fwd_0 + residual
+        row_x = tl.where(in_bounds, fwd_1, 0.0)
+        row_mean = tl.sum(row_x, axis=1) / N
+        row_dev = tl.where(in_bounds, row_x - row_mean[:, None], 0.0)
+        row_rstd = tl.rsqrt(tl.sum(row_dev * row_dev, axis=1) / N + 1e-12)
+        row_xhat = row_dev * row_rstd[:, None]
+        gamma = tl.load(gamma_ptr + offs_n * stride_gamma_n, mask=mask_n, other=0.0).to(tl.float32)
+        beta = tl.load(beta_ptr + offs_n * stride_beta_n, mask=mask_n, other=0.0).to(tl.float32)
+        row_y = row_xhat * gamma[None, :] + beta[None, :]
+        grad = tl.load(
+            grad_ptr + offs_m[:, None] * stride_grad_m + offs_n[None, :] * stride_grad_n,
+            mask=in_bounds,
+            other=0.0,
+        ).to(tl.float32)
+        d_beta = grad
+        d_gamma = grad * row_xhat
+        row_gw = grad * gamma[None, :]
+        row_gw = tl.where(in_bounds, row_gw, 0.0)
+        grad = row_rstd[:, None] * (
+            row_gw
+            - (tl.sum(row_gw, axis=1) / N)[:, None]
+            - row_xhat * (tl.sum(row_gw * row_xhat, axis=1) / N)[:, None]
+        )
+        d_residual = grad
+        d_x = grad
+        if NEED_BETA:
+            d_beta_total += tl.sum(tl.where(in_bounds, d_beta, 0.0), axis=0)
+        if NEED_GAMMA:
+            d_gamma_total += tl.sum(tl.where(in_bounds, d_gamma, 0.0), axis=0)
+        if NEED_RESIDUAL:
+            tl.store(
+                d_residual_ptr + flat,
+                d_residual.to(d_residual_ptr.dtype.element_ty),
+                mask=in_bounds,
+            )
+        if NEED_X:
+            tl.store(d_x_ptr + flat, d_x.to(d_x_ptr.dtype.element_ty), mask=in_bounds)
+    if NEED_BETA:
+        tl.store(d_beta_ptr + pid * N + offs_n, d_beta_total, mask=mask_n)
+    if NEED_GAMMA:
+        tl.store(d_gamma_ptr + pid * N + offs_n, d_gamma_total, mask=mask_n)
+
+
 def bert_add_layernorm(
     x: torch.Tensor,
     residual: torch.Tensor,
@@ -235,26 +318,45 @@ def bert_add_layernorm(
         y: [..., N] (the leading dims of x), in the call dtype.
 
     Raises TypeError or ValueError naming the tensor and dim for a wrong type, shape, dtype
-    or device; RuntimeError where an input requires grad (grad mode on): this kernel has no
-    backward. Inside torch.compile it is the custom op
-    fusegen::bert_add_layernorm_d737b2a7eb5e (with `out=` or `config=` given there, an eager
-    call: a graph break).
+    or device. Where an input requires grad (grad mode on), the outputs carry a grad_fn: the
+    backward kernel, then (a matmul chain) cuBLAS for the operands, computing only the
+    gradients asked for; out= and config= are refused there. Inside torch.compile it is the
+    custom op fusegen::bert_add_layernorm_d737b2a7eb5e (with `out=` or `config=` given
+    there, an eager call: a graph break).
     """
+    plain = config is None and out is None
     if torch.compiler.is_compiling():
-        if _OP is not None and config is None and out is None:
+        if torch.is_grad_enabled() and (
+            x.requires_grad or residual.requires_grad or gamma.requires_grad or beta.requires_grad
+        ):
+            return _KERNELS.trained((x, residual, gamma, beta), plain)
+        if _OP is not None and plain:
             return _OP(x, residual, gamma, beta)
         return _KERNELS.untraced(x, residual, gamma, beta, out=out, config=config)
     plan = _CALLS.get(_signature(x, residual, gamma, beta)) or _plan(x, residual, gamma, beta)
     if torch.is_grad_enabled() and (
         x.requires_grad or residual.requires_grad or gamma.requires_grad or beta.requires_grad
     ):
-        _KERNELS.refuse_grad(x, residual, gamma, beta)
+        return _KERNELS.trained((x, residual, gamma, beta), plain)  # the backward kernel's autograd
     if out is None:
         out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
     else:
         _KERNELS.check_out("out", out, plan, (x, residual, gamma, beta))
     if not plan.launches:
         return _KERNELS.without_launch(plan, (out,), (x, residual, gamma, beta))
+    _launch(plan, (x, residual, gamma, beta), (out,), config)
+    return out
+
+
+def _launch(plan, inputs, outputs, config, saved=()):
+    """Launch the kernel for a call's plan on its inputs' and outputs' 2-D views."""
+    (
+        x,
+        residual,
+        gamma,
+        beta,
+    ) = inputs
+    (out,) = outputs
     args = (
         x if x.dim() == 2 else x.reshape(-1, x.shape[-1]),
         residual if residual.dim() == 2 else residual.reshape(-1, residual.shape[-1]),
@@ -264,7 +366,6 @@ def bert_add_layernorm(
         *plan.tail,
     )
     _KERNELS.launch(plan, args, config)
-    return out
 
 
 def last_launch() -> dict:
@@ -342,6 +443,8 @@ _KERNELS = _rt.Kernels(
     dims=("M", "N"),
     tune_key=["ROWS_BUCKET", "N", "stride_x_n", "stride_residual_n"],
     op_name="bert_add_layernorm_d737b2a7eb5e",
+    backward=(("beta", 3, "row"), ("gamma", 2, "row"), ("residual", 1, "full"), ("x", 0, "full")),
+    backward_reads=(0, 1, 2, 3),
     rowwise=True,
     no_gpu_reference=True,
 )

@@ -38,7 +38,7 @@ def _runtime(digest):
     return sys.modules[name]
 
 
-_rt = _runtime("f1aed4ca1c803e7c")
+_rt = _runtime("3c4eb189f7c005a4")
 _align = _rt.align  # the ALIGN heuristic's
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
@@ -92,6 +92,13 @@ def _gelu_tanh(x, FAST_TANH: tl.constexpr):
     else:
         # 0.5 * (1 + tanh(z)) == sigmoid(2 * z): one exp, and no tanh, which Triton lacks
         return x * tl.sigmoid(1.5957691216057308 * (x + 0.044715 * x * x * x))
+
+
+@triton.jit
+def _gelu_tanh_grad(x):
+    """d/dx 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))"""
+    s = tl.sigmoid(1.5957691216057308 * (x + 0.044715 * x * x * x))
+    return s + x * s * (1.0 - s) * 1.5957691216057308 * (1.0 + 0.134145 * x * x)
 
 
 @triton.heuristics(
@@ -160,6 +167,69 @@ def _bias_gelu_residual_kernel(
     )
 
 
+@triton.jit
+def _bias_gelu_residual_kernel_backward(
+    # fmt: off
+    grad_ptr, x_ptr, b_ptr, r_ptr,  # incoming gradients, inputs, saved values, then gradients
+    d_r_ptr, d_b_ptr, d_x_ptr,
+    M, N,  # dims
+    stride_grad_m, stride_grad_n, stride_x_m, stride_x_n, stride_b_n,  # strides, in elements
+    stride_r_m, stride_r_n,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INT64: tl.constexpr,  # meta-parameters
+    NEED_R: tl.constexpr, NEED_B: tl.constexpr, NEED_X: tl.constexpr,
+    # fmt: on
+):
+    """The chain's gradients for one [BLOCK_M, BLOCK_N] tile."""
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if INT64:
+        # Offset times stride would overflow int32 past 2**31 elements.
+        offs_m = offs_m.to(tl.int64)
+        offs_n = offs_n.to(tl.int64)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    in_bounds = mask_m[:, None] & mask_n[None, :]
+    flat = offs_m[:, None] * N + offs_n[None, :]
+    # The forward again in fp32; the gradient back.
+    fwd_0 = tl.load(
+        x_ptr + offs_m[:, None] * stride_x_m + offs_n[None, :] * stride_x_n,
+        mask=in_bounds,
+        other=0.0,
+    ).to(tl.float32)
+    b = tl.load(b_ptr + offs_n * stride_b_n, mask=mask_n, other=0.0).to(tl.float32)
+    fwd_1 = fwd_0 + b[None, :]
+    fwd_2 = _gelu_tanh(fwd_1, False)
+    fwd_3 = fwd_2 * 0.5
+    r = tl.load(
+        r_ptr + offs_m[:, None] * stride_r_m + offs_n[None, :] * stride_r_n,
+        mask=in_bounds,
+        other=0.0,
+    ).to(tl.float32)
+    fwd_4 = fwd_3 + r
+    grad = tl.load(
+        grad_ptr + offs_m[:, None] * stride_grad_m + offs_n[None, :] * stride_grad_n,
+        mask=in_bounds,
+        other=0.0,
+    ).to(tl.float32)
+    d_r = grad
+    grad = grad * 0.5
+    grad = grad * _gelu_tanh_grad(fwd_1)
+    d_b = grad
+    d_x = grad
+    if NEED_R:
+        tl.store(d_r_ptr + flat, d_r.to(d_r_ptr.dtype.element_ty), mask=in_bounds)
+    if NEED_B:
+        tl.store(
+            d_b_ptr + pid_m * N + offs_n, tl.sum(tl.where(in_bounds, d_b, 0.0), axis=0), mask=mask_n
+        )
+    if NEED_X:
+        tl.store(d_x_ptr + flat, d_x.to(d_x_ptr.dtype.element_ty), mask=in_bounds)
+
+
 def bias_gelu_residual(
     x: torch.Tensor,
     b: torch.Tensor,
@@ -184,24 +254,40 @@ def bias_gelu_residual(
         y: [..., N] (the leading dims of x), in the call dtype.
 
     Raises TypeError or ValueError naming the tensor and dim for a wrong type, shape, dtype
-    or device; RuntimeError where an input requires grad (grad mode on): this kernel has no
-    backward. Inside torch.compile it is the custom op
-    fusegen::bias_gelu_residual_956313b8af89 (with `out=` or `config=` given there, an eager
-    call: a graph break).
+    or device. Where an input requires grad (grad mode on), the outputs carry a grad_fn: the
+    backward kernel, then (a matmul chain) cuBLAS for the operands, computing only the
+    gradients asked for; out= and config= are refused there. Inside torch.compile it is the
+    custom op fusegen::bias_gelu_residual_956313b8af89 (with `out=` or `config=` given
+    there, an eager call: a graph break).
     """
+    plain = config is None and out is None
     if torch.compiler.is_compiling():
-        if _OP is not None and config is None and out is None:
+        if torch.is_grad_enabled() and (x.requires_grad or b.requires_grad or r.requires_grad):
+            return _KERNELS.trained((x, b, r), plain)
+        if _OP is not None and plain:
             return _OP(x, b, r)
         return _KERNELS.untraced(x, b, r, out=out, config=config)
     plan = _CALLS.get(_signature(x, b, r)) or _plan(x, b, r)
     if torch.is_grad_enabled() and (x.requires_grad or b.requires_grad or r.requires_grad):
-        _KERNELS.refuse_grad(x, b, r)
+        return _KERNELS.trained((x, b, r), plain)  # the backward kernel's autograd
     if out is None:
         out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
     else:
         _KERNELS.check_out("out", out, plan, (x, b, r))
     if not plan.launches:
         return _KERNELS.without_launch(plan, (out,), (x, b, r))
+    _launch(plan, (x, b, r), (out,), config)
+    return out
+
+
+def _launch(plan, inputs, outputs, config, saved=()):
+    """Launch the kernel for a call's plan on its inputs' and outputs' 2-D views."""
+    (
+        x,
+        b,
+        r,
+    ) = inputs
+    (out,) = outputs
     args = (
         x if x.dim() == 2 else x.reshape(-1, x.shape[-1]),
         b,
@@ -210,7 +296,6 @@ def bias_gelu_residual(
         *plan.tail,
     )
     _KERNELS.launch(plan, args, config)
-    return out
 
 
 def last_launch() -> dict:
@@ -269,6 +354,8 @@ _KERNELS = _rt.Kernels(
     dims=("M", "N"),
     tune_key=["ROWS_BUCKET", "N", "stride_x_n", "stride_r_n"],
     op_name="bias_gelu_residual_956313b8af89",
+    backward=(("r", 2, "full"), ("b", 1, "row"), ("x", 0, "full")),
+    backward_reads=(0, 1, 2),
     fast_tanh=True,
     no_gpu_reference=True,
 )

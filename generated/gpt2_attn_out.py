@@ -37,7 +37,7 @@ def _runtime(digest):
     return sys.modules[name]
 
 
-_rt = _runtime("f1aed4ca1c803e7c")
+_rt = _runtime("3c4eb189f7c005a4")
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
 DIMS = {"M": None, "K": 768, "N": 768}
@@ -90,7 +90,7 @@ TMA_DEFAULT_CONFIG = _rt.config(_TMA_SETTINGS, 128, 256,  64,   8,   8,   3,   1
 # `fusegen tune`'s configs for named GPUs, beside this module, looked up before tuning;
 # entries measured on other kernel code (KERNEL_HASH: its sha256) are ignored.
 TUNED_TABLE = "gpt2_attn_out.tuned.json"
-KERNEL_HASH = "b078f2932c46f860"
+KERNEL_HASH = "8d58cfdf2e0b939f"
 # True (the spec's `deterministic`): no tuning at run time, one config per shape.
 DETERMINISTIC = False
 
@@ -99,14 +99,15 @@ DETERMINISTIC = False
 @triton.jit(do_not_specialize=["ROWS_BUCKET"])
 def _gpt2_attn_out_kernel(
     # fmt: off
-    x_ptr, w_ptr, b_ptr, residual_ptr, out_ptr,  # the inputs, then the outputs
+    x_ptr, w_ptr, b_ptr,  # the inputs, then the outputs (and the accumulators, SAVE_PRE)
+    residual_ptr, out_ptr, pre_ptr,
     M, K, N, ROWS_BUCKET,  # dims
     stride_x_m, stride_x_k, stride_w_k, stride_w_n, stride_b_n,  # strides, in elements
     stride_residual_m, stride_residual_n, stride_out_m, stride_out_n,
     partials_ptr, arrivals_ptr,  # split-K scratch: fp32 partial sums, per-tile arrival counts
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,  # meta-parameters
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, INT64: tl.constexpr,
-    DOT_UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    DOT_UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr, SAVE_PRE: tl.constexpr,
     # fmt: on
 ):
     """y = x @ w + b + residual
@@ -183,6 +184,13 @@ def _gpt2_attn_out_kernel(
             partials = partials_ptr + ((partial_rows + (s) * M)[:, None] * N + partial_cols)
             # .cg reads through L2, where the other programs' stores are.
             acc += tl.load(partials, mask=in_bounds, other=0.0, cache_modifier=".cg")
+    if SAVE_PRE:
+        # A training forward keeps the accumulators for the backward: one more store.
+        tl.store(
+            pre_ptr + offs_m[:, None] * stride_out_m + offs_n[None, :] * stride_out_n,
+            acc.to(pre_ptr.dtype.element_ty),
+            mask=in_bounds,
+        )
 
     # The chain, in fp32.
     b = tl.load(b_ptr + offs_n * stride_b_n, mask=mask_n, other=0.0).to(tl.float32)
@@ -203,7 +211,8 @@ def _gpt2_attn_out_kernel(
 @triton.jit(do_not_specialize=["ROWS_BUCKET"])
 def _gpt2_attn_out_kernel_tma(
     # fmt: off
-    x_ptr, w_ptr, b_ptr, residual_ptr, out_ptr,  # the inputs, then the outputs
+    x_ptr, w_ptr, b_ptr,  # the inputs, then the outputs (and the accumulators, SAVE_PRE)
+    residual_ptr, out_ptr, pre_ptr,
     M, K, N, ROWS_BUCKET,  # dims
     stride_x_m, stride_x_k, stride_w_k, stride_w_n, stride_b_n,  # strides, in elements
     stride_residual_m, stride_residual_n, stride_out_m, stride_out_n,
@@ -211,9 +220,9 @@ def _gpt2_attn_out_kernel_tma(
     arrivals_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,  # meta-parameters
     GROUP_M: tl.constexpr, INT64: tl.constexpr, DOT_UPCAST: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, NUM_SMS: tl.constexpr, FLATTEN: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, X_COLUMN_MAJOR: tl.constexpr,
-    W_COLUMN_MAJOR: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, SAVE_PRE: tl.constexpr, NUM_SMS: tl.constexpr,
+    FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
+    X_COLUMN_MAJOR: tl.constexpr, W_COLUMN_MAJOR: tl.constexpr,
     # fmt: on
 ):
     """y = x @ w + b + residual: the TMA kernel, for sm_90 and newer GPUs.
@@ -268,6 +277,18 @@ def _gpt2_attn_out_kernel_tma(
         mask_m = offs_m < M
         mask_n = offs_n < N
         in_bounds = mask_m[:, None] & mask_n[None, :]
+        if SAVE_PRE:
+            # As in the pointer kernel: the training forward's store of the accumulators.
+            pre_rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            pre_cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            if INT64:
+                pre_rows = pre_rows.to(tl.int64)
+            pre_bounds = (pre_rows < M)[:, None] & (pre_cols < N)[None, :]
+            tl.store(
+                pre_ptr + pre_rows[:, None] * stride_out_m + pre_cols[None, :] * stride_out_n,
+                acc.to(pre_ptr.dtype.element_ty),
+                mask=pre_bounds,
+            )
         # The chain, in fp32.
         b = tl.load(b_ptr + offs_n * stride_b_n, mask=mask_n, other=0.0).to(tl.float32)
         acc = acc + b[None, :]
@@ -290,6 +311,61 @@ def _gpt2_attn_out_kernel_tma(
             )
         else:
             out_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _gpt2_attn_out_kernel_backward(
+    # fmt: off
+    grad_ptr, b_ptr, residual_ptr,  # incoming gradients, inputs, saved values, then gradients
+    pre_ptr, d_pre_ptr, d_residual_ptr, d_b_ptr,
+    M, N,  # dims
+    stride_grad_m, stride_grad_n, stride_b_n, stride_residual_m,  # strides, in elements
+    stride_residual_n,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INT64: tl.constexpr,  # meta-parameters
+    NEED_RESIDUAL: tl.constexpr, NEED_B: tl.constexpr,
+    # fmt: on
+):
+    """The chain's gradients for one [BLOCK_M, BLOCK_N] tile, up to the matmul's output."""
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if INT64:
+        # Offset times stride would overflow int32 past 2**31 elements.
+        offs_m = offs_m.to(tl.int64)
+        offs_n = offs_n.to(tl.int64)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    in_bounds = mask_m[:, None] & mask_n[None, :]
+    flat = offs_m[:, None] * N + offs_n[None, :]
+    # The forward again in fp32, from the saved accumulators; the gradient back.
+    fwd_0 = tl.load(pre_ptr + flat, mask=in_bounds, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + offs_n * stride_b_n, mask=mask_n, other=0.0).to(tl.float32)
+    fwd_1 = fwd_0 + b[None, :]
+    residual = tl.load(
+        residual_ptr + offs_m[:, None] * stride_residual_m + offs_n[None, :] * stride_residual_n,
+        mask=in_bounds,
+        other=0.0,
+    ).to(tl.float32)
+    fwd_2 = fwd_1 + residual
+    grad = tl.load(
+        grad_ptr + offs_m[:, None] * stride_grad_m + offs_n[None, :] * stride_grad_n,
+        mask=in_bounds,
+        other=0.0,
+    ).to(tl.float32)
+    d_residual = grad
+    d_b = grad
+    tl.store(d_pre_ptr + flat, grad.to(d_pre_ptr.dtype.element_ty), mask=in_bounds)
+    if NEED_RESIDUAL:
+        tl.store(
+            d_residual_ptr + flat, d_residual.to(d_residual_ptr.dtype.element_ty), mask=in_bounds
+        )
+    if NEED_B:
+        tl.store(
+            d_b_ptr + pid_m * N + offs_n, tl.sum(tl.where(in_bounds, d_b, 0.0), axis=0), mask=mask_n
+        )
 
 
 def gpt2_attn_out(
@@ -318,35 +394,57 @@ def gpt2_attn_out(
         y: [..., N] (the leading dims of x), in the call dtype.
 
     Raises TypeError or ValueError naming the tensor and dim for a wrong type, shape, dtype
-    or device; RuntimeError where an input requires grad (grad mode on): this kernel has no
-    backward. Inside torch.compile it is the custom op fusegen::gpt2_attn_out_b7b12e46f2b0
-    (with `out=` or `config=` given there, an eager call: a graph break).
+    or device. Where an input requires grad (grad mode on), the outputs carry a grad_fn: the
+    backward kernel, then (a matmul chain) cuBLAS for the operands, computing only the
+    gradients asked for; out= and config= are refused there. Inside torch.compile it is the
+    custom op fusegen::gpt2_attn_out_b7b12e46f2b0 (with `out=` or `config=` given there, an
+    eager call: a graph break).
     """
+    plain = config is None and out is None
     if torch.compiler.is_compiling():
-        if _OP is not None and config is None and out is None:
+        if torch.is_grad_enabled() and (
+            x.requires_grad or w.requires_grad or b.requires_grad or residual.requires_grad
+        ):
+            return _KERNELS.trained((x, w, b, residual), plain)
+        if _OP is not None and plain:
             return _OP(x, w, b, residual)
         return _KERNELS.untraced(x, w, b, residual, out=out, config=config)
     plan = _CALLS.get(_signature(x, w, b, residual)) or _plan(x, w, b, residual)
     if torch.is_grad_enabled() and (
         x.requires_grad or w.requires_grad or b.requires_grad or residual.requires_grad
     ):
-        _KERNELS.refuse_grad(x, w, b, residual)
+        return _KERNELS.trained((x, w, b, residual), plain)  # the backward kernel's autograd
     if out is None:
         out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
     else:
         _KERNELS.check_out("out", out, plan, (x, w, b, residual))
     if not plan.launches:
         return _KERNELS.without_launch(plan, (out,), (x, w, b, residual))
+    _launch(plan, (x, w, b, residual), (out,), config)
+    return out
+
+
+def _launch(plan, inputs, outputs, config, saved=()):
+    """Launch the kernel for a call's plan on its inputs' and outputs' 2-D views, and
+    the buffers a training forward saves the accumulators in (else the output, unused)."""
+    (
+        x,
+        w,
+        b,
+        residual,
+    ) = inputs
+    (out,) = outputs
+    saved = saved or ((out if out.dim() == 2 else out.view(-1, out.shape[-1])),) * 1
     args = (
         x if x.dim() == 2 else x.reshape(-1, x.shape[-1]),
         w,
         b,
         residual if residual.dim() == 2 else residual.reshape(-1, residual.shape[-1]),
         out if out.dim() == 2 else out.view(-1, out.shape[-1]),
+        *saved,
         *plan.tail,
     )
     _KERNELS.launch(plan, args, config)
-    return out
 
 
 def last_launch() -> dict:
@@ -414,6 +512,9 @@ _KERNELS = _rt.Kernels(
     tma_operands={"X_COLUMN_MAJOR": 0, "W_COLUMN_MAJOR": 1},
     weights=1,
     full_operands=True,
+    backward=(("pre", -1, "full"), ("residual", 3, "full"), ("b", 2, "row")),
+    backward_reads=(2, 3),
+    matmul=(0, False, ((1, False),)),
     no_gpu_reference=True,
 )
 _CALLS, _signature = {}, _rt.signature  # plans by call signature

@@ -38,7 +38,7 @@ def _runtime(digest):
     return sys.modules[name]
 
 
-_rt = _runtime("f1aed4ca1c803e7c")
+_rt = _runtime("3c4eb189f7c005a4")
 _align = _rt.align  # the ALIGN heuristic's
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
@@ -192,6 +192,66 @@ def _masked_softmax_kernel(
             )
 
 
+@triton.jit
+def _masked_softmax_kernel_backward(
+    # fmt: off
+    grad_ptr, scores_ptr, mask_ptr,  # incoming gradients, inputs, saved values, then gradients
+    d_mask_ptr, d_scores_ptr,
+    Q, S,  # dims
+    stride_grad_q, stride_grad_s, stride_scores_q, stride_scores_s,  # strides, in elements
+    stride_mask_q, stride_mask_s,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INT64: tl.constexpr,  # meta-parameters
+    NEED_MASK: tl.constexpr, NEED_SCORES: tl.constexpr,
+    # fmt: on
+):
+    """The chain's gradients, BLOCK_M rows at a time (a whole row in BLOCK_N): the sums
+    over rows of a [S] input's gradient are kept per program and stored at the end."""
+    pid = tl.program_id(0)
+    offs_s = tl.arange(0, BLOCK_N)
+    mask_s = offs_s < S
+    for block in range(pid, tl.cdiv(Q, BLOCK_M), tl.num_programs(0)):
+        offs_q = block * BLOCK_M + tl.arange(0, BLOCK_M)
+        if INT64:
+            offs_q = offs_q.to(tl.int64)
+        mask_q = offs_q < Q
+        in_bounds = mask_q[:, None] & mask_s[None, :]
+        flat = offs_q[:, None] * S + offs_s[None, :]
+        # The forward again, in fp32, then the gradient back through it.
+        fwd_0 = tl.load(
+            scores_ptr + offs_q[:, None] * stride_scores_q + offs_s[None, :] * stride_scores_s,
+            mask=in_bounds,
+            other=0.0,
+        ).to(tl.float32)
+        row_scores = fwd_0 * 0.125
+        mask = tl.load(
+            mask_ptr + offs_q[:, None] * stride_mask_q + offs_s[None, :] * stride_mask_s,
+            mask=in_bounds,
+            other=0.0,
+        ).to(tl.float32)
+        row_scores = row_scores + mask
+        row_scores = tl.where(in_bounds, row_scores, float("-inf"))
+        row_max = tl.max(row_scores, axis=1)
+        row_max = tl.where(row_max == float("-inf"), 0.0, row_max)
+        row_exp = tl.exp(row_scores - row_max[:, None])
+        row_den = tl.sum(row_exp, axis=1)
+        row_probs = row_exp / row_den[:, None]
+        grad = tl.load(
+            grad_ptr + offs_q[:, None] * stride_grad_q + offs_s[None, :] * stride_grad_s,
+            mask=in_bounds,
+            other=0.0,
+        ).to(tl.float32)
+        grad = row_probs * (grad - tl.sum(grad * row_probs, axis=1)[:, None])
+        d_mask = grad
+        grad = grad * 0.125
+        d_scores = grad
+        if NEED_MASK:
+            tl.store(d_mask_ptr + flat, d_mask.to(d_mask_ptr.dtype.element_ty), mask=in_bounds)
+        if NEED_SCORES:
+            tl.store(
+                d_scores_ptr + flat, d_scores.to(d_scores_ptr.dtype.element_ty), mask=in_bounds
+            )
+
+
 def masked_softmax(
     scores: torch.Tensor,
     mask: torch.Tensor,
@@ -214,23 +274,39 @@ def masked_softmax(
         y: [..., S] (the leading dims of scores), in the call dtype.
 
     Raises TypeError or ValueError naming the tensor and dim for a wrong type, shape, dtype
-    or device; RuntimeError where an input requires grad (grad mode on): this kernel has no
-    backward. Inside torch.compile it is the custom op fusegen::masked_softmax_eff02e74374f
-    (with `out=` or `config=` given there, an eager call: a graph break).
+    or device. Where an input requires grad (grad mode on), the outputs carry a grad_fn: the
+    backward kernel, then (a matmul chain) cuBLAS for the operands, computing only the
+    gradients asked for; out= and config= are refused there. Inside torch.compile it is the
+    custom op fusegen::masked_softmax_eff02e74374f (with `out=` or `config=` given there, an
+    eager call: a graph break).
     """
+    plain = config is None and out is None
     if torch.compiler.is_compiling():
-        if _OP is not None and config is None and out is None:
+        if torch.is_grad_enabled() and (scores.requires_grad or mask.requires_grad):
+            return _KERNELS.trained((scores, mask), plain)
+        if _OP is not None and plain:
             return _OP(scores, mask)
         return _KERNELS.untraced(scores, mask, out=out, config=config)
     plan = _CALLS.get(_signature(scores, mask)) or _plan(scores, mask)
     if torch.is_grad_enabled() and (scores.requires_grad or mask.requires_grad):
-        _KERNELS.refuse_grad(scores, mask)
+        return _KERNELS.trained((scores, mask), plain)  # the backward kernel's autograd
     if out is None:
         out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
     else:
         _KERNELS.check_out("out", out, plan, (scores, mask))
     if not plan.launches:
         return _KERNELS.without_launch(plan, (out,), (scores, mask))
+    _launch(plan, (scores, mask), (out,), config)
+    return out
+
+
+def _launch(plan, inputs, outputs, config, saved=()):
+    """Launch the kernel for a call's plan on its inputs' and outputs' 2-D views."""
+    (
+        scores,
+        mask,
+    ) = inputs
+    (out,) = outputs
     args = (
         scores if scores.dim() == 2 else scores.reshape(-1, scores.shape[-1]),
         mask if mask.dim() == 2 else mask.reshape(-1, mask.shape[-1]),
@@ -238,7 +314,6 @@ def masked_softmax(
         *plan.tail,
     )
     _KERNELS.launch(plan, args, config)
-    return out
 
 
 def last_launch() -> dict:
@@ -294,6 +369,8 @@ _KERNELS = _rt.Kernels(
     dims=("Q", "S"),
     tune_key=["ROWS_BUCKET", "S", "stride_scores_s", "stride_mask_s"],
     op_name="masked_softmax_eff02e74374f",
+    backward=(("mask", 1, "full"), ("scores", 0, "full")),
+    backward_reads=(0, 1),
     rowwise=True,
     no_gpu_reference=True,
 )

@@ -311,27 +311,154 @@ def test_repeated_calls_agree(monkeypatch):
             torch.testing.assert_close(got, first, rtol=0, atol=0, equal_nan=True)
 
 
-def test_refuses_inputs_that_require_grad():
-    # The kernel has no backward: an output without a grad_fn would silently leave the
-    # inputs that ask for gradients untrained. Inference runs as before.
-    dtype, seed, sizes = DTYPES[0], new_seed(), {**SIZES, **CASES[0]}
+def poisoned_empty(monkeypatch):
+    """torch.empty filling floating tensors with NaN: a gradient element (or a partial
+    sum) the backward does not write fails the comparison."""
+    empty = torch.empty
+
+    def poisoned(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", poisoned)
+
+
+def upstream_grads(results, seed):
+    generator = torch.Generator().manual_seed(seed + 1)
+    return [torch.randn(r.shape, generator=generator).to(r.dtype).to(DEVICE) for r in results]
+
+
+def check_grads(got, inputs, upstream, asked, dtype, seed):
+    """Each asked input's gradient against autograd through the reference in float64.
+    Norm-wise, its error may be at most twice that of the same chain run one PyTorch op
+    at a time in the call's dtype (eager), plus four roundings of the result; and no
+    element may be off by more than 8x eager's worst one plus an eighth of the largest:
+    a kink (relu's at 0) turns the rounding of a saved value into a jump, at elements
+    other than eager's (docs/tolerances.md, "Gradients")."""
+    exact = {n: t.detach().double().requires_grad_(n in asked) for n, t in inputs.items()}
+    eager = {n: t.detach().requires_grad_(n in asked) for n, t in inputs.items()}
+
+    def autograd(results, leaves, grads):
+        # Outputs that depend on no asked input (h, with only a norm's weight asked) drop out.
+        pairs = [(r, g) for r, g in zip(as_tuple(results), grads, strict=True) if r.requires_grad]
+        outputs, grads = zip(*pairs)
+        return torch.autograd.grad(outputs, [leaves[n] for n in asked], grads, allow_unused=True)
+
+    wanted = autograd(
+        kernel.reference(**exact, out_dtype=torch.float64), exact, [g.double() for g in upstream]
+    )
+    plain = autograd(kernel.reference(**eager), eager, upstream)
+    for name, mine, want, theirs in zip(asked, got, wanted, plain, strict=True):
+        want = torch.zeros_like(exact[name]) if want is None else want
+        theirs = torch.zeros_like(eager[name]) if theirs is None else theirs
+        assert mine is not None and mine.shape == inputs[name].shape, (name, mine)
+        assert mine.dtype == inputs[name].dtype, (name, mine.dtype)
+        rounding = OUT_ROUNDING[mine.dtype]
+        scale = want.norm().item() + OUT_TINY[mine.dtype]
+        error = (mine.double() - want).norm().item() / scale
+        eager_error = (theirs.double() - want).norm().item() / scale
+        worst = (mine.double() - want).abs().max().item()
+        eager_worst = (theirs.double() - want).abs().max().item()
+        allowed = 8 * eager_worst + want.abs().max().item() / 8 + OUT_TINY[mine.dtype]
+        if not (error <= 2 * eager_error + 4 * rounding and worst <= allowed):
+            pytest.fail(
+                f"d{name}: norm-wise error {error:.3g} (eager {eager_error:.3g}), worst element "
+                f"{worst:.3g} (allowed {allowed:.3g}); seed {seed}, {dtype}"
+            )
+
+
+def grads_of(inputs, asked, seed, call=None):
+    """Run the launcher (or `call`) on inputs of which `asked` require grad; returns the
+    outputs, the upstream gradients and the asked inputs' gradients."""
+    leaves = {n: t.detach().requires_grad_(n in asked) for n, t in inputs.items()}
+    results = as_tuple((call or kernel.gpt2_mlp_up)(**leaves))
+    assert all(r.requires_grad and r.grad_fn is not None for r in results)
+    upstream = upstream_grads(results, seed)
+    return results, upstream, torch.autograd.grad(results, [leaves[n] for n in asked], upstream)
+
+
+# The inputs that can require grad (a pinned integer or bool input cannot).
+FLOAT_INPUTS = [n for n, spec in INPUTS.items() if spec[1] is None or spec[1].is_floating_point]
+
+
+@pytest.mark.parametrize("case", CASES[:1] if HEAVY else CASES, ids=case_id)
+@pytest.mark.parametrize("dtype", DTYPES[-1:] if HEAVY else DTYPES, ids=dtype_id)
+def test_gradients_match_reference(monkeypatch, dtype, case):
+    # Every input requires grad; the outputs' values are checked as without autograd.
+    seed, sizes = new_seed(), {**SIZES, **case}
     inputs = make_inputs(sizes, dtype, seed)
-    for name in inputs:
-        asking = {n: t.detach().requires_grad_(n == name) for n, t in inputs.items()}
-        with pytest.raises(
-            RuntimeError, match=rf"^gpt2_mlp_up: {name} requires grad, .*torch\.no_grad\(\)"
-        ):
-            kernel.gpt2_mlp_up(**asking)
-    asking = {n: t.detach().requires_grad_() for n, t in inputs.items()}
-    verb = "requires" if len(inputs) == 1 else "require"
-    with pytest.raises(RuntimeError, match=f"^gpt2_mlp_up: {', '.join(inputs)} {verb} grad"):
-        kernel.gpt2_mlp_up(**asking)
-    modes = (torch.no_grad,) if HEAVY else (torch.no_grad, torch.inference_mode)
-    for mode in modes:
-        with mode():
-            results = as_tuple(kernel.gpt2_mlp_up(**asking))
-        assert all(r.grad_fn is None and not r.requires_grad for r in results)
-        check_outputs(results, inputs, dtype, seed, kernel.last_launch())
+    poisoned_empty(monkeypatch)
+    results, upstream, got = grads_of(inputs, FLOAT_INPUTS, seed)
+    launch = kernel.last_launch()
+    assert not launch["source"].startswith("reference"), f"the kernel did not run: {launch}"
+    check_outputs([r.detach() for r in results], inputs, dtype, seed, launch)
+    check_grads(got, inputs, upstream, FLOAT_INPUTS, dtype, seed)
+
+
+@pytest.mark.skipif(HEAVY, reason="the interpreter runs this spec's large weights slowly")
+@pytest.mark.parametrize("layout", ["batched", "strided"])
+def test_gradients_of_batched_and_strided_inputs(monkeypatch, layout):
+    seed, sizes = new_seed(), {**SIZES, **CASES[-1]}
+    lead = None
+    if layout == "batched":
+        if kernel.DIMS[ROW] is not None or not any(spec[3] for spec in INPUTS.values()):
+            pytest.skip("no input takes batch dims")
+        sizes[ROW], lead = 6, [2, 3]
+    inputs = make_inputs(sizes, DTYPES[-1], seed, lead=lead)
+    if layout == "strided":
+        inputs = {n: t.T.contiguous().T if t.dim() == 2 else t for n, t in inputs.items()}
+    poisoned_empty(monkeypatch)
+    _, upstream, got = grads_of(inputs, FLOAT_INPUTS, seed)
+    check_grads(got, inputs, upstream, FLOAT_INPUTS, DTYPES[-1], seed)
+
+
+@pytest.mark.skipif(
+    HEAVY and len(FLOAT_INPUTS) > 2, reason="the interpreter runs this spec's large weights slowly"
+)
+def test_only_the_asked_gradients_are_computed(monkeypatch):
+    # One input at a time requires grad: its gradient is right, and a matmul chain runs
+    # only the matmuls it needs (a frozen weight costs no weight gradient).
+    dtype, seed, sizes = DTYPES[-1], new_seed(), {**SIZES, **CASES[0]}
+    inputs = make_inputs(sizes, dtype, seed)
+    mm = torch.mm
+    for name in FLOAT_INPUTS[:1] if HEAVY else FLOAT_INPUTS:
+        calls = []
+        monkeypatch.setattr(torch, "mm", lambda *a, **k: calls.append(1) or mm(*a, **k))
+        _, upstream, got = grads_of(inputs, [name], seed)
+        monkeypatch.setattr(torch, "mm", mm)
+        check_grads(got, inputs, upstream, [name], dtype, seed)
+        expected = 1 if name == "x" else int(name in MATMUL_OPERANDS)
+        assert len(calls) == expected, (name, len(calls))
+
+
+@pytest.mark.skipif(HEAVY, reason="the interpreter runs this spec's large weights slowly")
+def test_gradients_inside_torch_compile_and_checkpointing():
+    # fullgraph=True holds with autograd (the training op and its backward are custom
+    # ops), and activation checkpointing recomputes the forward: the same gradients.
+    torch._dynamo.reset()
+    dtype, seed, sizes = DTYPES[-1], new_seed(), {**SIZES, **CASES[0]}
+    inputs = make_inputs(sizes, dtype, seed)
+    _, upstream, eager = grads_of(inputs, FLOAT_INPUTS, seed)
+
+    def model(**tensors):
+        return as_tuple(kernel.gpt2_mlp_up(**tensors))
+
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    _, _, traced = grads_of(inputs, FLOAT_INPUTS, seed, call=compiled)
+
+    def checkpointed(**tensors):
+        return torch.utils.checkpoint.checkpoint(model, use_reentrant=False, **tensors)
+
+    _, _, recomputed = grads_of(inputs, FLOAT_INPUTS, seed, call=checkpointed)
+    for mine, theirs, again in zip(eager, traced, recomputed, strict=True):
+        torch.testing.assert_close(theirs, mine, rtol=0, atol=0)
+        torch.testing.assert_close(again, mine, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="out= and config= are for calls without autograd"):
+        kernel.gpt2_mlp_up(
+            **{n: t.detach().requires_grad_() for n, t in inputs.items()},
+            config=kernel.DEFAULT_CONFIG,
+        )
+    torch._dynamo.reset()
 
 
 @pytest.mark.skipif(torch.float32 not in DTYPES, reason="the spec allows no fp32 call")
@@ -395,11 +522,6 @@ def test_runs_inside_torch_compile():
     assert all(r is b for r, b in zip(results, buffers.values(), strict=True))
     check_outputs(results, inputs, dtype, seed, kernel.last_launch())
 
-    # Inputs that require grad are refused when traced, as in eager mode.
-    first = next(iter(inputs))
-    asking = {**inputs, first: inputs[first].detach().requires_grad_()}
-    with pytest.raises(Exception, match=rf"gpt2_mlp_up: {first} requires grad"):
-        torch.compile(model, backend="aot_eager", fullgraph=True)(**asking)
     torch._dynamo.reset()
 
 

@@ -448,6 +448,59 @@ def test_generated_tests_catch_a_broken_kernel(zoo, tmp_path, module, old, new, 
     assert "outside the bound" in result.stdout
 
 
+# The backward kernels, broken the ways a hand-written derivative goes wrong: each must
+# fail the generated gradient test.
+BACKWARD_MUTATIONS = [
+    ("act_silu", "return s * (1.0 + x * (1.0 - s))", "return s", "a derivative's term dropped"),
+    (
+        "mm_broadcasts",
+        "d_d = -grad * fwd_5",
+        "d_d = grad * fwd_5",
+        "a divisor's gradient with the wrong sign",
+    ),
+    ("mm_broadcasts", "    d_b = grad\n", "    d_b = grad * 0.0\n", "a missing dbias"),
+    ("mm_gate_full", "grad_gate = grad * fwd_2", "grad_gate = grad", "a gate's branch not multiplied"),
+    (
+        "row_rmsnorm_plain",
+        "row_gw - row_xhat * (tl.sum(row_gw * row_xhat, axis=1) / N)[:, None]",
+        "row_gw",
+        "an rmsnorm backward without its projection term",
+    ),
+    (
+        "row_softmax",
+        "row_probs * (grad - tl.sum(grad * row_probs, axis=1)[:, None])",
+        "row_probs * grad",
+        "a softmax backward without the row sum",
+    ),
+    (
+        "row_bias_gelu_layernorm",
+        "- (tl.sum(row_gw, axis=1) / N)[:, None]",
+        "- 0.0",
+        "a layernorm backward without the mean term",
+    ),
+    (
+        "row_bias_gelu_layernorm",
+        "d_b_total += tl.sum(tl.where(in_bounds, d_b, 0.0), axis=0)",
+        "d_b_total = tl.sum(tl.where(in_bounds, d_b, 0.0), axis=0)",
+        "a weight gradient keeping only a program's last row block",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "module, old, new, why", BACKWARD_MUTATIONS, ids=[m[3] for m in BACKWARD_MUTATIONS]
+)
+def test_gradient_tests_catch_a_broken_backward(zoo, tmp_path, module, old, new, why):
+    shutil.copy(zoo / f"test_{module}.py", tmp_path)
+    shutil.copy(zoo / codegen.RUNTIME_FILE, tmp_path)
+    text = (zoo / f"{module}.py").read_text()
+    assert old in text, f"mutation target missing: {old}"
+    (tmp_path / f"{module}.py").write_text(text.replace(old, new))
+    result = run_pytest(tmp_path, f"test_{module}.py", "-k", "gradients_match_reference")
+    assert result.returncode == 1, f"{why} went unnoticed:\n{result.stdout[-3000:]}"
+    assert "norm-wise error" in result.stdout
+
+
 @pytest.mark.parametrize("name", ["mm_broadcasts", "mm_transposed_a", "mm_gate_full"])
 def test_small_tiles_on_the_tma_path(zoo, name, monkeypatch):
     """The persistent TMA kernel with many small tiles per program: descriptor loads

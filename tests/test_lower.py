@@ -55,6 +55,7 @@ def test_examples_lower():
         "gpt2_attn_out",
         "llama_mlp_gate_up",
         "llama_add_rmsnorm",
+        "llama_rmsnorm",
     ]
     llama = loaded.kernels[-2]
     assert llama.kind == "matmul" and isinstance(llama.steps[-1], Gate)

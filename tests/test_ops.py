@@ -147,3 +147,73 @@ def test_fast_error_bound_holds(name):
     for rel in (-ops.TANH_APPROX, ops.TANH_APPROX):
         moved = fast_form(act, lambda z, rel=rel: torch.tanh(z) * (1 + rel))(v)
         assert ((moved - y).abs() <= allowed * (1 + 1e-9) + 1e-300).all()
+
+
+class _TlGrad(_Tl):
+    """More of triton.language, for the derivative helpers (float64 torch tensors)."""
+
+    erf = staticmethod(torch.special.erf)
+    sigmoid = staticmethod(torch.sigmoid)
+    float32 = torch.float64
+
+    @staticmethod
+    def maximum(a, b):
+        return torch.clamp(a, min=b)
+
+    @staticmethod
+    def full(shape, value, dtype):
+        return torch.full(shape, value, dtype=dtype)
+
+    @staticmethod
+    def where(cond, a, b):
+        # Python numbers as float64 (torch.where would take them as float32).
+        return torch.where(cond, *(torch.as_tensor(v, dtype=torch.float64) for v in (a, b)))
+
+
+def grad_form(act, params):
+    """The activation's Triton derivative helper as a Python function on float64."""
+    names = ["x"] + [p.helper_arg for p in act.params]
+    source = f"def f({', '.join(names)}):\n" + "".join(f"    {line}\n" for line in act.grad)
+    namespace = {"tl": _TlGrad}
+    exec(source, namespace)  # noqa: S102 - the registry's own text
+    values = [params.get(p.name, p.default) for p in act.params]
+    return lambda x: namespace["f"](x, *values)
+
+
+@pytest.mark.parametrize("name", sorted(ops.ACTIVATIONS))
+def test_derivatives_match_autograd(name):
+    """Both derivative forms (the Triton helper's and torch's) equal autograd's derivative
+    of the independent definition, away from kinks, and PyTorch's own backward at them
+    (relu at 0, clamp at its bounds, hardswish at +-3), which the tests compare against."""
+    act = ops.ACTIVATIONS[name]
+    params = PARAMS.get(name, {})
+    x = torch.linspace(-8, 8, 16001, dtype=torch.float64)
+    x = torch.cat([x, torch.tensor([-3.0, 0.0, 3.0, -1.5, 2.5], dtype=torch.float64)])
+    leaf = x.clone().requires_grad_()
+    (independent,) = torch.autograd.grad(INDEPENDENT[name](leaf, params).sum(), [leaf])
+    leaf = x.clone().requires_grad_()
+    (pytorch,) = torch.autograd.grad(torch_form(act, leaf, params).sum(), [leaf])
+    expr = act.grad_torch.format(v="x", **{k: repr(float(v)) for k, v in params.items()})
+    registry_torch = eval(expr, {"torch": torch, "F": F, "x": x})  # noqa: S307
+    registry_triton = grad_form(act, params)(x)
+    kinks = {0.0, -3.0, 3.0, params.get("min"), params.get("max")}
+    smooth = ~torch.isin(x, torch.tensor([k for k in kinks if k is not None], dtype=x.dtype))
+    for form in (registry_torch, registry_triton):
+        form = torch.as_tensor(form, dtype=torch.float64).expand_as(x)
+        torch.testing.assert_close(form[smooth], independent[smooth], rtol=1e-9, atol=1e-9)
+        # PyTorch's float64 backwards hold some constants in fp32 (hardsigmoid's 1/6).
+        torch.testing.assert_close(form, pytorch, rtol=1e-7, atol=1e-9)
+
+
+def test_binary_derivatives():
+    """add, sub, mul, div: the value's and the operand's gradient, against autograd."""
+    generator = torch.Generator().manual_seed(0)
+    v, r, g = (torch.randn(50, generator=generator, dtype=torch.float64) for _ in range(3))
+    r = r.sign() * (0.5 + r.abs())
+    for b in ops.BINARY.values():
+        leaves = [v.clone().requires_grad_(), r.clone().requires_grad_()]
+        forward = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div}
+        dv, dr = torch.autograd.grad(forward[b.name](*leaves), leaves, g)
+        scope = {"g": g, "v": v, "r": r}
+        torch.testing.assert_close(eval(b.grad_value, scope), dv)  # noqa: S307
+        torch.testing.assert_close(eval(b.grad_operand, scope), dr)  # noqa: S307
