@@ -215,7 +215,26 @@ def tile_backward(kernel: Kernel) -> dict:
         outs.append(out)
         stores.append(f"if {out.need}:")
         stores.append("    " + _store_tile(kernel, out, f"d_{name}"))
-    return {"loads": loads + rev.forward, "backward": backward, "stores": stores, "grads": outs}
+    forward = _live(loads + rev.forward, backward + stores)
+    return {"loads": forward, "backward": backward, "stores": stores, "grads": outs}
+
+
+def _live(forward: list[str], rest: list[str]) -> list[str]:
+    """`forward` without the assignments no later line reads (a chain's last values, an
+    output the gradient does not need): the compiler drops them too, but a reader and
+    the linters should not see them."""
+    lines = list(forward)
+    while True:
+        kept = []
+        for i, line in enumerate(lines):
+            target = re.match(r"^(\w+) = ", line)
+            later = lines[i + 1 :] + rest
+            used = target and any(re.search(rf"\b{target.group(1)}\b", x) for x in later)
+            if target is None or used:
+                kept.append(line)
+        if len(kept) == len(lines):
+            return kept
+        lines = kept
 
 
 def _store_full(out: GradOut, var: str) -> str:
@@ -416,7 +435,7 @@ def row_backward(kernel: Kernel) -> dict:
         stores += [f"if {out.need}:", f"    {store}"]
     return {
         "totals": totals,
-        "loads": rev.forward,
+        "loads": _live(rev.forward, backward + stores + final),
         "backward": backward,
         "stores": stores,
         "final": final,

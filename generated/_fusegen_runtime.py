@@ -30,7 +30,7 @@ _log = logging.getLogger(__name__)
 
 # sha256 of this file as fusegen wrote it (this line holding a placeholder): the kernel
 # modules beside it name the runtime they were built with by it.
-RUNTIME_HASH = "3c4eb189f7c005a4"
+RUNTIME_HASH = "b0f1c671f4aff9c6"
 # Rows above which tuning skips split-K configs: their partial sums' traffic outgrows
 # what the extra programs win.
 SPLIT_K_MAX_ROWS = 256
@@ -1256,7 +1256,7 @@ class Kernels:
         def add(index, grad):
             found[index] = grad if found[index] is None else found[index] + grad
 
-        for (name, index, kind), buffer in zip(self.grads, buffers, strict=True):
+        for (_, index, kind), buffer in zip(self.grads, buffers, strict=True):
             if index >= 0 and needs[index]:
                 grad = buffer if kind == "full" else buffer.sum(0).to(inputs[index].dtype)
                 add(index, grad.view(inputs[index].shape))
@@ -1329,7 +1329,8 @@ class Kernels:
                 f"fusegen::{backward_name}",
                 lambda grads, inputs, saved, needs: self.backward(grads, inputs, saved, needs),
                 mutates_args=(),
-                schema="(Tensor[] grads, Tensor[] inputs, Tensor[] saved, bool[] needs) -> Tensor[]",
+                schema="(Tensor[] grads, Tensor[] inputs, Tensor[] saved, bool[] needs) "
+                "-> Tensor[]",
             )
 
             @train.register_fake

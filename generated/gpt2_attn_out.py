@@ -37,7 +37,7 @@ def _runtime(digest):
     return sys.modules[name]
 
 
-_rt = _runtime("3c4eb189f7c005a4")
+_rt = _runtime("b0f1c671f4aff9c6")
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
 DIMS = {"M": None, "K": 768, "N": 768}
@@ -341,15 +341,6 @@ def _gpt2_attn_out_kernel_backward(
     in_bounds = mask_m[:, None] & mask_n[None, :]
     flat = offs_m[:, None] * N + offs_n[None, :]
     # The forward again in fp32, from the saved accumulators; the gradient back.
-    fwd_0 = tl.load(pre_ptr + flat, mask=in_bounds, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + offs_n * stride_b_n, mask=mask_n, other=0.0).to(tl.float32)
-    fwd_1 = fwd_0 + b[None, :]
-    residual = tl.load(
-        residual_ptr + offs_m[:, None] * stride_residual_m + offs_n[None, :] * stride_residual_n,
-        mask=in_bounds,
-        other=0.0,
-    ).to(tl.float32)
-    fwd_2 = fwd_1 + residual
     grad = tl.load(
         grad_ptr + offs_m[:, None] * stride_grad_m + offs_n[None, :] * stride_grad_n,
         mask=in_bounds,

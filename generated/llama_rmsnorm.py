@@ -38,7 +38,7 @@ def _runtime(digest):
     return sys.modules[name]
 
 
-_rt = _runtime("3c4eb189f7c005a4")
+_rt = _runtime("b0f1c671f4aff9c6")
 _align = _rt.align  # the ALIGN heuristic's
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
@@ -199,7 +199,6 @@ def _llama_rmsnorm_kernel_backward(
         weight = tl.load(weight_ptr + offs_n * stride_weight_n, mask=mask_n, other=0.0).to(
             tl.float32
         )
-        row_y = row_xhat * weight[None, :]
         grad = tl.load(
             grad_ptr + offs_m[:, None] * stride_grad_m + offs_n[None, :] * stride_grad_n,
             mask=in_bounds,

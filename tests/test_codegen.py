@@ -224,7 +224,7 @@ def test_kernel_modules_are_short(path):
         for node in ast.parse(text).body
         if isinstance(node, ast.FunctionDef) and node.name.endswith(("_backward", "_grad"))
     )
-    assert len(text.splitlines()) - backward <= (510 if "tl.dot(" in text else 370)
+    assert len(text.splitlines()) - backward <= (510 if "tl.dot(" in text else 375)
     assert backward <= 90
     # Config spaces print a config a row.
     space = text.split("CONFIGS = _rt.configs(_SETTINGS, [\n")[1].split("])")[0]

@@ -459,7 +459,12 @@ BACKWARD_MUTATIONS = [
         "a divisor's gradient with the wrong sign",
     ),
     ("mm_broadcasts", "    d_b = grad\n", "    d_b = grad * 0.0\n", "a missing dbias"),
-    ("mm_gate_full", "grad_gate = grad * fwd_2", "grad_gate = grad", "a gate's branch not multiplied"),
+    (
+        "mm_gate_full",
+        "grad_gate = grad * fwd_2",
+        "grad_gate = grad",
+        "a gate's branch not multiplied",
+    ),
     (
         "row_rmsnorm_plain",
         "row_gw - row_xhat * (tl.sum(row_gw * row_xhat, axis=1) / N)[:, None]",
