@@ -315,7 +315,10 @@ def row_op(kernel: Kernel, step: RowStep, u: str, rev: _Reverse) -> tuple[str, l
             )
             fwd.append("row_xhat = row_x * row_rstd[:, None]")
         else:
+            first = f"tl.sum(tl.where({naming.offs(kernel.col)}[None, :] == 0, row_x, 0.0), axis=1)"
             fwd += [
+                "# Around the row's first element, as the forward: a constant row gives 0.",
+                f"row_x = tl.where(in_bounds, row_x - {first}[:, None], 0.0)",
                 f"row_mean = tl.sum(row_x, axis=1) / {n}",
                 "row_dev = tl.where(in_bounds, row_x - row_mean[:, None], 0.0)",
                 "row_rstd = tl.rsqrt("

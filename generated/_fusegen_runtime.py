@@ -30,7 +30,7 @@ _log = logging.getLogger(__name__)
 
 # sha256 of this file as fusegen wrote it (this line holding a placeholder): the kernel
 # modules beside it name the runtime they were built with by it.
-RUNTIME_HASH = "b0f1c671f4aff9c6"
+RUNTIME_HASH = "eb1d4a844b236965"
 # Rows above which tuning skips split-K configs: their partial sums' traffic outgrows
 # what the extra programs win.
 SPLIT_K_MAX_ROWS = 256
@@ -1201,9 +1201,17 @@ class Kernels:
             for _ in range(self.saves)
         )
         if plan.launches:
-            self.module["_launch"](
-                plan.saving() if self.saves else plan, inputs, outputs, None, saved
-            )
+            train = plan.saving() if self.saves else plan
+            try:
+                self.module["_launch"](train, inputs, outputs, None, saved)
+            except triton.runtime.errors.OutOfResources as exc:
+                if train.path == "pointer":
+                    raise
+                # The stores of the accumulators take shared memory of their own (a
+                # layout conversion), which a TMA config tuned for inference may lack.
+                self.log_once("save-pre", "training forwards take the pointer kernel: %s", exc)
+                train.path, train.ready = "pointer", {}
+                self.module["_launch"](train, inputs, outputs, None, saved)
         else:
             self.without_launch(plan, outputs, inputs)  # the backward takes the reference's too
         results = (*outputs, *saved)
@@ -1216,14 +1224,8 @@ class Kernels:
         plan = self.call_plan(inputs)
         dims = dict(zip(self.module["DIMS"], plan.tail, strict=False))
         rows, cols = dims[self.dims[0]], dims[self.dims[1]]
-        if not plan.launches or (self.rowwise and cols > ROW_BACKWARD_MAX_COLS):
-            if plan.launches:
-                self.log_once(
-                    "long-rows",
-                    "rows over %d columns: the backward runs the reference's autograd",
-                    ROW_BACKWARD_MAX_COLS,
-                )
-            return self.reference_grads(grads, inputs, needs)
+        if not self.backward_launches(inputs):
+            return self.reference_grads(grads, inputs, needs)  # traced: see training_ops
         views = self.module["_checked"](*inputs)[2]
         config, grid, blocks = self.backward_launch(rows, cols, plan.device)
         incoming = [
@@ -1275,17 +1277,37 @@ class Kernels:
             for g, t in zip(found, inputs, strict=True)
         ]
 
+    def backward_launches(self, inputs):
+        """Whether the backward kernel runs for these inputs: a Triton device, something
+        to compute, and (a row chain) rows that fit in BLOCK_N; else the reference's
+        autograd computes the gradients (logged once for long rows)."""
+        plan = self.call_plan(inputs)
+        if not plan.launches:
+            return False
+        cols = dict(zip(self.module["DIMS"], plan.tail, strict=False))[self.dims[1]]
+        if self.rowwise and cols > ROW_BACKWARD_MAX_COLS:
+            self.log_once(
+                "long-rows",
+                "rows over %d columns: the backward runs the reference's autograd",
+                ROW_BACKWARD_MAX_COLS,
+            )
+            return False
+        return True
+
     def backward_launch(self, rows, cols, device):
         """(config, grid, (row blocks, column blocks)) for the backward kernel: a tile
         kernel's fixed tiles, or a row kernel's whole row in BLOCK_N, its programs
         looping over row blocks (a few per SM: its [cols] sums are stored per program)."""
         interpreted = self.interpreted()
         if self.rowwise:
+            # Measured on an H200 (benchmarks/backward_configs.py): 8192-element blocks on
+            # 4 warps, and more programs per SM the shorter the row (16 for 1024 columns).
             block_n = triton.next_power_of_2(cols)
-            block_m = max(1, min(16, (8192 if interpreted else 2048) // block_n))
-            warps = 4 if block_m * block_n < 2048 else 8 if block_m * block_n < 8192 else 16
+            block_m = max(1, min(16, 8192 // block_n))
+            warps = 4 if block_m * block_n <= 8192 else 8 if block_n < 16384 else 16
             programs = triton.cdiv(rows, block_m)
-            programs = min(programs, 2 if interpreted else 2 * self.device_facts(device)[1])
+            per_sm = max(2, 16384 // block_n)
+            programs = min(programs, 2 if interpreted else per_sm * self.device_facts(device)[1])
             config = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps}
             return config, (programs,), (programs, 1)
         config = dict(self.backward_config or {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8})
@@ -1303,8 +1325,10 @@ class Kernels:
             ]
             outputs = self.module["reference"](*leaves)
             outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+            # An output that depends on no asked input (h, with only a norm's weight) drops out.
+            pairs = [(o, g) for o, g in zip(outputs, grads, strict=True) if o.requires_grad]
             wanted = [t for t, n in zip(leaves, needs, strict=True) if n]
-            found = iter(torch.autograd.grad(outputs, wanted, grads, allow_unused=True))
+            found = iter(torch.autograd.grad(*zip(*pairs, strict=True), wanted, allow_unused=True))
         grads = [next(found) if n else None for n in needs]
         return [
             (g if g is not None else torch.zeros_like(t)).contiguous() if n else t.new_empty(0)
@@ -1367,7 +1391,12 @@ class Kernels:
                     )
                 ]
                 needs = [bool(n) for n in ctx.needs_input_grad]
-                found = self.backward_op(grads, list(saved[:count]), list(saved[count:]), needs)
+                inputs = list(saved[:count])
+                if not torch.compiler.is_compiling() and not self.backward_launches(inputs):
+                    # Autograd is off inside a custom op: the reference's runs out here.
+                    found = self.reference_grads(grads, inputs, needs)
+                    return tuple(g if n else None for g, n in zip(found, needs, strict=True))
+                found = self.backward_op(grads, inputs, list(saved[count:]), needs)
                 return tuple(g if n else None for g, n in zip(found, needs, strict=True))
 
             train.register_autograd(differentiate, setup_context=setup)

@@ -489,6 +489,18 @@ def test_runs_inside_torch_compile():
     torch._dynamo.reset()
 
 
+def test_gradients_fall_back_without_gpu(monkeypatch):
+    # Not on a GPU and the interpreter off: autograd through the reference, outside the
+    # custom op (autograd is off inside one).
+    monkeypatch.setattr(kernel._KERNELS, "runs_triton", lambda device: False)
+    monkeypatch.setattr(kernel, "_CALLS", {})
+    dtype, seed, sizes = DTYPES[-1], new_seed(), {**SIZES, **CASES[0]}
+    inputs = make_inputs(sizes, dtype, seed)
+    for asked in (FLOAT_INPUTS, FLOAT_INPUTS[-1:]):
+        _, upstream, got = grads_of(inputs, asked, seed)
+        check_grads(got, inputs, upstream, asked, dtype, seed)
+
+
 def test_falls_back_without_gpu(monkeypatch):
     # Not on a GPU and the interpreter off: the reference runs.
     monkeypatch.setattr(kernel._KERNELS, "runs_triton", lambda device: False)

@@ -1,0 +1,356 @@
+"""A training step of transformers' LlamaForCausalLM (LLaMA-3-8B dims, random init, bf16)
+with its MLP gate/up projection and its RMSNorms swapped for the generated kernels
+(llama_mlp_gate_up, llama_add_rmsnorm, llama_rmsnorm in generated/), against the model as
+transformers runs it: the generated modules used the way a real client would use them.
+
+Gradients: one step (forward, cross-entropy on random labels, backward) on the same weights
+and tokens, unpatched in bf16, patched in bf16 and unpatched in float64. Each parameter's
+gradient error is ||g - g64|| / ||g64||; the patched model passes where its error is at
+most 2x the unpatched bf16 model's (+ 1e-6 for gradients of about 0). Exit status 1 if any
+parameter fails, lacks a gradient, or the patch did not run the kernels.
+Time: the median step (forward + loss + backward, and an inference forward) of both models,
+eager and under torch.compile (a failing compile is reported, not raised).
+
+    python3 benchmarks/llama_training_step.py [--batch 4] [--seq 1024] [--layers 2]
+        [--steps 10] [--no-compile] [--out FILE.json]
+
+Needs torch, triton and transformers; --device cpu --vocab 512 with TRITON_INTERPRET=1 is a
+slow smoke test without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import inspect
+import json
+import re
+import statistics
+import sys
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "generated"))
+
+EPS = 1e-5  # the generated kernels' eps (specs/llama.yaml)
+FLOOR = 1e-6  # slack for gradients of about 0, whose relative errors are noise
+WARMUP = 3
+
+
+def load_kernels() -> dict:
+    import llama_add_rmsnorm
+    import llama_mlp_gate_up
+    import llama_rmsnorm
+
+    return {m.__name__: m for m in (llama_mlp_gate_up, llama_add_rmsnorm, llama_rmsnorm)}
+
+
+def build_model(args):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        num_hidden_layers=args.layers,
+        vocab_size=args.vocab,
+        rms_norm_eps=EPS,
+        max_position_embeddings=max(8192, args.seq),
+        mlp_bias=False,
+        hidden_act="silu",
+    )
+    torch.manual_seed(0)
+    with torch.device(args.device):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    with torch.no_grad():  # not all ones, so that a norm dropping its weight shows
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.add_(0.1 * torch.randn_like(param))
+    return model.train()
+
+
+def layer_returns_tuple() -> bool:
+    """Decoder layers return (hidden_states, ...) before transformers 4.54, the tensor since."""
+    import transformers
+
+    return tuple(int(p) for p in re.findall(r"\d+", transformers.__version__)[:2]) < (4, 54)
+
+
+def counted(name, launcher, counts):
+    def call(*args):
+        if not torch.compiler.is_compiling():  # counts eager calls, not traces
+            counts[name] += 1
+        return launcher(*args)
+
+    return call
+
+
+def patch(model, launchers: dict) -> None:
+    """Swap, on this model's instances only, HF's LlamaMLP gate/up, its RMSNorms and each
+    layer's residual add + post-attention norm for the generated kernels."""
+    config = model.config
+    if getattr(config, "mlp_bias", False) or config.hidden_act != "silu":
+        raise ValueError("llama_mlp_gate_up is silu(x @ w_gate.T) * (x @ w_up.T), no bias")
+    rmsnorm, add_rmsnorm = launchers["llama_rmsnorm"], launchers["llama_add_rmsnorm"]
+    gate_up = launchers["llama_mlp_gate_up"]
+    returns_tuple = layer_returns_tuple()
+
+    def patch_norm(norm):
+        if norm.variance_epsilon != EPS:
+            raise ValueError(f"eps {norm.variance_epsilon}: the kernels' is {EPS}")
+        norm.forward = lambda x: rmsnorm(x, norm.weight)
+
+    def patch_mlp(mlp):
+        mlp.forward = lambda x: mlp.down_proj(gate_up(x, mlp.gate_proj.weight, mlp.up_proj.weight))
+
+    def patch_layer(layer):
+        # The layer hands its arguments to self_attn by the same names in every version
+        # (past_key_value, past_key_values or cache...), so pass on whatever it is given.
+        params = inspect.signature(layer.forward).parameters.values()
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        names = [p.name for p in params if p.kind in kinds][1:]  # after hidden_states
+
+        def forward(hidden_states, *args, **kwargs):
+            kwargs.update(zip(names, args, strict=False))
+            attention = layer.self_attn(
+                hidden_states=layer.input_layernorm(hidden_states), **kwargs
+            )
+            normed, h = add_rmsnorm(
+                attention[0], hidden_states, layer.post_attention_layernorm.weight
+            )
+            out = h + layer.mlp(normed)
+            if not returns_tuple:
+                return out
+            return (out, attention[1]) if kwargs.get("output_attentions") else (out,)
+
+        layer.forward = forward
+
+    for layer in model.model.layers:
+        patch_layer(layer)
+        patch_norm(layer.input_layernorm)
+        patch_mlp(layer.mlp)
+    patch_norm(model.model.norm)
+
+
+def loss_of(model, ids, labels):
+    logits = model(input_ids=ids, use_cache=False).logits.flatten(0, 1)
+    # bf16 logits upcast to fp32 as HF's own loss does; float64 ones stay float64
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(logits, labels.flatten())
+
+
+def logits_of(model, ids):
+    return model(input_ids=ids, use_cache=False).logits
+
+
+def gradient_step(model, ids, labels) -> tuple[float, dict]:
+    model.zero_grad(set_to_none=True)
+    loss = loss_of(model, ids, labels)
+    loss.backward()
+    return loss.item(), {name: p.grad for name, p in model.named_parameters()}
+
+
+def relative_error(grad, grad64) -> float:
+    error, reference = (grad.double() - grad64).norm().item(), grad64.norm().item()
+    return error / reference if reference else error
+
+
+def compare_gradients(eager, fused, ids, labels, counts, modules, layers) -> dict:
+    """One step of each model and of a float64 copy of the unpatched one; each parameter's
+    gradient errors, the losses, and how often the patched step called each launcher."""
+    reference = copy.deepcopy(eager).double()
+    loss64, grads64 = gradient_step(reference, ids, labels)
+    loss_eager, grads_eager = gradient_step(eager, ids, labels)
+    counts.clear()
+    loss_fused, grads_fused = gradient_step(fused, ids, labels)
+    expected = {
+        "llama_rmsnorm": layers + 1,
+        "llama_add_rmsnorm": layers,
+        "llama_mlp_gate_up": layers,
+    }
+    rows, missing = [], []
+    for name, grad64 in grads64.items():
+        grad_eager, grad_fused = grads_eager[name], grads_fused[name]
+        if grad64 is None or grad_eager is None or grad_fused is None:
+            missing.append(name)
+            continue
+        err_eager = relative_error(grad_eager, grad64)
+        err_fused = relative_error(grad_fused, grad64)
+        ok = err_fused <= 2 * err_eager + FLOOR
+        ratio = err_fused / max(err_eager, FLOOR)
+        rows.append(
+            {"param": name, "eager": err_eager, "fused": err_fused, "ratio": ratio, "ok": ok}
+        )
+    del reference, grads64
+    eager.zero_grad(set_to_none=True)
+    fused.zero_grad(set_to_none=True)
+    return {
+        "loss": {"float64": loss64, "eager_bf16": loss_eager, "fused_bf16": loss_fused},
+        "params": rows,
+        "missing_grad": missing,
+        "launcher_calls": dict(counts),
+        "expected_calls": expected,
+        "last_launch": {name: module.last_launch() for name, module in modules.items()},
+        "ok": not missing and all(r["ok"] for r in rows) and dict(counts) == expected,
+    }
+
+
+def median_ms(fn, steps: int, warmup: int, device) -> tuple[float, float]:
+    """(median ms of `steps` calls after `warmup` more, seconds of the first call: a compile)."""
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    times = []
+    for _ in range(warmup + steps):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[warmup:]) * 1e3, times[0]
+
+
+def time_model(model, ids, labels, args, compiled: bool) -> dict:
+    """ms per training step and per inference forward; a failure's message instead."""
+    if compiled:
+        torch._dynamo.reset()  # each variant compiles from scratch
+    train_loss = torch.compile(loss_of) if compiled else loss_of
+    forward = torch.compile(logits_of) if compiled else logits_of
+
+    def train_step():
+        train_loss(model, ids, labels).backward()
+        model.zero_grad(set_to_none=True)
+
+    def infer():
+        with torch.no_grad():
+            forward(model, ids)
+
+    result = {}
+    for key, fn in (("train", train_step), ("infer", infer)):
+        try:
+            result[f"{key}_ms"], result[f"{key}_first_s"] = median_ms(
+                fn, args.steps, args.warmup, ids.device
+            )
+        except Exception as exc:  # a compile failure is a result to report
+            traceback.print_exc()
+            result[f"{key}_ms"] = None
+            result[f"{key}_error"] = f"{type(exc).__name__}: {str(exc)[:400]}"
+            model.zero_grad(set_to_none=True)
+    return result
+
+
+def print_gradients(check: dict) -> None:
+    print("\n## Gradient error vs float64 (||g - g64|| / ||g64||)\n")
+    print("| parameter | eager bf16 | fusegen bf16 | ratio | |")
+    print("| --- | ---: | ---: | ---: | --- |")
+    for r in check["params"]:
+        mark = "ok" if r["ok"] else "FAIL"
+        print(f"| {r['param']} | {r['eager']:.3e} | {r['fused']:.3e} | {r['ratio']:.2f} | {mark} |")
+    worst = max(check["params"], key=lambda r: r["ratio"], default=None)
+    if worst:
+        print(f"\nworst ratio {worst['ratio']:.3f} ({worst['param']}); pass: fusegen <= 2 x eager")
+    if check["missing_grad"]:
+        print("parameters without a gradient:", ", ".join(check["missing_grad"]))
+    loss = check["loss"]
+    print(f"loss: float64 {loss['float64']:.6f}, eager bf16 {loss['eager_bf16']:.6f} "
+          f"({loss['eager_bf16'] - loss['float64']:+.2e}), fusegen bf16 "
+          f"{loss['fused_bf16']:.6f} ({loss['fused_bf16'] - loss['float64']:+.2e})")  # fmt: skip
+    print(f"launcher calls in the patched step: {check['launcher_calls']} "
+          f"(expected {check['expected_calls']})")  # fmt: skip
+    for name, launch in check["last_launch"].items():
+        print(f"  {name}: last launch {launch}")
+    print(f"{'PASS' if check['ok'] else 'FAIL'}: gradients and launcher calls", flush=True)
+
+
+def print_timing(timing: dict) -> None:
+    print("\n## Time (median ms; first call in s: compiling)\n")
+    print("| mode | HF | fusegen | speedup | first call HF, fusegen |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for mode, variants in timing.items():
+        for key in ("train", "infer"):
+            hf, fusegen = variants["hf"], variants["fusegen"]
+            base, fused = hf.get(f"{key}_ms"), fusegen.get(f"{key}_ms")
+            cells = [f"{v:.2f}" if v is not None else "failed" for v in (base, fused)]
+            speedup = f"{base / fused:.3f}x" if base and fused else "-"
+            first = [
+                f"{r[key + '_first_s']:.1f}" if r.get(f"{key}_ms") else "-" for r in (hf, fusegen)
+            ]
+            label = "train step" if key == "train" else "inference forward"
+            print(f"| {mode} {label} | {cells[0]} | {cells[1]} | {speedup} | {', '.join(first)} |")
+    for mode, variants in timing.items():
+        for variant, result in variants.items():
+            for key in ("train", "infer"):
+                if f"{key}_error" in result:
+                    print(f"\n{mode} {variant} {key} failed: {result[f'{key}_error']}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=WARMUP)
+    parser.add_argument("--vocab", type=int, default=128256)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--out", help="write every number here as JSON")
+    args = parser.parse_args()
+
+    import transformers
+    import triton
+
+    modules = load_kernels()
+    counts = Counter()
+    launchers = {name: counted(name, getattr(m, name), counts) for name, m in modules.items()}
+    eager = build_model(args)
+    fused = copy.deepcopy(eager)  # the same weights
+    patch(fused, launchers)
+    torch.manual_seed(1)
+    ids = torch.randint(0, args.vocab, (args.batch, args.seq), device=args.device)
+    labels = torch.randint(0, args.vocab, (args.batch, args.seq), device=args.device)
+    device = ids.device
+    setup = {
+        "batch": args.batch, "seq": args.seq, "rows": args.batch * args.seq,
+        "layers": args.layers, "vocab": args.vocab, "steps": args.steps,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
+        "torch": torch.__version__, "triton": triton.__version__,
+        "transformers": transformers.__version__,
+        "attn_implementation": getattr(eager.config, "_attn_implementation", None),
+    }  # fmt: skip
+    print("# LlamaForCausalLM training step, fusegen kernels vs eager HF\n")
+    print(", ".join(f"{k} {v}" for k, v in setup.items()), flush=True)
+    report = {"setup": setup}
+
+    def save():  # after each stage, so that a run cut short keeps what it measured
+        if args.out:
+            Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+
+    report["gradients"] = check = compare_gradients(
+        eager, fused, ids, labels, counts, modules, args.layers
+    )
+    print_gradients(check)
+    save()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the float64 copy's memory
+    report["timing"] = timing = {}
+    for mode in ("eager",) + (() if args.no_compile else ("compiled",)):
+        timing[mode] = {}
+        for variant, model in (("hf", eager), ("fusegen", fused)):
+            timing[mode][variant] = time_model(model, ids, labels, args, mode == "compiled")
+            print(f"{mode} {variant}: {timing[mode][variant]}", flush=True)
+            save()
+    print_timing(timing)
+    return 0 if check["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
