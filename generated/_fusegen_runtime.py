@@ -30,7 +30,7 @@ _log = logging.getLogger(__name__)
 
 # sha256 of this file as fusegen wrote it (this line holding a placeholder): the kernel
 # modules beside it name the runtime they were built with by it.
-RUNTIME_HASH = "91ab9eff2ab9d8e3"
+RUNTIME_HASH = "74e19b81adabb9bc"
 # Rows above which tuning skips split-K configs: their partial sums' traffic outgrows
 # what the extra programs win.
 SPLIT_K_MAX_ROWS = 256
@@ -404,6 +404,15 @@ def _config_key(config):
 
 
 # -- One module's kernels --------------------------------------------------------------
+
+
+def traced(tensors):
+    """Whether these are torch.compile's stand-ins (fake or functional tensors), as in a
+    traced backward, where torch.compiler.is_compiling() can be False."""
+    if torch.compiler.is_compiling():
+        return True
+    is_fake = getattr(getattr(torch._subclasses, "fake_tensor", None), "is_fake", None)
+    return is_fake is not None and any(is_fake(t) for t in tensors)
 
 
 class _Trained(torch.autograd.Function):
@@ -1224,7 +1233,7 @@ class Kernels:
         ]
         needs = [bool(n) for n in needs]
         inputs = list(saved[:count])
-        if not torch.compiler.is_compiling() and not self.backward_launches(inputs):
+        if not traced(inputs) and not self.backward_launches(inputs):
             # Autograd is off inside a custom op: the reference's runs out here.
             found = self.reference_grads(grads, inputs, needs)
         else:
