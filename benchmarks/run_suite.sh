@@ -32,6 +32,11 @@
 #   tanh-approx        the GPU's tanh.approx.f32 against float64, over every fp32 in [2^-30, 16]
 #   launcher-tuning    the launcher's own first-call tuning of gpt2_mlp_up (no table) at 7,
 #                      16 and 4096 rows: what it picks and how long it takes
+#   training-chains    forward + backward of issue 14's target chains against eager,
+#                      torch.compile and Liger-Kernel (pure Python: carry its wheel), saved memory
+#   llama-training-step  a transformers LLaMA (2 layers, 8B dims) training step with the
+#                      generated kernels swapped in: gradients vs float64, eager and compiled time
+#   backward-configs   the backward kernels over a grid of launch configs (the runtime's defaults)
 # Settings: PYTHON (python3), TEST_WORKERS (8), STEP_TIMEOUT_S per command (1200).
 # Exit status: 0 when every command exited 0, 1 otherwise, 2 for a wrong command line.
 set -u
@@ -39,7 +44,8 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 SUITE=benchmarks/suite.yaml
 STEPS="generated-tests tune-tables tuning-repeat config-space first-calls row-layouts
-launch-cost split-k inspect tanh-approx launcher-tuning"
+launch-cost split-k inspect tanh-approx launcher-tuning training-chains llama-training-step
+backward-configs"
 ANCHOR_SHAPES="8192,4096,14336 4096,1024,4096 16,4096,14336 1000,1000,1000"
 
 listing=$($PYTHON -m fusegen bench --suite "$SUITE" --list) || {
@@ -121,6 +127,12 @@ for name in "${wanted[@]}"; do
         run $PYTHON benchmarks/tanh_approx_error.py ;;
     launcher-tuning)
         run $PYTHON benchmarks/autotune_check.py ;;
+    training-chains)
+        run $PYTHON benchmarks/training_chains.py --out "$out/training_chains.json" ;;
+    llama-training-step)
+        run $PYTHON benchmarks/llama_training_step.py --out "$out/llama_step.json" ;;
+    backward-configs)
+        run $PYTHON benchmarks/backward_configs.py --out "$out/backward_configs.json" ;;
     *)
         run $PYTHON -m fusegen bench --suite "$SUITE" --runs "$name" --out "$out" ;;
     esac

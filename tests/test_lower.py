@@ -57,7 +57,7 @@ def test_examples_lower():
         "llama_add_rmsnorm",
         "llama_rmsnorm",
     ]
-    llama = loaded.kernels[-2]
+    llama = loaded.kernels[-3]
     assert llama.kind == "matmul" and isinstance(llama.steps[-1], Gate)
     assert (llama.matmul.m, llama.matmul.k, llama.matmul.n) == ("M", "K", "N")
     assert llama.matmul.b_transposed and not llama.matmul.a_transposed
