@@ -460,6 +460,7 @@ def kernels_options(kernel: Kernel) -> list[tuple[str, str]]:
         weights_text = tuple_literal([f"({names.index(b)}, {t})" for b, t in bs])
         options.append(("matmul", f"({names.index(mm.a)}, {mm.a_transposed}, {weights_text})"))
     flags = {
+        "recompute": mm is not None and kernel.backward_save == "inputs",
         "reduces": kernel.reduces,
         "rowwise": kernel.row_step is not None,
         "fast_tanh": fast_tanh(kernel),
@@ -660,5 +661,6 @@ def test_context(kernel: Kernel) -> dict:
         "nonfinite_fallback": kernel.fallback_nonfinite == "reference",
         "out_arg_index": views_before_out,
         "weight_count": len(weights(kernel)) if kernel.matmul else 0,
+        "recompute": kernel.matmul is not None and kernel.backward_save == "inputs",
         "matmul_a": f'"{kernel.matmul.a}"' if kernel.matmul else "None",
     }

@@ -146,6 +146,9 @@ class Kernel:
     # The spec's fast_tanh, on nvidia: activations with a tanh.approx form may use it
     # (the launcher decides per call: see kernel_text.fast_tanh).
     fast_tanh: bool = False
+    # What a training forward keeps: "accumulators" (a matmul chain's, SAVE_PRE) or
+    # "inputs" (the backward recomputes a matmul chain's accumulators).
+    backward_save: str = "inputs"
 
     @property
     def kind(self) -> str:

@@ -357,6 +357,13 @@ class _KernelLowerer(ChainLowering):
         if matmul is not None:
             sizes["BLOCK_K"] = dims[matmul.k].size
         cfgs = self._configs(kind, matmul is not None, gated, full, sizes)
+        save = spec.backward.save or ("accumulators" if matmul is not None else "inputs")
+        if save == "accumulators" and matmul is None:
+            self.err(
+                ("backward", "save"),
+                "'accumulators' needs a matmul chain (there are none to keep)",
+                "row and elementwise chains keep their inputs: leave backward.save out",
+            )
         if self.errors or cfgs is None:
             return None
         space, tma_space, default, tma_default = cfgs
@@ -397,6 +404,7 @@ class _KernelLowerer(ChainLowering):
             deterministic=spec.deterministic,
             target=spec.target,
             fast_tanh=spec.fast_tanh and spec.target == "nvidia",
+            backward_save=save,
         )
 
     def _fp32_matmul(self) -> str | None:

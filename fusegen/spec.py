@@ -118,6 +118,19 @@ class AutotuneSpec(_Strict):
 ChainStep = Any
 
 
+class BackwardSpec(_Strict):
+    """What a training call's forward keeps for the backward."""
+
+    save: Literal["accumulators", "inputs"] | None = Field(
+        None,
+        description="'accumulators' (matmul chains' default): the kernel also stores each "
+        "matmul's output before the epilogue (one [rows, cols] store per matmul, no "
+        "recompute); 'inputs': keep only the inputs and recompute the matmuls in the backward "
+        "(cuBLAS: no extra memory, one more matmul per weight). Row and elementwise chains "
+        "always keep their inputs (their backward reads them again)",
+    )
+
+
 class KernelSpec(_Strict):
     """One fused kernel: its dims, inputs and the chain of ops that makes its output."""
 
@@ -141,6 +154,7 @@ class KernelSpec(_Strict):
         "as torch.compile does; on amd: ieee",
     )
     fallback: FallbackSpec = FallbackSpec()
+    backward: BackwardSpec = BackwardSpec()
     autotune: AutotuneSpec | None = None
     fast_tanh: bool = Field(
         True,

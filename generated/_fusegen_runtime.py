@@ -30,7 +30,7 @@ _log = logging.getLogger(__name__)
 
 # sha256 of this file as fusegen wrote it (this line holding a placeholder): the kernel
 # modules beside it name the runtime they were built with by it.
-RUNTIME_HASH = "74e19b81adabb9bc"
+RUNTIME_HASH = "c8be7ca840a95b1b"
 # Rows above which tuning skips split-K configs: their partial sums' traffic outgrows
 # what the extra programs win.
 SPLIT_K_MAX_ROWS = 256
@@ -483,6 +483,7 @@ class Kernels:
         matmul=None,
         backward_config=None,
         reduces=False,
+        recompute=False,
     ):
         self.module, self.name = module, name
         self.paths = {"pointer": pointer, **({"tma": tma} if tma else {})}
@@ -490,9 +491,11 @@ class Kernels:
         self.inputs, self.dims, self.tune_key, self.pinned = inputs, dims, tune_key, pinned or {}
         # What a tuned table's entry keys on, in the order of a plan's key.
         self.key_names = (f"{dims[0]}_bucket", *dims[1:], "dtype", "out_dtype")
-        # In a launch's arguments: the outputs, then a matmul chain's saved accumulators.
-        self.returns, self.saves = outputs, (1 + (weights > 1) if weights else 0)
-        self.outputs = slice(len(inputs), len(inputs) + outputs + self.saves)
+        # In a launch's arguments: the outputs, then a matmul chain's accumulators' buffers
+        # (SAVE_PRE). saves: how many a training forward keeps (0: recompute them).
+        accumulators = 1 + (weights > 1) if weights else 0
+        self.returns, self.saves = outputs, 0 if recompute else accumulators
+        self.outputs = slice(len(inputs), len(inputs) + outputs + accumulators)
         # The backward: (gradient, input index or -1, kind) per gradient its kernel
         # writes; a matmul chain's (a index, a transposed, ((b index, b transposed), ...)).
         self.grads, self.matmul, self.backward_config = backward, matmul, backward_config
@@ -1285,6 +1288,8 @@ class Kernels:
         if not self.backward_launches(inputs):
             return self.reference_grads(grads, inputs, needs)  # traced: see training_ops
         views = self.module["_checked"](*inputs)[2]
+        if self.matmul and not saved:  # backward.save: inputs
+            saved = self.accumulators(views)
         config, grid, blocks = self.backward_launch(rows, cols, plan.device)
         incoming = [
             g.reshape(-1) if i == 0 and self.reduces else g.reshape(-1, cols)
@@ -1334,6 +1339,13 @@ class Kernels:
             g.contiguous() if g is not None else t.new_empty(0)
             for g, t in zip(found, inputs, strict=True)
         ]
+
+    def accumulators(self, views):
+        """A matmul chain's accumulators again (spec backward.save: inputs), by cuBLAS in
+        the call's dtype: what the forward would have saved."""
+        a_index, a_t, weights = self.matmul
+        a = views[a_index].t() if a_t else views[a_index]
+        return [torch.mm(a, views[b].t() if b_t else views[b]) for b, b_t in weights]
 
     def backward_launches(self, inputs):
         """Whether the backward kernel runs for these inputs: a Triton device, something

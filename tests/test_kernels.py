@@ -81,6 +81,17 @@ kernels:
       - gate: {matmul: {a: x, b: w3.T}, bias: b3, activation: sigmoid}
       - add: r
 
+  - name: mm_gate_recompute
+    doc: A GLU whose training forward keeps only its inputs (the backward recomputes).
+    dims: {M: dynamic, K: dynamic, N: dynamic}
+    dtypes: [fp16, fp32]
+    inputs: {x: [M, K], w1: [N, K], w3: [K, N]}
+    chain:
+      - matmul: {a: x, b: w1.T}
+      - silu
+      - gate: {matmul: {a: x, b: w3}}
+    backward: {save: inputs}
+
   - name: mm_static_rows
     doc: A fixed row count with dynamic K and N; no reference fallback without a GPU.
     dims: {M: 48, K: dynamic, N: dynamic}

@@ -401,3 +401,16 @@ def test_row_op_errors(write_spec, steps, message):
         text = text.replace("x: [M, N]", "x: [M, K]")
     found = errors(write_spec, text)
     assert any(message in m for m in found), found
+
+
+def test_backward_save_policy(write_spec):
+    """A matmul chain keeps its accumulators unless the spec says inputs; a chain with no
+    matmul has none to keep, and asking for them is an error naming the field."""
+    (kernel,) = lower(write_spec, rows(["input: x", "rmsnorm"]))
+    assert kernel.backward_save == "inputs"
+    (kernel,) = lower(write_spec, mlp(["matmul: x @ w.T", "silu"]))
+    assert kernel.backward_save == "accumulators"
+    found = errors(
+        write_spec, rows(["input: x", "rmsnorm"]) + "    backward: {save: accumulators}\n"
+    )
+    assert any("'accumulators' needs a matmul chain" in m for m in found), found
