@@ -30,7 +30,7 @@ _log = logging.getLogger(__name__)
 
 # sha256 of this file as fusegen wrote it (this line holding a placeholder): the kernel
 # modules beside it name the runtime they were built with by it.
-RUNTIME_HASH = "c8be7ca840a95b1b"
+RUNTIME_HASH = "044f9ad7a6bbd7ae"
 # Rows above which tuning skips split-K configs: their partial sums' traffic outgrows
 # what the extra programs win.
 SPLIT_K_MAX_ROWS = 256
@@ -404,15 +404,6 @@ def _config_key(config):
 
 
 # -- One module's kernels --------------------------------------------------------------
-
-
-def traced(tensors):
-    """Whether these are torch.compile's stand-ins (fake or functional tensors), as in a
-    traced backward, where torch.compiler.is_compiling() can be False."""
-    if torch.compiler.is_compiling():
-        return True
-    is_fake = getattr(getattr(torch._subclasses, "fake_tensor", None), "is_fake", None)
-    return is_fake is not None and any(is_fake(t) for t in tensors)
 
 
 class _Trained(torch.autograd.Function):
@@ -1235,12 +1226,7 @@ class Kernels:
             for g, (shape, dtype, device) in zip(grads[: self.returns], ctx.outputs, strict=True)
         ]
         needs = [bool(n) for n in needs]
-        inputs = list(saved[:count])
-        if not traced(inputs) and not self.backward_launches(inputs):
-            # Autograd is off inside a custom op: the reference's runs out here.
-            found = self.reference_grads(grads, inputs, needs)
-        else:
-            found = backward(grads, inputs, list(saved[count:]), needs)
+        found = backward(grads, list(saved[:count]), list(saved[count:]), needs)
         return tuple(g if n else None for g, n in zip(found, needs, strict=True))
 
     def call_plan(self, inputs):
@@ -1286,7 +1272,7 @@ class Kernels:
         dims = dict(zip(self.module["DIMS"], plan.tail, strict=False))
         rows, cols = dims[self.dims[0]], dims[self.dims[1]]
         if not self.backward_launches(inputs):
-            return self.reference_grads(grads, inputs, needs)  # traced: see training_ops
+            return self.reference_grads(grads, inputs, needs)
         views = self.module["_checked"](*inputs)[2]
         if self.matmul and not saved:  # backward.save: inputs
             saved = self.accumulators(views)
@@ -1388,22 +1374,28 @@ class Kernels:
         return config, (blocks[0] * blocks[1],), blocks
 
     def reference_grads(self, grads, inputs, needs):
-        """The gradients by autograd through the reference (no GPU, or rows too long)."""
-        with torch.enable_grad():
-            leaves = [
-                t.detach().requires_grad_(bool(n)) for t, n in zip(inputs, needs, strict=True)
-            ]
-            outputs = self.module["reference"](*leaves)
-            outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-            # An output that depends on no asked input (h, with only a norm's weight) drops out.
-            pairs = [(o, g) for o, g in zip(outputs, grads, strict=True) if o.requires_grad]
-            wanted = [t for t, n in zip(leaves, needs, strict=True) if n]
-            outputs, grads = zip(*pairs, strict=True)
-            found = iter(torch.autograd.grad(outputs, wanted, grads, allow_unused=True))
-        grads = [next(found) if n else None for n in needs]
+        """The gradients by the reference's autograd (no GPU, or rows too long), through
+        torch.func.vjp: it works inside a custom op too, where autograd is off (a compiled
+        model's backward op)."""
+        floating = [i for i, t in enumerate(inputs) if t.is_floating_point()]
+
+        def reference(*primals):
+            given = list(inputs)
+            for i, t in zip(floating, primals, strict=True):
+                given[i] = t
+            return self.module["reference"](*given)
+
+        outputs, vjp = torch.func.vjp(reference, *(inputs[i] for i in floating))
+        found = dict(
+            zip(
+                floating, vjp(tuple(grads) if isinstance(outputs, tuple) else grads[0]), strict=True
+            )
+        )
+        # Copies: an add's gradients are one tensor twice, or the incoming gradient itself,
+        # which a custom op may not return.
         return [
-            (g if g is not None else torch.zeros_like(t)).contiguous() if n else t.new_empty(0)
-            for g, t, n in zip(grads, inputs, needs, strict=True)
+            found[i].clone(memory_format=torch.contiguous_format) if n else t.new_empty(0)
+            for i, (t, n) in enumerate(zip(inputs, needs, strict=True))
         ]
 
     def training_ops(self):

@@ -539,3 +539,19 @@ def test_small_tiles_on_the_tma_path(zoo, name, monkeypatch):
     out = getattr(kernel, name)(**inputs, config=TINY["matmul"])
     assert kernel.last_launch()["path"] == "tma"
     tests.check_outputs((out,), inputs, dtype, seed, kernel.last_launch())
+
+
+def test_compiled_gradients_fall_back_without_gpu(zoo, monkeypatch):
+    """No GPU and the interpreter off, inside torch.compile: the backward custom op runs
+    the reference's autograd (torch.func.vjp: autograd itself is off inside a custom op)."""
+    kernel, tests = load(zoo, "row_bias_gelu_layernorm")
+    monkeypatch.setattr(kernel._KERNELS, "runs_triton", lambda device: False)
+    monkeypatch.setattr(kernel, "_CALLS", {})
+    torch._dynamo.reset()
+    seed, sizes = tests.new_seed(), {**tests.SIZES, **tests.CASES[0]}
+    inputs = tests.make_inputs(sizes, tests.DTYPES[-1], seed)
+    compiled = torch.compile(kernel.row_bias_gelu_layernorm, backend="aot_eager", fullgraph=True)
+    _, upstream, got = tests.grads_of(inputs, tests.FLOAT_INPUTS, seed, call=compiled)
+    tests.check_grads(got, inputs, upstream, tests.FLOAT_INPUTS, tests.DTYPES[-1], seed)
+    assert kernel.last_launch()["source"] == "reference (no GPU)"
+    torch._dynamo.reset()
