@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 
 from fusegen import naming, ops
-from fusegen.chain_text import lit, operand_ref
+from fusegen.chain_text import lit, operand_ref, steps_in_order
 from fusegen.ir import Emit, Gate, Kernel, RowStep, Step
 from fusegen.kernel_text import fast_tanh, operand_load, tile_addr
 
@@ -51,7 +51,7 @@ class GradOut:
 def helper_grads(kernel: Kernel) -> list[dict]:
     """The derivative helpers `_<op>_grad(x, *params)` the backward kernel calls."""
     seen: list[str] = []
-    for item in _flat_steps(kernel):
+    for item in steps_in_order(kernel):
         if item.op in ops.ACTIVATIONS and item.op not in seen:
             seen.append(item.op)
     out = []
@@ -65,16 +65,6 @@ def helper_grads(kernel: Kernel) -> list[dict]:
                 "body": list(act.grad),
             }
         )
-    return out
-
-
-def _flat_steps(kernel: Kernel) -> list[Step]:
-    out: list[Step] = []
-    for item in kernel.steps:
-        if isinstance(item, Gate):
-            out.extend(item.steps)
-        elif isinstance(item, Step):
-            out.append(item)
     return out
 
 
