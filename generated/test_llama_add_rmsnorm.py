@@ -340,7 +340,9 @@ def check_grads(got, inputs, upstream, asked, dtype, seed):
     at a time in the call's dtype (eager), plus four roundings of the result; and no
     element may be off by more than 8x eager's worst one plus an eighth of the largest:
     a kink (relu's at 0) turns the rounding of a saved value into a jump, at elements
-    other than eager's (docs/tolerances.md, "Gradients")."""
+    other than eager's. So the norm leaves out the worst 1/32 of the elements, which the
+    element-wise bound still holds: a jump is sparse, a wrong term is not
+    (docs/tolerances.md, "Gradients")."""
     exact = {n: t.detach().double().requires_grad_(n in asked) for n, t in inputs.items()}
     eager = {n: t.detach().requires_grad_(n in asked) for n, t in inputs.items()}
 
@@ -361,9 +363,10 @@ def check_grads(got, inputs, upstream, asked, dtype, seed):
         assert mine.dtype == inputs[name].dtype, (name, mine.dtype)
         rounding = OUT_ROUNDING[mine.dtype]
         scale = want.norm().item() + OUT_TINY[mine.dtype]
-        error = (mine.double() - want).norm().item() / scale
+        misses = (mine.double() - want).abs().flatten().sort().values
+        error = misses[: misses.numel() - misses.numel() // 32].norm().item() / scale
         eager_error = (theirs.double() - want).norm().item() / scale
-        worst = (mine.double() - want).abs().max().item()
+        worst = misses[-1].item()
         eager_worst = (theirs.double() - want).abs().max().item()
         allowed = 8 * eager_worst + want.abs().max().item() / 8 + OUT_TINY[mine.dtype]
         if not (error <= 2 * eager_error + 4 * rounding and worst <= allowed):
