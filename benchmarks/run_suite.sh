@@ -11,7 +11,8 @@
 # OUT/RUN/bench.{json,md,png} and its output to OUT/RUN.txt.
 # A STEP is a measurement that is not a `fusegen bench` table; each writes OUT/STEP.txt,
 # which starts every command it runs with "+ ", as written here:
-#   generated-tests    every generated test, and the import-style tests, on the GPU
+#   generated-tests    every generated test, and the import-style tests, on the GPU; then the
+#                      compile tests again with triton ops (FUSEGEN_TRITON_OP=1)
 #   tune-tables        `fusegen tune` of the example specs' committed tables (rewrites
 #                      generated/*.tuned.json; copies them to OUT/tune-tables/)
 #   tuning-repeat      `fusegen tune` of gpt2_mlp_up at 4096 rows three times, into a fresh
@@ -37,6 +38,8 @@
 #   llama-training-step  a transformers LLaMA (2 layers, 8B dims) training step with the
 #                      generated kernels swapped in: gradients vs float64, eager and compiled time
 #   backward-configs   the backward kernels over a grid of launch configs (the runtime's defaults)
+#   llama-compiled     the same model's decode, prefill and training step, eager, compiled and
+#                      reduce-overhead, with the opaque ops and with triton ops (FUSEGEN_TRITON_OP=1)
 # Settings: PYTHON (python3), TEST_WORKERS (8), STEP_TIMEOUT_S per command (1200).
 # Exit status: 0 when every command exited 0, 1 otherwise, 2 for a wrong command line.
 set -u
@@ -45,7 +48,7 @@ PYTHON=${PYTHON:-python3}
 SUITE=benchmarks/suite.yaml
 STEPS="generated-tests tune-tables tuning-repeat config-space first-calls row-layouts
 launch-cost split-k inspect tanh-approx launcher-tuning training-chains llama-training-step
-backward-configs"
+backward-configs llama-compiled"
 ANCHOR_SHAPES="8192,4096,14336 4096,1024,4096 16,4096,14336 1000,1000,1000"
 
 listing=$($PYTHON -m fusegen bench --suite "$SUITE" --list) || {
@@ -90,7 +93,9 @@ for name in "${wanted[@]}"; do
     case $name in
     generated-tests)
         run $PYTHON -m pytest generated tests/test_import_styles.py -q -p no:cacheprovider \
-            -n "${TEST_WORKERS:-8}" ;;
+            -n "${TEST_WORKERS:-8}"
+        FUSEGEN_TRITON_OP=1 run $PYTHON -m pytest generated -q -p no:cacheprovider \
+            -n "${TEST_WORKERS:-8}" -k "torch_compile or inductor or cuda_graphs" ;;
     tune-tables)
         run $PYTHON -m fusegen tune specs/gpt2.yaml specs/llama.yaml specs/bert.yaml --rows 16,4096
         run $PYTHON -m fusegen tune specs/attention.yaml --shapes 16384,2048
@@ -133,6 +138,10 @@ for name in "${wanted[@]}"; do
         run $PYTHON benchmarks/llama_training_step.py --out "$out/llama_step.json" ;;
     backward-configs)
         run $PYTHON benchmarks/backward_configs.py --out "$out/backward_configs.json" ;;
+    llama-compiled)
+        run $PYTHON benchmarks/llama_compiled.py --out "$out/llama_compiled_opaque.json"
+        FUSEGEN_TRITON_OP=1 run $PYTHON benchmarks/llama_compiled.py \
+            --out "$out/llama_compiled_triton_op.json" ;;
     *)
         run $PYTHON -m fusegen bench --suite "$SUITE" --runs "$name" --out "$out" ;;
     esac

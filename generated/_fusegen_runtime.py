@@ -30,7 +30,7 @@ _log = logging.getLogger(__name__)
 
 # sha256 of this file as fusegen wrote it (this line holding a placeholder): the kernel
 # modules beside it name the runtime they were built with by it.
-RUNTIME_HASH = "044f9ad7a6bbd7ae"
+RUNTIME_HASH = "aa6acdccd72e790c"
 # Rows above which tuning skips split-K configs: their partial sums' traffic outgrows
 # what the extra programs win.
 SPLIT_K_MAX_ROWS = 256
@@ -106,7 +106,7 @@ def signature(*tensors):
             os.environ.get("FUSEGEN_TMA"),
             os.environ.get("FUSEGEN_AUTOTUNE"),
         )
-    except AttributeError:
+    except (AttributeError, RuntimeError):
         return None
 
 
@@ -222,8 +222,15 @@ def strides(*tensors):
 
 
 def bucket(rows):
-    """The power of two at or above `rows`: tuning per bucket, not per exact size."""
-    return 1 << max(rows - 1, 0).bit_length()
+    """The power of two at or above `rows`: tuning per bucket, not per exact size. A
+    dynamic size (torch.compile's SymInt) is compared with each power of two in turn,
+    which guards the compiled graph to this bucket."""
+    if isinstance(rows, int):
+        return 1 << max(rows - 1, 0).bit_length()
+    found = 1
+    while found < rows:
+        found *= 2
+    return found
 
 
 def align(*ints):
@@ -243,10 +250,12 @@ def layout(*tensors):
     return tuple(column_major(t) for t in tensors)
 
 
-def tma_ready(tensor, either_major=False):
+def tma_ready(tensor, either_major=False, traced=False):
     """A tensor descriptor needs a unit-stride last dim, 16-byte-aligned other strides
     and a 16-byte-aligned start (an fp16 row of 50 elements is 100 bytes: not aligned).
-    either_major: a column-major 2-D tensor will do, read through its transpose."""
+    either_major: a column-major 2-D tensor will do, read through its transpose.
+    traced: a tensor torch.compile traces, with no address: its offset into its storage
+    decides (Inductor's buffers start aligned, and it copies an input that does not)."""
     size = tensor.element_size()
     strides = tensor.stride()
     if either_major and column_major(tensor):
@@ -255,7 +264,7 @@ def tma_ready(tensor, either_major=False):
         tensor.numel() > 0
         and strides[-1] == 1
         and all(stride * size % 16 == 0 for stride in strides[:-1])
-        and tensor.data_ptr() % 16 == 0
+        and (tensor.storage_offset() * size if traced else tensor.data_ptr()) % 16 == 0
     )
 
 
@@ -406,6 +415,45 @@ def _config_key(config):
 # -- One module's kernels --------------------------------------------------------------
 
 
+def _typed(fn, params, returns):
+    """`fn` with a signature torch.library infers an op's schema from: params, names
+    (each a Tensor) or {name: type}; returns, a count of Tensors or a type."""
+    if not isinstance(params, dict):
+        params = dict.fromkeys(params, torch.Tensor)
+    if isinstance(returns, int):
+        returns = torch.Tensor if returns == 1 else tuple[(torch.Tensor,) * returns]
+
+    def op(*args):
+        return fn(*args)
+
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    op.__signature__ = inspect.Signature(
+        [inspect.Parameter(name, kind, annotation=t) for name, t in params.items()],
+        return_annotation=returns,
+    )
+    return op
+
+
+class _Resolved:
+    """A kernel wrapped for tracing (wrap_triton), with its @triton.heuristics (which
+    wrap_triton does not take) worked out before each launch, outermost first, as
+    triton does; a traced size's comparison becomes a guard of the compiled graph."""
+
+    def __init__(self, wrapped, names, rules):
+        self.wrapped, self.names, self.rules = wrapped, names, rules
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            for values in self.rules:
+                bound = {**dict(zip(self.names, args, strict=False)), **kwargs}
+                for name, rule in values.items():
+                    value = rule(bound)
+                    kwargs[name] = bool(value) if isinstance(value, torch.SymBool) else value
+            return self.wrapped[grid](*args, **kwargs)
+
+        return launch
+
+
 class _Trained(torch.autograd.Function):
     """A training call eagerly: Kernels.forward_saving, then Kernels.backward."""
 
@@ -516,6 +564,8 @@ class Kernels:
         self.logged = set()
         self.spare = {}  # device -> 1-element stand-ins for the scratch of an unsplit launch
         self.untraced_launcher = None
+        self.tracing = 0  # > 0 while traced_call (or a training op) runs for torch.compile
+        self.save_pre_pointer = False  # a training forward's TMA launch ran out of resources
 
     # What the last call ran, and what goes wrong loudly.
 
@@ -623,8 +673,9 @@ class Kernels:
         if "tma" not in self.paths or not self.runs_triton(device):
             return "pointer"
         setting = os.environ.get("FUSEGEN_TMA", "")
-        ready = all(tma_ready(t, either_major=True) for t in operands)
-        if setting == "0" or not ready or not all(tma_ready(t) for t in outputs):
+        traced = bool(self.tracing)
+        ready = all(tma_ready(t, either_major=True, traced=traced) for t in operands)
+        if setting == "0" or not ready or not all(tma_ready(t, traced=traced) for t in outputs):
             return "pointer"
         if setting == "1":
             return "tma"
@@ -645,7 +696,7 @@ class Kernels:
             and self.device_facts(device)[0] >= 8
         )
 
-    def finish(self, plan, calls, call_signature, *views):
+    def finish(self, plan, calls, inputs, *views):
         """Complete a plan from its checks (device, dtypes, shapes, path, tail, key; views:
         every input's and output's 2-D view) and remember it under the call's signature.
         The key gains the layout last: which 2-D views are column-major, as such calls are
@@ -667,9 +718,10 @@ class Kernels:
             consts["FAST_TANH"] = self.fast_tanh(plan.device, *out_dtypes)
         plan.consts = consts
         plan.ready = {}  # config (None: chosen) -> what its launch needs, from launch
-        if len(calls) >= 1024:
-            calls.clear()
-        calls[call_signature] = plan
+        if not self.tracing:  # fake tensors have no address: no plan is kept for them
+            if len(calls) >= 1024:
+                calls.clear()
+            calls[signature(*inputs)] = plan
         return plan
 
     def without_launch(self, plan, outputs, inputs):
@@ -743,7 +795,10 @@ class Kernels:
         signature's launch needs (kernel, grid, keyword arguments) is worked out once and
         kept in its plan, and from the second call the compiled kernel is launched
         directly (see direct): a call of a known signature costs a dict lookup and the
-        launch. An fp32 call that follows PyTorch's matmul precision reads it each time."""
+        launch. An fp32 call that follows PyTorch's matmul precision reads it each time.
+        While torch.compile traces (see traced_call), the launch goes into its graph."""
+        if self.tracing:
+            return self.traced_launch(plan, args)
         key = _config_key(config)
         consts = plan.consts
         if plan.follows_torch:
@@ -845,6 +900,10 @@ class Kernels:
         """The split-K scratch for `split` programs per tile: fp32 partial sums (per
         accumulator) and zeroed arrival counters, enough for any tile of 16 or more."""
         out = args[self.outputs.start]
+        if split <= 1 and self.tracing:
+            return torch.empty(1, dtype=torch.float32, device=out.device), torch.zeros(
+                1, dtype=torch.int32, device=out.device
+            )
         if split <= 1:
             if out.device not in self.spare:
                 self.spare[out.device] = (
@@ -1018,11 +1077,13 @@ class Kernels:
     # Choosing a launch's config: the caller's; the interpreter's; a tuned table's entry
     # for this GPU; runtime tuning; the default.
 
-    def choose(self, path, key, args, consts, config):
+    def choose(self, path, key, args, consts, config, tune=True):
         """(path, config, source) for a launch: the caller's config; the interpreter's;
         else, once per key, the tuned table's entry for this GPU, or (unless
         DETERMINISTIC or FUSEGEN_AUTOTUNE=0) runtime tuning, or the default. Tuning times
-        both kernels where both can run and FUSEGEN_TMA is unset, and keeps the faster."""
+        both kernels where both can run and FUSEGEN_TMA is unset, and keeps the faster.
+        tune=False (while torch.compile traces: no data to time): what eager calls tuned,
+        else the table's, else the default, which is not kept, so an eager call may tune."""
         if config is not None:
             return path, self.checked_config(path, config), "explicit"
         device = args[0].device
@@ -1032,13 +1093,15 @@ class Kernels:
         row_major = not any(key[len(self.key_names)])  # a plan's key ends with the layout
         key = (*key, path, os.environ.get("FUSEGEN_TMA", ""), tuning)
         plan = self.plans.get(key) or (self.from_table(path, key, device) if row_major else None)
-        if plan is None and tuning:
+        if plan is None and tuning and tune:
             plan = self.tune(path, key, args, consts)
         if plan is None:
             if self.estimated_default:
-                plan = self.plans[key] = (*self.estimated_choice(path, args), "default")
+                plan = (*self.estimated_choice(path, args), "default")
             else:
-                plan = self.plans[key] = (path, self.paths[path][2], "default")
+                plan = (path, self.paths[path][2], "default")
+            if tune or not tuning:
+                self.plans[key] = plan
             _log.info(
                 "%s: %s: no tuned table entry; default config %s",
                 self.name,
@@ -1231,6 +1294,8 @@ class Kernels:
 
     def call_plan(self, inputs):
         module = self.module
+        if self.tracing:
+            return module["_plan"](*inputs)
         return module["_CALLS"].get(module["_signature"](*inputs)) or module["_plan"](*inputs)
 
     def saved_shape(self, plan):
@@ -1257,7 +1322,7 @@ class Kernels:
                 # The stores of the accumulators take shared memory of their own (a
                 # layout conversion), which a TMA config tuned for inference may lack.
                 self.log_once("save-pre", "training forwards take the pointer kernel: %s", exc)
-                train.path, train.ready = "pointer", {}
+                train.path, train.ready, self.save_pre_pointer = "pointer", {}, True
                 self.module["_launch"](train, inputs, outputs, None, saved)
         else:
             self.without_launch(plan, outputs, inputs)  # the backward takes the reference's too
@@ -1301,7 +1366,9 @@ class Kernels:
         strides = [s for t in (*incoming, *reads) for s in t.stride()]
         kernel = self.module[f"_{self.name}_kernel_backward"]
         int64 = needs_int64(*incoming, *reads, *saved, *(b for b in buffers if b.dim() == 2))
-        kernel[grid](*pointers, rows, cols, *strides, INT64=int64, **flags, **config)
+        self.traceable(kernel)[grid](
+            *pointers, rows, cols, *strides, INT64=int64, **flags, **config
+        )
         found = [None] * len(inputs)
 
         def add(index, grad):
@@ -1400,44 +1467,53 @@ class Kernels:
 
     def training_ops(self):
         """fusegen::<op_name>_train (the forward that saves, with autograd) and
-        fusegen::<op_name>_backward, registered once per process."""
+        fusegen::<op_name>_backward, registered once per process: triton ops where
+        Inductor can launch their kernels (see triton_ops), else opaque custom ops."""
         train_name, backward_name = f"{self.op_name}_train", f"{self.op_name}_backward"
         count = self.returns + self.saves
-        returns = "Tensor" if count == 1 else "(" + ", ".join(["Tensor"] * count) + ")"
-        schema = "(" + ", ".join(f"Tensor {name}" for name in self.inputs) + ") -> " + returns
         if getattr(torch.ops.fusegen, train_name, None) is None:
-            train = torch.library.custom_op(
-                f"fusegen::{train_name}",
-                lambda *inputs: self.forward_saving(*inputs),
-                mutates_args=(),
-                schema=schema,
+            traced = self.triton_ops()
+            forward = _typed(
+                self.traced(self.forward_saving) if traced else self.forward_saving,
+                self.inputs,
+                count,
             )
-            backward = torch.library.custom_op(
-                f"fusegen::{backward_name}",
-                lambda grads, inputs, saved, needs: self.backward(grads, inputs, saved, needs),
-                mutates_args=(),
-                schema="(Tensor[] grads, Tensor[] inputs, Tensor[] saved, bool[] needs) "
-                "-> Tensor[]",
+            backward = _typed(
+                self.traced(self.backward) if traced else self.backward,
+                {
+                    "grads": list[torch.Tensor],
+                    "inputs": list[torch.Tensor],
+                    "saved": list[torch.Tensor],
+                    "needs": list[bool],
+                },
+                list[torch.Tensor],
             )
+            train = self.register(f"fusegen::{train_name}", forward, traced)
+            backward = self.register(f"fusegen::{backward_name}", backward, traced)
+            if not traced:
 
-            @train.register_fake
-            def _(*inputs):
-                plan = self.module["_checked"](*inputs)[0]
-                outputs = self.empty_outputs(plan)
-                outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-                saved = [
-                    torch.empty(self.saved_shape(plan), dtype=plan.dtype, device=plan.device)
-                    for _ in range(self.saves)
-                ]
-                results = (*outputs, *saved)
-                return results[0] if count == 1 else results
+                @train.register_fake
+                def _(*inputs):
+                    plan = self.module["_checked"](*inputs)[0]
+                    outputs = self.empty_outputs(plan)
+                    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+                    saved = [
+                        torch.empty(self.saved_shape(plan), dtype=plan.dtype, device=plan.device)
+                        for _ in range(self.saves)
+                    ]
+                    results = (*outputs, *saved)
+                    return results[0] if count == 1 else results
 
-            @backward.register_fake
-            def _(grads, inputs, saved, needs):
-                return [
-                    torch.empty(t.shape, dtype=t.dtype, device=t.device) if n else t.new_empty(0)
-                    for t, n in zip(inputs, needs, strict=True)
-                ]
+                @backward.register_fake
+                def _(grads, inputs, saved, needs):
+                    return [
+                        (
+                            torch.empty(t.shape, dtype=t.dtype, device=t.device)
+                            if n
+                            else t.new_empty(0)
+                        )
+                        for t, n in zip(inputs, needs, strict=True)
+                    ]
 
             def setup(ctx, inputs, output):
                 outputs = output if isinstance(output, tuple) else (output,)
@@ -1454,9 +1530,107 @@ class Kernels:
 
     # Inside torch.compile, and importing.
 
+    def triton_ops(self):
+        """Whether this module's ops are torch.library.triton_op (torch 2.6 or newer), so
+        that torch.compile traces into them and Inductor launches the kernels from its own
+        wrapper: with FUSEGEN_TRITON_OP=1 set at import (opt-in until it is measured on a
+        GPU), not under the interpreter (torch cannot trace an interpreted kernel), and
+        not for a spec whose launcher reads its output back (`nonfinite: reference`).
+        Elsewhere the ops are opaque custom ops, whose Python launcher runs at each call
+        of the compiled graph."""
+        return (
+            os.environ.get("FUSEGEN_TRITON_OP") == "1"
+            and hasattr(torch.library, "triton_op")
+            and hasattr(torch.library, "wrap_triton")
+            and not self.interpreted()
+            and not self.nonfinite
+        )
+
+    def register(self, name, fn, traced):
+        """An op named `name` running `fn` (typed: see _typed): a triton op, whose fake is
+        `fn` itself on fake tensors, or an opaque custom op."""
+        if traced:
+            return torch.library.triton_op(name, fn, mutates_args=())
+        return torch.library.custom_op(name, fn, mutates_args=())
+
+    def traced(self, fn):
+        """`fn` with the launches it makes going into the graph being traced (traceable)."""
+
+        def run(*args):
+            self.tracing += 1
+            try:
+                return fn(*args)
+            finally:
+                self.tracing -= 1
+
+        return run
+
+    def traceable(self, kernel):
+        """A kernel to launch, as the graph torch.compile traces can hold it (wrap_triton:
+        Inductor then compiles and launches it); itself outside tracing."""
+        if not self.tracing:
+            return kernel
+        rules = []
+        while type(kernel).__name__ == "Heuristics":  # wrap_triton takes none
+            rules.append(kernel.values)
+            kernel = kernel.fn
+        return _Resolved(torch.library.wrap_triton(kernel), kernel.arg_names, rules)
+
+    def traced_call(self, *inputs):
+        """The launcher as a triton op runs it: the checks and plan on the (fake) inputs,
+        then the launch into the graph. What the launcher decides per call signature is
+        decided here once per compiled graph, which torch.compile guards on the shapes,
+        strides and dtypes it read; the config is the one eager calls tuned for the same
+        key, else the tuned table's, else the default (no data to tune on)."""
+        plan = self.module["_plan"](*inputs)
+        outputs = self.empty_outputs(plan)
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        if not plan.launches:
+            results = self.module["reference"](*inputs) if math.prod(plan.out_shape) else outputs
+            results = results if isinstance(results, tuple) else (results,)
+            # An op returns no input itself (a chain of casts to the call dtype would).
+            results = tuple(r.clone() if any(r is t for t in inputs) else r for r in results)
+            return results[0] if len(results) == 1 else results
+        self.module["_launch"](plan, inputs, outputs, None)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def traced_launch(self, plan, args):
+        """launch, while torch.compile traces: the kernel, grid and constexprs chosen from
+        the plan, launched through wrap_triton (no direct launch, no tuning)."""
+        consts = plan.consts
+        if plan.follows_torch:
+            consts = {**consts, "INPUT_PRECISION": fp32_matmul()}  # at trace time
+        if plan.copies:
+            args = list(args)
+            for index in plan.copies:
+                args[index] = args[index].contiguous()
+        path, chosen, source = self.choose(plan.path, plan.key, args, consts, None, tune=False)
+        if path == "tma" and consts.get("SAVE_PRE") and not self.stores_fit(chosen, args):
+            # Eagerly this is an OutOfResources caught at the launch (forward_saving);
+            # Inductor compiles later, so the estimate decides here.
+            path, chosen, source = self.choose("pointer", plan.key, args, consts, None, tune=False)
+        kwargs = {**self.path_consts(path, args, consts), **self.triton_kwargs(path, chosen)}
+        dims = dict(zip(self.module["DIMS"], plan.tail, strict=False))
+        grid = (*self.grid({**dims, **kwargs}), 1, 1)[:3]
+        if self.weights:
+            args = (*args, *self.scratch(args, chosen.get("SPLIT_K", 1)))
+        self.traceable(self.paths[path][0])[grid](*args, **kwargs)
+        fp32 = consts["INPUT_PRECISION"] if plan.fp32 else None
+        self.record(chosen, source, path, bool(consts.get("FAST_TANH")), fp32)
+
+    def stores_fit(self, config, args):
+        """Whether a TMA config still fits shared memory with a training forward's
+        stores of the accumulators, which go through an fp32 layout conversion."""
+        element = args[0].element_size()
+        extra = 0 if self.full_operands else config["BLOCK_M"] * config["BLOCK_N"] * 4
+        if self.save_pre_pointer:
+            return False
+        used = self.config_smem(config, config.get("num_stages", 1), element, tma=True)
+        return used + extra <= self.shared_memory_limit(args[0].device)
+
     def untraced(self, *args, **kwargs):
-        """The launcher inside a torch.compile'd function when the custom op cannot
-        serve (`out=` or `config=` given, or no torch.library.custom_op): run eagerly, a
+        """The launcher inside a torch.compile'd function when the op cannot serve
+        (`out=` or `config=` given, or no torch.library.custom_op): run eagerly, a
         graph break, since it reads pointers and launches compiled kernels itself, which
         Dynamo cannot trace. torch.compiler.disable is reached only here: importing it
         costs seconds."""
@@ -1465,17 +1639,15 @@ class Kernels:
         return self.untraced_launcher(*args, **kwargs)
 
     def custom_op(self, fake):
-        """The launcher as torch.compile sees it: a custom op named fusegen::<op_name>,
-        traced through `fake` (the module's checks, then empty outputs), so a compiled
-        model keeps one graph (fullgraph=True works); a second import of the same module
-        reuses it. Its autograd setup refuses inputs that require grad, as the launcher
-        does. None where torch has no torch.library.custom_op."""
+        """The launcher as torch.compile sees it: an op named fusegen::<op_name>, so a
+        compiled model keeps one graph (fullgraph=True works); a second import of the
+        same module reuses it. A triton op where triton_ops() holds (torch.compile traces
+        through traced_call and Inductor launches the kernel), else an opaque custom op
+        traced through `fake` (the module's checks, then empty outputs). Its autograd
+        setup refuses inputs that require grad, as the launcher does. None where torch
+        has no torch.library.custom_op."""
         if not hasattr(torch.library, "custom_op"):
             return None
-        outputs = self.returns
-        returns = "Tensor" if outputs == 1 else "(" + ", ".join(["Tensor"] * outputs) + ")"
-        schema = "(" + ", ".join(f"Tensor {name}" for name in self.inputs) + ") -> " + returns
-        launcher = self.module[self.name]
 
         def refuse(ctx, inputs, output):  # reached only where an input needs a gradient
             self.refuse_grad(*inputs)
@@ -1486,13 +1658,18 @@ class Kernels:
         try:
             packet = getattr(torch.ops.fusegen, self.op_name, None)
             if packet is None:
-                op = torch.library.custom_op(
-                    f"fusegen::{self.op_name}",
-                    lambda *tensors: launcher(*tensors),
-                    mutates_args=(),
-                    schema=schema,
+                traced = self.triton_ops()
+                launcher = self.module[self.name]
+                call = (
+                    self.traced(self.traced_call)
+                    if traced
+                    else (lambda *tensors: launcher(*tensors))
                 )
-                op.register_fake(fake)
+                op = self.register(
+                    f"fusegen::{self.op_name}", _typed(call, self.inputs, self.returns), traced
+                )
+                if not traced:
+                    op.register_fake(fake)
                 op.register_autograd(no_backward, setup_context=refuse)
                 packet = getattr(torch.ops.fusegen, self.op_name)
             if self.grads:

@@ -515,6 +515,63 @@ def test_runs_inside_torch_compile():
     torch._dynamo.reset()
 
 
+@needs_gpu
+def test_inductor_launches_the_kernels():
+    # Where the ops are triton ops (torch 2.6+), torch.compile traces into them and
+    # Inductor's own wrapper launches the fused kernel, and in training the backward
+    # kernel: no call back into the Python launcher. Dynamic sizes take the same path.
+    if not kernel._KERNELS.triton_ops():
+        pytest.skip("opaque custom ops here: FUSEGEN_TRITON_OP=1 (Kernels.triton_ops)")
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    dtype, seed, sizes = DTYPES[0], new_seed(), {**SIZES, **CASES[0]}
+    inputs = make_inputs(sizes, dtype, seed)
+
+    def model(**tensors):
+        return as_tuple(kernel.bert_intermediate(**tensors))
+
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.no_grad():
+        results, (code,) = run_and_get_code(compiled, **inputs)
+    assert "_bert_intermediate_kernel" in code and "torch.ops.fusegen" not in code
+    check_outputs(results, inputs, dtype, seed, kernel.last_launch())
+    (_, upstream, got), codes = run_and_get_code(grads_of, inputs, FLOAT_INPUTS, seed, compiled)
+    assert any("_bert_intermediate_kernel_backward" in c for c in codes)
+    assert not any("torch.ops.fusegen" in c for c in codes)
+    check_grads(got, inputs, upstream, FLOAT_INPUTS, dtype, seed)
+    dynamic = torch.compile(model, fullgraph=True, dynamic=True)
+    for case in CASES[:2]:
+        inputs = make_inputs({**SIZES, **case}, dtype, seed)
+        with torch.no_grad():
+            results = dynamic(**inputs)
+        check_outputs(results, inputs, dtype, seed, kernel.last_launch())
+    torch._dynamo.reset()
+
+
+@needs_gpu
+def test_cuda_graphs_and_export():
+    # mode="reduce-overhead" replays the kernels from a CUDA graph; torch.export keeps
+    # the op in the exported program, which runs the same.
+    torch._dynamo.reset()
+    dtype, seed, sizes = DTYPES[0], new_seed(), {**SIZES, **CASES[0]}
+    inputs = make_inputs(sizes, dtype, seed)
+
+    class Model(torch.nn.Module):
+        def forward(self, *tensors):
+            return as_tuple(kernel.bert_intermediate(*tensors))
+
+    graphed = torch.compile(Model(), mode="reduce-overhead", fullgraph=True)
+    with torch.no_grad():
+        for _ in range(3):
+            results = tuple(r.clone() for r in graphed(*inputs.values()))
+            check_outputs(results, inputs, dtype, seed, kernel.last_launch())
+        exported = torch.export.export(Model(), tuple(inputs.values()))
+        results = exported.module()(*inputs.values())
+    check_outputs(as_tuple(results), inputs, dtype, seed, kernel.last_launch())
+    torch._dynamo.reset()
+
+
 def test_gradients_fall_back_without_gpu(monkeypatch):
     # Not on a GPU and the interpreter off: autograd through the reference, outside the
     # custom op (autograd is off inside one).

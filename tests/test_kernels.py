@@ -557,3 +557,153 @@ def test_compiled_gradients_fall_back_without_gpu(zoo, monkeypatch):
     tests.check_grads(got, inputs, upstream, tests.FLOAT_INPUTS, tests.DTYPES[-1], seed)
     assert kernel.last_launch()["source"] == "reference (no GPU)"
     torch._dynamo.reset()
+
+
+# -- inside torch.compile: the triton ops' traced launches ----------------------------
+
+
+class RecordedLaunches:
+    """torch.library.wrap_triton's stand-in on the interpreter, whose kernels torch
+    cannot trace: records each launch and, on real tensors (run=True), runs it."""
+
+    def __init__(self, run):
+        self.run, self.launches = run, []
+
+    def __call__(self, kernel):
+        recorder = self
+
+        class Launch:
+            def __getitem__(self, grid):
+                def launch(*args, **kwargs):
+                    recorder.launches.append((kernel, grid, kwargs))
+                    if recorder.run:
+                        kernel[grid](*args, **kwargs)
+
+                return launch
+
+        return Launch()
+
+
+def traced(kernel, method, *args):
+    """A Kernels method as a triton op runs it while torch.compile traces."""
+    runtime = kernel._KERNELS
+    return runtime.traced(getattr(runtime, method))(*args)
+
+
+@pytest.mark.parametrize(
+    "name", ["mm_gate_full", "mm_broadcasts", "ew_mixed", "row_bias_gelu_layernorm"]
+)
+def test_the_traced_launcher_goes_through_wrap_triton(zoo, monkeypatch, name):
+    """What torch.compile traces into a triton op (traced_call): the plan from the inputs'
+    shapes and strides, the heuristics' constexprs worked out (wrap_triton takes none),
+    and one launch through wrap_triton. Run on the interpreter it gives the launcher's
+    outputs bitwise; on fake tensors it reads no data and makes the same launch."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    kernel, tests = load(zoo, name)
+    dtype, seed = tests.DTYPES[0], tests.new_seed()
+    inputs = tests.make_inputs({**tests.SIZES, **tests.CASES[0]}, dtype, seed)
+    ordered = [inputs[n] for n in kernel._KERNELS.inputs]
+    eager = tests.as_tuple(getattr(kernel, name)(**inputs))
+    recorder = RecordedLaunches(run=True)
+    monkeypatch.setattr(torch.library, "wrap_triton", recorder, raising=False)
+    results = tests.as_tuple(traced(kernel, "traced_call", *ordered))
+    ((launched, grid, kwargs),) = recorder.launches
+    assert type(launched).__name__ != "Heuristics"
+    assert all(k in kwargs for k in kernel._KERNELS.paths["pointer"][2] if k != "num_stages")
+    for got, want in zip(results, eager, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    tests.check_outputs(results, inputs, dtype, seed, kernel.last_launch())
+
+    faked = RecordedLaunches(run=False)
+    monkeypatch.setattr(torch.library, "wrap_triton", faked)
+    with FakeTensorMode() as mode:
+        fakes = [mode.from_tensor(t) for t in ordered]
+        shapes = [(r.shape, r.dtype) for r in tests.as_tuple(traced(kernel, "traced_call", *fakes))]
+    assert shapes == [(r.shape, r.dtype) for r in results]
+    ((_, fake_grid, fake_kwargs),) = faked.launches
+    assert (fake_grid, fake_kwargs) == (grid, kwargs)
+    # Dynamic sizes (SymInts): the row bucket and the grid are traced, not read.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    symbolic = RecordedLaunches(run=False)
+    monkeypatch.setattr(torch.library, "wrap_triton", symbolic)
+    make_fx(lambda *t: traced(kernel, "traced_call", *t), tracing_mode="symbolic")(*ordered)
+    assert len(symbolic.launches) == 1
+
+
+@pytest.mark.parametrize("name", ["mm_gate_full", "row_bias_gelu_layernorm"])
+def test_the_traced_backward_goes_through_wrap_triton(zoo, monkeypatch, name):
+    """The backward op as torch.compile traces it: the backward kernel through
+    wrap_triton (cuBLAS for a matmul's operands, as torch ops), the same gradients."""
+    kernel, tests = load(zoo, name)
+    runtime = kernel._KERNELS
+    dtype, seed = tests.DTYPES[-1], tests.new_seed()
+    inputs = tests.make_inputs({**tests.SIZES, **tests.CASES[0]}, dtype, seed)
+    ordered = [inputs[n] for n in runtime.inputs]
+    results = tests.as_tuple(runtime.forward_saving(*ordered))
+    outputs, saved = list(results[: runtime.returns]), list(results[runtime.returns :])
+    grads = tests.upstream_grads(outputs, seed)
+    needs = [n in tests.FLOAT_INPUTS for n in runtime.inputs]
+    eager = runtime.backward(grads, ordered, saved, needs)
+    recorder = RecordedLaunches(run=True)
+    monkeypatch.setattr(torch.library, "wrap_triton", recorder, raising=False)
+    found = traced(kernel, "backward", grads, ordered, saved, needs)
+    assert [k.__name__ for k, _, _ in recorder.launches] == [f"_{name}_kernel_backward"]
+    for got, want in zip(found, eager, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_ops_are_triton_ops_where_inductor_can_launch_them(zoo, monkeypatch):
+    """torch.library.triton_op for the inference, training and backward ops with
+    FUSEGEN_TRITON_OP=1, where torch can trace the kernels (not the interpreter's);
+    the registered op runs eagerly too."""
+    kernel, tests = load(zoo, "mm_gate_full")
+    runtime = kernel._KERNELS
+    monkeypatch.setenv("FUSEGEN_TRITON_OP", "1")
+    assert not runtime.triton_ops()  # the interpreter: the opaque custom ops
+    monkeypatch.setattr(runtime, "interpreted", lambda: False)
+    assert runtime.triton_ops() == hasattr(torch.library, "triton_op")
+    monkeypatch.delenv("FUSEGEN_TRITON_OP")
+    assert not runtime.triton_ops()  # opt-in
+    monkeypatch.setenv("FUSEGEN_TRITON_OP", "1")
+    if not hasattr(torch.library, "triton_op"):
+        pytest.skip("this torch has no torch.library.triton_op")
+    made, triton_op = [], torch.library.triton_op
+
+    def recording(name, fn, **kwargs):
+        made.append(name)
+        return triton_op(name, fn, **kwargs)
+
+    monkeypatch.setattr(torch.library, "triton_op", recording)
+    for attribute in ("train_op", "backward_op"):
+        monkeypatch.setattr(runtime, attribute, getattr(runtime, attribute))
+    monkeypatch.setattr(runtime, "op_name", f"{runtime.op_name}_traced_test")
+    op = runtime.custom_op(kernel._fake)
+    name = f"fusegen::{runtime.op_name}"
+    assert made == [name, f"{name}_train", f"{name}_backward"]
+    schema = "(Tensor x, Tensor w1, Tensor b1, Tensor w3, Tensor b3, Tensor r) -> Tensor"
+    assert schema in str(op._schema)
+    seed = tests.new_seed()
+    inputs = tests.make_inputs({**tests.SIZES, **tests.CASES[0]}, torch.float32, seed)
+    monkeypatch.setattr(torch.library, "wrap_triton", RecordedLaunches(run=True))
+    out = op(**inputs)
+    tests.check_outputs((out,), inputs, torch.float32, seed, kernel.last_launch())
+
+
+def test_export_keeps_the_op(zoo):
+    """torch.export.export of a module calling a launcher: the exported program holds
+    the op, and runs it."""
+    kernel, tests = load(zoo, "mm_gate_full")
+    seed = tests.new_seed()
+    inputs = tests.make_inputs({**tests.SIZES, **tests.CASES[0]}, torch.float32, seed)
+
+    class Model(torch.nn.Module):
+        def forward(self, *tensors):
+            return kernel.mm_gate_full(*tensors)
+
+    exported = torch.export.export(Model(), tuple(inputs.values()))
+    calls = [n.target for n in exported.graph.nodes if n.op == "call_function"]
+    assert calls == [kernel._OP]
+    out = exported.module()(*inputs.values())
+    tests.check_outputs((out,), inputs, torch.float32, seed, kernel.last_launch())
