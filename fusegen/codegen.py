@@ -27,7 +27,8 @@ from fusegen.chain_text import (
     steps_in_order,
     tuple_literal,
 )
-from fusegen.ir import Config, Kernel, Tensor
+from fusegen.attention_text import module_context as attention_module_context
+from fusegen.ir import Attention, Config, Kernel, Tensor
 from fusegen.kernel_text import (
     align_heuristic,
     aligned_ints,
@@ -89,14 +90,21 @@ class Rendered:
 RUNTIME_FILE = "_fusegen_runtime.py"
 
 
-def render(kernel: Kernel) -> list[Rendered]:
+def render(kernel: Kernel | Attention) -> list[Rendered]:
     """The kernel module and its test module, formatted and checked to parse."""
-    runtime_hash = runtime_digest()
+    if isinstance(kernel, Attention):
+        files = (
+            (f"{kernel.name}.py", "attention_module.py.j2", attention_context(kernel)),
+            (f"test_{kernel.name}.py", "attention_test.py.j2", attention_test_context(kernel)),
+        )
+    else:
+        runtime_hash = runtime_digest()
+        files = (
+            (f"{kernel.name}.py", "kernel_module.py.j2", kernel_context(kernel, runtime_hash)),
+            (f"test_{kernel.name}.py", "test_module.py.j2", test_context(kernel)),
+        )
     out = []
-    for filename, template, context in (
-        (f"{kernel.name}.py", "kernel_module.py.j2", kernel_context(kernel, runtime_hash)),
-        (f"test_{kernel.name}.py", "test_module.py.j2", test_context(kernel)),
-    ):
+    for filename, template, context in files:
         text = _format(filename, _ENV.get_template(template).render(**context))
         if KERNEL_HASH_PLACEHOLDER in text:
             text = text.replace(KERNEL_HASH_PLACEHOLDER, kernel_source_hash(text))
@@ -173,6 +181,16 @@ def header(kernel: Kernel) -> list[str]:
         f"(sha256 {kernel.spec_sha256[:16]}).",
         f"Do not edit: change the spec, then run `fusegen build {kernel.spec_display}`.",
     ]
+
+
+def attention_context(att: Attention) -> dict:
+    return attention_module_context(
+        att, header(att), f"{att.name}_{att.spec_sha256[:12]}", DOC_WIDTH
+    )
+
+
+def attention_test_context(att: Attention) -> dict:
+    return {"header": header(att), "name": att.name, "causal": att.causal, "window": att.window}
 
 
 def kernel_context(kernel: Kernel, runtime_hash: str) -> dict:

@@ -178,3 +178,31 @@ class Kernel:
 
     def tensor(self, name: str) -> Tensor:
         return next(t for t in self.inputs if t.name == name)
+
+
+@dataclass(frozen=True)
+class Attention:
+    """A fused attention kernel: out = softmax(mask(softcap(scale * q @ k.T))) @ v."""
+
+    name: str
+    doc: str
+    spec_display: str
+    spec_sha256: str
+    dtypes: tuple[str, ...]
+    layout: str  # "bshd" | "bhsd"
+    heads: int
+    kv_heads: int  # heads % kv_heads == 0: each kv head serves heads // kv_heads query heads
+    head_dim: int
+    scale: float
+    scale_given: bool  # False: 1 / sqrt(head_dim)
+    softcap: float | None
+    causal: bool
+    window: int | None  # a query sees its `window` most recent keys
+
+    @property
+    def kind(self) -> str:
+        return "attention"
+
+    @property
+    def group(self) -> int:
+        return self.heads // self.kv_heads

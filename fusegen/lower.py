@@ -11,10 +11,11 @@ import pydantic
 
 from fusegen import configs, dtypes, limits
 from fusegen.errors import SpecError, SpecErrors, did_you_mean
-from fusegen.ir import Config, Dim, Gate, Kernel, Matmul, RowStep, Tensor
+from fusegen.ir import Attention, Config, Dim, Gate, Kernel, Matmul, RowStep, Tensor
 from fusegen.lower_chain import ChainLowering
 from fusegen.source import SpecSource
-from fusegen.spec import ConfigSpec, KernelSpec, TOP_LEVEL_KEYS
+from fusegen.lower_attention import lower_attention
+from fusegen.spec import AttentionKernelSpec, ConfigSpec, KernelSpec, TOP_LEVEL_KEYS
 
 # Local and module-level names of the generated kernel, launcher, reference and tests;
 # an input or dim of the same name would shadow them.
@@ -106,7 +107,7 @@ RESERVED_MODULES = frozenset(
 )
 
 
-def lower_file(source: SpecSource) -> list[Kernel]:
+def lower_file(source: SpecSource) -> list[Kernel | Attention]:
     """All kernels of one parsed spec file. Raises SpecErrors with every problem found."""
     data = source.data
     errors: list[SpecError] = []
@@ -149,7 +150,7 @@ def lower_file(source: SpecSource) -> list[Kernel]:
             )
         )
         raise SpecErrors(errors)
-    kernels: list[Kernel] = []
+    kernels: list[Kernel | Attention] = []
     seen: dict[str, int] = {}
     for i, raw in enumerate(kernels_raw):
         path = ("kernels", i)
@@ -160,10 +161,11 @@ def lower_file(source: SpecSource) -> list[Kernel]:
         if too_many:
             errors.extend(too_many)
             continue
+        model = AttentionKernelSpec if "attention" in raw else KernelSpec
         try:
-            spec = KernelSpec.model_validate(raw)
+            spec = model.model_validate(raw)
         except pydantic.ValidationError as exc:
-            errors.extend(_pydantic_errors(source, path, raw, exc))
+            errors.extend(_pydantic_errors(source, path, raw, exc, model))
             continue
         if spec.name in seen:
             errors.append(
@@ -175,6 +177,12 @@ def lower_file(source: SpecSource) -> list[Kernel]:
                 )
             )
         seen.setdefault(spec.name, i)
+        if model is AttentionKernelSpec:
+            attention, found = lower_attention(source, path, spec, kernel_name_problem)
+            errors.extend(found)
+            if attention is not None:
+                kernels.append(attention)
+            continue
         lowerer = _KernelLowerer(source, path, spec)
         kernel = lowerer.lower()
         errors.extend(lowerer.errors)
@@ -214,7 +222,7 @@ def _over_limits(source: SpecSource, base: tuple, raw: dict) -> list[SpecError]:
 
 
 def _pydantic_errors(
-    source: SpecSource, base: tuple, raw: Any, exc: pydantic.ValidationError
+    source: SpecSource, base: tuple, raw: Any, exc: pydantic.ValidationError, model=KernelSpec
 ) -> list[SpecError]:
     out = []
     for err in exc.errors(include_url=False):
@@ -234,7 +242,7 @@ def _pydantic_errors(
         hint = ""
         if err["type"] == "extra_forbidden":
             field = err["loc"][-1]
-            allowed = _allowed_fields(err["loc"])
+            allowed = _allowed_fields(err["loc"], model)
             message = f"unknown field '{field}'{did_you_mean(field, allowed)}"
             hint = "fields here: " + ", ".join(allowed) if allowed else ""
             out.append(
@@ -249,24 +257,44 @@ def _pydantic_errors(
     return out
 
 
-def _allowed_fields(loc: tuple) -> list[str]:
+def _allowed_fields(loc: tuple, root: type[pydantic.BaseModel] = KernelSpec) -> list[str]:
     """The fields pydantic would have accepted at `loc` (for extra_forbidden errors)."""
     from fusegen import spec as spec_models
 
     parents = [p for p in loc[:-1] if isinstance(p, str)]
-    model: type[pydantic.BaseModel] = spec_models.KernelSpec
+    model: type[pydantic.BaseModel] = root
     for name in parents:
         nested = {
             "fallback": spec_models.FallbackSpec,
             "autotune": spec_models.AutotuneSpec,
             "configs": spec_models.ConfigSpec,
             "default": spec_models.ConfigSpec,
+            "attention": spec_models.AttentionSpec,
         }
         if name in nested:
             model = nested[name]
         elif model is spec_models.KernelSpec and name == "inputs":
             model = spec_models.InputSpec
     return list(model.model_fields)
+
+
+def kernel_name_problem(name: str) -> tuple[str, str] | None:
+    """(message, hint) where `name` cannot name a kernel's module, else None."""
+    if len(name) > limits.MAX_NAME_CHARS:
+        return f"kernel name {_too_long(name)}", "it names a module and files"
+    if not name.isascii() or not name.isidentifier() or keyword.iskeyword(name):
+        return (
+            f"kernel name '{name}' is not a Python identifier"
+            + ("" if name.isascii() else " of ASCII letters, digits and _"),
+            "it names a module: letters, digits, _",
+        )
+    if name in RESERVED_MODULES or name.startswith(("test", "_")) or name.isupper():
+        return (
+            f"kernel name '{name}' would clash with a module or be collected as a test",
+            "reserved: names starting with 'test' or '_', all-capital names, and "
+            + ", ".join(sorted(RESERVED_MODULES)),
+        )
+    return None
 
 
 def _too_long(name: str) -> str:
@@ -423,23 +451,9 @@ class _KernelLowerer(ChainLowering):
         )
 
     def _check_kernel_name(self) -> None:
-        name = self.spec.name
-        if len(name) > limits.MAX_NAME_CHARS:
-            self.err(("name",), f"kernel name {_too_long(name)}", "it names a module and files")
-        elif not name.isascii() or not name.isidentifier() or keyword.iskeyword(name):
-            self.err(
-                ("name",),
-                f"kernel name '{name}' is not a Python identifier"
-                + ("" if name.isascii() else " of ASCII letters, digits and _"),
-                "it names a module: letters, digits, _",
-            )
-        elif name in RESERVED_MODULES or name.startswith(("test", "_")) or name.isupper():
-            self.err(
-                ("name",),
-                f"kernel name '{name}' would clash with a module or be collected as a test",
-                "reserved: names starting with 'test' or '_', all-capital names, and "
-                + ", ".join(sorted(RESERVED_MODULES)),
-            )
+        problem = kernel_name_problem(self.spec.name)
+        if problem:
+            self.err(("name",), *problem)
 
     def _dims(self) -> dict[str, Dim]:
         dims: dict[str, Dim] = {}

@@ -171,11 +171,58 @@ class KernelSpec(_Strict):
     )
 
 
+class AttentionSpec(_Strict):
+    """What an attention kernel computes: softmax(scale * q @ k.T, softcapped, masked) @ v."""
+
+    layout: Literal["bshd", "bhsd"] = Field(
+        description="q, k, v and out as [batch, seq, heads, head_dim] (transformers, "
+        "flash-attn) or [batch, heads, seq, head_dim] (F.scaled_dot_product_attention)"
+    )
+    heads: int = Field(gt=0, le=1024, description="query heads")
+    kv_heads: int | None = Field(
+        None,
+        gt=0,
+        le=1024,
+        description="key/value heads, dividing `heads` (grouped-query attention; 1: "
+        "multi-query); default: `heads`",
+    )
+    head_dim: int = Field(description="q, k and v's last dim: a multiple of 16, up to 256")
+    scale: float | None = Field(
+        None, gt=0, description="the scores' factor, default 1 / sqrt(head_dim)"
+    )
+    softcap: float | None = Field(
+        None,
+        gt=0,
+        description="scores -> softcap * tanh(scores / softcap), after the scale (Gemma 2)",
+    )
+    causal: bool = Field(
+        False,
+        description="a query sees the keys up to its own position; with fewer queries than "
+        "keys, the last query stands at the last key (a KV cache)",
+    )
+    window: int | None = Field(
+        None,
+        gt=0,
+        description="sliding window (Mistral): a query sees only its `window` most recent "
+        "keys, its own included; with causal",
+    )
+
+
+class AttentionKernelSpec(_Strict):
+    """A fused attention kernel (flash-style: the scores never reach memory)."""
+
+    name: str = Field(description="a Python identifier; names the generated module and launcher")
+    doc: str = ""
+    dtypes: list[DTypeName] = Field(default=["bf16", "fp16"], min_length=1)
+    attention: AttentionSpec
+
+
 class SpecFile(_Strict):
     """A spec file: one or more kernels."""
 
     version: Literal[1] = 1
-    kernels: list[KernelSpec] = Field(min_length=1)
+    # A kernel with an `attention:` field is an attention kernel (lower.lower_file).
+    kernels: list[Union[AttentionKernelSpec, KernelSpec]] = Field(min_length=1)
 
 
 TOP_LEVEL_KEYS = tuple(SpecFile.model_fields)

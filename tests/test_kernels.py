@@ -181,6 +181,32 @@ kernels:
     chain: [{input: x}, max, silu, {scale: 2.0}]
 """
 
+ATTENTION_SPECS = """
+kernels:
+  - name: att_gqa_causal
+    doc: Grouped heads (2 query heads a kv head), causal, the transformers layout.
+    dtypes: [bf16, fp32]
+    attention: {layout: bshd, heads: 4, kv_heads: 2, head_dim: 64, causal: true}
+
+  - name: att_window_softcap
+    doc: One kv head (MQA), a sliding window, a softcap, a given scale, a padded head dim.
+    dtypes: [fp16, fp32]
+    attention:
+      layout: bhsd
+      heads: 2
+      kv_heads: 1
+      head_dim: 96
+      scale: 0.1
+      softcap: 20.0
+      causal: true
+      window: 40
+
+  - name: att_plain
+    doc: No mask.
+    dtypes: [fp16]
+    attention: {layout: bhsd, heads: 3, head_dim: 32}
+"""
+
 
 @pytest.fixture(scope="session")
 def zoo(tmp_path_factory):
@@ -189,8 +215,10 @@ def zoo(tmp_path_factory):
     (root / "activations.yaml").write_text(activation_specs())
     (root / "matmuls.yaml").write_text(MATMUL_SPECS)
     (root / "rows.yaml").write_text(ROW_SPECS)
+    (root / "attention.yaml").write_text(ATTENTION_SPECS)
     out = root / "gen"
-    specs = [str(root / name) for name in ("activations.yaml", "matmuls.yaml", "rows.yaml")]
+    names = ("activations.yaml", "matmuls.yaml", "rows.yaml", "attention.yaml")
+    specs = [str(root / name) for name in names]
     assert main(["build", *specs, "--out", str(out)]) == 0
     return out
 
@@ -212,6 +240,7 @@ GROUPS = {
     "activations-h-z": lambda n: n.startswith("test_act_") and n[9] > "g",
     "matmuls": lambda n: n.startswith(("test_mm_", "test_ew_")),
     "rows": lambda n: n.startswith("test_row_"),
+    "attention": lambda n: n.startswith("test_att_"),
 }
 
 
@@ -707,3 +736,83 @@ def test_export_keeps_the_op(zoo):
     assert calls == [kernel._OP]
     out = exported.module()(*inputs.values())
     tests.check_outputs((out,), inputs, torch.float32, seed, kernel.last_launch())
+
+
+# (module, text to replace, replacement, why the attention tests must notice)
+ATTENTION_MUTATIONS = [
+    ("att_gqa_causal", "acc = acc * rescale[:, None] + ", "acc = acc + ", "no online rescale"),
+    (
+        "att_gqa_causal",
+        "(keys[None, :] <= rows[:, None] + shift)",
+        "(keys[None, :] <= rows[:, None])",
+        "a causal mask aligned to the first key, not the last",
+    ),
+    (
+        "att_gqa_causal",
+        "hi = tl.minimum(SKV, tl.maximum(0, (pid_m + 1) * BLOCK_M + shift))",
+        "hi = tl.minimum(SKV, tl.maximum(0, pid_m * BLOCK_M + shift))",
+        "the diagonal key block skipped",
+    ),
+    (
+        "att_gqa_causal",
+        "for member in range(2):",
+        "for member in range(1):",
+        "dk and dv from one query head of the group",
+    ),
+    (
+        "att_window_softcap",
+        "(keys[None, :] > rows[:, None] + shift - 40)",
+        "(keys[None, :] > rows[:, None] + shift - 41)",
+        "a window one key too wide",
+    ),
+    (
+        "att_window_softcap",
+        "d_scores = probs * (d_probs - delta[:, None]) * (1.0 - capped * capped)",
+        "d_scores = probs * (d_probs - delta[:, None])",
+        "the softcap's derivative dropped",
+    ),
+    (
+        "att_plain",
+        "(d_probs - delta[:, None])",
+        "d_probs",
+        "the softmax backward's row term dropped",
+    ),
+]
+
+
+def test_attention_tests_catch_broken_kernels(zoo, tmp_path):
+    """Each mutation in its own copy of the module (and of its tests, renamed to match),
+    all run by one pytest: every copy's tests must fail."""
+    files = []
+    for index, (module, old, new, _) in enumerate(ATTENTION_MUTATIONS):
+        text = (zoo / f"{module}.py").read_text()
+        assert text.count(old) >= 1, f"mutation target missing: {old}"
+        name = f"{module}_mutant{index}"
+        (tmp_path / f"{name}.py").write_text(text.replace(old, new))
+        tests = (zoo / f"test_{module}.py").read_text()
+        (tmp_path / f"test_{name}.py").write_text(
+            tests.replace(f"import {module} as", f"import {name} as")
+        )
+        files.append(f"test_{name}.py")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *files,
+            "-k",
+            "dtype0 and (matches_reference or gradients)",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        timeout=900,
+    )
+    for file, (_, _, _, why) in zip(files, ATTENTION_MUTATIONS, strict=True):
+        assert (
+            f"FAILED {file}::" in result.stdout
+        ), f"{why} went unnoticed:\n{result.stdout[-3000:]}"

@@ -51,13 +51,17 @@ def test_examples_lower():
         "bert_intermediate",
         "bert_add_layernorm",
         "bias_gelu_residual",
+        "llama3_attention",
+        "mistral_sliding_window",
+        "gemma2_attention",
         "gpt2_mlp_up",
         "gpt2_attn_out",
         "llama_mlp_gate_up",
         "llama_add_rmsnorm",
         "llama_rmsnorm",
     ]
-    llama = loaded.kernels[-3]
+    by_name = {k.name: k for k in loaded.kernels}
+    llama = by_name["llama_mlp_gate_up"]
     assert llama.kind == "matmul" and isinstance(llama.steps[-1], Gate)
     assert (llama.matmul.m, llama.matmul.k, llama.matmul.n) == ("M", "K", "N")
     assert llama.matmul.b_transposed and not llama.matmul.a_transposed
@@ -65,10 +69,13 @@ def test_examples_lower():
     assert (
         llama.configs == configs.GATED_SPACE and llama.default_config == configs.DEFAULTS["gated"]
     )
-    gpt2 = loaded.kernels[4]
+    gpt2 = by_name["gpt2_mlp_up"]
     assert not gpt2.matmul.b_transposed  # Conv1D weights are [K, N]
     assert [t.batched for t in gpt2.inputs] == [True, False, False]
-    assert loaded.kernels[1].fallback_nonfinite == "reference"
+    assert by_name["bert_intermediate"].fallback_nonfinite == "reference"
+    gemma = by_name["gemma2_attention"]
+    assert (gemma.kind, gemma.group, gemma.softcap, gemma.scale) == ("attention", 2, 50.0, 0.0625)
+    assert by_name["llama3_attention"].scale == 1 / 128**0.5
 
 
 @pytest.mark.parametrize(
