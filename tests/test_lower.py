@@ -421,3 +421,40 @@ def test_backward_save_policy(write_spec):
         write_spec, rows(["input: x", "rmsnorm"]) + "    backward: {save: accumulators}\n"
     )
     assert any("'accumulators' needs a matmul chain" in m for m in found), found
+
+
+def attention(**fields):
+    body = {"layout": "bshd", "heads": 32, "kv_heads": 8, "head_dim": 128, **fields}
+    spec = ", ".join(f"{k}: {v}" for k, v in body.items() if v is not None)
+    return f"kernels:\n  - name: att\n    attention: {{{spec}}}\n"
+
+
+def test_attention_lowers_with_defaults(write_spec):
+    (att,) = lower(write_spec, attention(kv_heads=None))
+    assert (att.kind, att.heads, att.kv_heads, att.group) == ("attention", 32, 32, 1)
+    assert att.scale == 1 / 128**0.5 and not att.scale_given and att.dtypes == ("bf16", "fp16")
+    assert (att.causal, att.window, att.softcap) == (False, None, None)
+
+
+@pytest.mark.parametrize(
+    "fields, where, message",
+    [
+        ({"kv_heads": 5}, "attention.kv_heads", "kv_heads 5 does not divide heads 32"),
+        ({"head_dim": 100}, "attention.head_dim", "head_dim 100 is not a multiple of 16"),
+        ({"head_dim": 512}, "attention.head_dim", "from 16 to 256"),
+        ({"window": 128}, "attention.window", "a sliding window needs causal: true"),
+        ({"layout": "sbhd"}, "attention.layout", "'bshd' or 'bhsd'"),
+        ({"softcap": -1}, "attention.softcap", "greater than 0"),
+        (
+            {"causual": "true"},
+            "attention.causual",
+            "unknown field 'causual'; did you mean 'causal'?",
+        ),
+    ],
+)
+def test_attention_errors_name_the_field(write_spec, fields, where, message):
+    with pytest.raises(SpecErrors) as exc:
+        lower(write_spec, attention(**fields))
+    (error,) = exc.value.errors
+    text = error.format()
+    assert "spec.yaml:3:" in text and f"kernels[0].{where}: " in text and message in text, text
