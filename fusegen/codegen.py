@@ -142,6 +142,13 @@ def _runtime_text() -> str:
 
 def _format(filename: str, text: str) -> str:
     ast.parse(text, filename=filename)  # a template bug must not reach a user's repo
+    return _black(text)
+
+
+@functools.lru_cache(maxsize=512)
+def _black(text: str) -> str:
+    # Black takes most of a build (~0.7 s a module on a slow core); a process that builds
+    # the same specs again (a test session, `build` then `build --check`) formats once.
     return black.format_str(text, mode=BLACK_MODE)
 
 

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -84,7 +85,7 @@ kernels:
   - name: mm_gate_recompute
     doc: A GLU whose training forward keeps only its inputs (the backward recomputes).
     dims: {M: dynamic, K: dynamic, N: dynamic}
-    dtypes: [fp16, fp32]
+    dtypes: [fp16]
     inputs: {x: [M, K], w1: [N, K], w3: [K, N]}
     chain:
       - matmul: {a: x, b: w1.T}
@@ -210,16 +211,37 @@ kernels:
 
 @pytest.fixture(scope="session")
 def zoo(tmp_path_factory):
-    """Build the specs above once; returns the folder of generated modules."""
-    root = tmp_path_factory.mktemp("zoo")
+    """Build the specs above once per run; returns the folder of generated modules. The
+    pytest-xdist workers of a run share one build (it takes a minute on 2 cores): the
+    first to get here makes it, the others wait for it."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return build_zoo(tmp_path_factory.mktemp("zoo"))
+    root = tmp_path_factory.getbasetemp().parent / "zoo"  # the run's, shared by its workers
+    try:
+        root.mkdir()
+    except FileExistsError:
+        deadline = time.monotonic() + 900
+        while not (root / "built").exists():
+            assert not (root / "failed").exists(), "the zoo build failed in another worker"
+            assert time.monotonic() < deadline, "another worker's zoo build did not finish"
+            time.sleep(0.2)
+        return root / "gen"
+    try:
+        return build_zoo(root)
+    except BaseException:
+        (root / "failed").write_text("")
+        raise
+
+
+def build_zoo(root: Path) -> Path:
     (root / "activations.yaml").write_text(activation_specs())
     (root / "matmuls.yaml").write_text(MATMUL_SPECS)
     (root / "rows.yaml").write_text(ROW_SPECS)
     (root / "attention.yaml").write_text(ATTENTION_SPECS)
     out = root / "gen"
     names = ("activations.yaml", "matmuls.yaml", "rows.yaml", "attention.yaml")
-    specs = [str(root / name) for name in names]
-    assert main(["build", *specs, "--out", str(out)]) == 0
+    assert main(["build", *[str(root / name) for name in names], "--out", str(out)]) == 0
+    (root / "built").write_text("")
     return out
 
 
@@ -485,16 +507,47 @@ MUTATIONS = [
 ]
 
 
-@pytest.mark.parametrize("module, old, new, why", MUTATIONS, ids=[m[3] for m in MUTATIONS])
-def test_generated_tests_catch_a_broken_kernel(zoo, tmp_path, module, old, new, why):
-    shutil.copy(zoo / f"test_{module}.py", tmp_path)
-    shutil.copy(zoo / codegen.RUNTIME_FILE, tmp_path)
-    text = (zoo / f"{module}.py").read_text()
-    assert old in text, f"mutation target missing: {old}"
-    (tmp_path / f"{module}.py").write_text(text.replace(old, new))
-    result = run_pytest(tmp_path, f"test_{module}.py", "-k", "matches_reference")
-    assert result.returncode == 1, f"{why} went unnoticed:\n{result.stdout[-3000:]}"
-    assert "outside the bound" in result.stdout
+def run_mutants(zoo: Path, folder: Path, mutations, selection: str) -> str:
+    """Each mutation in its own copy of its module, renamed (and its test module, made to
+    import the copy), all run by one pytest, which imports torch and triton once; checks
+    that every copy's tests fail, and returns pytest's output."""
+    shutil.copy(zoo / codegen.RUNTIME_FILE, folder)
+    files = []
+    for index, (module, old, new, _) in enumerate(mutations):
+        text = (zoo / f"{module}.py").read_text()
+        assert old in text, f"mutation target missing: {old}"
+        name = f"{module}_mutant{index}"
+        mutant = text.replace(old, new).replace(f'op_name="{module}_', f'op_name="{name}_')
+        (folder / f"{name}.py").write_text(mutant)
+        tests = (zoo / f"test_{module}.py").read_text()
+        (folder / f"test_{name}.py").write_text(
+            tests.replace(f" {module} as kernel", f" {name} as kernel")
+        )
+        files.append(f"test_{name}.py")
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        *files,
+        "-k",
+        selection,
+    ]
+    result = subprocess.run(
+        command, cwd=folder, capture_output=True, text=True, env=env, timeout=1200
+    )
+    for file, (_, _, _, why) in zip(files, mutations, strict=True):
+        assert (
+            f"FAILED {file}::" in result.stdout
+        ), f"{why} went unnoticed:\n{result.stdout[-3000:]}"
+    return result.stdout
+
+
+def test_generated_tests_catch_broken_kernels(zoo, tmp_path):
+    assert "outside the bound" in run_mutants(zoo, tmp_path, MUTATIONS, "matches_reference")
 
 
 # The backward kernels, broken the ways a hand-written derivative goes wrong: each must
@@ -543,18 +596,9 @@ BACKWARD_MUTATIONS = [
 ]
 
 
-@pytest.mark.parametrize(
-    "module, old, new, why", BACKWARD_MUTATIONS, ids=[m[3] for m in BACKWARD_MUTATIONS]
-)
-def test_gradient_tests_catch_a_broken_backward(zoo, tmp_path, module, old, new, why):
-    shutil.copy(zoo / f"test_{module}.py", tmp_path)
-    shutil.copy(zoo / codegen.RUNTIME_FILE, tmp_path)
-    text = (zoo / f"{module}.py").read_text()
-    assert old in text, f"mutation target missing: {old}"
-    (tmp_path / f"{module}.py").write_text(text.replace(old, new))
-    result = run_pytest(tmp_path, f"test_{module}.py", "-k", "gradients_match_reference")
-    assert result.returncode == 1, f"{why} went unnoticed:\n{result.stdout[-3000:]}"
-    assert "norm-wise error" in result.stdout
+def test_gradient_tests_catch_broken_backwards(zoo, tmp_path):
+    output = run_mutants(zoo, tmp_path, BACKWARD_MUTATIONS, "gradients_match_reference")
+    assert "norm-wise error" in output
 
 
 @pytest.mark.parametrize("name", ["mm_broadcasts", "mm_transposed_a", "mm_gate_full"])
@@ -781,38 +825,5 @@ ATTENTION_MUTATIONS = [
 
 
 def test_attention_tests_catch_broken_kernels(zoo, tmp_path):
-    """Each mutation in its own copy of the module (and of its tests, renamed to match),
-    all run by one pytest: every copy's tests must fail."""
-    files = []
-    for index, (module, old, new, _) in enumerate(ATTENTION_MUTATIONS):
-        text = (zoo / f"{module}.py").read_text()
-        assert text.count(old) >= 1, f"mutation target missing: {old}"
-        name = f"{module}_mutant{index}"
-        (tmp_path / f"{name}.py").write_text(text.replace(old, new))
-        tests = (zoo / f"test_{module}.py").read_text()
-        (tmp_path / f"test_{name}.py").write_text(
-            tests.replace(f"import {module} as", f"import {name} as")
-        )
-        files.append(f"test_{name}.py")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            *files,
-            "-k",
-            "dtype0 and (matches_reference or gradients)",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-        timeout=900,
-    )
-    for file, (_, _, _, why) in zip(files, ATTENTION_MUTATIONS, strict=True):
-        assert (
-            f"FAILED {file}::" in result.stdout
-        ), f"{why} went unnoticed:\n{result.stdout[-3000:]}"
+    selection = "dtype0 and (matches_reference or gradients)"  # one dtype: one bug, one failure
+    assert "norm-wise error" in run_mutants(zoo, tmp_path, ATTENTION_MUTATIONS, selection)
