@@ -38,6 +38,8 @@
 #   llama-training-step  a transformers LLaMA (2 layers, 8B dims) training step with the
 #                      generated kernels swapped in: gradients vs float64, eager and compiled time
 #   backward-configs   the backward kernels over a grid of launch configs (the runtime's defaults)
+#   attention-anchors  issue 16's attention cases: the generated kernels against SDPA's flash,
+#                      cuDNN and efficient backends and compiled FlexAttention, forward and backward
 #   llama-compiled     the same model's decode, prefill and training step, eager, compiled and
 #                      reduce-overhead, with the opaque ops and with triton ops (FUSEGEN_TRITON_OP=1)
 # Settings: PYTHON (python3), TEST_WORKERS (8), STEP_TIMEOUT_S per command (1200).
@@ -48,7 +50,7 @@ PYTHON=${PYTHON:-python3}
 SUITE=benchmarks/suite.yaml
 STEPS="generated-tests tune-tables tuning-repeat config-space first-calls row-layouts
 launch-cost split-k inspect tanh-approx launcher-tuning training-chains llama-training-step
-backward-configs llama-compiled"
+backward-configs llama-compiled attention-anchors"
 ANCHOR_SHAPES="8192,4096,14336 4096,1024,4096 16,4096,14336 1000,1000,1000"
 
 listing=$($PYTHON -m fusegen bench --suite "$SUITE" --list) || {
@@ -138,6 +140,8 @@ for name in "${wanted[@]}"; do
         run $PYTHON benchmarks/llama_training_step.py --out "$out/llama_step.json" ;;
     backward-configs)
         run $PYTHON benchmarks/backward_configs.py --out "$out/backward_configs.json" ;;
+    attention-anchors)
+        run $PYTHON benchmarks/attention_anchors.py --out "$out/attention_anchors.json" ;;
     llama-compiled)
         run $PYTHON benchmarks/llama_compiled.py --out "$out/llama_compiled_opaque.json"
         FUSEGEN_TRITON_OP=1 run $PYTHON benchmarks/llama_compiled.py \

@@ -1,0 +1,186 @@
+"""Issue 16's attention targets on one GPU, bf16: the generated attention kernels
+(benchmarks/specs/attention_anchors.yaml, built into a temporary folder) against
+F.scaled_dot_product_attention on each backend (flash, cuDNN, efficient) and compiled
+FlexAttention with the same mask and score mod. Forward, and forward + backward for the
+causal case. Each variant's output is checked against SDPA's math backend in fp32
+(norm-wise relative error; a variant more than 2x fusegen's-or-1e-2 off is flagged).
+
+    python3 benchmarks/attention_anchors.py [--cases causal full ...] [--out FILE.json]
+
+Cases (B, H, S, D):
+    causal           4, 32, 4096, 128, causal, forward
+    full             4, 32, 4096, 128, no mask, forward
+    softcap          4, 32, 4096, 128, causal + softcap 30, forward (SDPA has no softcap)
+    causal-backward  4, 32, 4096, 128, causal, forward + backward
+    causal-d64       16, 16, 1024, 64, causal, forward
+Times: triton.testing.do_bench medians (ms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+CASES = {
+    "causal": ("anchor_attention_causal", (4, 32, 4096, 128), False),
+    "full": ("anchor_attention_full", (4, 32, 4096, 128), False),
+    "softcap": ("anchor_attention_softcap", (4, 32, 4096, 128), False),
+    "causal-backward": ("anchor_attention_causal", (4, 32, 4096, 128), True),
+    "causal-d64": ("anchor_attention_causal_d64", (16, 16, 1024, 64), False),
+}
+SOFTCAP = 30.0
+
+
+def build(folder: Path) -> None:
+    spec = ROOT / "benchmarks" / "specs" / "attention_anchors.yaml"
+    command = [sys.executable, "-m", "fusegen", "build", str(spec), "--out", str(folder)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stdout}{done.stderr}")
+
+
+def load(folder: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def variants(module, causal: bool, softcap: float | None):
+    """name -> f(q, k, v) -> out, for every anchor that has this case."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    out = {"fusegen": getattr(module, module.__name__)}
+    if softcap is None:
+        for name, backend in (
+            ("sdpa flash", SDPBackend.FLASH_ATTENTION),
+            ("sdpa cudnn", SDPBackend.CUDNN_ATTENTION),
+            ("sdpa efficient", SDPBackend.EFFICIENT_ATTENTION),
+        ):
+
+            def sdpa(q, k, v, backend=backend):
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+            out[name] = sdpa
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError:
+        return out
+    flex = torch.compile(flex_attention)
+    masks = {}
+
+    def flex_call(q, k, v):
+        key = (q.shape[0], q.shape[2], k.shape[2])
+        if causal and key not in masks:
+            masks[key] = create_block_mask(
+                lambda b, h, i, j: i >= j, None, None, q.shape[2], k.shape[2], device=q.device
+            )
+        score_mod = None
+        if softcap is not None:
+
+            def score_mod(score, b, h, i, j):
+                return softcap * torch.tanh(score / softcap)
+
+        return flex(q, k, v, score_mod=score_mod, block_mask=masks.get(key))
+
+    out["flex (compiled)"] = flex_call
+    return out
+
+
+def math_reference(q, k, v, causal, softcap):
+    q, k, v = (t.float() for t in (q, k, v))
+    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    if causal:
+        keep = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~keep, float("-inf"))
+    return torch.softmax(scores, -1) @ v
+
+
+def run_case(name, module, shape, backward):
+    from triton.testing import do_bench
+
+    batch, heads, seq, dim = shape
+    causal = "causal" in name or name == "softcap"
+    softcap = SOFTCAP if name == "softcap" else None
+    torch.manual_seed(0)
+    q, k, v = (
+        torch.randn(batch, heads, seq, dim, device="cuda", dtype=torch.bfloat16) for _ in range(3)
+    )
+    # The error check on one batch and 8 heads: the fp32 scores of the whole case are 8 GB.
+    want = math_reference(q[:1, :8], k[:1, :8], v[:1, :8], causal, softcap)
+    grad = torch.randn_like(q)
+    row = {}
+    for variant, call in variants(module, causal, softcap).items():
+        try:
+            with torch.no_grad():
+                got = call(q, k, v)
+            error = ((got[:1, :8].float() - want).norm() / want.norm()).item()
+            if backward:
+                leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+
+                def step(call=call, leaves=leaves):
+                    torch.autograd.grad(call(*leaves), leaves, grad)
+
+                ms = do_bench(step)
+            else:
+                with torch.no_grad():
+                    ms = do_bench(lambda call=call: call(q, k, v))
+            row[variant] = {"ms": ms, "error": error}
+        except Exception as exc:  # a backend without this case is a result to report
+            row[variant] = {"error_text": f"{type(exc).__name__}: {str(exc)[:200]}"}
+        print(f"{name} {variant}: {row[variant]}", flush=True)
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--out", help="write every number here as JSON")
+    args = parser.parse_args()
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cases": {}}
+    with tempfile.TemporaryDirectory() as folder:
+        build(Path(folder))
+        for case in args.cases:
+            module_name, shape, backward = CASES[case]
+            module = load(Path(folder), module_name)
+            report["cases"][case] = {"shape": shape, **run_case(case, module, shape, backward)}
+    print(
+        "\n| case | B, H, S, D | " + " | ".join(["fusegen", "best SDPA", "flex (compiled)"]) + " |"
+    )
+    print("| --- | --- | ---: | ---: | ---: |")
+    failed = False
+    for case, row in report["cases"].items():
+        timed = {k: v for k, v in row.items() if isinstance(v, dict) and "ms" in v}
+        sdpa = [v["ms"] for k, v in timed.items() if k.startswith("sdpa")]
+        cells = [
+            f"{timed['fusegen']['ms']:.3f}" if "fusegen" in timed else "failed",
+            f"{min(sdpa):.3f}" if sdpa else "-",
+            f"{timed['flex (compiled)']['ms']:.3f}" if "flex (compiled)" in timed else "-",
+        ]
+        print(f"| {case} | {', '.join(map(str, row['shape']))} | " + " | ".join(cells) + " |")
+        mine = timed.get("fusegen", {}).get("error")
+        failed |= (
+            mine is None or mine > 2 * min((v["error"] for v in timed.values()), default=1) + 1e-2
+        )
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    print(
+        f"\n{'FAIL' if failed else 'PASS'}: fusegen ran every case, within 2x the best error + 1e-2"
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
