@@ -30,7 +30,7 @@ _log = logging.getLogger(__name__)
 
 # sha256 of this file as fusegen wrote it (this line holding a placeholder): the kernel
 # modules beside it name the runtime they were built with by it.
-RUNTIME_HASH = "aa6acdccd72e790c"
+RUNTIME_HASH = "eec780bed3fb81e3"
 # Rows above which tuning skips split-K configs: their partial sums' traffic outgrows
 # what the extra programs win.
 SPLIT_K_MAX_ROWS = 256
@@ -434,22 +434,30 @@ def _typed(fn, params, returns):
     return op
 
 
-class _Resolved:
-    """A kernel wrapped for tracing (wrap_triton), with its @triton.heuristics (which
-    wrap_triton does not take) worked out before each launch, outermost first, as
-    triton does; a traced size's comparison becomes a guard of the compiled graph."""
+def resolve_heuristics(kernel, args, kwargs):
+    """(the jit function inside any @triton.heuristics, the keyword arguments with the
+    values those compute), each rule seeing the ones before it, outermost first, as
+    triton does; a traced size's comparison is made a bool (a guard of the graph)."""
+    kwargs = dict(kwargs)
+    while type(kernel).__name__ == "Heuristics":
+        for name, rule in kernel.values.items():
+            value = rule({**dict(zip(kernel.arg_names, args, strict=False)), **kwargs})
+            kwargs[name] = bool(value) if isinstance(value, torch.SymBool) else value
+        kernel = kernel.fn
+    return kernel, kwargs
 
-    def __init__(self, wrapped, names, rules):
-        self.wrapped, self.names, self.rules = wrapped, names, rules
+
+class _Traced:
+    """A kernel launched into the graph torch.compile traces, through wrap_triton, which
+    takes no @triton.heuristics: they are worked out first (resolve_heuristics)."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            for values in self.rules:
-                bound = {**dict(zip(self.names, args, strict=False)), **kwargs}
-                for name, rule in values.items():
-                    value = rule(bound)
-                    kwargs[name] = bool(value) if isinstance(value, torch.SymBool) else value
-            return self.wrapped[grid](*args, **kwargs)
+            kernel, kwargs = resolve_heuristics(self.kernel, args, kwargs)
+            return torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
 
         return launch
 
@@ -869,11 +877,10 @@ class Kernels:
             return None
         try:
             names = compiled.src.fn.arg_names
-            bound = {**dict(zip(names, args, strict=False)), **kwargs}
-            while type(kernel).__name__ == "Heuristics":  # the values it would compute
-                for name, rule in kernel.values.items():
-                    bound[name] = rule(bound)
-                kernel = kernel.fn
+            bound = {
+                **dict(zip(names, args, strict=False)),
+                **resolve_heuristics(kernel, args, kwargs)[1],
+            }
             return compiled, tuple(bound[name] for name in names[len(args) :])
         except (AttributeError, KeyError, TypeError):
             return None
@@ -1568,13 +1575,7 @@ class Kernels:
     def traceable(self, kernel):
         """A kernel to launch, as the graph torch.compile traces can hold it (wrap_triton:
         Inductor then compiles and launches it); itself outside tracing."""
-        if not self.tracing:
-            return kernel
-        rules = []
-        while type(kernel).__name__ == "Heuristics":  # wrap_triton takes none
-            rules.append(kernel.values)
-            kernel = kernel.fn
-        return _Resolved(torch.library.wrap_triton(kernel), kernel.arg_names, rules)
+        return _Traced(kernel) if self.tracing else kernel
 
     def traced_call(self, *inputs):
         """The launcher as a triton op runs it: the checks and plan on the (fake) inputs,

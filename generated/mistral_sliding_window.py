@@ -31,6 +31,17 @@ INTERPRETER_CONFIG = (32, 32, 4, 1)  # small tiles: several per test case
 
 
 @triton.jit
+def _keys_seen(first_row, shift, SKV, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """[lo, hi): the keys BLOCK_M query rows from first_row see, lo a BLOCK_N multiple
+    (query i stands at key i + shift); the forward and dq loops visit only these."""
+    lo = 0
+    hi = SKV
+    hi = tl.minimum(SKV, tl.maximum(0, first_row + BLOCK_M + shift))
+    lo = tl.maximum(0, first_row + shift - 4096 + 1) // BLOCK_N * BLOCK_N
+    return lo, hi
+
+
+@triton.jit
 def _mistral_sliding_window_forward(
     # fmt: off
     q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr,
@@ -64,10 +75,7 @@ def _mistral_sliding_window_forward(
     # Query i stands at key position i + SKV - SQ (the last query sees the last key, as
     # with a KV cache). Key blocks no row of this block sees are not visited.
     shift = SKV - SQ
-    lo = 0
-    hi = SKV
-    hi = tl.minimum(SKV, tl.maximum(0, (pid_m + 1) * BLOCK_M + shift))
-    lo = tl.maximum(0, pid_m * BLOCK_M + shift - 4096 + 1) // BLOCK_N * BLOCK_N
+    lo, hi = _keys_seen(pid_m * BLOCK_M, shift, SKV, BLOCK_M, BLOCK_N)
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -258,10 +266,7 @@ def _mistral_sliding_window_backward_q(
     k_base = k_ptr + batch.to(tl.int64) * stride_k_b + kv_head * stride_k_h
     v_base = v_ptr + batch.to(tl.int64) * stride_v_b + kv_head * stride_v_h
     shift = SKV - SQ
-    lo = 0
-    hi = SKV
-    hi = tl.minimum(SKV, tl.maximum(0, (pid_m + 1) * BLOCK_M + shift))
-    lo = tl.maximum(0, pid_m * BLOCK_M + shift - 4096 + 1) // BLOCK_N * BLOCK_N
+    lo, hi = _keys_seen(pid_m * BLOCK_M, shift, SKV, BLOCK_M, BLOCK_N)
     d_q = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for start in range(lo, hi, BLOCK_N):
         keys = start + offs_n

@@ -793,8 +793,8 @@ ATTENTION_MUTATIONS = [
     ),
     (
         "att_gqa_causal",
-        "hi = tl.minimum(SKV, tl.maximum(0, (pid_m + 1) * BLOCK_M + shift))",
-        "hi = tl.minimum(SKV, tl.maximum(0, pid_m * BLOCK_M + shift))",
+        "hi = tl.minimum(SKV, tl.maximum(0, first_row + BLOCK_M + shift))",
+        "hi = tl.minimum(SKV, tl.maximum(0, first_row + shift))",
         "the diagonal key block skipped",
     ),
     (
