@@ -10,13 +10,23 @@ from fusegen.ir import Attention
 
 LOG2E = 1.4426950408889634
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) by head dim, as Triton's fused-attention
-# tutorial tiles them; not yet tuned on a GPU.
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) by head dim, of the forward and of the
+# backward's dk/dv and dq kernels, as Triton's fused-attention tutorial tiles them.
 CONFIGS = {64: (128, 64, 4, 3), 128: (128, 64, 8, 3), 256: (64, 32, 8, 2)}
+BACKWARD_CONFIGS = {
+    64: {"kv": (32, 128, 4, 3), "q": (128, 32, 4, 3)},
+    128: {"kv": (32, 128, 4, 3), "q": (128, 32, 4, 3)},
+    256: {"kv": (16, 64, 4, 2), "q": (64, 16, 4, 2)},
+}
+CONFIG_SOURCE = "Untuned: the flash-attention tutorial's shapes for this head dim."
 
 
 def config(att: Attention) -> tuple[int, int, int, int]:
     return next(c for d, c in sorted(CONFIGS.items()) if att.head_dim <= d)
+
+
+def backward_configs(att: Attention) -> dict[str, tuple[int, int, int, int]]:
+    return next(c for d, c in sorted(BACKWARD_CONFIGS.items()) if att.head_dim <= d)
 
 
 def score_formula(att: Attention) -> str:
@@ -38,7 +48,8 @@ def masks(att: Attention) -> str:
 
 
 def seen(att: Attention, backward: bool) -> str:
-    """Which (row, key) pairs a block's scores keep: keys past the end are never seen."""
+    """Which (row, key) pairs a block's scores keep: keys past the end are never seen
+    (nor, in the backward, rows past the end)."""
     parts = ["(keys < SKV)[None, :]"]
     if backward:
         parts.append("(rows < SQ)[:, None]")
@@ -59,22 +70,30 @@ def reference_seen(att: Attention) -> str:
 
 
 def forward_score_lines(att: Attention) -> list[str]:
-    """The forward's scores in base 2 (its online softmax runs on exp2)."""
+    """The forward's scores before `score_factor`: that factor brings them to base 2 (the
+    online softmax runs on exp2) inside one fused multiply-add with the row max."""
     if not att.softcap:
-        return [f"scores = tl.dot(q, k) * {_number(att.scale * LOG2E)}  # the scale, in base 2"]
+        return ["scores = tl.dot(q, k)"]
     return [
         f"scores = tl.dot(q, k) * {_number(att.scale / att.softcap)}",
         f"scores = {_number(att.softcap * LOG2E)} * _tanh(scores)  # softcapped, in base 2",
     ]
 
 
+def score_factor(att: Attention) -> str:
+    """What the forward's scores are multiplied by to be in base 2: the scale without a
+    softcap, else nothing left (the softcap's lines applied it)."""
+    return "" if att.softcap else f" * {_number(att.scale * LOG2E)}"
+
+
 def backward_score_lines(att: Attention) -> list[str]:
-    """The backward's scores in natural log units (lse is), keeping tanh for its derivative."""
+    """The backward's scores in base 2, as the lse it loads (times log2 e), keeping tanh
+    for the softcap's derivative."""
     if not att.softcap:
-        return [f"scores = tl.dot(q, tl.trans(k)) * {_number(att.scale)}"]
+        return [f"scores = tl.dot(q, tl.trans(k)) * {_number(att.scale * LOG2E)}  # in base 2"]
     return [
         f"capped = _tanh(tl.dot(q, tl.trans(k)) * {_number(att.scale / att.softcap)})",
-        f"scores = {_number(att.softcap)} * capped",
+        f"scores = {_number(att.softcap * LOG2E)} * capped  # in base 2",
     ]
 
 
@@ -119,7 +138,12 @@ def module_context(att: Attention, header: list[str], op_name: str, doc_width: i
         + ("," if len(att.dtypes) == 1 else "")
         + ")",
         "config": config(att),
+        "backward_configs": backward_configs(att),
+        "config_source": CONFIG_SOURCE,
+        "log2e": _number(LOG2E),
         "score_lines": forward_score_lines(att),
+        "score_factor": score_factor(att),
+        "padded_d": att.head_dim & (att.head_dim - 1) != 0,
         "score_lines_bwd": backward_score_lines(att),
         "seen": seen(att, backward=False),
         "seen_bwd": seen(att, backward=True),

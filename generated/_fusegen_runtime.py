@@ -30,7 +30,7 @@ _log = logging.getLogger(__name__)
 
 # sha256 of this file as fusegen wrote it (this line holding a placeholder): the kernel
 # modules beside it name the runtime they were built with by it.
-RUNTIME_HASH = "eec780bed3fb81e3"
+RUNTIME_HASH = "415a56c793c77244"
 # Rows above which tuning skips split-K configs: their partial sums' traffic outgrows
 # what the extra programs win.
 SPLIT_K_MAX_ROWS = 256
@@ -243,6 +243,22 @@ def align(*ints):
 def column_major(tensor):
     """Whether a 2-D tensor's unit stride is along its first dim (a transposed view)."""
     return tensor.stride(0) == 1 and tensor.stride(1) != 1 and tensor.shape[1] > 1
+
+
+def settled(key):
+    """A plan's key as torch.compile traces it, with each size the trace has fixed (a dim
+    the spec fixes: the checks guard it) as an int; None where a size is still dynamic
+    (a SymInt cannot key a dict)."""
+    from torch.fx.experimental.symbolic_shapes import is_concrete_int
+
+    out = []
+    for value in key:
+        if isinstance(value, torch.SymInt):
+            if not is_concrete_int(value):
+                return None
+            value = int(value)
+        out.append(value)
+    return tuple(out)
 
 
 def layout(*tensors):
@@ -570,7 +586,6 @@ class Kernels:
         self.tuned = {}  # path -> its autotuned kernel
         self.shortlists = {}  # path -> configs its next tuning compiles (set by tune)
         self.logged = set()
-        self.spare = {}  # device -> 1-element stand-ins for the scratch of an unsplit launch
         self.untraced_launcher = None
         self.tracing = 0  # > 0 while traced_call (or a training op) runs for torch.compile
         self.save_pre_pointer = False  # a training forward's TMA launch ran out of resources
@@ -912,12 +927,10 @@ class Kernels:
                 1, dtype=torch.int32, device=out.device
             )
         if split <= 1:
-            if out.device not in self.spare:
-                self.spare[out.device] = (
-                    torch.empty(1, dtype=torch.float32, device=out.device),
-                    torch.zeros(1, dtype=torch.int32, device=out.device),
-                )
-            return self.spare[out.device]
+            # An unsplit kernel never touches them (SPLIT_K is a constexpr): the output
+            # stands in. No tensor is kept, as one made at a first call under CUDA graphs
+            # (reduce-overhead) would sit in the graph's pool untracked, which it refuses.
+            return out, out
         rows, cols = out.shape
         partials = torch.empty(
             self.weights * split * rows * cols, dtype=torch.float32, device=out.device
@@ -1096,6 +1109,10 @@ class Kernels:
         device = args[0].device
         if not self.can_tune(device):
             return path, self.complete(path, self.module["INTERPRETER_CONFIG"]), "interpreter"
+        if self.tracing:
+            key = settled(key)
+            if key is None:  # no table entry or estimate serves every size without guards
+                return path, self.paths[path][2], "default (dynamic size)"
         tuning = not self.module["DETERMINISTIC"] and os.environ.get("FUSEGEN_AUTOTUNE", "1") != "0"
         row_major = not any(key[len(self.key_names)])  # a plan's key ends with the layout
         key = (*key, path, os.environ.get("FUSEGEN_TMA", ""), tuning)

@@ -24,9 +24,10 @@ HEADS, KV_HEADS, HEAD_DIM = 16, 8, 256
 SCALE = 0.0625  # on q @ k.T
 SOFTCAP = 50.0  # scores become SOFTCAP * tanh(scores / SOFTCAP)
 DTYPES = (torch.bfloat16, torch.float16)
-# (BLOCK_M, BLOCK_N, num_warps, num_stages): query rows and keys per step. Untuned:
-# the flash-attention tutorial's shapes for this head dim.
+# (BLOCK_M, BLOCK_N, num_warps, num_stages): query rows and keys per step, of the
+# forward, the dk/dv kernel and the dq kernel. Untuned: the flash-attention tutorial's shapes for this head dim.
 CONFIG = (64, 32, 8, 2)
+BACKWARD_CONFIGS = {"kv": (16, 64, 4, 2), "q": (64, 16, 4, 2)}
 INTERPRETER_CONFIG = (32, 32, 4, 1)  # small tiles: several per test case
 
 
@@ -56,6 +57,56 @@ def _keys_seen(first_row, shift, SKV, BLOCK_M: tl.constexpr, BLOCK_N: tl.constex
 
 
 @triton.jit
+def _keys_seen_by_all(first_row, shift, SKV, lo, hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """[full_lo, full_hi) within [lo, hi), BLOCK_N multiples: the key blocks that every
+    one of the BLOCK_M rows sees whole, which run without masks."""
+    full_lo = lo
+    full_hi = SKV // BLOCK_N * BLOCK_N  # past it the keys end inside a block
+    # The block's first row sees the fewest keys: those up to its own position.
+    full_hi = tl.minimum(full_hi, tl.maximum(0, first_row + shift + 1) // BLOCK_N * BLOCK_N)
+    return full_lo, tl.maximum(full_lo, tl.minimum(full_hi, hi))
+
+
+@triton.jit
+def _gemma2_attention_forward_step(
+    # fmt: off
+    q, acc, row_sum, row_max, k_base, v_base, start, rows, shift, SKV, stride_k_s, stride_v_s,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    # fmt: on
+):
+    """BLOCK_N keys from `start` into the online softmax (running max and sum in base 2).
+    MASKED: the block holds keys some rows do not see (past the end, past a row's
+    position); the other blocks skip every mask."""
+    keys = start + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    k_offs = keys[None, :] * stride_k_s + offs_d[:, None]
+    v_offs = keys[:, None] * stride_v_s + offs_d[None, :]
+    if MASKED:
+        k = tl.load(k_base + k_offs, mask=(keys < SKV)[None, :], other=0.0)
+        v = tl.load(v_base + v_offs, mask=(keys < SKV)[:, None], other=0.0)
+    else:
+        k = tl.load(k_base + k_offs)
+        v = tl.load(v_base + v_offs)
+    if DOT_UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    scores = tl.dot(q, k) * 0.00125
+    scores = 72.13475204444816 * _tanh(scores)  # softcapped, in base 2
+    if MASKED:
+        # Finite, so a row that sees none of these keys gets no inf - inf: what it
+        # gathers here weighs exp2(-1e30 - max) = 0 once it sees a key.
+        scores = tl.where(
+            (keys < SKV)[None, :] & (keys[None, :] <= rows[:, None] + shift), scores, -1.0e30
+        )
+    new_max = tl.maximum(row_max, tl.max(scores, axis=1))
+    probs = tl.exp2(scores - new_max[:, None])
+    rescale = tl.exp2(row_max - new_max)
+    row_sum = row_sum * rescale + tl.sum(probs, axis=1)
+    acc = tl.dot(probs.to(v.dtype), v, acc * rescale[:, None])
+    return acc, row_sum, new_max
+
+
+@triton.jit
 def _gemma2_attention_forward(
     # fmt: off
     q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr,
@@ -66,14 +117,13 @@ def _gemma2_attention_forward(
     DOT_UPCAST: tl.constexpr, WRITE_LSE: tl.constexpr,
     # fmt: on
 ):
-    """One program: BLOCK_M query rows of one (batch, head), over the keys they see in
-    BLOCK_N steps, with an online softmax (running max and sum, in base 2)."""
+    """One program: BLOCK_M query rows of one (batch, head), over the key blocks they
+    see: those every row sees whole without masks, the others (edges) with."""
     pid_m = tl.program_id(0)
     batch = tl.program_id(1) // 16
     head = tl.program_id(1) % 16
     kv_head = head // 2
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < 256
     q_base = q_ptr + batch.to(tl.int64) * stride_q_b + head * stride_q_h
@@ -90,41 +140,24 @@ def _gemma2_attention_forward(
     # with a KV cache). Key blocks no row of this block sees are not visited.
     shift = SKV - SQ
     lo, hi = _keys_seen(pid_m * BLOCK_M, shift, SKV, BLOCK_M, BLOCK_N)
+    full_lo, full_hi = _keys_seen_by_all(pid_m * BLOCK_M, shift, SKV, lo, hi, BLOCK_M, BLOCK_N)
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for start in range(lo, hi, BLOCK_N):
-        keys = start + offs_n
-        k = tl.load(
-            k_base + keys[None, :] * stride_k_s + offs_d[:, None],
-            mask=(keys < SKV)[None, :] & mask_d[:, None],
-            other=0.0,
-        )
-        v = tl.load(
-            v_base + keys[:, None] * stride_v_s + offs_d[None, :],
-            mask=(keys < SKV)[:, None] & mask_d[None, :],
-            other=0.0,
-        )
-        if DOT_UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        scores = tl.dot(q, k) * 0.00125
-        scores = 72.13475204444816 * _tanh(scores)  # softcapped, in base 2
-        scores = tl.where(
-            (keys < SKV)[None, :] & (keys[None, :] <= rows[:, None] + shift), scores, float("-inf")
-        )
-        new_max = tl.maximum(row_max, tl.max(scores, axis=1))
-        # A row that has seen no key yet keeps max -inf: subtract 0 there, not -inf.
-        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
-        probs = tl.exp2(scores - safe_max[:, None])
-        rescale = tl.exp2(row_max - safe_max)
-        row_sum = row_sum * rescale + tl.sum(probs, axis=1)
-        acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v)
-        row_max = new_max
-    # A row that sees no key (possible with a causal mask and SQ > SKV)
+    for start in range(full_lo, full_hi, BLOCK_N):
+        acc, row_sum, row_max = _gemma2_attention_forward_step(
+            q, acc, row_sum, row_max, k_base, v_base, start, rows, shift, SKV, stride_k_s, stride_v_s,
+            BLOCK_N, BLOCK_D, False, DOT_UPCAST,
+        )  # fmt: skip
+    for start in range(full_hi, hi, BLOCK_N):
+        acc, row_sum, row_max = _gemma2_attention_forward_step(
+            q, acc, row_sum, row_max, k_base, v_base, start, rows, shift, SKV, stride_k_s, stride_v_s,
+            BLOCK_N, BLOCK_D, True, DOT_UPCAST,
+        )  # fmt: skip
+    # A row that sees no key (one before the first key, with SQ > SKV; any, with no keys)
     # gets 0 and log-sum-exp -inf, as FlexAttention gives.
-    seen_any = row_sum > 0.0
-    out = acc / tl.where(seen_any, row_sum, 1.0)[:, None]  # acc is 0 where none was seen
+    seen_any = (rows + shift >= 0) & (SKV > 0)
+    out = tl.where(seen_any[:, None], acc / tl.where(seen_any, row_sum, 1.0)[:, None], 0.0)
     tl.store(
         out_ptr
         + batch.to(tl.int64) * stride_o_b
@@ -141,19 +174,57 @@ def _gemma2_attention_forward(
 
 
 @triton.jit
+def _gemma2_attention_delta(
+    # fmt: off
+    out_ptr, d_out_ptr, delta_ptr, SQ,
+    stride_o_b, stride_o_h, stride_o_s, stride_do_b, stride_do_h, stride_do_s,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    # fmt: on
+):
+    """delta = rowsum(d_out * out) in fp32 for BLOCK_M rows of one (batch, head): the
+    softmax backward's row term, read by both backward kernels."""
+    batch = tl.program_id(1) // 16
+    head = tl.program_id(1) % 16
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (rows < SQ)[:, None] & (offs_d < 256)[None, :]
+    out = tl.load(
+        out_ptr
+        + batch.to(tl.int64) * stride_o_b
+        + head * stride_o_h
+        + rows[:, None] * stride_o_s
+        + offs_d[None, :],
+        mask=mask,
+        other=0.0,
+    )
+    d_out = tl.load(
+        d_out_ptr
+        + batch.to(tl.int64) * stride_do_b
+        + head * stride_do_h
+        + rows[:, None] * stride_do_s
+        + offs_d[None, :],
+        mask=mask,
+        other=0.0,
+    )
+    delta = tl.sum(out.to(tl.float32) * d_out.to(tl.float32), axis=1)
+    tl.store(delta_ptr + tl.program_id(1).to(tl.int64) * SQ + rows, delta, mask=rows < SQ)
+
+
+@triton.jit
 def _gemma2_attention_backward_kv(
     # fmt: off
     q_ptr, k_ptr, v_ptr, d_out_ptr, lse_ptr, delta_ptr, d_k_ptr, d_v_ptr,
     SQ, SKV,
     stride_q_b, stride_q_h, stride_q_s, stride_k_b, stride_k_h, stride_k_s,
     stride_v_b, stride_v_h, stride_v_s, stride_do_b, stride_do_h, stride_do_s,
+    stride_dk_b, stride_dk_h, stride_dk_s,  # d_k and d_v: k's shape, contiguous
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
     # fmt: on
 ):
     """dk and dv for BLOCK_N keys of one (batch, kv head): summed over its 2 query
     head(s) and the query blocks that see them, in registers (no atomics: the same sums
-    in the same order every run). d_k, d_v: [batch * kv heads, SKV, BLOCK_D] fp32."""
+    in the same order every run)."""
     pid_n = tl.program_id(0)
     batch = tl.program_id(1) // 8
     kv_head = tl.program_id(1) % 8
@@ -204,27 +275,32 @@ def _gemma2_attention_backward_kv(
                 do_base + rows[:, None] * stride_do_s + offs_d[None, :], mask=mask_q, other=0.0
             )
             lse = tl.load(lse_ptr + bh.to(tl.int64) * SQ + rows, mask=rows < SQ, other=0.0)
+            lse = lse * 1.4426950408889634  # to base 2, as the scores
             delta = tl.load(delta_ptr + bh.to(tl.int64) * SQ + rows, mask=rows < SQ, other=0.0)
             if DOT_UPCAST:
                 q = q.to(tl.float32)
                 d_out = d_out.to(tl.float32)
             capped = _tanh(tl.dot(q, tl.trans(k)) * 0.00125)
-            scores = 50.0 * capped
+            scores = 72.13475204444816 * capped  # in base 2
             probs = tl.where(
                 (keys < SKV)[None, :]
                 & (rows < SQ)[:, None]
                 & (keys[None, :] <= rows[:, None] + shift),
-                tl.exp(scores - lse[:, None]),
+                tl.exp2(scores - lse[:, None]),
                 0.0,
             )
             d_v += tl.dot(tl.trans(probs).to(d_out.dtype), d_out)
             d_probs = tl.dot(d_out, tl.trans(v))
             d_scores = probs * (d_probs - delta[:, None]) * (1.0 - capped * capped) * 0.0625
             d_k += tl.dot(tl.trans(d_scores).to(q.dtype), q)
-    kv = tl.program_id(1).to(tl.int64) * SKV * BLOCK_D
-    out_offs = keys[:, None] * BLOCK_D + offs_d[None, :]
-    tl.store(d_k_ptr + kv + out_offs, d_k, mask=(keys < SKV)[:, None])
-    tl.store(d_v_ptr + kv + out_offs, d_v, mask=(keys < SKV)[:, None])
+    offs = (
+        batch.to(tl.int64) * stride_dk_b
+        + kv_head * stride_dk_h
+        + keys[:, None] * stride_dk_s
+        + offs_d[None, :]
+    )
+    tl.store(d_k_ptr + offs, d_k.to(d_k_ptr.dtype.element_ty), mask=mask_kv)
+    tl.store(d_v_ptr + offs, d_v.to(d_v_ptr.dtype.element_ty), mask=mask_kv)
 
 
 @triton.jit
@@ -268,7 +344,9 @@ def _gemma2_attention_backward_q(
         other=0.0,
     )
     bh = tl.program_id(1).to(tl.int64)
-    lse = tl.load(lse_ptr + bh * SQ + rows, mask=rows < SQ, other=0.0)
+    lse = (
+        tl.load(lse_ptr + bh * SQ + rows, mask=rows < SQ, other=0.0) * 1.4426950408889634
+    )  # base 2
     delta = tl.load(delta_ptr + bh * SQ + rows, mask=rows < SQ, other=0.0)
     if DOT_UPCAST:
         q = q.to(tl.float32)
@@ -287,10 +365,10 @@ def _gemma2_attention_backward_q(
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         capped = _tanh(tl.dot(q, tl.trans(k)) * 0.00125)
-        scores = 50.0 * capped
+        scores = 72.13475204444816 * capped  # in base 2
         probs = tl.where(
             (keys < SKV)[None, :] & (rows < SQ)[:, None] & (keys[None, :] <= rows[:, None] + shift),
-            tl.exp(scores - lse[:, None]),
+            tl.exp2(scores - lse[:, None]),
             0.0,
         )
         d_probs = tl.dot(d_out, tl.trans(v))
@@ -411,8 +489,11 @@ def _runs_triton(device):
     return device.type == "cuda" or _interpreted()
 
 
-def _config(device):
-    return INTERPRETER_CONFIG if device.type != "cuda" else CONFIG
+def _config(device, kernel="forward"):
+    """The launch config of a kernel: "forward", "kv" or "q"."""
+    if device.type != "cuda":
+        return INTERPRETER_CONFIG
+    return CONFIG if kernel == "forward" else BACKWARD_CONFIGS[kernel]
 
 
 def _unit_stride(*tensors):
@@ -446,35 +527,33 @@ def _backward(q, k, v, out, lse, d_out, needs=(True, True, True)):
     batch, sq, skv = _checked(q, k, v)
     if not _runs_triton(q.device) or not out.numel():
         return _reference_grads(q, k, v, d_out, needs)
-    q, k, v, d_out = _unit_stride(q, k, v, d_out)
-    delta = (d_out.float() * out.float()).sum(-1)
-    delta = (delta.transpose(1, 2) if LAYOUT == "bshd" else delta).contiguous()
-    block_m, block_n, warps, stages = _config(q.device)
+    q, k, v, out, d_out = _unit_stride(q, k, v, out, d_out)
     block_d = triton.next_power_of_2(HEAD_DIM)
-    common = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps, num_stages=1,
-                  DOT_UPCAST=_interpreted() and q.dtype == torch.bfloat16)  # fmt: skip
+    upcast = _interpreted() and q.dtype == torch.bfloat16
+    delta = torch.empty((batch, HEADS, sq), dtype=torch.float32, device=q.device)
+    _gemma2_attention_delta[(triton.cdiv(sq, 64), batch * HEADS)](
+        out, d_out, delta, sq, *_strides(out), *_strides(d_out), BLOCK_M=64, BLOCK_D=block_d
+    )
     reads = (sq, skv, *_strides(q), *_strides(k), *_strides(v), *_strides(d_out))
     d_q = d_k = d_v = None
     if needs[1] or needs[2]:
-        # fp32 sums per kv head, padded to block_d: sliced and cast below.
-        d_k32 = torch.empty((batch * KV_HEADS, skv, block_d), dtype=torch.float32, device=q.device)
-        d_v32 = torch.empty_like(d_k32)
+        block_m, block_n, warps, stages = _config(q.device, "kv")
+        d_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+        d_v = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         _gemma2_attention_backward_kv[(triton.cdiv(skv, block_n), batch * KV_HEADS)](
-            q, k, v, d_out, lse, delta, d_k32, d_v32, *reads, **common
-        )
-        d_k, d_v = (_in_layout(t, batch, skv).to(q.dtype) for t in (d_k32, d_v32))
+            q, k, v, d_out, lse, delta, d_k, d_v, *reads, *_strides(d_k),
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, DOT_UPCAST=upcast,
+            num_warps=warps, num_stages=stages,
+        )  # fmt: skip
     if needs[0]:
+        block_m, block_n, warps, stages = _config(q.device, "q")
         d_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         _gemma2_attention_backward_q[(triton.cdiv(sq, block_m), batch * HEADS)](
-            q, k, v, d_out, lse, delta, d_q, *reads, *_strides(d_q), **common
-        )
+            q, k, v, d_out, lse, delta, d_q, *reads, *_strides(d_q),
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, DOT_UPCAST=upcast,
+            num_warps=warps, num_stages=stages,
+        )  # fmt: skip
     return d_q, d_k, d_v
-
-
-def _in_layout(t, batch, seq):
-    """[batch * KV_HEADS, seq, BLOCK_D] fp32 -> k's shape in the spec's layout."""
-    t = t[..., :HEAD_DIM].view(batch, KV_HEADS, seq, HEAD_DIM)
-    return t.transpose(1, 2) if LAYOUT == "bshd" else t
 
 
 def _reference_grads(q, k, v, d_out, needs):

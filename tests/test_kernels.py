@@ -703,6 +703,17 @@ def test_the_traced_launcher_goes_through_wrap_triton(zoo, monkeypatch, name):
     monkeypatch.setattr(torch.library, "wrap_triton", symbolic)
     make_fx(lambda *t: traced(kernel, "traced_call", *t), tracing_mode="symbolic")(*ordered)
     assert len(symbolic.launches) == 1
+    # As on a GPU (where configs are chosen, not the interpreter's): a size the spec fixes
+    # keys the plan as an int (the checks guard it); a dynamic one other than the rows
+    # keys none (a SymInt is unhashable) and takes the default config.
+    runtime = kernel._KERNELS
+    monkeypatch.setattr(runtime, "can_tune", lambda device: True)
+    monkeypatch.setattr(runtime, "from_table", lambda path, key, device: None)
+    monkeypatch.setattr(runtime, "estimated_default", False)
+    make_fx(lambda *t: traced(kernel, "traced_call", *t), tracing_mode="symbolic")(*ordered)
+    dynamic = any(kernel.DIMS[d] is None for d in runtime.dims[1:])
+    assert kernel.last_launch()["source"] == ("default (dynamic size)" if dynamic else "default")
+    assert kernel.last_launch()["config"] == runtime.paths["pointer"][2]
 
 
 @pytest.mark.parametrize("name", ["mm_gate_full", "row_bias_gelu_layernorm"])
@@ -784,7 +795,7 @@ def test_export_keeps_the_op(zoo):
 
 # (module, text to replace, replacement, why the attention tests must notice)
 ATTENTION_MUTATIONS = [
-    ("att_gqa_causal", "acc = acc * rescale[:, None] + ", "acc = acc + ", "no online rescale"),
+    ("att_gqa_causal", "acc * rescale[:, None])", "acc)", "no online rescale"),
     (
         "att_gqa_causal",
         "(keys[None, :] <= rows[:, None] + shift)",
@@ -796,6 +807,18 @@ ATTENTION_MUTATIONS = [
         "hi = tl.minimum(SKV, tl.maximum(0, first_row + BLOCK_M + shift))",
         "hi = tl.minimum(SKV, tl.maximum(0, first_row + shift))",
         "the diagonal key block skipped",
+    ),
+    (
+        "att_gqa_causal",
+        "tl.maximum(0, first_row + shift + 1) // BLOCK_N * BLOCK_N)",
+        "tl.maximum(0, first_row + shift + BLOCK_M) // BLOCK_N * BLOCK_N)",
+        "the diagonal key block run without its mask",
+    ),
+    (
+        "att_window_softcap",
+        "tl.cdiv(last_first_key, BLOCK_N) * BLOCK_N",
+        "last_first_key // BLOCK_N * BLOCK_N",
+        "the block a window starts in run without its mask",
     ),
     (
         "att_gqa_causal",

@@ -1,0 +1,163 @@
+"""The generated attention kernels over a grid of launch configs, on one GPU, bf16: the
+forward at each of issue 16's cases (benchmarks/attention_anchors.py's CASES), and the
+backward's dk/dv and dq kernels at the causal training case. Each config's output is
+checked against fp32 math attention first (a config that computes wrongly is dropped,
+not timed), and SDPA's cuDNN and flash backends are timed beside as the bar. What it
+finds goes into fusegen/attention_text.py's CONFIGS and BACKWARD_CONFIGS.
+
+    python3 benchmarks/attention_configs.py [--cases causal full ...] [--out FILE.json]
+
+Times: triton.testing.do_bench medians (ms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from attention_anchors import CASES, SOFTCAP, build, load, math_reference  # noqa: E402
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages)
+FORWARD = {
+    64: [(128, 64, 4, 3), (128, 64, 4, 4), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3),
+         (64, 128, 4, 3), (128, 64, 8, 3), (128, 128, 4, 2)],
+    128: [(128, 64, 8, 3), (128, 64, 8, 2), (128, 64, 8, 4), (128, 128, 8, 2), (128, 128, 8, 3),
+          (64, 64, 4, 3), (64, 128, 4, 3), (128, 32, 8, 3), (128, 64, 4, 3), (256, 64, 8, 2)],
+}  # fmt: skip
+KV = [(32, 128, 4, 3), (32, 128, 4, 2), (64, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 2),
+      (16, 128, 4, 3), (64, 128, 4, 2)]  # fmt: skip
+Q = [(128, 32, 4, 3), (128, 32, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (64, 64, 4, 2),
+     (128, 16, 4, 3), (128, 64, 4, 2)]  # fmt: skip
+
+
+def inputs(shape, seed=0):
+    torch.manual_seed(seed)
+    return [torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+
+
+def error(got, want):
+    return ((got[:1, :8].float() - want).norm() / want.norm()).item()
+
+
+def forward_sweep(case, module, shape):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from triton.testing import do_bench
+
+    causal = "causal" in case or case == "softcap"
+    softcap = SOFTCAP if case == "softcap" else None
+    q, k, v = inputs(shape)
+    want = math_reference(q[:1, :8], k[:1, :8], v[:1, :8], causal, softcap)
+    rows = []
+    if softcap is None:
+        for name, backend in (("sdpa cudnn", SDPBackend.CUDNN_ATTENTION),
+                              ("sdpa flash", SDPBackend.FLASH_ATTENTION)):  # fmt: skip
+            with sdpa_kernel(backend), torch.no_grad():
+
+                def call():
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+                rows.append({"variant": name, "error": error(call(), want), "ms": do_bench(call)})
+            print(case, rows[-1], flush=True)
+    default = module.CONFIG
+    for config in FORWARD[shape[-1]]:
+        module.CONFIG = config
+        row = {"variant": "fusegen", "config": config}
+        try:
+            with torch.no_grad():
+                row["error"] = error(module._forward(q, k, v, False)[0], want)
+                if row["error"] < 2e-2:
+                    row["ms"] = do_bench(lambda: module._forward(q, k, v, False))
+        except Exception as exc:  # too much shared memory, say: a result
+            row["error_text"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+        rows.append(row)
+        print(case, row, flush=True)
+    module.CONFIG = default
+    return rows
+
+
+def backward_sweep(module, shape):
+    """dk/dv and dq kernels apart (the other's config held at the default), then the
+    whole forward + backward with each kernel's best, against cuDNN's."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from triton.testing import do_bench
+
+    q, k, v = inputs(shape)
+    d_out = torch.randn_like(q)
+    with torch.no_grad():
+        out, lse = module._forward(q, k, v, True)
+    leaves = [t.detach().float().requires_grad_() for t in (q[:1, :8], k[:1, :8], v[:1, :8])]
+    want = torch.autograd.grad(math_reference(*leaves, True, None), leaves, d_out[:1, :8].float())
+    rows, best = [], {}
+    for kernel, space, needs in (("kv", KV, (False, True, True)), ("q", Q, (True, False, False))):
+        default = dict(module.BACKWARD_CONFIGS)
+        for config in space:
+            module.BACKWARD_CONFIGS = {**default, kernel: config}
+            row = {"variant": f"fusegen {kernel}", "config": config}
+            try:
+                grads = module._backward(q, k, v, out, lse, d_out, needs)
+                row["error"] = max(
+                    error(g, w) for g, w, n in zip(grads, want, needs, strict=True) if n
+                )
+                if row["error"] < 2e-2:
+                    row["ms"] = do_bench(
+                        lambda needs=needs: module._backward(q, k, v, out, lse, d_out, needs)
+                    )
+                    if row["ms"] < best.get(kernel, (None, float("inf")))[1]:
+                        best[kernel] = (config, row["ms"])
+            except Exception as exc:
+                row["error_text"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+            rows.append(row)
+            print("backward", row, flush=True)
+        module.BACKWARD_CONFIGS = default
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    tuned = {**module.BACKWARD_CONFIGS, **{n: c for n, (c, _) in best.items()}}
+    for name, configs in (("fusegen default", module.BACKWARD_CONFIGS), ("fusegen best", tuned)):
+        module.BACKWARD_CONFIGS = configs
+        call = getattr(module, module.__name__)
+        ms = do_bench(lambda call=call: torch.autograd.grad(call(*leaves), leaves, d_out))
+        rows.append({"variant": name, "configs": configs, "ms": ms})
+        print("forward + backward", rows[-1], flush=True)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        step = lambda: torch.autograd.grad(  # noqa: E731
+            F.scaled_dot_product_attention(*leaves, is_causal=True), leaves, d_out
+        )
+        rows.append({"variant": "sdpa cudnn", "ms": do_bench(step)})
+    print("forward + backward", rows[-1], flush=True)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--out", help="write every number here as JSON")
+    args = parser.parse_args()
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cases": {}}
+    with tempfile.TemporaryDirectory() as folder:
+        build(Path(folder))
+        for case in args.cases:
+            module_name, shape, backward = CASES[case]
+            module = load(Path(folder), module_name)
+            sweep = (
+                backward_sweep(module, shape) if backward else forward_sweep(case, module, shape)
+            )
+            report["cases"][case] = {"shape": shape, "rows": sweep}
+            if args.out:  # after each case: a run cut short keeps what it measured
+                Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    for case, entry in report["cases"].items():
+        timed = [r for r in entry["rows"] if "ms" in r]
+        mine = [r for r in timed if r["variant"].startswith("fusegen")]
+        theirs = [r for r in timed if not r["variant"].startswith("fusegen")]
+        for row in sorted(mine, key=lambda r: r["ms"])[:3] + theirs:
+            print(f"{case}: {row['variant']} {row.get('config', '')} {row['ms']:.3f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
