@@ -12,17 +12,24 @@ LOG2E = 1.4426950408889634
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) by head dim, of the forward and of the
 # backward's dk/dv and dq kernels, as Triton's fused-attention tutorial tiles them.
-CONFIGS = {64: (128, 64, 4, 3), 128: (128, 64, 8, 3), 256: (64, 32, 8, 2)}
+# Head dims 64 and 128: the fastest of benchmarks/attention_configs.py's grid on an H200
+# (bf16; issue 16's shapes): the causal and the softcapped forward on 64 x 64 tiles (the
+# diagonal's waste, the tanh's registers), the unmasked forward on 128 x 128. Head dim 256:
+# untuned, the tiles that fit.
+CONFIGS = {64: (64, 64, 4, 3), 128: (64, 64, 4, 3), 256: (64, 32, 8, 2)}
+UNMASKED_CONFIGS = {128: (128, 128, 8, 3)}
 BACKWARD_CONFIGS = {
-    64: {"kv": (32, 128, 4, 3), "q": (128, 32, 4, 3)},
-    128: {"kv": (32, 128, 4, 3), "q": (128, 32, 4, 3)},
+    64: {"kv": (64, 64, 4, 2), "q": (64, 64, 4, 2)},
+    128: {"kv": (64, 64, 4, 2), "q": (64, 64, 4, 2)},
     256: {"kv": (16, 64, 4, 2), "q": (64, 16, 4, 2)},
 }
-CONFIG_SOURCE = "Untuned: the flash-attention tutorial's shapes for this head dim."
+CONFIG_SOURCE = "Measured on an H200\n# (benchmarks/attention_configs.py); head dim 256: untuned."
 
 
 def config(att: Attention) -> tuple[int, int, int, int]:
-    return next(c for d, c in sorted(CONFIGS.items()) if att.head_dim <= d)
+    unmasked = not (att.causal or att.window or att.softcap)
+    table = {**CONFIGS, **UNMASKED_CONFIGS} if unmasked else CONFIGS
+    return next(c for d, c in sorted(table.items()) if att.head_dim <= d)
 
 
 def backward_configs(att: Attention) -> dict[str, tuple[int, int, int, int]]:
@@ -60,6 +67,16 @@ def seen(att: Attention, backward: bool) -> str:
     return " & ".join(parts)
 
 
+def seen_keys_by_rows(att: Attention) -> str:
+    """`seen` for the dk/dv kernel's [keys, rows] blocks."""
+    parts = ["(keys < SKV)[:, None]", "(rows < SQ)[None, :]"]
+    if att.causal:
+        parts.append("(keys[:, None] <= rows[None, :] + shift)")
+    if att.window:
+        parts.append(f"(keys[:, None] > rows[None, :] + shift - {att.window})")
+    return " & ".join(parts)
+
+
 def reference_seen(att: Attention) -> str:
     parts = []
     if att.causal:
@@ -76,7 +93,7 @@ def forward_score_lines(att: Attention) -> list[str]:
         return ["scores = tl.dot(q, k)"]
     return [
         f"scores = tl.dot(q, k) * {_number(att.scale / att.softcap)}",
-        f"scores = {_number(att.softcap * LOG2E)} * _tanh(scores)  # softcapped, in base 2",
+        f"scores = {_number(att.softcap * LOG2E)} * _tanh(scores, FAST_TANH)  # softcapped, base 2",
     ]
 
 
@@ -92,8 +109,16 @@ def backward_score_lines(att: Attention) -> list[str]:
     if not att.softcap:
         return [f"scores = tl.dot(q, tl.trans(k)) * {_number(att.scale * LOG2E)}  # in base 2"]
     return [
-        f"capped = _tanh(tl.dot(q, tl.trans(k)) * {_number(att.scale / att.softcap)})",
+        f"capped = _tanh(tl.dot(q, tl.trans(k)) * {_number(att.scale / att.softcap)}, FAST_TANH)",
         f"scores = {_number(att.softcap * LOG2E)} * capped  # in base 2",
+    ]
+
+
+def kv_score_lines(att: Attention) -> list[str]:
+    """The backward's scores keys by rows ([BLOCK_N, BLOCK_M]), for dk and dv."""
+    return [
+        line.replace("tl.dot(q, tl.trans(k))", "tl.dot(k, tl.trans(q))")
+        for line in backward_score_lines(att)
     ]
 
 
@@ -147,6 +172,8 @@ def module_context(att: Attention, header: list[str], op_name: str, doc_width: i
         "score_lines_bwd": backward_score_lines(att),
         "seen": seen(att, backward=False),
         "seen_bwd": seen(att, backward=True),
+        "seen_kv": seen_keys_by_rows(att),
+        "score_lines_kv": kv_score_lines(att),
         "reference_seen": reference_seen(att),
         "d_softcap": d_softcap(att),
         "op_name": op_name,

@@ -30,7 +30,7 @@ _log = logging.getLogger(__name__)
 
 # sha256 of this file as fusegen wrote it (this line holding a placeholder): the kernel
 # modules beside it name the runtime they were built with by it.
-RUNTIME_HASH = "415a56c793c77244"
+RUNTIME_HASH = "e5fbd3727475f4bc"
 # Rows above which tuning skips split-K configs: their partial sums' traffic outgrows
 # what the extra programs win.
 SPLIT_K_MAX_ROWS = 256
@@ -246,19 +246,24 @@ def column_major(tensor):
 
 
 def settled(key):
-    """A plan's key as torch.compile traces it, with each size the trace has fixed (a dim
-    the spec fixes: the checks guard it) as an int; None where a size is still dynamic
-    (a SymInt cannot key a dict)."""
-    from torch.fx.experimental.symbolic_shapes import is_concrete_int
+    """A plan's key as torch.compile traces it, with each size (and layout flag) the
+    trace has fixed (a dim the spec fixes: the checks guard it) as an int (a bool); None
+    where one is still symbolic: a SymInt cannot key a dict, nor a SymBool be compared
+    with a key's bool outside the trace."""
+    from torch.fx.experimental.symbolic_shapes import is_concrete_bool, is_concrete_int
 
-    out = []
-    for value in key:
+    def plain_value(value):
         if isinstance(value, torch.SymInt):
-            if not is_concrete_int(value):
-                return None
-            value = int(value)
-        out.append(value)
-    return tuple(out)
+            return int(value) if is_concrete_int(value) else None
+        if isinstance(value, torch.SymBool):
+            return bool(value) if is_concrete_bool(value) else None
+        if isinstance(value, tuple):
+            inner = tuple(plain_value(v) for v in value)
+            return None if None in inner else inner
+        return value
+
+    out = tuple(plain_value(v) for v in key)
+    return None if None in out else out
 
 
 def layout(*tensors):

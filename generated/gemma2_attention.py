@@ -25,18 +25,25 @@ SCALE = 0.0625  # on q @ k.T
 SOFTCAP = 50.0  # scores become SOFTCAP * tanh(scores / SOFTCAP)
 DTYPES = (torch.bfloat16, torch.float16)
 # (BLOCK_M, BLOCK_N, num_warps, num_stages): query rows and keys per step, of the
-# forward, the dk/dv kernel and the dq kernel. Untuned: the flash-attention tutorial's shapes for this head dim.
+# forward, the dk/dv kernel and the dq kernel. Measured on an H200
+# (benchmarks/attention_configs.py); head dim 256: untuned.
 CONFIG = (64, 32, 8, 2)
 BACKWARD_CONFIGS = {"kv": (16, 64, 4, 2), "q": (64, 16, 4, 2)}
 INTERPRETER_CONFIG = (32, 32, 4, 1)  # small tiles: several per test case
 
 
 @triton.jit
-def _tanh(z):
-    """tanh to about an fp32 rounding: Taylor terms to z**9 where |z| < 0.3 (their
-    remainder is under 5e-8 of tanh there), else (1 - t) / (1 + t), t = exp(-2|z|) >= 0.55
-    away, with no cancellation. 2 * sigmoid(2z) - 1 is off by an fp32 rounding of 1, not
-    of tanh: 20x eager's score error at a softcap of 20 (Triton has no portable tanh)."""
+def _tanh(z, FAST: tl.constexpr):
+    """FAST (16-bit calls on NVIDIA GPUs): tanh.approx.f32, relative error under 2**-10.98,
+    below eager's own score rounding in bf16 and fp16. Else tanh to about an fp32
+    rounding: Taylor terms to z**9 where |z| < 0.3 (their remainder is under 5e-8 of tanh
+    there), else (1 - t) / (1 + t), t = exp(-2|z|) >= 0.55 away, with no cancellation.
+    2 * sigmoid(2z) - 1 is off by an fp32 rounding of 1, not of tanh: 20x eager's score
+    error at a softcap of 20 (Triton has no portable tanh)."""
+    if FAST:
+        return tl.inline_asm_elementwise(
+            "tanh.approx.f32 $0, $1;", "=r,r", [z], dtype=tl.float32, is_pure=True, pack=1
+        )
     z2 = z * z
     series = z * (
         1.0 + z2 * (-1.0 / 3.0 + z2 * (2.0 / 15.0 + z2 * (-17.0 / 315.0 + z2 * (62.0 / 2835.0))))
@@ -72,6 +79,7 @@ def _gemma2_attention_forward_step(
     # fmt: off
     q, acc, row_sum, row_max, k_base, v_base, start, rows, shift, SKV, stride_k_s, stride_v_s,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    FAST_TANH: tl.constexpr,
     # fmt: on
 ):
     """BLOCK_N keys from `start` into the online softmax (running max and sum in base 2).
@@ -91,7 +99,7 @@ def _gemma2_attention_forward_step(
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     scores = tl.dot(q, k) * 0.00125
-    scores = 72.13475204444816 * _tanh(scores)  # softcapped, in base 2
+    scores = 72.13475204444816 * _tanh(scores, FAST_TANH)  # softcapped, base 2
     if MASKED:
         # Finite, so a row that sees none of these keys gets no inf - inf: what it
         # gathers here weighs exp2(-1e30 - max) = 0 once it sees a key.
@@ -115,6 +123,7 @@ def _gemma2_attention_forward(
     stride_v_b, stride_v_h, stride_v_s, stride_o_b, stride_o_h, stride_o_s,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_UPCAST: tl.constexpr, WRITE_LSE: tl.constexpr,
+    FAST_TANH: tl.constexpr,
     # fmt: on
 ):
     """One program: BLOCK_M query rows of one (batch, head), over the key blocks they
@@ -146,13 +155,15 @@ def _gemma2_attention_forward(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for start in range(full_lo, full_hi, BLOCK_N):
         acc, row_sum, row_max = _gemma2_attention_forward_step(
-            q, acc, row_sum, row_max, k_base, v_base, start, rows, shift, SKV, stride_k_s, stride_v_s,
-            BLOCK_N, BLOCK_D, False, DOT_UPCAST,
+            q, acc, row_sum, row_max, k_base, v_base, start, rows, shift, SKV,
+            stride_k_s, stride_v_s,
+            BLOCK_N, BLOCK_D, False, DOT_UPCAST, FAST_TANH,
         )  # fmt: skip
     for start in range(full_hi, hi, BLOCK_N):
         acc, row_sum, row_max = _gemma2_attention_forward_step(
-            q, acc, row_sum, row_max, k_base, v_base, start, rows, shift, SKV, stride_k_s, stride_v_s,
-            BLOCK_N, BLOCK_D, True, DOT_UPCAST,
+            q, acc, row_sum, row_max, k_base, v_base, start, rows, shift, SKV,
+            stride_k_s, stride_v_s,
+            BLOCK_N, BLOCK_D, True, DOT_UPCAST, FAST_TANH,
         )  # fmt: skip
     # A row that sees no key (one before the first key, with SQ > SKV; any, with no keys)
     # gets 0 and log-sum-exp -inf, as FlexAttention gives.
@@ -211,6 +222,105 @@ def _gemma2_attention_delta(
 
 
 @triton.jit
+def _queries_seeing(pid_n, shift, SQ, SKV, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """For the key block pid_n: [lo, hi), the query rows that see any of its keys (lo a
+    BLOCK_M multiple), and [full_lo, full_hi) within it, BLOCK_M multiples: the row
+    blocks, all rows < SQ, that see every key of the block, which run without masks."""
+    lo = 0
+    hi = SQ
+    full_lo = 0
+    full_hi = tl.where((pid_n + 1) * BLOCK_N <= SKV, SQ // BLOCK_M * BLOCK_M, 0)
+    # Query i sees key j <= i + shift: from the first key's row on; all from the last's.
+    lo = tl.maximum(0, pid_n * BLOCK_N - shift) // BLOCK_M * BLOCK_M
+    full_lo = tl.cdiv(tl.maximum(0, (pid_n + 1) * BLOCK_N - 1 - shift), BLOCK_M) * BLOCK_M
+    full_lo = tl.minimum(tl.maximum(lo, full_lo), hi)
+    return lo, hi, full_lo, tl.maximum(full_lo, tl.minimum(full_hi, hi))
+
+
+@triton.jit
+def _gemma2_attention_backward_kv_step(
+    # fmt: off
+    d_k, d_v, k, v, keys, start, shift, SQ, SKV,
+    q_base, do_base, lse_row, delta_row, stride_q_s, stride_do_s,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    FAST_TANH: tl.constexpr,
+    # fmt: on
+):
+    """BLOCK_M query rows from `start` into the block's dk and dv sums, computed keys by
+    rows (so the probabilities need no transpose). MASKED: some of these rows are past
+    the end or see only some of the keys; the other blocks skip every mask."""
+    rows = start + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q_offs = rows[:, None] * stride_q_s + offs_d[None, :]
+    do_offs = rows[:, None] * stride_do_s + offs_d[None, :]
+    if MASKED:
+        mask_q = (rows < SQ)[:, None]
+        q = tl.load(q_base + q_offs, mask=mask_q, other=0.0)
+        d_out = tl.load(do_base + do_offs, mask=mask_q, other=0.0)
+        lse = tl.load(lse_row + rows, mask=rows < SQ, other=0.0)
+        delta = tl.load(delta_row + rows, mask=rows < SQ, other=0.0)
+    else:
+        q = tl.load(q_base + q_offs)
+        d_out = tl.load(do_base + do_offs)
+        lse = tl.load(lse_row + rows)
+        delta = tl.load(delta_row + rows)
+    if DOT_UPCAST:
+        q = q.to(tl.float32)
+        d_out = d_out.to(tl.float32)
+    capped = _tanh(tl.dot(k, tl.trans(q)) * 0.00125, FAST_TANH)
+    scores = 72.13475204444816 * capped  # in base 2
+    probs = tl.exp2(scores - lse[None, :] * 1.4426950408889634)  # lse to base 2, as the scores
+    if MASKED:
+        probs = tl.where(
+            (keys < SKV)[:, None] & (rows < SQ)[None, :] & (keys[:, None] <= rows[None, :] + shift),
+            probs,
+            0.0,
+        )
+    d_v += tl.dot(probs.to(d_out.dtype), d_out)
+    d_probs = tl.dot(v, tl.trans(d_out))
+    d_scores = probs * (d_probs - delta[None, :]) * (1.0 - capped * capped) * 0.0625
+    d_k += tl.dot(d_scores.to(q.dtype), q)
+    return d_k, d_v
+
+
+@triton.jit
+def _gemma2_attention_backward_q_step(
+    # fmt: off
+    d_q, q, d_out, lse, delta, k_base, v_base, start, rows, shift, SQ, SKV, stride_k_s, stride_v_s,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    FAST_TANH: tl.constexpr,
+    # fmt: on
+):
+    """BLOCK_N keys from `start` into dq of the block's rows; MASKED as in the forward."""
+    keys = start + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    kv_offs = keys[:, None] * stride_k_s + offs_d[None, :]
+    if MASKED:
+        mask_kv = (keys < SKV)[:, None]
+        k = tl.load(k_base + kv_offs, mask=mask_kv, other=0.0)
+        v = tl.load(v_base + keys[:, None] * stride_v_s + offs_d[None, :], mask=mask_kv, other=0.0)
+    else:
+        k = tl.load(k_base + kv_offs)
+        v = tl.load(v_base + keys[:, None] * stride_v_s + offs_d[None, :])
+    if DOT_UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    capped = _tanh(tl.dot(q, tl.trans(k)) * 0.00125, FAST_TANH)
+    scores = 72.13475204444816 * capped  # in base 2
+    probs = tl.exp2(scores - lse[:, None])
+    if MASKED:
+        probs = tl.where(
+            (keys < SKV)[None, :] & (rows < SQ)[:, None] & (keys[None, :] <= rows[:, None] + shift),
+            probs,
+            0.0,
+        )
+    d_probs = tl.dot(d_out, tl.trans(v))
+    d_scores = probs * (d_probs - delta[:, None]) * (1.0 - capped * capped) * 0.0625
+    d_q += tl.dot(d_scores.to(k.dtype), k)
+    return d_q
+
+
+@triton.jit
 def _gemma2_attention_backward_kv(
     # fmt: off
     q_ptr, k_ptr, v_ptr, d_out_ptr, lse_ptr, delta_ptr, d_k_ptr, d_v_ptr,
@@ -220,6 +330,7 @@ def _gemma2_attention_backward_kv(
     stride_dk_b, stride_dk_h, stride_dk_s,  # d_k and d_v: k's shape, contiguous
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
+    FAST_TANH: tl.constexpr,
     # fmt: on
 ):
     """dk and dv for BLOCK_N keys of one (batch, kv head): summed over its 2 query
@@ -228,7 +339,6 @@ def _gemma2_attention_backward_kv(
     pid_n = tl.program_id(0)
     batch = tl.program_id(1) // 8
     kv_head = tl.program_id(1) % 8
-    offs_m = tl.arange(0, BLOCK_M)
     keys = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < 256
@@ -255,44 +365,33 @@ def _gemma2_attention_backward_kv(
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     shift = SKV - SQ
-    lo = 0
-    hi = SQ
-    lo = tl.maximum(0, pid_n * BLOCK_N - shift) // BLOCK_M * BLOCK_M
+    lo, hi, full_lo, full_hi = _queries_seeing(pid_n, shift, SQ, SKV, BLOCK_M, BLOCK_N)
     d_k = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     d_v = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     for member in range(2):
         head = kv_head * 2 + member
-        bh = batch * 16 + head
+        bh = (batch * 16 + head).to(tl.int64)
         q_base = q_ptr + batch.to(tl.int64) * stride_q_b + head * stride_q_h
         do_base = d_out_ptr + batch.to(tl.int64) * stride_do_b + head * stride_do_h
-        for start in range(lo, hi, BLOCK_M):
-            rows = start + offs_m
-            mask_q = (rows < SQ)[:, None] & mask_d[None, :]
-            q = tl.load(
-                q_base + rows[:, None] * stride_q_s + offs_d[None, :], mask=mask_q, other=0.0
-            )
-            d_out = tl.load(
-                do_base + rows[:, None] * stride_do_s + offs_d[None, :], mask=mask_q, other=0.0
-            )
-            lse = tl.load(lse_ptr + bh.to(tl.int64) * SQ + rows, mask=rows < SQ, other=0.0)
-            lse = lse * 1.4426950408889634  # to base 2, as the scores
-            delta = tl.load(delta_ptr + bh.to(tl.int64) * SQ + rows, mask=rows < SQ, other=0.0)
-            if DOT_UPCAST:
-                q = q.to(tl.float32)
-                d_out = d_out.to(tl.float32)
-            capped = _tanh(tl.dot(q, tl.trans(k)) * 0.00125)
-            scores = 72.13475204444816 * capped  # in base 2
-            probs = tl.where(
-                (keys < SKV)[None, :]
-                & (rows < SQ)[:, None]
-                & (keys[None, :] <= rows[:, None] + shift),
-                tl.exp2(scores - lse[:, None]),
-                0.0,
-            )
-            d_v += tl.dot(tl.trans(probs).to(d_out.dtype), d_out)
-            d_probs = tl.dot(d_out, tl.trans(v))
-            d_scores = probs * (d_probs - delta[:, None]) * (1.0 - capped * capped) * 0.0625
-            d_k += tl.dot(tl.trans(d_scores).to(q.dtype), q)
+        lse_row, delta_row = lse_ptr + bh * SQ, delta_ptr + bh * SQ
+        for start in range(lo, full_lo, BLOCK_M):
+            d_k, d_v = _gemma2_attention_backward_kv_step(
+                d_k, d_v, k, v, keys, start, shift, SQ, SKV,
+                q_base, do_base, lse_row, delta_row, stride_q_s, stride_do_s,
+                BLOCK_M, BLOCK_D, True, DOT_UPCAST, FAST_TANH,
+            )  # fmt: skip
+        for start in range(full_lo, full_hi, BLOCK_M):
+            d_k, d_v = _gemma2_attention_backward_kv_step(
+                d_k, d_v, k, v, keys, start, shift, SQ, SKV,
+                q_base, do_base, lse_row, delta_row, stride_q_s, stride_do_s,
+                BLOCK_M, BLOCK_D, False, DOT_UPCAST, FAST_TANH,
+            )  # fmt: skip
+        for start in range(full_hi, hi, BLOCK_M):
+            d_k, d_v = _gemma2_attention_backward_kv_step(
+                d_k, d_v, k, v, keys, start, shift, SQ, SKV,
+                q_base, do_base, lse_row, delta_row, stride_q_s, stride_do_s,
+                BLOCK_M, BLOCK_D, True, DOT_UPCAST, FAST_TANH,
+            )  # fmt: skip
     offs = (
         batch.to(tl.int64) * stride_dk_b
         + kv_head * stride_dk_h
@@ -313,6 +412,7 @@ def _gemma2_attention_backward_q(
     stride_dq_b, stride_dq_h, stride_dq_s,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
+    FAST_TANH: tl.constexpr,
     # fmt: on
 ):
     """dq for BLOCK_M query rows of one (batch, head), over the keys they see."""
@@ -321,7 +421,6 @@ def _gemma2_attention_backward_q(
     head = tl.program_id(1) % 16
     kv_head = head // 2
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < 256
     mask_q = (rows < SQ)[:, None] & mask_d[None, :]
@@ -355,25 +454,20 @@ def _gemma2_attention_backward_q(
     v_base = v_ptr + batch.to(tl.int64) * stride_v_b + kv_head * stride_v_h
     shift = SKV - SQ
     lo, hi = _keys_seen(pid_m * BLOCK_M, shift, SKV, BLOCK_M, BLOCK_N)
+    full_lo, full_hi = _keys_seen_by_all(pid_m * BLOCK_M, shift, SKV, lo, hi, BLOCK_M, BLOCK_N)
     d_q = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for start in range(lo, hi, BLOCK_N):
-        keys = start + offs_n
-        mask_kv = (keys < SKV)[:, None] & mask_d[None, :]
-        k = tl.load(k_base + keys[:, None] * stride_k_s + offs_d[None, :], mask=mask_kv, other=0.0)
-        v = tl.load(v_base + keys[:, None] * stride_v_s + offs_d[None, :], mask=mask_kv, other=0.0)
-        if DOT_UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        capped = _tanh(tl.dot(q, tl.trans(k)) * 0.00125)
-        scores = 72.13475204444816 * capped  # in base 2
-        probs = tl.where(
-            (keys < SKV)[None, :] & (rows < SQ)[:, None] & (keys[None, :] <= rows[:, None] + shift),
-            tl.exp2(scores - lse[:, None]),
-            0.0,
-        )
-        d_probs = tl.dot(d_out, tl.trans(v))
-        d_scores = probs * (d_probs - delta[:, None]) * (1.0 - capped * capped) * 0.0625
-        d_q += tl.dot(d_scores.to(k.dtype), k)
+    for start in range(full_lo, full_hi, BLOCK_N):
+        d_q = _gemma2_attention_backward_q_step(
+            d_q, q, d_out, lse, delta, k_base, v_base, start, rows, shift, SQ, SKV,
+            stride_k_s, stride_v_s,
+            BLOCK_N, BLOCK_D, False, DOT_UPCAST, FAST_TANH,
+        )  # fmt: skip
+    for start in range(full_hi, hi, BLOCK_N):
+        d_q = _gemma2_attention_backward_q_step(
+            d_q, q, d_out, lse, delta, k_base, v_base, start, rows, shift, SQ, SKV,
+            stride_k_s, stride_v_s,
+            BLOCK_N, BLOCK_D, True, DOT_UPCAST, FAST_TANH,
+        )  # fmt: skip
     tl.store(
         d_q_ptr
         + batch.to(tl.int64) * stride_dq_b
@@ -496,6 +590,15 @@ def _config(device, kernel="forward"):
     return CONFIG if kernel == "forward" else BACKWARD_CONFIGS[kernel]
 
 
+def _fast_tanh(q):
+    """The softcap on tanh.approx: bf16 and fp16 calls on an NVIDIA GPU (not the
+    interpreter, which has no PTX)."""
+    return (
+        q.device.type == "cuda" and not torch.version.hip and not _interpreted()
+        and q.dtype in (torch.bfloat16, torch.float16)
+    )  # fmt: skip
+
+
 def _unit_stride(*tensors):
     return [t if t.stride(-1) == 1 else t.contiguous() for t in tensors]
 
@@ -514,6 +617,7 @@ def _forward(q, k, v, want_lse):
             q, k, v, out, lse, sq, skv, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(HEAD_DIM),
             DOT_UPCAST=_interpreted() and q.dtype == torch.bfloat16, WRITE_LSE=want_lse,
+            FAST_TANH=_fast_tanh(q),
             num_warps=warps, num_stages=stages,
         )  # fmt: skip
     elif want_lse:
@@ -543,6 +647,7 @@ def _backward(q, k, v, out, lse, d_out, needs=(True, True, True)):
         _gemma2_attention_backward_kv[(triton.cdiv(skv, block_n), batch * KV_HEADS)](
             q, k, v, d_out, lse, delta, d_k, d_v, *reads, *_strides(d_k),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, DOT_UPCAST=upcast,
+            FAST_TANH=_fast_tanh(q),
             num_warps=warps, num_stages=stages,
         )  # fmt: skip
     if needs[0]:
@@ -551,6 +656,7 @@ def _backward(q, k, v, out, lse, d_out, needs=(True, True, True)):
         _gemma2_attention_backward_q[(triton.cdiv(sq, block_m), batch * HEADS)](
             q, k, v, d_out, lse, delta, d_q, *reads, *_strides(d_q),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, DOT_UPCAST=upcast,
+            FAST_TANH=_fast_tanh(q),
             num_warps=warps, num_stages=stages,
         )  # fmt: skip
     return d_q, d_k, d_v

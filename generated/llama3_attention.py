@@ -24,9 +24,10 @@ HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 SCALE = 0.08838834764831843  # on q @ k.T: 1 / sqrt(HEAD_DIM)
 DTYPES = (torch.bfloat16, torch.float16)
 # (BLOCK_M, BLOCK_N, num_warps, num_stages): query rows and keys per step, of the
-# forward, the dk/dv kernel and the dq kernel. Untuned: the flash-attention tutorial's shapes for this head dim.
-CONFIG = (128, 64, 8, 3)
-BACKWARD_CONFIGS = {"kv": (32, 128, 4, 3), "q": (128, 32, 4, 3)}
+# forward, the dk/dv kernel and the dq kernel. Measured on an H200
+# (benchmarks/attention_configs.py); head dim 256: untuned.
+CONFIG = (64, 64, 4, 3)
+BACKWARD_CONFIGS = {"kv": (64, 64, 4, 2), "q": (64, 64, 4, 2)}
 INTERPRETER_CONFIG = (32, 32, 4, 1)  # small tiles: several per test case
 
 
@@ -129,12 +130,14 @@ def _llama3_attention_forward(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for start in range(full_lo, full_hi, BLOCK_N):
         acc, row_sum, row_max = _llama3_attention_forward_step(
-            q, acc, row_sum, row_max, k_base, v_base, start, rows, shift, SKV, stride_k_s, stride_v_s,
+            q, acc, row_sum, row_max, k_base, v_base, start, rows, shift, SKV,
+            stride_k_s, stride_v_s,
             BLOCK_N, BLOCK_D, False, DOT_UPCAST,
         )  # fmt: skip
     for start in range(full_hi, hi, BLOCK_N):
         acc, row_sum, row_max = _llama3_attention_forward_step(
-            q, acc, row_sum, row_max, k_base, v_base, start, rows, shift, SKV, stride_k_s, stride_v_s,
+            q, acc, row_sum, row_max, k_base, v_base, start, rows, shift, SKV,
+            stride_k_s, stride_v_s,
             BLOCK_N, BLOCK_D, True, DOT_UPCAST,
         )  # fmt: skip
     # A row that sees no key (one before the first key, with SQ > SKV; any, with no keys)
@@ -194,6 +197,101 @@ def _llama3_attention_delta(
 
 
 @triton.jit
+def _queries_seeing(pid_n, shift, SQ, SKV, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """For the key block pid_n: [lo, hi), the query rows that see any of its keys (lo a
+    BLOCK_M multiple), and [full_lo, full_hi) within it, BLOCK_M multiples: the row
+    blocks, all rows < SQ, that see every key of the block, which run without masks."""
+    lo = 0
+    hi = SQ
+    full_lo = 0
+    full_hi = tl.where((pid_n + 1) * BLOCK_N <= SKV, SQ // BLOCK_M * BLOCK_M, 0)
+    # Query i sees key j <= i + shift: from the first key's row on; all from the last's.
+    lo = tl.maximum(0, pid_n * BLOCK_N - shift) // BLOCK_M * BLOCK_M
+    full_lo = tl.cdiv(tl.maximum(0, (pid_n + 1) * BLOCK_N - 1 - shift), BLOCK_M) * BLOCK_M
+    full_lo = tl.minimum(tl.maximum(lo, full_lo), hi)
+    return lo, hi, full_lo, tl.maximum(full_lo, tl.minimum(full_hi, hi))
+
+
+@triton.jit
+def _llama3_attention_backward_kv_step(
+    # fmt: off
+    d_k, d_v, k, v, keys, start, shift, SQ, SKV,
+    q_base, do_base, lse_row, delta_row, stride_q_s, stride_do_s,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    # fmt: on
+):
+    """BLOCK_M query rows from `start` into the block's dk and dv sums, computed keys by
+    rows (so the probabilities need no transpose). MASKED: some of these rows are past
+    the end or see only some of the keys; the other blocks skip every mask."""
+    rows = start + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q_offs = rows[:, None] * stride_q_s + offs_d[None, :]
+    do_offs = rows[:, None] * stride_do_s + offs_d[None, :]
+    if MASKED:
+        mask_q = (rows < SQ)[:, None]
+        q = tl.load(q_base + q_offs, mask=mask_q, other=0.0)
+        d_out = tl.load(do_base + do_offs, mask=mask_q, other=0.0)
+        lse = tl.load(lse_row + rows, mask=rows < SQ, other=0.0)
+        delta = tl.load(delta_row + rows, mask=rows < SQ, other=0.0)
+    else:
+        q = tl.load(q_base + q_offs)
+        d_out = tl.load(do_base + do_offs)
+        lse = tl.load(lse_row + rows)
+        delta = tl.load(delta_row + rows)
+    if DOT_UPCAST:
+        q = q.to(tl.float32)
+        d_out = d_out.to(tl.float32)
+    scores = tl.dot(k, tl.trans(q)) * 0.12751743082459868  # in base 2
+    probs = tl.exp2(scores - lse[None, :] * 1.4426950408889634)  # lse to base 2, as the scores
+    if MASKED:
+        probs = tl.where(
+            (keys < SKV)[:, None] & (rows < SQ)[None, :] & (keys[:, None] <= rows[None, :] + shift),
+            probs,
+            0.0,
+        )
+    d_v += tl.dot(probs.to(d_out.dtype), d_out)
+    d_probs = tl.dot(v, tl.trans(d_out))
+    d_scores = probs * (d_probs - delta[None, :]) * 0.08838834764831843
+    d_k += tl.dot(d_scores.to(q.dtype), q)
+    return d_k, d_v
+
+
+@triton.jit
+def _llama3_attention_backward_q_step(
+    # fmt: off
+    d_q, q, d_out, lse, delta, k_base, v_base, start, rows, shift, SQ, SKV, stride_k_s, stride_v_s,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    # fmt: on
+):
+    """BLOCK_N keys from `start` into dq of the block's rows; MASKED as in the forward."""
+    keys = start + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    kv_offs = keys[:, None] * stride_k_s + offs_d[None, :]
+    if MASKED:
+        mask_kv = (keys < SKV)[:, None]
+        k = tl.load(k_base + kv_offs, mask=mask_kv, other=0.0)
+        v = tl.load(v_base + keys[:, None] * stride_v_s + offs_d[None, :], mask=mask_kv, other=0.0)
+    else:
+        k = tl.load(k_base + kv_offs)
+        v = tl.load(v_base + keys[:, None] * stride_v_s + offs_d[None, :])
+    if DOT_UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    scores = tl.dot(q, tl.trans(k)) * 0.12751743082459868  # in base 2
+    probs = tl.exp2(scores - lse[:, None])
+    if MASKED:
+        probs = tl.where(
+            (keys < SKV)[None, :] & (rows < SQ)[:, None] & (keys[None, :] <= rows[:, None] + shift),
+            probs,
+            0.0,
+        )
+    d_probs = tl.dot(d_out, tl.trans(v))
+    d_scores = probs * (d_probs - delta[:, None]) * 0.08838834764831843
+    d_q += tl.dot(d_scores.to(k.dtype), k)
+    return d_q
+
+
+@triton.jit
 def _llama3_attention_backward_kv(
     # fmt: off
     q_ptr, k_ptr, v_ptr, d_out_ptr, lse_ptr, delta_ptr, d_k_ptr, d_v_ptr,
@@ -211,7 +309,6 @@ def _llama3_attention_backward_kv(
     pid_n = tl.program_id(0)
     batch = tl.program_id(1) // 8
     kv_head = tl.program_id(1) % 8
-    offs_m = tl.arange(0, BLOCK_M)
     keys = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < 128
@@ -238,43 +335,33 @@ def _llama3_attention_backward_kv(
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     shift = SKV - SQ
-    lo = 0
-    hi = SQ
-    lo = tl.maximum(0, pid_n * BLOCK_N - shift) // BLOCK_M * BLOCK_M
+    lo, hi, full_lo, full_hi = _queries_seeing(pid_n, shift, SQ, SKV, BLOCK_M, BLOCK_N)
     d_k = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     d_v = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     for member in range(4):
         head = kv_head * 4 + member
-        bh = batch * 32 + head
+        bh = (batch * 32 + head).to(tl.int64)
         q_base = q_ptr + batch.to(tl.int64) * stride_q_b + head * stride_q_h
         do_base = d_out_ptr + batch.to(tl.int64) * stride_do_b + head * stride_do_h
-        for start in range(lo, hi, BLOCK_M):
-            rows = start + offs_m
-            mask_q = (rows < SQ)[:, None] & mask_d[None, :]
-            q = tl.load(
-                q_base + rows[:, None] * stride_q_s + offs_d[None, :], mask=mask_q, other=0.0
-            )
-            d_out = tl.load(
-                do_base + rows[:, None] * stride_do_s + offs_d[None, :], mask=mask_q, other=0.0
-            )
-            lse = tl.load(lse_ptr + bh.to(tl.int64) * SQ + rows, mask=rows < SQ, other=0.0)
-            lse = lse * 1.4426950408889634  # to base 2, as the scores
-            delta = tl.load(delta_ptr + bh.to(tl.int64) * SQ + rows, mask=rows < SQ, other=0.0)
-            if DOT_UPCAST:
-                q = q.to(tl.float32)
-                d_out = d_out.to(tl.float32)
-            scores = tl.dot(q, tl.trans(k)) * 0.12751743082459868  # in base 2
-            probs = tl.where(
-                (keys < SKV)[None, :]
-                & (rows < SQ)[:, None]
-                & (keys[None, :] <= rows[:, None] + shift),
-                tl.exp2(scores - lse[:, None]),
-                0.0,
-            )
-            d_v += tl.dot(tl.trans(probs).to(d_out.dtype), d_out)
-            d_probs = tl.dot(d_out, tl.trans(v))
-            d_scores = probs * (d_probs - delta[:, None]) * 0.08838834764831843
-            d_k += tl.dot(tl.trans(d_scores).to(q.dtype), q)
+        lse_row, delta_row = lse_ptr + bh * SQ, delta_ptr + bh * SQ
+        for start in range(lo, full_lo, BLOCK_M):
+            d_k, d_v = _llama3_attention_backward_kv_step(
+                d_k, d_v, k, v, keys, start, shift, SQ, SKV,
+                q_base, do_base, lse_row, delta_row, stride_q_s, stride_do_s,
+                BLOCK_M, BLOCK_D, True, DOT_UPCAST,
+            )  # fmt: skip
+        for start in range(full_lo, full_hi, BLOCK_M):
+            d_k, d_v = _llama3_attention_backward_kv_step(
+                d_k, d_v, k, v, keys, start, shift, SQ, SKV,
+                q_base, do_base, lse_row, delta_row, stride_q_s, stride_do_s,
+                BLOCK_M, BLOCK_D, False, DOT_UPCAST,
+            )  # fmt: skip
+        for start in range(full_hi, hi, BLOCK_M):
+            d_k, d_v = _llama3_attention_backward_kv_step(
+                d_k, d_v, k, v, keys, start, shift, SQ, SKV,
+                q_base, do_base, lse_row, delta_row, stride_q_s, stride_do_s,
+                BLOCK_M, BLOCK_D, True, DOT_UPCAST,
+            )  # fmt: skip
     offs = (
         batch.to(tl.int64) * stride_dk_b
         + kv_head * stride_dk_h
@@ -303,7 +390,6 @@ def _llama3_attention_backward_q(
     head = tl.program_id(1) % 32
     kv_head = head // 4
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < 128
     mask_q = (rows < SQ)[:, None] & mask_d[None, :]
@@ -337,24 +423,20 @@ def _llama3_attention_backward_q(
     v_base = v_ptr + batch.to(tl.int64) * stride_v_b + kv_head * stride_v_h
     shift = SKV - SQ
     lo, hi = _keys_seen(pid_m * BLOCK_M, shift, SKV, BLOCK_M, BLOCK_N)
+    full_lo, full_hi = _keys_seen_by_all(pid_m * BLOCK_M, shift, SKV, lo, hi, BLOCK_M, BLOCK_N)
     d_q = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for start in range(lo, hi, BLOCK_N):
-        keys = start + offs_n
-        mask_kv = (keys < SKV)[:, None] & mask_d[None, :]
-        k = tl.load(k_base + keys[:, None] * stride_k_s + offs_d[None, :], mask=mask_kv, other=0.0)
-        v = tl.load(v_base + keys[:, None] * stride_v_s + offs_d[None, :], mask=mask_kv, other=0.0)
-        if DOT_UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        scores = tl.dot(q, tl.trans(k)) * 0.12751743082459868  # in base 2
-        probs = tl.where(
-            (keys < SKV)[None, :] & (rows < SQ)[:, None] & (keys[None, :] <= rows[:, None] + shift),
-            tl.exp2(scores - lse[:, None]),
-            0.0,
-        )
-        d_probs = tl.dot(d_out, tl.trans(v))
-        d_scores = probs * (d_probs - delta[:, None]) * 0.08838834764831843
-        d_q += tl.dot(d_scores.to(k.dtype), k)
+    for start in range(full_lo, full_hi, BLOCK_N):
+        d_q = _llama3_attention_backward_q_step(
+            d_q, q, d_out, lse, delta, k_base, v_base, start, rows, shift, SQ, SKV,
+            stride_k_s, stride_v_s,
+            BLOCK_N, BLOCK_D, False, DOT_UPCAST,
+        )  # fmt: skip
+    for start in range(full_hi, hi, BLOCK_N):
+        d_q = _llama3_attention_backward_q_step(
+            d_q, q, d_out, lse, delta, k_base, v_base, start, rows, shift, SQ, SKV,
+            stride_k_s, stride_v_s,
+            BLOCK_N, BLOCK_D, True, DOT_UPCAST,
+        )  # fmt: skip
     tl.store(
         d_q_ptr
         + batch.to(tl.int64) * stride_dq_b

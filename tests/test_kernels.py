@@ -663,6 +663,28 @@ def traced(kernel, method, *args):
     return runtime.traced(getattr(runtime, method))(*args)
 
 
+def test_a_traced_key_settles_or_keys_nothing(zoo):
+    """While torch.compile traces, a plan's key holds SymInts and SymBools: those the
+    trace fixed become ints and bools (a dict can hold them); any still symbolic makes
+    the whole key None (the default config, no guard per size)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    kernel, _ = load(zoo, "ew_mixed")
+    settled = sys.modules[type(kernel._KERNELS).__module__].settled
+    seen = []
+
+    def trace(x):
+        if x.shape[1] != 8:  # a spec's fixed dim: the check guards it
+            raise ValueError
+        seen.append(settled((x.shape[1], torch.float16, (x.shape[1] == 8, False))))
+        seen.append(settled((x.shape[0], torch.float16, (False,))))
+        seen.append(settled((4, torch.float16, (x.shape[0] == 5,))))
+        return x * 2
+
+    make_fx(trace, tracing_mode="symbolic")(torch.ones(5, 8))
+    assert seen == [(8, torch.float16, (True, False)), None, None]
+
+
 @pytest.mark.parametrize(
     "name", ["mm_gate_full", "mm_broadcasts", "ew_mixed", "row_bias_gelu_layernorm"]
 )
