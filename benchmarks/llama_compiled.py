@@ -8,9 +8,9 @@ max-autotune-no-cudagraphs (--autotune). Each compiled variant starts from a res
 its first call's seconds (the compile) are reported beside the median. Every fusegen
 variant's logits are checked against the HF model's (bf16 noise: relative error under
 2x HF-bf16-vs-float32's + 1e-3), so a broken compiled path fails loudly (exit 1).
-Which path the ops take under torch.compile: by default the opaque custom ops (the
-Python launcher at each call of the compiled graph); FUSEGEN_TRITON_OP=1 makes them
-triton ops, which Inductor traces into and launches the kernels of itself. Run both.
+Which path the ops take under torch.compile: by default triton ops, which Inductor traces
+into and launches the kernels of itself; FUSEGEN_TRITON_OP=0 makes them the opaque custom
+ops (the Python launcher at each call of the compiled graph). Run both.
 
     python3 benchmarks/llama_compiled.py [--modes eager,compiled,reduce-overhead]
         [--steps 20] [--no-train] [--out FILE.json]

@@ -12,7 +12,7 @@
 # A STEP is a measurement that is not a `fusegen bench` table; each writes OUT/STEP.txt,
 # which starts every command it runs with "+ ", as written here:
 #   generated-tests    every generated test, and the import-style tests, on the GPU; then the
-#                      compile tests again with triton ops (FUSEGEN_TRITON_OP=1)
+#                      compile tests again with the opaque custom ops (FUSEGEN_TRITON_OP=0)
 #   tune-tables        `fusegen tune` of the example specs' committed tables (rewrites
 #                      generated/*.tuned.json; copies them to OUT/tune-tables/)
 #   tuning-repeat      `fusegen tune` of gpt2_mlp_up at 4096 rows three times, into a fresh
@@ -41,7 +41,7 @@
 #   attention-anchors  issue 16's attention cases: the generated kernels against SDPA's flash,
 #                      cuDNN and efficient backends and compiled FlexAttention, forward and backward
 #   llama-compiled     the same model's decode, prefill and training step, eager, compiled and
-#                      reduce-overhead, with the opaque ops and with triton ops (FUSEGEN_TRITON_OP=1)
+#                      reduce-overhead, with triton ops (the default) and the opaque ops (FUSEGEN_TRITON_OP=0)
 # Settings: PYTHON (python3), TEST_WORKERS (8), STEP_TIMEOUT_S per command (1200).
 # Exit status: 0 when every command exited 0, 1 otherwise, 2 for a wrong command line.
 set -u
@@ -96,7 +96,7 @@ for name in "${wanted[@]}"; do
     generated-tests)
         run $PYTHON -m pytest generated tests/test_import_styles.py -q -p no:cacheprovider \
             -n "${TEST_WORKERS:-8}"
-        FUSEGEN_TRITON_OP=1 run $PYTHON -m pytest generated -q -p no:cacheprovider \
+        FUSEGEN_TRITON_OP=0 run $PYTHON -m pytest generated -q -p no:cacheprovider \
             -n "${TEST_WORKERS:-8}" -k "torch_compile or inductor or cuda_graphs" ;;
     tune-tables)
         run $PYTHON -m fusegen tune specs/gpt2.yaml specs/llama.yaml specs/bert.yaml --rows 16,4096
@@ -143,9 +143,9 @@ for name in "${wanted[@]}"; do
     attention-anchors)
         run $PYTHON benchmarks/attention_anchors.py --out "$out/attention_anchors.json" ;;
     llama-compiled)
-        run $PYTHON benchmarks/llama_compiled.py --out "$out/llama_compiled_opaque.json"
-        FUSEGEN_TRITON_OP=1 run $PYTHON benchmarks/llama_compiled.py \
-            --out "$out/llama_compiled_triton_op.json" ;;
+        run $PYTHON benchmarks/llama_compiled.py --out "$out/llama_compiled_triton_op.json"
+        FUSEGEN_TRITON_OP=0 run $PYTHON benchmarks/llama_compiled.py \
+            --out "$out/llama_compiled_opaque.json" ;;
     *)
         run $PYTHON -m fusegen bench --suite "$SUITE" --runs "$name" --out "$out" ;;
     esac

@@ -762,7 +762,7 @@ def test_the_traced_backward_goes_through_wrap_triton(zoo, monkeypatch, name):
 
 def test_ops_are_triton_ops_where_inductor_can_launch_them(zoo, monkeypatch):
     """torch.library.triton_op for the inference, training and backward ops with
-    FUSEGEN_TRITON_OP=1, where torch can trace the kernels (not the interpreter's);
+    unless FUSEGEN_TRITON_OP=0, where torch can trace the kernels (not the interpreter's);
     the registered op runs eagerly too."""
     kernel, tests = load(zoo, "mm_gate_full")
     runtime = kernel._KERNELS
@@ -771,7 +771,9 @@ def test_ops_are_triton_ops_where_inductor_can_launch_them(zoo, monkeypatch):
     monkeypatch.setattr(runtime, "interpreted", lambda: False)
     assert runtime.triton_ops() == hasattr(torch.library, "triton_op")
     monkeypatch.delenv("FUSEGEN_TRITON_OP")
-    assert not runtime.triton_ops()  # opt-in
+    assert runtime.triton_ops() == hasattr(torch.library, "triton_op")  # the default
+    monkeypatch.setenv("FUSEGEN_TRITON_OP", "0")
+    assert not runtime.triton_ops()  # opted out: the opaque custom ops
     monkeypatch.setenv("FUSEGEN_TRITON_OP", "1")
     if not hasattr(torch.library, "triton_op"):
         pytest.skip("this torch has no torch.library.triton_op")
