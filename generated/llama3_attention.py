@@ -32,6 +32,16 @@ INTERPRETER_CONFIG = (32, 32, 4, 1)  # small tiles: several per test case
 
 
 @triton.jit
+def _key_count(lengths_ptr, batch, SKV, LENGTHS: tl.constexpr):
+    """The keys batch entry `batch` has: SKV, or (LENGTHS) its key_lengths entry clamped to
+    [0, SKV]. The masks and loops below take this count for SKV."""
+    count = SKV
+    if LENGTHS:
+        count = tl.minimum(tl.maximum(tl.load(lengths_ptr + batch), 0), SKV)
+    return count
+
+
+@triton.jit
 def _keys_seen(first_row, shift, SKV, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """[lo, hi): the keys BLOCK_M query rows from first_row see, lo a BLOCK_N multiple
     (query i stands at key i + shift); the forward and dq loops visit only these."""
@@ -93,12 +103,12 @@ def _llama3_attention_forward_step(
 @triton.jit
 def _llama3_attention_forward(
     # fmt: off
-    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr,
-    SQ, SKV,  # query and key positions
+    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, lengths_ptr,
+    SQ, SKV,  # query and key positions (the keys' dim; a batch entry may have fewer)
     stride_q_b, stride_q_h, stride_q_s, stride_k_b, stride_k_h, stride_k_s,
     stride_v_b, stride_v_h, stride_v_s, stride_o_b, stride_o_h, stride_o_s,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_UPCAST: tl.constexpr, WRITE_LSE: tl.constexpr,
+    DOT_UPCAST: tl.constexpr, WRITE_LSE: tl.constexpr, LENGTHS: tl.constexpr,
     # fmt: on
 ):
     """One program: BLOCK_M query rows of one (batch, head), over the key blocks they
@@ -123,26 +133,27 @@ def _llama3_attention_forward(
     # Query i stands at key position i + SKV - SQ (the last query sees the last key, as
     # with a KV cache). Key blocks no row of this block sees are not visited.
     shift = SKV - SQ
-    lo, hi = _keys_seen(pid_m * BLOCK_M, shift, SKV, BLOCK_M, BLOCK_N)
-    full_lo, full_hi = _keys_seen_by_all(pid_m * BLOCK_M, shift, SKV, lo, hi, BLOCK_M, BLOCK_N)
+    kv_len = _key_count(lengths_ptr, batch, SKV, LENGTHS)
+    lo, hi = _keys_seen(pid_m * BLOCK_M, shift, kv_len, BLOCK_M, BLOCK_N)
+    full_lo, full_hi = _keys_seen_by_all(pid_m * BLOCK_M, shift, kv_len, lo, hi, BLOCK_M, BLOCK_N)
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for start in range(full_lo, full_hi, BLOCK_N):
         acc, row_sum, row_max = _llama3_attention_forward_step(
-            q, acc, row_sum, row_max, k_base, v_base, start, rows, shift, SKV,
+            q, acc, row_sum, row_max, k_base, v_base, start, rows, shift, kv_len,
             stride_k_s, stride_v_s,
             BLOCK_N, BLOCK_D, False, DOT_UPCAST,
         )  # fmt: skip
     for start in range(full_hi, hi, BLOCK_N):
         acc, row_sum, row_max = _llama3_attention_forward_step(
-            q, acc, row_sum, row_max, k_base, v_base, start, rows, shift, SKV,
+            q, acc, row_sum, row_max, k_base, v_base, start, rows, shift, kv_len,
             stride_k_s, stride_v_s,
             BLOCK_N, BLOCK_D, True, DOT_UPCAST,
         )  # fmt: skip
-    # A row that sees no key (one before the first key, with SQ > SKV; any, with no keys)
-    # gets 0 and log-sum-exp -inf, as FlexAttention gives.
-    seen_any = (rows + shift >= 0) & (SKV > 0)
+    # A row that sees no key gets 0 and log-sum-exp -inf, as FlexAttention gives: one
+    # before the first key (SQ > SKV), any with no keys.
+    seen_any = (rows + shift >= 0) & (kv_len > 0)
     out = tl.where(seen_any[:, None], acc / tl.where(seen_any, row_sum, 1.0)[:, None], 0.0)
     tl.store(
         out_ptr
@@ -208,6 +219,7 @@ def _queries_seeing(pid_n, shift, SQ, SKV, BLOCK_M: tl.constexpr, BLOCK_N: tl.co
     # Query i sees key j <= i + shift: from the first key's row on; all from the last's.
     lo = tl.maximum(0, pid_n * BLOCK_N - shift) // BLOCK_M * BLOCK_M
     full_lo = tl.cdiv(tl.maximum(0, (pid_n + 1) * BLOCK_N - 1 - shift), BLOCK_M) * BLOCK_M
+    hi = tl.where(pid_n * BLOCK_N < SKV, hi, lo)  # keys past the count: no rows, dk = dv = 0
     full_lo = tl.minimum(tl.maximum(lo, full_lo), hi)
     return lo, hi, full_lo, tl.maximum(full_lo, tl.minimum(full_hi, hi))
 
@@ -294,13 +306,13 @@ def _llama3_attention_backward_q_step(
 @triton.jit
 def _llama3_attention_backward_kv(
     # fmt: off
-    q_ptr, k_ptr, v_ptr, d_out_ptr, lse_ptr, delta_ptr, d_k_ptr, d_v_ptr,
+    q_ptr, k_ptr, v_ptr, d_out_ptr, lse_ptr, delta_ptr, d_k_ptr, d_v_ptr, lengths_ptr,
     SQ, SKV,
     stride_q_b, stride_q_h, stride_q_s, stride_k_b, stride_k_h, stride_k_s,
     stride_v_b, stride_v_h, stride_v_s, stride_do_b, stride_do_h, stride_do_s,
     stride_dk_b, stride_dk_h, stride_dk_s,  # d_k and d_v: k's shape, contiguous
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_UPCAST: tl.constexpr,
+    DOT_UPCAST: tl.constexpr, LENGTHS: tl.constexpr,
     # fmt: on
 ):
     """dk and dv for BLOCK_N keys of one (batch, kv head): summed over its 4 query
@@ -335,7 +347,8 @@ def _llama3_attention_backward_kv(
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     shift = SKV - SQ
-    lo, hi, full_lo, full_hi = _queries_seeing(pid_n, shift, SQ, SKV, BLOCK_M, BLOCK_N)
+    kv_len = _key_count(lengths_ptr, batch, SKV, LENGTHS)
+    lo, hi, full_lo, full_hi = _queries_seeing(pid_n, shift, SQ, kv_len, BLOCK_M, BLOCK_N)
     d_k = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     d_v = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     for member in range(4):
@@ -346,19 +359,19 @@ def _llama3_attention_backward_kv(
         lse_row, delta_row = lse_ptr + bh * SQ, delta_ptr + bh * SQ
         for start in range(lo, full_lo, BLOCK_M):
             d_k, d_v = _llama3_attention_backward_kv_step(
-                d_k, d_v, k, v, keys, start, shift, SQ, SKV,
+                d_k, d_v, k, v, keys, start, shift, SQ, kv_len,
                 q_base, do_base, lse_row, delta_row, stride_q_s, stride_do_s,
                 BLOCK_M, BLOCK_D, True, DOT_UPCAST,
             )  # fmt: skip
         for start in range(full_lo, full_hi, BLOCK_M):
             d_k, d_v = _llama3_attention_backward_kv_step(
-                d_k, d_v, k, v, keys, start, shift, SQ, SKV,
+                d_k, d_v, k, v, keys, start, shift, SQ, kv_len,
                 q_base, do_base, lse_row, delta_row, stride_q_s, stride_do_s,
                 BLOCK_M, BLOCK_D, False, DOT_UPCAST,
             )  # fmt: skip
         for start in range(full_hi, hi, BLOCK_M):
             d_k, d_v = _llama3_attention_backward_kv_step(
-                d_k, d_v, k, v, keys, start, shift, SQ, SKV,
+                d_k, d_v, k, v, keys, start, shift, SQ, kv_len,
                 q_base, do_base, lse_row, delta_row, stride_q_s, stride_do_s,
                 BLOCK_M, BLOCK_D, True, DOT_UPCAST,
             )  # fmt: skip
@@ -375,13 +388,13 @@ def _llama3_attention_backward_kv(
 @triton.jit
 def _llama3_attention_backward_q(
     # fmt: off
-    q_ptr, k_ptr, v_ptr, d_out_ptr, lse_ptr, delta_ptr, d_q_ptr,
+    q_ptr, k_ptr, v_ptr, d_out_ptr, lse_ptr, delta_ptr, d_q_ptr, lengths_ptr,
     SQ, SKV,
     stride_q_b, stride_q_h, stride_q_s, stride_k_b, stride_k_h, stride_k_s,
     stride_v_b, stride_v_h, stride_v_s, stride_do_b, stride_do_h, stride_do_s,
     stride_dq_b, stride_dq_h, stride_dq_s,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_UPCAST: tl.constexpr,
+    DOT_UPCAST: tl.constexpr, LENGTHS: tl.constexpr,
     # fmt: on
 ):
     """dq for BLOCK_M query rows of one (batch, head), over the keys they see."""
@@ -422,18 +435,19 @@ def _llama3_attention_backward_q(
     k_base = k_ptr + batch.to(tl.int64) * stride_k_b + kv_head * stride_k_h
     v_base = v_ptr + batch.to(tl.int64) * stride_v_b + kv_head * stride_v_h
     shift = SKV - SQ
-    lo, hi = _keys_seen(pid_m * BLOCK_M, shift, SKV, BLOCK_M, BLOCK_N)
-    full_lo, full_hi = _keys_seen_by_all(pid_m * BLOCK_M, shift, SKV, lo, hi, BLOCK_M, BLOCK_N)
+    kv_len = _key_count(lengths_ptr, batch, SKV, LENGTHS)
+    lo, hi = _keys_seen(pid_m * BLOCK_M, shift, kv_len, BLOCK_M, BLOCK_N)
+    full_lo, full_hi = _keys_seen_by_all(pid_m * BLOCK_M, shift, kv_len, lo, hi, BLOCK_M, BLOCK_N)
     d_q = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for start in range(full_lo, full_hi, BLOCK_N):
         d_q = _llama3_attention_backward_q_step(
-            d_q, q, d_out, lse, delta, k_base, v_base, start, rows, shift, SQ, SKV,
+            d_q, q, d_out, lse, delta, k_base, v_base, start, rows, shift, SQ, kv_len,
             stride_k_s, stride_v_s,
             BLOCK_N, BLOCK_D, False, DOT_UPCAST,
         )  # fmt: skip
     for start in range(full_hi, hi, BLOCK_N):
         d_q = _llama3_attention_backward_q_step(
-            d_q, q, d_out, lse, delta, k_base, v_base, start, rows, shift, SQ, SKV,
+            d_q, q, d_out, lse, delta, k_base, v_base, start, rows, shift, SQ, kv_len,
             stride_k_s, stride_v_s,
             BLOCK_N, BLOCK_D, True, DOT_UPCAST,
         )  # fmt: skip
@@ -449,7 +463,12 @@ def _llama3_attention_backward_q(
 
 
 def llama3_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, return_lse: bool = False
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    key_lengths: torch.Tensor | None = None,
+    return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """out = softmax(q @ k.T / sqrt(head_dim)) @ v, masked: causal
 
@@ -458,6 +477,8 @@ def llama3_attention(
             unit-stride last dim read in place (else copied).
         k: [batch, seq, 8, 128], the call's dtype.
         v: [batch, seq, 8, 128], the call's dtype.
+        key_lengths: [batch] integers, or None: batch entry b sees only its first
+            key_lengths[b] keys (clamped to [0, k_len]), as with padding.
         return_lse: also return the log-sum-exp of each query row's scores.
 
     Returns:
@@ -466,22 +487,24 @@ def llama3_attention(
             out is 0).
 
     Query i stands at key position i + k_len - q_len (the last query sees the last key,
-    as with a KV cache). Raises TypeError or ValueError naming the tensor and dim for a
-    wrong type, shape, dtype or device. Where an input requires grad (grad mode on), the
+    as with a KV cache), k_len being k's dim whatever key_lengths says: right-padded
+    prefill (q_len = k_len) and one query per sequence (decode) align as expected.
+    Raises TypeError or ValueError naming the tensor and dim for a wrong type, shape,
+    dtype or device. Where an input requires grad (grad mode on), the
     outputs carry a grad_fn: the backward kernels, recomputing the probabilities from the
     saved lse. Inside torch.compile it is one custom op:
     fusegen::llama3_attention_27b6f51f844e.
     """
     if torch.compiler.is_compiling() and _OP is not None:
-        out, lse = _OP(q, k, v)
+        out, lse = _OP(q, k, v, key_lengths)
     elif torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v)):
-        out, lse = _Trained.apply(q, k, v)
+        out, lse = _Trained.apply(q, k, v, key_lengths)
     else:
-        out, lse = _forward(q, k, v, return_lse)
+        out, lse = _forward(q, k, v, return_lse, key_lengths)
     return (out, lse) if return_lse else out
 
 
-def reference(q, k, v, *, out_dtype=None, return_lse=False):
+def reference(q, k, v, *, key_lengths=None, out_dtype=None, return_lse=False):
     """The same attention, one PyTorch op at a time in the inputs' dtype (math attention,
     the scores in memory): the fallback, and what the tests check in float64."""
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # to [batch, heads, seq, dim]
@@ -491,6 +514,8 @@ def reference(q, k, v, *, out_dtype=None, return_lse=False):
     rows = torch.arange(sq, device=q.device)[:, None] + (skv - sq)
     keys = torch.arange(skv, device=q.device)[None, :]
     seen = keys <= rows
+    if key_lengths is not None:  # [batch, 1, 1, 1] against keys: [1, 1, 1, k_len]
+        seen = seen & (keys < key_lengths.to(q.device).clamp(0, skv)[:, None, None, None])
     scores = scores.masked_fill(~seen, float("-inf"))
     lse = torch.logsumexp(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1)
     probs = torch.softmax(scores, dim=-1)
@@ -501,7 +526,7 @@ def reference(q, k, v, *, out_dtype=None, return_lse=False):
     return (out, lse) if return_lse else out
 
 
-def _checked(q, k, v):
+def _checked(q, k, v, key_lengths=None):
     """The call's (batch, q_len, k_len), after its checks."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -530,7 +555,32 @@ def _checked(q, k, v):
         raise ValueError(
             f"v.shape[{seq}] (seq) is {v.shape[seq]} but k's is {k.shape[seq]}; they must match"
         )
+    if key_lengths is not None:
+        if (
+            not isinstance(key_lengths, torch.Tensor)
+            or key_lengths.is_floating_point()
+            or key_lengths.is_complex()
+        ):
+            got = (
+                f"{key_lengths.dtype}"
+                if isinstance(key_lengths, torch.Tensor)
+                else type(key_lengths).__name__
+            )
+            raise TypeError(f"key_lengths must be an integer torch.Tensor [batch], got {got}")
+        if key_lengths.shape != (q.shape[0],):
+            raise ValueError(
+                f"key_lengths must have shape [{q.shape[0]}] (batch), got {list(key_lengths.shape)}"
+            )
+        if key_lengths.device != q.device:
+            raise ValueError(f"key_lengths is on {key_lengths.device} but q is on {q.device}")
     return q.shape[0], q.shape[seq], k.shape[seq]
+
+
+def _lengths(key_lengths, q):
+    """(the kernels' lengths pointer, LENGTHS): int32 lengths, or q as a pointer never read."""
+    if key_lengths is None:
+        return q, False
+    return key_lengths.to(torch.int32).contiguous(), True
 
 
 # The dims of q, k, v and out in the spec's layout ("heads" stands for q's or k's heads).
@@ -562,20 +612,24 @@ def _unit_stride(*tensors):
     return [t if t.stride(-1) == 1 else t.contiguous() for t in tensors]
 
 
-def _forward(q, k, v, want_lse):
+def _forward(q, k, v, want_lse, key_lengths=None):
     """(out, lse or None): the forward kernel, or the reference without a GPU."""
-    batch, sq, skv = _checked(q, k, v)
+    batch, sq, skv = _checked(q, k, v, key_lengths)
     if not _runs_triton(q.device):
-        return reference(q, k, v, return_lse=True) if want_lse else (reference(q, k, v), None)
+        out, lse = reference(q, k, v, key_lengths=key_lengths, return_lse=True)
+        return out, lse if want_lse else None
+    lengths, use_lengths = _lengths(key_lengths, q)
     q, k, v = _unit_stride(q, k, v)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, HEADS, sq), dtype=torch.float32, device=q.device) if want_lse else out
     if out.numel():
         block_m, block_n, warps, stages = _config(q.device)
         _llama3_attention_forward[(triton.cdiv(sq, block_m), batch * HEADS)](
-            q, k, v, out, lse, sq, skv, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
+            q, k, v, out, lse, lengths, sq, skv,
+            *_strides(q), *_strides(k), *_strides(v), *_strides(out),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(HEAD_DIM),
             DOT_UPCAST=_interpreted() and q.dtype == torch.bfloat16, WRITE_LSE=want_lse,
+            LENGTHS=use_lengths,
             num_warps=warps, num_stages=stages,
         )  # fmt: skip
     elif want_lse:
@@ -583,12 +637,13 @@ def _forward(q, k, v, want_lse):
     return out, lse if want_lse else None
 
 
-def _backward(q, k, v, out, lse, d_out, needs=(True, True, True)):
+def _backward(q, k, v, out, lse, d_out, needs=(True, True, True), key_lengths=None):
     """(dq, dk, dv) from the forward's out and lse: delta = rowsum(d_out * out), then one
     kernel for dk and dv (per kv block, over its query heads) and one for dq."""
-    batch, sq, skv = _checked(q, k, v)
+    batch, sq, skv = _checked(q, k, v, key_lengths)
     if not _runs_triton(q.device) or not out.numel():
-        return _reference_grads(q, k, v, d_out, needs)
+        return _reference_grads(q, k, v, d_out, needs, key_lengths)
+    lengths, use_lengths = _lengths(key_lengths, q)
     q, k, v, out, d_out = _unit_stride(q, k, v, out, d_out)
     block_d = triton.next_power_of_2(HEAD_DIM)
     upcast = _interpreted() and q.dtype == torch.bfloat16
@@ -603,25 +658,27 @@ def _backward(q, k, v, out, lse, d_out, needs=(True, True, True)):
         d_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         d_v = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         _llama3_attention_backward_kv[(triton.cdiv(skv, block_n), batch * KV_HEADS)](
-            q, k, v, d_out, lse, delta, d_k, d_v, *reads, *_strides(d_k),
+            q, k, v, d_out, lse, delta, d_k, d_v, lengths, *reads, *_strides(d_k),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, DOT_UPCAST=upcast,
+            LENGTHS=use_lengths,
             num_warps=warps, num_stages=stages,
         )  # fmt: skip
     if needs[0]:
         block_m, block_n, warps, stages = _config(q.device, "q")
         d_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         _llama3_attention_backward_q[(triton.cdiv(sq, block_m), batch * HEADS)](
-            q, k, v, d_out, lse, delta, d_q, *reads, *_strides(d_q),
+            q, k, v, d_out, lse, delta, d_q, lengths, *reads, *_strides(d_q),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, DOT_UPCAST=upcast,
+            LENGTHS=use_lengths,
             num_warps=warps, num_stages=stages,
         )  # fmt: skip
     return d_q, d_k, d_v
 
 
-def _reference_grads(q, k, v, d_out, needs):
+def _reference_grads(q, k, v, d_out, needs, key_lengths=None):
     """The gradients by the reference's autograd (no GPU), through torch.func.vjp, which
     also works inside a custom op (a compiled model's backward)."""
-    _, vjp = torch.func.vjp(reference, q, k, v)
+    _, vjp = torch.func.vjp(lambda q, k, v: reference(q, k, v, key_lengths=key_lengths), q, k, v)
     return tuple(g.contiguous() if n else None for g, n in zip(vjp(d_out), needs, strict=True))
 
 
@@ -629,15 +686,17 @@ class _Trained(torch.autograd.Function):
     """A call with autograd, eagerly: the forward keeps lse, the backward recomputes."""
 
     @staticmethod
-    def forward(ctx, q, k, v):
-        out, lse = _forward(q, k, v, True)
-        ctx.save_for_backward(q, k, v, out, lse)
+    def forward(ctx, q, k, v, key_lengths):
+        out, lse = _forward(q, k, v, True, key_lengths)
+        ctx.save_for_backward(q, k, v, out, lse, key_lengths)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, d_out, d_lse):
-        return _backward(*ctx.saved_tensors, d_out, ctx.needs_input_grad)
+        q, k, v, out, lse, key_lengths = ctx.saved_tensors
+        needs = ctx.needs_input_grad[:3]
+        return (*_backward(q, k, v, out, lse, d_out, needs, key_lengths), None)
 
 
 def _register():
@@ -649,29 +708,29 @@ def _register():
     if getattr(torch.ops.fusegen, name, None) is None:
         forward = torch.library.custom_op(
             f"fusegen::{name}",
-            lambda q, k, v: _forward(q, k, v, True),
+            lambda q, k, v, key_lengths: _forward(q, k, v, True, key_lengths),
             mutates_args=(),
-            schema="(Tensor q, Tensor k, Tensor v) -> (Tensor, Tensor)",
+            schema="(Tensor q, Tensor k, Tensor v, Tensor? key_lengths) -> (Tensor, Tensor)",
         )
         backward = torch.library.custom_op(
             f"fusegen::{name}_backward",
-            lambda q, k, v, out, lse, d_out, needs: list(
-                _backward(q, k, v, out, lse, d_out, needs)
+            lambda q, k, v, key_lengths, out, lse, d_out, needs: list(
+                _backward(q, k, v, out, lse, d_out, needs, key_lengths)
             ),
             mutates_args=(),
-            schema="(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor d_out, "
-            "bool[] needs) -> Tensor?[]",
+            schema="(Tensor q, Tensor k, Tensor v, Tensor? key_lengths, Tensor out, Tensor lse, "
+            "Tensor d_out, bool[] needs) -> Tensor?[]",
         )
 
         @forward.register_fake
-        def _(q, k, v):
-            batch, sq, _ = _checked(q, k, v)
+        def _(q, k, v, key_lengths):
+            batch, sq, _ = _checked(q, k, v, key_lengths)
             return torch.empty(q.shape, dtype=q.dtype, device=q.device), q.new_empty(
                 (batch, HEADS, sq), dtype=torch.float32
             )
 
         @backward.register_fake
-        def _(q, k, v, out, lse, d_out, needs):
+        def _(q, k, v, key_lengths, out, lse, d_out, needs):
             return [
                 torch.empty_like(t, memory_format=torch.contiguous_format) if n else None
                 for t, n in zip((q, k, v), needs, strict=True)
@@ -681,10 +740,9 @@ def _register():
             ctx.save_for_backward(*inputs, *output)
 
         def differentiate(ctx, d_out, d_lse):
-            needs = [bool(n) for n in ctx.needs_input_grad]
-            return tuple(
-                getattr(torch.ops.fusegen, f"{name}_backward")(*ctx.saved_tensors, d_out, needs)
-            )
+            needs = [bool(n) for n in ctx.needs_input_grad[:3]]
+            grads = getattr(torch.ops.fusegen, f"{name}_backward")(*ctx.saved_tensors, d_out, needs)
+            return (*grads, None)
 
         forward.register_autograd(differentiate, setup_context=setup)
     return getattr(torch.ops.fusegen, name).default

@@ -143,6 +143,35 @@ def test_gradients_match_reference(monkeypatch, dtype, case):
         torch.testing.assert_close(alone, got[i], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", DTYPES if ON_GPU else DTYPES[-1:])
+def test_key_lengths(monkeypatch, dtype):
+    # Padding: batch entry b sees only its first key_lengths[b] keys. One entry has none
+    # (every row unseen: out 0, lse -inf), one some, one more than k_len (clamped).
+    poisoned_empty(monkeypatch)
+    seed = new_seed()
+    case = (3, 70, 300) if ON_GPU else (3, 5, 40)
+    inputs = make_inputs(case, dtype, seed)
+    lengths = torch.tensor(
+        [0, random.Random(seed).randrange(1, case[2]), case[2] + 5], device=DEVICE
+    )
+    out, lse = kernel.gemma2_attention(*inputs, key_lengths=lengths, return_lse=True)
+    doubles = [t.double() for t in inputs]
+    want, want_lse = kernel.reference(*doubles, key_lengths=lengths, return_lse=True)
+    check("out", out, want, kernel.reference(*inputs, key_lengths=lengths), seed, dtype)
+    assert torch.equal(torch.isinf(lse), torch.isinf(want_lse)), seed
+    upstream = torch.randn(inputs[0].shape, generator=torch.Generator().manual_seed(seed + 1))
+    upstream = upstream.to(dtype).to(DEVICE)
+
+    def padded(call):
+        return lambda q, k, v: call(q, k, v, key_lengths=lengths)
+
+    got = grads_of(padded(kernel.gemma2_attention), inputs, upstream)
+    wanted = grads_of(padded(kernel.reference), doubles, upstream.double())
+    eager = grads_of(padded(kernel.reference), inputs, upstream)
+    for what, mine, want, theirs in zip(("dq", "dk", "dv"), got, wanted, eager, strict=True):
+        check(what, mine, want, theirs, seed, dtype)
+
+
 def test_strided_inputs_read_in_place():
     # q, k and v sliced from one packed projection (as a fused QKV linear gives them),
     # and a transposed copy of the other layout: the same output as contiguous inputs.
@@ -184,6 +213,22 @@ def test_rejects_bad_inputs():
     for args, error, pattern in cases:
         with pytest.raises(error, match=pattern):
             kernel.gemma2_attention(*args)
+    batch = q.shape[0]
+    for lengths, error, pattern in [
+        (torch.ones(batch, device=DEVICE), TypeError, r"key_lengths must be an integer"),
+        (
+            [3] * batch,
+            TypeError,
+            r"key_lengths must be an integer torch.Tensor \[batch\], got list",
+        ),
+        (
+            torch.ones(batch + 1, dtype=torch.int64, device=DEVICE),
+            ValueError,
+            r"shape \[\d+\] \(batch\)",
+        ),
+    ]:
+        with pytest.raises(error, match=pattern):
+            kernel.gemma2_attention(q, k, v, key_lengths=lengths)
 
 
 def test_no_queries():

@@ -845,6 +845,12 @@ ATTENTION_MUTATIONS = [
         "the block a window starts in run without its mask",
     ),
     (
+        "att_plain",
+        "tl.load(lengths_ptr + batch), 0)",
+        "tl.load(lengths_ptr + batch) + 1, 0)",
+        "one padding key seen past each key length",
+    ),
+    (
         "att_gqa_causal",
         "for member in range(2):",
         "for member in range(1):",
@@ -872,5 +878,6 @@ ATTENTION_MUTATIONS = [
 
 
 def test_attention_tests_catch_broken_kernels(zoo, tmp_path):
-    selection = "dtype0 and (matches_reference or gradients)"  # one dtype: one bug, one failure
+    # One dtype: one bug, one failure.
+    selection = "dtype0 and (matches_reference or gradients or key_lengths)"
     assert "norm-wise error" in run_mutants(zoo, tmp_path, ATTENTION_MUTATIONS, selection)
