@@ -54,6 +54,10 @@ def masks(att: Attention) -> str:
     return ", ".join(out)
 
 
+def score_formula_with_bias(att: Attention) -> str:
+    return score_formula(att) + (" + alibi" if att.alibi else "")
+
+
 def seen(att: Attention, backward: bool) -> str:
     """Which (row, key) pairs a block's scores keep: keys past the end are never seen
     (nor, in the backward, rows past the end)."""
@@ -89,35 +93,67 @@ def reference_seen(att: Attention) -> str:
 def forward_score_lines(att: Attention) -> list[str]:
     """The forward's scores before `score_factor`: that factor brings them to base 2 (the
     online softmax runs on exp2) inside one fused multiply-add with the row max."""
-    if not att.softcap:
+    if att.softcap:
+        lines = [
+            f"scores = tl.dot(q, k) * {_number(att.scale / att.softcap)}",
+            f"scores = {_number(att.softcap * LOG2E)} * _tanh(scores, FAST_TANH)  # softcapped, base 2",
+        ]
+    elif att.alibi:
+        lines = [f"scores = tl.dot(q, k) * {_number(att.scale * LOG2E)}  # in base 2"]
+    else:
         return ["scores = tl.dot(q, k)"]
-    return [
-        f"scores = tl.dot(q, k) * {_number(att.scale / att.softcap)}",
-        f"scores = {_number(att.softcap * LOG2E)} * _tanh(scores, FAST_TANH)  # softcapped, base 2",
-    ]
+    return lines + _alibi_lines(att, "keys[None, :] - rows[:, None]")
 
 
 def score_factor(att: Attention) -> str:
-    """What the forward's scores are multiplied by to be in base 2: the scale without a
-    softcap, else nothing left (the softcap's lines applied it)."""
-    return "" if att.softcap else f" * {_number(att.scale * LOG2E)}"
+    """What the forward's scores are multiplied by to be in base 2: the scale with neither
+    softcap nor ALiBi, else nothing left (their lines applied it)."""
+    return "" if att.softcap or att.alibi else f" * {_number(att.scale * LOG2E)}"
+
+
+def _alibi_lines(att: Attention, distance: str) -> list[str]:
+    if not att.alibi:
+        return []
+    return [f"scores += alibi_slope * ({distance} - shift)  # ALiBi, in base 2"]
+
+
+def alibi_slopes(heads: int) -> list[float]:
+    """ALiBi's slope per head: 2**(-8 * (h + 1) / heads) for a power of two; otherwise
+    BLOOM's rule: those of the power of two below, then every other one of twice it."""
+    below = 1 << (heads.bit_length() - 1)
+    slopes = [2.0 ** (-8 * (h + 1) / below) for h in range(below)]
+    return slopes + [2.0 ** (-4 * (2 * i + 1) / below) for i in range(heads - below)]
+
+
+def alibi_slope_expression(att: Attention) -> str:
+    """The slope of query head `head` in base 2, as the kernels compute it."""
+    below = 1 << (att.heads.bit_length() - 1)
+    first = f"tl.exp2(-8.0 * (head + 1) / {below})"
+    if below == att.heads:
+        return f"{first} * {_number(LOG2E)}"
+    rest = f"tl.exp2(-4.0 * (2 * (head - {below}) + 1) / {below})"
+    return f"tl.where(head < {below}, {first}, {rest}) * {_number(LOG2E)}"
 
 
 def backward_score_lines(att: Attention) -> list[str]:
     """The backward's scores in base 2, as the lse it loads (times log2 e), keeping tanh
     for the softcap's derivative."""
     if not att.softcap:
-        return [f"scores = tl.dot(q, tl.trans(k)) * {_number(att.scale * LOG2E)}  # in base 2"]
-    return [
-        f"capped = _tanh(tl.dot(q, tl.trans(k)) * {_number(att.scale / att.softcap)}, FAST_TANH)",
-        f"scores = {_number(att.softcap * LOG2E)} * capped  # in base 2",
-    ]
+        lines = [f"scores = tl.dot(q, tl.trans(k)) * {_number(att.scale * LOG2E)}  # in base 2"]
+    else:
+        lines = [
+            f"capped = _tanh(tl.dot(q, tl.trans(k)) * {_number(att.scale / att.softcap)}, FAST_TANH)",
+            f"scores = {_number(att.softcap * LOG2E)} * capped  # in base 2",
+        ]
+    return lines + _alibi_lines(att, "keys[None, :] - rows[:, None]")
 
 
 def kv_score_lines(att: Attention) -> list[str]:
     """The backward's scores keys by rows ([BLOCK_N, BLOCK_M]), for dk and dv."""
     return [
-        line.replace("tl.dot(q, tl.trans(k))", "tl.dot(k, tl.trans(q))")
+        line.replace("tl.dot(q, tl.trans(k))", "tl.dot(k, tl.trans(q))").replace(
+            "keys[None, :] - rows[:, None]", "keys[:, None] - rows[None, :]"
+        )
         for line in backward_score_lines(att)
     ]
 
@@ -156,7 +192,10 @@ def module_context(att: Attention, header: list[str], op_name: str, doc_width: i
         "causal": att.causal,
         "window": att.window,
         "masks": masks(att),
-        "score_formula": score_formula(att),
+        "score_formula": score_formula_with_bias(att),
+        "alibi": att.alibi,
+        "alibi_slopes": "(" + ", ".join(_number(x) for x in alibi_slopes(att.heads)) + ")",
+        "alibi_slope": alibi_slope_expression(att) if att.alibi else None,
         "dtypes_doc": ", ".join(att.dtypes),
         "dtypes_tuple": "("
         + ", ".join(dtype_literal(d) for d in att.dtypes)

@@ -198,6 +198,7 @@ class Attention:
     softcap: float | None
     causal: bool
     window: int | None  # a query sees its `window` most recent keys
+    alibi: bool = False  # scores += slope[head] * (key - query position)
 
     @property
     def kind(self) -> str:

@@ -50,6 +50,12 @@ def lower_attention(
             "a sliding window needs causal: true",
             "the window holds a query's most recent keys, its own included (Mistral)",
         )
+    if a.alibi and not a.causal:
+        err(
+            ("attention", "alibi"),
+            "ALiBi needs causal: true",
+            "its bias, slope * (key - query position), is the distance to past keys",
+        )
     if errors:
         return None, errors
     return (
@@ -68,6 +74,7 @@ def lower_attention(
             softcap=a.softcap,
             causal=a.causal,
             window=a.window,
+            alibi=a.alibi,
         ),
         errors,
     )

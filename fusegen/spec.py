@@ -206,6 +206,12 @@ class AttentionSpec(_Strict):
         description="sliding window (Mistral): a query sees only its `window` most recent "
         "keys, its own included; with causal",
     )
+    alibi: bool = Field(
+        False,
+        description="ALiBi (BLOOM, MPT): each head's scores get slope * (key - query "
+        "position), the slopes 2**(-8 * (h + 1) / heads) (BLOOM's rule for heads not a "
+        "power of two); with causal",
+    )
 
 
 class AttentionKernelSpec(_Strict):

@@ -232,9 +232,9 @@ def test_one_runtime_per_folder_names_its_version_and_hash():
 @pytest.mark.parametrize("path", ATTENTION, ids=lambda p: p.name)
 def test_attention_modules_are_short(path):
     """Four kernels (forward, delta, dk and dv, dq), their block steps (each run masked at
-    the edges and unmasked inside: three calls each), the key ranges, the checks,
-    launches and reference."""
-    assert len(path.read_text().splitlines()) <= 780
+    the edges and unmasked inside: three calls each), the key ranges and counts, the
+    checks (key lengths' too), launches and reference."""
+    assert len(path.read_text().splitlines()) <= 820
 
 
 @pytest.mark.parametrize("path", CHAINS, ids=lambda p: p.name)

@@ -185,9 +185,10 @@ kernels:
 ATTENTION_SPECS = """
 kernels:
   - name: att_gqa_causal
-    doc: Grouped heads (2 query heads a kv head), causal, the transformers layout.
+    doc: Grouped heads (3 query heads a kv head), causal, ALiBi (6 heads, not a power of
+      two, BLOOM's slopes), the transformers layout.
     dtypes: [bf16, fp32]
-    attention: {layout: bshd, heads: 4, kv_heads: 2, head_dim: 64, causal: true}
+    attention: {layout: bshd, heads: 6, kv_heads: 2, head_dim: 64, causal: true, alibi: true}
 
   - name: att_window_softcap
     doc: One kv head (MQA), a sliding window, a softcap, a given scale, a padded head dim.
@@ -845,6 +846,12 @@ ATTENTION_MUTATIONS = [
         "the block a window starts in run without its mask",
     ),
     (
+        "att_gqa_causal",
+        "tl.where(head < 4, ",
+        "tl.where(head < 3, ",
+        "the extra heads' ALiBi slopes from the wrong rule",
+    ),
+    (
         "att_plain",
         "tl.load(lengths_ptr + batch), 0)",
         "tl.load(lengths_ptr + batch) + 1, 0)",
@@ -852,8 +859,8 @@ ATTENTION_MUTATIONS = [
     ),
     (
         "att_gqa_causal",
+        "for member in range(3):",
         "for member in range(2):",
-        "for member in range(1):",
         "dk and dv from one query head of the group",
     ),
     (

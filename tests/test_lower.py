@@ -443,6 +443,7 @@ def test_attention_lowers_with_defaults(write_spec):
         ({"head_dim": 100}, "attention.head_dim", "head_dim 100 is not a multiple of 16"),
         ({"head_dim": 512}, "attention.head_dim", "from 16 to 256"),
         ({"window": 128}, "attention.window", "a sliding window needs causal: true"),
+        ({"alibi": True}, "attention.alibi", "ALiBi needs causal: true"),
         ({"layout": "sbhd"}, "attention.layout", "'bshd' or 'bhsd'"),
         ({"softcap": -1}, "attention.softcap", "greater than 0"),
         (

@@ -1,0 +1,27 @@
+"""fusegen/attention_text.py: what the attention modules print that is worked out in Python."""
+
+import pytest
+
+from fusegen import attention_text
+
+
+def bloom_slopes(heads):
+    """ALiBi's slopes as BLOOM's code writes them (a geometric series from 2**(-8/n) for
+    the power of two n at or below heads; the rest every other one of 2n's)."""
+
+    def series(n):
+        start = 2 ** (-(2 ** -(n.bit_length() - 1 - 3)))
+        return [start ** (i + 1) for i in range(n)]
+
+    below = 1 << (heads.bit_length() - 1)
+    return series(below) + series(2 * below)[0::2][: heads - below]
+
+
+@pytest.mark.parametrize("heads", [1, 2, 6, 8, 12, 32, 40])
+def test_alibi_slopes_are_bloom_s(heads):
+    assert attention_text.alibi_slopes(heads) == pytest.approx(bloom_slopes(heads), rel=1e-12)
+
+
+def test_alibi_slopes_by_hand():
+    assert attention_text.alibi_slopes(8) == [2.0**-e for e in range(1, 9)]
+    assert attention_text.alibi_slopes(6) == [2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8, 2.0**-1, 2.0**-3]
