@@ -96,7 +96,8 @@ def forward_score_lines(att: Attention) -> list[str]:
     if att.softcap:
         lines = [
             f"scores = tl.dot(q, k) * {_number(att.scale / att.softcap)}",
-            f"scores = {_number(att.softcap * LOG2E)} * _tanh(scores, FAST_TANH)  # softcapped, base 2",
+            f"scores = {_number(att.softcap * LOG2E)} * _tanh(scores, FAST_TANH)"
+            "  # softcapped, base 2",
         ]
     elif att.alibi:
         lines = [f"scores = tl.dot(q, k) * {_number(att.scale * LOG2E)}  # in base 2"]
@@ -142,7 +143,8 @@ def backward_score_lines(att: Attention) -> list[str]:
         lines = [f"scores = tl.dot(q, tl.trans(k)) * {_number(att.scale * LOG2E)}  # in base 2"]
     else:
         lines = [
-            f"capped = _tanh(tl.dot(q, tl.trans(k)) * {_number(att.scale / att.softcap)}, FAST_TANH)",
+            "capped = _tanh(tl.dot(q, tl.trans(k))"
+            f" * {_number(att.scale / att.softcap)}, FAST_TANH)",
             f"scores = {_number(att.softcap * LOG2E)} * capped  # in base 2",
         ]
     return lines + _alibi_lines(att, "keys[None, :] - rows[:, None]")

@@ -30,7 +30,7 @@ _log = logging.getLogger(__name__)
 
 # sha256 of this file as fusegen wrote it (this line holding a placeholder): the kernel
 # modules beside it name the runtime they were built with by it.
-RUNTIME_HASH = "a4232c7e375307e4"
+RUNTIME_HASH = "f6d7518507787721"
 # Rows above which tuning skips split-K configs: their partial sums' traffic outgrows
 # what the extra programs win.
 SPLIT_K_MAX_ROWS = 256
@@ -1562,10 +1562,10 @@ class Kernels:
     def triton_ops(self):
         """Whether this module's ops are torch.library.triton_op (torch 2.6 or newer), so
         that torch.compile traces into them and Inductor launches the kernels from its own
-        wrapper: unless FUSEGEN_TRITON_OP=0 is set at import, not under the interpreter (torch cannot trace an interpreted kernel), and
-        not for a spec whose launcher reads its output back (`nonfinite: reference`).
-        Elsewhere the ops are opaque custom ops, whose Python launcher runs at each call
-        of the compiled graph."""
+        wrapper: unless FUSEGEN_TRITON_OP=0 is set at import, not under the interpreter
+        (torch cannot trace an interpreted kernel), and not for a spec whose launcher reads
+        its output back (`nonfinite: reference`). Elsewhere the ops are opaque custom ops,
+        whose Python launcher runs at each call of the compiled graph."""
         return (
             os.environ.get("FUSEGEN_TRITON_OP", "1") != "0"
             and hasattr(torch.library, "triton_op")
