@@ -369,7 +369,11 @@ def check_grads(got, inputs, upstream, asked, dtype, seed):
         worst = misses[-1].item()
         eager_worst = (theirs.double() - want).abs().max().item()
         allowed = 8 * eager_worst + want.abs().max().item() / 8 + OUT_TINY[mine.dtype]
-        if not (error <= 2 * eager_error + 4 * rounding and worst <= allowed):
+        # A gradient summed over many terms (a bias's over rows) carries an fp32 sum's
+        # rounding, which grows as sqrt(terms) and in whose luck eager can beat it.
+        terms = max(g.numel() for g in upstream) / max(mine.numel(), 1)
+        summed = 4 * 2.0**-24 * math.sqrt(max(terms, 1.0))
+        if not (error <= 2 * eager_error + 4 * rounding + summed and worst <= allowed):
             pytest.fail(
                 f"d{name}: norm-wise error {error:.3g} (eager {eager_error:.3g}), worst element "
                 f"{worst:.3g} (allowed {allowed:.3g}); seed {seed}, {dtype}"
