@@ -32,6 +32,12 @@ if ON_GPU:
 # than keys (unseen rows) and a KV cache longer than the queries; SMALL for the rest.
 FORWARD_CASES = CASES if ON_GPU else [(1, 70, 45), (1, 19, 83)]
 SMALL = CASES[0] if ON_GPU else (1, 33, 33)
+# Paths the interpreter runs slowly on many heads (a minute a module on 2 cores): on the
+# CPU the small specs of tests/test_kernels.py's zoo take them; a GPU runs them everywhere.
+interpreter_heavy = pytest.mark.skipif(
+    not ON_GPU and kernel.HEADS * kernel.HEAD_DIM > 1024,
+    reason="the interpreter runs this many heads slowly; the zoo's small specs cover it",
+)
 DTYPES = kernel.DTYPES
 # Unit roundoff of the outputs; the interpreter rounds fp32 to bf16 toward zero (2**-7).
 ROUNDING = {
@@ -143,6 +149,7 @@ def test_gradients_match_reference(monkeypatch, dtype, case):
         torch.testing.assert_close(alone, got[i], rtol=0, atol=0)
 
 
+@interpreter_heavy
 @pytest.mark.parametrize("dtype", DTYPES if ON_GPU else DTYPES[-1:])
 def test_key_lengths(monkeypatch, dtype):
     # Padding: batch entry b sees only its first key_lengths[b] keys. One entry has none
@@ -237,6 +244,7 @@ def test_no_queries():
     assert out.shape == q.shape and lse.shape == (1, kernel.HEADS, 0)
 
 
+@interpreter_heavy
 def test_inside_torch_compile():
     # One custom op forward, one backward: fullgraph=True holds, the same bits as eager.
     torch._dynamo.reset()
