@@ -40,6 +40,8 @@
 #   backward-configs   the backward kernels over a grid of launch configs (the runtime's defaults)
 #   attention-anchors  issue 16's attention cases: the generated kernels against SDPA's flash,
 #                      cuDNN and efficient backends and compiled FlexAttention, forward and backward
+#   attention-configs  the attention kernels over a grid of launch configs (forward at each
+#                      case, the backward's dk/dv and dq kernels): what attention_text.py's CONFIGS hold
 #   llama-compiled     the same model's decode, prefill and training step, eager, compiled and
 #                      reduce-overhead, with triton ops (the default) and the opaque ops (FUSEGEN_TRITON_OP=0)
 # Settings: PYTHON (python3), TEST_WORKERS (8), STEP_TIMEOUT_S per command (1200).
@@ -50,7 +52,7 @@ PYTHON=${PYTHON:-python3}
 SUITE=benchmarks/suite.yaml
 STEPS="generated-tests tune-tables tuning-repeat config-space first-calls row-layouts
 launch-cost split-k inspect tanh-approx launcher-tuning training-chains llama-training-step
-backward-configs llama-compiled attention-anchors"
+backward-configs llama-compiled attention-anchors attention-configs"
 ANCHOR_SHAPES="8192,4096,14336 4096,1024,4096 16,4096,14336 1000,1000,1000"
 
 listing=$($PYTHON -m fusegen bench --suite "$SUITE" --list) || {
@@ -142,6 +144,8 @@ for name in "${wanted[@]}"; do
         run $PYTHON benchmarks/backward_configs.py --out "$out/backward_configs.json" ;;
     attention-anchors)
         run $PYTHON benchmarks/attention_anchors.py --out "$out/attention_anchors.json" ;;
+    attention-configs)
+        run $PYTHON benchmarks/attention_configs.py --out "$out/attention_configs.json" ;;
     llama-compiled)
         run $PYTHON benchmarks/llama_compiled.py --out "$out/llama_compiled_triton_op.json"
         FUSEGEN_TRITON_OP=0 run $PYTHON benchmarks/llama_compiled.py \
