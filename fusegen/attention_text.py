@@ -41,7 +41,7 @@ def score_formula(att: Attention) -> str:
     if att.softcap:
         c = _number(att.softcap)
         text = f"{c} * tanh(({text}) / {c})"
-    return text
+    return text + (" + alibi" if att.alibi else "")
 
 
 def masks(att: Attention) -> str:
@@ -54,30 +54,18 @@ def masks(att: Attention) -> str:
     return ", ".join(out)
 
 
-def score_formula_with_bias(att: Attention) -> str:
-    return score_formula(att) + (" + alibi" if att.alibi else "")
-
-
-def seen(att: Attention, backward: bool) -> str:
+def seen(att: Attention, backward: bool, keys_by_rows: bool = False) -> str:
     """Which (row, key) pairs a block's scores keep: keys past the end are never seen
-    (nor, in the backward, rows past the end)."""
-    parts = ["(keys < SKV)[None, :]"]
+    (nor, in the backward, rows past the end). keys_by_rows: for the dk/dv kernel's
+    [keys, rows] blocks, else [rows, keys]."""
+    k, r = ("[:, None]", "[None, :]") if keys_by_rows else ("[None, :]", "[:, None]")
+    parts = [f"(keys < SKV){k}"]
     if backward:
-        parts.append("(rows < SQ)[:, None]")
+        parts.append(f"(rows < SQ){r}")
     if att.causal:
-        parts.append("(keys[None, :] <= rows[:, None] + shift)")
+        parts.append(f"(keys{k} <= rows{r} + shift)")
     if att.window:
-        parts.append(f"(keys[None, :] > rows[:, None] + shift - {att.window})")
-    return " & ".join(parts)
-
-
-def seen_keys_by_rows(att: Attention) -> str:
-    """`seen` for the dk/dv kernel's [keys, rows] blocks."""
-    parts = ["(keys < SKV)[:, None]", "(rows < SQ)[None, :]"]
-    if att.causal:
-        parts.append("(keys[:, None] <= rows[None, :] + shift)")
-    if att.window:
-        parts.append(f"(keys[:, None] > rows[None, :] + shift - {att.window})")
+        parts.append(f"(keys{k} > rows{r} + shift - {att.window})")
     return " & ".join(parts)
 
 
@@ -194,7 +182,7 @@ def module_context(att: Attention, header: list[str], op_name: str, doc_width: i
         "causal": att.causal,
         "window": att.window,
         "masks": masks(att),
-        "score_formula": score_formula_with_bias(att),
+        "score_formula": score_formula(att),
         "alibi": att.alibi,
         "alibi_slopes": "(" + ", ".join(_number(x) for x in alibi_slopes(att.heads)) + ")",
         "alibi_slope": alibi_slope_expression(att) if att.alibi else None,
@@ -213,7 +201,7 @@ def module_context(att: Attention, header: list[str], op_name: str, doc_width: i
         "score_lines_bwd": backward_score_lines(att),
         "seen": seen(att, backward=False),
         "seen_bwd": seen(att, backward=True),
-        "seen_kv": seen_keys_by_rows(att),
+        "seen_kv": seen(att, backward=True, keys_by_rows=True),
         "score_lines_kv": kv_score_lines(att),
         "reference_seen": reference_seen(att),
         "d_softcap": d_softcap(att),
