@@ -9,6 +9,10 @@ from fusegen.chain_text import docstring_safe, dtype_literal
 from fusegen.ir import Attention
 
 LOG2E = 1.4426950408889634
+# A bias entry at or below it masks its key as the masks do: -inf, and bf16's or fp32's
+# finfo.min (transformers' additive masks), which times log2 e would overflow fp32. A
+# power of two (about -1e28), so fp32 and float64 compare against the same number.
+BIAS_FLOOR = -(2.0**93)
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) by head dim, of the forward and of the
 # backward's dk/dv and dq kernels, as Triton's fused-attention tutorial tiles them.
@@ -41,7 +45,7 @@ def score_formula(att: Attention) -> str:
     if att.softcap:
         c = _number(att.softcap)
         text = f"{c} * tanh(({text}) / {c})"
-    return text + (" + alibi" if att.alibi else "")
+    return text + (" + alibi" if att.alibi else "") + (" + bias" if att.bias else "")
 
 
 def masks(att: Attention) -> str:
@@ -87,23 +91,30 @@ def forward_score_lines(att: Attention) -> list[str]:
             f"scores = {_number(att.softcap * LOG2E)} * _tanh(scores, FAST_TANH)"
             "  # softcapped, base 2",
         ]
-    elif att.alibi:
+    elif att.alibi or att.bias:
         lines = [f"scores = tl.dot(q, k) * {_number(att.scale * LOG2E)}  # in base 2"]
     else:
         return ["scores = tl.dot(q, k)"]
-    return lines + _alibi_lines(att, "keys[None, :] - rows[:, None]")
+    return lines + _added_lines(att, "keys[None, :] - rows[:, None]")
 
 
 def score_factor(att: Attention) -> str:
-    """What the forward's scores are multiplied by to be in base 2: the scale with neither
-    softcap nor ALiBi, else nothing left (their lines applied it)."""
-    return "" if att.softcap or att.alibi else f" * {_number(att.scale * LOG2E)}"
+    """What the forward's scores are multiplied by to be in base 2: the scale with no
+    softcap, ALiBi or bias, else nothing left (their lines applied it)."""
+    return "" if att.softcap or att.alibi or att.bias else f" * {_number(att.scale * LOG2E)}"
 
 
-def _alibi_lines(att: Attention, distance: str) -> list[str]:
-    if not att.alibi:
-        return []
-    return [f"scores += alibi_slope * ({distance} - shift)  # ALiBi, in base 2"]
+def _added_lines(att: Attention, distance: str) -> list[str]:
+    """ALiBi's and the bias's terms, in base 2 (the bias tile is loaded as `bias`)."""
+    lines = []
+    if att.alibi:
+        lines.append(f"scores += alibi_slope * ({distance} - shift)  # ALiBi, in base 2")
+    if att.bias:
+        lines.append(
+            f"scores = tl.where(bias > {_number(BIAS_FLOOR)}, scores + bias * {_number(LOG2E)},"
+            " -1.0e30)  # the bias, in base 2; at or below BIAS_FLOOR it masks"
+        )
+    return lines
 
 
 def alibi_slopes(heads: int) -> list[float]:
@@ -135,7 +146,7 @@ def backward_score_lines(att: Attention) -> list[str]:
             f" * {_number(att.scale / att.softcap)}, FAST_TANH)",
             f"scores = {_number(att.softcap * LOG2E)} * capped  # in base 2",
         ]
-    return lines + _alibi_lines(att, "keys[None, :] - rows[:, None]")
+    return lines + _added_lines(att, "keys[None, :] - rows[:, None]")
 
 
 def kv_score_lines(att: Attention) -> list[str]:
@@ -186,6 +197,9 @@ def module_context(att: Attention, header: list[str], op_name: str, doc_width: i
         "alibi": att.alibi,
         "alibi_slopes": "(" + ", ".join(_number(x) for x in alibi_slopes(att.heads)) + ")",
         "alibi_slope": alibi_slope_expression(att) if att.alibi else None,
+        "bias": att.bias,
+        "bias_arg": ", bias" if att.bias else "",
+        "bias_floor": _number(BIAS_FLOOR),
         "dtypes_doc": ", ".join(att.dtypes),
         "dtypes_tuple": "("
         + ", ".join(dtype_literal(d) for d in att.dtypes)

@@ -197,7 +197,13 @@ def attention_context(att: Attention) -> dict:
 
 
 def attention_test_context(att: Attention) -> dict:
-    return {"header": header(att), "name": att.name, "causal": att.causal, "window": att.window}
+    return {
+        "header": header(att),
+        "name": att.name,
+        "causal": att.causal,
+        "window": att.window,
+        "bias": att.bias,
+    }
 
 
 def kernel_context(kernel: Kernel, runtime_hash: str) -> dict:

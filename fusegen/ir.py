@@ -199,6 +199,7 @@ class Attention:
     causal: bool
     window: int | None  # a query sees its `window` most recent keys
     alibi: bool = False  # scores += slope[head] * (key - query position)
+    bias: bool = False  # scores += an input broadcast to [batch, heads, q_len, k_len]
 
     @property
     def kind(self) -> str:

@@ -75,6 +75,7 @@ def lower_attention(
             causal=a.causal,
             window=a.window,
             alibi=a.alibi,
+            bias=a.bias,
         ),
         errors,
     )

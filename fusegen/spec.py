@@ -212,6 +212,14 @@ class AttentionSpec(_Strict):
         "position), the slopes 2**(-8 * (h + 1) / heads) (BLOOM's rule for heads not a "
         "power of two); with causal",
     )
+    bias: bool = Field(
+        False,
+        description="an additive bias input, added to the scores after the scale and "
+        "softcap: [batch, heads, q_len, k_len] or any shape that broadcasts to it (T5's "
+        "relative positions, transformers' additive masks); an entry at or below -2**93 "
+        "(about -1e28: -inf, bf16's or fp32's finfo.min) masks its key; its gradient when "
+        "it requires grad",
+    )
 
 
 class AttentionKernelSpec(_Strict):

@@ -80,7 +80,7 @@ def render(kernel_name: str, spec_display: str, entries: list[dict]) -> str:
         "about": (
             f"Configs `fusegen tune` chose for {kernel_name}. The launcher in {kernel_name}.py "
             "uses an entry when its GPU name, capability and kernel_hash match, from the "
-            "entry of the call's row bucket or the nearest one; else it tunes at run time. "
+            "entry of the call's row bucket or one next to it; else it tunes at run time. "
             f"Regenerate with `fusegen tune {spec_display} --shapes ...` on the GPU."
         ),
         "kernel": kernel_name,

@@ -30,7 +30,7 @@ _log = logging.getLogger(__name__)
 
 # sha256 of this file as fusegen wrote it (this line holding a placeholder): the kernel
 # modules beside it name the runtime they were built with by it.
-RUNTIME_HASH = "f6d7518507787721"
+RUNTIME_HASH = "8a1f533d67fca6df"
 # Rows above which tuning skips split-K configs: their partial sums' traffic outgrows
 # what the extra programs win.
 SPLIT_K_MAX_ROWS = 256
@@ -38,6 +38,7 @@ SPLIT_K_MAX_ROWS = 256
 # first for the kernel it favours, and the best one of the other: compiling is most of
 # a first call (about 1 s a config on an H200, where both full spaces took 35-55 s).
 SHORTLIST = 3
+TABLE_REACH = 1  # a tuned entry serves row buckets up to this many powers of two away
 GRAPH_TIMED_UNDER_MS = 0.1  # tuning times shorter kernels from CUDA graphs (see graph_bench)
 # Per SM of an H200, measured: bf16 tensor-core flops, and bytes from L2 and from HBM.
 _MMA_FLOPS_PER_US = 5.36e6
@@ -1176,8 +1177,10 @@ class Kernels:
 
     def from_table(self, path, key, device):
         """The table's plan for a key on this GPU, or None. An entry of another row
-        bucket serves when none has this one: the nearest (in powers of two), larger on
-        a tie."""
+        bucket serves when none has this one: the nearest, larger on a tie, if at most
+        TABLE_REACH powers of two away. Farther, its tiles can be far off (16-row tiles
+        at 128 rows read the weights 8 times: 2x cuBLAS's time in a LLaMA at 16 x 8
+        tokens), and tuning or the estimate does better."""
         name, capability = self.device_identity(device)
         wanted = {n: plain(v) for n, v in zip(self.key_names, key, strict=False)}
         rows = self.key_names[0]
@@ -1195,6 +1198,8 @@ class Kernels:
             except (KeyError, TypeError, ValueError):
                 continue
             distance = abs((entry["key"][rows]).bit_length() - wanted[rows].bit_length())
+            if distance > TABLE_REACH:
+                continue
             found.append((distance, -entry["key"][rows], chosen, config, entry))
         if not found:
             return None

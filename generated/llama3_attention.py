@@ -638,8 +638,8 @@ def _forward(q, k, v, want_lse, key_lengths=None):
 
 
 def _backward(q, k, v, out, lse, d_out, needs=(True, True, True), key_lengths=None):
-    """(dq, dk, dv) from the forward's out and lse: delta = rowsum(d_out * out), then one
-    kernel for dk and dv (per kv block, over its query heads) and one for dq."""
+    """(dq, dk, dv) from the forward's out and lse: delta = rowsum(d_out * out),
+    then one kernel for dk and dv (per kv block, over its query heads) and one for dq."""
     batch, sq, skv = _checked(q, k, v, key_lengths)
     if not _runs_triton(q.device) or not out.numel():
         return _reference_grads(q, k, v, d_out, needs, key_lengths)
@@ -718,8 +718,8 @@ def _register():
                 _backward(q, k, v, out, lse, d_out, needs, key_lengths)
             ),
             mutates_args=(),
-            schema="(Tensor q, Tensor k, Tensor v, Tensor? key_lengths, Tensor out, Tensor lse, "
-            "Tensor d_out, bool[] needs) -> Tensor?[]",
+            schema="(Tensor q, Tensor k, Tensor v, Tensor? key_lengths, Tensor out, "
+            "Tensor lse, Tensor d_out, bool[] needs) -> Tensor?[]",
         )
 
         @forward.register_fake

@@ -59,13 +59,14 @@ def shape(batch, seq, heads):
 
 
 def make_inputs(case, dtype, seed):
+    """q, k, v: the launcher's inputs."""
     batch, sq, skv = case
     generator = torch.Generator().manual_seed(seed)
-    sizes = (
+    sizes = [
         shape(batch, sq, kernel.HEADS),
         shape(batch, skv, kernel.KV_HEADS),
         shape(batch, skv, kernel.KV_HEADS),
-    )
+    ]
     return [torch.randn(s, generator=generator).to(dtype).to(DEVICE) for s in sizes]
 
 
@@ -100,10 +101,10 @@ def check(what, got, want, eager, seed, dtype):
 def test_matches_reference(monkeypatch, dtype, case):
     poisoned_empty(monkeypatch)
     seed = new_seed()
-    q, k, v = make_inputs(case, dtype, seed)
-    out, lse = kernel.mistral_sliding_window(q, k, v, return_lse=True)
-    want, want_lse = kernel.reference(q.double(), k.double(), v.double(), return_lse=True)
-    check("out", out, want, kernel.reference(q, k, v), seed, dtype)
+    inputs = make_inputs(case, dtype, seed)
+    out, lse = kernel.mistral_sliding_window(*inputs, return_lse=True)
+    want, want_lse = kernel.reference(*[t.double() for t in inputs], return_lse=True)
+    check("out", out, want, kernel.reference(*inputs), seed, dtype)
     # A row that sees no key: out 0 and lse -inf (as FlexAttention; SDPA gives NaN).
     unseen = torch.isinf(want_lse)
     assert torch.equal(torch.isinf(lse), unseen), seed
@@ -121,7 +122,12 @@ def _rows_of(unseen):
     return rows[..., None].expand(*rows.shape, kernel.HEAD_DIM)
 
 
-def grads_of(call, inputs, upstream, asked=(0, 1, 2)):
+GRADS = ("dq", "dk", "dv")
+
+
+def grads_of(call, inputs, upstream, asked=None):
+    """The gradients of call's output against upstream for the inputs `asked` (all)."""
+    asked = range(len(GRADS)) if asked is None else asked
     leaves = [t.detach().requires_grad_(i in asked) for i, t in enumerate(inputs)]
     out = call(*leaves)
     return torch.autograd.grad(out, [leaves[i] for i in asked], upstream)
@@ -141,10 +147,10 @@ def test_gradients_match_reference(monkeypatch, dtype, case):
     got = grads_of(kernel.mistral_sliding_window, inputs, upstream)
     wanted = grads_of(kernel.reference, [t.double() for t in inputs], upstream.double())
     eager = grads_of(kernel.reference, inputs, upstream)
-    for what, mine, want, theirs in zip(("dq", "dk", "dv"), got, wanted, eager, strict=True):
+    for what, mine, want, theirs in zip(GRADS, got, wanted, eager, strict=True):
         check(what, mine, want, theirs, seed, dtype)
     # One input at a time: only its gradient is computed.
-    for i in range(3) if ON_GPU else (1,):
+    for i in range(len(GRADS)) if ON_GPU else (1,):
         (alone,) = grads_of(kernel.mistral_sliding_window, inputs, upstream, asked=(i,))
         torch.testing.assert_close(alone, got[i], rtol=0, atol=0)
 
@@ -170,12 +176,12 @@ def test_key_lengths(monkeypatch, dtype):
     upstream = upstream.to(dtype).to(DEVICE)
 
     def padded(call):
-        return lambda q, k, v: call(q, k, v, key_lengths=lengths)
+        return lambda *tensors: call(*tensors, key_lengths=lengths)
 
     got = grads_of(padded(kernel.mistral_sliding_window), inputs, upstream)
     wanted = grads_of(padded(kernel.reference), doubles, upstream.double())
     eager = grads_of(padded(kernel.reference), inputs, upstream)
-    for what, mine, want, theirs in zip(("dq", "dk", "dv"), got, wanted, eager, strict=True):
+    for what, mine, want, theirs in zip(GRADS, got, wanted, eager, strict=True):
         check(what, mine, want, theirs, seed, dtype)
 
 
@@ -183,20 +189,22 @@ def test_strided_inputs_read_in_place():
     # q, k and v sliced from one packed projection (as a fused QKV linear gives them),
     # and a transposed copy of the other layout: the same output as contiguous inputs.
     seed, dtype = new_seed(), DTYPES[0]
-    q, k, v = make_inputs(SMALL, dtype, seed)
+    q, k, v, *rest = make_inputs(SMALL, dtype, seed)
     heads = {"q": kernel.HEADS, "kv": kernel.KV_HEADS}
     axis = 2 if kernel.LAYOUT == "bshd" else 1
     packed = torch.cat([q, k, v], dim=axis)
     views = packed.split([heads["q"], heads["kv"], heads["kv"]], dim=axis)
     assert views[0].stride() != q.stride()
-    expected = kernel.mistral_sliding_window(q, k, v)
-    torch.testing.assert_close(kernel.mistral_sliding_window(*views), expected, rtol=0, atol=0)
-    other = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
+    expected = kernel.mistral_sliding_window(q, k, v, *rest)
+    torch.testing.assert_close(
+        kernel.mistral_sliding_window(*views, *rest), expected, rtol=0, atol=0
+    )
+    other = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v, *rest)]
     torch.testing.assert_close(kernel.mistral_sliding_window(*other), expected, rtol=0, atol=0)
 
 
 def test_rejects_bad_inputs():
-    q, k, v = make_inputs(SMALL, DTYPES[0], new_seed())
+    q, k, v, *rest = make_inputs(SMALL, DTYPES[0], new_seed())
     heads_axis = 2 if kernel.LAYOUT == "bshd" else 1
     seq_axis = 1 if kernel.LAYOUT == "bshd" else 2
     cases = [
@@ -235,12 +243,12 @@ def test_rejects_bad_inputs():
         ),
     ]:
         with pytest.raises(error, match=pattern):
-            kernel.mistral_sliding_window(q, k, v, key_lengths=lengths)
+            kernel.mistral_sliding_window(q, k, v, *rest, key_lengths=lengths)
 
 
 def test_no_queries():
-    q, k, v = make_inputs((1, 0, 23), DTYPES[0], new_seed())
-    out, lse = kernel.mistral_sliding_window(q, k, v, return_lse=True)
+    q, k, v, *rest = make_inputs((1, 0, 23), DTYPES[0], new_seed())
+    out, lse = kernel.mistral_sliding_window(q, k, v, *rest, return_lse=True)
     assert out.shape == q.shape and lse.shape == (1, kernel.HEADS, 0)
 
 

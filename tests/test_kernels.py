@@ -191,7 +191,8 @@ kernels:
     attention: {layout: bshd, heads: 6, kv_heads: 2, head_dim: 64, causal: true, alibi: true}
 
   - name: att_window_softcap
-    doc: One kv head (MQA), a sliding window, a softcap, a given scale, a padded head dim.
+    doc: One kv head (MQA), a sliding window, a softcap, a given scale, a padded head dim,
+      an additive bias.
     dtypes: [fp16, fp32]
     attention:
       layout: bhsd
@@ -202,6 +203,7 @@ kernels:
       softcap: 20.0
       causal: true
       window: 40
+      bias: true
 
   - name: att_plain
     doc: No mask.

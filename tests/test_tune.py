@@ -134,13 +134,18 @@ def test_tune_writes_a_table_the_launcher_uses_without_tuning(generated, monkeyp
         raise AssertionError("tuned despite a table entry")
 
     monkeypatch.setattr(module._KERNELS, "tune", no_tuning)
-    x, w, b = torch.randn(300, 64), torch.randn(48, 64) / 8, torch.randn(48)
+    # 100 rows: bucket 128, next to the entry's 64.
+    x, w, b = torch.randn(100, 64), torch.randn(48, 64) / 8, torch.randn(48)
     with caplog.at_level(logging.INFO):
         y = module.tiny_gelu(x, w, b)
     launch = module.last_launch()
     assert launch["source"] == "table" and launch["config"] == space[1]
     assert "tuned table entry for M_bucket=64" in caplog.text
     torch.testing.assert_close(y, module.reference(x, w, b), rtol=1e-5, atol=1e-5)
+
+    # 300 rows: bucket 512, three powers of two from the entry, which does not serve.
+    with pytest.raises(AssertionError, match="tuned despite"):
+        module.tiny_gelu(torch.randn(300, 64), w, b)
 
     # Another GPU finds no entry: it tunes (here: the interpreter cannot, so it says so).
     module._KERNELS.plans.clear()
