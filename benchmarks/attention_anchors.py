@@ -7,12 +7,17 @@ causal case. Each variant's output is checked against SDPA's math backend in fp3
 
     python3 benchmarks/attention_anchors.py [--cases causal full ...] [--out FILE.json]
 
-Cases (B, H, S, D):
-    causal           4, 32, 4096, 128, causal, forward
-    full             4, 32, 4096, 128, no mask, forward
-    softcap          4, 32, 4096, 128, causal + softcap 30, forward (SDPA has no softcap)
-    causal-backward  4, 32, 4096, 128, causal, forward + backward
-    causal-d64       16, 16, 1024, 64, causal, forward
+Cases (B, H, Sq, Skv, D):
+    causal           4, 32, 4096, 4096, 128, causal, forward
+    full             4, 32, 4096, 4096, 128, no mask, forward
+    softcap          4, 32, 4096, 4096, 128, causal + softcap 30, forward (SDPA has no softcap)
+    causal-backward  4, 32, 4096, 4096, 128, causal, forward + backward
+    causal-d64       16, 16, 1024, 1024, 64, causal, forward
+    decode           1, 32, 1, 16384, 128, one query against a long cache (the split-KV path)
+    decode-batch     16, 32, 1, 4096, 128, sixteen sequences (enough programs unsplit)
+    bias             2, 32, 2048, 2048, 128, an additive bf16 bias [1, 32, 2048, 2048] (T5's
+                     relative positions: SDPA's attn_mask, FlexAttention's score_mod), forward
+    bias-backward    the same, forward + backward with the bias's gradient (fusegen, Flex)
 Times: triton.testing.do_bench medians (ms).
 """
 
@@ -30,12 +35,16 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
-CASES = {
-    "causal": ("anchor_attention_causal", (4, 32, 4096, 128), False),
-    "full": ("anchor_attention_full", (4, 32, 4096, 128), False),
-    "softcap": ("anchor_attention_softcap", (4, 32, 4096, 128), False),
-    "causal-backward": ("anchor_attention_causal", (4, 32, 4096, 128), True),
-    "causal-d64": ("anchor_attention_causal_d64", (16, 16, 1024, 64), False),
+CASES = {  # name: (module, (B, H, Sq, Skv, D), backward)
+    "causal": ("anchor_attention_causal", (4, 32, 4096, 4096, 128), False),
+    "full": ("anchor_attention_full", (4, 32, 4096, 4096, 128), False),
+    "softcap": ("anchor_attention_softcap", (4, 32, 4096, 4096, 128), False),
+    "causal-backward": ("anchor_attention_causal", (4, 32, 4096, 4096, 128), True),
+    "causal-d64": ("anchor_attention_causal_d64", (16, 16, 1024, 1024, 64), False),
+    "decode": ("anchor_attention_full", (1, 32, 1, 16384, 128), False),
+    "decode-batch": ("anchor_attention_full", (16, 32, 1, 4096, 128), False),
+    "bias": ("anchor_attention_bias", (2, 32, 2048, 2048, 128), False),
+    "bias-backward": ("anchor_attention_bias", (2, 32, 2048, 2048, 128), True),
 }
 SOFTCAP = 30.0
 
@@ -55,8 +64,8 @@ def load(folder: Path, name: str):
     return module
 
 
-def variants(module, causal: bool, softcap: float | None):
-    """name -> f(q, k, v) -> out, for every anchor that has this case."""
+def variants(module, causal: bool, softcap: float | None, bias=None):
+    """name -> f(q, k, v[, bias]) -> out, for every anchor that has this case."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     out = {"fusegen": getattr(module, module.__name__)}
@@ -67,9 +76,10 @@ def variants(module, causal: bool, softcap: float | None):
             ("sdpa efficient", SDPBackend.EFFICIENT_ATTENTION),
         ):
 
-            def sdpa(q, k, v, backend=backend):
+            def sdpa(q, k, v, *bias, backend=backend):
                 with sdpa_kernel(backend):
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                    mask = bias[0] if bias else None
+                    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
 
             out[name] = sdpa
     try:
@@ -79,7 +89,7 @@ def variants(module, causal: bool, softcap: float | None):
     flex = torch.compile(flex_attention)
     masks = {}
 
-    def flex_call(q, k, v):
+    def flex_call(q, k, v, *bias):
         key = (q.shape[0], q.shape[2], k.shape[2])
         if causal and key not in masks:
             masks[key] = create_block_mask(
@@ -91,17 +101,24 @@ def variants(module, causal: bool, softcap: float | None):
             def score_mod(score, b, h, i, j):
                 return softcap * torch.tanh(score / softcap)
 
+        elif bias:
+
+            def score_mod(score, b, h, i, j):
+                return score + bias[0][0, h, i, j]
+
         return flex(q, k, v, score_mod=score_mod, block_mask=masks.get(key))
 
     out["flex (compiled)"] = flex_call
     return out
 
 
-def math_reference(q, k, v, causal, softcap):
+def math_reference(q, k, v, causal, softcap, bias=None):
     q, k, v = (t.float() for t in (q, k, v))
     scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
+    if bias is not None:
+        scores = scores + bias.float()
     if causal:
         keep = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
         scores = scores.masked_fill(~keep, float("-inf"))
@@ -111,24 +128,30 @@ def math_reference(q, k, v, causal, softcap):
 def run_case(name, module, shape, backward):
     from triton.testing import do_bench
 
-    batch, heads, seq, dim = shape
+    batch, heads, sq, skv, dim = shape
     causal = "causal" in name or name == "softcap"
     softcap = SOFTCAP if name == "softcap" else None
     torch.manual_seed(0)
-    q, k, v = (
-        torch.randn(batch, heads, seq, dim, device="cuda", dtype=torch.bfloat16) for _ in range(3)
-    )
+    q = torch.randn(batch, heads, sq, dim, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(batch, heads, skv, dim, device="cuda", dtype=torch.bfloat16) for _ in "kv")
+    bias = []
+    if name.startswith("bias"):
+        bias = [torch.randn(1, heads, sq, skv, device="cuda", dtype=torch.bfloat16)]
     # The error check on one batch and 8 heads: the fp32 scores of the whole case are 8 GB.
-    want = math_reference(q[:1, :8], k[:1, :8], v[:1, :8], causal, softcap)
+    want = math_reference(
+        q[:1, :8], k[:1, :8], v[:1, :8], causal, softcap, *[b[:, :8] for b in bias]
+    )
     grad = torch.randn_like(q)
     row = {}
-    for variant, call in variants(module, causal, softcap).items():
+    for variant, call in variants(module, causal, softcap, *bias[:1]).items():
+        if backward and bias and variant.startswith("sdpa"):
+            continue  # SDPA's attn_mask takes no gradient on every backend
         try:
             with torch.no_grad():
-                got = call(q, k, v)
+                got = call(q, k, v, *bias)
             error = ((got[:1, :8].float() - want).norm() / want.norm()).item()
             if backward:
-                leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+                leaves = [t.detach().requires_grad_() for t in (q, k, v, *bias)]
 
                 def step(call=call, leaves=leaves):
                     torch.autograd.grad(call(*leaves), leaves, grad)
@@ -136,7 +159,7 @@ def run_case(name, module, shape, backward):
                 ms = do_bench(step)
             else:
                 with torch.no_grad():
-                    ms = do_bench(lambda call=call: call(q, k, v))
+                    ms = do_bench(lambda call=call: call(q, k, v, *bias))
             row[variant] = {"ms": ms, "error": error}
         except Exception as exc:  # a backend without this case is a result to report
             row[variant] = {"error_text": f"{type(exc).__name__}: {str(exc)[:200]}"}
@@ -157,7 +180,9 @@ def main() -> int:
             module = load(Path(folder), module_name)
             report["cases"][case] = {"shape": shape, **run_case(case, module, shape, backward)}
     print(
-        "\n| case | B, H, S, D | " + " | ".join(["fusegen", "best SDPA", "flex (compiled)"]) + " |"
+        "\n| case | B, H, Sq, Skv, D | "
+        + " | ".join(["fusegen", "best SDPA", "flex (compiled)"])
+        + " |"
     )
     print("| --- | --- | ---: | ---: | ---: |")
     failed = False

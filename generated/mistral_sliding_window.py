@@ -30,6 +30,7 @@ DTYPES = (torch.bfloat16, torch.float16)
 CONFIG = (64, 64, 4, 3)
 BACKWARD_CONFIGS = {"kv": (64, 64, 4, 2), "q": (64, 64, 4, 2)}
 INTERPRETER_CONFIG = (32, 32, 4, 1)  # small tiles: several per test case
+SPLIT_MIN_KEYS = 256  # a decode call's keys per split program, at least
 
 
 @triton.jit
@@ -113,15 +114,19 @@ def _mistral_sliding_window_forward_step(
 def _mistral_sliding_window_forward(
     # fmt: off
     q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, lengths_ptr,
+    part_ptr, part_lse_ptr, split_keys,  # SPLIT: the partial results, the keys per split
     SQ, SKV,  # query and key positions (the keys' dim; a batch entry may have fewer)
     stride_q_b, stride_q_h, stride_q_s, stride_k_b, stride_k_h, stride_k_s,
     stride_v_b, stride_v_h, stride_v_s, stride_o_b, stride_o_h, stride_o_s,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_UPCAST: tl.constexpr, WRITE_LSE: tl.constexpr, LENGTHS: tl.constexpr,
+    SPLIT: tl.constexpr,
     # fmt: on
 ):
     """One program: BLOCK_M query rows of one (batch, head), over the key blocks they
-    see: those every row sees whole without masks, the others (edges) with."""
+    see: those every row sees whole without masks, the others (edges) with. SPLIT (few
+    queries, many keys): only the split_keys keys of split program_id(2), whose partial
+    out and log-sum-exp _mistral_sliding_window_combine adds up."""
     pid_m = tl.program_id(0)
     batch = tl.program_id(1) // 32
     head = tl.program_id(1) % 32
@@ -144,6 +149,13 @@ def _mistral_sliding_window_forward(
     shift = SKV - SQ
     kv_len = _key_count(lengths_ptr, batch, SKV, LENGTHS)
     lo, hi = _keys_seen(pid_m * BLOCK_M, shift, kv_len, BLOCK_M, BLOCK_N)
+    key_lo = 0
+    key_hi = kv_len
+    if SPLIT:  # this program's share of the keys (split_keys is a BLOCK_N multiple)
+        key_lo = tl.program_id(2) * split_keys
+        key_hi = tl.minimum(kv_len, key_lo + split_keys)
+        lo = tl.maximum(lo, key_lo)
+        hi = tl.minimum(hi, key_hi)
     full_lo, full_hi = _keys_seen_by_all(pid_m * BLOCK_M, shift, kv_len, lo, hi, BLOCK_M, BLOCK_N)
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -166,11 +178,71 @@ def _mistral_sliding_window_forward(
             stride_k_s, stride_v_s,
             BLOCK_N, BLOCK_D, True, DOT_UPCAST,
         )  # fmt: skip
-    # A row that sees no key gets 0 and log-sum-exp -inf, as FlexAttention gives: one
-    # before the first key (SQ > SKV), one whose window starts past the keys it
-    # has, any with no keys.
-    seen_any = (rows + shift >= 0) & (kv_len > 0) & (rows + shift - 4096 + 1 < kv_len)
+    # A row that sees no key of [key_lo, key_hi) gets 0 and log-sum-exp -inf, as
+    # FlexAttention gives: one before the first key (SQ > SKV), one whose window starts past
+    # the keys, any with no keys.
+    first_key = tl.maximum(key_lo, rows + shift - 4096 + 1)
+    last_key = tl.minimum(rows + shift, key_hi - 1)
+    seen_any = first_key <= last_key
     out = tl.where(seen_any[:, None], acc / tl.where(seen_any, row_sum, 1.0)[:, None], 0.0)
+    lse = tl.where(seen_any, row_max + tl.log2(tl.where(seen_any, row_sum, 1.0)), float("-inf"))
+    if SPLIT:  # [splits, batch * heads, SQ, HEAD_DIM] fp32, lse in base 2
+        part = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * SQ + rows
+        tl.store(
+            part_ptr + part[:, None] * 128 + offs_d[None, :],
+            out,
+            mask=(rows < SQ)[:, None] & mask_d[None, :],
+        )
+        tl.store(part_lse_ptr + part, lse, mask=rows < SQ)
+    else:
+        tl.store(
+            out_ptr
+            + batch.to(tl.int64) * stride_o_b
+            + head * stride_o_h
+            + rows[:, None] * stride_o_s
+            + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=(rows < SQ)[:, None] & mask_d[None, :],
+        )
+        if WRITE_LSE:  # in natural log
+            tl.store(
+                lse_ptr + tl.program_id(1).to(tl.int64) * SQ + rows,
+                lse * 0.6931471805599453,
+                mask=rows < SQ,
+            )
+
+
+@triton.jit
+def _mistral_sliding_window_combine(
+    # fmt: off
+    part_ptr, part_lse_ptr, out_ptr, lse_ptr, SQ, SPLITS,
+    stride_o_b, stride_o_h, stride_o_s,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, WRITE_LSE: tl.constexpr,
+    # fmt: on
+):
+    """out (and lse) of BLOCK_M rows of one (batch, head) from the SPLITS key splits'
+    partial results: each split's out is normalized over its own keys, so the splits
+    weigh exp2(their lse - the largest), added in split order (the same every run)."""
+    batch = tl.program_id(1) // 32
+    head = tl.program_id(1) % 32
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (rows < SQ)[:, None] & (offs_d < 128)[None, :]
+    top = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    for split in range(SPLITS):
+        part = (split * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * SQ + rows
+        top = tl.maximum(top, tl.load(part_lse_ptr + part, mask=rows < SQ, other=float("-inf")))
+    seen_any = top > float("-inf")
+    top = tl.where(seen_any, top, 0.0)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    total = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for split in range(SPLITS):
+        part = (split * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * SQ + rows
+        weight = tl.exp2(tl.load(part_lse_ptr + part, mask=rows < SQ, other=float("-inf")) - top)
+        piece = tl.load(part_ptr + part[:, None] * 128 + offs_d[None, :], mask=mask, other=0.0)
+        acc += weight[:, None] * piece
+        total += weight
+    out = tl.where(seen_any[:, None], acc / tl.where(seen_any, total, 1.0)[:, None], 0.0)
     tl.store(
         out_ptr
         + batch.to(tl.int64) * stride_o_b
@@ -178,11 +250,14 @@ def _mistral_sliding_window_forward(
         + rows[:, None] * stride_o_s
         + offs_d[None, :],
         out.to(out_ptr.dtype.element_ty),
-        mask=(rows < SQ)[:, None] & mask_d[None, :],
+        mask=mask,
     )
     if WRITE_LSE:
-        lse = (row_max + tl.log2(tl.where(seen_any, row_sum, 1.0))) * 0.6931471805599453
-        lse = tl.where(seen_any, lse, float("-inf"))  # in natural log
+        lse = tl.where(
+            seen_any,
+            (top + tl.log2(tl.where(seen_any, total, 1.0))) * 0.6931471805599453,
+            float("-inf"),
+        )
         tl.store(lse_ptr + tl.program_id(1).to(tl.int64) * SQ + rows, lse, mask=rows < SQ)
 
 
@@ -640,6 +715,32 @@ def _config(device, kernel="forward"):
     return CONFIG if kernel == "forward" else BACKWARD_CONFIGS[kernel]
 
 
+_SM_COUNTS = {}
+
+
+def _sm_count(device):
+    """The GPU's multiprocessors (0 off a GPU: the interpreter runs no split)."""
+    if device.type != "cuda":
+        return 0
+    if device.index not in _SM_COUNTS:
+        _SM_COUNTS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SM_COUNTS[device.index]
+
+
+def _split_keys(device, batch, sq, skv, block_m, block_n):
+    """(splits, keys per split) of the forward: where the query blocks alone would fill
+    under half the GPU (decode: a few queries per sequence against a long cache), the
+    keys are shared out among up to two programs per multiprocessor, SPLIT_MIN_KEYS or
+    more each, and _mistral_sliding_window_combine adds the partial results; else (1, k_len)."""
+    programs = triton.cdiv(sq, block_m) * batch * HEADS
+    sms = _sm_count(device)
+    if 2 * programs > sms or skv < 2 * SPLIT_MIN_KEYS:
+        return 1, skv
+    splits = min(triton.cdiv(2 * sms, programs), skv // SPLIT_MIN_KEYS)
+    per_split = triton.cdiv(triton.cdiv(skv, splits), block_n) * block_n
+    return triton.cdiv(skv, per_split), per_split
+
+
 def _unit_stride(*tensors):
     return [t if t.stride(-1) == 1 else t.contiguous() for t in tensors]
 
@@ -656,14 +757,28 @@ def _forward(q, k, v, want_lse, key_lengths=None):
     lse = torch.empty((batch, HEADS, sq), dtype=torch.float32, device=q.device) if want_lse else out
     if out.numel():
         block_m, block_n, warps, stages = _config(q.device)
-        _mistral_sliding_window_forward[(triton.cdiv(sq, block_m), batch * HEADS)](
-            q, k, v, out, lse, lengths, sq, skv,
+        splits, split_keys = _split_keys(q.device, batch, sq, skv, block_m, block_n)
+        part = part_lse = out  # pointers never read without splits
+        if splits > 1:
+            part = torch.empty(
+                (splits, batch * HEADS, sq, HEAD_DIM), dtype=torch.float32, device=q.device
+            )
+            part_lse = torch.empty(
+                (splits, batch * HEADS, sq), dtype=torch.float32, device=q.device
+            )
+        _mistral_sliding_window_forward[(triton.cdiv(sq, block_m), batch * HEADS, splits)](
+            q, k, v, out, lse, lengths, part, part_lse, split_keys, sq, skv,
             *_strides(q), *_strides(k), *_strides(v), *_strides(out),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(HEAD_DIM),
             DOT_UPCAST=_interpreted() and q.dtype == torch.bfloat16, WRITE_LSE=want_lse,
-            LENGTHS=use_lengths,
+            LENGTHS=use_lengths, SPLIT=splits > 1,
             num_warps=warps, num_stages=stages,
         )  # fmt: skip
+        if splits > 1:
+            _mistral_sliding_window_combine[(triton.cdiv(sq, 16), batch * HEADS)](
+                part, part_lse, out, lse, sq, splits, *_strides(out),
+                BLOCK_M=16, BLOCK_D=triton.next_power_of_2(HEAD_DIM), WRITE_LSE=want_lse,
+            )  # fmt: skip
     elif want_lse:
         lse.fill_(float("-inf"))
     return out, lse if want_lse else None

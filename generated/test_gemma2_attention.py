@@ -27,7 +27,12 @@ needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
 # key under a causal mask), fewer (a KV cache), one query (decode).
 CASES = [(2, 37, 37), (1, 70, 45), (1, 19, 83), (1, 1, 65)]
 if ON_GPU:
-    CASES += [(2, 300, 300), (1, 1000, 1000), (3, 129, 513)]
+    CASES += [
+        (2, 300, 300),
+        (1, 1000, 1000),
+        (3, 129, 513),
+        (1, 4, 2100),
+    ]  # the last splits its keys
 # The interpreter runs each program's ops one by one: one batch there, a query block more
 # than keys (unseen rows) and a KV cache longer than the queries; SMALL for the rest.
 FORWARD_CASES = CASES if ON_GPU else [(1, 70, 45), (1, 19, 83)]
@@ -183,6 +188,31 @@ def test_key_lengths(monkeypatch, dtype):
     eager = grads_of(padded(kernel.reference), inputs, upstream)
     for what, mine, want, theirs in zip(GRADS, got, wanted, eager, strict=True):
         check(what, mine, want, theirs, seed, dtype)
+
+
+@interpreter_heavy
+def test_split_keys(monkeypatch):
+    # Decode (a few queries against many keys) shares the keys among programs, so that the
+    # GPU fills: forced here with small splits, against the reference with the causal
+    # alignment and key lengths (an entry with none, one ending inside a split).
+    monkeypatch.setattr(kernel, "_sm_count", lambda device: 10_000)
+    monkeypatch.setattr(kernel, "SPLIT_MIN_KEYS", 16)
+    poisoned_empty(monkeypatch)
+    seed, dtype = new_seed(), DTYPES[-1]
+    block_m, block_n = kernel._config(torch.device(DEVICE))[:2]
+    for case in [(2, 1, 150), (1, 5, 97)] if not ON_GPU else [(2, 1, 4000), (1, 16, 3001)]:
+        assert kernel._split_keys(torch.device(DEVICE), *case, block_m, block_n)[0] > 1, case
+        inputs = make_inputs(case, dtype, seed)
+        lengths = None if case[0] == 1 else torch.tensor([0, case[2] - 40], device=DEVICE)
+        out, lse = kernel.gemma2_attention(*inputs, key_lengths=lengths, return_lse=True)
+        want, want_lse = kernel.reference(
+            *[t.double() for t in inputs], key_lengths=lengths, return_lse=True
+        )
+        check("out", out, want, kernel.reference(*inputs, key_lengths=lengths), seed, dtype)
+        seen = ~torch.isinf(want_lse)
+        assert torch.equal(torch.isinf(lse), ~seen), seed
+        error = (lse.double()[seen] - want_lse[seen]).abs()
+        assert bool((error <= 2.0**-16 * (1 + want_lse[seen].abs())).all()), seed
 
 
 def test_strided_inputs_read_in_place():

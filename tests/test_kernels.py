@@ -873,9 +873,21 @@ ATTENTION_MUTATIONS = [
     ),
     (
         "att_window_softcap",
-        "d_scores = probs * (d_probs - delta[:, None]) * (1.0 - capped * capped)",
-        "d_scores = probs * (d_probs - delta[:, None])",
-        "the softcap's derivative dropped",
+        "d_scores = probs * (d_probs - delta[None, :]) * (1.0 - capped * capped)",
+        "d_scores = probs * (d_probs - delta[None, :])",
+        "the softcap's derivative dropped from dk",
+    ),
+    (
+        "att_window_softcap",
+        "scores + bias * 1.4426950408889634",
+        "scores + bias",
+        "the bias not brought to base 2",
+    ),
+    (
+        "att_window_softcap",
+        "tl.store(d_bias_base + d_bias_offs, d_bias, mask=d_bias_mask)",
+        "tl.store(d_bias_base + d_bias_offs, d_bias * 0.1, mask=d_bias_mask)",
+        "d bias scaled as the scores are",
     ),
     (
         "att_plain",
