@@ -1,9 +1,12 @@
 """The generated attention kernels over a grid of launch configs, on one GPU, bf16: the
-forward at each of issue 16's cases (benchmarks/attention_anchors.py's CASES), and the
-backward's dk/dv and dq kernels at the causal training case. Each config's output is
-checked against fp32 math attention first (a config that computes wrongly is dropped,
-not timed), and SDPA's cuDNN and flash backends are timed beside as the bar. What it
-finds goes into fusegen/attention_text.py's CONFIGS and BACKWARD_CONFIGS.
+forward at each of issue 16's cases (benchmarks/attention_anchors.py's CASES but the
+bias ones), the decode cases over DECODE_CONFIG and the key split's programs per
+multiprocessor, and the backward's dk/dv and dq kernels at the causal training case.
+Each config's output is checked against fp32 math attention first (a config that
+computes wrongly is dropped, not timed), and SDPA's cuDNN and flash backends are timed
+beside as the bar. What it
+finds goes into fusegen/attention_text.py's CONFIGS, DECODE_CONFIGS,
+SPLIT_PROGRAMS_PER_SM and BACKWARD_CONFIGS.
 
     python3 benchmarks/attention_configs.py [--cases causal full ...] [--out FILE.json]
 
@@ -35,11 +38,17 @@ KV = [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (64, 128, 8, 2), (64, 32,
       (128, 128, 8, 2), (32, 128, 4, 2), (64, 64, 8, 2)]  # fmt: skip
 Q = [(64, 64, 4, 2), (128, 64, 8, 3), (128, 64, 8, 2), (64, 32, 4, 2), (128, 32, 4, 3),
      (128, 128, 8, 2)]  # fmt: skip
+DECODE = [(16, 64, 4, 3), (16, 128, 4, 3), (16, 64, 4, 4), (16, 128, 8, 3), (64, 64, 4, 3)]
+SPLITS_PER_SM = [1, 2, 4, 8]
+SWEPT = [case for case in CASES if not case.startswith("bias")]
 
 
 def inputs(shape, seed=0):
+    """q [B, H, Sq, D], k and v [B, H, Skv, D] from shape (B, H, Sq, Skv, D)."""
+    batch, heads, sq, skv, dim = shape
     torch.manual_seed(seed)
-    return [torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    sizes = [(batch, heads, sq, dim), (batch, heads, skv, dim), (batch, heads, skv, dim)]
+    return [torch.randn(size, device="cuda", dtype=torch.bfloat16) for size in sizes]
 
 
 def error(got, want):
@@ -65,10 +74,15 @@ def forward_sweep(case, module, shape):
 
                 rows.append({"variant": name, "error": error(call(), want), "ms": do_bench(call)})
             print(case, rows[-1], flush=True)
-    default = module.CONFIG
-    for config in FORWARD[shape[-1]]:
-        module.CONFIG = config
-        row = {"variant": "fusegen", "config": config}
+    decode = case.startswith("decode")
+    defaults = (module.CONFIG, module.DECODE_CONFIG, module.SPLIT_PROGRAMS_PER_SM)
+    grid = [(c, p) for c in DECODE for p in SPLITS_PER_SM] if decode else FORWARD[shape[-1]]
+    for choice in grid:
+        if decode:
+            module.DECODE_CONFIG, module.SPLIT_PROGRAMS_PER_SM = choice
+        else:
+            module.CONFIG = choice
+        row = {"variant": "fusegen", "config": choice}
         try:
             with torch.no_grad():
                 row["error"] = error(module._forward(q, k, v, False)[0], want)
@@ -78,7 +92,7 @@ def forward_sweep(case, module, shape):
             row["error_text"] = f"{type(exc).__name__}: {str(exc)[:160]}"
         rows.append(row)
         print(case, row, flush=True)
-    module.CONFIG = default
+    module.CONFIG, module.DECODE_CONFIG, module.SPLIT_PROGRAMS_PER_SM = defaults
     return rows
 
 
@@ -135,7 +149,7 @@ def backward_sweep(module, shape):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--cases", nargs="*", default=SWEPT, choices=SWEPT)
     parser.add_argument("--out", help="write every number here as JSON")
     args = parser.parse_args()
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cases": {}}

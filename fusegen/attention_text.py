@@ -27,13 +27,22 @@ BACKWARD_CONFIGS = {
     128: {"kv": (64, 64, 4, 2), "q": (64, 64, 4, 2)},
     256: {"kv": (16, 64, 4, 2), "q": (64, 16, 4, 2)},
 }
+# Decode (up to 16 queries): 16 query rows a program; the keys split among up to
+# SPLIT_PROGRAMS_PER_SM programs per multiprocessor where the query blocks fill under half.
+DECODE_CONFIGS = {64: (16, 64, 4, 3), 128: (16, 64, 4, 3), 256: (16, 32, 4, 2)}
+SPLIT_PROGRAMS_PER_SM = 2
 CONFIG_SOURCE = "Measured on an H200\n# (benchmarks/attention_configs.py); head dim 256: untuned."
 
 
 def config(att: Attention) -> tuple[int, int, int, int]:
-    unmasked = not (att.causal or att.window or att.softcap)
+    # A bias tile's loads and registers do not fit beside 128 x 128 tiles.
+    unmasked = not (att.causal or att.window or att.softcap or att.bias)
     table = {**CONFIGS, **UNMASKED_CONFIGS} if unmasked else CONFIGS
     return next(c for d, c in sorted(table.items()) if att.head_dim <= d)
+
+
+def decode_config(att: Attention) -> tuple[int, int, int, int]:
+    return next(c for d, c in sorted(DECODE_CONFIGS.items()) if att.head_dim <= d)
 
 
 def backward_configs(att: Attention) -> dict[str, tuple[int, int, int, int]]:
@@ -207,6 +216,8 @@ def module_context(att: Attention, header: list[str], op_name: str, doc_width: i
         + ")",
         "config": config(att),
         "backward_configs": backward_configs(att),
+        "decode_config": decode_config(att),
+        "split_programs_per_sm": SPLIT_PROGRAMS_PER_SM,
         "config_source": CONFIG_SOURCE,
         "log2e": _number(LOG2E),
         "score_lines": forward_score_lines(att),

@@ -31,6 +31,10 @@ CONFIG = (64, 64, 4, 3)
 BACKWARD_CONFIGS = {"kv": (64, 64, 4, 2), "q": (64, 64, 4, 2)}
 INTERPRETER_CONFIG = (32, 32, 4, 1)  # small tiles: several per test case
 SPLIT_MIN_KEYS = 256  # a decode call's keys per split program, at least
+SPLIT_PROGRAMS_PER_SM = 2  # a split call's programs per multiprocessor, at most
+# Calls of up to DECODE_ROWS queries (decode) run DECODE_CONFIG: 16-row tiles, not 64 of
+# which all but a few would be padding.
+DECODE_ROWS, DECODE_CONFIG = 16, (16, 64, 4, 3)
 
 
 @triton.jit
@@ -708,11 +712,33 @@ def _runs_triton(device):
     return device.type == "cuda" or _interpreted()
 
 
-def _config(device, kernel="forward"):
-    """The launch config of a kernel: "forward", "kv" or "q"."""
+def _config(device, kernel="forward", q_len=None):
+    """The launch config of a kernel: "forward" (DECODE_CONFIG up to DECODE_ROWS
+    queries), "kv" or "q"."""
     if device.type != "cuda":
         return INTERPRETER_CONFIG
-    return CONFIG if kernel == "forward" else BACKWARD_CONFIGS[kernel]
+    if kernel == "forward":
+        return DECODE_CONFIG if q_len is not None and q_len <= DECODE_ROWS else CONFIG
+    return BACKWARD_CONFIGS[kernel]
+
+
+_STAGES = {}  # (kernel, dtypes, tiles, stages asked) -> the fewer stages that fit
+
+
+def _launch(kernel, grid, dtypes, *args, num_stages, **meta):
+    """kernel[grid](*args, **meta), with fewer pipeline stages where the config's
+    overflow shared memory (an fp32 call's tiles, a bias tile): the most that fit, kept
+    per kernel, dtypes and tiles, so only the first such call pays the failed compile."""
+    key = (kernel, dtypes, meta["BLOCK_M"], meta.get("BLOCK_N"), num_stages)
+    stages = _STAGES.get(key, num_stages)
+    while True:
+        try:
+            return kernel[grid](*args, num_stages=stages, **meta)
+        except triton.runtime.errors.OutOfResources:
+            if stages == 1:
+                raise
+            stages -= 1
+            _STAGES[key] = stages
 
 
 _SM_COUNTS = {}
@@ -730,13 +756,14 @@ def _sm_count(device):
 def _split_keys(device, batch, sq, skv, block_m, block_n):
     """(splits, keys per split) of the forward: where the query blocks alone would fill
     under half the GPU (decode: a few queries per sequence against a long cache), the
-    keys are shared out among up to two programs per multiprocessor, SPLIT_MIN_KEYS or
-    more each, and _mistral_sliding_window_combine adds the partial results; else (1, k_len)."""
+    keys are shared out among up to SPLIT_PROGRAMS_PER_SM programs per multiprocessor,
+    SPLIT_MIN_KEYS or more each, and the combine kernel adds the partial results; else
+    (1, k_len)."""
     programs = triton.cdiv(sq, block_m) * batch * HEADS
     sms = _sm_count(device)
     if 2 * programs > sms or skv < 2 * SPLIT_MIN_KEYS:
         return 1, skv
-    splits = min(triton.cdiv(2 * sms, programs), skv // SPLIT_MIN_KEYS)
+    splits = min(triton.cdiv(SPLIT_PROGRAMS_PER_SM * sms, programs), skv // SPLIT_MIN_KEYS)
     per_split = triton.cdiv(triton.cdiv(skv, splits), block_n) * block_n
     return triton.cdiv(skv, per_split), per_split
 
@@ -752,11 +779,12 @@ def _forward(q, k, v, want_lse, key_lengths=None):
         out, lse = reference(q, k, v, key_lengths=key_lengths, return_lse=True)
         return out, lse if want_lse else None
     lengths, use_lengths = _lengths(key_lengths, q)
+    dtypes = q.dtype
     q, k, v = _unit_stride(q, k, v)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, HEADS, sq), dtype=torch.float32, device=q.device) if want_lse else out
     if out.numel():
-        block_m, block_n, warps, stages = _config(q.device)
+        block_m, block_n, warps, stages = _config(q.device, q_len=sq)
         splits, split_keys = _split_keys(q.device, batch, sq, skv, block_m, block_n)
         part = part_lse = out  # pointers never read without splits
         if splits > 1:
@@ -766,7 +794,9 @@ def _forward(q, k, v, want_lse, key_lengths=None):
             part_lse = torch.empty(
                 (splits, batch * HEADS, sq), dtype=torch.float32, device=q.device
             )
-        _mistral_sliding_window_forward[(triton.cdiv(sq, block_m), batch * HEADS, splits)](
+        grid = (triton.cdiv(sq, block_m), batch * HEADS, splits)
+        _launch(
+            _mistral_sliding_window_forward, grid, dtypes,
             q, k, v, out, lse, lengths, part, part_lse, split_keys, sq, skv,
             *_strides(q), *_strides(k), *_strides(v), *_strides(out),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(HEAD_DIM),
@@ -791,6 +821,7 @@ def _backward(q, k, v, out, lse, d_out, needs=(True, True, True), key_lengths=No
     if not _runs_triton(q.device) or not out.numel():
         return _reference_grads(q, k, v, d_out, needs, key_lengths)
     lengths, use_lengths = _lengths(key_lengths, q)
+    dtypes = q.dtype
     q, k, v, out, d_out = _unit_stride(q, k, v, out, d_out)
     block_d = triton.next_power_of_2(HEAD_DIM)
     upcast = _interpreted() and q.dtype == torch.bfloat16
@@ -804,7 +835,9 @@ def _backward(q, k, v, out, lse, d_out, needs=(True, True, True), key_lengths=No
         block_m, block_n, warps, stages = _config(q.device, "kv")
         d_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         d_v = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        _mistral_sliding_window_backward_kv[(triton.cdiv(skv, block_n), batch * KV_HEADS)](
+        grid = (triton.cdiv(skv, block_n), batch * KV_HEADS)
+        _launch(
+            _mistral_sliding_window_backward_kv, grid, dtypes,
             q, k, v, d_out, lse, delta, d_k, d_v, lengths, *reads, *_strides(d_k),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, DOT_UPCAST=upcast,
             LENGTHS=use_lengths,
@@ -813,7 +846,9 @@ def _backward(q, k, v, out, lse, d_out, needs=(True, True, True), key_lengths=No
     if needs[0]:
         block_m, block_n, warps, stages = _config(q.device, "q")
         d_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        _mistral_sliding_window_backward_q[(triton.cdiv(sq, block_m), batch * HEADS)](
+        grid = (triton.cdiv(sq, block_m), batch * HEADS)
+        _launch(
+            _mistral_sliding_window_backward_q, grid, dtypes,
             q, k, v, d_out, lse, delta, d_q, lengths, *reads, *_strides(d_q),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, DOT_UPCAST=upcast,
             LENGTHS=use_lengths,
