@@ -94,6 +94,7 @@ def _gemma2_attention_forward_step(
     # fmt: off
     q, acc, row_sum, row_max, k_base, v_base, start, rows, shift, SKV, stride_k_s, stride_v_s,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
     FAST_TANH: tl.constexpr,
     # fmt: on
 ):
@@ -113,7 +114,7 @@ def _gemma2_attention_forward_step(
     if DOT_UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
-    scores = tl.dot(q, k) * 0.00125
+    scores = tl.dot(q, k, input_precision=PRECISION) * 0.00125
     scores = 72.13475204444816 * _tanh(scores, FAST_TANH)  # softcapped, base 2
     if MASKED:
         # Finite, so a row that sees none of these keys gets no inf - inf: what it
@@ -125,7 +126,7 @@ def _gemma2_attention_forward_step(
     probs = tl.exp2(scores - new_max[:, None])
     rescale = tl.exp2(row_max - new_max)
     row_sum = row_sum * rescale + tl.sum(probs, axis=1)
-    acc = tl.dot(probs.to(v.dtype), v, acc * rescale[:, None])
+    acc = tl.dot(probs.to(v.dtype), v, acc * rescale[:, None], input_precision=PRECISION)
     return acc, row_sum, new_max
 
 
@@ -138,7 +139,8 @@ def _gemma2_attention_forward(
     stride_q_b, stride_q_h, stride_q_s, stride_k_b, stride_k_h, stride_k_s,
     stride_v_b, stride_v_h, stride_v_s, stride_o_b, stride_o_h, stride_o_s,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_UPCAST: tl.constexpr, WRITE_LSE: tl.constexpr, LENGTHS: tl.constexpr,
+    DOT_UPCAST: tl.constexpr, PRECISION: tl.constexpr, WRITE_LSE: tl.constexpr,
+    LENGTHS: tl.constexpr,
     SPLIT: tl.constexpr,
     FAST_TANH: tl.constexpr,
     # fmt: on
@@ -184,13 +186,13 @@ def _gemma2_attention_forward(
         acc, row_sum, row_max = _gemma2_attention_forward_step(
             q, acc, row_sum, row_max, k_base, v_base, start, rows, shift, kv_len,
             stride_k_s, stride_v_s,
-            BLOCK_N, BLOCK_D, False, DOT_UPCAST, FAST_TANH,
+            BLOCK_N, BLOCK_D, False, DOT_UPCAST, PRECISION, FAST_TANH,
         )  # fmt: skip
     for start in range(full_hi, hi, BLOCK_N):
         acc, row_sum, row_max = _gemma2_attention_forward_step(
             q, acc, row_sum, row_max, k_base, v_base, start, rows, shift, kv_len,
             stride_k_s, stride_v_s,
-            BLOCK_N, BLOCK_D, True, DOT_UPCAST, FAST_TANH,
+            BLOCK_N, BLOCK_D, True, DOT_UPCAST, PRECISION, FAST_TANH,
         )  # fmt: skip
     # A row that sees no key of [key_lo, key_hi) gets 0 and log-sum-exp -inf, as
     # FlexAttention gives: one before the first key (SQ > SKV), any with no keys.
@@ -334,6 +336,7 @@ def _gemma2_attention_backward_kv_step(
     d_k, d_v, k, v, keys, start, shift, SQ, SKV,
     q_base, do_base, lse_row, delta_row, stride_q_s, stride_do_s,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
     FAST_TANH: tl.constexpr,
     # fmt: on
 ):
@@ -358,7 +361,7 @@ def _gemma2_attention_backward_kv_step(
     if DOT_UPCAST:
         q = q.to(tl.float32)
         d_out = d_out.to(tl.float32)
-    capped = _tanh(tl.dot(k, tl.trans(q)) * 0.00125, FAST_TANH)
+    capped = _tanh(tl.dot(k, tl.trans(q), input_precision=PRECISION) * 0.00125, FAST_TANH)
     scores = 72.13475204444816 * capped  # in base 2
     probs = tl.exp2(scores - lse[None, :] * 1.4426950408889634)  # lse to base 2, as the scores
     if MASKED:
@@ -367,10 +370,10 @@ def _gemma2_attention_backward_kv_step(
             probs,
             0.0,
         )
-    d_v += tl.dot(probs.to(d_out.dtype), d_out)
-    d_probs = tl.dot(v, tl.trans(d_out))
+    d_v += tl.dot(probs.to(d_out.dtype), d_out, input_precision=PRECISION)
+    d_probs = tl.dot(v, tl.trans(d_out), input_precision=PRECISION)
     d_scores = probs * (d_probs - delta[None, :]) * (1.0 - capped * capped) * 0.0625
-    d_k += tl.dot(d_scores.to(q.dtype), q)
+    d_k += tl.dot(d_scores.to(q.dtype), q, input_precision=PRECISION)
     return d_k, d_v
 
 
@@ -379,6 +382,7 @@ def _gemma2_attention_backward_q_step(
     # fmt: off
     d_q, q, d_out, lse, delta, k_base, v_base, start, rows, shift, SQ, SKV, stride_k_s, stride_v_s,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
     FAST_TANH: tl.constexpr,
     # fmt: on
 ):
@@ -396,7 +400,7 @@ def _gemma2_attention_backward_q_step(
     if DOT_UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
-    capped = _tanh(tl.dot(q, tl.trans(k)) * 0.00125, FAST_TANH)
+    capped = _tanh(tl.dot(q, tl.trans(k), input_precision=PRECISION) * 0.00125, FAST_TANH)
     scores = 72.13475204444816 * capped  # in base 2
     probs = tl.exp2(scores - lse[:, None])
     if MASKED:
@@ -405,9 +409,9 @@ def _gemma2_attention_backward_q_step(
             probs,
             0.0,
         )
-    d_probs = tl.dot(d_out, tl.trans(v))
+    d_probs = tl.dot(d_out, tl.trans(v), input_precision=PRECISION)
     d_scores = probs * (d_probs - delta[:, None]) * (1.0 - capped * capped) * 0.0625
-    d_q += tl.dot(d_scores.to(k.dtype), k)
+    d_q += tl.dot(d_scores.to(k.dtype), k, input_precision=PRECISION)
     return d_q
 
 
@@ -420,7 +424,7 @@ def _gemma2_attention_backward_kv(
     stride_v_b, stride_v_h, stride_v_s, stride_do_b, stride_do_h, stride_do_s,
     stride_dk_b, stride_dk_h, stride_dk_s,  # d_k and d_v: k's shape, contiguous
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_UPCAST: tl.constexpr, LENGTHS: tl.constexpr,
+    DOT_UPCAST: tl.constexpr, PRECISION: tl.constexpr, LENGTHS: tl.constexpr,
     FAST_TANH: tl.constexpr,
     # fmt: on
 ):
@@ -470,19 +474,19 @@ def _gemma2_attention_backward_kv(
             d_k, d_v = _gemma2_attention_backward_kv_step(
                 d_k, d_v, k, v, keys, start, shift, SQ, kv_len,
                 q_base, do_base, lse_row, delta_row, stride_q_s, stride_do_s,
-                BLOCK_M, BLOCK_D, True, DOT_UPCAST, FAST_TANH,
+                BLOCK_M, BLOCK_D, True, DOT_UPCAST, PRECISION, FAST_TANH,
             )  # fmt: skip
         for start in range(full_lo, full_hi, BLOCK_M):
             d_k, d_v = _gemma2_attention_backward_kv_step(
                 d_k, d_v, k, v, keys, start, shift, SQ, kv_len,
                 q_base, do_base, lse_row, delta_row, stride_q_s, stride_do_s,
-                BLOCK_M, BLOCK_D, False, DOT_UPCAST, FAST_TANH,
+                BLOCK_M, BLOCK_D, False, DOT_UPCAST, PRECISION, FAST_TANH,
             )  # fmt: skip
         for start in range(full_hi, hi, BLOCK_M):
             d_k, d_v = _gemma2_attention_backward_kv_step(
                 d_k, d_v, k, v, keys, start, shift, SQ, kv_len,
                 q_base, do_base, lse_row, delta_row, stride_q_s, stride_do_s,
-                BLOCK_M, BLOCK_D, True, DOT_UPCAST, FAST_TANH,
+                BLOCK_M, BLOCK_D, True, DOT_UPCAST, PRECISION, FAST_TANH,
             )  # fmt: skip
     offs = (
         batch.to(tl.int64) * stride_dk_b
@@ -503,7 +507,7 @@ def _gemma2_attention_backward_q(
     stride_v_b, stride_v_h, stride_v_s, stride_do_b, stride_do_h, stride_do_s,
     stride_dq_b, stride_dq_h, stride_dq_s,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_UPCAST: tl.constexpr, LENGTHS: tl.constexpr,
+    DOT_UPCAST: tl.constexpr, PRECISION: tl.constexpr, LENGTHS: tl.constexpr,
     FAST_TANH: tl.constexpr,
     # fmt: on
 ):
@@ -553,13 +557,13 @@ def _gemma2_attention_backward_q(
         d_q = _gemma2_attention_backward_q_step(
             d_q, q, d_out, lse, delta, k_base, v_base, start, rows, shift, SQ, kv_len,
             stride_k_s, stride_v_s,
-            BLOCK_N, BLOCK_D, False, DOT_UPCAST, FAST_TANH,
+            BLOCK_N, BLOCK_D, False, DOT_UPCAST, PRECISION, FAST_TANH,
         )  # fmt: skip
     for start in range(full_hi, hi, BLOCK_N):
         d_q = _gemma2_attention_backward_q_step(
             d_q, q, d_out, lse, delta, k_base, v_base, start, rows, shift, SQ, kv_len,
             stride_k_s, stride_v_s,
-            BLOCK_N, BLOCK_D, True, DOT_UPCAST, FAST_TANH,
+            BLOCK_N, BLOCK_D, True, DOT_UPCAST, PRECISION, FAST_TANH,
         )  # fmt: skip
     tl.store(
         d_q_ptr
@@ -777,6 +781,19 @@ def _split_keys(device, batch, sq, skv, block_m, block_n):
     return triton.cdiv(skv, per_split), per_split
 
 
+def _dot_precision(dtype):
+    """How an fp32 call's products run: as PyTorch runs an fp32 matmul now ("tf32" after
+    torch.set_float32_matmul_precision("high"), else "ieee", the default), read at each
+    call; 16-bit operands multiply exactly either way."""
+    if dtype != torch.float32:
+        return "tf32"
+    matmul = torch.backends.cuda.matmul
+    setting = getattr(matmul, "fp32_precision", None)  # torch 2.9 and newer
+    if setting is None:
+        return "tf32" if matmul.allow_tf32 else "ieee"
+    return "tf32" if setting == "tf32" else "ieee"
+
+
 def _unit_stride(*tensors):
     return [t if t.stride(-1) == 1 else t.contiguous() for t in tensors]
 
@@ -809,7 +826,8 @@ def _forward(q, k, v, want_lse, key_lengths=None):
             q, k, v, out, lse, lengths, part, part_lse, split_keys, sq, skv,
             *_strides(q), *_strides(k), *_strides(v), *_strides(out),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(HEAD_DIM),
-            DOT_UPCAST=_interpreted() and q.dtype == torch.bfloat16, WRITE_LSE=want_lse,
+            DOT_UPCAST=_interpreted() and q.dtype == torch.bfloat16,
+            PRECISION=_dot_precision(q.dtype), WRITE_LSE=want_lse,
             LENGTHS=use_lengths, SPLIT=splits > 1,
             FAST_TANH=_fast_tanh(q),
             num_warps=warps, num_stages=stages,
@@ -850,6 +868,7 @@ def _backward(q, k, v, out, lse, d_out, needs=(True, True, True), key_lengths=No
             _gemma2_attention_backward_kv, grid, dtypes,
             q, k, v, d_out, lse, delta, d_k, d_v, lengths, *reads, *_strides(d_k),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, DOT_UPCAST=upcast,
+            PRECISION=_dot_precision(q.dtype),
             LENGTHS=use_lengths,
             FAST_TANH=_fast_tanh(q),
             num_warps=warps, num_stages=stages,
@@ -862,6 +881,7 @@ def _backward(q, k, v, out, lse, d_out, needs=(True, True, True), key_lengths=No
             _gemma2_attention_backward_q, grid, dtypes,
             q, k, v, d_out, lse, delta, d_q, lengths, *reads, *_strides(d_q),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, DOT_UPCAST=upcast,
+            PRECISION=_dot_precision(q.dtype),
             LENGTHS=use_lengths,
             FAST_TANH=_fast_tanh(q),
             num_warps=warps, num_stages=stages,

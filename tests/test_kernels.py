@@ -822,7 +822,7 @@ def test_export_keeps_the_op(zoo):
 
 # (module, text to replace, replacement, why the attention tests must notice)
 ATTENTION_MUTATIONS = [
-    ("att_gqa_causal", "acc * rescale[:, None])", "acc)", "no online rescale"),
+    ("att_gqa_causal", "acc * rescale[:, None],", "acc,", "no online rescale"),
     (
         "att_gqa_causal",
         "(keys[None, :] <= rows[:, None] + shift)",
