@@ -104,7 +104,8 @@ for name in "${wanted[@]}"; do
         FUSEGEN_TRITON_OP=0 run $PYTHON -m pytest generated -q -p no:cacheprovider \
             -n "${TEST_WORKERS:-8}" -k "torch_compile or inductor or cuda_graphs" ;;
     tune-tables)
-        run $PYTHON -m fusegen tune specs/gpt2.yaml specs/llama.yaml specs/bert.yaml --rows 16,4096
+        run $PYTHON -m fusegen tune specs/gpt2.yaml specs/llama.yaml specs/bert.yaml \
+            --rows 16,64,256,1024,4096
         run $PYTHON -m fusegen tune specs/attention.yaml --shapes 16384,2048
         run $PYTHON -m fusegen tune specs/elementwise.yaml --shapes 16384,8192
         mkdir -p "$out/tune-tables"

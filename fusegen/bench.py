@@ -280,6 +280,9 @@ VARIANT_NAMES = {
     "compile": "torch.compile",
     "max-autotune": "torch.compile max-autotune",
     "cublaslt": "cuBLASLt epilogue",
+    # Attention kernels' (fusegen/bench_attention.py): no chain variant has these names.
+    "sdpa": "SDPA",
+    "flex": "FlexAttention (compiled)",
 }
 
 

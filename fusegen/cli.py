@@ -14,13 +14,14 @@ from pathlib import Path
 
 from fusegen import __version__, build, schema, writer
 from fusegen.bench import DEFAULT_ROWS, LAYOUTS
+from fusegen.bench_attention import DEFAULT_SHAPES as ATTENTION_SHAPES
 from fusegen.errors import SpecErrors
 
 # What `bench` takes where an option is not given (None in argparse, so that --suite can
 # tell which were given: a suite run sets them itself).
 _BENCH_DEFAULTS = {
     "dtype": "bf16",
-    "compare": "eager,compile,max-autotune,cublaslt",
+    "compare": "eager,compile,max-autotune,cublaslt,sdpa,flex",
     "tables": "generated",
     "timer": "call",
     "layout": [],
@@ -90,6 +91,15 @@ def _parser() -> argparse.ArgumentParser:
         + ",".join(map(str, DEFAULT_ROWS))
         + " where the spec fixes the other dims)",
     )
+    bench.add_argument(
+        "--attention-shapes",
+        nargs="+",
+        metavar="B,SQ,SKV",
+        help="attention kernels' shapes: batch, query length, key length (heads and head dim "
+        "are the spec's; default: "
+        + " ".join(",".join(map(str, s)) for s in ATTENTION_SHAPES)
+        + ")",
+    )
     bench.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="(default: bf16)")
     bench.add_argument(
         "--layout",
@@ -103,7 +113,8 @@ def _parser() -> argparse.ArgumentParser:
         "--compare",
         help="what to time besides fusegen, comma-separated (default: "
         + _BENCH_DEFAULTS["compare"]
-        + ")",
+        + "; sdpa (its flash, cuDNN and efficient backends) and flex (compiled "
+        "FlexAttention) time attention kernels, the others the rest)",
     )
     bench.add_argument(
         "--out", default="bench-results", metavar="DIR", help="where the JSON, Markdown and PNG go"
@@ -195,11 +206,14 @@ def _shape(text: str) -> tuple[int, ...]:
     return values
 
 
-def _gpu_command(args: argparse.Namespace, command: str, work, check=None) -> int:
+def _gpu_command(
+    args: argparse.Namespace, command: str, work, check=None, attention_too=False
+) -> int:
     """The frame `bench`, `tune` and `inspect` share: the specs, the kernels asked for and their
     shapes (and `check(kernels)`, which raises ValueError) are checked first (exit 2 with
     every error), then a GPU is required, then `work(kernels, shapes_for, progress)` runs;
-    its TuneError or ValueError exits 2."""
+    its TuneError or ValueError exits 2. attention_too: attention kernels are run too
+    (`bench`); else they are skipped, or refused where asked for by name."""
     from fusegen.tune import TuneError
 
     try:
@@ -208,8 +222,8 @@ def _gpu_command(args: argparse.Namespace, command: str, work, check=None) -> in
         return _print_errors(exc)
     names = [k.name for k in loaded.kernels]
     unknown = [n for n in args.kernels or [] if n not in names]
-    # Attention kernels are not timed, tuned or inspected by these commands yet.
-    attention = [k.name for k in loaded.kernels if k.kind == "attention"]
+    # Attention kernels are timed by `bench`, not tuned or inspected yet.
+    attention = [] if attention_too else [k.name for k in loaded.kernels if k.kind == "attention"]
     try:
         if unknown:
             raise ValueError(
@@ -224,7 +238,7 @@ def _gpu_command(args: argparse.Namespace, command: str, work, check=None) -> in
         kernels = [
             k
             for k in loaded.kernels
-            if k.kind != "attention" and (not args.kernels or k.name in args.kernels)
+            if k.name not in attention and (not args.kernels or k.name in args.kernels)
         ]
         if attention and not args.kernels:
             print(
@@ -235,7 +249,8 @@ def _gpu_command(args: argparse.Namespace, command: str, work, check=None) -> in
             raise ValueError("no kernels left to run")
         shapes_for = _shapes_for(args)
         for k in kernels:
-            shapes_for(k)
+            if k.kind != "attention":
+                shapes_for(k)
         if check:
             check(kernels)
     except ValueError as exc:
@@ -412,23 +427,51 @@ def _bench(args: argparse.Namespace) -> int:
         lambda kernels, shapes_for, progress: _bench_work(
             args, kernels, shapes_for, variants, progress
         ),
-        check=lambda kernels: bench.check_layouts(kernels, args.layouts),
+        check=lambda kernels: _bench_checks(args, kernels),
+        attention_too=True,
     )
+
+
+def _bench_checks(args, kernels) -> None:
+    """--layout against the chain kernels, --attention-shapes' form; raises ValueError."""
+    from fusegen import bench, bench_attention
+
+    bench.check_layouts([k for k in kernels if k.kind != "attention"], args.layouts)
+    given = [_shape(s) for s in args.attention_shapes or []]
+    bench_attention.check_shapes(given)
+    args.attention_shape_list = given or list(ATTENTION_SHAPES)
 
 
 def _bench_work(args, kernels, shapes_for, variants, progress) -> int:
-    from fusegen import bench, report, timing
+    from fusegen import bench, bench_attention, report, timing
 
-    ceilings, results = bench.run(
-        kernels,
-        shapes_for,
-        args.dtype,
-        variants,
-        timing.TIMERS[args.timer],
-        progress,
-        tables_dir=None if args.tables == "none" else Path(args.tables),
-        layouts=args.layouts,
-    )
+    chains = [k for k in kernels if k.kind != "attention"]
+    attention = [k for k in kernels if k.kind == "attention"]
+    timer = timing.TIMERS[args.timer]
+    ceilings, results = None, []
+    if chains:
+        ceilings, results = bench.run(
+            chains,
+            shapes_for,
+            args.dtype,
+            variants,
+            timer,
+            progress,
+            tables_dir=None if args.tables == "none" else Path(args.tables),
+            layouts=args.layouts,
+        )
+    if attention:
+        compare = [c.strip() for c in args.compare.split(",")]
+        ceilings, more = bench_attention.run(
+            attention,
+            args.attention_shape_list,
+            args.dtype,
+            bench_attention.variant_names(compare),
+            timer,
+            progress,
+            ceilings,
+        )
+        results += more
     print(report.table(results))
     meta = {
         **bench.versions(),

@@ -1,0 +1,118 @@
+"""`fusegen bench` of attention kernels without a GPU: the variants compute the spec's
+attention (the masks, softcap, ALiBi and bias as SDPA and FlexAttention are given them),
+the work counted, the report, the command line's checks."""
+
+import pytest
+import torch
+
+from fusegen import bench, bench_attention, build, report
+from fusegen.cli import main
+
+SPECS = """
+kernels:
+  - name: att_causal_gqa_alibi
+    dtypes: [fp32]
+    attention: {layout: bshd, heads: 4, kv_heads: 2, head_dim: 32, causal: true, alibi: true}
+  - name: att_window_softcap_bias
+    dtypes: [fp32]
+    attention:
+      layout: bhsd
+      heads: 2
+      head_dim: 16
+      causal: true
+      window: 5
+      softcap: 20.0
+      bias: true
+"""
+
+
+@pytest.fixture
+def kernels(write_spec):
+    return {k.name: k for k in build.load([write_spec(SPECS)]).kernels}
+
+
+@pytest.mark.parametrize("shape", [(1, 9, 9), (2, 3, 11), (1, 12, 7)])
+def test_seen_pairs_count_the_masks(kernels, shape):
+    _, sq, skv = shape
+    for att in kernels.values():
+        rows = torch.arange(sq)[:, None] + (skv - sq)
+        keys = torch.arange(skv)[None, :]
+        keep = keys <= rows
+        if att.window:
+            keep &= keys > rows - att.window
+        assert bench_attention.seen_pairs(att, sq, skv) == int(keep.sum())
+    att = kernels["att_causal_gqa_alibi"]
+    flops, moved = bench_attention.work(att, 2, 3, 11, 2)
+    assert flops == 4 * 2 * 4 * bench_attention.seen_pairs(att, 3, 11) * 32
+    assert moved == (2 * 4 * 3 + 2 * 2 * 11) * 2 * 32 * 2
+
+
+def test_sdpa_and_flex_compute_the_spec_s_attention(kernels, tmp_path):
+    # SDPA (on its math backend, the one a CPU has) and FlexAttention (uncompiled) with
+    # the masks, ALiBi and bias as bench gives them: the module's float64 reference.
+    for att in kernels.values():
+        path = tmp_path / f"{att.name}.py"
+        path.write_text(bench_attention.codegen.render(att)[0].text)
+        runtime = bench_attention.codegen.render_runtime()
+        (tmp_path / runtime.filename).write_text(runtime.text)
+        module = bench.import_file(path, f"bench_test_{att.name}")
+        for batch, sq, skv in [(2, 6, 13), (1, 13, 13)]:
+            inputs = bench_attention.make_inputs(
+                torch, att, batch, sq, skv, torch.float64, "cpu", seed=sq
+            )
+            want = module.reference(*inputs)
+            calls = [bench_attention.flex_variant(torch, module, att, sq, skv, "cpu", False)]
+            sdpa = bench_attention.sdpa_variant(torch, module, att, "math", sq, skv, "cpu")
+            if att.softcap:
+                assert sdpa == "SDPA has no softcap"
+            else:
+                calls.append(sdpa)
+            for call in calls:
+                torch.testing.assert_close(call(*inputs), want, rtol=1e-7, atol=1e-7)
+
+
+def test_bench_attention_with_a_fake_timer(kernels):
+    timings = iter(range(1, 1000))
+
+    def fake_timer(fn):
+        fn()
+        return 0.1 * next(timings)  # fusegen first, so it is the fastest
+
+    lines = []
+    ceilings, results = bench_attention.run(
+        list(kernels.values()),
+        [(2, 5, 17)],
+        "fp32",
+        ["fusegen", "eager", "sdpa flash"],
+        fake_timer,
+        lines.append,
+        ceilings=bench.Ceilings(tflops=700.0, gbs=4000.0),
+        device="cpu",
+    )
+    by = {(r.kernel, r.variant): r for r in results}
+    assert set(by) == {(k, v) for k in kernels for v in ("fusegen", "eager", "sdpa flash")}
+    for name in kernels:
+        fused, eager = by[(name, "fusegen")], by[(name, "eager")]
+        assert fused.ok and eager.ok and fused.error < 1e-5, (fused, eager)
+        assert fused.speedup == pytest.approx(eager.ms / fused.ms)
+        assert fused.shape == (2, 5, 17) and fused.rate > 0
+    # The CPU has no flash backend: reported, not raised; the softcap: not applicable.
+    assert not by[("att_causal_gqa_alibi", "sdpa flash")].ok
+    assert by[("att_window_softcap_bias", "sdpa flash")].note == "SDPA has no softcap"
+    assert any("att_causal_gqa_alibi 2x5x17 fp32: fusegen" in line for line in lines)
+    assert "att_window_softcap_bias" in report.table(results)
+
+
+def test_variant_names_follow_compare():
+    assert bench_attention.variant_names(["eager"]) == ["fusegen", "eager"]
+    names = bench_attention.variant_names(["sdpa", "flex", "compile"])
+    assert names == ["fusegen", "sdpa flash", "sdpa cudnn", "sdpa efficient", "flex (compiled)"]
+
+
+def test_bench_rejects_attention_shapes_that_are_not_three_numbers(write_spec, capsys):
+    spec = write_spec(SPECS)
+    assert main(["bench", str(spec), "--attention-shapes", "1,2"]) == 2
+    err = capsys.readouterr().err
+    assert "--attention-shapes takes BATCH,Q_LEN,K_LEN" in err and "1,2" in err
+    assert main(["bench", str(spec), "--compare", "sdpa,nope"]) == 2
+    assert "no variant named nope" in capsys.readouterr().err
