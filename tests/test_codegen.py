@@ -231,10 +231,12 @@ def test_one_runtime_per_folder_names_its_version_and_hash():
 
 @pytest.mark.parametrize("path", ATTENTION, ids=lambda p: p.name)
 def test_attention_modules_are_short(path):
-    """Four kernels (forward, delta, dk and dv, dq), their block steps (each run masked at
-    the edges and unmasked inside: three calls each), the key ranges and counts, the
-    checks (key lengths' too), launches and reference."""
-    assert len(path.read_text().splitlines()) <= 820
+    """Five kernels (forward, the split-KV combine, delta, dk and dv, dq), their block
+    steps (each run masked at the edges and unmasked inside: three calls each), the key
+    ranges and counts, the checks (key lengths' too), the decode split and dot precision,
+    launches (with the shared-memory retry) and reference. A bias spec adds its loads,
+    checks and d bias (about 100 lines more)."""
+    assert len(path.read_text().splitlines()) <= 1000
 
 
 @pytest.mark.parametrize("path", CHAINS, ids=lambda p: p.name)
