@@ -73,7 +73,7 @@ def compiled(fn, mode):
 
 def run(args) -> dict:
     args.layers, args.vocab, args.seq, args.device = 2, 128256, 1024, "cuda"
-    modules = load_kernels()
+    modules = load_kernels(args.attention)
     hf = build_model(args).eval()
     hf.config.use_cache = False  # no KV cache: every call the same work
     fused = copy.deepcopy(hf)
@@ -154,6 +154,9 @@ def main() -> int:
     parser.add_argument("--modes", default="eager,compiled,reduce-overhead")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument(
+        "--attention", action="store_true", help="swap in generated/llama3_attention too"
+    )
     parser.add_argument("--out", help="write every number here as JSON")
     args = parser.parse_args()
     args.modes = args.modes.split(",")

@@ -42,12 +42,43 @@ FLOOR = 1e-6  # slack for gradients of about 0, whose relative errors are noise
 WARMUP = 3
 
 
-def load_kernels() -> dict:
+def load_kernels(attention: bool = False) -> dict:
+    """The generated modules patch() swaps in; attention: llama3_attention too."""
     import llama_add_rmsnorm
     import llama_mlp_gate_up
     import llama_rmsnorm
 
-    return {m.__name__: m for m in (llama_mlp_gate_up, llama_add_rmsnorm, llama_rmsnorm)}
+    modules = [llama_mlp_gate_up, llama_add_rmsnorm, llama_rmsnorm]
+    if attention:
+        import llama3_attention
+
+        modules.append(llama3_attention)
+    return {m.__name__: m for m in modules}
+
+
+ATTENTION_NAME = "fusegen_llama3_attention"
+
+
+def attention_function(launcher):
+    """A transformers attention function (AttentionInterface) that runs the generated
+    llama3_attention: HF hands q, k, v as [batch, heads, seq, dim]; their transposes are
+    the spec's bshd layout at unit last stride, read in place, and the output is bshd, as
+    HF's own functions return it. Causal by the spec (the last query at the last key, as
+    with HF's KV cache). A mask HF would pass (padding) is refused, not dropped: HF makes
+    none for an attention function it has no mask function for, so unpadded batches
+    only."""
+
+    def attend(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        if attention_mask is not None:
+            raise ValueError("llama3_attention takes no attention mask (key_lengths pads)")
+        if dropout:
+            raise ValueError("llama3_attention has no dropout")
+        if scaling is not None and abs(scaling * query.shape[-1] ** 0.5 - 1) > 1e-6:
+            raise ValueError(f"scaling {scaling}: the spec's is 1 / sqrt(head_dim)")
+        out = launcher(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2))
+        return out, None
+
+    return attend
 
 
 def build_model(args):
@@ -93,7 +124,8 @@ def counted(name, launcher, counts):
 
 def patch(model, launchers: dict) -> None:
     """Swap, on this model's instances only, HF's LlamaMLP gate/up, its RMSNorms and each
-    layer's residual add + post-attention norm for the generated kernels."""
+    layer's residual add + post-attention norm for the generated kernels; with a
+    "llama3_attention" launcher, its attention too (this model's config only)."""
     config = model.config
     if getattr(config, "mlp_bias", False) or config.hidden_act != "silu":
         raise ValueError("llama_mlp_gate_up is silu(x @ w_gate.T) * (x @ w_up.T), no bias")
@@ -136,6 +168,13 @@ def patch(model, launchers: dict) -> None:
         patch_norm(layer.input_layernorm)
         patch_mlp(layer.mlp)
     patch_norm(model.model.norm)
+    if "llama3_attention" in launchers:
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(
+            ATTENTION_NAME, attention_function(launchers["llama3_attention"])
+        )
+        model.config._attn_implementation = ATTENTION_NAME
 
 
 def loss_of(model, ids, labels):
@@ -174,6 +213,8 @@ def compare_gradients(eager, fused, ids, labels, counts, modules, layers) -> dic
         "llama_add_rmsnorm": layers,
         "llama_mlp_gate_up": layers,
     }
+    if "llama3_attention" in modules:
+        expected["llama3_attention"] = layers
     rows, missing = [], []
     for name, grad64 in grads64.items():
         grad_eager, grad_fused = grads_eager[name], grads_fused[name]
@@ -196,7 +237,11 @@ def compare_gradients(eager, fused, ids, labels, counts, modules, layers) -> dic
         "missing_grad": missing,
         "launcher_calls": dict(counts),
         "expected_calls": expected,
-        "last_launch": {name: module.last_launch() for name, module in modules.items()},
+        "last_launch": {
+            name: module.last_launch()
+            for name, module in modules.items()
+            if hasattr(module, "last_launch")  # not the attention module
+        },
         "ok": not missing and all(r["ok"] for r in rows) and dict(counts) == expected,
     }
 
@@ -302,13 +347,16 @@ def main() -> int:
     parser.add_argument("--vocab", type=int, default=128256)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument(
+        "--attention", action="store_true", help="swap in generated/llama3_attention too"
+    )
     parser.add_argument("--out", help="write every number here as JSON")
     args = parser.parse_args()
 
     import transformers
     import triton
 
-    modules = load_kernels()
+    modules = load_kernels(args.attention)
     counts = Counter()
     launchers = {name: counted(name, getattr(m, name), counts) for name, m in modules.items()}
     eager = build_model(args)

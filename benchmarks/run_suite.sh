@@ -44,6 +44,9 @@
 #                      case, the backward's dk/dv and dq kernels): what attention_text.py's CONFIGS hold
 #   llama-compiled     the same model's decode, prefill and training step, eager, compiled and
 #                      reduce-overhead, with triton ops (the default) and the opaque ops (FUSEGEN_TRITON_OP=0)
+#   llama-attention    the training step (gradients vs float64, time) and the compiled
+#                      prefill and step with generated/llama3_attention swapped in as well
+#                      (transformers' AttentionInterface)
 #   llama-decode       its decode-sized forwards, HF and fusegen in alternating rounds of one
 #                      process, and the GPU's busy time per call; four processes, the op kinds
 #                      alternating (triton ops, opaque, triton ops, opaque)
@@ -55,7 +58,7 @@ PYTHON=${PYTHON:-python3}
 SUITE=benchmarks/suite.yaml
 STEPS="generated-tests tune-tables tuning-repeat config-space first-calls row-layouts
 launch-cost split-k inspect tanh-approx launcher-tuning training-chains llama-training-step
-backward-configs llama-compiled llama-decode attention-anchors attention-configs"
+backward-configs llama-compiled llama-attention llama-decode attention-anchors attention-configs"
 ANCHOR_SHAPES="8192,4096,14336 4096,1024,4096 16,4096,14336 1000,1000,1000"
 
 listing=$($PYTHON -m fusegen bench --suite "$SUITE" --list) || {
@@ -154,6 +157,10 @@ for name in "${wanted[@]}"; do
         run $PYTHON benchmarks/llama_compiled.py --out "$out/llama_compiled_triton_op.json"
         FUSEGEN_TRITON_OP=0 run $PYTHON benchmarks/llama_compiled.py \
             --out "$out/llama_compiled_opaque.json" ;;
+    llama-attention)
+        run $PYTHON benchmarks/llama_training_step.py --attention --out "$out/llama_step_attention.json"
+        run $PYTHON benchmarks/llama_compiled.py --attention --modes eager,compiled \
+            --out "$out/llama_compiled_attention.json" ;;
     llama-decode)
         for process in 1 2; do
             run $PYTHON benchmarks/llama_decode.py --out "$out/llama_decode_triton_op_$process.json"
