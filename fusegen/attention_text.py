@@ -110,7 +110,8 @@ def forward_score_lines(att: Attention) -> list[str]:
         ]
     else:
         return ["scores = tl.dot(q, k, input_precision=PRECISION)"]
-    return lines + _added_lines(att, "keys[None, :] - rows[:, None]")
+    # The forward's slope is per row (a packed block holds several heads).
+    return lines + _added_lines(att, "keys[None, :] - rows[:, None]", "alibi_slope[:, None]")
 
 
 def score_factor(att: Attention) -> str:
@@ -119,11 +120,11 @@ def score_factor(att: Attention) -> str:
     return "" if att.softcap or att.alibi or att.bias else f" * {_number(att.scale * LOG2E)}"
 
 
-def _added_lines(att: Attention, distance: str) -> list[str]:
+def _added_lines(att: Attention, distance: str, slope: str = "alibi_slope") -> list[str]:
     """ALiBi's and the bias's terms, in base 2 (the bias tile is loaded as `bias`)."""
     lines = []
     if att.alibi:
-        lines.append(f"scores += alibi_slope * ({distance} - shift)  # ALiBi, in base 2")
+        lines.append(f"scores += {slope} * ({distance} - shift)  # ALiBi, in base 2")
     if att.bias:
         lines.append(
             f"scores = tl.where(bias > {_number(BIAS_FLOOR)}, scores + bias * {_number(LOG2E)},"

@@ -34,6 +34,9 @@ SPLIT_PROGRAMS_PER_SM = 2  # a split call's programs per multiprocessor, at most
 # Calls of up to DECODE_ROWS queries (decode) run DECODE_CONFIG: 16-row tiles, not 64 of
 # which all but a few would be padding.
 DECODE_ROWS, DECODE_CONFIG = 16, (16, 128, 4, 3)
+# A call whose q_len times the group fits PACKED_ROWS runs the group's query heads in one
+# block (decode): each key block is read once for the 4 heads that share it.
+PACKED_ROWS = 64
 
 
 @triton.jit
@@ -117,26 +120,41 @@ def _llama3_attention_forward(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_UPCAST: tl.constexpr, PRECISION: tl.constexpr, WRITE_LSE: tl.constexpr,
     LENGTHS: tl.constexpr,
-    SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr, PACKED: tl.constexpr,
     # fmt: on
 ):
     """One program: BLOCK_M query rows of one (batch, head), over the key blocks they
     see: those every row sees whole without masks, the others (edges) with. SPLIT (few
     queries, many keys): only the split_keys keys of split program_id(2), whose partial
-    out and log-sum-exp _llama3_attention_combine adds up."""
+    out and log-sum-exp _llama3_attention_combine adds up. PACKED (decode): the group's
+    4 query heads of kv head program_id(1) in one block, row r being head r // SQ's
+    position r % SQ, so that each key block is loaded once for all of them."""
     pid_m = tl.program_id(0)
-    batch = tl.program_id(1) // 32
-    head = tl.program_id(1) % 32
-    kv_head = head // 4
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    first_row = pid_m * BLOCK_M
+    if PACKED:
+        batch = tl.program_id(1) // 8
+        kv_head = tl.program_id(1) % 8
+        packed = tl.arange(0, BLOCK_M)
+        head = kv_head * 4 + packed // SQ
+        rows = packed % SQ  # positions
+        row_ok = packed < 4 * SQ
+        first_row = 0
+    else:
+        batch = tl.program_id(1) // 32
+        head = tl.program_id(1) % 32
+        kv_head = head // 4
+        rows = first_row + tl.arange(0, BLOCK_M)
+        row_ok = rows < SQ
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < 128
-    q_base = q_ptr + batch.to(tl.int64) * stride_q_b + head * stride_q_h
     k_base = k_ptr + batch.to(tl.int64) * stride_k_b + kv_head * stride_k_h
     v_base = v_ptr + batch.to(tl.int64) * stride_v_b + kv_head * stride_v_h
+    bh_rows = (batch * 32 + head).to(tl.int64) * SQ + rows  # lse's [batch, heads, SQ]
     q = tl.load(
-        q_base + rows[:, None] * stride_q_s + offs_d[None, :],
-        mask=(rows < SQ)[:, None] & mask_d[None, :],
+        q_ptr
+        + (batch.to(tl.int64) * stride_q_b + head * stride_q_h + rows * stride_q_s)[:, None]
+        + offs_d[None, :],
+        mask=row_ok[:, None] & mask_d[None, :],
         other=0.0,
     )
     if DOT_UPCAST:
@@ -145,7 +163,7 @@ def _llama3_attention_forward(
     # with a KV cache). Key blocks no row of this block sees are not visited.
     shift = SKV - SQ
     kv_len = _key_count(lengths_ptr, batch, SKV, LENGTHS)
-    lo, hi = _keys_seen(pid_m * BLOCK_M, shift, kv_len, BLOCK_M, BLOCK_N)
+    lo, hi = _keys_seen(first_row, shift, kv_len, BLOCK_M, BLOCK_N)
     key_lo = 0
     key_hi = kv_len
     if SPLIT:  # this program's share of the keys (split_keys is a BLOCK_N multiple)
@@ -153,7 +171,7 @@ def _llama3_attention_forward(
         key_hi = tl.minimum(kv_len, key_lo + split_keys)
         lo = tl.maximum(lo, key_lo)
         hi = tl.minimum(hi, key_hi)
-    full_lo, full_hi = _keys_seen_by_all(pid_m * BLOCK_M, shift, kv_len, lo, hi, BLOCK_M, BLOCK_N)
+    full_lo, full_hi = _keys_seen_by_all(first_row, shift, kv_len, lo, hi, BLOCK_M, BLOCK_N)
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -177,29 +195,24 @@ def _llama3_attention_forward(
     out = tl.where(seen_any[:, None], acc / tl.where(seen_any, row_sum, 1.0)[:, None], 0.0)
     lse = tl.where(seen_any, row_max + tl.log2(tl.where(seen_any, row_sum, 1.0)), float("-inf"))
     if SPLIT:  # [splits, batch * heads, SQ, HEAD_DIM] fp32, lse in base 2
-        part = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * SQ + rows
+        pairs = tl.num_programs(1) * (4 if PACKED else 1)  # (batch, head) pairs
+        part = tl.program_id(2).to(tl.int64) * pairs * SQ + bh_rows
         tl.store(
             part_ptr + part[:, None] * 128 + offs_d[None, :],
             out,
-            mask=(rows < SQ)[:, None] & mask_d[None, :],
+            mask=row_ok[:, None] & mask_d[None, :],
         )
-        tl.store(part_lse_ptr + part, lse, mask=rows < SQ)
+        tl.store(part_lse_ptr + part, lse, mask=row_ok)
     else:
         tl.store(
             out_ptr
-            + batch.to(tl.int64) * stride_o_b
-            + head * stride_o_h
-            + rows[:, None] * stride_o_s
+            + (batch.to(tl.int64) * stride_o_b + head * stride_o_h + rows * stride_o_s)[:, None]
             + offs_d[None, :],
             out.to(out_ptr.dtype.element_ty),
-            mask=(rows < SQ)[:, None] & mask_d[None, :],
+            mask=row_ok[:, None] & mask_d[None, :],
         )
         if WRITE_LSE:  # in natural log
-            tl.store(
-                lse_ptr + tl.program_id(1).to(tl.int64) * SQ + rows,
-                lse * 0.6931471805599453,
-                mask=rows < SQ,
-            )
+            tl.store(lse_ptr + bh_rows, lse * 0.6931471805599453, mask=row_ok)
 
 
 @triton.jit
@@ -725,13 +738,23 @@ def _sm_count(device):
     return _SM_COUNTS[device.index]
 
 
-def _split_keys(device, batch, sq, skv, block_m, block_n):
-    """(splits, keys per split) of the forward: where the query blocks alone would fill
+def _forward_plan(device, batch, sq, skv):
+    """(packed, config, splits, keys per split) of a forward call: packed where the
+    group's query heads fit one block (decode), then the key split (_split_keys)."""
+    block_m, block_n, warps, stages = _config(device, q_len=sq)
+    packed = sq * (HEADS // KV_HEADS) <= PACKED_ROWS
+    if packed:
+        block_m = max(16, triton.next_power_of_2(sq * (HEADS // KV_HEADS)))
+    programs = batch * KV_HEADS if packed else triton.cdiv(sq, block_m) * batch * HEADS
+    return (packed, (block_m, block_n, warps, stages), *_split_keys(device, programs, skv, block_n))
+
+
+def _split_keys(device, programs, skv, block_n):
+    """(splits, keys per split) of the forward: where its `programs` alone would fill
     under half the GPU (decode: a few queries per sequence against a long cache), the
     keys are shared out among up to SPLIT_PROGRAMS_PER_SM programs per multiprocessor,
     SPLIT_MIN_KEYS or more each, and the combine kernel adds the partial results; else
     (1, k_len)."""
-    programs = triton.cdiv(sq, block_m) * batch * HEADS
     sms = _sm_count(device)
     if 2 * programs > sms or skv < 2 * SPLIT_MIN_KEYS:
         return 1, skv
@@ -769,8 +792,9 @@ def _forward(q, k, v, want_lse, key_lengths=None):
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, HEADS, sq), dtype=torch.float32, device=q.device) if want_lse else out
     if out.numel():
-        block_m, block_n, warps, stages = _config(q.device, q_len=sq)
-        splits, split_keys = _split_keys(q.device, batch, sq, skv, block_m, block_n)
+        packed, (block_m, block_n, warps, stages), splits, split_keys = _forward_plan(
+            q.device, batch, sq, skv
+        )
         part = part_lse = out  # pointers never read without splits
         if splits > 1:
             part = torch.empty(
@@ -779,7 +803,11 @@ def _forward(q, k, v, want_lse, key_lengths=None):
             part_lse = torch.empty(
                 (splits, batch * HEADS, sq), dtype=torch.float32, device=q.device
             )
-        grid = (triton.cdiv(sq, block_m), batch * HEADS, splits)
+        grid = (
+            (1, batch * KV_HEADS, splits)
+            if packed
+            else (triton.cdiv(sq, block_m), batch * HEADS, splits)
+        )
         _launch(
             _llama3_attention_forward, grid, dtypes,
             q, k, v, out, lse, lengths, part, part_lse, split_keys, sq, skv,
@@ -787,7 +815,7 @@ def _forward(q, k, v, want_lse, key_lengths=None):
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(HEAD_DIM),
             DOT_UPCAST=_interpreted() and q.dtype == torch.bfloat16,
             PRECISION=_dot_precision(q.dtype), WRITE_LSE=want_lse,
-            LENGTHS=use_lengths, SPLIT=splits > 1,
+            LENGTHS=use_lengths, SPLIT=splits > 1, PACKED=packed,
             num_warps=warps, num_stages=stages,
         )  # fmt: skip
         if splits > 1:

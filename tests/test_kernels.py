@@ -861,6 +861,12 @@ ATTENTION_MUTATIONS = [
     ),
     (
         "att_gqa_causal",
+        "head = kv_head * 3 + packed // SQ",
+        "head = kv_head * 3 + 0 * packed",
+        "a packed decode block reading its group's first head for every row",
+    ),
+    (
+        "att_gqa_causal",
         "for member in range(3):",
         "for member in range(2):",
         "dk and dv from one query head of the group",
