@@ -15,6 +15,8 @@ Cases (B, H, Sq, Skv, D):
     causal-d64       16, 16, 1024, 1024, 64, causal, forward
     decode           1, 32, 1, 16384, 128, one query against a long cache (the split-KV path)
     decode-batch     16, 32, 1, 4096, 128, sixteen sequences (enough programs unsplit)
+    decode-gqa       16, 32 (8 kv heads), 1, 4096, 128, LLaMA-3's grouped heads: the packed
+                     decode path (SDPA with enable_gqa)
     bias             2, 32, 2048, 2048, 128, an additive bf16 bias [1, 32, 2048, 2048] (T5's
                      relative positions: SDPA's attn_mask, FlexAttention's score_mod), forward
     bias-backward    the same, forward + backward with the bias's gradient (fusegen, Flex)
@@ -43,6 +45,7 @@ CASES = {  # name: (module, (B, H, Sq, Skv, D), backward)
     "causal-d64": ("anchor_attention_causal_d64", (16, 16, 1024, 1024, 64), False),
     "decode": ("anchor_attention_full", (1, 32, 1, 16384, 128), False),
     "decode-batch": ("anchor_attention_full", (16, 32, 1, 4096, 128), False),
+    "decode-gqa": ("anchor_attention_gqa", (16, 32, 1, 4096, 128), False),
     "bias": ("anchor_attention_bias", (2, 32, 2048, 2048, 128), False),
     "bias-backward": ("anchor_attention_bias", (2, 32, 2048, 2048, 128), True),
 }
@@ -79,7 +82,14 @@ def variants(module, causal: bool, softcap: float | None, bias=None):
             def sdpa(q, k, v, *bias, backend=backend):
                 with sdpa_kernel(backend):
                     mask = bias[0] if bias else None
-                    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+                    return F.scaled_dot_product_attention(
+                        q,
+                        k,
+                        v,
+                        attn_mask=mask,
+                        is_causal=causal,
+                        enable_gqa=q.shape[1] != k.shape[1],
+                    )
 
             out[name] = sdpa
     try:
@@ -106,7 +116,8 @@ def variants(module, causal: bool, softcap: float | None, bias=None):
             def score_mod(score, b, h, i, j):
                 return score + bias[0][0, h, i, j]
 
-        return flex(q, k, v, score_mod=score_mod, block_mask=masks.get(key))
+        gqa = q.shape[1] != k.shape[1]
+        return flex(q, k, v, score_mod=score_mod, block_mask=masks.get(key), enable_gqa=gqa)
 
     out["flex (compiled)"] = flex_call
     return out
@@ -114,6 +125,7 @@ def variants(module, causal: bool, softcap: float | None, bias=None):
 
 def math_reference(q, k, v, causal, softcap, bias=None):
     q, k, v = (t.float() for t in (q, k, v))
+    k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
     scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
@@ -133,13 +145,17 @@ def run_case(name, module, shape, backward):
     softcap = SOFTCAP if name == "softcap" else None
     torch.manual_seed(0)
     q = torch.randn(batch, heads, sq, dim, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(batch, heads, skv, dim, device="cuda", dtype=torch.bfloat16) for _ in "kv")
+    kv_heads = module.KV_HEADS
+    k, v = (
+        torch.randn(batch, kv_heads, skv, dim, device="cuda", dtype=torch.bfloat16) for _ in "kv"
+    )
     bias = []
     if name.startswith("bias"):
         bias = [torch.randn(1, heads, sq, skv, device="cuda", dtype=torch.bfloat16)]
     # The error check on one batch and 8 heads: the fp32 scores of the whole case are 8 GB.
+    few_kv = 8 * kv_heads // heads  # the kv heads of the first 8 query heads
     want = math_reference(
-        q[:1, :8], k[:1, :8], v[:1, :8], causal, softcap, *[b[:, :8] for b in bias]
+        q[:1, :8], k[:1, :few_kv], v[:1, :few_kv], causal, softcap, *[b[:, :8] for b in bias]
     )
     grad = torch.randn_like(q)
     row = {}
