@@ -392,6 +392,11 @@ def bench_shape(
         except Exception as exc:  # noqa: BLE001 - a variant that fails is reported, not fatal
             row.ok, row.note = False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
         results.append(row)
+    return with_speedup(results)
+
+
+def with_speedup(results: list[Result]) -> list[Result]:
+    """One shape's results, fusegen's speedup over the fastest other variant that passed set."""
     fused = next((r for r in results if r.variant == "fusegen" and r.ms), None)
     others = [r.ms for r in results if r.variant != "fusegen" and r.ms and r.ok]
     if fused and others:

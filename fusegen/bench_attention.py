@@ -24,7 +24,9 @@ from fusegen.bench import (
     Result,
     import_file,
     measure_ceilings,
+    relative_error,
     torch_dtype,
+    with_speedup,
 )
 from fusegen.ir import Attention
 
@@ -223,7 +225,7 @@ def bench_shape(torch, timer, module, att, shape, dtype_name, names, ceilings, p
                 if device == "cuda":
                     torch.cuda.synchronize()
                 row.first_call_s = time.perf_counter() - start
-                row.error = _relative_error(torch, out, exact)
+                row.error = relative_error(torch, out, exact)
                 row.ok = row.error <= TOLERANCE[dtype_name]
                 cycle = itertools.cycle(sets)
                 row.ms = timer(lambda fn=fn, cycle=cycle: fn(*next(cycle)))
@@ -232,18 +234,7 @@ def bench_shape(torch, timer, module, att, shape, dtype_name, names, ceilings, p
         except Exception as exc:  # noqa: BLE001 - a variant that fails is reported, not fatal
             row.ok, row.note = False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
         results.append(row)
-    fused = next((r for r in results if r.variant == "fusegen" and r.ms), None)
-    others = [r.ms for r in results if r.variant != "fusegen" and r.ms and r.ok]
-    if fused and others:
-        fused.speedup = min(others) / fused.ms
-    return results
-
-
-def _relative_error(torch, out, exact) -> float:
-    out = out.double()
-    if not torch.isfinite(out).all():
-        return float("inf")
-    return float((out - exact).norm() / exact.norm().clamp_min(1e-30))
+    return with_speedup(results)
 
 
 def check_shapes(shapes) -> None:
