@@ -38,6 +38,8 @@
 #   llama-training-step  a transformers LLaMA (2 layers, 8B dims) training step with the
 #                      generated kernels swapped in: gradients vs float64, eager and compiled time
 #   backward-configs   the backward kernels over a grid of launch configs (the runtime's defaults)
+#   attention-zoo      the zoo's small attention specs (tests/test_kernels.py's ATTENTION_SPECS:
+#                      fp32 calls, bias, ALiBi, MQA, window) built and their tests run on the GPU
 #   attention-anchors  issue 16's attention cases: the generated kernels against SDPA's flash,
 #                      cuDNN and efficient backends and compiled FlexAttention, forward and backward
 #   attention-configs  the attention kernels over a grid of launch configs (forward at each
@@ -58,7 +60,7 @@ PYTHON=${PYTHON:-python3}
 SUITE=benchmarks/suite.yaml
 STEPS="generated-tests tune-tables tuning-repeat config-space first-calls row-layouts
 launch-cost split-k inspect tanh-approx launcher-tuning training-chains llama-training-step
-backward-configs llama-compiled llama-attention llama-decode attention-anchors attention-configs"
+backward-configs llama-compiled llama-attention llama-decode attention-zoo attention-anchors attention-configs"
 ANCHOR_SHAPES="8192,4096,14336 4096,1024,4096 16,4096,14336 1000,1000,1000"
 
 listing=$($PYTHON -m fusegen bench --suite "$SUITE" --list) || {
@@ -149,6 +151,13 @@ for name in "${wanted[@]}"; do
         run $PYTHON benchmarks/llama_training_step.py --out "$out/llama_step.json" ;;
     backward-configs)
         run $PYTHON benchmarks/backward_configs.py --out "$out/backward_configs.json" ;;
+    attention-zoo)
+        mkdir -p "$out/attention-zoo"
+        run $PYTHON -c "import sys; sys.path.insert(0, 'tests'); import test_kernels as t; \
+open('$out/attention-zoo/attention.yaml', 'w').write(t.ATTENTION_SPECS)"
+        run $PYTHON -m fusegen build "$out/attention-zoo/attention.yaml" --out "$out/attention-zoo/gen"
+        run $PYTHON -m pytest "$out/attention-zoo/gen" -q -p no:cacheprovider \
+            -n "${TEST_WORKERS:-8}" --durations=15 ;;
     attention-anchors)
         run $PYTHON benchmarks/attention_anchors.py --out "$out/attention_anchors.json" ;;
     attention-configs)
