@@ -167,6 +167,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     inspect.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     inspect.add_argument(
+        "--attention-shapes",
+        nargs="+",
+        metavar="B,SQ,SKV",
+        help="attention kernels' shapes: one forward and backward at each (default: "
+        + " ".join(",".join(map(str, s)) for s in ATTENTION_SHAPES)
+        + ")",
+    )
+    inspect.add_argument(
         "--counters",
         action="store_true",
         help="also L1/L2 hit rates and DRAM bandwidth of one launch, via Nsight Compute (ncu)",
@@ -222,7 +230,7 @@ def _gpu_command(
         return _print_errors(exc)
     names = [k.name for k in loaded.kernels]
     unknown = [n for n in args.kernels or [] if n not in names]
-    # Attention kernels are timed by `bench`, not tuned or inspected yet.
+    # Attention kernels are timed by `bench` and inspected, not tuned yet.
     attention = [] if attention_too else [k.name for k in loaded.kernels if k.kind == "attention"]
     try:
         if unknown:
@@ -296,7 +304,16 @@ def _tune(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    return _gpu_command(args, "inspect", lambda *a: _inspect_work(args, *a))
+    def check(kernels) -> None:
+        from fusegen import bench_attention
+
+        given = [_shape(s) for s in args.attention_shapes or []]
+        bench_attention.check_shapes(given)
+        args.attention_shape_list = given or list(ATTENTION_SHAPES)
+
+    return _gpu_command(
+        args, "inspect", lambda *a: _inspect_work(args, *a), check=check, attention_too=True
+    )
 
 
 def _inspect_work(args: argparse.Namespace, kernels, shapes_for, progress) -> int:
@@ -304,7 +321,12 @@ def _inspect_work(args: argparse.Namespace, kernels, shapes_for, progress) -> in
 
     from fusegen import inspect_kernels
 
-    found = inspect_kernels.run(kernels, shapes_for, args.dtype, Path(args.out), progress)
+    chains = [k for k in kernels if k.kind != "attention"]
+    attention = [k for k in kernels if k.kind == "attention"]
+    found = inspect_kernels.run(chains, shapes_for, args.dtype, Path(args.out), progress)
+    found += inspect_kernels.run_attention(
+        attention, args.attention_shape_list, args.dtype, Path(args.out), progress
+    )
     if os.environ.get(inspect_kernels.CHILD):
         return 0  # a child run under ncu: the parent prints
     print(inspect_kernels.HEADER)
@@ -319,6 +341,8 @@ def _inspect_work(args: argparse.Namespace, kernels, shapes_for, progress) -> in
         )
     if args.counters:
         for item in found:
+            if item.path == "attention":
+                continue  # ncu's kernel filter and argv are the chain kernels' (not yet here)
             argv = ["inspect", *args.specs, "--kernels", item.kernel, "--dtype", item.dtype]
             argv += ["--shapes", ",".join(map(str, item.shape)), "--out", args.out]
             print(f"{item.kernel} {item.shape}: {inspect_kernels.counters(item.kernel, argv)}")

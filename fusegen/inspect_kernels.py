@@ -129,3 +129,57 @@ def run(
             progress(f"  {kernel.name} {'x'.join(map(str, shape))} {dtype_name} ...")
             out.append(inspect_shape(torch, module, kernel, sizes, dtype_name, device))
     return out
+
+
+def inspect_attention(torch, module, att, shape, dtype_name, device="cuda") -> list[Inspected]:
+    """One forward and one backward of an attention kernel at (batch, q_len, k_len): a
+    row per Triton kernel launched through the module's `_launch` (forward, dk/dv, dq),
+    from its compiled metadata (None under the interpreter, which compiles nothing)."""
+    from fusegen import bench_attention
+
+    batch, sq, skv = shape
+    dtype = bench.torch_dtype(torch, dtype_name)
+    inputs = bench_attention.make_inputs(torch, att, batch, sq, skv, dtype, device, seed=0)
+    module.LAST_COMPILED.clear()
+    leaves = [t.requires_grad_() for t in inputs]
+    out = getattr(module, att.name)(*leaves)
+    torch.autograd.grad(out, leaves, torch.randn_like(out))
+    if device == "cuda":
+        torch.cuda.synchronize()
+    source = "spec" if device == "cuda" else "interpreter"
+    rows = []
+    for name, compiled in module.LAST_COMPILED.items():
+        meta = getattr(compiled, "metadata", None)
+        part = name.removeprefix(f"_{att.name}_")
+        rows.append(
+            Inspected(
+                f"{att.name} {part}",
+                shape,
+                dtype_name,
+                "attention",
+                source,
+                {},
+                getattr(compiled, "n_regs", None),
+                getattr(compiled, "n_spills", None),
+                getattr(meta, "shared", None),
+                getattr(meta, "num_warps", None),
+                getattr(meta, "num_stages", None),
+            )
+        )
+    return rows
+
+
+def run_attention(
+    kernels, shapes, dtype_name, out_dir: Path, progress, device="cuda", load=load_generated
+):
+    """inspect_attention for every attention kernel (the committed module) and shape."""
+    import torch
+
+    out = []
+    for att in kernels:
+        module = load(att, out_dir)
+        dtype = dtype_name if dtype_name in att.dtypes else att.dtypes[0]
+        for shape in shapes:
+            progress(f"  {att.name} {'x'.join(map(str, shape))} {dtype} ...")
+            out.extend(inspect_attention(torch, module, att, shape, dtype, device))
+    return out

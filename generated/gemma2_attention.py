@@ -740,6 +740,7 @@ def _config(device, kernel="forward", q_len=None):
 
 
 _STAGES = {}  # (kernel, dtypes, tiles, stages asked) -> the fewer stages that fit
+LAST_COMPILED = {}  # kernel name -> the compiled kernel of its last launch (`fusegen inspect`)
 
 
 def _launch(kernel, grid, dtypes, *args, num_stages, **meta):
@@ -750,7 +751,8 @@ def _launch(kernel, grid, dtypes, *args, num_stages, **meta):
     stages = _STAGES.get(key, num_stages)
     while True:
         try:
-            return kernel[grid](*args, num_stages=stages, **meta)
+            LAST_COMPILED[kernel.__name__] = kernel[grid](*args, num_stages=stages, **meta)
+            return
         except triton.runtime.errors.OutOfResources:
             if stages == 1:
                 raise

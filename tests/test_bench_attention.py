@@ -116,3 +116,26 @@ def test_bench_rejects_attention_shapes_that_are_not_three_numbers(write_spec, c
     assert "--attention-shapes takes BATCH,Q_LEN,K_LEN" in err and "1,2" in err
     assert main(["bench", str(spec), "--compare", "sdpa,nope"]) == 2
     assert "no variant named nope" in capsys.readouterr().err
+
+
+def test_inspect_attention_runs_every_kernel(kernels, tmp_path):
+    # One forward and backward through the module: a row per kernel launched (the
+    # interpreter compiles nothing, so the metadata are None here).
+    from fusegen import inspect_kernels
+
+    def load(att, out_dir):
+        path = tmp_path / f"{att.name}.py"
+        path.write_text(bench_attention.codegen.render(att)[0].text)
+        runtime = bench_attention.codegen.render_runtime()
+        (tmp_path / runtime.filename).write_text(runtime.text)
+        return bench.import_file(path, f"inspect_test_{att.name}")
+
+    lines = []
+    found = inspect_kernels.run_attention(
+        [kernels["att_causal_gqa_alibi"]], [(1, 5, 40)], "fp32", tmp_path, lines.append,
+        device="cpu", load=load,
+    )  # fmt: skip
+    names = [item.kernel for item in found]
+    assert names == [f"att_causal_gqa_alibi {k}" for k in ("forward", "backward_kv", "backward_q")]
+    assert all(item.shape == (1, 5, 40) and item.source == "interpreter" for item in found)
+    assert "att_causal_gqa_alibi 1x5x40 fp32" in lines[0]
