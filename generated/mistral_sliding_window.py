@@ -821,7 +821,7 @@ def _forward(q, k, v, want_lse, key_lengths=None):
         out, lse = reference(q, k, v, key_lengths=key_lengths, return_lse=True)
         return out, lse if want_lse else None
     lengths, use_lengths = _lengths(key_lengths, q)
-    dtypes = q.dtype
+    dtypes = (q.dtype,)
     q, k, v = _unit_stride(q, k, v)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, HEADS, sq), dtype=torch.float32, device=q.device) if want_lse else out
@@ -869,7 +869,7 @@ def _backward(q, k, v, out, lse, d_out, needs=(True, True, True), key_lengths=No
     if not _runs_triton(q.device) or not out.numel():
         return _reference_grads(q, k, v, d_out, needs, key_lengths)
     lengths, use_lengths = _lengths(key_lengths, q)
-    dtypes = q.dtype
+    dtypes = (q.dtype,)
     q, k, v, out, d_out = _unit_stride(q, k, v, out, d_out)
     block_d = triton.next_power_of_2(HEAD_DIM)
     upcast = _interpreted() and q.dtype == torch.bfloat16
