@@ -67,7 +67,7 @@ def load(folder: Path, name: str):
     return module
 
 
-def variants(module, causal: bool, softcap: float | None, bias=None):
+def variants(module, causal: bool, softcap: float | None):
     """name -> f(q, k, v[, bias]) -> out, for every anchor that has this case."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -159,7 +159,7 @@ def run_case(name, module, shape, backward):
     )
     grad = torch.randn_like(q)
     row = {}
-    for variant, call in variants(module, causal, softcap, *bias[:1]).items():
+    for variant, call in variants(module, causal, softcap).items():
         if backward and bias and variant.startswith("sdpa"):
             continue  # SDPA's attn_mask takes no gradient on every backend
         try:

@@ -37,6 +37,14 @@ SDPA_BACKENDS = ("flash", "cudnn", "efficient")
 VARIANTS = ("fusegen", "eager", *(f"sdpa {b}" for b in SDPA_BACKENDS), "flex (compiled)")
 
 
+def call_dtype(att: Attention, dtype_name: str, progress) -> str:
+    """dtype_name where the spec allows it, else (said) the spec's first dtype."""
+    if dtype_name in att.dtypes:
+        return dtype_name
+    progress(f"  {att.name}: no {dtype_name} in its dtypes; run in {att.dtypes[0]}")
+    return att.dtypes[0]
+
+
 def variant_names(compare: list[str]) -> list[str]:
     """The attention variants `--compare` asks for: eager, sdpa (each backend), flex."""
     names = ["fusegen"]
@@ -261,9 +269,7 @@ def run(
         runtime = codegen.render_runtime()
         (Path(tmp) / runtime.filename).write_text(runtime.text)
         for att in kernels:
-            dtype = dtype_name if dtype_name in att.dtypes else att.dtypes[0]
-            if dtype != dtype_name:
-                progress(f"  {att.name}: no {dtype_name} in its dtypes; benched in {dtype}")
+            dtype = call_dtype(att, dtype_name, progress)
             path = Path(tmp) / f"{att.name}.py"
             path.write_text(codegen.render(att)[0].text)
             module = import_file(path, f"fusegen_bench_{att.name}")

@@ -304,16 +304,22 @@ def _tune(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    def check(kernels) -> None:
-        from fusegen import bench_attention
-
-        given = [_shape(s) for s in args.attention_shapes or []]
-        bench_attention.check_shapes(given)
-        args.attention_shape_list = given or list(ATTENTION_SHAPES)
-
     return _gpu_command(
-        args, "inspect", lambda *a: _inspect_work(args, *a), check=check, attention_too=True
+        args,
+        "inspect",
+        lambda *a: _inspect_work(args, *a),
+        check=lambda kernels: _check_attention_shapes(args),
+        attention_too=True,
     )
+
+
+def _check_attention_shapes(args) -> None:
+    """--attention-shapes (or the defaults) into args.attention_shape_list; raises ValueError."""
+    from fusegen import bench_attention
+
+    given = [_shape(s) for s in args.attention_shapes or []]
+    bench_attention.check_shapes(given)
+    args.attention_shape_list = given or list(ATTENTION_SHAPES)
 
 
 def _inspect_work(args: argparse.Namespace, kernels, shapes_for, progress) -> int:
@@ -458,12 +464,10 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _bench_checks(args, kernels) -> None:
     """--layout against the chain kernels, --attention-shapes' form; raises ValueError."""
-    from fusegen import bench, bench_attention
+    from fusegen import bench
 
     bench.check_layouts([k for k in kernels if k.kind != "attention"], args.layouts)
-    given = [_shape(s) for s in args.attention_shapes or []]
-    bench_attention.check_shapes(given)
-    args.attention_shape_list = given or list(ATTENTION_SHAPES)
+    _check_attention_shapes(args)
 
 
 def _bench_work(args, kernels, shapes_for, variants, progress) -> int:

@@ -175,10 +175,12 @@ def run_attention(
     """inspect_attention for every attention kernel (the committed module) and shape."""
     import torch
 
+    from fusegen import bench_attention
+
     out = []
     for att in kernels:
         module = load(att, out_dir)
-        dtype = dtype_name if dtype_name in att.dtypes else att.dtypes[0]
+        dtype = bench_attention.call_dtype(att, dtype_name, progress)
         for shape in shapes:
             progress(f"  {att.name} {'x'.join(map(str, shape))} {dtype} ...")
             out.extend(inspect_attention(torch, module, att, shape, dtype, device))
