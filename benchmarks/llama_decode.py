@@ -13,8 +13,9 @@ see the spread left between processes.
 Per mode (eager, compiled, reduce-overhead): each round times CALLS calls in a row with
 one synchronize at the end (so the host's launch rate shows, as in a generation loop).
 Then a profile of 20 calls gives the GPU's own busy time per call (the kernels alone):
-the wall time above it is launch overhead. The fusegen logits are checked against HF's
-(bf16 noise), and a mismatch fails the run (exit 1).
+the wall time above it is launch overhead; the same profile counts the kernels and the
+host's launch calls per call, and dynamo's graph breaks are counted at the compile. The
+fusegen logits are checked against HF's (bf16 noise), and a mismatch fails the run (exit 1).
 
     python3 benchmarks/llama_decode.py [--modes eager,compiled,reduce-overhead]
         [--rounds 9] [--calls 50] [--out FILE.json]
@@ -51,18 +52,26 @@ def per_call_ms(fn, calls: int) -> float:
     return (time.perf_counter() - start) / calls * 1e3
 
 
-def gpu_ms(fn, calls: int = 20) -> float:
-    """The GPU's busy time per call: the sum of the kernels' durations in a profile."""
+def gpu_ms(fn, calls: int = 20) -> dict:
+    """The GPU's busy time per call (the sum of the kernels' durations in a profile), the
+    kernels per call, and the host's launch API calls per call with their time."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
+    events = prof.key_averages()
     # Each kernel's own time counted once (self time: nothing nests on the GPU).
-    busy_us = sum(e.self_device_time_total for e in prof.key_averages())
-    return busy_us / calls / 1e3
+    kernels = [e for e in events if e.self_device_time_total > 0]
+    launches = [e for e in events if "LaunchKernel" in e.key]
+    return {
+        "busy_ms": sum(e.self_device_time_total for e in kernels) / calls / 1e3,
+        "kernels": sum(e.count for e in kernels) / calls,
+        "launch_calls": sum(e.count for e in launches) / calls,
+        "launch_ms": sum(e.self_cpu_time_total for e in launches) / calls / 1e3,
+    }
 
 
 def compiled(fn, mode):
@@ -102,10 +111,13 @@ def run(args) -> dict:
                     }
                     logits = {}
                     for name, call in calls.items():
+                        breaks = torch._dynamo.utils.counters["graph_break"]
+                        before = sum(breaks.values())
                         start = time.perf_counter()
                         for _ in range(3):  # the compile, then the CUDA graphs' recording
                             call()
                         torch.cuda.synchronize()
+                        row.setdefault("graph_breaks", {})[name] = sum(breaks.values()) - before
                         row.setdefault("first_s", {})[name] = time.perf_counter() - start
                         logits[name] = call().clone()
                     rounds = {"hf": [], "fusegen": []}
@@ -117,7 +129,9 @@ def run(args) -> dict:
                     ratios = [h / f for h, f in zip(rounds["hf"], rounds["fusegen"], strict=True)]
                     row["speedup"] = statistics.median(ratios)
                     row["speedup_range"] = [min(ratios), max(ratios)]
-                    row["gpu_ms"] = {n: gpu_ms(c) for n, c in calls.items()}
+                    profiles = {n: gpu_ms(c) for n, c in calls.items()}
+                    row["gpu_ms"] = {n: p["busy_ms"] for n, p in profiles.items()}
+                    row["profile"] = profiles
                 mine, theirs = logits_error(logits["fusegen"], logits["hf"], want32)
                 row["logits_error"] = {"fusegen": mine, "hf": theirs}
                 ok &= mine <= 2 * theirs + 1e-3
@@ -133,18 +147,23 @@ def run(args) -> dict:
 def print_table(report):
     kind = report["setup"]["FUSEGEN_TRITON_OP"]
     print(f"\nFUSEGEN_TRITON_OP={kind}: median of {report['setup']['rounds']} rounds")
-    print("| shape | mode | HF ms | fusegen ms | speedup (range) | GPU busy ms HF, fusegen |")
-    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    print(
+        "| shape | mode | HF ms | fusegen ms | speedup (range) | GPU busy ms HF, fusegen "
+        "| kernels per call HF, fusegen |"
+    )
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for shape, modes in report["results"].items():
         for mode, row in modes.items():
             if "error" in row:
-                print(f"| {shape} | {mode} | {row['error']} | | | |")
+                print(f"| {shape} | {mode} | {row['error']} | | | | |")
                 continue
             low, high = row["speedup_range"]
             print(
                 f"| {shape} | {mode} | {row['ms']['hf']:.3f} | {row['ms']['fusegen']:.3f} "
                 f"| {row['speedup']:.3f}x ({low:.2f}-{high:.2f}) "
-                f"| {row['gpu_ms']['hf']:.3f}, {row['gpu_ms']['fusegen']:.3f} |"
+                f"| {row['gpu_ms']['hf']:.3f}, {row['gpu_ms']['fusegen']:.3f} "
+                f"| {row['profile']['hf']['kernels']:.0f}, "
+                f"{row['profile']['fusegen']['kernels']:.0f} |"
             )
     print(f"\n{'PASS' if report['ok'] else 'FAIL'}: every mode ran, logits within bf16 noise")
 

@@ -44,6 +44,11 @@
 #                      cuDNN and efficient backends and compiled FlexAttention, forward and backward
 #   attention-configs  the attention kernels over a grid of launch configs (forward at each
 #                      case, the backward's dk/dv and dq kernels): what attention_text.py's CONFIGS hold
+#   attention-variants code variants of the attention kernels (benchmarks/prototypes/
+#                      attention_variants.py: heaviest blocks first, TMA loads, warp
+#                      specialization), checked and timed before the generator takes one
+#   attention-bench    `fusegen bench` and `fusegen inspect` of specs/fused_attention.yaml's
+#                      kernels at a prefill and a decode shape, against SDPA and FlexAttention
 #   llama-compiled     the same model's decode, prefill and training step, eager, compiled and
 #                      reduce-overhead, with triton ops (the default) and the opaque ops (FUSEGEN_TRITON_OP=0)
 #   llama-attention    the training step (gradients vs float64, time) and the compiled
@@ -60,7 +65,8 @@ PYTHON=${PYTHON:-python3}
 SUITE=benchmarks/suite.yaml
 STEPS="generated-tests tune-tables tuning-repeat config-space first-calls row-layouts
 launch-cost split-k inspect tanh-approx launcher-tuning training-chains llama-training-step
-backward-configs llama-compiled llama-attention llama-decode attention-zoo attention-anchors attention-configs"
+backward-configs llama-compiled llama-attention llama-decode attention-zoo attention-anchors attention-configs
+attention-variants attention-bench"
 ANCHOR_SHAPES="8192,4096,14336 4096,1024,4096 16,4096,14336 1000,1000,1000"
 
 listing=$($PYTHON -m fusegen bench --suite "$SUITE" --list) || {
@@ -162,6 +168,13 @@ open('$out/attention-zoo/attention.yaml', 'w').write(t.ATTENTION_SPECS)"
         run $PYTHON benchmarks/attention_anchors.py --out "$out/attention_anchors.json" ;;
     attention-configs)
         run $PYTHON benchmarks/attention_configs.py --out "$out/attention_configs.json" ;;
+    attention-variants)
+        run $PYTHON benchmarks/prototypes/attention_variants.py --out "$out/attention_variants.json" ;;
+    attention-bench)
+        run $PYTHON -m fusegen bench specs/fused_attention.yaml --attention-shapes 4,2048,2048 \
+            1,1,8192 --compare sdpa,flex --out "$out/attention-bench"
+        run $PYTHON -m fusegen inspect specs/fused_attention.yaml --attention-shapes 4,2048,2048 \
+            1,1,8192 ;;
     llama-compiled)
         run $PYTHON benchmarks/llama_compiled.py --out "$out/llama_compiled_triton_op.json"
         FUSEGEN_TRITON_OP=0 run $PYTHON benchmarks/llama_compiled.py \
