@@ -31,8 +31,8 @@ from attention_anchors import CASES, SOFTCAP, build, load, math_reference  # noq
 FORWARD = {
     64: [(64, 64, 4, 3), (64, 64, 4, 4), (128, 64, 8, 3), (64, 32, 4, 3), (64, 128, 4, 3),
          (128, 64, 4, 3)],
-    128: [(64, 64, 4, 3), (64, 64, 4, 4), (64, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 3),
-          (64, 128, 4, 2), (128, 128, 8, 4)],
+    128: [(64, 64, 4, 3), (128, 128, 8, 3), (128, 128, 8, 2), (128, 128, 8, 4), (128, 64, 8, 3),
+          (64, 128, 4, 2), (256, 128, 16, 2), (128, 64, 8, 4)],
 }  # fmt: skip
 KV = [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (64, 128, 8, 2), (64, 32, 4, 2),
       (128, 128, 8, 2), (32, 128, 4, 2), (64, 64, 8, 2)]  # fmt: skip
@@ -94,6 +94,13 @@ def forward_sweep(case, module, shape):
         rows.append(row)
         print(case, row, flush=True)
     module.CONFIG, module.DECODE_CONFIG, module.SPLIT_PROGRAMS_PER_SM = defaults
+    if getattr(module, "TMA_LOADS", False):  # the default config on pointer loads, beside
+        module.TMA_LOADS = False
+        with torch.no_grad():
+            ms = do_bench(lambda: module._forward(q, k, v, False))
+        rows.append({"variant": "fusegen, pointer loads", "config": "default", "ms": ms})
+        print(case, rows[-1], flush=True)
+        module.TMA_LOADS = True
     return rows
 
 

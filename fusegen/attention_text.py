@@ -17,11 +17,12 @@ BIAS_FLOOR = -(2.0**93)
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) by head dim, of the forward and of the
 # backward's dk/dv and dq kernels, as Triton's fused-attention tutorial tiles them.
 # Head dims 64 and 128: the fastest of benchmarks/attention_configs.py's grid on an H200
-# (bf16; issue 16's shapes): the causal and the softcapped forward on 64 x 64 tiles (the
-# diagonal's waste, the tanh's registers), the unmasked forward on 128 x 128. Head dim 256:
-# untuned, the tiles that fit.
+# (bf16; issue 16's shapes). Head dim 128 takes 128 x 128 tiles with its TMA loads (causal
+# 1.166 ms, unmasked 2.063, against 1.202 and 2.261 on 64 x 64), but a softcap (the tanh's
+# registers) or a bias tile (shared memory) keeps 64 x 64. Head dim 256: untuned, the
+# tiles that fit.
 CONFIGS = {64: (64, 64, 4, 3), 128: (64, 64, 4, 3), 256: (64, 32, 8, 2)}
-UNMASKED_CONFIGS = {128: (128, 128, 8, 3)}
+LARGE_TILE_CONFIGS = {128: (128, 128, 8, 3)}
 BACKWARD_CONFIGS = {
     64: {"kv": (64, 64, 4, 2), "q": (64, 64, 4, 2)},
     128: {"kv": (64, 64, 4, 2), "q": (64, 64, 4, 2)},
@@ -33,14 +34,25 @@ BACKWARD_CONFIGS = {
 # cases (1 x 32 heads x 16384 keys, split; 16 x 32 x 4096, unsplit); 64 and 256 untuned.
 DECODE_CONFIGS = {64: (16, 64, 4, 3), 128: (16, 128, 4, 3), 256: (16, 32, 4, 2)}
 SPLIT_PROGRAMS_PER_SM = 2
+# Head dims whose forward loads K and V through tensor descriptors on Hopper and newer:
+# 128 ran 7% faster so on an H200 (benchmarks/prototypes/attention_variants.py), 64 ran
+# 14% slower; 256 is unmeasured.
+TMA_HEAD_DIMS = (128,)
+TMA_SOURCE = (
+    "7% faster at head dim 128 on an H200\n# (benchmarks/prototypes/attention_variants.py)."
+)
 CONFIG_SOURCE = "Measured on an H200\n# (benchmarks/attention_configs.py); head dim 256: untuned."
 
 
 def config(att: Attention) -> tuple[int, int, int, int]:
-    # A bias tile's loads and registers do not fit beside 128 x 128 tiles.
-    unmasked = not (att.causal or att.window or att.softcap or att.bias)
-    table = {**CONFIGS, **UNMASKED_CONFIGS} if unmasked else CONFIGS
+    large = not (att.softcap or att.bias)
+    table = {**CONFIGS, **LARGE_TILE_CONFIGS} if large else CONFIGS
     return next(c for d, c in sorted(table.items()) if att.head_dim <= d)
+
+
+def tma_loads(att: Attention) -> bool:
+    """Whether the module's forward can read K and V through tensor descriptors."""
+    return att.head_dim in TMA_HEAD_DIMS
 
 
 def decode_config(att: Attention) -> tuple[int, int, int, int]:
@@ -229,6 +241,8 @@ def module_context(att: Attention, header: list[str], op_name: str, doc_width: i
         "decode_config": decode_config(att),
         "split_programs_per_sm": SPLIT_PROGRAMS_PER_SM,
         "config_source": CONFIG_SOURCE,
+        "tma": tma_loads(att),
+        "tma_source": TMA_SOURCE,
         "log2e": _number(LOG2E),
         "score_lines": forward_score_lines(att),
         "score_factor": score_factor(att),

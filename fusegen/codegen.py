@@ -28,6 +28,7 @@ from fusegen.chain_text import (
     tuple_literal,
 )
 from fusegen.attention_text import module_context as attention_module_context
+from fusegen.attention_text import tma_loads as attention_tma_loads
 from fusegen.ir import Attention, Config, Kernel, Tensor
 from fusegen.kernel_text import (
     align_heuristic,
@@ -203,6 +204,7 @@ def attention_test_context(att: Attention) -> dict:
         "causal": att.causal,
         "window": att.window,
         "bias": att.bias,
+        "tma": attention_tma_loads(att),
     }
 
 

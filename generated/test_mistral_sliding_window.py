@@ -232,6 +232,35 @@ def test_strided_inputs_read_in_place():
     torch.testing.assert_close(kernel.mistral_sliding_window(*other), expected, rtol=0, atol=0)
 
 
+def test_pointer_loads_where_descriptors_cannot(monkeypatch):
+    # K and V one element into their buffers start off 16 bytes, where the bulk copy
+    # cannot read: the forward takes them through pointer loads, as right.
+    poisoned_empty(monkeypatch)
+    seed, dtype = new_seed(), DTYPES[0]
+    q, k, v, *rest = make_inputs(SMALL, dtype, seed)
+
+    def unaligned(t):
+        view = torch.zeros(t.numel() + 1, dtype=t.dtype, device=t.device)[1:].view(t.shape)
+        return view.copy_(t)
+
+    shifted = [unaligned(t) for t in (k, v)]
+    if ON_GPU:
+        descriptors = torch.cuda.get_device_capability()[0] >= 9 and not torch.version.hip
+    else:
+        descriptors = kernel._interpreted()
+    assert kernel._tma_loads(k, v) == descriptors
+    assert not kernel._tma_loads(*shifted)
+    want = kernel.reference(*[t.double() for t in (q, k, v, *rest)])
+    check(
+        "out",
+        kernel.mistral_sliding_window(q, *shifted, *rest),
+        want,
+        kernel.reference(q, k, v, *rest),
+        seed,
+        dtype,
+    )
+
+
 def test_rejects_bad_inputs():
     q, k, v, *rest = make_inputs(SMALL, DTYPES[0], new_seed())
     heads_axis = 2 if kernel.LAYOUT == "bshd" else 1

@@ -5,12 +5,15 @@ math attention, then timed (do_bench median, ms) over a few launch configs, besi
 cuDNN backend in the same process.
 
 Variants (combinations are joined with "+"):
-  base           the module as generated
+  base           the module as generated (TMA loads in the forward at head dim 128)
+  pointer        the same with TMA_LOADS = False: the forward's pointer loads
   heavy-first    the forward and dq kernels take their query blocks last-first: under a
                  causal mask the last blocks see the most keys, so the long programs start
                  first and the short ones fill the tail
-  tma            the forward loads K and V tiles through tensor descriptors made in the
-                 kernel (Hopper's TMA) instead of pointer arithmetic
+  tma            a module without TMA loads (head dim 64) given them: the forward loads
+                 K and V tiles through tensor descriptors made in the kernel
+  tma-backward   the dq kernel loads K and V, the dk/dv kernel q and d_out, through
+                 tensor descriptors (the forward as generated: TMA at head dim 128)
   ws             the forward's unmasked key loop asks for warp specialization
                  (tl.range(..., warp_specialize=True); triton 3.6 documents it for
                  Blackwell, Hopper has its own pass: does it take this loop?)
@@ -37,17 +40,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from attention_anchors import CASES, build, math_reference  # noqa: E402
 
 CONFIGS = {  # case -> forward configs (BLOCK_M, BLOCK_N, warps, stages) to time
-    "causal": [(64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3)],
-    "full": [(128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3)],
-    "causal-d64": [(64, 64, 4, 3), (128, 64, 8, 3), (128, 64, 4, 3)],
+    "causal": [(128, 128, 8, 3), (64, 64, 4, 3)],
+    "full": [(128, 128, 8, 3)],
+    "causal-d64": [(64, 64, 4, 3), (128, 64, 8, 3)],
     "causal-backward": [None],  # the module's own configs
 }
-VARIANTS = ["base", "heavy-first", "tma", "tma+heavy-first", "ws", "ws+heavy-first"]
+VARIANTS = ["base", "pointer", "heavy-first", "tma", "tma-backward", "ws"]
 WORTH = {  # case -> the variants that can differ there (no mask: all blocks weigh the same)
-    "causal": ["base", "heavy-first", "tma", "tma+heavy-first", "ws"],
-    "full": ["base", "tma", "ws"],
-    "causal-d64": ["base", "heavy-first", "tma", "tma+heavy-first"],
-    "causal-backward": ["base", "heavy-first"],
+    "causal": ["base", "pointer", "heavy-first", "ws"],
+    "full": ["base", "pointer", "ws"],
+    "causal-d64": ["base", "tma"],
+    "causal-backward": ["base", "tma-backward"],
 }
 
 
@@ -100,6 +103,41 @@ def tma(src: str, name: str) -> str:
     )  # fmt: skip
 
 
+def tma_backward(src: str, name: str) -> str:
+    q_step, kv_step = f"def _{name}_backward_q_step(\n", f"def _{name}_backward_kv_step(\n"
+    for old, new in (
+        ("k = tl.load(k_base + kv_offs, mask=mask_kv, other=0.0)", "k = k_base.load([start, 0])"),
+        ("v = tl.load(v_base + keys[:, None] * stride_v_s + offs_d[None, :], mask=mask_kv, "
+         "other=0.0)", "v = v_base.load([start, 0])"),
+        ("k = tl.load(k_base + kv_offs)", "k = k_base.load([start, 0])"),
+        ("v = tl.load(v_base + keys[:, None] * stride_v_s + offs_d[None, :])",
+         "v = v_base.load([start, 0])"),
+    ):  # fmt: skip
+        src = _edit(src, q_step, "\n\n\n", old, new)
+    for old, new in (
+        ("q = tl.load(q_base + q_offs, mask=mask_q, other=0.0)", "q = q_base.load([start, 0])"),
+        ("d_out = tl.load(do_base + do_offs, mask=mask_q, other=0.0)",
+         "d_out = do_base.load([start, 0])"),
+        ("q = tl.load(q_base + q_offs)", "q = q_base.load([start, 0])"),
+        ("d_out = tl.load(do_base + do_offs)", "d_out = do_base.load([start, 0])"),
+    ):  # fmt: skip
+        src = _edit(src, kv_step, "\n\n\n", old, new)
+    line = "    kv_len = _key_count(lengths_ptr, batch, SKV, LENGTHS)\n"
+    src = _edit(src, f"def _{name}_backward_q(\n", "\n\n\n", line, line + (
+        "    k_base = tl.make_tensor_descriptor(k_base, shape=[kv_len, BLOCK_D],"
+        " strides=[stride_k_s, 1], block_shape=[BLOCK_N, BLOCK_D])\n"
+        "    v_base = tl.make_tensor_descriptor(v_base, shape=[kv_len, BLOCK_D],"
+        " strides=[stride_v_s, 1], block_shape=[BLOCK_N, BLOCK_D])\n"
+    ))  # fmt: skip
+    line = "        do_base = d_out_ptr + batch.to(tl.int64) * stride_do_b + head * stride_do_h\n"
+    return _edit(src, f"def _{name}_backward_kv(\n", "\n\n\n", line, line + (
+        "        q_base = tl.make_tensor_descriptor(q_base, shape=[SQ, BLOCK_D],"
+        " strides=[stride_q_s, 1], block_shape=[BLOCK_M, BLOCK_D])\n"
+        "        do_base = tl.make_tensor_descriptor(do_base, shape=[SQ, BLOCK_D],"
+        " strides=[stride_do_s, 1], block_shape=[BLOCK_M, BLOCK_D])\n"
+    ))  # fmt: skip
+
+
 def warp_specialized(src: str, name: str) -> str:
     return _edit(
         src,
@@ -110,13 +148,18 @@ def warp_specialized(src: str, name: str) -> str:
     )
 
 
-EDITS = {"heavy-first": heavy_first, "tma": tma, "ws": warp_specialized}
+EDITS = {
+    "heavy-first": heavy_first,
+    "tma": tma,
+    "tma-backward": tma_backward,
+    "ws": warp_specialized,
+}
 
 
 def variant_module(folder: Path, name: str, variant: str):
     src = (folder / f"{name}.py").read_text()
     for part in variant.split("+"):
-        if part != "base":
+        if part in EDITS:
             src = EDITS[part](src, name)
     tag = variant.replace("+", "_").replace("-", "_")
     path = folder / f"{name}__{tag}.py"
@@ -125,6 +168,8 @@ def variant_module(folder: Path, name: str, variant: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.__dict__["_public"] = getattr(module, name)
+    if "pointer" in variant.split("+"):
+        module.TMA_LOADS = False
     return module
 
 
@@ -219,13 +264,14 @@ def check() -> int:
     CASES = {  # small shapes, the same modules (odd lengths: partial blocks)
         "causal": ("anchor_attention_causal", (1, 32, 70, 70, 128), False),
         "causal-backward": ("anchor_attention_causal", (1, 32, 40, 40, 128), True),
+        "causal-d64": ("anchor_attention_causal_d64", (1, 16, 70, 70, 64), False),
     }
     failed = False
     with tempfile.TemporaryDirectory() as folder:
         build(Path(folder))
         for case in CASES:
             CONFIGS[case] = [None]
-            variants = VARIANTS if case == "causal" else ["base", "heavy-first"]
+            variants = WORTH[case]
             for row in run_case(case, Path(folder), variants, device="cpu"):
                 # The interpreter has no TMA or warp specialization: only the edits'
                 # arithmetic is checked, where it runs.
