@@ -77,7 +77,10 @@ def forward_sweep(case, module, shape):
             print(case, rows[-1], flush=True)
     decode = case.startswith("decode")
     defaults = (module.CONFIG, module.DECODE_CONFIG, module.SPLIT_PROGRAMS_PER_SM)
-    grid = [(c, p) for c in DECODE for p in SPLITS_PER_SM] if decode else FORWARD[shape[-1]]
+    # Programs per multiprocessor matter only where the keys split.
+    splits = decode and module._forward_plan(q.device, shape[0], shape[2], shape[3])[2] > 1
+    per_sm = SPLITS_PER_SM if splits else [module.SPLIT_PROGRAMS_PER_SM]
+    grid = [(c, p) for c in DECODE for p in per_sm] if decode else FORWARD[shape[-1]]
     for choice in grid:
         if decode:
             module.DECODE_CONFIG, module.SPLIT_PROGRAMS_PER_SM = choice

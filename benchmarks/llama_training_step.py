@@ -123,9 +123,13 @@ def counted(name, launcher, counts):
 
 
 def patch(model, launchers: dict) -> None:
-    """Swap, on this model's instances only, HF's LlamaMLP gate/up, its RMSNorms and each
-    layer's residual add + post-attention norm for the generated kernels; with a
-    "llama3_attention" launcher, its attention too (this model's config only)."""
+    """Swap, on this model's instances only, HF's LlamaMLP gate/up, its RMSNorms and the
+    residual adds for the generated kernels; with a "llama3_attention" launcher, its
+    attention too (this model's config only). Every residual add but none joins the norm
+    after it (llama_add_rmsnorm): a layer returns its residual and MLP output unsummed,
+    (h, mlp_out), and the next layer's input norm, or the final norm, adds them. Under
+    torch.compile that matters: Inductor fuses HF's add into its norm kernel, but cannot
+    fuse an add into a generated kernel, so an add left outside costs a launch."""
     config = model.config
     if getattr(config, "mlp_bias", False) or config.hidden_act != "silu":
         raise ValueError("llama_mlp_gate_up is silu(x @ w_gate.T) * (x @ w_up.T), no bias")
@@ -133,10 +137,15 @@ def patch(model, launchers: dict) -> None:
     gate_up = launchers["llama_mlp_gate_up"]
     returns_tuple = layer_returns_tuple()
 
-    def patch_norm(norm):
+    def check_eps(norm):
         if norm.variance_epsilon != EPS:
             raise ValueError(f"eps {norm.variance_epsilon}: the kernels' is {EPS}")
-        norm.forward = lambda x: rmsnorm(x, norm.weight)
+
+    def normed(norm, x):
+        """(norm(x), x): x a tensor, or a layer's unsummed (residual, mlp_out)."""
+        if isinstance(x, tuple):
+            return add_rmsnorm(x[1], x[0], norm.weight)
+        return rmsnorm(x, norm.weight), x
 
     def patch_mlp(mlp):
         mlp.forward = lambda x: mlp.down_proj(gate_up(x, mlp.gate_proj.weight, mlp.up_proj.weight))
@@ -147,27 +156,27 @@ def patch(model, launchers: dict) -> None:
         params = inspect.signature(layer.forward).parameters.values()
         kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
         names = [p.name for p in params if p.kind in kinds][1:]  # after hidden_states
+        check_eps(layer.input_layernorm)
+        check_eps(layer.post_attention_layernorm)
 
         def forward(hidden_states, *args, **kwargs):
             kwargs.update(zip(names, args, strict=False))
-            attention = layer.self_attn(
-                hidden_states=layer.input_layernorm(hidden_states), **kwargs
-            )
-            normed, h = add_rmsnorm(
-                attention[0], hidden_states, layer.post_attention_layernorm.weight
-            )
-            out = h + layer.mlp(normed)
+            x, residual = normed(layer.input_layernorm, hidden_states)
+            attention = layer.self_attn(hidden_states=x, **kwargs)
+            x, h = add_rmsnorm(attention[0], residual, layer.post_attention_layernorm.weight)
+            out = (h, layer.mlp(x))  # summed by the next norm
             if not returns_tuple:
                 return out
             return (out, attention[1]) if kwargs.get("output_attentions") else (out,)
 
         layer.forward = forward
 
+    final = model.model.norm
+    check_eps(final)
+    final.forward = lambda x: normed(final, x)[0]
     for layer in model.model.layers:
         patch_layer(layer)
-        patch_norm(layer.input_layernorm)
         patch_mlp(layer.mlp)
-    patch_norm(model.model.norm)
     if "llama3_attention" in launchers:
         from transformers import AttentionInterface
 
@@ -209,8 +218,8 @@ def compare_gradients(eager, fused, ids, labels, counts, modules, layers) -> dic
     counts.clear()
     loss_fused, grads_fused = gradient_step(fused, ids, labels)
     expected = {
-        "llama_rmsnorm": layers + 1,
-        "llama_add_rmsnorm": layers,
+        "llama_rmsnorm": 1,  # the first layer's input; every other norm adds a residual
+        "llama_add_rmsnorm": 2 * layers,
         "llama_mlp_gate_up": layers,
     }
     if "llama3_attention" in modules:

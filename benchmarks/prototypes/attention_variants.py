@@ -129,6 +129,9 @@ def tma_backward(src: str, name: str) -> str:
         "    v_base = tl.make_tensor_descriptor(v_base, shape=[kv_len, BLOCK_D],"
         " strides=[stride_v_s, 1], block_shape=[BLOCK_N, BLOCK_D])\n"
     ))  # fmt: skip
+    # The backward runs on autograd's thread, whose context has no allocator yet.
+    line = "    delta = torch.empty((batch, HEADS, sq), dtype=torch.float32, device=q.device)\n"
+    src = _edit(src, "def _backward(", "\n\n\n", line, "    _ensure_allocator(q.device)\n" + line)
     line = "        do_base = d_out_ptr + batch.to(tl.int64) * stride_do_b + head * stride_do_h\n"
     return _edit(src, f"def _{name}_backward_kv(\n", "\n\n\n", line, line + (
         "        q_base = tl.make_tensor_descriptor(q_base, shape=[SQ, BLOCK_D],"
