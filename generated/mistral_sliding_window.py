@@ -359,7 +359,7 @@ def _mistral_sliding_window_backward_kv_step(
     d_k, d_v, k, v, keys, start, shift, SQ, SKV,
     q_base, do_base, lse_row, delta_row, stride_q_s, stride_do_s,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, DOT_UPCAST: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, TMA: tl.constexpr,
     # fmt: on
 ):
     """BLOCK_M query rows from `start` into the block's dk and dv sums, computed keys by
@@ -371,13 +371,21 @@ def _mistral_sliding_window_backward_kv_step(
     do_offs = rows[:, None] * stride_do_s + offs_d[None, :]
     if MASKED:
         mask_q = (rows < SQ)[:, None]
-        q = tl.load(q_base + q_offs, mask=mask_q, other=0.0)
-        d_out = tl.load(do_base + do_offs, mask=mask_q, other=0.0)
+        if TMA:  # descriptors of SQ rows: rows past them read as zeros
+            q = q_base.load([start, 0])
+            d_out = do_base.load([start, 0])
+        else:
+            q = tl.load(q_base + q_offs, mask=mask_q, other=0.0)
+            d_out = tl.load(do_base + do_offs, mask=mask_q, other=0.0)
         lse = tl.load(lse_row + rows, mask=rows < SQ, other=0.0)
         delta = tl.load(delta_row + rows, mask=rows < SQ, other=0.0)
     else:
-        q = tl.load(q_base + q_offs)
-        d_out = tl.load(do_base + do_offs)
+        if TMA:
+            q = q_base.load([start, 0])
+            d_out = do_base.load([start, 0])
+        else:
+            q = tl.load(q_base + q_offs)
+            d_out = tl.load(do_base + do_offs)
         lse = tl.load(lse_row + rows)
         delta = tl.load(delta_row + rows)
     if DOT_UPCAST:
@@ -406,7 +414,7 @@ def _mistral_sliding_window_backward_q_step(
     # fmt: off
     d_q, q, d_out, lse, delta, k_base, v_base, start, rows, shift, SQ, SKV, stride_k_s, stride_v_s,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, DOT_UPCAST: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, TMA: tl.constexpr,
     # fmt: on
 ):
     """BLOCK_N keys from `start` into dq of the block's rows; MASKED as in the forward."""
@@ -415,11 +423,21 @@ def _mistral_sliding_window_backward_q_step(
     kv_offs = keys[:, None] * stride_k_s + offs_d[None, :]
     if MASKED:
         mask_kv = (keys < SKV)[:, None]
-        k = tl.load(k_base + kv_offs, mask=mask_kv, other=0.0)
-        v = tl.load(v_base + keys[:, None] * stride_v_s + offs_d[None, :], mask=mask_kv, other=0.0)
+        if TMA:  # descriptors of kv_len rows: rows past them read as zeros
+            k = k_base.load([start, 0])
+            v = v_base.load([start, 0])
+        else:
+            k = tl.load(k_base + kv_offs, mask=mask_kv, other=0.0)
+            v = tl.load(
+                v_base + keys[:, None] * stride_v_s + offs_d[None, :], mask=mask_kv, other=0.0
+            )
     else:
-        k = tl.load(k_base + kv_offs)
-        v = tl.load(v_base + keys[:, None] * stride_v_s + offs_d[None, :])
+        if TMA:
+            k = k_base.load([start, 0])
+            v = v_base.load([start, 0])
+        else:
+            k = tl.load(k_base + kv_offs)
+            v = tl.load(v_base + keys[:, None] * stride_v_s + offs_d[None, :])
     if DOT_UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -449,7 +467,7 @@ def _mistral_sliding_window_backward_kv(
     stride_v_b, stride_v_h, stride_v_s, stride_do_b, stride_do_h, stride_do_s,
     stride_dk_b, stride_dk_h, stride_dk_s,  # d_k and d_v: k's shape, contiguous
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_UPCAST: tl.constexpr, PRECISION: tl.constexpr, LENGTHS: tl.constexpr,
+    DOT_UPCAST: tl.constexpr, PRECISION: tl.constexpr, LENGTHS: tl.constexpr, TMA: tl.constexpr,
     # fmt: on
 ):
     """dk and dv for BLOCK_N keys of one (batch, kv head): summed over its 4 query
@@ -493,24 +511,34 @@ def _mistral_sliding_window_backward_kv(
         bh = (batch * 32 + head).to(tl.int64)
         q_base = q_ptr + batch.to(tl.int64) * stride_q_b + head * stride_q_h
         do_base = d_out_ptr + batch.to(tl.int64) * stride_do_b + head * stride_do_h
+        if TMA:
+            q_base = tl.make_tensor_descriptor(
+                q_base, shape=[SQ, BLOCK_D], strides=[stride_q_s, 1], block_shape=[BLOCK_M, BLOCK_D]
+            )
+            do_base = tl.make_tensor_descriptor(
+                do_base,
+                shape=[SQ, BLOCK_D],
+                strides=[stride_do_s, 1],
+                block_shape=[BLOCK_M, BLOCK_D],
+            )
         lse_row, delta_row = lse_ptr + bh * SQ, delta_ptr + bh * SQ
         for start in range(lo, full_lo, BLOCK_M):
             d_k, d_v = _mistral_sliding_window_backward_kv_step(
                 d_k, d_v, k, v, keys, start, shift, SQ, kv_len,
                 q_base, do_base, lse_row, delta_row, stride_q_s, stride_do_s,
-                BLOCK_M, BLOCK_D, True, DOT_UPCAST, PRECISION,
+                BLOCK_M, BLOCK_D, True, DOT_UPCAST, PRECISION, TMA,
             )  # fmt: skip
         for start in range(full_lo, full_hi, BLOCK_M):
             d_k, d_v = _mistral_sliding_window_backward_kv_step(
                 d_k, d_v, k, v, keys, start, shift, SQ, kv_len,
                 q_base, do_base, lse_row, delta_row, stride_q_s, stride_do_s,
-                BLOCK_M, BLOCK_D, False, DOT_UPCAST, PRECISION,
+                BLOCK_M, BLOCK_D, False, DOT_UPCAST, PRECISION, TMA,
             )  # fmt: skip
         for start in range(full_hi, hi, BLOCK_M):
             d_k, d_v = _mistral_sliding_window_backward_kv_step(
                 d_k, d_v, k, v, keys, start, shift, SQ, kv_len,
                 q_base, do_base, lse_row, delta_row, stride_q_s, stride_do_s,
-                BLOCK_M, BLOCK_D, True, DOT_UPCAST, PRECISION,
+                BLOCK_M, BLOCK_D, True, DOT_UPCAST, PRECISION, TMA,
             )  # fmt: skip
     offs = (
         batch.to(tl.int64) * stride_dk_b
@@ -531,7 +559,7 @@ def _mistral_sliding_window_backward_q(
     stride_v_b, stride_v_h, stride_v_s, stride_do_b, stride_do_h, stride_do_s,
     stride_dq_b, stride_dq_h, stride_dq_s,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_UPCAST: tl.constexpr, PRECISION: tl.constexpr, LENGTHS: tl.constexpr,
+    DOT_UPCAST: tl.constexpr, PRECISION: tl.constexpr, LENGTHS: tl.constexpr, TMA: tl.constexpr,
     # fmt: on
 ):
     """dq for BLOCK_M query rows of one (batch, head), over the keys they see."""
@@ -573,6 +601,13 @@ def _mistral_sliding_window_backward_q(
     v_base = v_ptr + batch.to(tl.int64) * stride_v_b + kv_head * stride_v_h
     shift = SKV - SQ
     kv_len = _key_count(lengths_ptr, batch, SKV, LENGTHS)
+    if TMA:
+        k_base = tl.make_tensor_descriptor(
+            k_base, shape=[kv_len, BLOCK_D], strides=[stride_k_s, 1], block_shape=[BLOCK_N, BLOCK_D]
+        )
+        v_base = tl.make_tensor_descriptor(
+            v_base, shape=[kv_len, BLOCK_D], strides=[stride_v_s, 1], block_shape=[BLOCK_N, BLOCK_D]
+        )
     lo, hi = _keys_seen(pid_m * BLOCK_M, shift, kv_len, BLOCK_M, BLOCK_N)
     full_lo, full_hi = _keys_seen_by_all(pid_m * BLOCK_M, shift, kv_len, lo, hi, BLOCK_M, BLOCK_N)
     d_q = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -580,19 +615,19 @@ def _mistral_sliding_window_backward_q(
         d_q = _mistral_sliding_window_backward_q_step(
             d_q, q, d_out, lse, delta, k_base, v_base, start, rows, shift, SQ, kv_len,
             stride_k_s, stride_v_s,
-            BLOCK_N, BLOCK_D, True, DOT_UPCAST, PRECISION,
+            BLOCK_N, BLOCK_D, True, DOT_UPCAST, PRECISION, TMA,
         )  # fmt: skip
     for start in range(full_lo, full_hi, BLOCK_N):
         d_q = _mistral_sliding_window_backward_q_step(
             d_q, q, d_out, lse, delta, k_base, v_base, start, rows, shift, SQ, kv_len,
             stride_k_s, stride_v_s,
-            BLOCK_N, BLOCK_D, False, DOT_UPCAST, PRECISION,
+            BLOCK_N, BLOCK_D, False, DOT_UPCAST, PRECISION, TMA,
         )  # fmt: skip
     for start in range(full_hi, hi, BLOCK_N):
         d_q = _mistral_sliding_window_backward_q_step(
             d_q, q, d_out, lse, delta, k_base, v_base, start, rows, shift, SQ, kv_len,
             stride_k_s, stride_v_s,
-            BLOCK_N, BLOCK_D, True, DOT_UPCAST, PRECISION,
+            BLOCK_N, BLOCK_D, True, DOT_UPCAST, PRECISION, TMA,
         )  # fmt: skip
     tl.store(
         d_q_ptr
@@ -942,7 +977,7 @@ def _backward(q, k, v, out, lse, d_out, needs=(True, True, True), key_lengths=No
             q, k, v, d_out, lse, delta, d_k, d_v, lengths, *reads, *_strides(d_k),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, DOT_UPCAST=upcast,
             PRECISION=_dot_precision(q.dtype),
-            LENGTHS=use_lengths,
+            LENGTHS=use_lengths, TMA=_tma_loads(q, d_out),
             num_warps=warps, num_stages=stages,
         )  # fmt: skip
     if needs[0]:
@@ -954,7 +989,7 @@ def _backward(q, k, v, out, lse, d_out, needs=(True, True, True), key_lengths=No
             q, k, v, d_out, lse, delta, d_q, lengths, *reads, *_strides(d_q),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, DOT_UPCAST=upcast,
             PRECISION=_dot_precision(q.dtype),
-            LENGTHS=use_lengths,
+            LENGTHS=use_lengths, TMA=_tma_loads(k, v),
             num_warps=warps, num_stages=stages,
         )  # fmt: skip
     return d_q, d_k, d_v

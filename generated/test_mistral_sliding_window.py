@@ -234,7 +234,7 @@ def test_strided_inputs_read_in_place():
 
 def test_pointer_loads_where_descriptors_cannot(monkeypatch):
     # K and V one element into their buffers start off 16 bytes, where the bulk copy
-    # cannot read: the forward takes them through pointer loads, as right.
+    # cannot read: the kernels take them through pointer loads, as right.
     poisoned_empty(monkeypatch)
     seed, dtype = new_seed(), DTYPES[0]
     q, k, v, *rest = make_inputs(SMALL, dtype, seed)
@@ -259,6 +259,17 @@ def test_pointer_loads_where_descriptors_cannot(monkeypatch):
         seed,
         dtype,
     )
+    # The backward: the dq kernel reads these K and V through pointers, the dk/dv kernel
+    # q and d_out through descriptors.
+    inputs = [q, *shifted, *rest]
+    upstream = (
+        torch.randn(q.shape, generator=torch.Generator().manual_seed(seed + 1)).to(dtype).to(DEVICE)
+    )
+    got = grads_of(kernel.mistral_sliding_window, inputs, upstream)
+    wanted = grads_of(kernel.reference, [t.double() for t in inputs], upstream.double())
+    eager = grads_of(kernel.reference, inputs, upstream)
+    for what, mine, want, theirs in zip(GRADS, got, wanted, eager, strict=True):
+        check(what, mine, want, theirs, seed, dtype)
 
 
 def test_rejects_bad_inputs():
