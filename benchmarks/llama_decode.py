@@ -91,6 +91,10 @@ def run(args) -> dict:
     report = {"setup": {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__,
         "FUSEGEN_TRITON_OP": os.environ.get("FUSEGEN_TRITON_OP"),
+        # Inductor launches user kernels through triton's Python launcher unless this is 1.
+        "static_launch_user_kernels": os.environ.get(
+            "TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS"
+        ),
         "rounds": args.rounds, "calls": args.calls,
     }, "results": {}}  # fmt: skip
     print(report["setup"], flush=True)

@@ -126,7 +126,7 @@ def _llama3_attention_forward(
     stride_q_b, stride_q_h, stride_q_s, stride_k_b, stride_k_h, stride_k_s,
     stride_v_b, stride_v_h, stride_v_s, stride_o_b, stride_o_h, stride_o_s,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_UPCAST: tl.constexpr, PRECISION: tl.constexpr, WRITE_LSE: tl.constexpr,
+    DOT_UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     LENGTHS: tl.constexpr,
     SPLIT: tl.constexpr, PACKED: tl.constexpr, TMA: tl.constexpr,
     # fmt: on
@@ -226,8 +226,7 @@ def _llama3_attention_forward(
             out.to(out_ptr.dtype.element_ty),
             mask=row_ok[:, None] & mask_d[None, :],
         )
-        if WRITE_LSE:  # in natural log
-            tl.store(lse_ptr + bh_rows, lse * 0.6931471805599453, mask=row_ok)
+        tl.store(lse_ptr + bh_rows, lse * 0.6931471805599453, mask=row_ok)  # in natural log
 
 
 @triton.jit
@@ -235,7 +234,7 @@ def _llama3_attention_combine(
     # fmt: off
     part_ptr, part_lse_ptr, out_ptr, lse_ptr, SQ, SPLITS,
     stride_o_b, stride_o_h, stride_o_s,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, WRITE_LSE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
     # fmt: on
 ):
     """out (and lse) of BLOCK_M rows of one (batch, head) from the SPLITS key splits'
@@ -270,13 +269,12 @@ def _llama3_attention_combine(
         out.to(out_ptr.dtype.element_ty),
         mask=mask,
     )
-    if WRITE_LSE:
-        lse = tl.where(
-            seen_any,
-            (top + tl.log2(tl.where(seen_any, total, 1.0))) * 0.6931471805599453,
-            float("-inf"),
-        )
-        tl.store(lse_ptr + tl.program_id(1).to(tl.int64) * SQ + rows, lse, mask=rows < SQ)
+    lse = tl.where(
+        seen_any,
+        (top + tl.log2(tl.where(seen_any, total, 1.0))) * 0.6931471805599453,
+        float("-inf"),
+    )
+    tl.store(lse_ptr + tl.program_id(1).to(tl.int64) * SQ + rows, lse, mask=rows < SQ)
 
 
 @triton.jit
@@ -880,7 +878,10 @@ def _forward(q, k, v, want_lse, key_lengths=None):
     dtypes = (q.dtype,)
     q, k, v = _unit_stride(q, k, v)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((batch, HEADS, sq), dtype=torch.float32, device=q.device) if want_lse else out
+    # lse is written even when not asked for: one kernel for every call, so that a call
+    # gives the same bits eagerly and compiled (whose custom op always keeps lse), which
+    # fp32's FMA dots would not promise across two compilations.
+    lse = torch.empty((batch, HEADS, sq), dtype=torch.float32, device=q.device)
     if out.numel():
         packed, (block_m, block_n, warps, stages), splits, split_keys = _forward_plan(
             q.device, batch, sq, skv
@@ -904,14 +905,14 @@ def _forward(q, k, v, want_lse, key_lengths=None):
             *_strides(q), *_strides(k), *_strides(v), *_strides(out),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(HEAD_DIM),
             DOT_UPCAST=_interpreted() and q.dtype == torch.bfloat16,
-            PRECISION=_dot_precision(q.dtype), WRITE_LSE=want_lse,
+            PRECISION=_dot_precision(q.dtype),
             LENGTHS=use_lengths, SPLIT=splits > 1, PACKED=packed, TMA=_tma_loads(k, v),
             num_warps=warps, num_stages=stages,
         )  # fmt: skip
         if splits > 1:
             _llama3_attention_combine[(triton.cdiv(sq, 16), batch * HEADS)](
                 part, part_lse, out, lse, sq, splits, *_strides(out),
-                BLOCK_M=16, BLOCK_D=triton.next_power_of_2(HEAD_DIM), WRITE_LSE=want_lse,
+                BLOCK_M=16, BLOCK_D=triton.next_power_of_2(HEAD_DIM),
             )  # fmt: skip
     elif want_lse:
         lse.fill_(float("-inf"))
