@@ -20,7 +20,8 @@ Cases (B, H, Sq, Skv, D):
     bias             2, 32, 2048, 2048, 128, an additive bf16 bias [1, 32, 2048, 2048] (T5's
                      relative positions: SDPA's attn_mask, FlexAttention's score_mod), forward
     bias-backward    the same, forward + backward with the bias's gradient (fusegen, Flex)
-Times: triton.testing.do_bench medians (ms).
+Times: triton.testing.do_bench medians (ms); the decode cases also replayed from a CUDA
+graph (do_bench_cudagraph: the GPU's time without the host's launches).
 """
 
 from __future__ import annotations
@@ -137,6 +138,18 @@ def math_reference(q, k, v, causal, softcap, bias=None):
     return torch.softmax(scores, -1) @ v
 
 
+def graph_ms(call) -> float | None:
+    """The call's time replayed from a CUDA graph (None where it cannot be captured)."""
+    from triton.testing import do_bench_cudagraph
+
+    try:
+        with torch.no_grad():
+            return do_bench_cudagraph(call)
+    except Exception as exc:  # a variant that cannot be captured is a result too
+        print(f"  no CUDA graph: {type(exc).__name__}: {str(exc)[:160]}", flush=True)
+        return None
+
+
 def run_case(name, module, shape, backward):
     from triton.testing import do_bench
 
@@ -177,6 +190,10 @@ def run_case(name, module, shape, backward):
                 with torch.no_grad():
                     ms = do_bench(lambda call=call: call(q, k, v, *bias))
             row[variant] = {"ms": ms, "error": error}
+            if name.startswith("decode"):
+                # A decode call is launch-bound: its time from a CUDA graph of it (the
+                # GPU's alone) beside do_bench's, which moves with the host between runs.
+                row[variant]["graph_ms"] = graph_ms(lambda call=call: call(q, k, v, *bias))
         except Exception as exc:  # a backend without this case is a result to report
             row[variant] = {"error_text": f"{type(exc).__name__}: {str(exc)[:200]}"}
         print(f"{name} {variant}: {row[variant]}", flush=True)
