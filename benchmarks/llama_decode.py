@@ -63,8 +63,9 @@ def gpu_ms(fn, calls: int = 20) -> dict:
             fn()
         torch.cuda.synchronize()
     events = prof.key_averages()
-    # Each kernel's own time counted once (self time: nothing nests on the GPU).
-    kernels = [e for e in events if e.self_device_time_total > 0]
+    # The GPU's own events (kernels, copies) only: with CPU activity on, the CPU ops that
+    # launched them carry their device time too, which would count it twice.
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     launches = [e for e in events if "LaunchKernel" in e.key]
     return {
         "busy_ms": sum(e.self_device_time_total for e in kernels) / calls / 1e3,
