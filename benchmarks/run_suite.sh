@@ -56,7 +56,8 @@
 #                      (transformers' AttentionInterface)
 #   llama-decode       its decode-sized forwards, HF and fusegen in alternating rounds of one
 #                      process, and the GPU's busy time per call; four processes, the op kinds
-#                      alternating (triton ops, opaque, triton ops, opaque)
+#                      alternating (triton ops, opaque, triton ops, opaque), then compiled
+#                      with Inductor's static launch of user-defined kernels
 # Settings: PYTHON (python3), TEST_WORKERS (8), STEP_TIMEOUT_S per command (1200).
 # Exit status: 0 when every command exited 0, 1 otherwise, 2 for a wrong command line.
 set -u
@@ -188,7 +189,10 @@ open('$out/attention-zoo/attention.yaml', 'w').write(t.ATTENTION_SPECS)"
             run $PYTHON benchmarks/llama_decode.py --out "$out/llama_decode_triton_op_$process.json"
             FUSEGEN_TRITON_OP=0 run $PYTHON benchmarks/llama_decode.py \
                 --out "$out/llama_decode_opaque_$process.json"
-        done ;;
+        done
+        # Inductor's static launcher for user-defined kernels too (off by default).
+        TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS=1 run $PYTHON \
+            benchmarks/llama_decode.py --modes compiled --out "$out/llama_decode_static_launch.json" ;;
     *)
         run $PYTHON -m fusegen bench --suite "$SUITE" --runs "$name" --out "$out" ;;
     esac

@@ -776,6 +776,16 @@ def _launch(kernel, grid, dtypes, *args, num_stages, **meta):
             _STAGES[key] = stages
 
 
+def _cdiv(a, b):
+    # triton.cdiv and triton.next_power_of_2 are constexpr functions whose host calls
+    # go through triton's dispatch: about 20 us each, several per call.
+    return -(-a // b)
+
+
+def _pow2(n):
+    return 1 << (n - 1).bit_length()
+
+
 _SM_COUNTS = {}
 
 
@@ -794,8 +804,8 @@ def _forward_plan(device, batch, sq, skv):
     block_m, block_n, warps, stages = _config(device, q_len=sq)
     packed = sq * (HEADS // KV_HEADS) <= PACKED_ROWS
     if packed:
-        block_m = max(16, triton.next_power_of_2(sq * (HEADS // KV_HEADS)))
-    programs = batch * KV_HEADS if packed else triton.cdiv(sq, block_m) * batch * HEADS
+        block_m = max(16, _pow2(sq * (HEADS // KV_HEADS)))
+    programs = batch * KV_HEADS if packed else _cdiv(sq, block_m) * batch * HEADS
     return (packed, (block_m, block_n, warps, stages), *_split_keys(device, programs, skv, block_n))
 
 
@@ -808,9 +818,9 @@ def _split_keys(device, programs, skv, block_n):
     sms = _sm_count(device)
     if 2 * programs > sms or skv < 2 * SPLIT_MIN_KEYS:
         return 1, skv
-    splits = min(triton.cdiv(SPLIT_PROGRAMS_PER_SM * sms, programs), skv // SPLIT_MIN_KEYS)
-    per_split = triton.cdiv(triton.cdiv(skv, splits), block_n) * block_n
-    return triton.cdiv(skv, per_split), per_split
+    splits = min(_cdiv(SPLIT_PROGRAMS_PER_SM * sms, programs), skv // SPLIT_MIN_KEYS)
+    per_split = _cdiv(_cdiv(skv, splits), block_n) * block_n
+    return _cdiv(skv, per_split), per_split
 
 
 _CAPABILITIES = {}
@@ -895,24 +905,22 @@ def _forward(q, k, v, want_lse, key_lengths=None):
                 (splits, batch * HEADS, sq), dtype=torch.float32, device=q.device
             )
         grid = (
-            (1, batch * KV_HEADS, splits)
-            if packed
-            else (triton.cdiv(sq, block_m), batch * HEADS, splits)
+            (1, batch * KV_HEADS, splits) if packed else (_cdiv(sq, block_m), batch * HEADS, splits)
         )
         _launch(
             _llama3_attention_forward, grid, dtypes,
             q, k, v, out, lse, lengths, part, part_lse, split_keys, sq, skv,
             *_strides(q), *_strides(k), *_strides(v), *_strides(out),
-            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(HEAD_DIM),
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_pow2(HEAD_DIM),
             DOT_UPCAST=_interpreted() and q.dtype == torch.bfloat16,
             PRECISION=_dot_precision(q.dtype),
             LENGTHS=use_lengths, SPLIT=splits > 1, PACKED=packed, TMA=_tma_loads(k, v),
             num_warps=warps, num_stages=stages,
         )  # fmt: skip
         if splits > 1:
-            _llama3_attention_combine[(triton.cdiv(sq, 16), batch * HEADS)](
+            _llama3_attention_combine[(_cdiv(sq, 16), batch * HEADS)](
                 part, part_lse, out, lse, sq, splits, *_strides(out),
-                BLOCK_M=16, BLOCK_D=triton.next_power_of_2(HEAD_DIM),
+                BLOCK_M=16, BLOCK_D=_pow2(HEAD_DIM),
             )  # fmt: skip
     elif want_lse:
         lse.fill_(float("-inf"))
@@ -928,10 +936,10 @@ def _backward(q, k, v, out, lse, d_out, needs=(True, True, True), key_lengths=No
     lengths, use_lengths = _lengths(key_lengths, q)
     dtypes = (q.dtype,)
     q, k, v, out, d_out = _unit_stride(q, k, v, out, d_out)
-    block_d = triton.next_power_of_2(HEAD_DIM)
+    block_d = _pow2(HEAD_DIM)
     upcast = _interpreted() and q.dtype == torch.bfloat16
     delta = torch.empty((batch, HEADS, sq), dtype=torch.float32, device=q.device)
-    _llama3_attention_delta[(triton.cdiv(sq, 64), batch * HEADS)](
+    _llama3_attention_delta[(_cdiv(sq, 64), batch * HEADS)](
         out, d_out, delta, sq, *_strides(out), *_strides(d_out), BLOCK_M=64, BLOCK_D=block_d
     )
     reads = (sq, skv, *_strides(q), *_strides(k), *_strides(v), *_strides(d_out))
@@ -940,7 +948,7 @@ def _backward(q, k, v, out, lse, d_out, needs=(True, True, True), key_lengths=No
         block_m, block_n, warps, stages = _config(q.device, "kv")
         d_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         d_v = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        grid = (triton.cdiv(skv, block_n), batch * KV_HEADS)
+        grid = (_cdiv(skv, block_n), batch * KV_HEADS)
         _launch(
             _llama3_attention_backward_kv, grid, dtypes,
             q, k, v, d_out, lse, delta, d_k, d_v, lengths, *reads, *_strides(d_k),
@@ -952,7 +960,7 @@ def _backward(q, k, v, out, lse, d_out, needs=(True, True, True), key_lengths=No
     if needs[0]:
         block_m, block_n, warps, stages = _config(q.device, "q")
         d_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        grid = (triton.cdiv(sq, block_m), batch * HEADS)
+        grid = (_cdiv(sq, block_m), batch * HEADS)
         _launch(
             _llama3_attention_backward_q, grid, dtypes,
             q, k, v, d_out, lse, delta, d_q, lengths, *reads, *_strides(d_q),
