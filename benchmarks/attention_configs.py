@@ -78,7 +78,7 @@ def forward_sweep(case, module, shape):
     decode = case.startswith("decode")
     defaults = (module.CONFIG, module.DECODE_CONFIG, module.SPLIT_PROGRAMS_PER_SM)
     # Programs per multiprocessor matter only where the keys split.
-    splits = decode and module._forward_plan(q.device, shape[0], shape[2], shape[3])[2] > 1
+    splits = decode and module._forward_plan(q.device, shape[0], shape[2], shape[3], q.dtype)[2] > 1
     per_sm = SPLITS_PER_SM if splits else [module.SPLIT_PROGRAMS_PER_SM]
     grid = [(c, p) for c in DECODE for p in per_sm] if decode else FORWARD[shape[-1]]
     for choice in grid:

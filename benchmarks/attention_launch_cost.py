@@ -29,6 +29,7 @@ def stubbed(path: Path):
     spec.loader.exec_module(module)
     module._runs_triton = lambda device: True
     module._sm_count = lambda device: 132
+    module._identity = lambda device: ("no GPU", [0, 0])  # no tuned entry: the defaults
 
     class NoLaunch:
         def __getitem__(self, grid):
@@ -63,7 +64,7 @@ def main() -> int:
                 for _ in range(2000):
                     launcher(q, k, v)
                 times.append((time.perf_counter() - start) / 2000 * 1e6)
-        plan = module._forward_plan(torch.device("cuda"), batch, sq, skv)
+        plan = module._forward_plan(torch.device("cuda"), batch, sq, skv, torch.bfloat16)
         print(f"{(batch, sq, skv)}: {min(times):.1f} us per call (plan {plan})")
     return 0
 

@@ -120,6 +120,8 @@ for name in "${wanted[@]}"; do
             --rows 16,64,256,1024,4096
         run $PYTHON -m fusegen tune specs/attention.yaml --shapes 16384,2048
         run $PYTHON -m fusegen tune specs/elementwise.yaml --shapes 16384,8192
+        run $PYTHON -m fusegen tune specs/fused_attention.yaml \
+            --attention-shapes 4,4096,4096 2,1024,1024 1,1,16384 16,1,4096 16,8,4096
         mkdir -p "$out/tune-tables"
         cp generated/*.tuned.json "$out/tune-tables/" ;;
     tuning-repeat)

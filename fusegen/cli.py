@@ -165,6 +165,13 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument(
         "--dtypes", nargs="+", default=["bf16"], choices=["bf16", "fp16", "fp32"], metavar="DTYPE"
     )
+    tune.add_argument(
+        "--attention-shapes",
+        nargs="+",
+        metavar="B,SQ,SKV",
+        help="attention kernels' shapes: each kernel (forward, dk/dv, dq) tuned at each "
+        "(default: " + " ".join(",".join(map(str, s)) for s in ATTENTION_SHAPES) + ")",
+    )
     inspect.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     inspect.add_argument(
         "--attention-shapes",
@@ -214,14 +221,11 @@ def _shape(text: str) -> tuple[int, ...]:
     return values
 
 
-def _gpu_command(
-    args: argparse.Namespace, command: str, work, check=None, attention_too=False
-) -> int:
+def _gpu_command(args: argparse.Namespace, command: str, work, check=None) -> int:
     """The frame `bench`, `tune` and `inspect` share: the specs, the kernels asked for and their
     shapes (and `check(kernels)`, which raises ValueError) are checked first (exit 2 with
     every error), then a GPU is required, then `work(kernels, shapes_for, progress)` runs;
-    its TuneError or ValueError exits 2. attention_too: attention kernels are run too
-    (`bench`); else they are skipped, or refused where asked for by name."""
+    its TuneError or ValueError exits 2."""
     from fusegen.tune import TuneError
 
     try:
@@ -230,29 +234,12 @@ def _gpu_command(
         return _print_errors(exc)
     names = [k.name for k in loaded.kernels]
     unknown = [n for n in args.kernels or [] if n not in names]
-    # Attention kernels are timed by `bench` and inspected, not tuned yet.
-    attention = [] if attention_too else [k.name for k in loaded.kernels if k.kind == "attention"]
     try:
         if unknown:
             raise ValueError(
                 f"no kernel named {', '.join(unknown)}; these specs have {', '.join(names)}"
             )
-        asked = [n for n in args.kernels or [] if n in attention]
-        if asked:
-            raise ValueError(
-                f"{', '.join(asked)}: attention kernels are not supported by `fusegen "
-                f"{command}` yet; their generated tests check them on a GPU"
-            )
-        kernels = [
-            k
-            for k in loaded.kernels
-            if k.name not in attention and (not args.kernels or k.name in args.kernels)
-        ]
-        if attention and not args.kernels:
-            print(
-                f"fusegen {command}: skipping attention kernels: {', '.join(attention)}",
-                file=sys.stderr,
-            )
+        kernels = [k for k in loaded.kernels if not args.kernels or k.name in args.kernels]
         if not kernels:
             raise ValueError("no kernels left to run")
         shapes_for = _shapes_for(args)
@@ -275,18 +262,32 @@ def _gpu_command(
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from fusegen import timing, tune
+    from fusegen import timing, tune, tune_attention
 
     def work(kernels, shapes_for, progress) -> int:
-        results, written = tune.run(
-            kernels,
-            shapes_for,
-            args.dtypes,
-            Path(args.out),
-            timing.TUNING_TIMERS[args.timer][0],
-            progress,
-            final_timer=timing.TUNING_TIMERS[args.timer][1],
-        )
+        chains = [k for k in kernels if k.kind != "attention"]
+        attention = [k for k in kernels if k.kind == "attention"]
+        results, written = [], []
+        if chains:
+            results, written = tune.run(
+                chains,
+                shapes_for,
+                args.dtypes,
+                Path(args.out),
+                timing.TUNING_TIMERS[args.timer][0],
+                progress,
+                final_timer=timing.TUNING_TIMERS[args.timer][1],
+            )
+        if attention:
+            found, paths = tune_attention.run(
+                attention,
+                args.attention_shape_list,
+                args.dtypes,
+                Path(args.out),
+                timing.TUNING_TIMERS[args.timer][0],
+                progress,
+            )
+            results, written = results + found, written + paths
         for r in results:
             best = r.entry["choices"][r.entry["best"]] if r.entry else None
             chosen = (
@@ -300,7 +301,7 @@ def _tune(args: argparse.Namespace) -> int:
             print(f"wrote {path}")
         return 0 if all(r.entry for r in results) else 1
 
-    return _gpu_command(args, "tune", work)
+    return _gpu_command(args, "tune", work, check=lambda kernels: _check_attention_shapes(args))
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -309,7 +310,6 @@ def _inspect(args: argparse.Namespace) -> int:
         "inspect",
         lambda *a: _inspect_work(args, *a),
         check=lambda kernels: _check_attention_shapes(args),
-        attention_too=True,
     )
 
 
@@ -458,7 +458,6 @@ def _bench(args: argparse.Namespace) -> int:
             args, kernels, shapes_for, variants, progress
         ),
         check=lambda kernels: _bench_checks(args, kernels),
-        attention_too=True,
     )
 
 

@@ -74,10 +74,12 @@ def merge(old: list[dict], new: list[dict]) -> list[dict]:
     return sorted(kept + new, key=_order)
 
 
-def render(kernel_name: str, spec_display: str, entries: list[dict]) -> str:
-    """A table's text: stable key order, sorted entries, short values on one line."""
+def render(kernel_name: str, spec_display: str, entries: list[dict], about: str = "") -> str:
+    """A table's text: stable key order, sorted entries, short values on one line.
+    `about`: what the launcher does with it (default: a chain kernel's launcher)."""
     table = {
-        "about": (
+        "about": about
+        or (
             f"Configs `fusegen tune` chose for {kernel_name}. The launcher in {kernel_name}.py "
             "uses an entry when its GPU name, capability and kernel_hash match, from the "
             "entry of the call's row bucket or one next to it; else it tunes at run time. "

@@ -14,6 +14,9 @@ Use: out = gemma2_attention(q, k, v), or (out, lse) with return_lse=True. refere
 the same math unfused. Only torch and triton are needed.
 """
 
+import json
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -727,14 +730,83 @@ def _runs_triton(device):
     return device.type == "cuda" or _interpreted()
 
 
-def _config(device, kernel="forward", q_len=None):
-    """The launch config of a kernel: "forward" (DECODE_CONFIG up to DECODE_ROWS
-    queries), "kv" or "q"."""
+def _config(device, kernel, q_len, k_len, dtype):
+    """The launch config of a kernel ("forward", "kv" or "q") for a call: the one
+    `fusegen tune` is trying (FORCED), else this GPU's tuned entry for the call's dtype
+    and length buckets or one next to them, else the module's default (DECODE_CONFIG up
+    to DECODE_ROWS queries)."""
+    if kernel in FORCED:
+        return FORCED[kernel]
     if device.type != "cuda":
         return INTERPRETER_CONFIG
+    tuned = _tuned_config(
+        _identity(device), kernel, str(dtype).removeprefix("torch."), q_len, k_len
+    )
+    if tuned is not None:
+        return tuned
     if kernel == "forward":
-        return DECODE_CONFIG if q_len is not None and q_len <= DECODE_ROWS else CONFIG
+        return DECODE_CONFIG if q_len <= DECODE_ROWS else CONFIG
     return BACKWARD_CONFIGS[kernel]
+
+
+FORCED = {}  # kernel -> config: what `fusegen tune` is timing
+TUNED_TABLE = "gemma2_attention.tuned.json"  # beside this file, written by `fusegen tune` on a GPU
+# The kernels' source a table entry must have been measured on:
+KERNEL_HASH = "abe778ca2ffec29c"
+TABLE_REACH = 1  # an entry serves length buckets up to this many powers of two away
+_TUNED = None  # (gpu, capability) -> {(kernel, dtype, q bucket, k bucket): config}
+_IDENTITIES = {}
+
+
+def _identity(device):
+    if device.index not in _IDENTITIES:
+        capability = list(torch.cuda.get_device_capability(device))
+        _IDENTITIES[device.index] = (torch.cuda.get_device_name(device), capability)
+    return _IDENTITIES[device.index]
+
+
+def _bucket(n):
+    return _pow2(max(1, n))
+
+
+def _tuned_entries():
+    """The table's entries measured on these kernels, read once; {} without a table."""
+    global _TUNED
+    if _TUNED is None:
+        _TUNED = {}
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), TUNED_TABLE)
+        entries = []
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                entries = json.load(f)["entries"]
+        for e in entries:
+            if e["kernel_hash"] == KERNEL_HASH:
+                k = e["key"]
+                slot = _TUNED.setdefault((e["gpu"], tuple(e["capability"])), {})
+                slot[(k["kernel"], k["dtype"], k["q_bucket"], k["k_bucket"])] = tuple(
+                    e["choices"][e["best"]]["config"]
+                )
+    return _TUNED
+
+
+def _tuned_config(identity, kernel, dtype, q_len, k_len):
+    """The entry of the nearest length buckets within TABLE_REACH, or None."""
+    entries = _tuned_entries().get((identity[0], tuple(identity[1])))
+    if not entries:
+        return None
+    q_bucket, k_bucket = _bucket(q_len), _bucket(k_len)
+    near = [
+        (abs(dq) + abs(dk), dq, dk)
+        for dq in range(-TABLE_REACH, TABLE_REACH + 1)
+        for dk in range(-TABLE_REACH, TABLE_REACH + 1)
+    ]
+    for _, dq, dk in sorted(near):
+        q = q_bucket << dq if dq >= 0 else q_bucket >> -dq
+        k = k_bucket << dk if dk >= 0 else k_bucket >> -dk
+        found = entries.get((kernel, dtype, q, k))
+        if found is not None:
+            return found
+    return None
 
 
 _STAGES = {}  # (kernel, dtypes, tiles, stages asked) -> the fewer stages that fit
@@ -789,10 +861,10 @@ def _sm_count(device):
     return _SM_COUNTS[device.index]
 
 
-def _forward_plan(device, batch, sq, skv):
+def _forward_plan(device, batch, sq, skv, dtype):
     """(packed, config, splits, keys per split) of a forward call: packed where the
     group's query heads fit one block (decode), then the key split (_split_keys)."""
-    block_m, block_n, warps, stages = _config(device, q_len=sq)
+    block_m, block_n, warps, stages = _config(device, "forward", sq, skv, dtype)
     packed = sq * (HEADS // KV_HEADS) <= PACKED_ROWS
     if packed:
         block_m = max(16, _pow2(sq * (HEADS // KV_HEADS)))
@@ -847,7 +919,7 @@ def _forward(q, k, v, want_lse, key_lengths=None):
     lse = torch.empty((batch, HEADS, sq), dtype=torch.float32, device=q.device)
     if out.numel():
         packed, (block_m, block_n, warps, stages), splits, split_keys = _forward_plan(
-            q.device, batch, sq, skv
+            q.device, batch, sq, skv, q.dtype
         )
         part = part_lse = out  # pointers never read without splits
         if splits > 1:
@@ -899,7 +971,7 @@ def _backward(q, k, v, out, lse, d_out, needs=(True, True, True), key_lengths=No
     reads = (sq, skv, *_strides(q), *_strides(k), *_strides(v), *_strides(d_out))
     d_q = d_k = d_v = None
     if needs[1] or needs[2]:
-        block_m, block_n, warps, stages = _config(q.device, "kv")
+        block_m, block_n, warps, stages = _config(q.device, "kv", sq, skv, q.dtype)
         d_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         d_v = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         grid = (_cdiv(skv, block_n), batch * KV_HEADS)
@@ -913,7 +985,7 @@ def _backward(q, k, v, out, lse, d_out, needs=(True, True, True), key_lengths=No
             num_warps=warps, num_stages=stages,
         )  # fmt: skip
     if needs[0]:
-        block_m, block_n, warps, stages = _config(q.device, "q")
+        block_m, block_n, warps, stages = _config(q.device, "q", sq, skv, q.dtype)
         d_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         grid = (_cdiv(sq, block_m), batch * HEADS)
         _launch(

@@ -200,7 +200,7 @@ def test_split_keys(monkeypatch):
     poisoned_empty(monkeypatch)
     seed, dtype = new_seed(), DTYPES[-1]
     for case in [(2, 1, 150), (1, 5, 97)] if not ON_GPU else [(2, 1, 4000), (1, 16, 3001)]:
-        assert kernel._forward_plan(torch.device(DEVICE), *case)[2] > 1, case
+        assert kernel._forward_plan(torch.device(DEVICE), *case, dtype)[2] > 1, case
         inputs = make_inputs(case, dtype, seed)
         lengths = None if case[0] == 1 else torch.tensor([0, case[2] - 40], device=DEVICE)
         out, lse = kernel.llama3_attention(*inputs, key_lengths=lengths, return_lse=True)

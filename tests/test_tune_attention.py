@@ -1,0 +1,134 @@
+"""`fusegen tune` of attention kernels without a GPU: the tuner's logic with a fake timer
+on the Triton interpreter (small config spaces), the table it writes, and the module's
+lookup of that table for a GPU of the table's name."""
+
+import importlib.util
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fusegen import build, tables, tune_attention  # noqa: E402
+
+SPEC = """
+version: 1
+kernels:
+  - name: tiny_attention
+    dtypes: [fp16, fp32]
+    attention: {layout: bshd, heads: 2, kv_heads: 1, head_dim: 32, causal: true}
+"""
+FAKE_GPU = ("Fake GPU 80GB", [9, 0])
+SPACES = {  # per kernel: one fast config, one slow, one that computes wrongly
+    "forward": [(16, 16, 4, 1), (32, 16, 4, 1)],
+    "decode": [(16, 16, 4, 1), (16, 32, 4, 1)],
+    "kv": [(16, 16, 4, 1), (32, 32, 4, 1)],
+    "q": [(16, 16, 4, 1), (32, 16, 4, 1)],
+}
+
+
+def import_fresh(path):
+    spec = importlib.util.spec_from_file_location(f"fresh_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def generated(write_spec, run_cli, tmp_path):
+    spec = write_spec(SPEC)
+    code, _, err = run_cli("build", str(spec), "--out", str(tmp_path / "gen"))
+    assert code == 0, err
+    return tmp_path / "gen", build.load([spec]).kernels
+
+
+def test_tune_writes_a_table_the_module_reads(generated):
+    out_dir, kernels = generated
+    loaded = {}
+
+    def load(att, folder):
+        module = tune_attention.load_generated(att, folder)
+        loaded["module"] = module
+        forward = module._forward
+
+        def corrupted(*args, **kwargs):  # the second forward config computes wrongly
+            out, lse = forward(*args, **kwargs)
+            if module.FORCED.get("forward") == SPACES["forward"][1]:
+                out = out + 1.0
+            return out, lse
+
+        module._forward = corrupted
+        return module
+
+    def timer(fn):
+        fn()
+        forced = dict(loaded["module"].FORCED)
+        if not forced:
+            return 1.0  # the default
+        ((kernel, config),) = forced.items()
+        return 0.5 if config == SPACES[kernel if kernel != "forward" else "forward"][0] else 2.0
+
+    lines = []
+    results, written = tune_attention.run(
+        kernels, [(1, 40, 40)], ["fp32"], out_dir, timer, lines.append,
+        device="cpu", load=load, identity=FAKE_GPU, spaces=SPACES,
+    )  # fmt: skip
+    assert written == [tables.path_for(out_dir, "tiny_attention")]
+    assert [r.kernel for r in results] == [f"tiny_attention {k}" for k in ("forward", "kv", "q")]
+    forward = results[0]
+    rejected = [m for m in forward.measured if m.problem]
+    assert len(rejected) == 1 and "relative error" in rejected[0].problem, rejected
+    for result in results:
+        assert result.entry["best"] == "tuned"
+        kernel = result.entry["key"]["kernel"]
+        assert result.entry["choices"]["tuned"]["config"] == list(SPACES[kernel][0])
+        assert result.entry["key"] == {
+            "kernel": kernel, "dtype": "float32", "q_bucket": 64, "k_bucket": 64
+        }  # fmt: skip
+
+    # The table as written: readable, one entry per kernel, and a fresh module looks it up
+    # for a GPU of that name, in the entry's buckets or next to them.
+    table = tables.read(written[0])
+    assert len(table["entries"]) == 3 and "--attention-shapes" in table["about"]
+    module = import_fresh(out_dir / "tiny_attention.py")
+    assert all(e["kernel_hash"] == module.KERNEL_HASH for e in table["entries"])
+    look = module._tuned_config
+    assert look(FAKE_GPU, "kv", "float32", 40, 40) == SPACES["kv"][0]
+    assert look(FAKE_GPU, "q", "float32", 100, 33) == SPACES["q"][0]  # 128, 64: one away
+    assert look(FAKE_GPU, "q", "float32", 300, 40) is None  # 512: three powers of two away
+    assert look(FAKE_GPU, "q", "float16", 40, 40) is None
+    assert look(("Other GPU", [8, 0]), "q", "float32", 40, 40) is None
+
+    # Re-tuning merges: the same slot replaced, nothing duplicated.
+    tune_attention.run(
+        kernels, [(1, 40, 40)], ["fp32"], out_dir, timer, lines.append,
+        device="cpu", load=load, identity=FAKE_GPU, spaces=SPACES,
+    )  # fmt: skip
+    assert len(tables.read(written[0])["entries"]) == 3
+
+
+def test_a_stale_entry_is_not_used(generated):
+    out_dir, kernels = generated
+    module = import_fresh(out_dir / "tiny_attention.py")
+    entry = {
+        "gpu": FAKE_GPU[0], "capability": FAKE_GPU[1], "kernel_hash": "0" * 16,
+        "key": {"kernel": "q", "dtype": "float32", "q_bucket": 64, "k_bucket": 64},
+        "best": "tuned", "choices": {"tuned": {"config": [16, 16, 4, 1], "ms": 0.1}},
+    }  # fmt: skip
+    path = tables.path_for(out_dir, "tiny_attention")
+    path.write_text(tables.render("tiny_attention", "spec.yaml", [entry]))
+    assert module._tuned_config(FAKE_GPU, "q", "float32", 40, 40) is None
+    fresh = import_fresh(out_dir / "tiny_attention.py")
+    entry["kernel_hash"] = fresh.KERNEL_HASH
+    path.write_text(tables.render("tiny_attention", "spec.yaml", [entry]))
+    assert import_fresh(out_dir / "tiny_attention.py")._tuned_config(
+        FAKE_GPU, "q", "float32", 40, 40
+    ) == (16, 16, 4, 1)
+
+
+def test_tune_checks_attention_shapes_before_it_needs_a_gpu(generated, run_cli, tmp_path):
+    out_dir, _ = generated
+    spec = tmp_path / "spec.yaml"
+    code, out, err = run_cli("tune", str(spec), "--out", str(out_dir), "--attention-shapes", "2,x")
+    assert code == 2 and out == "" and "fusegen tune: " in err and "2,x" in err
