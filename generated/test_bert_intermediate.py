@@ -360,11 +360,11 @@ def check_grads(got, inputs, upstream, asked, dtype, seed):
         misses = (mine.double() - want).abs().flatten().sort().values
         error = misses[: misses.numel() - misses.numel() // 32].norm().item() / scale
         eager_error = (theirs.double() - want).norm().item() / scale
-        # Every element finite (the poison: one not written) and all but the worst 1/256
-        # within the element-wise bound: a kink's flip moves a whole row of a matmul
-        # operand's gradient (seed 1783738941 of the zoo's mm_broadcasts: one row of dw,
-        # 7.9 against 7.2 allowed).
-        finite = bool(torch.isfinite(mine).all())
+        # No NaN (the poison: an element not written; an inf can be right, where fp16
+        # overflows as eager does) and all but the worst 1/256 within the element-wise
+        # bound: a kink's flip moves a whole row of a matmul operand's gradient (seed
+        # 1783738941 of the zoo's mm_broadcasts: one row of dw, 7.9 against 7.2 allowed).
+        no_nan = not bool(torch.isnan(mine).any())
         worst = misses[misses.numel() - 1 - misses.numel() // 256].item() if misses.numel() else 0.0
         eager_worst = (theirs.double() - want).abs().max().item()
         allowed = 8 * eager_worst + want.abs().max().item() / 8 + OUT_TINY[mine.dtype]
@@ -372,10 +372,10 @@ def check_grads(got, inputs, upstream, asked, dtype, seed):
         # rounding, which grows as sqrt(terms) and in whose luck eager can beat it.
         terms = max(g.numel() for g in upstream) / max(mine.numel(), 1)
         summed = 4 * 2.0**-24 * math.sqrt(max(terms, 1.0))
-        if not (finite and error <= 2 * eager_error + 4 * rounding + summed and worst <= allowed):
+        if not (no_nan and error <= 2 * eager_error + 4 * rounding + summed and worst <= allowed):
             pytest.fail(
                 f"d{name}: norm-wise error {error:.3g} (eager {eager_error:.3g}), worst element "
-                f"{worst:.3g} (allowed {allowed:.3g}), all finite: {finite}; seed {seed}, {dtype}"
+                f"{worst:.3g} (allowed {allowed:.3g}), NaN: {not no_nan}; seed {seed}, {dtype}"
             )
 
 
