@@ -34,12 +34,13 @@ BACKWARD_CONFIGS = {
 # cases (1 x 32 heads x 16384 keys, split; 16 x 32 x 4096, unsplit); 64 and 256 untuned.
 DECODE_CONFIGS = {64: (16, 64, 4, 3), 128: (16, 128, 4, 3), 256: (16, 32, 4, 2)}
 SPLIT_PROGRAMS_PER_SM = 2
-# Head dims whose forward loads K and V through tensor descriptors on Hopper and newer:
-# 128 ran 7% faster so on an H200 (benchmarks/prototypes/attention_variants.py), 64 ran
-# 14% slower; 256 is unmeasured.
+# Head dims whose kernels load their per-step tiles (the forward's and dq's K and V, dk/dv's
+# q and d_out) through tensor descriptors on Hopper and newer: 128 ran 4-7% faster so on
+# an H200 (benchmarks/prototypes/attention_variants.py), 64 ran 14% slower; 256 is
+# unmeasured.
 TMA_HEAD_DIMS = (128,)
 TMA_SOURCE = (
-    "7% faster at head dim 128 on an H200\n# (benchmarks/prototypes/attention_variants.py)."
+    "4-7% faster at head dim 128 on an H200\n# (benchmarks/prototypes/attention_variants.py)."
 )
 CONFIG_SOURCE = "Measured on an H200\n# (benchmarks/attention_configs.py); head dim 256: untuned."
 
@@ -51,7 +52,7 @@ def config(att: Attention) -> tuple[int, int, int, int]:
 
 
 def tma_loads(att: Attention) -> bool:
-    """Whether the module's forward can read K and V through tensor descriptors."""
+    """Whether the module's kernels can read their tiles through tensor descriptors."""
     return att.head_dim in TMA_HEAD_DIMS
 
 

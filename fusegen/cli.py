@@ -91,15 +91,7 @@ def _parser() -> argparse.ArgumentParser:
         + ",".join(map(str, DEFAULT_ROWS))
         + " where the spec fixes the other dims)",
     )
-    bench.add_argument(
-        "--attention-shapes",
-        nargs="+",
-        metavar="B,SQ,SKV",
-        help="attention kernels' shapes: batch, query length, key length (heads and head dim "
-        "are the spec's; default: "
-        + " ".join(",".join(map(str, s)) for s in ATTENTION_SHAPES)
-        + ")",
-    )
+    _attention_shapes_option(bench, "each timed against the variants of --compare")
     bench.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="(default: bf16)")
     bench.add_argument(
         "--layout",
@@ -165,22 +157,9 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument(
         "--dtypes", nargs="+", default=["bf16"], choices=["bf16", "fp16", "fp32"], metavar="DTYPE"
     )
-    tune.add_argument(
-        "--attention-shapes",
-        nargs="+",
-        metavar="B,SQ,SKV",
-        help="attention kernels' shapes: each kernel (forward, dk/dv, dq) tuned at each "
-        "(default: " + " ".join(",".join(map(str, s)) for s in ATTENTION_SHAPES) + ")",
-    )
+    _attention_shapes_option(tune, "each kernel (forward, dk/dv, dq) tuned at each")
     inspect.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
-    inspect.add_argument(
-        "--attention-shapes",
-        nargs="+",
-        metavar="B,SQ,SKV",
-        help="attention kernels' shapes: one forward and backward at each (default: "
-        + " ".join(",".join(map(str, s)) for s in ATTENTION_SHAPES)
-        + ")",
-    )
+    _attention_shapes_option(inspect, "one forward and backward at each")
     inspect.add_argument(
         "--counters",
         action="store_true",
@@ -265,8 +244,7 @@ def _tune(args: argparse.Namespace) -> int:
     from fusegen import timing, tune, tune_attention
 
     def work(kernels, shapes_for, progress) -> int:
-        chains = [k for k in kernels if k.kind != "attention"]
-        attention = [k for k in kernels if k.kind == "attention"]
+        chains, attention = _by_kind(kernels)
         results, written = [], []
         if chains:
             results, written = tune.run(
@@ -313,6 +291,25 @@ def _inspect(args: argparse.Namespace) -> int:
     )
 
 
+def _attention_shapes_option(parser: argparse.ArgumentParser, use: str) -> None:
+    parser.add_argument(
+        "--attention-shapes",
+        nargs="+",
+        metavar="B,SQ,SKV",
+        help="attention kernels' shapes: batch, query length, key length (heads and head dim "
+        f"are the spec's); {use} (default: "
+        + " ".join(",".join(map(str, s)) for s in ATTENTION_SHAPES)
+        + ")",
+    )
+
+
+def _by_kind(kernels) -> tuple[list, list]:
+    """(chain kernels, attention kernels): each command runs them by its own module."""
+    return [k for k in kernels if k.kind != "attention"], [
+        k for k in kernels if k.kind == "attention"
+    ]
+
+
 def _check_attention_shapes(args) -> None:
     """--attention-shapes (or the defaults) into args.attention_shape_list; raises ValueError."""
     from fusegen import bench_attention
@@ -327,8 +324,7 @@ def _inspect_work(args: argparse.Namespace, kernels, shapes_for, progress) -> in
 
     from fusegen import inspect_kernels
 
-    chains = [k for k in kernels if k.kind != "attention"]
-    attention = [k for k in kernels if k.kind == "attention"]
+    chains, attention = _by_kind(kernels)
     found = inspect_kernels.run(chains, shapes_for, args.dtype, Path(args.out), progress)
     found += inspect_kernels.run_attention(
         attention, args.attention_shape_list, args.dtype, Path(args.out), progress
@@ -465,15 +461,14 @@ def _bench_checks(args, kernels) -> None:
     """--layout against the chain kernels, --attention-shapes' form; raises ValueError."""
     from fusegen import bench
 
-    bench.check_layouts([k for k in kernels if k.kind != "attention"], args.layouts)
+    bench.check_layouts(_by_kind(kernels)[0], args.layouts)
     _check_attention_shapes(args)
 
 
 def _bench_work(args, kernels, shapes_for, variants, progress) -> int:
     from fusegen import bench, bench_attention, report, timing
 
-    chains = [k for k in kernels if k.kind != "attention"]
-    attention = [k for k in kernels if k.kind == "attention"]
+    chains, attention = _by_kind(kernels)
     timer = timing.TIMERS[args.timer]
     ceilings, results = None, []
     if chains:

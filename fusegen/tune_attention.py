@@ -123,7 +123,7 @@ def tune_shape(torch, timer, module, att, shape, dtype_name, progress, device, s
     module.FORCED.clear()
     with torch.no_grad():
         out, lse = module._forward(*inputs, True)
-    grads = {  # kernel -> (which gradients it computes, the call)
+    grads = {  # backward kernel -> the inputs whose gradients it computes
         "kv": (1, 2),
         "q": (0, 3) if att.bias else (0,),
     }

@@ -40,10 +40,11 @@ DECODE_ROWS, DECODE_CONFIG = 16, (16, 128, 4, 3)
 # A call whose q_len times the group fits PACKED_ROWS runs the group's query heads in one
 # block (decode): each key block is read once for the 4 heads that share it.
 PACKED_ROWS = 64
-# The forward reads its K and V tiles through tensor descriptors (TMA, the bulk copy
-# engine) on GPUs of compute capability 9 and newer, where the tensors are 16-byte
-# aligned: 7% faster at head dim 128 on an H200
-# (benchmarks/prototypes/attention_variants.py). False: pointer loads everywhere.
+# The kernels read their per-step tiles (the forward's and dq's K and V, dk/dv's q and
+# d_out) through tensor descriptors (TMA, the bulk copy engine) on GPUs of compute
+# capability 9 and newer, where the tensors are 16-byte aligned (False: pointer loads
+# everywhere): 4-7% faster at head dim 128 on an H200
+# (benchmarks/prototypes/attention_variants.py).
 TMA_LOADS = True
 
 
@@ -899,7 +900,7 @@ _CAPABILITIES = {}
 
 
 def _tma_loads(*tensors):
-    """Whether the forward reads these tensors' tiles through tensor descriptors:
+    """Whether a kernel reads these tensors' tiles through tensor descriptors:
     TMA_LOADS, an NVIDIA GPU of compute capability 9 or newer (or the interpreter), and
     tensors whose rows start on 16 bytes, as the bulk copy needs."""
     device = tensors[0].device
