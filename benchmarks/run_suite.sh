@@ -166,7 +166,7 @@ for name in "${wanted[@]}"; do
 open('$out/attention-zoo/attention.yaml', 'w').write(t.ATTENTION_SPECS)"
         run $PYTHON -m fusegen build "$out/attention-zoo/attention.yaml" --out "$out/attention-zoo/gen"
         run $PYTHON -m pytest "$out/attention-zoo/gen" -q -p no:cacheprovider \
-            -n "${TEST_WORKERS:-8}" --durations=15 ;;
+            --tb=short -n "${TEST_WORKERS:-8}" --durations=15 ;;
     attention-anchors)
         run $PYTHON benchmarks/attention_anchors.py --out "$out/attention_anchors.json" ;;
     attention-configs)

@@ -110,7 +110,8 @@ def _default(module, kernel, sq):
 
 
 def tune_shape(torch, timer, module, att, shape, dtype_name, progress, device, spaces):
-    """One ShapeResult per kernel (forward, kv, q) at this shape and dtype."""
+    """One ShapeResult per kernel (forward, kv, q) at this shape and dtype; the forward
+    only at a decode shape (up to DECODE_ROWS queries), which no training step has."""
     batch, sq, skv = shape
     dtype = bench.torch_dtype(torch, dtype_name)
     inputs = bench_attention.make_inputs(torch, att, batch, sq, skv, dtype, device, SEED)
@@ -128,7 +129,7 @@ def tune_shape(torch, timer, module, att, shape, dtype_name, progress, device, s
         "q": (0, 3) if att.bias else (0,),
     }
     found = []
-    for kernel in KERNELS:
+    for kernel in KERNELS if sq > module.DECODE_ROWS else ("forward",):
         start = time.perf_counter()
         if kernel == "forward":
             space = spaces["decode" if sq <= module.DECODE_ROWS else "forward"]
@@ -141,6 +142,7 @@ def tune_shape(torch, timer, module, att, shape, dtype_name, progress, device, s
                 return [bench.relative_error(torch, got[:1], want)]
 
         else:
+            space = spaces[kernel]
             asked = grads[kernel]
             needs = tuple(i in asked for i in range(len(inputs)))
 

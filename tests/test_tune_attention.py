@@ -19,11 +19,11 @@ kernels:
     attention: {layout: bshd, heads: 2, kv_heads: 1, head_dim: 32, causal: true}
 """
 FAKE_GPU = ("Fake GPU 80GB", [9, 0])
-SPACES = {  # per kernel: one fast config, one slow, one that computes wrongly
+SPACES = {  # per kernel: the fast config first; each kernel's own, so a mix-up shows
     "forward": [(16, 16, 4, 1), (32, 16, 4, 1)],
-    "decode": [(16, 16, 4, 1), (16, 32, 4, 1)],
-    "kv": [(16, 16, 4, 1), (32, 32, 4, 1)],
-    "q": [(16, 16, 4, 1), (32, 16, 4, 1)],
+    "decode": [(16, 32, 4, 1), (32, 32, 4, 1)],
+    "kv": [(32, 16, 4, 1), (32, 32, 4, 1)],
+    "q": [(16, 32, 4, 1), (32, 16, 4, 1)],
 }
 
 
@@ -67,7 +67,8 @@ def test_tune_writes_a_table_the_module_reads(generated):
         if not forced:
             return 1.0  # the default
         ((kernel, config),) = forced.items()
-        return 0.5 if config == SPACES[kernel if kernel != "forward" else "forward"][0] else 2.0
+        fast = [SPACES[kernel][0]] + ([SPACES["decode"][0]] if kernel == "forward" else [])
+        return 0.5 if config in fast else 2.0
 
     lines = []
     results, written = tune_attention.run(
@@ -106,6 +107,15 @@ def test_tune_writes_a_table_the_module_reads(generated):
         device="cpu", load=load, identity=FAKE_GPU, spaces=SPACES,
     )  # fmt: skip
     assert len(tables.read(written[0])["entries"]) == 3
+
+    # A decode shape tunes the forward alone: no training step has one query.
+    results, _ = tune_attention.run(
+        kernels, [(1, 1, 40)], ["fp32"], out_dir, timer, lines.append,
+        device="cpu", load=load, identity=FAKE_GPU, spaces=SPACES,
+    )  # fmt: skip
+    assert [r.kernel for r in results] == ["tiny_attention forward"]
+    assert results[0].entry["choices"]["tuned"]["config"] == list(SPACES["decode"][0])
+    assert len(tables.read(written[0])["entries"]) == 4
 
 
 def test_a_stale_entry_is_not_used(generated):
