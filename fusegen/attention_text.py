@@ -19,20 +19,23 @@ BIAS_FLOOR = -(2.0**93)
 # Head dims 64 and 128: the fastest of benchmarks/attention_configs.py's grid on an H200
 # (bf16; issue 16's shapes). Head dim 128 takes 128 x 128 tiles with its TMA loads (causal
 # 1.166 ms, unmasked 2.063, against 1.202 and 2.261 on 64 x 64), but a softcap (the tanh's
-# registers) or a bias tile (shared memory) keeps 64 x 64. Head dim 256: untuned, the
-# tiles that fit.
-CONFIGS = {64: (64, 64, 4, 3), 128: (64, 64, 4, 3), 256: (64, 32, 8, 2)}
+# registers) or a bias tile (shared memory) keeps 64 x 64. Head dim 256: the fastest of
+# `fusegen tune` on specs/fused_attention.yaml's gemma2_attention (softcap, causal; H200,
+# bf16) at 4 x 4096: forward 1.24 ms against 3.43 on the untuned 64 x 32 x 8 warps, dk/dv
+# 9.1 against 20.3, dq 2.1 against 2.5 (benchmarks/results/2026-12-02-h200-attention-tables).
+CONFIGS = {64: (64, 64, 4, 3), 128: (64, 64, 4, 3), 256: (128, 64, 8, 3)}
 LARGE_TILE_CONFIGS = {128: (128, 128, 8, 3)}
 BACKWARD_CONFIGS = {
     64: {"kv": (64, 64, 4, 2), "q": (64, 64, 4, 2)},
     128: {"kv": (64, 64, 4, 2), "q": (64, 64, 4, 2)},
-    256: {"kv": (16, 64, 4, 2), "q": (64, 16, 4, 2)},
+    256: {"kv": (64, 32, 4, 3), "q": (64, 32, 4, 3)},
 }
 # Decode (up to 16 queries): 16 query rows a program; the keys split among up to
 # SPLIT_PROGRAMS_PER_SM programs per multiprocessor where the query blocks fill under half.
 # Head dim 128: the fastest of attention_configs.py's decode grid on an H200 at both decode
-# cases (1 x 32 heads x 16384 keys, split; 16 x 32 x 4096, unsplit); 64 and 256 untuned.
-DECODE_CONFIGS = {64: (16, 64, 4, 3), 128: (16, 128, 4, 3), 256: (16, 32, 4, 2)}
+# cases (1 x 32 heads x 16384 keys, split; 16 x 32 x 4096, unsplit); 256: gemma2's tune
+# (16 x 1 x 4096: 0.134 ms against 0.244 on 16 x 32 x 2 stages); 64 untuned.
+DECODE_CONFIGS = {64: (16, 64, 4, 3), 128: (16, 128, 4, 3), 256: (16, 64, 4, 3)}
 SPLIT_PROGRAMS_PER_SM = 2
 # Head dims whose kernels load their per-step tiles (the forward's and dq's K and V, dk/dv's
 # q and d_out) through tensor descriptors on Hopper and newer: 128 ran 4-7% faster so on
@@ -42,7 +45,9 @@ TMA_HEAD_DIMS = (128,)
 TMA_SOURCE = (
     "4-7% faster at head dim 128 on an H200\n# (benchmarks/prototypes/attention_variants.py)."
 )
-CONFIG_SOURCE = "Measured on an H200\n# (benchmarks/attention_configs.py); head dim 256: untuned."
+CONFIG_SOURCE = (
+    "Measured on an H200\n# (benchmarks/attention_configs.py; head dim 256: `fusegen tune`)."
+)
 
 
 def config(att: Attention) -> tuple[int, int, int, int]:

@@ -29,15 +29,15 @@ SOFTCAP = 50.0  # scores become SOFTCAP * tanh(scores / SOFTCAP)
 DTYPES = (torch.bfloat16, torch.float16)
 # (BLOCK_M, BLOCK_N, num_warps, num_stages): query rows and keys per step, of the
 # forward, the dk/dv kernel and the dq kernel. Measured on an H200
-# (benchmarks/attention_configs.py); head dim 256: untuned.
-CONFIG = (64, 32, 8, 2)
-BACKWARD_CONFIGS = {"kv": (16, 64, 4, 2), "q": (64, 16, 4, 2)}
+# (benchmarks/attention_configs.py; head dim 256: `fusegen tune`).
+CONFIG = (128, 64, 8, 3)
+BACKWARD_CONFIGS = {"kv": (64, 32, 4, 3), "q": (64, 32, 4, 3)}
 INTERPRETER_CONFIG = (32, 32, 4, 1)  # small tiles: several per test case
 SPLIT_MIN_KEYS = 256  # a decode call's keys per split program, at least
 SPLIT_PROGRAMS_PER_SM = 2  # a split call's programs per multiprocessor, at most
 # Calls of up to DECODE_ROWS queries (decode) run DECODE_CONFIG: 16-row tiles, not 64 of
 # which all but a few would be padding.
-DECODE_ROWS, DECODE_CONFIG = 16, (16, 32, 4, 2)
+DECODE_ROWS, DECODE_CONFIG = 16, (16, 64, 4, 3)
 # A call whose q_len times the group fits PACKED_ROWS runs the group's query heads in one
 # block (decode): each key block is read once for the 2 heads that share it.
 PACKED_ROWS = 64

@@ -29,7 +29,7 @@ WINDOW = 4096  # a query sees the WINDOW keys up to its own position
 DTYPES = (torch.bfloat16, torch.float16)
 # (BLOCK_M, BLOCK_N, num_warps, num_stages): query rows and keys per step, of the
 # forward, the dk/dv kernel and the dq kernel. Measured on an H200
-# (benchmarks/attention_configs.py); head dim 256: untuned.
+# (benchmarks/attention_configs.py; head dim 256: `fusegen tune`).
 CONFIG = (128, 128, 8, 3)
 BACKWARD_CONFIGS = {"kv": (64, 64, 4, 2), "q": (64, 64, 4, 2)}
 INTERPRETER_CONFIG = (32, 32, 4, 1)  # small tiles: several per test case
