@@ -15,14 +15,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from fusegen import codegen
 from fusegen.bench import (
     MAX_SETS,
     ROTATION_BYTES,
     TOLERANCE,
     Ceilings,
     Result,
-    import_file,
+    load_module,
     measure_ceilings,
     relative_error,
     torch_dtype,
@@ -256,23 +255,28 @@ def check_shapes(shapes) -> None:
 
 
 def run(
-    kernels, shapes, dtype_name, names, timer, progress, ceilings=None, device="cuda"
+    kernels,
+    shapes,
+    dtype_name,
+    names,
+    timer,
+    progress,
+    ceilings=None,
+    device="cuda",
+    tables_dir: Path | None = None,
 ) -> tuple[Ceilings, list[Result]]:
     """Bench every attention kernel at every (batch, q_len, k_len) in `shapes` with the
-    variants `names` (see variant_names). `timer(fn) -> ms` and `ceilings` can be given
-    (the tests run it on the CPU with a fake timer)."""
+    variants `names` (see variant_names), each module with its tuned table from
+    `tables_dir` where there is one (None: the defaults). `timer(fn) -> ms` and `ceilings`
+    can be given (the tests run it on the CPU with a fake timer)."""
     import torch
 
     ceilings = ceilings or measure_ceilings(torch, timer)
     results: list[Result] = []
     with tempfile.TemporaryDirectory() as tmp:
-        runtime = codegen.render_runtime()
-        (Path(tmp) / runtime.filename).write_text(runtime.text)
         for att in kernels:
             dtype = call_dtype(att, dtype_name, progress)
-            path = Path(tmp) / f"{att.name}.py"
-            path.write_text(codegen.render(att)[0].text)
-            module = import_file(path, f"fusegen_bench_{att.name}")
+            module = load_module(att, Path(tmp), tables_dir)
             for shape in shapes:
                 results += bench_shape(
                     torch, timer, module, att, shape, dtype, names, ceilings, progress, device

@@ -115,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
         "--tables",
         metavar="DIR",
         help="where the tuned tables are (default: generated); 'none': tune at the first "
-        "call of each shape, as a module without a table does",
+        "call of each shape, as a module without a table does (attention: its defaults)",
     )
     bench.add_argument(
         "--timer",
@@ -492,6 +492,7 @@ def _bench_work(args, kernels, shapes_for, variants, progress) -> int:
             timer,
             progress,
             ceilings,
+            tables_dir=None if args.tables == "none" else Path(args.tables),
         )
         results += more
     print(report.table(results))

@@ -146,11 +146,12 @@ def inspect_attention(torch, module, att, shape, dtype_name, device="cuda") -> l
     torch.autograd.grad(out, leaves, torch.randn_like(out))
     if device == "cuda":
         torch.cuda.synchronize()
-    source = "spec" if device == "cuda" else "interpreter"
     rows = []
     for name, compiled in module.LAST_COMPILED.items():
         meta = getattr(compiled, "metadata", None)
         part = name.removeprefix(f"_{att.name}_")
+        kernel = part.removeprefix("backward_")  # the launcher's names: forward, kv, q
+        source, config = attention_config(torch, module, kernel, sq, skv, dtype, device)
         rows.append(
             Inspected(
                 f"{att.name} {part}",
@@ -158,7 +159,7 @@ def inspect_attention(torch, module, att, shape, dtype_name, device="cuda") -> l
                 dtype_name,
                 "attention",
                 source,
-                {},
+                config,
                 getattr(compiled, "n_regs", None),
                 getattr(compiled, "n_spills", None),
                 getattr(meta, "shared", None),
@@ -167,6 +168,25 @@ def inspect_attention(torch, module, att, shape, dtype_name, device="cuda") -> l
             )
         )
     return rows
+
+
+def attention_config(torch, module, kernel, sq, skv, dtype, device) -> tuple[str, dict]:
+    """(where the launcher's config came from, the config) for one kernel of a call, as
+    the module's `_config` picks it: forced, table, default or interpreter. A decode
+    call's forward is asked at its own q_len; the stages are those asked (the compiled
+    kernel's own column shows fewer where shared memory did not fit them)."""
+    dev = torch.device(device)
+    chosen = module._config(dev, kernel, sq, skv, dtype)
+    if kernel in module.FORCED:
+        source = "forced"
+    elif dev.type != "cuda":
+        source = "interpreter"
+    else:
+        key = str(dtype).removeprefix("torch.")
+        tuned = module._tuned_config(module._identity(dev), kernel, key, sq, skv)
+        source = "table" if tuned is not None else "default"
+    names = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+    return source, dict(zip(names, chosen, strict=True))
 
 
 def run_attention(

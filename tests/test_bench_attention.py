@@ -5,7 +5,7 @@ the work counted, the report, the command line's checks."""
 import pytest
 import torch
 
-from fusegen import bench, bench_attention, build, report
+from fusegen import bench, bench_attention, build, report, tables
 from fusegen.cli import main
 
 SPECS = """
@@ -51,11 +51,7 @@ def test_sdpa_and_flex_compute_the_spec_s_attention(kernels, tmp_path):
     # SDPA (on its math backend, the one a CPU has) and FlexAttention (uncompiled) with
     # the masks, ALiBi and bias as bench gives them: the module's float64 reference.
     for att in kernels.values():
-        path = tmp_path / f"{att.name}.py"
-        path.write_text(bench_attention.codegen.render(att)[0].text)
-        runtime = bench_attention.codegen.render_runtime()
-        (tmp_path / runtime.filename).write_text(runtime.text)
-        module = bench.import_file(path, f"bench_test_{att.name}")
+        module = bench.load_module(att, tmp_path)
         for batch, sq, skv in [(2, 6, 13), (1, 13, 13)]:
             inputs = bench_attention.make_inputs(
                 torch, att, batch, sq, skv, torch.float64, "cpu", seed=sq
@@ -71,13 +67,33 @@ def test_sdpa_and_flex_compute_the_spec_s_attention(kernels, tmp_path):
                 torch.testing.assert_close(call(*inputs), want, rtol=1e-7, atol=1e-7)
 
 
-def test_bench_attention_with_a_fake_timer(kernels):
+def test_bench_attention_with_a_fake_timer(kernels, tmp_path, monkeypatch):
     timings = iter(range(1, 1000))
 
     def fake_timer(fn):
         fn()
         return 0.1 * next(timings)  # fusegen first, so it is the fastest
 
+    # A tuned table in tables_dir travels with the module bench imports (as for chains).
+    entry = {
+        "gpu": "Fake GPU", "capability": [9, 0], "kernel_hash": None,
+        "key": {"kernel": "q", "dtype": "float32", "q_bucket": 8, "k_bucket": 32},
+        "best": "tuned", "choices": {"tuned": {"config": [16, 16, 4, 1], "ms": 0.1}},
+    }  # fmt: skip
+    modules = {}
+
+    def load_module(att, folder, tables_dir):
+        module = bench.load_module(att, folder, tables_dir)
+        if att.name == "att_causal_gqa_alibi":
+            entry["kernel_hash"] = module.KERNEL_HASH
+            path = tables.path_for(tables_dir, att.name)
+            path.write_text(tables.render(att.name, "spec.yaml", [entry]))
+            module = bench.load_module(att, folder, tables_dir)
+        # Read now: a CPU call never looks the table up, and the folder goes with the run.
+        modules[att.name] = module._tuned_entries()
+        return module
+
+    monkeypatch.setattr(bench_attention, "load_module", load_module)
     lines = []
     ceilings, results = bench_attention.run(
         list(kernels.values()),
@@ -88,7 +104,11 @@ def test_bench_attention_with_a_fake_timer(kernels):
         lines.append,
         ceilings=bench.Ceilings(tflops=700.0, gbs=4000.0),
         device="cpu",
+        tables_dir=tmp_path,
     )
+    gpu = ("Fake GPU", (9, 0))
+    assert modules["att_causal_gqa_alibi"] == {gpu: {("q", "float32", 8, 32): (16, 16, 4, 1)}}
+    assert modules["att_window_softcap_bias"] == {}
     by = {(r.kernel, r.variant): r for r in results}
     assert set(by) == {(k, v) for k in kernels for v in ("fusegen", "eager", "sdpa flash")}
     for name in kernels:
@@ -124,11 +144,7 @@ def test_inspect_attention_runs_every_kernel(kernels, tmp_path):
     from fusegen import inspect_kernels
 
     def load(att, out_dir):
-        path = tmp_path / f"{att.name}.py"
-        path.write_text(bench_attention.codegen.render(att)[0].text)
-        runtime = bench_attention.codegen.render_runtime()
-        (tmp_path / runtime.filename).write_text(runtime.text)
-        return bench.import_file(path, f"inspect_test_{att.name}")
+        return bench.load_module(att, tmp_path)
 
     lines = []
     found = inspect_kernels.run_attention(
@@ -138,4 +154,5 @@ def test_inspect_attention_runs_every_kernel(kernels, tmp_path):
     names = [item.kernel for item in found]
     assert names == [f"att_causal_gqa_alibi {k}" for k in ("forward", "backward_kv", "backward_q")]
     assert all(item.shape == (1, 5, 40) and item.source == "interpreter" for item in found)
+    assert found[0].config == {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
     assert "att_causal_gqa_alibi 1x5x40 fp32" in lines[0]
