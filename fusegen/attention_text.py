@@ -50,23 +50,29 @@ CONFIG_SOURCE = (
 )
 
 
+def _widest(att: Attention) -> int:
+    """The head dim the tiles are sized by: q and k's, or v's where wider."""
+    return max(att.head_dim, att.dv)
+
+
 def config(att: Attention) -> tuple[int, int, int, int]:
     large = not (att.softcap or att.bias)
     table = {**CONFIGS, **LARGE_TILE_CONFIGS} if large else CONFIGS
-    return next(c for d, c in sorted(table.items()) if att.head_dim <= d)
+    return next(c for d, c in sorted(table.items()) if _widest(att) <= d)
 
 
 def tma_loads(att: Attention) -> bool:
-    """Whether the module's kernels can read their tiles through tensor descriptors."""
-    return att.head_dim in TMA_HEAD_DIMS
+    """Whether the module's kernels can read their tiles through tensor descriptors (not
+    with a v head dim of its own: its tiles are unmeasured)."""
+    return att.head_dim in TMA_HEAD_DIMS and att.dv == att.head_dim
 
 
 def decode_config(att: Attention) -> tuple[int, int, int, int]:
-    return next(c for d, c in sorted(DECODE_CONFIGS.items()) if att.head_dim <= d)
+    return next(c for d, c in sorted(DECODE_CONFIGS.items()) if _widest(att) <= d)
 
 
 def backward_configs(att: Attention) -> dict[str, tuple[int, int, int, int]]:
-    return next(c for d, c in sorted(BACKWARD_CONFIGS.items()) if att.head_dim <= d)
+    return next(c for d, c in sorted(BACKWARD_CONFIGS.items()) if _widest(att) <= d)
 
 
 def score_formula(att: Attention) -> str:
@@ -220,10 +226,20 @@ def module_context(att: Attention, header: list[str], op_name: str, doc_width: i
         "layout_doc": (seq_dims + "dim").format(h="heads"),
         "layout_doc_q": (seq_dims + "{d}").format(h=att.heads, d=att.head_dim),
         "layout_doc_kv": (seq_dims + "{d}").format(h=att.kv_heads, d=att.head_dim),
+        "layout_doc_v": (seq_dims + "{d}").format(h=att.kv_heads, d=att.dv),
+        "layout_doc_out": (seq_dims + "{d}").format(h=att.heads, d=att.dv),
         "heads": att.heads,
         "kv_heads": att.kv_heads,
         "group": att.group,
         "head_dim": att.head_dim,
+        # v's and out's head dim; the names of its tile, offsets and mask in the kernels
+        # (q and k's own where the dims agree, so those kernels read as before).
+        "v_head_dim": att.dv,
+        "split_v": att.dv != att.head_dim,
+        "dv_block": "BLOCK_DV" if att.dv != att.head_dim else "BLOCK_D",
+        "dv_offs": "offs_dv" if att.dv != att.head_dim else "offs_d",
+        "dv_mask": "mask_dv" if att.dv != att.head_dim else "mask_d",
+        "padded_dv": att.dv & (att.dv - 1) != 0,
         "scale": _number(att.scale),
         "scale_default": not att.scale_given,
         "softcap": _number(att.softcap) if att.softcap else None,

@@ -69,8 +69,9 @@ def seen_pairs(att: Attention, sq: int, skv: int) -> int:
 def work(att: Attention, batch: int, sq: int, skv: int, element: int) -> tuple[float, float]:
     """(flops, bytes moved) of a forward: two dots over the seen pairs; q, k, v and out
     (and the bias) read or written once."""
-    flops = 4 * batch * att.heads * seen_pairs(att, sq, skv) * att.head_dim
-    moved = (2 * att.heads * sq + 2 * att.kv_heads * skv) * batch * att.head_dim * element
+    flops = 2 * batch * att.heads * seen_pairs(att, sq, skv) * (att.head_dim + att.dv)
+    rows = att.heads * sq * (att.head_dim + att.dv) + att.kv_heads * skv * (att.head_dim + att.dv)
+    moved = rows * batch * element
     if att.bias:
         moved += batch * att.heads * sq * skv * element
     return flops, moved
@@ -80,12 +81,12 @@ def make_inputs(torch, att: Attention, batch, sq, skv, dtype, device, seed) -> l
     """q, k, v (and the bias, [batch, heads, q_len, k_len]) in the spec's layout."""
     generator = torch.Generator().manual_seed(seed)
 
-    def shape(seq, heads):
+    def shape(seq, heads, dim=att.head_dim):
         if att.layout == "bshd":
-            return (batch, seq, heads, att.head_dim)
-        return (batch, heads, seq, att.head_dim)
+            return (batch, seq, heads, dim)
+        return (batch, heads, seq, dim)
 
-    sizes = [shape(sq, att.heads), shape(skv, att.kv_heads), shape(skv, att.kv_heads)]
+    sizes = [shape(sq, att.heads), shape(skv, att.kv_heads), shape(skv, att.kv_heads, att.dv)]
     if att.bias:
         sizes.append((batch, att.heads, sq, skv))
     return [torch.randn(s, generator=generator).to(dtype).to(device) for s in sizes]

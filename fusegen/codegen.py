@@ -205,6 +205,7 @@ def attention_test_context(att: Attention) -> dict:
         "window": att.window,
         "bias": att.bias,
         "tma": attention_tma_loads(att),
+        "split_v": att.dv != att.head_dim,
     }
 
 

@@ -192,7 +192,7 @@ class Attention:
     layout: str  # "bshd" | "bhsd"
     heads: int
     kv_heads: int  # heads % kv_heads == 0: each kv head serves heads // kv_heads query heads
-    head_dim: int
+    head_dim: int  # q's and k's
     scale: float
     scale_given: bool  # False: 1 / sqrt(head_dim)
     softcap: float | None
@@ -200,6 +200,12 @@ class Attention:
     window: int | None  # a query sees its `window` most recent keys
     alibi: bool = False  # scores += slope[head] * (key - query position)
     bias: bool = False  # scores += an input broadcast to [batch, heads, q_len, k_len]
+    v_head_dim: int = 0  # v's and out's (0: head_dim)
+
+    @property
+    def dv(self) -> int:
+        """v's and out's head dim."""
+        return self.v_head_dim or self.head_dim
 
     @property
     def kind(self) -> str:

@@ -44,6 +44,13 @@ def lower_attention(
             f"head_dim {a.head_dim} is not a multiple of 16 from 16 to {MAX_HEAD_DIM}",
             "tensor-core tiles take 16 elements at a time: 64, 96, 128 and 256 are common",
         )
+    if a.v_head_dim is not None and (a.v_head_dim % 16 or not 16 <= a.v_head_dim <= MAX_HEAD_DIM):
+        err(
+            ("attention", "v_head_dim"),
+            f"v_head_dim {a.v_head_dim} is not a multiple of 16 from 16 to {MAX_HEAD_DIM}",
+            "tensor-core tiles take 16 elements at a time (MLA: 128 against q and k's 192); "
+            "leave it out where v's dim is head_dim",
+        )
     if a.window is not None and not a.causal:
         err(
             ("attention", "window"),
@@ -76,6 +83,7 @@ def lower_attention(
             window=a.window,
             alibi=a.alibi,
             bias=a.bias,
+            v_head_dim=0 if a.v_head_dim in (None, a.head_dim) else a.v_head_dim,
         ),
         errors,
     )

@@ -187,6 +187,11 @@ class AttentionSpec(_Strict):
         "multi-query); default: `heads`",
     )
     head_dim: int = Field(description="q, k and v's last dim: a multiple of 16, up to 256")
+    v_head_dim: int | None = Field(
+        None,
+        description="v's and out's last dim where it differs from q and k's (MLA: 192 for "
+        "q and k, 128 for v); a multiple of 16, up to 256; default: head_dim",
+    )
     scale: float | None = Field(
         None, gt=0, description="the scores' factor, default 1 / sqrt(head_dim)"
     )

@@ -117,7 +117,8 @@ def tune_shape(torch, timer, module, att, shape, dtype_name, progress, device, s
     inputs = bench_attention.make_inputs(torch, att, batch, sq, skv, dtype, device, SEED)
     exact = [t[:1].double() for t in inputs]
     want = module.reference(*exact)
-    d_out = torch.randn(inputs[0].shape, generator=torch.Generator().manual_seed(SEED + 1))
+    out_shape = (*inputs[0].shape[:3], att.dv)  # v's head dim
+    d_out = torch.randn(out_shape, generator=torch.Generator().manual_seed(SEED + 1))
     d_out = d_out.to(dtype).to(device)
     leaves = [t.detach().requires_grad_() for t in exact]
     want_grads = torch.autograd.grad(module.reference(*leaves), leaves, d_out[:1].double())

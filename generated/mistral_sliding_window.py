@@ -24,6 +24,7 @@ import triton.language as tl
 # What the spec fixed: the layout of q, k, v and out, the heads, the head dim.
 LAYOUT = "bshd"  # "bshd": [batch, seq, heads, dim]; "bhsd": [batch, heads, seq, dim]
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
+V_HEAD_DIM = 128  # v's and out's: HEAD_DIM
 SCALE = 0.08838834764831843  # on q @ k.T: 1 / sqrt(HEAD_DIM)
 WINDOW = 4096  # a query sees the WINDOW keys up to its own position
 DTYPES = (torch.bfloat16, torch.float16)
@@ -229,7 +230,7 @@ def _mistral_sliding_window_forward(
     seen_any = first_key <= last_key
     out = tl.where(seen_any[:, None], acc / tl.where(seen_any, row_sum, 1.0)[:, None], 0.0)
     lse = tl.where(seen_any, row_max + tl.log2(tl.where(seen_any, row_sum, 1.0)), float("-inf"))
-    if SPLIT:  # [splits, batch * heads, SQ, HEAD_DIM] fp32, lse in base 2
+    if SPLIT:  # [splits, batch * heads, SQ, V_HEAD_DIM] fp32, lse in base 2
         pairs = tl.num_programs(1) * (4 if PACKED else 1)  # (batch, head) pairs
         part = tl.program_id(2).to(tl.int64) * pairs * SQ + bh_rows
         tl.store(
@@ -719,8 +720,12 @@ def _checked(q, k, v, key_lengths=None):
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
     if q.dtype not in DTYPES:
         raise TypeError(f"q is {q.dtype}; this kernel takes {', '.join(map(str, DTYPES))}")
-    for name, t, heads in (("q", q, HEADS), ("k", k, KV_HEADS), ("v", v, KV_HEADS)):
-        for dim, want in (("heads", heads), ("dim", HEAD_DIM)):
+    for name, t, heads, width in (
+        ("q", q, HEADS, HEAD_DIM),
+        ("k", k, KV_HEADS, HEAD_DIM),
+        ("v", v, KV_HEADS, V_HEAD_DIM),
+    ):
+        for dim, want in (("heads", heads), ("dim", width)):
             axis = _AXES.index(dim)
             if t.shape[axis] != want:
                 raise ValueError(
@@ -994,7 +999,7 @@ def _forward(q, k, v, want_lse, key_lengths=None):
     lengths, use_lengths = _lengths(key_lengths, q)
     dtypes = (q.dtype,)
     q, k, v = _unit_stride(q, k, v)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty((*q.shape[:3], V_HEAD_DIM), dtype=q.dtype, device=q.device)
     # lse is written even when not asked for: one kernel for every call, so that a call
     # gives the same bits eagerly and compiled (whose custom op always keeps lse), which
     # fp32's FMA dots would not promise across two compilations.
@@ -1006,7 +1011,7 @@ def _forward(q, k, v, want_lse, key_lengths=None):
         part = part_lse = out  # pointers never read without splits
         if splits > 1:
             part = torch.empty(
-                (splits, batch * HEADS, sq, HEAD_DIM), dtype=torch.float32, device=q.device
+                (splits, batch * HEADS, sq, V_HEAD_DIM), dtype=torch.float32, device=q.device
             )
             part_lse = torch.empty(
                 (splits, batch * HEADS, sq), dtype=torch.float32, device=q.device
@@ -1027,7 +1032,7 @@ def _forward(q, k, v, want_lse, key_lengths=None):
         if splits > 1:
             _mistral_sliding_window_combine[(_cdiv(sq, 16), batch * HEADS)](
                 part, part_lse, out, lse, sq, splits, *_strides(out),
-                BLOCK_M=16, BLOCK_D=_pow2(HEAD_DIM),
+                BLOCK_M=16, BLOCK_D=_pow2(V_HEAD_DIM),
             )  # fmt: skip
     elif want_lse:
         lse.fill_(float("-inf"))
@@ -1043,18 +1048,18 @@ def _backward(q, k, v, out, lse, d_out, needs=(True, True, True), key_lengths=No
     lengths, use_lengths = _lengths(key_lengths, q)
     dtypes = (q.dtype,)
     q, k, v, out, d_out = _unit_stride(q, k, v, out, d_out)
-    block_d = _pow2(HEAD_DIM)
+    block_d, block_dv = _pow2(HEAD_DIM), _pow2(V_HEAD_DIM)
     upcast = _interpreted() and q.dtype == torch.bfloat16
     delta = torch.empty((batch, HEADS, sq), dtype=torch.float32, device=q.device)
     _mistral_sliding_window_delta[(_cdiv(sq, 64), batch * HEADS)](
-        out, d_out, delta, sq, *_strides(out), *_strides(d_out), BLOCK_M=64, BLOCK_D=block_d
+        out, d_out, delta, sq, *_strides(out), *_strides(d_out), BLOCK_M=64, BLOCK_D=block_dv
     )
     reads = (sq, skv, *_strides(q), *_strides(k), *_strides(v), *_strides(d_out))
     d_q = d_k = d_v = None
     if needs[1] or needs[2]:
         block_m, block_n, warps, stages = _config(q.device, "kv", sq, skv, q.dtype)
         d_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        d_v = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+        d_v = torch.empty(v.shape, dtype=v.dtype, device=v.device)
         grid = (_cdiv(skv, block_n), batch * KV_HEADS)
         _launch(
             _mistral_sliding_window_backward_kv, grid, dtypes,
@@ -1129,9 +1134,8 @@ def _register():
         @forward.register_fake
         def _(q, k, v, key_lengths):
             batch, sq, _ = _checked(q, k, v, key_lengths)
-            return torch.empty(q.shape, dtype=q.dtype, device=q.device), q.new_empty(
-                (batch, HEADS, sq), dtype=torch.float32
-            )
+            out = torch.empty((*q.shape[:3], V_HEAD_DIM), dtype=q.dtype, device=q.device)
+            return out, q.new_empty((batch, HEADS, sq), dtype=torch.float32)
 
         @backward.register_fake
         def _(q, k, v, key_lengths, out, lse, d_out, needs):

@@ -57,10 +57,15 @@ def new_seed():
     return int(fixed) if fixed else random.SystemRandom().randrange(2**31)
 
 
-def shape(batch, seq, heads):
+def shape(batch, seq, heads, dim=kernel.HEAD_DIM):
     if kernel.LAYOUT == "bshd":
-        return (batch, seq, heads, kernel.HEAD_DIM)
-    return (batch, heads, seq, kernel.HEAD_DIM)
+        return (batch, seq, heads, dim)
+    return (batch, heads, seq, dim)
+
+
+def out_shape(q):
+    """out's (and its gradient's) shape for q: v's head dim."""
+    return (*q.shape[:3], kernel.V_HEAD_DIM)
 
 
 def make_inputs(case, dtype, seed):
@@ -70,7 +75,7 @@ def make_inputs(case, dtype, seed):
     sizes = [
         shape(batch, sq, kernel.HEADS),
         shape(batch, skv, kernel.KV_HEADS),
-        shape(batch, skv, kernel.KV_HEADS),
+        shape(batch, skv, kernel.KV_HEADS, kernel.V_HEAD_DIM),
     ]
     return [torch.randn(s, generator=generator).to(dtype).to(DEVICE) for s in sizes]
 
@@ -129,7 +134,7 @@ def test_matches_reference(monkeypatch, dtype, case):
 def _rows_of(unseen):
     """lse's [batch, heads, q_len] mask as a mask of out's rows (in the layout)."""
     rows = unseen.transpose(1, 2) if kernel.LAYOUT == "bshd" else unseen
-    return rows[..., None].expand(*rows.shape, kernel.HEAD_DIM)
+    return rows[..., None].expand(*rows.shape, kernel.V_HEAD_DIM)
 
 
 GRADS = ("dq", "dk", "dv")
@@ -150,7 +155,7 @@ def test_gradients_match_reference(monkeypatch, dtype, case):
     seed = new_seed()
     inputs = make_inputs(case, dtype, seed)
     upstream = (
-        torch.randn(inputs[0].shape, generator=torch.Generator().manual_seed(seed + 1))
+        torch.randn(out_shape(inputs[0]), generator=torch.Generator().manual_seed(seed + 1))
         .to(dtype)
         .to(DEVICE)
     )
@@ -182,7 +187,7 @@ def test_key_lengths(monkeypatch, dtype):
     want, want_lse = kernel.reference(*doubles, key_lengths=lengths, return_lse=True)
     check("out", out, want, kernel.reference(*inputs, key_lengths=lengths), seed, dtype, case)
     assert torch.equal(torch.isinf(lse), torch.isinf(want_lse)), seed
-    upstream = torch.randn(inputs[0].shape, generator=torch.Generator().manual_seed(seed + 1))
+    upstream = torch.randn(out_shape(inputs[0]), generator=torch.Generator().manual_seed(seed + 1))
     upstream = upstream.to(dtype).to(DEVICE)
 
     def padded(call):
@@ -269,7 +274,9 @@ def test_pointer_loads_where_descriptors_cannot(monkeypatch):
     # q and d_out through descriptors.
     inputs = [q, *shifted, *rest]
     upstream = (
-        torch.randn(q.shape, generator=torch.Generator().manual_seed(seed + 1)).to(dtype).to(DEVICE)
+        torch.randn(out_shape(q), generator=torch.Generator().manual_seed(seed + 1))
+        .to(dtype)
+        .to(DEVICE)
     )
     got = grads_of(kernel.mistral_sliding_window, inputs, upstream)
     wanted = grads_of(kernel.reference, [t.double() for t in inputs], upstream.double())
@@ -284,12 +291,13 @@ def test_rejects_bad_inputs():
     seq_axis = 1 if kernel.LAYOUT == "bshd" else 2
     cases = [
         ((q[0], k, v), ValueError, r"q must be 4-D"),
-        ((q, k.narrow(3, 0, 16), v), ValueError, r"k.shape\[3\] \(dim\)"),
+        ((q, torch.cat([k, k], dim=3), v), ValueError, r"k.shape\[3\] \(dim\)"),
         (
             (q, k, torch.cat([v, v], dim=heads_axis)),
             ValueError,
             rf"v.shape\[{heads_axis}\] \(heads\)",
         ),
+        ((q, k, torch.cat([v, v], dim=3)), ValueError, r"v.shape\[3\] \(dim\)"),
         ((q, k, v.narrow(seq_axis, 0, v.shape[seq_axis] - 1)), ValueError, r"v.shape.*k's"),
         ((q, k, v.to(torch.float64)), TypeError, r"v is torch.float64 but q"),
         (
@@ -324,7 +332,7 @@ def test_rejects_bad_inputs():
 def test_no_queries():
     q, k, v, *rest = make_inputs((1, 0, 23), DTYPES[0], new_seed())
     out, lse = kernel.mistral_sliding_window(q, k, v, *rest, return_lse=True)
-    assert out.shape == q.shape and lse.shape == (1, kernel.HEADS, 0)
+    assert out.shape == out_shape(q) and lse.shape == (1, kernel.HEADS, 0)
 
 
 @interpreter_heavy
@@ -333,7 +341,7 @@ def test_inside_torch_compile():
     torch._dynamo.reset()
     dtype, seed = DTYPES[-1], new_seed()
     inputs = make_inputs(SMALL, dtype, seed)
-    upstream = torch.randn(inputs[0].shape).to(dtype).to(DEVICE)
+    upstream = torch.randn(out_shape(inputs[0])).to(dtype).to(DEVICE)
     compiled = torch.compile(kernel.mistral_sliding_window, backend="aot_eager", fullgraph=True)
     with torch.no_grad():
         torch.testing.assert_close(
@@ -356,7 +364,7 @@ def test_falls_back_without_gpu(monkeypatch):
     torch.testing.assert_close(
         kernel.mistral_sliding_window(*inputs), kernel.reference(*inputs), rtol=0, atol=0
     )
-    upstream = torch.randn(inputs[0].shape).to(dtype).to(DEVICE)
+    upstream = torch.randn(out_shape(inputs[0])).to(dtype).to(DEVICE)
     for mine, theirs in zip(
         grads_of(kernel.mistral_sliding_window, inputs, upstream),
         grads_of(kernel.reference, inputs, upstream),

@@ -23,6 +23,9 @@ kernels:
       window: 5
       softcap: 20.0
       bias: true
+  - name: att_mla
+    dtypes: [fp32]
+    attention: {layout: bshd, heads: 2, kv_heads: 1, head_dim: 32, v_head_dim: 16, causal: true}
 """
 
 
@@ -45,6 +48,10 @@ def test_seen_pairs_count_the_masks(kernels, shape):
     flops, moved = bench_attention.work(att, 2, 3, 11, 2)
     assert flops == 4 * 2 * 4 * bench_attention.seen_pairs(att, 3, 11) * 32
     assert moved == (2 * 4 * 3 + 2 * 2 * 11) * 2 * 32 * 2
+    mla = kernels["att_mla"]  # q.k over 32 dims, p.v over 16
+    flops, moved = bench_attention.work(mla, 2, 3, 11, 2)
+    assert flops == 2 * 2 * 2 * bench_attention.seen_pairs(mla, 3, 11) * (32 + 16)
+    assert moved == (2 * 3 * (32 + 16) + 1 * 11 * (32 + 16)) * 2 * 2
 
 
 def test_sdpa_and_flex_compute_the_spec_s_attention(kernels, tmp_path):

@@ -209,6 +209,25 @@ kernels:
     doc: No mask.
     dtypes: [fp16]
     attention: {layout: bhsd, heads: 3, head_dim: 32}
+
+  - name: att_mla
+    doc: v and out narrower than q and k (MLA's 192 and 128, scaled down; q and k's dim
+      padded), grouped heads, causal.
+    dtypes: [fp16, fp32]
+    attention: {layout: bshd, heads: 4, kv_heads: 2, head_dim: 48, v_head_dim: 32, causal: true}
+
+  - name: att_wide_v
+    doc: v wider than q and k and padded, with a window, a softcap and a bias.
+    dtypes: [fp32]
+    attention:
+      layout: bhsd
+      heads: 2
+      head_dim: 16
+      v_head_dim: 48
+      causal: true
+      window: 7
+      softcap: 20.0
+      bias: true
 """
 
 
@@ -901,6 +920,7 @@ ATTENTION_MUTATIONS = [
         "d_probs",
         "the softmax backward's row term dropped",
     ),
+    ("att_mla", "mask_dv = offs_dv < 32", "mask_dv = offs_dv < 16", "out's last columns unstored"),
 ]
 
 

@@ -434,6 +434,11 @@ def test_attention_lowers_with_defaults(write_spec):
     assert (att.kind, att.heads, att.kv_heads, att.group) == ("attention", 32, 32, 1)
     assert att.scale == 1 / 128**0.5 and not att.scale_given and att.dtypes == ("bf16", "fp16")
     assert (att.causal, att.window, att.softcap) == (False, None, None)
+    assert att.dv == 128 and att.v_head_dim == 0  # v's head dim: head_dim's
+    (mla,) = lower(write_spec, attention(head_dim=192, v_head_dim=128))
+    assert (mla.head_dim, mla.dv) == (192, 128)
+    (same,) = lower(write_spec, attention(v_head_dim=128))
+    assert same.v_head_dim == 0  # given as head_dim: the kernel of a spec without it
 
 
 @pytest.mark.parametrize(
@@ -442,6 +447,8 @@ def test_attention_lowers_with_defaults(write_spec):
         ({"kv_heads": 5}, "attention.kv_heads", "kv_heads 5 does not divide heads 32"),
         ({"head_dim": 100}, "attention.head_dim", "head_dim 100 is not a multiple of 16"),
         ({"head_dim": 512}, "attention.head_dim", "from 16 to 256"),
+        ({"v_head_dim": 72}, "attention.v_head_dim", "v_head_dim 72 is not a multiple of 16"),
+        ({"v_head_dim": 0}, "attention.v_head_dim", "from 16 to 256"),
         ({"window": 128}, "attention.window", "a sliding window needs causal: true"),
         ({"alibi": True}, "attention.alibi", "ALiBi needs causal: true"),
         ({"layout": "sbhd"}, "attention.layout", "'bshd' or 'bhsd'"),
