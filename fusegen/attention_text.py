@@ -30,6 +30,15 @@ BACKWARD_CONFIGS = {
     128: {"kv": (64, 64, 4, 2), "q": (64, 64, 4, 2)},
     256: {"kv": (64, 32, 4, 3), "q": (64, 32, 4, 3)},
 }
+# fp32 calls (4-byte tiles): head dims up to 128 on the 64 x 64 tiles the zoo's fp32 tests
+# ran on an H200 (128 x 128 forward tiles would need 192 KB at one stage); 256 on 32 x 32,
+# since its 16-bit tiles would need 256 KB at one stage in fp32, over the H200's 227 KB.
+# Safe, not tuned: an fp32 table entry (`fusegen tune --dtypes fp32`) takes over.
+FP32_CONFIGS = {
+    64: {"forward": (64, 64, 4, 3), "kv": (64, 64, 4, 2), "q": (64, 64, 4, 2)},
+    128: {"forward": (64, 64, 4, 3), "kv": (64, 64, 4, 2), "q": (64, 64, 4, 2)},
+    256: {"forward": (32, 32, 4, 2), "kv": (32, 32, 4, 2), "q": (32, 32, 4, 2)},
+}
 # Decode (up to 16 queries): 16 query rows a program; the keys split among up to
 # SPLIT_PROGRAMS_PER_SM programs per multiprocessor where the query blocks fill under half.
 # Head dim 128: the fastest of attention_configs.py's decode grid on an H200 at both decode
@@ -73,6 +82,10 @@ def decode_config(att: Attention) -> tuple[int, int, int, int]:
 
 def backward_configs(att: Attention) -> dict[str, tuple[int, int, int, int]]:
     return next(c for d, c in sorted(BACKWARD_CONFIGS.items()) if _widest(att) <= d)
+
+
+def fp32_configs(att: Attention) -> dict[str, tuple[int, int, int, int]]:
+    return next(c for d, c in sorted(FP32_CONFIGS.items()) if _widest(att) <= d)
 
 
 def score_formula(att: Attention) -> str:
@@ -261,6 +274,7 @@ def module_context(att: Attention, header: list[str], op_name: str, doc_width: i
         "config": config(att),
         "backward_configs": backward_configs(att),
         "decode_config": decode_config(att),
+        "fp32_configs": fp32_configs(att),
         "split_programs_per_sm": SPLIT_PROGRAMS_PER_SM,
         "config_source": CONFIG_SOURCE,
         "tma": tma_loads(att),

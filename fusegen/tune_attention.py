@@ -102,13 +102,6 @@ def run(
     return results, written
 
 
-def _default(module, kernel, sq):
-    """The config the module takes without a table."""
-    if kernel == "forward":
-        return module.DECODE_CONFIG if sq <= module.DECODE_ROWS else module.CONFIG
-    return module.BACKWARD_CONFIGS[kernel]
-
-
 def tune_shape(torch, timer, module, att, shape, dtype_name, progress, device, spaces):
     """One ShapeResult per kernel (forward, kv, q) at this shape and dtype; the forward
     only at a decode shape (up to DECODE_ROWS queries), which no training step has."""
@@ -193,7 +186,7 @@ def tune_shape(torch, timer, module, att, shape, dtype_name, progress, device, s
                 "choices": {
                     "tuned": {"config": list(best), "ms": round(tuned[best], 5)},
                     "default": {
-                        "config": list(_default(module, kernel, sq)),
+                        "config": list(module._default_config(kernel, sq, dtype)),
                         "ms": round(timed["default"], 5),
                     },
                 },

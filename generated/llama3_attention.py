@@ -32,6 +32,8 @@ DTYPES = (torch.bfloat16, torch.float16)
 # (benchmarks/attention_configs.py; head dim 256: `fusegen tune`).
 CONFIG = (128, 128, 8, 3)
 BACKWARD_CONFIGS = {"kv": (64, 64, 4, 2), "q": (64, 64, 4, 2)}
+# fp32 calls' (4-byte tiles that must fit shared memory; safe, not tuned):
+FP32_CONFIGS = {"forward": (64, 64, 4, 3), "kv": (64, 64, 4, 2), "q": (64, 64, 4, 2)}
 INTERPRETER_CONFIG = (32, 32, 4, 1)  # small tiles: several per test case
 SPLIT_MIN_KEYS = 256  # a decode call's keys per split program, at least
 SPLIT_PROGRAMS_PER_SM = 2  # a split call's programs per multiprocessor, at most
@@ -757,8 +759,7 @@ def _runs_triton(device):
 def _config(device, kernel, q_len, k_len, dtype):
     """The launch config of a kernel ("forward", "kv" or "q") for a call: the one
     `fusegen tune` is trying (FORCED), else this GPU's tuned entry for the call's dtype
-    and length buckets or one next to them, else the module's default (DECODE_CONFIG up
-    to DECODE_ROWS queries)."""
+    and length buckets or one next to them, else the module's default (_default_config)."""
     if kernel in FORCED:
         return FORCED[kernel]
     if device.type != "cuda":
@@ -768,9 +769,17 @@ def _config(device, kernel, q_len, k_len, dtype):
     )
     if tuned is not None:
         return tuned
-    if kernel == "forward":
-        return DECODE_CONFIG if q_len <= DECODE_ROWS else CONFIG
-    return BACKWARD_CONFIGS[kernel]
+    return _default_config(kernel, q_len, dtype)
+
+
+def _default_config(kernel, q_len, dtype):
+    """The config without a table entry: DECODE_CONFIG for a forward of up to
+    DECODE_ROWS queries, FP32_CONFIGS for an fp32 call, else CONFIG or BACKWARD_CONFIGS."""
+    if kernel == "forward" and q_len <= DECODE_ROWS:
+        return DECODE_CONFIG
+    if dtype == torch.float32:
+        return FP32_CONFIGS[kernel]
+    return CONFIG if kernel == "forward" else BACKWARD_CONFIGS[kernel]
 
 
 FORCED = {}  # kernel -> config: what `fusegen tune` is timing

@@ -25,3 +25,25 @@ def test_alibi_slopes_are_bloom_s(heads):
 def test_alibi_slopes_by_hand():
     assert attention_text.alibi_slopes(8) == [2.0**-e for e in range(1, 9)]
     assert attention_text.alibi_slopes(6) == [2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8, 2.0**-1, 2.0**-3]
+
+
+H200_SHARED = 232448  # bytes a block may take (sharedMemPerBlockOptin)
+
+
+def one_stage_bytes(config, kernel, dim, element):
+    """A lower bound of a kernel's shared memory at one stage: the tile it keeps (the
+    forward's q; dk/dv's k and v; dq's q and d_out) and one step's streamed tiles."""
+    block_m, block_n = config[:2]
+    kept, streamed = {"forward": (block_m, 2 * block_n), "kv": (2 * block_n, 2 * block_m)}.get(
+        kernel, (2 * block_m, 2 * block_n)
+    )
+    return (kept + streamed) * dim * element
+
+
+@pytest.mark.parametrize("dim", [64, 128, 256])
+def test_fp32_tiles_fit_where_16_bit_ones_need_not(dim):
+    fp32 = attention_text.FP32_CONFIGS[dim]
+    for kernel, config in fp32.items():
+        assert one_stage_bytes(config, kernel, dim, 4) < H200_SHARED, (dim, kernel)
+    if dim == 256:  # why fp32 has tiles of its own: the 16-bit forward's need 256 KB
+        assert one_stage_bytes(attention_text.CONFIGS[256], "forward", 256, 4) > H200_SHARED

@@ -216,6 +216,11 @@ kernels:
     dtypes: [fp16, fp32]
     attention: {layout: bshd, heads: 4, kv_heads: 2, head_dim: 48, v_head_dim: 32, causal: true}
 
+  - name: att_d256
+    doc: Head dim 256 (Gemma 2) in fp32, whose 16-bit tiles do not fit shared memory.
+    dtypes: [fp32]
+    attention: {layout: bhsd, heads: 1, head_dim: 256, causal: true}
+
   - name: att_wide_v
     doc: v wider than q and k and padded, with a window, a softcap and a bias.
     dtypes: [fp32]
