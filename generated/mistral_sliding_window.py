@@ -675,7 +675,8 @@ def mistral_sliding_window(
     Raises TypeError or ValueError naming the tensor and dim for a wrong type, shape,
     dtype or device. Where an input requires grad (grad mode on), the
     outputs carry a grad_fn: the backward kernels, recomputing the probabilities from the
-    saved lse. Inside torch.compile it is one custom op:
+    saved lse. Inside torch.compile it is one op: opaque, or a triton op whose kernels
+    Inductor launches with FUSEGEN_ATTENTION_TRITON_OP=1 (see _triton_ops):
     fusegen::mistral_sliding_window_27b6f51f844e.
     """
     if torch.compiler.is_compiling() and _OP is not None:
@@ -878,6 +879,13 @@ def _tuned_config(identity, kernel, dtype, q_len, k_len):
 
 _STAGES = {}  # (kernel, dtypes, tiles, stages asked) -> the fewer stages that fit
 LAST_COMPILED = {}  # kernel name -> the compiled kernel of its last launch (`fusegen inspect`)
+_TRACED = []  # non-empty while a triton op runs the launcher (see _triton_ops)
+
+
+def _traceable(kernel):
+    """The kernel to launch: while a triton op runs the launcher, as the graph
+    torch.compile traces holds it (wrap_triton: Inductor compiles and launches it)."""
+    return torch.library.wrap_triton(kernel) if _TRACED else kernel
 
 
 def _launch(kernel, grid, dtypes, *args, num_stages, **meta):
@@ -885,6 +893,10 @@ def _launch(kernel, grid, dtypes, *args, num_stages, **meta):
     overflow shared memory (an fp32 call's tiles, a bias tile): the most that fit, kept
     per kernel, dtypes and tiles, so only the first such call pays the failed compile."""
     key = (kernel, dtypes, meta["BLOCK_M"], meta.get("BLOCK_N"), num_stages)
+    if _TRACED:  # Inductor compiles later, where nothing is caught: one stage for fp32
+        stages = _STAGES.get(key, 1 if torch.float32 in dtypes else num_stages)
+        _traceable(kernel)[grid](*args, num_stages=stages, **meta)
+        return
     stages = _STAGES.get(key, num_stages)
     while True:
         try:
@@ -904,7 +916,12 @@ def _cdiv(a, b):
 
 
 def _pow2(n):
-    return 1 << (n - 1).bit_length()
+    if type(n) is int:
+        return 1 << (n - 1).bit_length()
+    power = 1  # a size torch.compile traces: each comparison is a guard of the graph
+    while power < n:
+        power *= 2
+    return power
 
 
 _SM_COUNTS = {}
@@ -950,9 +967,11 @@ _CAPABILITIES = {}
 def _tma_loads(*tensors):
     """Whether a kernel reads these tensors' tiles through tensor descriptors:
     TMA_LOADS, an NVIDIA GPU of compute capability 9 or newer (or the interpreter), and
-    tensors whose rows start on 16 bytes, as the bulk copy needs."""
+    tensors whose rows start on 16 bytes, as the bulk copy needs. Not in a triton op:
+    a traced tensor has no address to check, and Inductor's launch of a kernel that
+    makes descriptors is unmeasured."""
     device = tensors[0].device
-    if not TMA_LOADS or torch.version.hip:
+    if not TMA_LOADS or torch.version.hip or _TRACED:
         return False
     if device.type == "cuda":
         if device.index not in _CAPABILITIES:
@@ -1039,7 +1058,7 @@ def _forward(q, k, v, want_lse, key_lengths=None):
             num_warps=warps, num_stages=stages,
         )  # fmt: skip
         if splits > 1:
-            _mistral_sliding_window_combine[(_cdiv(sq, 16), batch * HEADS)](
+            _traceable(_mistral_sliding_window_combine)[(_cdiv(sq, 16), batch * HEADS)](
                 part, part_lse, out, lse, sq, splits, *_strides(out),
                 BLOCK_M=16, BLOCK_D=_pow2(V_HEAD_DIM),
             )  # fmt: skip
@@ -1060,7 +1079,7 @@ def _backward(q, k, v, out, lse, d_out, needs=(True, True, True), key_lengths=No
     block_d, block_dv = _pow2(HEAD_DIM), _pow2(V_HEAD_DIM)
     upcast = _interpreted() and q.dtype == torch.bfloat16
     delta = torch.empty((batch, HEADS, sq), dtype=torch.float32, device=q.device)
-    _mistral_sliding_window_delta[(_cdiv(sq, 64), batch * HEADS)](
+    _traceable(_mistral_sliding_window_delta)[(_cdiv(sq, 64), batch * HEADS)](
         out, d_out, delta, sq, *_strides(out), *_strides(d_out), BLOCK_M=64, BLOCK_D=block_dv
     )
     reads = (sq, skv, *_strides(q), *_strides(k), *_strides(v), *_strides(d_out))
@@ -1117,41 +1136,67 @@ class _Trained(torch.autograd.Function):
         return (*_backward(q, k, v, out, lse, d_out, needs, key_lengths), None)
 
 
-def _register():
-    """The launcher as torch.compile sees it: one custom op for the forward (out and lse)
-    and one for the backward (fullgraph=True works). None without torch.library.custom_op."""
+def _triton_ops():
+    """Whether the ops are torch.library.triton_op, so that torch.compile traces into the
+    launcher and Inductor launches the kernels from its own wrapper: where
+    FUSEGEN_ATTENTION_TRITON_OP=1 is set at import (opt-in: not yet measured on a GPU),
+    torch has triton ops (2.6 and newer), and not under the interpreter (torch cannot
+    trace an interpreted kernel). Else opaque custom ops, whose launcher runs at each
+    call of the compiled graph."""
+    return (
+        os.environ.get("FUSEGEN_ATTENTION_TRITON_OP") == "1"
+        and hasattr(torch.library, "triton_op") and hasattr(torch.library, "wrap_triton")
+        and not _interpreted()
+    )  # fmt: skip
+
+
+def _as_traced(fn):
+    """fn (its signature kept: a triton op's schema comes from it) with its launches
+    going through wrap_triton (_traceable): a triton op's body."""
+
+    def run(*args):
+        _TRACED.append(True)
+        try:
+            return fn(*args)
+        finally:
+            _TRACED.pop()
+
+    run.__wrapped__ = fn  # inspect.signature (the op's schema) reads fn's
+    return run
+
+
+def _forward_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_lengths: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _forward(q, k, v, True, key_lengths)
+
+
+def _backward_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_lengths: torch.Tensor | None,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    d_out: torch.Tensor,
+    needs: list[bool],
+) -> list[torch.Tensor]:
+    """The triton op's backward: an empty tensor for each gradient not asked for (its
+    schema, inferred from these types, can hold no None)."""
+    grads = _backward(q, k, v, out, lse, d_out, needs, key_lengths)
+    return [t.new_empty(0) if g is None else g for g, t in zip(grads, (q, k, v), strict=True)]
+
+
+def _register(name="mistral_sliding_window_27b6f51f844e", traced=None):
+    """The launcher as torch.compile sees it: one op for the forward (out and lse) and
+    one for the backward (fullgraph=True works), triton ops where _triton_ops() (or
+    `traced`) says, else opaque custom ops. None without torch.library.custom_op."""
     if not hasattr(torch.library, "custom_op"):
         return None
-    name = "mistral_sliding_window_27b6f51f844e"
     if getattr(torch.ops.fusegen, name, None) is None:
-        forward = torch.library.custom_op(
-            f"fusegen::{name}",
-            lambda q, k, v, key_lengths: _forward(q, k, v, True, key_lengths),
-            mutates_args=(),
-            schema="(Tensor q, Tensor k, Tensor v, Tensor? key_lengths) -> (Tensor, Tensor)",
-        )
-        backward = torch.library.custom_op(
-            f"fusegen::{name}_backward",
-            lambda q, k, v, key_lengths, out, lse, d_out, needs: list(
-                _backward(q, k, v, out, lse, d_out, needs, key_lengths)
-            ),
-            mutates_args=(),
-            schema="(Tensor q, Tensor k, Tensor v, Tensor? key_lengths, Tensor out, "
-            "Tensor lse, Tensor d_out, bool[] needs) -> Tensor?[]",
-        )
-
-        @forward.register_fake
-        def _(q, k, v, key_lengths):
-            batch, sq, _ = _checked(q, k, v, key_lengths)
-            out = torch.empty((*q.shape[:3], V_HEAD_DIM), dtype=q.dtype, device=q.device)
-            return out, q.new_empty((batch, HEADS, sq), dtype=torch.float32)
-
-        @backward.register_fake
-        def _(q, k, v, key_lengths, out, lse, d_out, needs):
-            return [
-                torch.empty_like(t, memory_format=torch.contiguous_format) if n else None
-                for t, n in zip((q, k, v), needs, strict=True)
-            ]
+        forward, backward = (
+            _triton_op_pair if (_triton_ops() if traced is None else traced) else _custom_op_pair
+        )(name)
 
         def setup(ctx, inputs, output):
             ctx.save_for_backward(*inputs, *output)
@@ -1159,10 +1204,53 @@ def _register():
         def differentiate(ctx, d_out, d_lse):
             needs = [bool(n) for n in ctx.needs_input_grad[:3]]
             grads = getattr(torch.ops.fusegen, f"{name}_backward")(*ctx.saved_tensors, d_out, needs)
-            return (*grads, None)
+            return (*(g if n else None for g, n in zip(grads, needs, strict=True)), None)
 
         forward.register_autograd(differentiate, setup_context=setup)
     return getattr(torch.ops.fusegen, name).default
+
+
+def _triton_op_pair(name):
+    """The forward and backward triton ops (a triton op's fake is its body on fake tensors)."""
+    forward = torch.library.triton_op(f"fusegen::{name}", _as_traced(_forward_op), mutates_args=())
+    backward = torch.library.triton_op(
+        f"fusegen::{name}_backward", _as_traced(_backward_op), mutates_args=()
+    )
+    return forward, backward
+
+
+def _custom_op_pair(name):
+    """The forward and backward opaque custom ops, with their fakes."""
+    forward = torch.library.custom_op(
+        f"fusegen::{name}",
+        lambda q, k, v, key_lengths: _forward(q, k, v, True, key_lengths),
+        mutates_args=(),
+        schema="(Tensor q, Tensor k, Tensor v, Tensor? key_lengths) -> (Tensor, Tensor)",
+    )
+    backward = torch.library.custom_op(
+        f"fusegen::{name}_backward",
+        lambda q, k, v, key_lengths, out, lse, d_out, needs: list(
+            _backward(q, k, v, out, lse, d_out, needs, key_lengths)
+        ),
+        mutates_args=(),
+        schema="(Tensor q, Tensor k, Tensor v, Tensor? key_lengths, Tensor out, "
+        "Tensor lse, Tensor d_out, bool[] needs) -> Tensor?[]",
+    )
+
+    @forward.register_fake
+    def _(q, k, v, key_lengths):
+        batch, sq, _ = _checked(q, k, v, key_lengths)
+        out = torch.empty((*q.shape[:3], V_HEAD_DIM), dtype=q.dtype, device=q.device)
+        return out, q.new_empty((batch, HEADS, sq), dtype=torch.float32)
+
+    @backward.register_fake
+    def _(q, k, v, key_lengths, out, lse, d_out, needs):
+        return [
+            torch.empty_like(t, memory_format=torch.contiguous_format) if n else None
+            for t, n in zip((q, k, v), needs, strict=True)
+        ]
+
+    return forward, backward
 
 
 _OP = _register()  # at import, outside any tracing

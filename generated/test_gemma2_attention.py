@@ -311,6 +311,43 @@ def test_inside_torch_compile():
     torch._dynamo.reset()
 
 
+@needs_gpu
+def test_inductor_launches_the_kernels(monkeypatch):
+    # The triton ops (opt-in: FUSEGEN_ATTENTION_TRITON_OP=1; registered here under a name
+    # of their own): torch.compile traces into the launcher, and Inductor's wrapper
+    # launches the forward and, in training, the backward kernels itself.
+    if not hasattr(torch.library, "triton_op"):
+        pytest.skip("this torch has no torch.library.triton_op")
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(
+        kernel, "_OP", kernel._register("gemma2_attention_inductor_test", traced=True)
+    )
+    dtype, seed = DTYPES[0], new_seed()
+    inputs = make_inputs(SMALL, dtype, seed)
+    doubles = [t.double() for t in inputs]
+    compiled = torch.compile(kernel.gemma2_attention, fullgraph=True)
+    with torch.no_grad():
+        out, (code,) = run_and_get_code(compiled, *inputs)
+    assert "_gemma2_attention_forward" in code and "torch.ops.fusegen" not in code
+    check("out", out, kernel.reference(*doubles), kernel.reference(*inputs), seed, dtype, SMALL)
+    upstream = (
+        torch.randn(out_shape(inputs[0]), generator=torch.Generator().manual_seed(seed + 1))
+        .to(dtype)
+        .to(DEVICE)
+    )
+    got, codes = run_and_get_code(grads_of, compiled, inputs, upstream)
+    assert any(
+        "_gemma2_attention_backward_kv" in c for c in codes
+    ), "the backward kernels are Inductor's"
+    wanted = grads_of(kernel.reference, doubles, upstream.double())
+    eager = grads_of(kernel.reference, inputs, upstream)
+    for what, mine, want, theirs in zip(GRADS, got, wanted, eager, strict=True):
+        check(what, mine, want, theirs, seed, dtype, SMALL)
+    torch._dynamo.reset()
+
+
 def test_falls_back_without_gpu(monkeypatch):
     # Not on a GPU and the interpreter off: the reference, forward and backward.
     monkeypatch.setattr(kernel, "_runs_triton", lambda device: False)

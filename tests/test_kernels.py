@@ -826,6 +826,74 @@ def test_ops_are_triton_ops_where_inductor_can_launch_them(zoo, monkeypatch):
     tests.check_outputs((out,), inputs, torch.float32, seed, kernel.last_launch())
 
 
+def test_attention_ops_are_triton_ops_where_asked(zoo, monkeypatch):
+    """FUSEGEN_ATTENTION_TRITON_OP=1 (opt-in) makes the attention ops triton ops, where
+    torch can trace the kernels (not the interpreter's). Their bodies launch through
+    wrap_triton: eagerly the same bits as the launcher's own launches (forward, split
+    decode with its combine, backward), and traced symbolically the plan runs on fake
+    tensors and SymInt sizes."""
+    kernel, tests = load(zoo, "att_gqa_causal")
+    interpreted = kernel._interpreted
+    monkeypatch.setenv("FUSEGEN_ATTENTION_TRITON_OP", "1")
+    assert not kernel._triton_ops()  # the interpreter: the opaque custom ops
+    monkeypatch.setattr(kernel, "_interpreted", lambda: False)
+    assert kernel._triton_ops() == hasattr(torch.library, "triton_op")
+    monkeypatch.delenv("FUSEGEN_ATTENTION_TRITON_OP")
+    assert not kernel._triton_ops()  # the default: opaque custom ops
+    monkeypatch.setattr(kernel, "_interpreted", interpreted)
+    if not hasattr(torch.library, "triton_op"):
+        pytest.skip("this torch has no torch.library.triton_op")
+    made, triton_op = [], torch.library.triton_op
+
+    def recording(name, fn, **kwargs):
+        made.append(name)
+        return triton_op(name, fn, **kwargs)
+
+    monkeypatch.setattr(torch.library, "triton_op", recording)
+    name = "att_gqa_causal_traced_test"
+    op = kernel._register(name, traced=True)
+    assert made == [f"fusegen::{name}", f"fusegen::{name}_backward"]
+    recorder = RecordedLaunches(run=True)
+    monkeypatch.setattr(torch.library, "wrap_triton", recorder)
+
+    def launched():
+        names = [k.__name__.removeprefix("_att_gqa_causal_") for k, _, _ in recorder.launches]
+        recorder.launches.clear()
+        return names
+
+    seed, dtype = tests.new_seed(), torch.float32
+    q, k, v = tests.make_inputs((2, 37, 37), dtype, seed)
+    out, lse = op(q, k, v, None)
+    assert launched() == ["forward"]
+    want, want_lse = kernel._forward(q, k, v, True)
+    for got, expected in ((out, want), (lse, want_lse)):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    d_out = torch.randn(tests.out_shape(q), generator=torch.Generator().manual_seed(seed))
+    grads = getattr(torch.ops.fusegen, f"{name}_backward")(
+        q, k, v, None, out, lse, d_out, [True] * 3
+    )
+    assert launched() == ["delta", "backward_kv", "backward_q"]
+    for got, expected in zip(grads, kernel._backward(q, k, v, out, lse, d_out), strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    monkeypatch.setattr(kernel, "_sm_count", lambda device: 132)  # decode: the keys split
+    monkeypatch.setattr(kernel, "SPLIT_MIN_KEYS", 16)
+    decode = tests.make_inputs((2, 1, 150), dtype, seed)
+    out, _ = op(*decode, None)
+    assert launched() == ["forward", "combine"]
+    torch.testing.assert_close(out, kernel._forward(*decode, False)[0], rtol=0, atol=0)
+
+    # Traced as torch.compile traces an op's body: fake tensors, sizes as SymInts.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    monkeypatch.setattr(torch.library, "wrap_triton", RecordedLaunches(run=False))
+    recorder = torch.library.wrap_triton
+    body = kernel._as_traced(lambda q, k, v: kernel._forward(q, k, v, True))
+    make_fx(body, tracing_mode="symbolic")(*decode)
+    (_, grid, meta), (_, combine_grid, _) = recorder.launches
+    assert meta["SPLIT"] and meta["PACKED"] and combine_grid[1] == 2 * kernel.HEADS
+    assert not kernel._TRACED  # left as found
+
+
 def test_export_keeps_the_op(zoo):
     """torch.export.export of a module calling a launcher: the exported program holds
     the op, and runs it."""
