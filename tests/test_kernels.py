@@ -893,6 +893,21 @@ def test_attention_ops_are_triton_ops_where_asked(zoo, monkeypatch):
     assert meta["SPLIT"] and meta["PACKED"] and combine_grid[1] == 2 * kernel.HEADS
     assert not kernel._TRACED  # left as found
 
+    # torch.compile (fullgraph, dynamic sizes, a training call) traces through both ops'
+    # bodies down to their launches: what Inductor is handed on a GPU.
+    recorder.launches.clear()
+    monkeypatch.setattr(kernel, "_OP", op)
+    monkeypatch.setattr(kernel, "_sm_count", lambda device: 0)  # no split: the CPU's own
+    torch._dynamo.reset()
+    compiled = torch.compile(
+        kernel.att_gqa_causal, backend="aot_eager", fullgraph=True, dynamic=True
+    )
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    compiled(*leaves).sum().backward()
+    names = {k.__name__.removeprefix("_att_gqa_causal_") for k, _, _ in recorder.launches}
+    assert names == {"forward", "delta", "backward_kv", "backward_q"}, names
+    torch._dynamo.reset()
+
 
 def test_export_keeps_the_op(zoo):
     """torch.export.export of a module calling a launcher: the exported program holds
