@@ -684,6 +684,21 @@ class RecordedLaunches:
         return Launch()
 
 
+def recorded_triton_ops(monkeypatch) -> list:
+    """The names torch.library.triton_op registers from here on (skips the test where
+    this torch has no triton ops)."""
+    if not hasattr(torch.library, "triton_op"):
+        pytest.skip("this torch has no torch.library.triton_op")
+    made, triton_op = [], torch.library.triton_op
+
+    def recording(name, fn, **kwargs):
+        made.append(name)
+        return triton_op(name, fn, **kwargs)
+
+    monkeypatch.setattr(torch.library, "triton_op", recording)
+    return made
+
+
 def traced(kernel, method, *args):
     """A Kernels method as a triton op runs it while torch.compile traces."""
     runtime = kernel._KERNELS
@@ -802,15 +817,7 @@ def test_ops_are_triton_ops_where_inductor_can_launch_them(zoo, monkeypatch):
     monkeypatch.setenv("FUSEGEN_TRITON_OP", "0")
     assert not runtime.triton_ops()  # opted out: the opaque custom ops
     monkeypatch.setenv("FUSEGEN_TRITON_OP", "1")
-    if not hasattr(torch.library, "triton_op"):
-        pytest.skip("this torch has no torch.library.triton_op")
-    made, triton_op = [], torch.library.triton_op
-
-    def recording(name, fn, **kwargs):
-        made.append(name)
-        return triton_op(name, fn, **kwargs)
-
-    monkeypatch.setattr(torch.library, "triton_op", recording)
+    made = recorded_triton_ops(monkeypatch)
     for attribute in ("train_op", "backward_op"):
         monkeypatch.setattr(runtime, attribute, getattr(runtime, attribute))
     monkeypatch.setattr(runtime, "op_name", f"{runtime.op_name}_traced_test")
@@ -841,15 +848,7 @@ def test_attention_ops_are_triton_ops_where_asked(zoo, monkeypatch):
     monkeypatch.delenv("FUSEGEN_ATTENTION_TRITON_OP")
     assert not kernel._triton_ops()  # the default: opaque custom ops
     monkeypatch.setattr(kernel, "_interpreted", interpreted)
-    if not hasattr(torch.library, "triton_op"):
-        pytest.skip("this torch has no torch.library.triton_op")
-    made, triton_op = [], torch.library.triton_op
-
-    def recording(name, fn, **kwargs):
-        made.append(name)
-        return triton_op(name, fn, **kwargs)
-
-    monkeypatch.setattr(torch.library, "triton_op", recording)
+    made = recorded_triton_ops(monkeypatch)
     name = "att_gqa_causal_traced_test"
     op = kernel._register(name, traced=True)
     assert made == [f"fusegen::{name}", f"fusegen::{name}_backward"]
