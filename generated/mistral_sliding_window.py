@@ -728,13 +728,14 @@ def _checked(q, k, v, key_lengths=None):
         ("k", k, KV_HEADS, HEAD_DIM),
         ("v", v, KV_HEADS, V_HEAD_DIM),
     ):
-        for dim, want in (("heads", heads), ("dim", width)):
-            axis = _AXES.index(dim)
-            if t.shape[axis] != want:
-                raise ValueError(
-                    f"{name}.shape[{axis}] ({dim}) is {t.shape[axis]}; the spec says {want}"
-                )
-    seq = _AXES.index("seq")
+        shape = t.shape
+        if shape[_HEADS_AXIS] != heads or shape[3] != width:  # a decode call's host time counts
+            for dim, axis, want in (("heads", _HEADS_AXIS, heads), ("dim", 3, width)):
+                if shape[axis] != want:
+                    raise ValueError(
+                        f"{name}.shape[{axis}] ({dim}) is {shape[axis]}; the spec says {want}"
+                    )
+    seq = _SEQ_AXIS
     if k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]:
         raise ValueError(
             f"q, k and v must share the batch dim, got {q.shape[0]}, {k.shape[0]}, {v.shape[0]}"
@@ -774,11 +775,13 @@ def _lengths(key_lengths, q):
 # The dims of q, k, v and out in the spec's layout ("heads" stands for q's or k's heads).
 _AXES = ("batch", "seq", "heads", "dim") if LAYOUT == "bshd" else ("batch", "heads", "seq", "dim")
 _LAYOUT_DOC = ", ".join(_AXES)
+_HEADS_AXIS, _SEQ_AXIS = _AXES.index("heads"), _AXES.index("seq")
 
 
 def _strides(t):
     """(batch, head, position) strides in elements; the kernels read dim at unit stride."""
-    return (t.stride(0), t.stride(2), t.stride(1)) if LAYOUT == "bshd" else t.stride()[:3]
+    s = t.stride()
+    return (s[0], s[2], s[1]) if LAYOUT == "bshd" else s[:3]
 
 
 def _interpreted():
