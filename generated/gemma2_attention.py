@@ -1116,9 +1116,8 @@ def _register(name="gemma2_attention_27b6f51f844e", traced=None):
     if not hasattr(torch.library, "custom_op"):
         return None
     if getattr(torch.ops.fusegen, name, None) is None:
-        forward, backward = (
-            _triton_op_pair if (_triton_ops() if traced is None else traced) else _custom_op_pair
-        )(name)
+        traced = _triton_ops() if traced is None else traced
+        forward, backward = (_triton_op_pair if traced else _custom_op_pair)(name)
 
         def setup(ctx, inputs, output):
             ctx.save_for_backward(*inputs, *output)
