@@ -59,15 +59,16 @@ CONFIG_SOURCE = (
 )
 
 
-def _widest(att: Attention) -> int:
-    """The head dim the tiles are sized by: q and k's, or v's where wider."""
-    return max(att.head_dim, att.dv)
+def _for_dim(table: dict, att: Attention):
+    """The entry of the smallest head dim in `table` that holds the tiles: q and k's
+    head dim, or v's where wider."""
+    return next(c for d, c in sorted(table.items()) if max(att.head_dim, att.dv) <= d)
 
 
 def config(att: Attention) -> tuple[int, int, int, int]:
     large = not (att.softcap or att.bias)
     table = {**CONFIGS, **LARGE_TILE_CONFIGS} if large else CONFIGS
-    return next(c for d, c in sorted(table.items()) if _widest(att) <= d)
+    return _for_dim(table, att)
 
 
 def tma_loads(att: Attention) -> bool:
@@ -77,15 +78,15 @@ def tma_loads(att: Attention) -> bool:
 
 
 def decode_config(att: Attention) -> tuple[int, int, int, int]:
-    return next(c for d, c in sorted(DECODE_CONFIGS.items()) if _widest(att) <= d)
+    return _for_dim(DECODE_CONFIGS, att)
 
 
 def backward_configs(att: Attention) -> dict[str, tuple[int, int, int, int]]:
-    return next(c for d, c in sorted(BACKWARD_CONFIGS.items()) if _widest(att) <= d)
+    return _for_dim(BACKWARD_CONFIGS, att)
 
 
 def fp32_configs(att: Attention) -> dict[str, tuple[int, int, int, int]]:
-    return next(c for d, c in sorted(FP32_CONFIGS.items()) if _widest(att) <= d)
+    return _for_dim(FP32_CONFIGS, att)
 
 
 def score_formula(att: Attention) -> str:
@@ -252,6 +253,8 @@ def module_context(att: Attention, header: list[str], op_name: str, doc_width: i
         "dv_block": "BLOCK_DV" if att.dv != att.head_dim else "BLOCK_D",
         "dv_offs": "offs_dv" if att.dv != att.head_dim else "offs_d",
         "dv_mask": "mask_dv" if att.dv != att.head_dim else "mask_d",
+        "do_mask": "mask_do" if att.dv != att.head_dim else "mask_q",  # d_out's rows
+        "v_mask": "mask_v" if att.dv != att.head_dim else "mask_kv",  # v's rows
         "padded_dv": att.dv & (att.dv - 1) != 0,
         "scale": _number(att.scale),
         "scale_default": not att.scale_given,

@@ -70,8 +70,7 @@ def work(att: Attention, batch: int, sq: int, skv: int, element: int) -> tuple[f
     """(flops, bytes moved) of a forward: two dots over the seen pairs; q, k, v and out
     (and the bias) read or written once."""
     flops = 2 * batch * att.heads * seen_pairs(att, sq, skv) * (att.head_dim + att.dv)
-    rows = att.heads * sq * (att.head_dim + att.dv) + att.kv_heads * skv * (att.head_dim + att.dv)
-    moved = rows * batch * element
+    moved = (att.heads * sq + att.kv_heads * skv) * (att.head_dim + att.dv) * batch * element
     if att.bias:
         moved += batch * att.heads * sq * skv * element
     return flops, moved

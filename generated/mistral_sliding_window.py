@@ -825,6 +825,12 @@ TUNED_TABLE = (
 # The kernels' source a table entry must have been measured on:
 KERNEL_HASH = "6bb696627b597aed"
 TABLE_REACH = 1  # an entry serves length buckets up to this many powers of two away
+# (q, k) bucket steps within TABLE_REACH, nearest first
+_NEAR = sorted(
+    (abs(dq) + abs(dk), dq, dk)
+    for dq in range(-TABLE_REACH, TABLE_REACH + 1)
+    for dk in range(-TABLE_REACH, TABLE_REACH + 1)
+)
 _TUNED = None  # (gpu, capability) -> {(kernel, dtype, q bucket, k bucket): config}
 _IDENTITIES = {}
 
@@ -866,12 +872,7 @@ def _tuned_config(identity, kernel, dtype, q_len, k_len):
     if not entries:
         return None
     q_bucket, k_bucket = _bucket(q_len), _bucket(k_len)
-    near = [
-        (abs(dq) + abs(dk), dq, dk)
-        for dq in range(-TABLE_REACH, TABLE_REACH + 1)
-        for dk in range(-TABLE_REACH, TABLE_REACH + 1)
-    ]
-    for _, dq, dk in sorted(near):
+    for _, dq, dk in _NEAR:
         q = q_bucket << dq if dq >= 0 else q_bucket >> -dq
         k = k_bucket << dk if dk >= 0 else k_bucket >> -dk
         found = entries.get((kernel, dtype, q, k))
