@@ -31,8 +31,8 @@ DTYPES = (torch.bfloat16, torch.float16)
 # (BLOCK_M, BLOCK_N, num_warps, num_stages): query rows and keys per step, of the
 # forward, the dk/dv kernel and the dq kernel. Measured on an H200
 # (benchmarks/attention_configs.py; head dim 256: `fusegen tune`).
-CONFIG = (128, 64, 8, 3)
-BACKWARD_CONFIGS = {"kv": (64, 32, 4, 3), "q": (64, 32, 4, 3)}
+CONFIG = (128, 64, 8, 2)
+BACKWARD_CONFIGS = {"kv": (64, 32, 4, 2), "q": (64, 32, 4, 3)}
 # fp32 calls' (4-byte tiles that must fit shared memory; safe, not tuned):
 FP32_CONFIGS = {"forward": (32, 32, 4, 2), "kv": (32, 32, 4, 2), "q": (32, 32, 4, 2)}
 INTERPRETER_CONFIG = (32, 32, 4, 1)  # small tiles: several per test case
@@ -839,13 +839,55 @@ def _traceable(kernel):
     return torch.library.wrap_triton(kernel) if _TRACED else kernel
 
 
+def _shared_bytes(kernel, stages, dtypes, meta):
+    """The shared memory Triton 3.6 gives a config at sm_90, from above: the tiles held
+    over the loop, one buffer per stage of those each step loads (and of a bias tile),
+    dk/dv's lse and delta rows per stage, and in fp32 its p and ds tiles, which its dots
+    convert through shared memory. Checked against Triton's own count compiling for
+    sm_90: exact or over for the three kernels at head dims 16 to 256, in bf16, fp16 and
+    fp32, with and without a bias (tests/test_kernels.py has the figures)."""
+    item = dtypes[0].itemsize
+    m, n, d = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_D"]
+    dv = meta.get("BLOCK_DV", d)
+    held, step = {
+        _gemma2_attention_forward: (m * d, n * (d + dv)),
+        _gemma2_attention_backward_kv: (n * (d + dv), m * (d + dv)),
+        _gemma2_attention_backward_q: (m * (d + dv), n * (d + dv)),
+    }[kernel]
+    once, per_stage = held * item, step * item
+    if len(dtypes) > 1:
+        per_stage += m * n * dtypes[1].itemsize  # the bias tile
+    if kernel is _gemma2_attention_backward_kv:
+        per_stage += 8 * m
+        once += m * n * 4 if item == 4 else 0
+    return once + stages * per_stage
+
+
+_SHARED = {}  # device index -> the most shared memory a program may take there
+
+
+def _shared_limit(device):
+    """What Triton's compiler allows a program on `device` (no limit on the CPU, where the
+    interpreter runs)."""
+    if device.type != "cuda":
+        return float("inf")
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index not in _SHARED:
+        properties = triton.runtime.driver.active.utils.get_device_properties(index)
+        _SHARED[index] = properties["max_shared_mem"]
+    return _SHARED[index]
+
+
 def _launch(kernel, grid, dtypes, *args, num_stages, **meta):
     """kernel[grid](*args, **meta), with fewer pipeline stages where the config's
     overflow shared memory (an fp32 call's tiles, a bias tile): the most that fit, kept
-    per kernel, dtypes and tiles, so only the first such call pays the failed compile."""
+    per kernel, dtypes and tiles, so only the first such call pays the failed compile.
+    While traced, the estimate picks them: Inductor compiles after the trace."""
     key = (kernel, dtypes, meta["BLOCK_M"], meta.get("BLOCK_N"), num_stages)
-    if _TRACED:  # Inductor compiles later, where nothing is caught: one stage for fp32
-        stages = _STAGES.get(key, 1 if torch.float32 in dtypes else num_stages)
+    if _TRACED:  # Inductor compiles later, where nothing is caught: the estimate decides
+        stages, limit = _STAGES.get(key, num_stages), _shared_limit(args[0].device)
+        while stages > 1 and _shared_bytes(kernel, stages, dtypes, meta) > limit:
+            stages -= 1
         _traceable(kernel)[grid](*args, num_stages=stages, **meta)
         return
     stages = _STAGES.get(key, num_stages)
@@ -1062,7 +1104,7 @@ class _Trained(torch.autograd.Function):
 def _triton_ops():
     """Whether the ops are torch.library.triton_op, so that torch.compile traces into the
     launcher and Inductor launches the kernels from its own wrapper: where
-    FUSEGEN_ATTENTION_TRITON_OP=1 is set at import (opt-in: not yet measured on a GPU),
+    FUSEGEN_ATTENTION_TRITON_OP=1 is set at import (opt-in; its GPU tests pass),
     torch has triton ops (2.6 and newer), and not under the interpreter (torch cannot
     trace an interpreted kernel). Else opaque custom ops, whose launcher runs at each
     call of the compiled graph."""
@@ -1075,9 +1117,13 @@ def _triton_ops():
 
 def _as_traced(fn):
     """fn (its signature kept: a triton op's schema comes from it) with its launches
-    going through wrap_triton (_traceable): a triton op's body."""
+    going through wrap_triton (_traceable) while traced: a triton op's body. Called
+    eagerly (torch turns wrap_triton off for it), it is the launcher as it is, with
+    its TMA loads and its retry on fewer stages."""
 
     def run(*args):
+        if not torch._library.triton.is_wrap_triton_enabled():
+            return fn(*args)
         _TRACED.append(True)
         try:
             return fn(*args)

@@ -236,8 +236,9 @@ def test_attention_modules_are_short(path):
     ranges and counts, the checks (key lengths' too), the decode split and dot precision,
     launches (with the shared-memory retry) and reference. A bias spec adds its loads,
     checks and d bias (about 100 lines more); head dim 128 its TMA loads (about 80); the
-    tuned table's lookup (about 70); the triton ops for Inductor (about 60)."""
-    assert len(path.read_text().splitlines()) <= 1280
+    tuned table's lookup (about 70); the triton ops for Inductor (about 60) and the
+    shared-memory estimate that picks their stages (about 45)."""
+    assert len(path.read_text().splitlines()) <= 1330
 
 
 @pytest.mark.parametrize("path", CHAINS, ids=lambda p: p.name)
