@@ -843,9 +843,10 @@ def _shared_bytes(kernel, stages, dtypes, meta):
     """The shared memory Triton 3.6 gives a config at sm_90, from above: the tiles held
     over the loop, one buffer per stage of those each step loads (and of a bias tile),
     dk/dv's lse and delta rows per stage, and in fp32 its p and ds tiles, which its dots
-    convert through shared memory. Checked against Triton's own count compiling for
-    sm_90: exact or over for the three kernels at head dims 16 to 256, in bf16, fp16 and
-    fp32, with and without a bias (tests/test_kernels.py has the figures)."""
+    convert through shared memory. Against Triton's own count compiling for sm_90 (the
+    three kernels, head dims 16 to 256, bf16, fp16 and fp32): exact or a few percent over
+    without a bias, up to 30% over with one, which Triton buffers fewer times
+    (tests/test_kernels.py, test_attention_shared_memory_estimate_holds)."""
     item = dtypes[0].itemsize
     m, n, d = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_D"]
     dv = meta.get("BLOCK_DV", d)
@@ -861,21 +862,6 @@ def _shared_bytes(kernel, stages, dtypes, meta):
         per_stage += 8 * m
         once += m * n * 4 if item == 4 else 0
     return once + stages * per_stage
-
-
-_SHARED = {}  # device index -> the most shared memory a program may take there
-
-
-def _shared_limit(device):
-    """What Triton's compiler allows a program on `device` (no limit on the CPU, where the
-    interpreter runs)."""
-    if device.type != "cuda":
-        return float("inf")
-    index = torch.cuda.current_device() if device.index is None else device.index
-    if index not in _SHARED:
-        properties = triton.runtime.driver.active.utils.get_device_properties(index)
-        _SHARED[index] = properties["max_shared_mem"]
-    return _SHARED[index]
 
 
 def _launch(kernel, grid, dtypes, *args, num_stages, **meta):
@@ -926,16 +912,27 @@ def _pow2(n):
     return power
 
 
-_SM_COUNTS = {}
+_DEVICES = {}  # GPU index -> (multiprocessors, shared memory a program may take)
+
+
+def _device_facts(device):
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index not in _DEVICES:
+        props = torch.cuda.get_device_properties(index)
+        shared = getattr(props, "shared_memory_per_block_optin", 101_376)
+        _DEVICES[index] = (props.multi_processor_count, shared)
+    return _DEVICES[index]
 
 
 def _sm_count(device):
     """The GPU's multiprocessors (0 off a GPU: the interpreter runs no split)."""
-    if device.type != "cuda":
-        return 0
-    if device.index not in _SM_COUNTS:
-        _SM_COUNTS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _SM_COUNTS[device.index]
+    return _device_facts(device)[0] if device.type == "cuda" else 0
+
+
+def _shared_limit(device):
+    """The shared memory a program may take on `device` (what Triton's compiler checks;
+    no limit off a GPU, where the interpreter runs)."""
+    return _device_facts(device)[1] if device.type == "cuda" else float("inf")
 
 
 def _forward_plan(device, batch, sq, skv, dtype):
