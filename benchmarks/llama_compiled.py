@@ -71,13 +71,11 @@ def run(args) -> dict:
     torch.manual_seed(1)
     report = {"setup": {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-        # Attention modules are triton ops only with FUSEGEN_ATTENTION_TRITON_OP=1 (opt-in).
         "triton_ops": {
             n: m._KERNELS.triton_ops() if hasattr(m, "_KERNELS") else m._triton_ops()
             for n, m in modules.items()
         },
         "FUSEGEN_TRITON_OP": os.environ.get("FUSEGEN_TRITON_OP"),
-        "FUSEGEN_ATTENTION_TRITON_OP": os.environ.get("FUSEGEN_ATTENTION_TRITON_OP"),
     }, "forward": {}, "train": {}}  # fmt: skip
     print(report["setup"], flush=True)
     ok = True

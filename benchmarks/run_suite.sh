@@ -53,8 +53,9 @@
 #                      reduce-overhead, with triton ops (the default) and the opaque ops (FUSEGEN_TRITON_OP=0)
 #   llama-attention    the training step (gradients vs float64, time) and the compiled
 #                      prefill and step with generated/llama3_attention swapped in as well
-#                      (transformers' AttentionInterface); compiled again with the attention
-#                      ops as triton ops (FUSEGEN_ATTENTION_TRITON_OP=1)
+#                      (transformers' AttentionInterface); compiled again with every op
+#                      opaque (FUSEGEN_TRITON_OP=0); its decode-sized forwards
+#                      (llama_decode.py --attention), triton ops and opaque
 #   llama-decode       its decode-sized forwards, HF and fusegen in alternating rounds of one
 #                      process, and the GPU's busy time per call; four processes, the op kinds
 #                      alternating (triton ops, opaque, triton ops, opaque), then compiled
@@ -187,9 +188,12 @@ open('$out/attention-zoo/attention.yaml', 'w').write(t.ATTENTION_SPECS)"
         run $PYTHON benchmarks/llama_training_step.py --attention --out "$out/llama_step_attention.json"
         run $PYTHON benchmarks/llama_compiled.py --attention --modes eager,compiled \
             --out "$out/llama_compiled_attention.json"
-        # The attention ops as triton ops (opt-in): Inductor launches their kernels.
-        FUSEGEN_ATTENTION_TRITON_OP=1 run $PYTHON benchmarks/llama_compiled.py --attention \
-            --modes compiled --out "$out/llama_compiled_attention_triton_op.json" ;;
+        # Every op opaque: the launchers run at each call of the compiled graph.
+        FUSEGEN_TRITON_OP=0 run $PYTHON benchmarks/llama_compiled.py --attention \
+            --modes compiled --out "$out/llama_compiled_attention_opaque.json"
+        run $PYTHON benchmarks/llama_decode.py --attention --out "$out/llama_decode_attention.json"
+        FUSEGEN_TRITON_OP=0 run $PYTHON benchmarks/llama_decode.py --attention \
+            --out "$out/llama_decode_attention_opaque.json" ;;
     llama-decode)
         for process in 1 2; do
             run $PYTHON benchmarks/llama_decode.py --out "$out/llama_decode_triton_op_$process.json"

@@ -675,9 +675,8 @@ def mistral_sliding_window(
     Raises TypeError or ValueError naming the tensor and dim for a wrong type, shape,
     dtype or device. Where an input requires grad (grad mode on), the
     outputs carry a grad_fn: the backward kernels, recomputing the probabilities from the
-    saved lse. Inside torch.compile it is one op: opaque, or a triton op whose kernels
-    Inductor launches with FUSEGEN_ATTENTION_TRITON_OP=1 (see _triton_ops):
-    fusegen::mistral_sliding_window_27b6f51f844e.
+    saved lse. Inside torch.compile it is one op, fusegen::mistral_sliding_window_27b6f51f844e: a triton op whose
+    kernels Inductor launches, or opaque with FUSEGEN_TRITON_OP=0 (see _triton_ops).
     """
     if torch.compiler.is_compiling() and _OP is not None:
         out, lse = _OP(q, k, v, key_lengths)
@@ -1181,13 +1180,12 @@ class _Trained(torch.autograd.Function):
 
 def _triton_ops():
     """Whether the ops are torch.library.triton_op, so that torch.compile traces into the
-    launcher and Inductor launches the kernels from its own wrapper: where
-    FUSEGEN_ATTENTION_TRITON_OP=1 is set at import (opt-in; its GPU tests pass),
-    torch has triton ops (2.6 and newer), and not under the interpreter (torch cannot
-    trace an interpreted kernel). Else opaque custom ops, whose launcher runs at each
-    call of the compiled graph."""
+    launcher and Inductor launches the kernels from its own wrapper: unless
+    FUSEGEN_TRITON_OP=0 is set at import, where torch has triton ops (2.6 and newer),
+    and not under the interpreter (torch cannot trace an interpreted kernel). Else
+    opaque custom ops, whose launcher runs at each call of the compiled graph."""
     return (
-        os.environ.get("FUSEGEN_ATTENTION_TRITON_OP") == "1"
+        os.environ.get("FUSEGEN_TRITON_OP", "1") != "0"
         and hasattr(torch.library, "triton_op") and hasattr(torch.library, "wrap_triton")
         and not _interpreted()
     )  # fmt: skip

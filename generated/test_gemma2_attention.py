@@ -313,7 +313,7 @@ def test_inside_torch_compile():
 
 @needs_gpu
 def test_inductor_launches_the_kernels(monkeypatch):
-    # The triton ops (opt-in: FUSEGEN_ATTENTION_TRITON_OP=1; registered here under a name
+    # The triton ops (the default, FUSEGEN_TRITON_OP=0 opts out; registered here under a name
     # of their own): torch.compile traces into the launcher, and Inductor's wrapper
     # launches the forward and, in training, the backward kernels itself.
     if not hasattr(torch.library, "triton_op"):

@@ -834,20 +834,22 @@ def test_ops_are_triton_ops_where_inductor_can_launch_them(zoo, monkeypatch):
     tests.check_outputs((out,), inputs, torch.float32, seed, kernel.last_launch())
 
 
-def test_attention_ops_are_triton_ops_where_asked(zoo, monkeypatch):
-    """FUSEGEN_ATTENTION_TRITON_OP=1 (opt-in) makes the attention ops triton ops, where
-    torch can trace the kernels (not the interpreter's). Their bodies launch through
+def test_attention_ops_are_triton_ops_where_inductor_can_launch_them(zoo, monkeypatch):
+    """The attention ops are triton ops unless FUSEGEN_TRITON_OP=0, where torch can trace
+    the kernels (not the interpreter's). Their bodies launch through
     wrap_triton: eagerly the same bits as the launcher's own launches (forward, split
     decode with its combine, backward), and traced symbolically the plan runs on fake
     tensors and SymInt sizes."""
     kernel, tests = load(zoo, "att_gqa_causal")
     interpreted = kernel._interpreted
-    monkeypatch.setenv("FUSEGEN_ATTENTION_TRITON_OP", "1")
+    monkeypatch.setenv("FUSEGEN_TRITON_OP", "1")
     assert not kernel._triton_ops()  # the interpreter: the opaque custom ops
     monkeypatch.setattr(kernel, "_interpreted", lambda: False)
     assert kernel._triton_ops() == hasattr(torch.library, "triton_op")
-    monkeypatch.delenv("FUSEGEN_ATTENTION_TRITON_OP")
-    assert not kernel._triton_ops()  # the default: opaque custom ops
+    monkeypatch.delenv("FUSEGEN_TRITON_OP")
+    assert kernel._triton_ops() == hasattr(torch.library, "triton_op")  # the default
+    monkeypatch.setenv("FUSEGEN_TRITON_OP", "0")
+    assert not kernel._triton_ops()  # opted out: the opaque custom ops
     monkeypatch.setattr(kernel, "_interpreted", interpreted)
     made = recorded_triton_ops(monkeypatch)
     name = "att_gqa_causal_traced_test"
