@@ -884,17 +884,21 @@ def _shared_bytes(kernel, stages, dtypes, meta):
 
 def _launch(kernel, grid, dtypes, *args, num_stages, **meta):
     """kernel[grid](*args, **meta), with fewer pipeline stages where the config's
-    overflow shared memory (an fp32 call's tiles, a bias tile): the most that fit, kept
-    per kernel, dtypes and tiles, so only the first such call pays the failed compile.
-    While traced, the estimate picks them: Inductor compiles after the trace."""
+    overflow shared memory (an fp32 call's tiles, a bias tile): the most that fit by the
+    estimate (_shared_bytes), kept per kernel, dtypes and tiles. Eager and traced calls
+    take the same (Inductor compiles after the trace, where nothing is caught; and the
+    stages can change an fp32 sum's last bits); an eager call that still overflows
+    retries with fewer."""
     key = (kernel, dtypes, meta["BLOCK_M"], meta.get("BLOCK_N"), num_stages)
-    if _TRACED:  # Inductor compiles later, where nothing is caught: the estimate decides
-        stages, limit = _STAGES.get(key, num_stages), _shared_limit(args[0].device)
+    stages = _STAGES.get(key)
+    if stages is None:
+        stages, limit = num_stages, _shared_limit(args[0].device)
         while stages > 1 and _shared_bytes(kernel, stages, dtypes, meta) > limit:
             stages -= 1
+        _STAGES[key] = stages
+    if _TRACED:
         _traceable(kernel)[grid](*args, num_stages=stages, **meta)
         return
-    stages = _STAGES.get(key, num_stages)
     while True:
         try:
             LAST_COMPILED[kernel.__name__] = kernel[grid](*args, num_stages=stages, **meta)

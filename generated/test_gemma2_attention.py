@@ -291,8 +291,8 @@ def test_no_queries():
 
 
 @interpreter_heavy
-def test_inside_torch_compile():
-    # One custom op forward, one backward: fullgraph=True holds, the same bits as eager.
+def test_inside_torch_compile(monkeypatch):
+    # One op forward, one backward: fullgraph=True holds, the same bits as eager.
     torch._dynamo.reset()
     dtype, seed = DTYPES[-1], new_seed()
     inputs = make_inputs(SMALL, dtype, seed)
