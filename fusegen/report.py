@@ -21,7 +21,7 @@ def _cells(r: Result) -> list[str]:
         f"{100 * r.roofline:.0f}%" if r.roofline is not None else "-",
         f"{r.first_call_s:.2f}" if r.first_call_s is not None else "-",
         f"{r.error:.1e}" if r.error is not None else "-",
-        "ok" if r.ok else "FAIL",
+        ("ok" if r.ms is not None else "n/a") if r.ok else "FAIL",
         f"{r.speedup:.2f}x" if r.speedup is not None else "",
         r.note,
     ]

@@ -623,8 +623,9 @@ def gemma2_attention(
     Raises TypeError or ValueError naming the tensor and dim for a wrong type, shape,
     dtype or device. Where an input requires grad (grad mode on), the
     outputs carry a grad_fn: the backward kernels, recomputing the probabilities from the
-    saved lse. Inside torch.compile it is one op, fusegen::gemma2_attention_27b6f51f844e: a triton op whose
-    kernels Inductor launches, or opaque with FUSEGEN_TRITON_OP=0 (see _triton_ops).
+    saved lse. Inside torch.compile it is one op: a triton op whose kernels Inductor
+    launches, or opaque with FUSEGEN_TRITON_OP=0 (see _triton_ops):
+    fusegen::gemma2_attention_27b6f51f844e.
     """
     if torch.compiler.is_compiling() and _OP is not None:
         out, lse = _OP(q, k, v, key_lengths)
