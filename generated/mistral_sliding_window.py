@@ -894,11 +894,12 @@ def _traceable(kernel):
 
 def _shared_bytes(kernel, stages, dtypes, meta):
     """The shared memory Triton 3.6 gives a config at sm_90, from above: the tiles held
-    over the loop, one buffer per stage of those each step loads (and of a bias tile),
-    dk/dv's lse and delta rows per stage, and in fp32 its p and ds tiles, which its dots
-    convert through shared memory. Against Triton's own count compiling for sm_90 (the
-    three kernels, head dims 16 to 256, bf16, fp16 and fp32): exact or a few percent over
-    without a bias, up to 30% over with one, which Triton buffers fewer times
+    over the loop, one buffer per stage of those each step loads, dk/dv's lse and delta
+    rows per stage, in fp32 its p and ds tiles, which its dots convert through shared
+    memory, and a bias tile once (twice in dk/dv's bf16 and fp16). Against
+    Triton's own count compiling for sm_90 (the three kernels, head dims 16 to 256, bf16,
+    fp16 and fp32, with and without a bias): exact or up to 4% over in bf16 and fp16;
+    in fp32, whose tiles Triton buffers fewer times past one stage, up to 60% over
     (tests/test_kernels.py, test_attention_shared_memory_estimate_holds)."""
     item = dtypes[0].itemsize
     m, n, d = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_D"]
@@ -909,9 +910,12 @@ def _shared_bytes(kernel, stages, dtypes, meta):
         _mistral_sliding_window_backward_q: (m * (d + dv), n * (d + dv)),
     }[kernel]
     once, per_stage = held * item, step * item
+    kv = kernel is _mistral_sliding_window_backward_kv
     if len(dtypes) > 1:
-        per_stage += m * n * dtypes[1].itemsize  # the bias tile
-    if kernel is _mistral_sliding_window_backward_kv:
+        # the bias tile; dk/dv reads it transposed, through a second (fp32 converts p
+        # and ds through the tile counted below)
+        once += m * n * dtypes[1].itemsize * (2 if kv and item < 4 else 1)
+    if kv:
         per_stage += 8 * m
         once += m * n * 4 if item == 4 else 0
     return once + stages * per_stage

@@ -970,6 +970,7 @@ print(json.dumps([compiled.metadata.shared, estimate]))
     [
         ("gemma2_attention", "forward", "bfloat16", (128, 64, 8, 3)),  # 256 KB: over the H200
         ("att_window_softcap", "backward_q", "float16", (64, 64, 4, 3)),  # a bias tile
+        ("att_window_softcap", "backward_kv", "float16", (64, 64, 4, 2)),  # read transposed
         ("att_wide_v", "backward_kv", "float32", (64, 64, 4, 1)),  # v's own head dim
         ("att_d256", "backward_kv", "float32", (32, 32, 4, 1)),  # fp32's p, ds conversion
     ],
@@ -979,8 +980,8 @@ def test_attention_shared_memory_estimate_holds(zoo, name, kernel_name, dtype, c
     estimate of shared memory, since Inductor compiles after the trace, where a config
     that does not fit is an error. The estimate must never be under what Triton gives
     the config at sm_90 (an H200 failed gemma2's forward so), nor far over (it would
-    cut stages that fit). Without a bias it was exact or within 4% over; a bias tile it
-    counts once per stage, where Triton buffers fewer: up to 30% over."""
+    cut stages that fit, eagerly too). In bf16 and fp16, with a bias or without, it was
+    exact or within 4% over; in fp32 at one stage within 30%."""
     folder = Path(__file__).parent.parent / "generated" if name == "gemma2_attention" else zoo
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(
