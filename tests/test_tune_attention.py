@@ -118,6 +118,43 @@ def test_tune_writes_a_table_the_module_reads(generated):
     assert len(tables.read(written[0])["entries"]) == 4
 
 
+def test_configs_that_run_the_same_are_timed_once(generated):
+    """A config whose pipeline stages overflow shared memory runs with fewer (the
+    launcher cuts them by its estimate): the tuner records it as it ran, and times it
+    only where no config before it ran so."""
+    out_dir, kernels = generated
+    spaces = {**SPACES, "kv": [(32, 16, 4, 1), (32, 16, 4, 3), (32, 16, 8, 3)]}
+    loaded = {}
+
+    def load(att, folder):
+        module = loaded["module"] = tune_attention.load_generated(att, folder)
+        meta = {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_D": 32, "BLOCK_DV": 32}
+        kv = module._tiny_attention_backward_kv
+        one_stage = module._shared_bytes(kv, 1, (torch.float32,), meta)
+        module._shared_limit = lambda device: one_stage  # kv's 32x16 tiles fit one stage
+        return module
+
+    timed = []
+
+    def timer(fn):
+        fn()
+        timed.append(dict(loaded["module"].FORCED).get("kv"))
+        return 2.0 if timed[-1] == spaces["kv"][0] else 1.0
+
+    results, _ = tune_attention.run(
+        kernels, [(1, 40, 40)], ["fp32"], out_dir, timer, lambda line: None,
+        device="cpu", load=load, identity=FAKE_GPU, spaces=spaces,
+    )  # fmt: skip
+    (kv,) = [r for r in results if r.kernel == "tiny_attention kv"]
+    assert [(m.config, m.problem) for m in kv.measured[1:]] == [
+        ((32, 16, 4, 1), ""),
+        ((32, 16, 4, 1), "ran as (32, 16, 4, 1), timed already"),
+        ((32, 16, 8, 1), ""),
+    ]
+    assert [c for c in timed if c is not None] == [(32, 16, 4, 1), (32, 16, 8, 3)]
+    assert kv.entry["choices"]["tuned"]["config"] == [32, 16, 8, 1]
+
+
 def test_a_stale_entry_is_not_used(generated):
     out_dir, kernels = generated
     module = import_fresh(out_dir / "tiny_attention.py")
