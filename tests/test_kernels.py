@@ -1012,6 +1012,23 @@ def test_export_keeps_the_op(zoo):
     tests.check_outputs((out,), inputs, torch.float32, seed, kernel.last_launch())
 
 
+def test_attention_export_keeps_the_op(zoo):
+    """torch.export.export of a module calling an attention launcher: the exported
+    program holds the forward op, and runs it to the launcher's bits."""
+    kernel, tests = load(zoo, "att_gqa_causal")
+    q, k, v = tests.make_inputs((2, 37, 37), torch.float32, tests.new_seed())
+
+    class Model(torch.nn.Module):
+        def forward(self, q, k, v):
+            return kernel.att_gqa_causal(q, k, v)
+
+    exported = torch.export.export(Model(), (q, k, v))
+    calls = [str(n.target) for n in exported.graph.nodes if n.op == "call_function"]
+    assert [c for c in calls if c.startswith("fusegen.")] == [str(kernel._OP)], calls
+    want = kernel.att_gqa_causal(q, k, v)
+    torch.testing.assert_close(exported.module()(q, k, v), want, rtol=0, atol=0)
+
+
 # (module, text to replace, replacement, why the attention tests must notice)
 ATTENTION_MUTATIONS = [
     ("att_gqa_causal", "acc * rescale[:, None],", "acc,", "no online rescale"),
