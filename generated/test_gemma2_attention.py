@@ -348,6 +348,38 @@ def test_inductor_launches_the_kernels(monkeypatch):
     torch._dynamo.reset()
 
 
+@needs_gpu
+def test_cuda_graphs_and_export():
+    # mode="reduce-overhead" replays the kernels from a CUDA graph; torch.export keeps
+    # the op in the exported program, which runs it.
+    torch._dynamo.reset()
+    dtype, seed = DTYPES[0], new_seed()
+    inputs = make_inputs(SMALL, dtype, seed)
+    doubles = [t.double() for t in inputs]
+
+    class Model(torch.nn.Module):
+        def forward(self, *tensors):
+            return kernel.gemma2_attention(*tensors)
+
+    graphed = torch.compile(Model(), mode="reduce-overhead", fullgraph=True)
+    with torch.no_grad():
+        for _ in range(3):  # the warm-up, the recording, a replay
+            out = graphed(*inputs).clone()
+            check(
+                "out",
+                out,
+                kernel.reference(*doubles),
+                kernel.reference(*inputs),
+                seed,
+                dtype,
+                SMALL,
+            )
+        exported = torch.export.export(Model(), tuple(inputs))
+        out = exported.module()(*inputs)
+    check("out", out, kernel.reference(*doubles), kernel.reference(*inputs), seed, dtype, SMALL)
+    torch._dynamo.reset()
+
+
 def test_falls_back_without_gpu(monkeypatch):
     # Not on a GPU and the interpreter off: the reference, forward and backward.
     monkeypatch.setattr(kernel, "_runs_triton", lambda device: False)
