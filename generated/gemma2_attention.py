@@ -828,7 +828,7 @@ def _tuned_config(identity, kernel, dtype, q_len, k_len):
     return None
 
 
-_STAGES = {}  # (kernel, dtypes, tiles, stages asked) -> the fewer stages that fit
+_STAGES = {}  # (kernel, dtypes, tiles, stages asked) -> the stages that fit (_launch)
 LAST_COMPILED = {}  # kernel name -> the compiled kernel of its last launch (`fusegen inspect`)
 _TRACED = []  # non-empty while a triton op runs the launcher (see _triton_ops)
 
