@@ -26,7 +26,7 @@ BIAS_FLOOR = -(2.0**93)
 # 9.14 on 3 stages, in the tune of the backward's own space
 # (2026-12-02-h200-attention-backward-tune).
 # Its forward tiles take 2 stages: 3 need 256 KB of shared memory (the H200 has 227), which
-# the eager launcher found by a failed compile, but Inductor, compiling after a trace, cannot.
+# the launcher's estimate would cut anyway (as Inductor, compiling after a trace, must).
 CONFIGS = {64: (64, 64, 4, 3), 128: (64, 64, 4, 3), 256: (128, 64, 8, 2)}
 LARGE_TILE_CONFIGS = {128: (128, 128, 8, 3)}
 BACKWARD_CONFIGS = {

@@ -403,7 +403,7 @@ def test_cuda_graphs_and_export():
     torch._dynamo.reset()
     dtype, seed = DTYPES[0], new_seed()
     inputs = make_inputs(SMALL, dtype, seed)
-    doubles = [t.double() for t in inputs]
+    want, eager = kernel.reference(*[t.double() for t in inputs]), kernel.reference(*inputs)
 
     class Model(torch.nn.Module):
         def forward(self, *tensors):
@@ -412,19 +412,10 @@ def test_cuda_graphs_and_export():
     graphed = torch.compile(Model(), mode="reduce-overhead", fullgraph=True)
     with torch.no_grad():
         for _ in range(3):  # the warm-up, the recording, a replay
-            out = graphed(*inputs).clone()
-            check(
-                "out",
-                out,
-                kernel.reference(*doubles),
-                kernel.reference(*inputs),
-                seed,
-                dtype,
-                SMALL,
-            )
+            check("out", graphed(*inputs).clone(), want, eager, seed, dtype, SMALL)
         exported = torch.export.export(Model(), tuple(inputs))
         out = exported.module()(*inputs)
-    check("out", out, kernel.reference(*doubles), kernel.reference(*inputs), seed, dtype, SMALL)
+    check("out", out, want, eager, seed, dtype, SMALL)
     torch._dynamo.reset()
 
 
