@@ -26,7 +26,8 @@ import sys, tempfile, time
 from pathlib import Path
 import torch
 sys.path.insert(0, {root!r})
-from fusegen import bench, build
+from fusegen import build
+from fusegen.tools import bench
 spec, name, shape, no_table = {spec!r}, {name!r}, {shape!r}, {no_table}
 kernel = next(k for k in build.load(build.collect([spec])).kernels if k.name == name)
 examples = Path({root!r}, "specs").resolve() in (Path(spec).resolve(), Path(spec).resolve().parent)
@@ -62,7 +63,8 @@ def main() -> None:
     parser.add_argument("--no-table", action="store_true")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from fusegen import bench, build
+    from fusegen import build
+    from fusegen.tools import bench
 
     kernels = build.load(build.collect([args.spec])).kernels
     rows = [int(r) for r in args.rows.split(",")]

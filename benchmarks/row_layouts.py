@@ -22,7 +22,8 @@ from triton.testing import do_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from fusegen import bench, build  # noqa: E402
+from fusegen import build  # noqa: E402
+from fusegen.tools import bench  # noqa: E402
 
 
 def copying(module, index):

@@ -44,7 +44,7 @@
 #                      cuDNN and efficient backends and compiled FlexAttention, forward and backward
 #   attention-configs  the attention kernels over a grid of launch configs (forward at each
 #                      case, the backward's dk/dv and dq kernels): what attention_text.py's CONFIGS hold
-#   attention-variants code variants of the attention kernels (benchmarks/prototypes/
+#   attention-variants code variants of the attention kernels (benchmarks/experiments/
 #                      attention_variants.py: heaviest blocks first, TMA loads, warp
 #                      specialization), checked and timed before the generator takes one
 #   attention-bench    `fusegen bench` and `fusegen inspect` of specs/fused_attention.yaml's
@@ -174,7 +174,7 @@ open('$out/attention-zoo/attention.yaml', 'w').write(t.ATTENTION_SPECS)"
     attention-configs)
         run $PYTHON benchmarks/attention_configs.py --out "$out/attention_configs.json" ;;
     attention-variants)
-        run $PYTHON benchmarks/prototypes/attention_variants.py --out "$out/attention_variants.json" ;;
+        run $PYTHON benchmarks/experiments/attention_variants.py --out "$out/attention_variants.json" ;;
     attention-bench)
         run $PYTHON -m fusegen bench specs/fused_attention.yaml --attention-shapes 4,2048,2048 \
             1,1,8192 --compare sdpa,flex --out "$out/attention-bench"

@@ -8,10 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from fusegen import codegen, limits, source, tables
+from fusegen import codegen, tables
+from fusegen.spec import limits, source
 from fusegen.errors import SpecError, SpecErrors
 from fusegen.ir import Kernel
-from fusegen.lower import lower_file
+from fusegen.lower.kernels import lower_file
 from fusegen.writer import Planned
 
 SPEC_SUFFIXES = (".yaml", ".yml")

@@ -12,9 +12,10 @@ import json
 import sys
 from pathlib import Path
 
-from fusegen import __version__, build, schema, writer
-from fusegen.bench import DEFAULT_ROWS, LAYOUTS
-from fusegen.bench_attention import DEFAULT_SHAPES as ATTENTION_SHAPES
+from fusegen import __version__, build, writer
+from fusegen.spec import schema
+from fusegen.tools.bench import DEFAULT_ROWS, LAYOUTS
+from fusegen.tools.bench_attention import DEFAULT_SHAPES as ATTENTION_SHAPES
 from fusegen.errors import SpecErrors
 
 # What `bench` takes where an option is not given (None in argparse, so that --suite can
@@ -183,7 +184,7 @@ def _gpu_or_exit(command: str) -> bool:
 def _shapes_for(args: argparse.Namespace):
     """kernel -> its shapes, from --shapes or --rows (see bench.kernel_shapes); raises
     ValueError on bad input."""
-    from fusegen import bench
+    from fusegen.tools import bench
 
     given = [_shape(s) for s in args.shapes] if args.shapes else None
     rows = list(_shape(args.rows)) if args.rows else None
@@ -205,7 +206,7 @@ def _gpu_command(args: argparse.Namespace, command: str, work, check=None) -> in
     shapes (and `check(kernels)`, which raises ValueError) are checked first (exit 2 with
     every error), then a GPU is required, then `work(kernels, shapes_for, progress)` runs;
     its TuneError or ValueError exits 2."""
-    from fusegen.tune import TuneError
+    from fusegen.tools.tune import TuneError
 
     try:
         loaded = build.load(build.collect(args.specs))
@@ -241,7 +242,7 @@ def _gpu_command(args: argparse.Namespace, command: str, work, check=None) -> in
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from fusegen import timing, tune, tune_attention
+    from fusegen.tools import timing, tune, tune_attention
 
     def work(kernels, shapes_for, progress) -> int:
         chains, attention = _by_kind(kernels)
@@ -312,7 +313,7 @@ def _by_kind(kernels) -> tuple[list, list]:
 
 def _check_attention_shapes(args) -> None:
     """--attention-shapes (or the defaults) into args.attention_shape_list; raises ValueError."""
-    from fusegen import bench_attention
+    from fusegen.tools import bench_attention
 
     given = [_shape(s) for s in args.attention_shapes or []]
     bench_attention.check_shapes(given)
@@ -322,7 +323,7 @@ def _check_attention_shapes(args) -> None:
 def _inspect_work(args: argparse.Namespace, kernels, shapes_for, progress) -> int:
     import os
 
-    from fusegen import inspect_kernels
+    from fusegen.tools import inspect_kernels
 
     chains, attention = _by_kind(kernels)
     found = inspect_kernels.run(chains, shapes_for, args.dtype, Path(args.out), progress)
@@ -418,7 +419,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from fusegen import bench
+    from fusegen.tools import bench
 
     if args.suite:
         return _bench_suite(args)
@@ -459,14 +460,14 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _bench_checks(args, kernels) -> None:
     """--layout against the chain kernels, --attention-shapes' form; raises ValueError."""
-    from fusegen import bench
+    from fusegen.tools import bench
 
     bench.check_layouts(_by_kind(kernels)[0], args.layouts)
     _check_attention_shapes(args)
 
 
 def _bench_work(args, kernels, shapes_for, variants, progress) -> int:
-    from fusegen import bench, bench_attention, report, timing
+    from fusegen.tools import bench, bench_attention, report, timing
 
     chains, attention = _by_kind(kernels)
     timer = timing.TIMERS[args.timer]
@@ -509,7 +510,7 @@ def _bench_work(args, kernels, shapes_for, variants, progress) -> int:
 def _bench_suite(args: argparse.Namespace) -> int:
     """`bench --suite FILE [--runs RUN...] [--list]`: the suite is checked whole (exit 2
     with every error) before a GPU is asked for; each run's results go to OUT/RUN/."""
-    from fusegen import bench_suite
+    from fusegen.tools import bench_suite
 
     given = [f"--{n}" for n in ("shapes", "rows", "kernels", *_BENCH_DEFAULTS)]
     given = [o for o in given if getattr(args, o[2:]) not in (None, [])]
@@ -541,7 +542,7 @@ def _bench_suite(args: argparse.Namespace) -> int:
 def _bench_suite_work(out: Path, suite, runs, timers=None, ceilings=None, device="cuda") -> int:
     """Each run in turn, its results in out/RUN/ (a GPU is there); `timers`, `ceilings` and
     `device` are for the tests, which run this on the CPU with a fake timer."""
-    from fusegen import bench, bench_suite, report, timing
+    from fusegen.tools import bench, bench_suite, report, timing
 
     timers = timers or timing.TIMERS
     progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731

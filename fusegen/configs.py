@@ -135,8 +135,8 @@ ELEMENTWISE_SPACE = (
 # 1.346 ms against cuBLASLt's 1.434) or with a split epilogue store (4096x1024x4096:
 # 0.066 ms); for the gated chain, 128x128 tiles without flattening and with the split
 # store (8192x4096x14336: 2.84 ms; flattened: 3.66 ms), GROUP_M 16 measured 1.6% faster
-# there than 8 on another H200 (2.978 vs 3.024 ms; benchmarks/sweep.py). Thin tiles serve
-# decode-sized M.
+# there than 8 on another H200 (2.978 vs 3.024 ms; benchmarks/experiments/sweep.py).
+# Thin tiles serve decode-sized M.
 TMA_MATMUL_SPACE = (
     _tma(128, 256, 64, 8, 8, 3, 1, 1, 0),
     _tma(128, 256, 64, 8, 8, 3, 1, 0, 0),

@@ -8,7 +8,7 @@ below plus its row in tests/test_ops.py.
 
 The structural ops (`input`, `matmul`, `gate`) shape the kernel rather than compute a
 value elementwise; they are named here so that "unknown op" errors and the JSON Schema
-know them, and lowered by `fusegen.lower`.
+know them, and lowered by `fusegen.lower.kernels`.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ PACKED_ROWS = 64
 # d_out) through tensor descriptors (TMA, the bulk copy engine) on GPUs of compute
 # capability 9 and newer, where the tensors are 16-byte aligned (False: pointer loads
 # everywhere): 4-7% faster at head dim 128 on an H200
-# (benchmarks/prototypes/attention_variants.py).
+# (benchmarks/experiments/attention_variants.py).
 TMA_LOADS = True
 
 

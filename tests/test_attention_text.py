@@ -2,7 +2,7 @@
 
 import pytest
 
-from fusegen import attention_text
+from fusegen.codegen import attention_text
 
 
 def bloom_slopes(heads):

@@ -9,7 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from conftest import HAS_CUDA, ROOT  # noqa: E402
-from fusegen import bench, bench_suite, build, report, tables  # noqa: E402
+from fusegen import build, tables  # noqa: E402
+from fusegen.tools import bench, bench_suite, report  # noqa: E402
 
 ANCHORS = ROOT / "benchmarks" / "specs" / "anchors.yaml"
 ROWS = ROOT / "benchmarks" / "specs" / "rows.yaml"

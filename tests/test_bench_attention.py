@@ -5,7 +5,8 @@ the work counted, the report, the command line's checks."""
 import pytest
 import torch
 
-from fusegen import bench, bench_attention, build, report, tables
+from fusegen import build, tables
+from fusegen.tools import bench, bench_attention, report
 from fusegen.cli import main
 
 SPECS = """
@@ -152,7 +153,7 @@ def test_bench_rejects_attention_shapes_that_are_not_three_numbers(write_spec, c
 def test_inspect_attention_runs_every_kernel(kernels, tmp_path):
     # One forward and backward through the module: a row per kernel launched (the
     # interpreter compiles nothing, so the metadata are None here).
-    from fusegen import inspect_kernels
+    from fusegen.tools import inspect_kernels
 
     def load(att, out_dir):
         return bench.load_module(att, tmp_path)

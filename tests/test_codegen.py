@@ -8,7 +8,8 @@ import black
 import pytest
 
 from conftest import ROOT
-from fusegen import __version__, attention_text, build, codegen
+from fusegen import __version__, build, codegen
+from fusegen.codegen import attention_text, chain_text, kernel_text
 
 GENERATED = sorted((ROOT / "generated").glob("*.py"))
 RUNTIME = ROOT / "generated" / codegen.RUNTIME_FILE
@@ -81,7 +82,7 @@ def test_header_names_spec_and_hash(path):
 
 
 def test_formulas(examples):
-    by_name = {k.name: codegen.formula(k) for k in examples.kernels if k.kind != "attention"}
+    by_name = {k.name: chain_text.formula(k) for k in examples.kernels if k.kind != "attention"}
     assert by_name == {
         "bert_intermediate": "y = gelu(x @ w.T + b)",
         "bias_gelu_residual": "y = gelu_tanh(x + b) * 0.5 + r",
@@ -134,7 +135,7 @@ def test_epilogue_loads_each_operand_once(write_spec):
             chain: [{input: x}, {add: r}, relu, {mul: r}]
         """)
     (kernel,) = build.load([path]).kernels
-    lines = codegen.epilogue(kernel, "value")
+    lines = kernel_text.epilogue(kernel, "value")
     assert sum(line.startswith("r = tl.load(") for line in lines) == 1
     assert lines[-1] == "value = value * r"
 

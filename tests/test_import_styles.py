@@ -115,9 +115,9 @@ print("side by side ok")
 
 def build_folder(out, version=None):
     """Build specs/elementwise.yaml into `out` in a fresh process, as fusegen `version`."""
-    patch = f"fusegen.codegen.__version__ = {version!r}; " if version else ""
+    patch = f"fusegen.codegen.files.__version__ = {version!r}; " if version else ""
     code = (
-        "import sys, fusegen.codegen; "
+        "import sys, fusegen.codegen.files; "
         + patch
         + "from fusegen.cli import main; sys.exit(main(sys.argv[1:]))"
     )

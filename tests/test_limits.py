@@ -1,4 +1,4 @@
-"""Hostile specs fail fast, located, in bounded memory, writing nothing (fusegen.limits).
+"""Hostile specs fail fast, located, in bounded memory, writing nothing (fusegen.spec.limits).
 
 The small hostile files live in tests/specs_with_errors (alias_bomb, recursive_anchors,
 yaml_tags, huge_integers, large_values, control_characters); the large ones are made
@@ -14,7 +14,7 @@ import time
 import pytest
 
 from conftest import ROOT
-from fusegen import limits
+from fusegen.spec import limits
 
 KERNEL = """\
   - name: {name}

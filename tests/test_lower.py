@@ -5,10 +5,11 @@ import re
 import pytest
 
 from conftest import ROOT
-from fusegen import build, configs, source
+from fusegen import build, configs
+from fusegen.spec import source
 from fusegen.errors import SpecErrors
 from fusegen.ir import Gate, RowStep, Step
-from fusegen.lower import lower_file
+from fusegen.lower.kernels import lower_file
 
 MLP = """
 kernels:

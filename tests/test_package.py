@@ -55,7 +55,7 @@ def test_wheel_holds_the_templates(installed):
     wheel, _ = installed
     names = zipfile.ZipFile(wheel).namelist()
     for template in ("kernel_module.py.j2", "runtime.py.j2", "test_module.py.j2"):
-        assert f"fusegen/templates/{template}" in names
+        assert f"fusegen/codegen/templates/{template}" in names
 
 
 def test_build_from_another_folder_with_the_wheel(installed, tmp_path):

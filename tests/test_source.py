@@ -2,7 +2,7 @@
 
 import pytest
 
-from fusegen import source
+from fusegen.spec import source
 from fusegen.errors import SpecErrors
 
 

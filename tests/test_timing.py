@@ -1,6 +1,6 @@
-"""fusegen.timing without a GPU: which timer tuning uses for which kernel."""
+"""fusegen.tools.timing without a GPU: which timer tuning uses for which kernel."""
 
-from fusegen import timing
+from fusegen.tools import timing
 
 
 def _patched(monkeypatch, graph):

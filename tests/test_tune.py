@@ -14,7 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from conftest import HAS_CUDA  # noqa: E402
-from fusegen import build, codegen, inspect_kernels, tables, tune  # noqa: E402
+from fusegen import build, codegen, tables  # noqa: E402
+from fusegen.tools import inspect_kernels, tune  # noqa: E402
 
 SPEC = """
 version: 1

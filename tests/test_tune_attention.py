@@ -9,7 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fusegen import build, tables, tune_attention  # noqa: E402
+from fusegen import build, tables  # noqa: E402
+from fusegen.tools import tune_attention  # noqa: E402
 
 SPEC = """
 version: 1

@@ -8,8 +8,8 @@ import math
 from fusegen import dtypes
 from fusegen.errors import SpecError
 from fusegen.ir import Attention
-from fusegen.source import SpecSource
-from fusegen.spec import AttentionKernelSpec
+from fusegen.spec.source import SpecSource
+from fusegen.spec.models import AttentionKernelSpec
 
 MAX_HEAD_DIM = 256  # one BLOCK_D tile per row in registers
 

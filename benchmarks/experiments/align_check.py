@@ -5,7 +5,7 @@ generated and with `tl.multiple_of` hints on its row strides, at 1000, 1008 and 
 columns, each checked against the float64 reference. Not part of fusegen: an experiment.
 
 Usage (GPU, repo root, pydantic and black on PYTHONPATH):
-    python3 benchmarks/align_check.py
+    python3 benchmarks/experiments/align_check.py
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fusegen import bench, build, codegen, timing  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from fusegen import build, codegen  # noqa: E402
+from fusegen.tools import bench, timing  # noqa: E402
 
-SPEC = Path(__file__).resolve().parents[1] / "specs" / "attention.yaml"
+SPEC = Path(__file__).resolve().parents[2] / "specs" / "attention.yaml"
 
 
 def hinted(

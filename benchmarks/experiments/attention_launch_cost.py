@@ -4,7 +4,7 @@ what is timed is the checks, the plan (packing, key split), the allocations and 
 arguments' assembly: what a decode call on a GPU pays on top of its kernels and
 triton's dispatch.
 
-    python3 benchmarks/attention_launch_cost.py [MODULE.py]  # generated/llama3_attention.py
+    python3 benchmarks/experiments/attention_launch_cost.py [MODULE.py]  # llama3_attention
 
 Prints, per shape (batch, q_len, k_len; bshd, LLaMA-3's 32/8 heads, bf16), the best of
 five repeats of 2000 calls each.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHAPES = [(1, 1, 16384), (16, 1, 4096), (4, 8, 4096)]
 
 

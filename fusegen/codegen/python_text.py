@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fusegen import ops
-from fusegen.chain_text import docstring_safe, lit, matmul_text, operand_ref
+from fusegen.codegen.chain_text import docstring_safe, lit, matmul_text, operand_ref
 from fusegen.ir import Emit, Gate, Kernel, RowStep, Step, Tensor
 
 

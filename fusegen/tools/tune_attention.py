@@ -18,9 +18,10 @@ import datetime
 import time
 from pathlib import Path
 
-from fusegen import bench, bench_attention, tables
+from fusegen import tables
+from fusegen.tools import bench, bench_attention
 from fusegen.ir import Attention
-from fusegen.tune import Measured, ShapeResult, load_generated
+from fusegen.tools.tune import Measured, ShapeResult, load_generated
 from fusegen.writer import Planned, write_all
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) tried per kernel; the forward of a call of up

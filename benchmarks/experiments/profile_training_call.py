@@ -1,7 +1,7 @@
 """Where a generated module's training call spends its time, on a GPU: torch.profiler's
 table of one forward + backward (the launcher under autograd), kernels and CPU ops.
 
-    python benchmarks/profile_training_call.py MODULE SHAPE [SHAPE ...]
+    python benchmarks/experiments/profile_training_call.py MODULE SHAPE [SHAPE ...]
 
 MODULE is a module in generated/ (llama_add_rmsnorm), each SHAPE an input's, comma
 separated (16384,4096 16384,4096 4096), in the launcher's argument order; bf16.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "generated"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "generated"))
 
 
 def main() -> int:

@@ -21,7 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fusegen import bench, codegen, tables
+from fusegen import codegen, tables
+from fusegen.tools import bench
 from fusegen.ir import Kernel
 from fusegen.writer import Planned, write_all
 

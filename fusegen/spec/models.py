@@ -2,7 +2,7 @@
 
 Nothing here knows about kernels or output. Meaning (which tensors exist, whether a
 matmul's dims agree, which ops are known) is checked when the spec is lowered to the IR
-(`fusegen.lower`); chain steps are kept as raw YAML values here for that reason.
+(`fusegen.lower.kernels`); chain steps are kept as raw YAML values here for that reason.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ class AutotuneSpec(_Strict):
 
 
 # Chain steps are checked against the op registry when lowering; the JSON Schema
-# describes them from the registry too (fusegen.schema).
+# describes them from the registry too (fusegen.spec.schema).
 ChainStep = Any
 
 

@@ -16,8 +16,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from fusegen import bench
-from fusegen.tune import load_generated
+from fusegen.tools import bench
+from fusegen.tools.tune import load_generated
 
 # Nsight Compute metrics: L1 and L2 hit rates, DRAM bytes per second.
 COUNTERS = {
@@ -135,7 +135,7 @@ def inspect_attention(torch, module, att, shape, dtype_name, device="cuda") -> l
     """One forward and one backward of an attention kernel at (batch, q_len, k_len): a
     row per Triton kernel launched through the module's `_launch` (forward, dk/dv, dq),
     from its compiled metadata (None under the interpreter, which compiles nothing)."""
-    from fusegen import bench_attention
+    from fusegen.tools import bench_attention
 
     batch, sq, skv = shape
     dtype = bench.torch_dtype(torch, dtype_name)
@@ -195,7 +195,7 @@ def run_attention(
     """inspect_attention for every attention kernel (the committed module) and shape."""
     import torch
 
-    from fusegen import bench_attention
+    from fusegen.tools import bench_attention
 
     out = []
     for att in kernels:

@@ -9,7 +9,7 @@ the persistent TMA kernel with that many programs per SM (two CTAs resident per 
 shared memory and registers allow, so one's epilogue overlaps the other's mainloop).
 
 Usage (GPU, repo root, pydantic on PYTHONPATH):
-    python3 benchmarks/sweep.py OUT.jsonl [CASE ...]     # CASE: names in CASES
+    python3 benchmarks/experiments/sweep.py OUT.jsonl [CASE ...]     # CASE: names in CASES
 """
 
 from __future__ import annotations
@@ -28,10 +28,11 @@ from pathlib import Path
 import torch
 from triton.testing import do_bench
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fusegen import bench, build, codegen, configs, timing  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from fusegen import build, codegen, configs  # noqa: E402
+from fusegen.tools import bench, timing  # noqa: E402
 
-SPEC = Path(__file__).resolve().parent / "specs" / "anchors.yaml"
+SPEC = Path(__file__).resolve().parents[1] / "specs" / "anchors.yaml"
 CASE_BUDGET_S = float(os.environ.get("SWEEP_CASE_BUDGET_S", "240"))
 
 

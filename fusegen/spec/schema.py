@@ -7,7 +7,7 @@ registry, so a new op appears in the schema without edits here.
 from __future__ import annotations
 
 from fusegen import dtypes, ops
-from fusegen.spec import SpecFile
+from fusegen.spec.models import SpecFile
 
 SCHEMA_ID = "https://fusegen.dev/schema/spec-v1.json"
 

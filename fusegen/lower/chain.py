@@ -1,6 +1,6 @@
 """Chain steps -> IR steps: the ops of a kernel's chain, checked against its inputs.
 
-Part of lowering (fusegen.lower): `ChainLowering` holds the methods that read the
+Part of lowering (fusegen.lower.kernels): `ChainLowering` holds the methods that read the
 `chain:` list; the kernel-level lowerer mixes it in and supplies `err`, `spec` and
 `used_inputs`.
 """

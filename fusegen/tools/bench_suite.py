@@ -3,7 +3,7 @@
 Each run is what one `fusegen bench` command line would say: its spec files, kernels,
 shapes or row counts, dtype, the variants to compare, input layouts, timer, tuned tables,
 and any FUSEGEN_* settings the launchers should see. The file is read like a spec
-(fusegen.source: positions kept, repeated keys refused) and checked whole before anything
+(fusegen.spec.source: positions kept, repeated keys refused) and checked whole before anything
 runs; every mistake is reported with its file, line and column and what would be valid.
 Paths in it are relative to the suite's repository (the nearest folder above it with
 .git or pyproject.toml), so it runs the same from any working directory.
@@ -18,7 +18,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from fusegen import bench, build, source
+from fusegen import build
+from fusegen.tools import bench
+from fusegen.spec import source
 from fusegen.errors import SpecError, SpecErrors, did_you_mean
 from fusegen.ir import Kernel
 

@@ -3,10 +3,10 @@ checked against the float64 reference, to see whether the space misses a faster 
 Not part of fusegen: an experiment bench.
 
 Usage (GPU, repo root, pydantic and black on PYTHONPATH):
-    python3 benchmarks/row_configs.py SPEC KERNEL ROWS,COLS [dtype [VARIANT ...]]
+    python3 benchmarks/experiments/row_configs.py SPEC KERNEL ROWS,COLS [dtype [VARIANT ...]]
 
 VARIANT: a kernel-source change to time beside the generated source (see VARIANTS), e.g.
-    python3 benchmarks/row_configs.py benchmarks/specs/rows.yaml bench_layernorm \\
+    python3 benchmarks/experiments/row_configs.py benchmarks/specs/rows.yaml bench_layernorm \\
         16384,8192 bf16 noshift welford
 """
 
@@ -20,8 +20,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fusegen import bench, build, codegen, timing  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from fusegen import build, codegen  # noqa: E402
+from fusegen.tools import bench, timing  # noqa: E402
 
 # (BLOCK_M, num_warps) at BLOCK_N = the next power of two of the columns.
 TRIES = [(1, 1), (1, 2), (1, 4), (1, 8), (2, 2), (2, 4), (2, 8), (4, 4), (4, 8), (8, 8), (8, 16)]

@@ -9,13 +9,14 @@ from typing import Any
 
 import pydantic
 
-from fusegen import configs, dtypes, limits
+from fusegen import configs, dtypes
+from fusegen.spec import limits
 from fusegen.errors import SpecError, SpecErrors, did_you_mean
 from fusegen.ir import Attention, Config, Dim, Gate, Kernel, Matmul, RowStep, Tensor
-from fusegen.lower_chain import ChainLowering
-from fusegen.source import SpecSource
-from fusegen.lower_attention import lower_attention
-from fusegen.spec import AttentionKernelSpec, ConfigSpec, KernelSpec, TOP_LEVEL_KEYS
+from fusegen.lower.chain import ChainLowering
+from fusegen.spec.source import SpecSource
+from fusegen.lower.attention import lower_attention
+from fusegen.spec.models import AttentionKernelSpec, ConfigSpec, KernelSpec, TOP_LEVEL_KEYS
 
 # Local and module-level names of the generated kernel, launcher, reference and tests;
 # an input or dim of the same name would shadow them.
@@ -193,7 +194,7 @@ def lower_file(source: SpecSource) -> list[Kernel | Attention]:
     return kernels
 
 
-# (where in a kernel, the most it may hold, what it counts); see fusegen.limits.
+# (where in a kernel, the most it may hold, what it counts); see fusegen.spec.limits.
 _COUNTED = (
     (("dims",), limits.MAX_DIMS, "dims"),
     (("inputs",), limits.MAX_INPUTS, "inputs"),
@@ -203,7 +204,7 @@ _COUNTED = (
 
 
 def _over_limits(source: SpecSource, base: tuple, raw: dict) -> list[SpecError]:
-    """Errors for the lists and mappings of a kernel that hold more than fusegen.limits
+    """Errors for the lists and mappings of a kernel that hold more than fusegen.spec.limits
     allows; checked before anything else reads them."""
     out = []
     for rel, most, what in _COUNTED:
@@ -259,7 +260,7 @@ def _pydantic_errors(
 
 def _allowed_fields(loc: tuple, root: type[pydantic.BaseModel] = KernelSpec) -> list[str]:
     """The fields pydantic would have accepted at `loc` (for extra_forbidden errors)."""
-    from fusegen import spec as spec_models
+    from fusegen.spec import models as spec_models
 
     parents = [p for p in loc[:-1] if isinstance(p, str)]
     model: type[pydantic.BaseModel] = root

@@ -18,9 +18,9 @@ Variants (combinations are joined with "+"):
                  (tl.range(..., warp_specialize=True); triton 3.6 documents it for
                  Blackwell, Hopper has its own pass: does it take this loop?)
 
-    python3 benchmarks/prototypes/attention_variants.py [--cases causal full ...]
+    python3 benchmarks/experiments/attention_variants.py [--cases causal full ...]
         [--variants base heavy-first ...] [--out FILE.json]
-    TRITON_INTERPRET=1 python3 benchmarks/prototypes/attention_variants.py --check
+    TRITON_INTERPRET=1 python3 benchmarks/experiments/attention_variants.py --check
         (CPU: every variant's module imports and computes right at a small shape)
 """
 

@@ -11,8 +11,8 @@ table stale, so it wants its re-tune in the same call):
 
 The chain is the anchor's y = gelu_tanh(x @ w.T + b), tanh.approx on a GPU.
 
-    python3 benchmarks/prototypes/splitk_tma.py            # GPU: check and time, prints a table
-    TRITON_INTERPRET=1 python3 benchmarks/prototypes/splitk_tma.py --check   # CPU: correctness only
+    python3 benchmarks/experiments/splitk_tma.py            # GPU: check and time, prints a table
+    TRITON_INTERPRET=1 python3 benchmarks/experiments/splitk_tma.py --check  # CPU: correctness
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from fusegen import timing  # noqa: E402
+from fusegen.tools import timing  # noqa: E402
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 

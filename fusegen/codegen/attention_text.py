@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import textwrap
 
-from fusegen.chain_text import docstring_safe, dtype_literal
+from fusegen.codegen.chain_text import docstring_safe, dtype_literal
 from fusegen.ir import Attention
 
 LOG2E = 1.4426950408889634
@@ -52,11 +52,11 @@ DECODE_CONFIGS = {64: (16, 64, 4, 3), 128: (16, 128, 4, 3), 256: (16, 64, 4, 3)}
 SPLIT_PROGRAMS_PER_SM = 2
 # Head dims whose kernels load their per-step tiles (the forward's and dq's K and V, dk/dv's
 # q and d_out) through tensor descriptors on Hopper and newer: 128 ran 4-7% faster so on
-# an H200 (benchmarks/prototypes/attention_variants.py), 64 ran 14% slower; 256 is
+# an H200 (benchmarks/experiments/attention_variants.py), 64 ran 14% slower; 256 is
 # unmeasured.
 TMA_HEAD_DIMS = (128,)
 TMA_SOURCE = (
-    "4-7% faster at head dim 128 on an H200\n# (benchmarks/prototypes/attention_variants.py)."
+    "4-7% faster at head dim 128 on an H200\n# (benchmarks/experiments/attention_variants.py)."
 )
 CONFIG_SOURCE = (
     "Measured on an H200\n# (benchmarks/attention_configs.py; head dim 256: `fusegen tune`)."

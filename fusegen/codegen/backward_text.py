@@ -23,10 +23,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from fusegen import naming, ops
-from fusegen.chain_text import lit, operand_ref, steps_in_order
+from fusegen import ops
+from fusegen.codegen import naming
+from fusegen.codegen.chain_text import lit, operand_ref, steps_in_order
 from fusegen.ir import Emit, Gate, Kernel, RowStep, Step
-from fusegen.kernel_text import fast_tanh, operand_load, tile_addr
+from fusegen.codegen.kernel_text import fast_tanh, operand_load, tile_addr
 
 GRAD = "grad"  # the incoming gradient, then the running one
 FLAT = "flat"  # offsets into the contiguous [rows, cols] buffers the backward allocates

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from fusegen import naming, ops
-from fusegen.chain_text import lit, operand_ref, steps_in_order
+from fusegen import ops
+from fusegen.codegen import naming
+from fusegen.codegen.chain_text import lit, operand_ref, steps_in_order
 from fusegen.ir import Emit, Gate, Kernel, RowStep, Step, Tensor
 
 

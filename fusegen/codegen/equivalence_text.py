@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from fusegen import ops
-from fusegen.chain_text import lit, operand_ref, steps_in_order
-from fusegen.kernel_text import fast_tanh
+from fusegen.codegen.chain_text import lit, operand_ref, steps_in_order
+from fusegen.codegen.kernel_text import fast_tanh
 from fusegen.ir import Emit, Gate, Kernel, RowStep, Step, Tensor
 
 # Weights larger than this make interpreter launches take seconds each (about 0.1 us

@@ -4,7 +4,7 @@ PyYAML's `safe_load` forgets positions and silently keeps the last of two equal 
 Here the node tree is walked by hand so that each value keeps its line and column (for
 error messages) and a repeated key is an error instead of a silent overwrite.
 
-A spec is untrusted input, so reading it is bounded (fusegen.limits): the file's size is
+A spec is untrusted input, so reading it is bounded (fusegen.spec.limits): the file's size is
 checked before it is read, the composer stops at a depth and a count of values, and the
 walk counts every value an alias stands for each time it is used, so a small file that
 expands to billions of values, or an anchor that contains itself, is an error at a line
@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 from yaml.constructor import SafeConstructor
 
-from fusegen import limits
+from fusegen.spec import limits
 from fusegen.errors import SpecError, SpecErrors, bad_character
 
 _YAML = "tag:yaml.org,2002:"
@@ -38,7 +38,7 @@ _PLAIN = "a spec holds only mappings, lists, strings, numbers, booleans and null
 @dataclass
 class Budget:
     """What the spec files of one build may still use, all files together (see
-    fusegen.limits): bytes to read and YAML values to compose and expand."""
+    fusegen.spec.limits): bytes to read and YAML values to compose and expand."""
 
     bytes: int = field(default_factory=lambda: limits.MAX_BYTES)
     nodes: int = field(default_factory=lambda: limits.MAX_NODES)

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from fusegen.bench import Ceilings, Result
+from fusegen.tools.bench import Ceilings, Result
 
 
 def _cells(r: Result) -> list[str]:

@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fusegen.bench import (
+from fusegen.tools.bench import (
     MAX_SETS,
     ROTATION_BYTES,
     TOLERANCE,

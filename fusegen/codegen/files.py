@@ -18,8 +18,10 @@ from pathlib import Path
 import black
 import jinja2
 
-from fusegen import __version__, configs, naming, ops, timing
-from fusegen.chain_text import (
+from fusegen import __version__, configs, ops
+from fusegen.codegen import naming
+from fusegen.tools import timing
+from fusegen.codegen.chain_text import (
     dict_literal,
     docstring_safe,
     dtype_literal,
@@ -27,10 +29,10 @@ from fusegen.chain_text import (
     steps_in_order,
     tuple_literal,
 )
-from fusegen.attention_text import module_context as attention_module_context
-from fusegen.attention_text import tma_loads as attention_tma_loads
+from fusegen.codegen.attention_text import module_context as attention_module_context
+from fusegen.codegen.attention_text import tma_loads as attention_tma_loads
 from fusegen.ir import Attention, Config, Kernel, Tensor
-from fusegen.kernel_text import (
+from fusegen.codegen.kernel_text import (
     align_heuristic,
     aligned_ints,
     epilogue,
@@ -46,7 +48,7 @@ from fusegen.kernel_text import (
     tma_operands,
     weights,
 )
-from fusegen.backward_text import (
+from fusegen.codegen.backward_text import (
     backward_facts,
     backward_inputs,
     backward_params,
@@ -54,18 +56,21 @@ from fusegen.backward_text import (
     row_backward,
     tile_backward,
 )
-from fusegen.python_text import input_doc, out_doc, reference_lines, reference_return
-from fusegen.equivalence_text import aligned_cases, bound_lines, bound_returns, cases, dist, heavy
+from fusegen.codegen.python_text import input_doc, out_doc, reference_lines, reference_return
+from fusegen.codegen.equivalence_text import (
+    aligned_cases,
+    bound_lines,
+    bound_returns,
+    cases,
+    dist,
+    heavy,
+)
 
 BLACK_MODE = black.Mode(line_length=100, target_versions={black.TargetVersion.PY310})
 
 
 def template_dir() -> Path:
-    """fusegen/templates in an installed wheel; the checkout's top-level templates/ in a
-    source tree or an editable install."""
-    here = Path(__file__).resolve().parent
-    packaged = here / "templates"
-    return packaged if packaged.is_dir() else here.parent / "templates"
+    return Path(__file__).resolve().parent / "templates"
 
 
 def _environment() -> jinja2.Environment:
@@ -572,7 +577,7 @@ def param_lines(groups: list[dict]) -> list[str]:
 
 
 def backward_context(kernel: Kernel) -> dict:
-    """The backward kernel's parameters and lines (see fusegen.backward_text)."""
+    """The backward kernel's parameters and lines (see fusegen.codegen.backward_text)."""
     pieces = row_backward(kernel) if kernel.row_step else tile_backward(kernel)
     return {
         **{k: pieces.get(k, []) for k in ("loads", "backward", "stores", "totals", "final")},
