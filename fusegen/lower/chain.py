@@ -1,14 +1,15 @@
 """Chain steps -> IR steps: the ops of a kernel's chain, checked against its inputs.
 
-Part of lowering (fusegen.lower.kernels): `ChainLowering` holds the methods that read the
-`chain:` list; the kernel-level lowerer mixes it in and supplies `err`, `spec` and
-`used_inputs`.
+`ChainLowering` reads one kernel's `chain:` list for the kernel lowerer
+(fusegen.lower.kernels), which gives it the kernel's inputs and dims and where to report
+errors, and reads back the steps and which inputs the chain used.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from fusegen import dtypes, ops
@@ -30,6 +31,24 @@ def op_name(raw: Any) -> Any:
 
 
 class ChainLowering:
+    """One kernel's chain: `lower(inputs, dims)` gives (matmul, source, row, col, steps,
+    out_dtype), or None where a step is wrong; every problem goes to `err` (a path
+    relative to the kernel, a message, a hint), and `used_inputs` collects the inputs
+    the steps read."""
+
+    def __init__(
+        self,
+        chain: list,
+        dim_names: Iterable[str],
+        err: Callable[..., None],
+        name_problem: Callable[[str], str | None],
+    ):
+        self.chain = chain
+        self.dim_names = set(dim_names)
+        self.err = err
+        self.name_problem = name_problem
+        self.used_inputs: set[str] = set()
+
     def _split_step(self, i: int, raw: Any) -> tuple[str, Any] | None:
         aliases = {**ops.ALIASES, **ops.ROW_ALIASES}
         if isinstance(raw, str):
@@ -42,8 +61,8 @@ class ChainLowering:
         )
         return None
 
-    def _chain(self, inputs: dict[str, Tensor], dims: dict[str, Dim]):
-        chain = self.spec.chain
+    def lower(self, inputs: dict[str, Tensor], dims: dict[str, Dim]):
+        chain = self.chain
         first = self._split_step(0, chain[0])
         if first is None:
             return None
@@ -484,7 +503,7 @@ class ChainLowering:
         if problem:
             self.err(path, f"output {problem}")
             return None
-        taken = set(inputs) | {s.name for s in steps if isinstance(s, Emit)} | set(self.spec.dims)
+        taken = set(inputs) | {s.name for s in steps if isinstance(s, Emit)} | self.dim_names
         if args in taken:
             self.err(path, f"output '{args}' has the name of an input, a dim or another output")
             return None

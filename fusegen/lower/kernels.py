@@ -323,16 +323,12 @@ def _check_name(name: str) -> str | None:
     return None
 
 
-class _KernelLowerer(ChainLowering):
+class _KernelLowerer:
     def __init__(self, source: SpecSource, path: tuple, spec: KernelSpec):
         self.source = source
         self.path = path
         self.spec = spec
         self.errors: list[SpecError] = []
-        self.used_inputs: set[str] = set()
-
-    def name_problem(self, name: str) -> str | None:
-        return _check_name(name)
 
     def err(self, rel: tuple, message: str, hint: str = "", *, key: bool = False) -> None:
         self.errors.append(self.source.error(self.path + rel, message, hint, key=key))
@@ -360,12 +356,13 @@ class _KernelLowerer(ChainLowering):
         inputs = self._inputs(dims)
         if self.errors:
             return None
-        chain = self._chain(inputs, dims)
+        steps_of = ChainLowering(self.spec.chain, self.spec.dims, self.err, _check_name)
+        chain = steps_of.lower(inputs, dims)
         if chain is None or self.errors:
             return None
         matmul, source, row, col, steps, out_dtype = chain
         for t in inputs.values():
-            if t.name not in self.used_inputs:
+            if t.name not in steps_of.used_inputs:
                 self.err(
                     ("inputs", t.name),
                     f"input '{t.name}' is never used by the chain",
