@@ -10,7 +10,7 @@ several, their repeats are interleaved (one repeat of each module in turn, the o
 rotated each round), so drift in the machine's speed hits them alike and two builds of a
 module compare in one process. Prints one line per module: its best repeat's time per
 call. A module of either layout is taken: one whose launch support is its own
-(`_launch`), or one that loads `_fusegen_runtime.py` beside it (`_KERNELS.launch`).
+(`_launch`), or one that loads `_fusegen_runtime/` beside it (`_KERNELS.launch`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def load(path: str, index: int):
     spec = importlib.util.spec_from_file_location(f"overhead_{index}_{Path(path).stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    if hasattr(module, "_KERNELS"):  # launch support in _fusegen_runtime.py
+    if hasattr(module, "_KERNELS"):  # launch support in _fusegen_runtime/
         module._KERNELS.launch = lambda *args: None
     elif hasattr(module, "_launch"):  # launch support copied into the module
         module._launch = lambda *args: None

@@ -4,7 +4,8 @@ first input stored sliced (every other column, x[:, ::2]) and transposed (column
 read as they are and copied first (the launcher's plan copying it at each launch, as
 it copies a strided matmul operand), against eager PyTorch and torch.compile on the same
 tensors; each checked against float64. Not part of fusegen: the measurement behind the
-rule of `copies` in _fusegen_runtime.py (a row or elementwise kernel copies no input).
+rule of `copies` in fusegen/runtime/checks.py (a row or elementwise kernel copies no
+input).
 
 Usage (GPU, repo root, pydantic and black on PYTHONPATH):
     python3 benchmarks/row_layouts.py

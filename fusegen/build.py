@@ -130,30 +130,35 @@ def plan(loaded: Loaded, out_dir: Path) -> list[Planned]:
         for rendered in codegen.render(kernel):
             planned.append(Planned(out_dir / rendered.filename, rendered.text))
     if planned:  # the launch support the folder's modules share
-        runtime = codegen.render_runtime()
-        planned.append(Planned(out_dir / runtime.filename, runtime.text))
+        planned += runtime_files(out_dir)
     return planned
+
+
+def runtime_files(out_dir: Path) -> list[Planned]:
+    """The runtime package every kernel module in out_dir loads, as files to write."""
+    return [Planned(out_dir / r.filename, r.text) for r in codegen.render_runtime()]
 
 
 def orphans(loaded: Loaded, planned: list[Planned], out_dir: Path) -> list[Path]:
     """Generated files in out_dir from these specs that no kernel makes any more (a
-    kernel was renamed or removed)."""
+    kernel was renamed or removed), and runtime files this fusegen no longer writes (the
+    single-file _fusegen_runtime.py of earlier versions, a module the package dropped)."""
     if not out_dir.is_dir():
         return []
     wanted = {p.path.resolve() for p in planned}
+    runtime = [out_dir / f"{codegen.RUNTIME_DIR}.py", *(out_dir / codegen.RUNTIME_DIR).glob("*.py")]
     out = []
-    for path in sorted(out_dir.glob("*.py")):
-        if path.resolve() in wanted:
+    for path in sorted(out_dir.glob("*.py")) + (sorted(runtime) if planned else []):
+        if path.resolve() in wanted or not path.is_file():
             continue
         try:
             first = path.read_text(encoding="utf-8").split("\n", 1)[0]
         except (OSError, UnicodeDecodeError):
             continue
-        if first.startswith(HEADER_PREFIX) and any(
-            f" from {d} (" in first for d in loaded.displays
-        ):
+        ours = path in runtime or any(f" from {d} (" in first for d in loaded.displays)
+        if first.startswith(HEADER_PREFIX) and ours:
             out.append(path)
-    return out
+    return sorted(set(out))
 
 
 def table_problems(loaded: Loaded, planned: list[Planned], out_dir: Path) -> list[tuple[Path, str]]:

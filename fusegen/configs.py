@@ -33,14 +33,6 @@ KEYS = {
 TMA_SWITCHES = ("FLATTEN", "WARP_SPECIALIZE", "EPILOGUE_SUBTILE")
 # Programs per output tile in the pointer kernel (SPLIT_K): 1 (no split) to 16.
 SPLITS = (1, 2, 4, 8, 16)
-# Rows above which split-K configs are not tried: the partial sums' traffic (SPLIT_K
-# fp32 tiles per output tile) outgrows what the extra programs win.
-SPLIT_K_MAX_ROWS = 256
-# Configs per kernel that a launcher's runtime tuning compiles and times: those its
-# estimate ranks first (the generated _estimate_us). Three of each kernel's kept the
-# fastest config, or one within 1%, on every anchor GEMM chain of an H200; a first call
-# then compiles about six configs instead of twenty-five.
-SHORTLIST = 3
 
 
 def _mm(bm, bn, bk, group, warps, stages, split=None) -> Config:

@@ -9,8 +9,8 @@ GPT-2 attention output projection (c_proj) with the residual add, y = x @ w + b 
 Dims: M = dynamic, K = 768, N = 768. Dtypes: bf16, fp16, fp32, computed in fp32.
 
 Use: y = gpt2_attn_out(x, w, b, residual). reference(...) is the same chain unfused;
-last_launch() says what the last call ran. Only torch, triton and _fusegen_runtime.py
-(beside this file) are needed.
+last_launch() says what the last call ran. Only torch, triton and _fusegen_runtime/ (beside
+this file) are needed.
 """
 
 import importlib.util
@@ -22,22 +22,25 @@ import triton
 import triton.language as tl
 
 
-def _runtime(digest):
-    """The launch support beside this module, loaded by path under a name holding its
-    hash: found however this module was imported, and other fusegen versions' kept apart."""
+def _runtime(digest, part):
+    """A module of the launch support beside this one (_fusegen_runtime/), the package
+    loaded by path under a name holding its hash: found however this module was imported,
+    and other fusegen versions' kept apart."""
     name = f"_fusegen_runtime_{digest}"
     if name not in sys.modules:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fusegen_runtime.py")
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        if getattr(module, "RUNTIME_HASH", None) != digest:
-            raise ImportError(f"{path}: not the runtime of {__name__}; run `fusegen build`")
-        sys.modules[name] = module
-    return sys.modules[name]
+        folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fusegen_runtime")
+        spec = importlib.util.spec_from_file_location(
+            name, os.path.join(folder, "__init__.py"), submodule_search_locations=[folder]
+        )
+        package = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(package)
+        if getattr(package, "RUNTIME_HASH", None) != digest:
+            raise ImportError(f"{folder}: not the runtime of {__name__}; run `fusegen build`")
+        sys.modules[name] = package
+    return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("4fddbee41bfc2efd")
+_rt = _runtime("3cf1acdc8f42e3a8", "chains")
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
 DIMS = {"M": None, "K": 768, "N": 768}
@@ -53,7 +56,7 @@ FP32_MATMUL = None
 # TMA_*: the TMA kernel's (sm_90 and newer GPUs).
 # fmt: off
 _SETTINGS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "SPLIT_K")
-CONFIGS = _rt.configs(_SETTINGS, [
+CONFIGS = _rt.config_table(_SETTINGS, [
     (128, 256,  64,   8,   8,   3, None),
     (256, 128,  64,   8,   8,   3, None),
     (128, 128,  64,   8,   8,   4, None),
@@ -69,11 +72,11 @@ CONFIGS = _rt.configs(_SETTINGS, [
     ( 16, 128, 128,   1,   4,   3,   4),
     ( 16,  64, 256,   1,   4,   3,   2),
 ])
-DEFAULT_CONFIG = _rt.config(_SETTINGS, 128, 128,  64,   8,   8,   3, None)
-INTERPRETER_CONFIG = _rt.config(_SETTINGS,  32, 256, 256,   4,   4,   1, None)
+DEFAULT_CONFIG = _rt.config_row(_SETTINGS, 128, 128,  64,   8,   8,   3, None)
+INTERPRETER_CONFIG = _rt.config_row(_SETTINGS,  32, 256, 256,   4,   4,   1, None)
 _TMA_SETTINGS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages",
                  "FLATTEN", "WARP_SPECIALIZE", "EPILOGUE_SUBTILE")
-TMA_CONFIGS = _rt.configs(_TMA_SETTINGS, [
+TMA_CONFIGS = _rt.config_table(_TMA_SETTINGS, [
     (128, 256,  64,   8,   8,   3,   1,   1,   0),
     (128, 256,  64,   8,   8,   3,   1,   0,   0),
     (128, 256,  64,   8,   8,   4,   1,   0,   1),
@@ -85,7 +88,7 @@ TMA_CONFIGS = _rt.configs(_TMA_SETTINGS, [
     ( 16,  64, 128,   1,   4,   6,   0,   0,   0),
     ( 16,  64, 256,   1,   4,   4,   0,   0,   0),
 ])
-TMA_DEFAULT_CONFIG = _rt.config(_TMA_SETTINGS, 128, 256,  64,   8,   8,   3,   1,   0,   1)
+TMA_DEFAULT_CONFIG = _rt.config_row(_TMA_SETTINGS, 128, 256,  64,   8,   8,   3,   1,   0,   1)
 # fmt: on
 # `fusegen tune`'s configs for named GPUs, beside this module, looked up before tuning;
 # entries measured on other kernel code (KERNEL_HASH: its sha256) are ignored.
@@ -472,7 +475,7 @@ def _plan(x, w, b, residual):
     out_2d = torch.empty((M, N), device="meta", dtype=plan.out_dtype)  # its strides
     plan.copies, (x_2d, w_2d) = _rt.copies({0: x_2d, 1: w_2d})  # operands with no unit stride
     plan.path = _KERNELS.path(plan.device, (x_2d, w_2d), (out_2d,))
-    plan.tail = (M, K, N, _rt.bucket(M), *_rt.strides(x_2d, w_2d, b_2d, residual_2d), N, 1)
+    plan.tail = (M, K, N, _rt.bucket(M), *_rt.strides_of(x_2d, w_2d, b_2d, residual_2d), N, 1)
     plan.key = (_rt.bucket(M), N, K, plan.dtype, plan.out_dtype)  # + the layout (finish)
     return _KERNELS.finish(plan, _CALLS, [x, w, b, residual], x_2d, w_2d, b_2d, residual_2d, out_2d)
 

@@ -10,8 +10,8 @@ y = softmax(scores * scale + mask) over the key dim, with scale = 1/sqrt(head_di
 Dims: Q = dynamic, S = dynamic. Dtypes: bf16, fp16, fp32, computed in fp32.
 
 Use: y = masked_softmax(scores, mask). reference(...) is the same chain unfused;
-last_launch() says what the last call ran. Only torch, triton and _fusegen_runtime.py
-(beside this file) are needed.
+last_launch() says what the last call ran. Only torch, triton and _fusegen_runtime/ (beside
+this file) are needed.
 """
 
 import importlib.util
@@ -23,22 +23,25 @@ import triton
 import triton.language as tl
 
 
-def _runtime(digest):
-    """The launch support beside this module, loaded by path under a name holding its
-    hash: found however this module was imported, and other fusegen versions' kept apart."""
+def _runtime(digest, part):
+    """A module of the launch support beside this one (_fusegen_runtime/), the package
+    loaded by path under a name holding its hash: found however this module was imported,
+    and other fusegen versions' kept apart."""
     name = f"_fusegen_runtime_{digest}"
     if name not in sys.modules:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fusegen_runtime.py")
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        if getattr(module, "RUNTIME_HASH", None) != digest:
-            raise ImportError(f"{path}: not the runtime of {__name__}; run `fusegen build`")
-        sys.modules[name] = module
-    return sys.modules[name]
+        folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fusegen_runtime")
+        spec = importlib.util.spec_from_file_location(
+            name, os.path.join(folder, "__init__.py"), submodule_search_locations=[folder]
+        )
+        package = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(package)
+        if getattr(package, "RUNTIME_HASH", None) != digest:
+            raise ImportError(f"{folder}: not the runtime of {__name__}; run `fusegen build`")
+        sys.modules[name] = package
+    return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("4fddbee41bfc2efd")
+_rt = _runtime("3cf1acdc8f42e3a8", "chains")
 _align = _rt.align  # the ALIGN heuristic's
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
@@ -52,7 +55,7 @@ OUT_DTYPE = None
 # TRITON_INTERPRET=1 (large tiles: its cost is per op).
 # fmt: off
 _SETTINGS = ("BLOCK_M", "BLOCK_N", "num_warps")
-CONFIGS = _rt.configs(_SETTINGS, [
+CONFIGS = _rt.config_table(_SETTINGS, [
     (  1, 1024,   4),
     (  1, 2048,   4),
     (  1, 2048,   8),
@@ -65,8 +68,8 @@ CONFIGS = _rt.configs(_SETTINGS, [
     (  4, 1024,   8),
     ( 16, 256,   4),
 ])
-DEFAULT_CONFIG = _rt.config(_SETTINGS,   1, 4096,   8)
-INTERPRETER_CONFIG = _rt.config(_SETTINGS,   4, 1024,   4)
+DEFAULT_CONFIG = _rt.config_row(_SETTINGS,   1, 4096,   8)
+INTERPRETER_CONFIG = _rt.config_row(_SETTINGS,   4, 1024,   4)
 # fmt: on
 # `fusegen tune`'s configs for named GPUs, beside this module, looked up before tuning;
 # entries measured on other kernel code (KERNEL_HASH: its sha256) are ignored.
@@ -347,7 +350,7 @@ def _plan(scores, mask):
     Q, S = shapes["Q"], shapes["S"]
     out_2d = torch.empty((Q, S), device="meta", dtype=plan.out_dtype)  # its strides
     plan.copies, plan.path = (), "pointer"
-    plan.tail = (Q, S, _rt.bucket(Q), *_rt.strides(scores_2d, mask_2d), S, 1)
+    plan.tail = (Q, S, _rt.bucket(Q), *_rt.strides_of(scores_2d, mask_2d), S, 1)
     plan.key = (_rt.bucket(Q), S, plan.dtype, plan.out_dtype)  # + the layout (finish)
     return _KERNELS.finish(plan, _CALLS, [scores, mask], scores_2d, mask_2d, out_2d)
 

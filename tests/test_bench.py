@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from conftest import HAS_CUDA, ROOT  # noqa: E402
-from fusegen import build, tables  # noqa: E402
+from fusegen import build, codegen, tables  # noqa: E402
 from fusegen.tools import bench, bench_suite, report  # noqa: E402
 
 ANCHORS = ROOT / "benchmarks" / "specs" / "anchors.yaml"
@@ -213,7 +213,8 @@ def test_bench_uses_the_tuned_table_beside_the_modules(tmp_path):
     tables_dir, modules = tmp_path / "generated", tmp_path / "bench"
     tables_dir.mkdir()
     modules.mkdir()
-    entry = {"gpu": "Some GPU", "capability": [9, 0], "kernel_hash": "abc", "key": {"M_bucket": 16}}
+    kernel_hash = codegen.module_kernel_hash(codegen.render(kernel)[0].text)
+    entry = {"gpu": "Some GPU", "capability": [9, 0], "kernel_hash": kernel_hash, "key": {}}
     tables.path_for(tables_dir, kernel.name).write_text(
         tables.render(kernel.name, kernel.spec_display, [entry])
     )

@@ -11,6 +11,8 @@ import pytest
 from conftest import ROOT
 
 ERROR_SPECS = sorted((ROOT / "tests" / "specs_with_errors").glob("*.yaml"))
+# The runtime package a build copies beside the kernel modules.
+RUNTIME_FILES = sorted(p.name for p in (ROOT / "fusegen" / "runtime").glob("*.py"))
 
 GOOD = """
 kernels:
@@ -56,11 +58,11 @@ def test_build_writes_modules_and_reports(write_spec, run_cli, tmp_path):
     assert code == 0, err
     assert (tmp_path / "gen" / "relu_plus.py").is_file()
     assert (tmp_path / "gen" / "test_relu_plus.py").is_file()
-    assert (tmp_path / "gen" / "_fusegen_runtime.py").is_file()  # the folder's launch support
-    assert "1 kernel(s), 3 file(s) written" in out
+    assert (tmp_path / "gen" / "_fusegen_runtime" / "chains.py").is_file()  # launch support
+    assert f"1 kernel(s), {2 + len(RUNTIME_FILES)} file(s) written" in out
     # A second build changes nothing.
     code, out, _ = run_cli("build", str(spec), "--out", str(tmp_path / "gen"))
-    assert code == 0 and "0 file(s) written, 3 unchanged" in out
+    assert code == 0 and f"0 file(s) written, {2 + len(RUNTIME_FILES)} unchanged" in out
 
 
 def test_check_reports_missing_and_changed_files(write_spec, run_cli, tmp_path):
@@ -90,7 +92,7 @@ def test_renamed_kernel_leaves_no_stale_module(write_spec, run_cli, tmp_path):
     code, out, _ = run_cli("build", str(spec), "--out", str(gen))
     assert code == 0 and "removed" in out
     assert sorted(p.name for p in gen.iterdir()) == [
-        "_fusegen_runtime.py",
+        "_fusegen_runtime",
         "relu_add.py",
         "test_relu_add.py",
     ]
@@ -168,7 +170,7 @@ def test_write_is_atomic(write_spec, tmp_path, monkeypatch, run_cli):
     spec = write_spec(GOOD)
     gen = tmp_path / "gen"
     run_cli("build", str(spec), "--out", str(gen))
-    before = {p.name: p.read_text() for p in gen.iterdir()}
+    before = {p: p.read_text() for p in gen.rglob("*") if p.is_file()}
     spec.write_text(GOOD.replace("relu, {add: r}", "silu, {add: r}"))
 
     real_replace = os.replace
@@ -180,8 +182,8 @@ def test_write_is_atomic(write_spec, tmp_path, monkeypatch, run_cli):
     with pytest.raises(OSError):
         run_cli("build", str(spec), "--out", str(gen))
     monkeypatch.setattr(writer.os, "replace", real_replace)
-    assert {p.name: p.read_text() for p in gen.iterdir()} == before
-    assert not [p for p in gen.iterdir() if p.name.endswith(".tmp")]
+    assert {p: p.read_text() for p in gen.rglob("*") if p.is_file()} == before
+    assert not [p for p in gen.rglob("*") if p.name.endswith(".tmp")]
 
 
 def test_check_examples_are_up_to_date(run_cli):
@@ -216,10 +218,30 @@ def test_check_covers_the_folders_runtime(write_spec, run_cli, tmp_path):
     spec = write_spec(GOOD)
     gen = tmp_path / "gen"
     run_cli("build", str(spec), "--out", str(gen))
-    runtime = gen / "_fusegen_runtime.py"
+    runtime = gen / "_fusegen_runtime" / "settings.py"
     runtime.write_text(runtime.read_text().replace("SHORTLIST = 3", "SHORTLIST = 9"))
     code, _, err = run_cli("build", "--check", str(spec), "--out", str(gen))
-    assert code == 1 and "_fusegen_runtime.py: differs" in err
+    assert code == 1 and "settings.py: differs" in err
     runtime.unlink()
     code, _, err = run_cli("build", "--check", str(spec), "--out", str(gen))
-    assert code == 1 and "_fusegen_runtime.py: missing" in err
+    assert code == 1 and "settings.py: missing" in err
+
+
+def test_build_removes_what_the_runtime_no_longer_holds(write_spec, run_cli, tmp_path):
+    """The single-file runtime of earlier versions, and a runtime module this fusegen
+    does not write, are stale: --check names them, build removes them."""
+    spec = write_spec(GOOD)
+    gen = tmp_path / "gen"
+    run_cli("build", str(spec), "--out", str(gen))
+    header = (gen / "_fusegen_runtime" / "ops.py").read_text().split("\n", 1)[0]
+    for stale in (gen / "_fusegen_runtime.py", gen / "_fusegen_runtime" / "gone.py"):
+        stale.write_text(header + "\n")
+    (gen / "_fusegen_runtime" / "mine.py").write_text("# a user's file: kept\n")
+    code, _, err = run_cli("build", "--check", str(spec), "--out", str(gen))
+    assert code == 1 and "gone.py: no kernel in the specs makes it any more" in err
+    code, out, _ = run_cli("build", str(spec), "--out", str(gen))
+    assert code == 0 and "removed" in out
+    assert not (gen / "_fusegen_runtime.py").exists()
+    assert sorted(p.name for p in (gen / "_fusegen_runtime").iterdir()) == sorted(
+        ["mine.py", *RUNTIME_FILES]
+    )

@@ -539,7 +539,7 @@ def run_mutants(zoo: Path, folder: Path, mutations, selection: str) -> str:
     """Each mutation in its own copy of its module, renamed (and its test module, made to
     import the copy), all run by one pytest, which imports torch and triton once; checks
     that every copy's tests fail, and returns pytest's output."""
-    shutil.copy(zoo / codegen.RUNTIME_FILE, folder)
+    shutil.copytree(zoo / codegen.RUNTIME_DIR, folder / codegen.RUNTIME_DIR, dirs_exist_ok=True)
     files = []
     for index, (module, old, new, _) in enumerate(mutations):
         text = (zoo / f"{module}.py").read_text()

@@ -338,8 +338,8 @@ def test_the_kernel_hash_covers_kernels_only(generated):
     # Config spaces, layout, comments and docstrings are not kernel code; the code is.
     assert (
         edited(
-            "DEFAULT_CONFIG = _rt.config(_SETTINGS, 128",
-            "DEFAULT_CONFIG = _rt.config(_SETTINGS, 64",
+            "DEFAULT_CONFIG = _rt.config_row(_SETTINGS, 128",
+            "DEFAULT_CONFIG = _rt.config_row(_SETTINGS, 64",
         )
         == base
     )

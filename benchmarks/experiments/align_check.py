@@ -21,6 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from fusegen import build, codegen  # noqa: E402
 from fusegen.tools import bench, timing  # noqa: E402
+from fusegen.writer import write_all  # noqa: E402
 
 SPEC = Path(__file__).resolve().parents[2] / "specs" / "attention.yaml"
 
@@ -50,8 +51,7 @@ def main():
     (kernel,) = [k for k in build.load([SPEC]).kernels if k.name == "masked_softmax"]
     base = codegen.render(kernel)[0].text
     with tempfile.TemporaryDirectory() as tmp:
-        runtime = codegen.render_runtime()  # the launch support the modules load
-        (Path(tmp) / runtime.filename).write_text(runtime.text)
+        write_all(build.runtime_files(Path(tmp)))  # the launch support the modules load
         modules = {}
         variants = (
             ("generated", base),

@@ -31,6 +31,7 @@ from triton.testing import do_bench
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from fusegen import build, codegen, configs  # noqa: E402
 from fusegen.tools import bench, timing  # noqa: E402
+from fusegen.writer import write_all  # noqa: E402
 
 SPEC = Path(__file__).resolve().parents[1] / "specs" / "anchors.yaml"
 CASE_BUDGET_S = float(os.environ.get("SWEEP_CASE_BUDGET_S", "240"))
@@ -435,8 +436,7 @@ def fresh_module(kernel, folder, variant, programs_per_sm):
     text = SOURCE_VARIANTS[variant](codegen.render(kernel)[0].text)
     path = folder / f"{kernel.name}_{variant}_{programs_per_sm}.py"
     path.write_text(text)
-    runtime = codegen.render_runtime()  # the launch support the module loads
-    (folder / runtime.filename).write_text(runtime.text)
+    write_all(build.runtime_files(folder))  # the launch support the module loads
     module = bench.import_file(path, f"sweep_{kernel.name}_{variant}_{programs_per_sm}")
     kernels = module._KERNELS
     kernels.table["entries"] = []

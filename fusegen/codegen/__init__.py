@@ -6,7 +6,7 @@ of a kernel needs; the Jinja templates in templates/ only loop and print.
 
 from fusegen.codegen.files import (
     BLACK_MODE,
-    RUNTIME_FILE,
+    RUNTIME_DIR,
     RUNTIME_HASH_PLACEHOLDER,
     kernel_source_hash,
     module_kernel_hash,
@@ -17,7 +17,7 @@ from fusegen.codegen.files import (
 
 __all__ = [
     "BLACK_MODE",
-    "RUNTIME_FILE",
+    "RUNTIME_DIR",
     "RUNTIME_HASH_PLACEHOLDER",
     "kernel_source_hash",
     "module_kernel_hash",

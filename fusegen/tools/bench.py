@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from fusegen import codegen, tables
+from fusegen import build, codegen, tables
+from fusegen.writer import write_all
 from fusegen.ir import Gate, Kernel
 
 # Relative Frobenius error a variant may show against the float64 reference: rounding
@@ -297,8 +298,7 @@ def load_module(kernel: Kernel, folder: Path, tables_dir: Path | None = None):
     text = codegen.render(kernel)[0].text
     path = folder / f"{kernel.name}.py"
     path.write_text(text)
-    runtime = codegen.render_runtime()
-    (folder / runtime.filename).write_text(runtime.text)
+    write_all(build.runtime_files(folder))
     table = tables.path_for(tables_dir, kernel.name) if tables_dir else None
     if table and table.is_file():
         shutil.copyfile(table, tables.path_for(folder, kernel.name))

@@ -21,10 +21,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fusegen import codegen, tables
+from fusegen import build, codegen, tables
 from fusegen.tools import bench
 from fusegen.ir import Kernel
-from fusegen.writer import Planned, write_all
+from fusegen.writer import Planned, differences, write_all
 
 FINALISTS = 3  # configs re-timed with more repetitions before one is chosen
 
@@ -64,9 +64,7 @@ def load_generated(kernel: Kernel, out_dir: Path):
             f"{path}: differs from what {kernel.spec_display} generates; run `fusegen build "
             f"{kernel.spec_display}` first"
         )
-    runtime = codegen.render_runtime()
-    runtime_path = out_dir / runtime.filename
-    if not runtime_path.exists() or runtime_path.read_text(encoding="utf-8") != runtime.text:
+    for runtime_path, _ in differences(build.runtime_files(out_dir)):
         raise TuneError(
             f"{runtime_path}: missing or not what this fusegen writes; run `fusegen build "
             f"{kernel.spec_display}` first"

@@ -1,0 +1,784 @@
+"""An attention module's kernels as the runtime launches them (`Attention`): the checks,
+each kernel's config (a tuned table's, else the module's defaults), the pipeline stages
+that fit shared memory, the decode split, the direct launch of the compiled kernels
+once a call signature is known, autograd, and the ops torch.compile sees.
+
+An attention module keeps its kernels, its constants and `reference`; it makes one
+`Attention` from its namespace, which reads the constants when it needs them (so a test
+may patch TMA_LOADS or a tool fill FORCED)."""
+
+import logging
+import os
+from typing import Optional
+
+import torch
+import triton
+
+from . import launch, tables
+from .checks import fp32_matmul
+from .device import device_facts, ensure_allocator
+from .ops import typed
+from .settings import TABLE_REACH
+
+_log = logging.getLogger(__name__)
+
+# (q, k) bucket steps within TABLE_REACH, nearest first
+_NEAR = sorted(
+    (abs(dq) + abs(dk), dq, dk)
+    for dq in range(-TABLE_REACH, TABLE_REACH + 1)
+    for dk in range(-TABLE_REACH, TABLE_REACH + 1)
+)
+
+
+def cdiv(a, b):
+    # triton.cdiv and triton.next_power_of_2 are constexpr functions whose host calls
+    # go through triton's dispatch: about 20 us each, several per call.
+    return -(-a // b)
+
+
+def pow2(n):
+    if type(n) is int:
+        return 1 << (n - 1).bit_length()
+    power = 1  # a size torch.compile traces: each comparison is a guard of the graph
+    while power < n:
+        power *= 2
+    return power
+
+
+class _Plan:
+    """What a call signature's launches need, worked out once (Attention.forward_plan_of)."""
+
+    __slots__ = (
+        "batch", "sq", "skv", "device", "dtype", "runs", "empty", "copies", "lengths",
+        "out_shape", "lse_shape", "part_shapes", "forward", "combine", "tail", "bias_tail",
+        "out_strides",
+    )  # fmt: skip
+
+
+class _Launch:
+    """One kernel's launch for a plan: its grid and keyword arguments, then, from the
+    second call, the compiled kernel launched directly (launch.Direct)."""
+
+    __slots__ = ("owner", "kernel", "grid", "kwargs", "stage_key", "direct")
+
+    def __init__(self, owner, kernel, grid, kwargs, stage_key=None):
+        self.owner, self.kernel, self.grid, self.kwargs = owner, kernel, grid, kwargs
+        self.stage_key, self.direct = stage_key, None
+
+    def __call__(self, *args):
+        if self.direct:
+            self.direct(*args)
+            return
+        owner = self.owner
+        if owner.tracing:
+            torch.library.wrap_triton(self.kernel)[self.grid](*args, **self.kwargs)
+            return
+        while True:
+            try:
+                compiled = self.kernel[self.grid](*args, **self.kwargs)
+                break
+            except triton.runtime.errors.OutOfResources:
+                # The estimate let through a config Triton could not fit: fewer stages.
+                stages = self.kwargs["num_stages"]
+                if stages == 1:
+                    raise
+                self.kwargs = {**self.kwargs, "num_stages": stages - 1}
+                if self.stage_key is not None:
+                    owner.stages[self.stage_key] = stages - 1
+        owner.last_compiled[self.kernel.__name__] = compiled
+        if launch.enabled(owner.interpreted()):
+            self.direct = launch.direct(compiled, self.kernel, self.grid, args, self.kwargs)
+
+
+class _Trained(torch.autograd.Function):
+    """A call with autograd, eagerly: the forward keeps lse, the backward recomputes."""
+
+    @staticmethod
+    def forward(ctx, attention, key_lengths, *inputs):
+        out, lse = attention.forward(inputs, True, key_lengths)
+        ctx.attention = attention
+        ctx.save_for_backward(*inputs, out, lse, key_lengths)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, d_out, d_lse):
+        *inputs, out, lse, key_lengths = ctx.saved_tensors
+        needs = ctx.needs_input_grad[2:]
+        grads = ctx.attention.backward(inputs, out, lse, d_out, needs, key_lengths)
+        return (None, None, *grads)
+
+
+class Attention:
+    """One attention module's kernels as this runtime launches them.
+
+    module: the module's namespace: LAYOUT, HEADS, KV_HEADS, HEAD_DIM, V_HEAD_DIM,
+        DTYPES, the configs (CONFIG, DECODE_ROWS, DECODE_CONFIG, BACKWARD_CONFIGS,
+        FP32_CONFIGS, INTERPRETER_CONFIG), the split (SPLIT_MIN_KEYS,
+        SPLIT_PROGRAMS_PER_SM, PACKED_ROWS), TMA_LOADS, TUNED_TABLE, KERNEL_HASH and
+        `reference`, read when used.
+    kernels: the forward, combine, delta, backward_kv and backward_q kernels.
+    bias: the call takes a bias after v; softcap: the kernels take FAST_TANH; split_v:
+        v's head dim is its own (BLOCK_DV); packed: query heads share kv heads, and a
+        decode call packs a group's into one block; tma: the kernels take TMA.
+    """
+
+    def __init__(
+        self, module, name, *, forward, combine, delta, backward_kv, backward_q, op_name,
+        bias=False, softcap=False, split_v=False, packed=False, tma=False,
+    ):  # fmt: skip
+        self.module, self.name, self.op_name = module, name, op_name
+        self.kernels = {
+            "forward": forward, "combine": combine, "delta": delta,
+            "kv": backward_kv, "q": backward_q,
+        }  # fmt: skip
+        self.bias, self.softcap, self.split_v = bias, softcap, split_v
+        self.packs, self.tma = packed, tma
+        self.inputs = ("q", "k", "v", "bias") if bias else ("q", "k", "v")
+        axes = ("batch", "seq", "heads", "dim")
+        if module["LAYOUT"] != "bshd":
+            axes = ("batch", "heads", "seq", "dim")
+        self.layout_doc = ", ".join(axes)
+        self.heads_axis, self.seq_axis = axes.index("heads"), axes.index("seq")
+        self.plans = {}  # call signature -> _Plan (forward calls)
+        self.forced = module.setdefault("FORCED", {})  # kernel -> config (`fusegen tune`)
+        self.stages = {}  # (kernel, dtypes, tiles, stages asked) -> the stages that fit
+        self.last_compiled = {}  # kernel name -> its last launch's compiled kernel
+        self.tracing = 0  # > 0 while a triton op runs the launcher (as_traced)
+        self.table = None  # (gpu, capability) -> {(kernel, dtype, q, k buckets): config}
+        self.identities = {}
+        self.op = None
+
+    # The call.
+
+    def __call__(self, inputs, key_lengths, return_lse):
+        if torch.compiler.is_compiling() and self.op is not None:
+            out, lse = self.op(*inputs, key_lengths)
+        elif torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+            out, lse = _Trained.apply(self, key_lengths, *inputs)
+        else:
+            out, lse = self.forward(inputs, return_lse, key_lengths)
+        return (out, lse) if return_lse else out
+
+    def signature(self, inputs, key_lengths):
+        """What a forward plan depends on: each tensor's shape, strides, dtype, device and
+        16-byte alignment, key_lengths' too, TMA_LOADS, and an fp32 call's precision."""
+        key = [(t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in inputs]
+        if key_lengths is not None:
+            k = key_lengths
+            key.append((k.shape, k.stride(), k.dtype, k.device, k.data_ptr() % 16))
+        if inputs[0].dtype is torch.float32:
+            key.append(fp32_matmul())
+        key.append(self.module.get("TMA_LOADS"))
+        return tuple(key)
+
+    def forward(self, inputs, want_lse, key_lengths=None):
+        """(out, lse or None): the forward kernel (and the combine, split), or the
+        reference without a GPU."""
+        if self.tracing or self.forced:  # fake tensors, or configs being timed
+            plan = self.forward_plan_of(inputs, key_lengths)
+        else:
+            try:
+                key = self.signature(inputs, key_lengths)
+            except (AttributeError, RuntimeError, TypeError):
+                key = None  # not tensors: the checks say what is wrong
+            plan = self.plans.get(key) if key is not None else None
+            if plan is None:
+                plan = self.forward_plan_of(inputs, key_lengths)
+                if key is not None:
+                    if len(self.plans) >= 1024:
+                        self.plans.clear()
+                    self.plans[key] = plan
+        if not plan.runs:
+            out, lse = self.module["reference"](*inputs, key_lengths=key_lengths, return_lse=True)
+            return out, lse if want_lse else None
+        q, k, v = inputs[:3]
+        if plan.copies:
+            q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+        out = torch.empty(plan.out_shape, dtype=plan.dtype, device=plan.device)
+        # lse is written even when not asked for: one kernel for every call, so that a
+        # call gives the same bits eagerly and compiled (whose op always keeps lse),
+        # which fp32's FMA dots would not promise across two compilations.
+        lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=plan.device)
+        if plan.empty:
+            if want_lse:
+                lse.fill_(float("-inf"))
+            return out, lse if want_lse else None
+        lengths = q if key_lengths is None else key_lengths
+        if plan.lengths:
+            lengths = key_lengths.to(torch.int32).contiguous()
+        part = part_lse = out  # pointers never read without splits
+        if plan.part_shapes:
+            part = torch.empty(plan.part_shapes[0], dtype=torch.float32, device=plan.device)
+            part_lse = torch.empty(plan.part_shapes[1], dtype=torch.float32, device=plan.device)
+        bias = (inputs[3], *plan.bias_tail) if self.bias else ()
+        plan.forward(q, k, v, out, lse, lengths, part, part_lse, *plan.tail, *bias)
+        if plan.combine:
+            splits = plan.part_shapes[0][0]
+            plan.combine(part, part_lse, out, lse, plan.sq, splits, *plan.out_strides)
+        return out, lse if want_lse else None
+
+    def forward_plan_of(self, inputs, key_lengths):
+        """The checks of a forward call, then its launches' grids and arguments."""
+        batch, sq, skv = self.checked(inputs, key_lengths)
+        q = inputs[0]
+        plan = _Plan()
+        plan.batch, plan.sq, plan.skv, plan.device, plan.dtype = batch, sq, skv, q.device, q.dtype
+        plan.runs = self.runs_triton(q.device)
+        plan.out_shape = (*q.shape[:3], self.module["V_HEAD_DIM"])
+        plan.lse_shape = (batch, self.module["HEADS"], sq)
+        plan.empty = batch * sq * skv == 0 or 0 in q.shape
+        plan.copies = any(t.stride(-1) != 1 for t in inputs[:3])
+        plan.lengths = key_lengths is not None and (
+            key_lengths.dtype != torch.int32 or not key_lengths.is_contiguous()
+        )
+        plan.part_shapes, plan.combine = (), None
+        if not plan.runs or plan.empty:
+            return plan
+        m = self.module
+        heads, v_dim = m["HEADS"], m["V_HEAD_DIM"]
+        # What the kernels read: the inputs, or the copies of those without a unit stride.
+        strides = [
+            self.strides_of(t) if t.stride(-1) == 1 else self.contiguous_strides(t.shape)
+            for t in inputs[:3]
+        ]
+        plan.out_strides = self.contiguous_strides(plan.out_shape)
+        packed, (block_m, block_n, warps, stages), splits, split_keys = self.forward_plan(
+            q.device, batch, sq, skv, q.dtype
+        )
+        if packed:
+            grid = (1, batch * m["KV_HEADS"], splits)
+        else:
+            grid = (cdiv(sq, block_m), batch * heads, splits)
+        kv = [inputs[1], inputs[2]]
+        meta = {
+            "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": pow2(m["HEAD_DIM"]),
+            **({"BLOCK_DV": pow2(v_dim)} if self.split_v else {}),
+            "DOT_UPCAST": self.interpreted() and q.dtype == torch.bfloat16,
+            "PRECISION": self.dot_precision(q.dtype),
+            "LENGTHS": key_lengths is not None, "SPLIT": splits > 1,
+            **({"PACKED": packed} if self.packs else {}),
+            **({"TMA": self.tma_loads(*kv)} if self.tma else {}),
+            **({"FAST_TANH": self.fast_tanh(q)} if self.softcap else {}),
+        }  # fmt: skip
+        plan.tail = (split_keys, sq, skv, *strides[0], *strides[1], *strides[2], *plan.out_strides)
+        plan.bias_tail = self.bias_strides(inputs[3], batch, sq, skv) if self.bias else ()
+        dtypes = self.dtypes_of(inputs)
+        plan.forward = self.launch_of("forward", grid, dtypes, meta, warps, stages, q.device)
+        if splits > 1:
+            rows = batch * heads
+            plan.part_shapes = ((splits, rows, sq, v_dim), (splits, rows, sq))
+            combine = {"BLOCK_M": 16, "BLOCK_D": pow2(v_dim)}
+            plan.combine = _Launch(self, self.kernels["combine"], (cdiv(sq, 16), rows), combine)
+        return plan
+
+    # The backward.
+
+    def backward(self, inputs, out, lse, d_out, needs, key_lengths=None):
+        """(dq, dk, dv[, d bias]) from the forward's out and lse: delta = rowsum(d_out *
+        out), then one kernel for dk and dv (per kv block, over its query heads) and one
+        for dq (and d bias)."""
+        needs = tuple(needs)
+        batch, sq, skv = self.checked(inputs, key_lengths)
+        q = inputs[0]
+        if not self.runs_triton(q.device) or not out.numel():
+            return self.reference_grads(inputs, d_out, needs, key_lengths)
+        m = self.module
+        heads = m["HEADS"]
+        lengths = q if key_lengths is None else key_lengths.to(torch.int32).contiguous()
+        dtypes = self.dtypes_of(inputs)
+        q, k, v, out, d_out = (
+            t if t.stride(-1) == 1 else t.contiguous() for t in (*inputs[:3], out, d_out)
+        )
+        block_d, block_dv = pow2(m["HEAD_DIM"]), pow2(m["V_HEAD_DIM"])
+        upcast = self.interpreted() and q.dtype == torch.bfloat16
+        strides = self.strides_of
+        delta = torch.empty((batch, heads, sq), dtype=torch.float32, device=q.device)
+        grid, meta = (cdiv(sq, 64), batch * heads), {"BLOCK_M": 64, "BLOCK_D": block_dv}
+        _Launch(self, self.kernels["delta"], grid, meta)(
+            out, d_out, delta, sq, *strides(out), *strides(d_out)
+        )
+        reads = (sq, skv, *strides(q), *strides(k), *strides(v), *strides(d_out))
+        bias = (inputs[3], *self.bias_strides(inputs[3], batch, sq, skv)) if self.bias else ()
+        common = {
+            "BLOCK_D": block_d, "DOT_UPCAST": upcast,
+            **({"BLOCK_DV": block_dv} if self.split_v else {}),
+            "PRECISION": self.dot_precision(q.dtype), "LENGTHS": key_lengths is not None,
+            **({"FAST_TANH": self.fast_tanh(q)} if self.softcap else {}),
+        }  # fmt: skip
+        d_q = d_k = d_v = d_bias = None
+        if needs[1] or needs[2]:
+            block_m, block_n, warps, stages = self.config(q.device, "kv", sq, skv, q.dtype)
+            d_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+            d_v = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+            meta = {"BLOCK_M": block_m, "BLOCK_N": block_n, **common}
+            if self.tma:
+                meta["TMA"] = self.tma_loads(q, d_out)
+            grid = (cdiv(skv, block_n), batch * m["KV_HEADS"])
+            dv_strides = strides(d_v) if self.split_v else ()
+            self.launch_of("kv", grid, dtypes, meta, warps, stages, q.device)(
+                q,
+                k,
+                v,
+                d_out,
+                lse,
+                delta,
+                d_k,
+                d_v,
+                lengths,
+                *reads,
+                *strides(d_k),
+                *dv_strides,
+                *bias,
+            )
+        wants_bias = self.bias and needs[3]
+        if needs[0] or wants_bias:  # the dq kernel also gives d bias: each (row, key) once
+            block_m, block_n, warps, stages = self.config(q.device, "q", sq, skv, q.dtype)
+            d_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+            meta = {"BLOCK_M": block_m, "BLOCK_N": block_n, **common}
+            if self.tma:
+                meta["TMA"] = self.tma_loads(k, v)
+            extra = ()
+            if self.bias:
+                shape = (batch, heads, sq, skv) if wants_bias else (1,)
+                d_scores = torch.zeros(shape, dtype=torch.float32, device=q.device)
+                extra, meta["BIAS_GRAD"] = (*bias, d_scores), bool(wants_bias)
+            grid = (cdiv(sq, block_m), batch * heads)
+            self.launch_of("q", grid, dtypes, meta, warps, stages, q.device)(
+                q, k, v, d_out, lse, delta, d_q, lengths, *reads, *strides(d_q), *extra
+            )
+            if self.bias:
+                d_q = d_q if needs[0] else None
+                d_bias = summed_to(d_scores, inputs[3]) if wants_bias else None
+        return (d_q, d_k, d_v, d_bias) if self.bias else (d_q, d_k, d_v)
+
+    def reference_grads(self, inputs, d_out, needs, key_lengths=None):
+        """The gradients by the reference's autograd (no GPU), through torch.func.vjp,
+        which also works inside a custom op (a compiled model's backward)."""
+        reference = self.module["reference"]
+        _, vjp = torch.func.vjp(lambda *xs: reference(*xs, key_lengths=key_lengths), *inputs)
+        return tuple(g.contiguous() if n else None for g, n in zip(vjp(d_out), needs, strict=True))
+
+    # Checks.
+
+    def checked(self, inputs, key_lengths=None):
+        """The call's (batch, q_len, k_len), after its checks."""
+        m = self.module
+        q, k, v = inputs[:3]
+        for name, t in zip(("q", "k", "v"), inputs[:3], strict=True):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dim() != 4:
+                raise ValueError(
+                    f"{name} must be 4-D [{self.layout_doc}], got shape {list(t.shape)}"
+                )
+            if t.dtype != q.dtype:
+                raise TypeError(f"{name} is {t.dtype} but q is {q.dtype}; they must match")
+            if t.device != q.device:
+                raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+        if q.dtype not in m["DTYPES"]:
+            raise TypeError(f"q is {q.dtype}; this kernel takes {', '.join(map(str, m['DTYPES']))}")
+        heads_axis, seq = self.heads_axis, self.seq_axis
+        for name, t, heads, width in (
+            ("q", q, m["HEADS"], m["HEAD_DIM"]),
+            ("k", k, m["KV_HEADS"], m["HEAD_DIM"]),
+            ("v", v, m["KV_HEADS"], m["V_HEAD_DIM"]),
+        ):
+            for dim, axis, want in (("heads", heads_axis, heads), ("dim", 3, width)):
+                if t.shape[axis] != want:
+                    raise ValueError(
+                        f"{name}.shape[{axis}] ({dim}) is {t.shape[axis]}; the spec says {want}"
+                    )
+        if k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]:
+            raise ValueError(
+                f"q, k and v must share the batch dim, got {q.shape[0]}, {k.shape[0]}, {v.shape[0]}"
+            )
+        if v.shape[seq] != k.shape[seq]:
+            raise ValueError(
+                f"v.shape[{seq}] (seq) is {v.shape[seq]} but k's is {k.shape[seq]}; they must match"
+            )
+        if key_lengths is not None:
+            if (
+                not isinstance(key_lengths, torch.Tensor)
+                or key_lengths.is_floating_point()
+                or key_lengths.is_complex()
+            ):
+                got = (
+                    key_lengths.dtype
+                    if isinstance(key_lengths, torch.Tensor)
+                    else type(key_lengths).__name__
+                )
+                raise TypeError(f"key_lengths must be an integer torch.Tensor [batch], got {got}")
+            if key_lengths.shape != (q.shape[0],):
+                got = list(key_lengths.shape)
+                raise ValueError(f"key_lengths must have shape [{q.shape[0]}] (batch), got {got}")
+            if key_lengths.device != q.device:
+                raise ValueError(f"key_lengths is on {key_lengths.device} but q is on {q.device}")
+        if self.bias:
+            self.check_bias(inputs[3], (q.shape[0], m["HEADS"], q.shape[seq], k.shape[seq]), q)
+        return q.shape[0], q.shape[seq], k.shape[seq]
+
+    @staticmethod
+    def check_bias(bias, scores, q):
+        if not isinstance(bias, torch.Tensor):
+            raise TypeError(f"bias must be a torch.Tensor, got {type(bias).__name__}")
+        if bias.dtype not in (q.dtype, torch.float32):
+            raise TypeError(
+                f"bias is {bias.dtype}; it must be q's dtype ({q.dtype}) or torch.float32"
+            )
+        if bias.dim() > 4 or any(
+            b not in (1, s) for b, s in zip(reversed(bias.shape), reversed(scores), strict=False)
+        ):
+            raise ValueError(
+                f"bias has shape {list(bias.shape)}, which does not broadcast to the scores' "
+                f"{list(scores)} (batch, heads, q_len, k_len)"
+            )
+        if bias.device != q.device:
+            raise ValueError(f"bias is on {bias.device} but q is on {q.device}")
+
+    def strides_of(self, t):
+        """(batch, head, position) strides in elements; the kernels read dim at unit stride."""
+        s = t.stride()
+        return (s[0], s[2], s[1]) if self.module["LAYOUT"] == "bshd" else s[:3]
+
+    def contiguous_strides(self, shape):
+        """strides_of a contiguous tensor of this shape (an output, or a copy)."""
+        s, step = [0] * len(shape), 1
+        for axis in reversed(range(len(shape))):
+            s[axis] = step
+            step *= shape[axis]
+        return (s[0], s[2], s[1]) if self.module["LAYOUT"] == "bshd" else tuple(s[:3])
+
+    def bias_strides(self, bias, batch, sq, skv):
+        """The bias's (batch, head, query, key) strides as the scores' [batch, heads, q_len,
+        k_len]: 0 along the dims it broadcasts over (read in place, never copied)."""
+        return bias.expand(batch, self.module["HEADS"], sq, skv).stride()
+
+    def dtypes_of(self, inputs):
+        return (inputs[0].dtype, inputs[3].dtype) if self.bias else (inputs[0].dtype,)
+
+    # Where a call runs, and how.
+
+    def interpreted(self):
+        return type(self.kernels["forward"]).__name__ == "InterpretedFunction"
+
+    def runs_triton(self, device):
+        return device.type == "cuda" or self.interpreted()
+
+    def sm_count(self, device):
+        """The GPU's multiprocessors (0 off a GPU: the interpreter runs no split)."""
+        return device_facts(device)[1] if device.type == "cuda" else 0
+
+    def shared_limit(self, device):
+        """The shared memory a program may take on `device` (what Triton's compiler checks;
+        no limit off a GPU, where the interpreter runs)."""
+        return device_facts(device)[2] if device.type == "cuda" else float("inf")
+
+    def fast_tanh(self, q):
+        """The softcap on tanh.approx: bf16 and fp16 calls on an NVIDIA GPU (not the
+        interpreter, which has no PTX)."""
+        return (
+            q.device.type == "cuda"
+            and not torch.version.hip
+            and not self.interpreted()
+            and q.dtype in (torch.bfloat16, torch.float16)
+        )
+
+    @staticmethod
+    def dot_precision(dtype):
+        """How an fp32 call's products run: as PyTorch runs an fp32 matmul now, read at
+        each plan; 16-bit operands multiply exactly either way."""
+        return fp32_matmul() if dtype == torch.float32 else "tf32"
+
+    def tma_loads(self, *tensors):
+        """Whether a kernel reads these tensors' tiles through tensor descriptors:
+        TMA_LOADS, an NVIDIA GPU of compute capability 9 or newer (or the interpreter),
+        and tensors whose rows start on 16 bytes, as the bulk copy needs. Not in a triton
+        op: a traced tensor has no address to check, and Inductor's launch of a kernel
+        that makes descriptors is unmeasured."""
+        device = tensors[0].device
+        if not self.module.get("TMA_LOADS") or torch.version.hip or self.tracing:
+            return False
+        if device.type == "cuda":
+            if device_facts(device)[0] < 9:
+                return False
+            ensure_allocator(device)
+        elif not self.interpreted():
+            return False
+        return all(
+            t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1])
+            for t in tensors
+        )
+
+    def forward_plan(self, device, batch, sq, skv, dtype):
+        """(packed, config, splits, keys per split) of a forward call: packed where the
+        group's query heads fit one block (decode), then the key split (split_keys)."""
+        m = self.module
+        block_m, block_n, warps, stages = self.config(device, "forward", sq, skv, dtype)
+        group = m["HEADS"] // m["KV_HEADS"]
+        packed = self.packs and sq * group <= m["PACKED_ROWS"]
+        if packed:
+            block_m = max(16, pow2(sq * group))
+            programs = batch * m["KV_HEADS"]
+        else:
+            programs = cdiv(sq, block_m) * batch * m["HEADS"]
+        return (
+            packed,
+            (block_m, block_n, warps, stages),
+            *self.split_keys(device, programs, skv, block_n),
+        )
+
+    def split_keys(self, device, programs, skv, block_n):
+        """(splits, keys per split) of the forward: where its `programs` alone would fill
+        under half the GPU (decode: a few queries per sequence against a long cache), the
+        keys are shared out among up to SPLIT_PROGRAMS_PER_SM programs per multiprocessor,
+        SPLIT_MIN_KEYS or more each, and the combine kernel adds the partial results;
+        else (1, k_len)."""
+        m = self.module
+        sms = self.sm_count(device)
+        if 2 * programs > sms or skv < 2 * m["SPLIT_MIN_KEYS"]:
+            return 1, skv
+        splits = min(cdiv(m["SPLIT_PROGRAMS_PER_SM"] * sms, programs), skv // m["SPLIT_MIN_KEYS"])
+        per_split = cdiv(cdiv(skv, splits), block_n) * block_n
+        return cdiv(skv, per_split), per_split
+
+    # Configs and pipeline stages.
+
+    def config(self, device, kernel, q_len, k_len, dtype):
+        """The launch config of a kernel ("forward", "kv" or "q") for a call: the one
+        `fusegen tune` is trying (FORCED), else this GPU's tuned entry for the call's
+        dtype and length buckets or one next to them, else the module's default."""
+        if kernel in self.forced:
+            return self.forced[kernel]
+        if device.type != "cuda":
+            return self.module["INTERPRETER_CONFIG"]
+        tuned = self.tuned_config(
+            self.identity(device), kernel, str(dtype).removeprefix("torch."), q_len, k_len
+        )
+        return tuned if tuned is not None else self.default_config(kernel, q_len, dtype)
+
+    def default_config(self, kernel, q_len, dtype):
+        """The config without a table entry: DECODE_CONFIG for a forward of up to
+        DECODE_ROWS queries, FP32_CONFIGS for an fp32 call, else CONFIG or
+        BACKWARD_CONFIGS."""
+        m = self.module
+        if kernel == "forward" and q_len <= m["DECODE_ROWS"]:
+            return m["DECODE_CONFIG"]
+        if dtype == torch.float32:
+            return m["FP32_CONFIGS"][kernel]
+        return m["CONFIG"] if kernel == "forward" else m["BACKWARD_CONFIGS"][kernel]
+
+    def identity(self, device):
+        index = torch.cuda.current_device() if device.index is None else device.index
+        if index not in self.identities:
+            self.identities[index] = tables.identity(index)
+        return self.identities[index]
+
+    def tuned_entries(self):
+        """{(gpu, capability): {(kernel, dtype, q bucket, k bucket): config}}, read once."""
+        if self.table is None:
+            self.table = {}
+            for e in tables.entries(self.module, self.name)[0]:
+                try:
+                    k = e["key"]
+                    slot = self.table.setdefault((e["gpu"], tuple(e["capability"])), {})
+                    config = tuple(e["choices"][e["best"]]["config"])
+                    slot[(k["kernel"], k["dtype"], k["q_bucket"], k["k_bucket"])] = config
+                except (KeyError, TypeError):
+                    continue
+        return self.table
+
+    def tuned_config(self, identity, kernel, dtype, q_len, k_len):
+        """The entry of the nearest length buckets within TABLE_REACH, or None."""
+        entries = self.tuned_entries().get((identity[0], tuple(identity[1])))
+        if not entries:
+            return None
+        q_bucket, k_bucket = pow2(max(1, q_len)), pow2(max(1, k_len))
+        for _, dq, dk in _NEAR:
+            q = q_bucket << dq if dq >= 0 else q_bucket >> -dq
+            k = k_bucket << dk if dk >= 0 else k_bucket >> -dk
+            found = entries.get((kernel, dtype, q, k))
+            if found is not None:
+                return found
+        return None
+
+    def shared_bytes(self, kernel, stages, dtypes, meta):
+        """The shared memory Triton 3.6 gives a config of `kernel` ("forward", "kv",
+        "q") at sm_90, from above: the tiles held over the loop, one buffer per stage
+        of those each step loads, dk/dv's lse and delta rows per stage, in fp32 its p
+        and ds tiles, which its dots convert through shared memory, and a bias tile
+        once (twice in dk/dv's bf16 and fp16). Against Triton's own count compiling for
+        sm_90 (the three kernels, head dims 16 to 256, bf16, fp16 and fp32, with and
+        without a bias): exact or up to 4% over in bf16 and fp16; in fp32, whose tiles
+        Triton buffers fewer times past one stage, up to 60% over
+        (tests/test_kernels.py, test_attention_shared_memory_estimate_holds)."""
+        item = dtypes[0].itemsize
+        m, n, d = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_D"]
+        dv = meta.get("BLOCK_DV", d)
+        held, step = {
+            "forward": (m * d, n * (d + dv)),
+            "kv": (n * (d + dv), m * (d + dv)),
+            "q": (m * (d + dv), n * (d + dv)),
+        }[kernel]
+        once, per_stage = held * item, step * item
+        kv = kernel == "kv"
+        if len(dtypes) > 1:
+            # the bias tile; dk/dv reads it transposed, through a second (fp32 converts p
+            # and ds through the tile counted below)
+            once += m * n * dtypes[1].itemsize * (2 if kv and item < 4 else 1)
+        if kv:
+            per_stage += 8 * m
+            once += m * n * 4 if item == 4 else 0
+        return once + stages * per_stage
+
+    def launch_of(self, kind, grid, dtypes, meta, warps, stages, device):
+        """A _Launch of kernel `kind` with `stages` pipeline stages cut to the most that
+        fit shared memory by the estimate (shared_bytes), kept per kernel, dtypes and
+        tiles. Eager and traced calls take the same: Inductor compiles after the trace,
+        where nothing is caught, and the stages can change an fp32 sum's last bits."""
+        key = (kind, dtypes, meta["BLOCK_M"], meta.get("BLOCK_N"), stages)
+        fitting = self.stages.get(key)
+        if fitting is None:
+            fitting, limit = stages, self.shared_limit(device)
+            while fitting > 1 and self.shared_bytes(kind, fitting, dtypes, meta) > limit:
+                fitting -= 1
+            self.stages[key] = fitting
+        kwargs = {**meta, "num_warps": warps, "num_stages": fitting}
+        return _Launch(self, self.kernels[kind], grid, kwargs, key)
+
+    # Autograd and torch.compile.
+
+    def triton_ops(self):
+        """Whether the ops are torch.library.triton_op, so that torch.compile traces into
+        the launcher and Inductor launches the kernels from its own wrapper: unless
+        FUSEGEN_TRITON_OP=0 is set at import, where torch has triton ops (2.6 and newer),
+        and not under the interpreter (torch cannot trace an interpreted kernel). Else
+        opaque custom ops, whose launcher runs at each call of the compiled graph."""
+        return (
+            os.environ.get("FUSEGEN_TRITON_OP", "1") != "0"
+            and hasattr(torch.library, "triton_op")
+            and hasattr(torch.library, "wrap_triton")
+            and not self.interpreted()
+        )
+
+    def as_traced(self, fn):
+        """fn (its signature kept: a triton op's schema comes from it) with its launches
+        going through wrap_triton while traced: a triton op's body. Called eagerly (torch
+        turns wrap_triton off for it), it is the launcher as it is, with its TMA loads
+        and its retry on fewer stages."""
+
+        def run(*args):
+            if not torch._library.triton.is_wrap_triton_enabled():
+                return fn(*args)
+            self.tracing += 1
+            try:
+                return fn(*args)
+            finally:
+                self.tracing -= 1
+
+        run.__wrapped__ = fn  # inspect.signature (the op's schema) reads fn's
+        return run
+
+    def op_bodies(self):
+        """The forward and backward ops' bodies, typed for torch.library's schema."""
+        count = len(self.inputs)
+        params = {name: torch.Tensor for name in self.inputs}
+        params["key_lengths"] = Optional[torch.Tensor]
+
+        def forward(*args):
+            return self.forward(args[:count], True, args[count])
+
+        def backward(*args):
+            inputs, key_lengths, (out, lse, d_out, needs) = (
+                args[:count],
+                args[count],
+                args[count + 1 :],
+            )
+            grads = self.backward(inputs, out, lse, d_out, needs, key_lengths)
+            # An empty tensor for each gradient not asked for: the schema holds no None.
+            return [t.new_empty(0) if g is None else g for g, t in zip(grads, inputs, strict=True)]
+
+        backward_params = {
+            **params,
+            "out": torch.Tensor,
+            "lse": torch.Tensor,
+            "d_out": torch.Tensor,
+            "needs": list[bool],
+        }
+        return (
+            typed(forward, params, tuple[torch.Tensor, torch.Tensor]),
+            typed(backward, backward_params, list[torch.Tensor]),
+        )
+
+    def register(self, name=None, traced=None):
+        """The launcher as torch.compile sees it: one op for the forward (out and lse)
+        and one for the backward (fullgraph=True works), triton ops where triton_ops()
+        (or `traced`) says, else opaque custom ops. None without torch.library.custom_op."""
+        name = name or self.op_name
+        if not hasattr(torch.library, "custom_op"):
+            return None
+        count = len(self.inputs)
+        if getattr(torch.ops.fusegen, name, None) is None:
+            traced = self.triton_ops() if traced is None else traced
+            forward, backward = self.op_bodies()
+            if traced:
+                forward = torch.library.triton_op(
+                    f"fusegen::{name}", self.as_traced(forward), mutates_args=()
+                )
+                backward = torch.library.triton_op(
+                    f"fusegen::{name}_backward", self.as_traced(backward), mutates_args=()
+                )
+            else:
+                forward = torch.library.custom_op(f"fusegen::{name}", forward, mutates_args=())
+                backward = torch.library.custom_op(
+                    f"fusegen::{name}_backward", backward, mutates_args=()
+                )
+
+                @forward.register_fake
+                def _(*args):
+                    inputs, key_lengths = args[:count], args[count]
+                    batch, sq, _ = self.checked(inputs, key_lengths)
+                    q = inputs[0]
+                    out = torch.empty(
+                        (*q.shape[:3], self.module["V_HEAD_DIM"]), dtype=q.dtype, device=q.device
+                    )
+                    return out, q.new_empty((batch, self.module["HEADS"], sq), dtype=torch.float32)
+
+                @backward.register_fake
+                def _(*args):
+                    inputs, needs = args[:count], args[-1]
+                    return [
+                        (
+                            torch.empty_like(t, memory_format=torch.contiguous_format)
+                            if n
+                            else t.new_empty(0)
+                        )
+                        for t, n in zip(inputs, needs, strict=True)
+                    ]
+
+            def setup(ctx, inputs, output):
+                ctx.save_for_backward(*inputs, *output)
+
+            def differentiate(ctx, d_out, d_lse):
+                needs = [bool(n) for n in ctx.needs_input_grad[:count]]
+                grads = getattr(torch.ops.fusegen, f"{name}_backward")(
+                    *ctx.saved_tensors, d_out, needs
+                )
+                return (*(g if n else None for g, n in zip(grads, needs, strict=True)), None)
+
+            forward.register_autograd(differentiate, setup_context=setup)
+        return getattr(torch.ops.fusegen, name).default
+
+    def registered(self):
+        """register() at import, outside any tracing; the op the launcher calls while
+        compiled."""
+        self.op = self.register()
+        return self.op
+
+
+def summed_to(d_scores, bias):
+    """d bias: the scores' gradient summed over the dims the bias broadcast over."""
+    lead = d_scores.dim() - bias.dim()
+    dims = [d for d in range(d_scores.dim()) if d < lead or bias.shape[d - lead] == 1]
+    summed = d_scores.sum(dims, keepdim=True) if dims else d_scores  # sum([]) sums all
+    return summed.reshape(bias.shape).to(bias.dtype)

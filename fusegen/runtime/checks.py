@@ -1,0 +1,287 @@
+"""What a kernel module's checks and plans use: a call's signature, dims bound to sizes,
+dtype and device checks, layouts, the TMA and copy rules, configs as dicts."""
+
+import math
+import os
+
+import torch
+
+
+class Plan:
+    """What the checks of one call signature decided (see a kernel module's _plan)."""
+
+    __slots__ = (
+        "device",
+        "dtype",
+        "out_dtype",
+        "out_shape",
+        "extra_shape",
+        "runs_triton",
+        "launches",
+        "path",
+        "tail",
+        "consts",
+        "key",
+        "ready",
+        "fp32",
+        "follows_torch",
+        "copies",
+        "training",
+    )
+
+    def saving(self):
+        """This plan for a training forward (SAVE_PRE: the accumulators kept), made once."""
+        if getattr(self, "training", None) is None:
+            train = Plan()
+            for name in Plan.__slots__:
+                if name != "training" and hasattr(self, name):
+                    setattr(train, name, getattr(self, name))
+            train.consts, train.ready, train.training = {**self.consts, "SAVE_PRE": True}, {}, False
+            self.training = train
+        return self.training or self
+
+
+def signature(*tensors):
+    """What a plan depends on: shapes, strides, dtypes, devices, 16-byte alignment,
+    FUSEGEN_TMA and FUSEGEN_AUTOTUNE. None for a non-tensor argument (the checks then
+    say what is wrong)."""
+    try:
+        return (
+            tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors),
+            os.environ.get("FUSEGEN_TMA"),
+            os.environ.get("FUSEGEN_AUTOTUNE"),
+        )
+    except (AttributeError, RuntimeError):
+        return None
+
+
+class Shapes:
+    """Binds each dim to the size the first tensor having it gives, and checks the rest
+    against it and against the spec."""
+
+    def __init__(self, declared):
+        self.declared = declared
+        self.sizes = {}
+        self.origin = {}
+        self.lead = None
+        self.lead_origin = None
+
+    def __getitem__(self, dim):
+        return self.sizes[dim]
+
+    def bind(self, name, tensor, dims, batched=False):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+        spelled = ", ".join(dims)
+        if batched:
+            if tensor.dim() < len(dims):
+                raise ValueError(
+                    f"{name} must be [..., {spelled}] (leading dims are flattened into "
+                    f"{dims[0]}), got shape {list(tensor.shape)}"
+                )
+            lead = tuple(tensor.shape[: tensor.dim() - len(dims) + 1])
+            if self.lead is None:
+                self.lead, self.lead_origin = lead, name
+            elif lead != self.lead:
+                raise ValueError(
+                    f"{name} has leading dims {list(lead)} but {self.lead_origin} has "
+                    f"{list(self.lead)}; they must match"
+                )
+            tensor = tensor.reshape(-1, *tensor.shape[len(lead) :])
+        elif tensor.dim() != len(dims):
+            raise ValueError(
+                f"{name} must be {len(dims)}-D [{spelled}], got shape {list(tensor.shape)}"
+            )
+        for axis, dim in enumerate(dims):
+            self._bind_dim(dim, tensor.shape[axis], f"{name}.shape[{axis}]")
+        return tensor
+
+    def _bind_dim(self, dim, size, where):
+        declared = self.declared[dim]
+        if dim in self.sizes:
+            if size != self.sizes[dim]:
+                raise ValueError(
+                    f"{where} is {size}, but {self.origin[dim]} is {self.sizes[dim]}; "
+                    f"both are dim {dim}"
+                )
+        elif declared is not None and size != declared:
+            raise ValueError(f"{where} is {size}, but the spec fixes dim {dim} = {declared}")
+        self.sizes[dim] = size
+        self.origin.setdefault(dim, where)
+
+
+def call_dtype(tensors, allowed):
+    """The one dtype all unpinned inputs ({name: tensor}) share, one of `allowed`."""
+    name, first = next(iter(tensors.items()))
+    for other, tensor in tensors.items():
+        if tensor.dtype != first.dtype:
+            raise TypeError(
+                f"{other} is {tensor.dtype} but {name} is {first.dtype}; they must match"
+            )
+    if first.dtype not in allowed:
+        listed = ", ".join(str(d) for d in allowed)
+        raise TypeError(f"{name} is {first.dtype}; this kernel takes {listed}")
+    return first.dtype
+
+
+def check_pinned(tensors):
+    """{name: (tensor, the dtype the spec pins it to)}."""
+    for name, (tensor, dtype) in tensors.items():
+        if tensor.dtype != dtype:
+            raise TypeError(f"{name} must be {dtype} (pinned by the spec), got {tensor.dtype}")
+
+
+def common_device(tensors):
+    name, first = next(iter(tensors.items()))
+    for other, tensor in tensors.items():
+        if tensor.device != first.device:
+            raise ValueError(f"{other} is on {tensor.device} but {name} is on {first.device}")
+    return first.device
+
+
+def _span(t):
+    return (
+        sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True)) + 1
+    ) * t.element_size()
+
+
+def shares_memory(a, b):
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    a_start, a_end = a.data_ptr(), a.data_ptr() + _span(a)
+    b_start, b_end = b.data_ptr(), b.data_ptr() + _span(b)
+    return a.device == b.device and a_start < b_end and b_start < a_end
+
+
+def needs_int64(*tensors):
+    """Whether some element's offset (index times stride) reaches 2**31."""
+    return any(
+        sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True)) >= 2**31
+        for t in tensors
+    )
+
+
+def strides_of(*tensors):
+    """Every tensor's strides, one after another: a kernel's stride arguments."""
+    return tuple(stride for t in tensors for stride in t.stride())
+
+
+def bucket(rows):
+    """The power of two at or above `rows`: tuning per bucket, not per exact size. A
+    dynamic size (torch.compile's SymInt) is compared with each power of two in turn,
+    which guards the compiled graph to this bucket."""
+    if isinstance(rows, int):
+        return 1 << max(rows - 1, 0).bit_length()
+    found = 1
+    while found < rows:
+        found *= 2
+    return found
+
+
+def align(*ints):
+    """The largest power of two up to 16 that divides each of `ints` (0 is divisible by
+    any): a row or elementwise kernel's ALIGN, computed by its heuristic at each launch."""
+    common = math.gcd(*ints)
+    return 16 if common == 0 else min(16, common & -common)
+
+
+def column_major(tensor):
+    """Whether a 2-D tensor's unit stride is along its first dim (a transposed view)."""
+    return tensor.stride(0) == 1 and tensor.stride(1) != 1 and tensor.shape[1] > 1
+
+
+def settled(key):
+    """A plan's key as torch.compile traces it, with each size (and layout flag) the
+    trace has fixed (a dim the spec fixes: the checks guard it) as an int (a bool); None
+    where one is still symbolic: a SymInt cannot key a dict, nor a SymBool be compared
+    with a key's bool outside the trace."""
+    from torch.fx.experimental.symbolic_shapes import is_concrete_bool, is_concrete_int
+
+    def plain_value(value):
+        if isinstance(value, torch.SymInt):
+            return int(value) if is_concrete_int(value) else None
+        if isinstance(value, torch.SymBool):
+            return bool(value) if is_concrete_bool(value) else None
+        if isinstance(value, tuple):
+            inner = tuple(plain_value(v) for v in value)
+            return None if None in inner else inner
+        return value
+
+    out = tuple(plain_value(v) for v in key)
+    return None if None in out else out
+
+
+def layout(*tensors):
+    """Which of these 2-D tensors are column-major."""
+    return tuple(column_major(t) for t in tensors)
+
+
+def tma_ready(tensor, either_major=False, traced=False):
+    """A tensor descriptor needs a unit-stride last dim, 16-byte-aligned other strides
+    and a 16-byte-aligned start (an fp16 row of 50 elements is 100 bytes: not aligned).
+    either_major: a column-major 2-D tensor will do, read through its transpose.
+    traced: a tensor torch.compile traces, with no address: its offset into its storage
+    decides (Inductor's buffers start aligned, and it copies an input that does not)."""
+    size = tensor.element_size()
+    strides = tensor.stride()
+    if either_major and column_major(tensor):
+        strides = strides[::-1]
+    return (
+        tensor.numel() > 0
+        and strides[-1] == 1
+        and all(stride * size % 16 == 0 for stride in strides[:-1])
+        and (tensor.storage_offset() * size if traced else tensor.data_ptr()) % 16 == 0
+    )
+
+
+def copies(operands):
+    """({launch argument index: 2-D matmul operand}) -> (the indices a launch copies to
+    contiguous memory first, the operands as the plan sees them). An operand with no
+    unit stride, a slice such as x[:, ::2], is copied: one pass, and the copy takes the
+    TMA kernel, where the pointer kernel's strided loads ran 3x slower than eager
+    PyTorch (which copies too). Other inputs are read as they are, whatever their strides."""
+    copied, seen = (), []
+    for index, tensor in operands.items():
+        if 1 not in (tensor.stride(0), tensor.stride(1)):
+            copied += (index,)
+            tensor = torch.empty(tensor.shape, device="meta", dtype=tensor.dtype)
+        seen.append(tensor)
+    return copied, seen
+
+
+def fp32_matmul():
+    """ "tf32" or "ieee": how PyTorch runs an fp32 matmul now, as torch.compile follows it
+    too. torch.set_float32_matmul_precision("high" or "medium") or
+    torch.backends.cuda.matmul.fp32_precision = "tf32" (or allow_tf32 = True) give tf32;
+    "highest", the default, gives ieee. Read at each fp32 call: the setting is global."""
+    matmul = torch.backends.cuda.matmul
+    setting = getattr(matmul, "fp32_precision", None)  # torch 2.9 and newer
+    if setting is None:
+        return "tf32" if matmul.allow_tf32 else "ieee"
+    return "tf32" if setting == "tf32" else "ieee"
+
+
+def config_table(settings, rows):
+    """A config space as dicts, from a table: the settings' names, then one row of
+    values per config (None: the setting is left out, the kernel's default)."""
+    return [config_row(settings, *row) for row in rows]
+
+
+def config_row(settings, *values):
+    """One config as a dict, from the settings' names and a row of their values."""
+    return {k: v for k, v in zip(settings, values, strict=True) if v is not None}
+
+
+def plain(value):
+    """A key's value as a tuned table spells it: dtypes without "torch."."""
+    return str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else value
+
+
+def config_key(config):
+    """A caller's config as a key of plan.ready (None: the launcher chooses)."""
+    try:
+        key = None if config is None else tuple(config.items())
+        hash(key)
+        return key
+    except (AttributeError, TypeError):
+        return ("unusable", id(config))  # checked_config says what is wrong

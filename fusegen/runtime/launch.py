@@ -1,0 +1,102 @@
+"""Launching a compiled kernel without triton's per-call dispatch.
+
+`kernel[grid](...)` binds every argument, computes the specialization key and looks the
+compiled kernel up on each call; `compiled[grid](...)` still builds a closure, reads
+the current device and stream through triton's driver and fills launch metadata for
+hooks nobody registered. Once a call signature has compiled its kernel, everything but
+the tensors' addresses is known, so `Direct` keeps the compiled kernel's launcher and
+what it takes, and a call costs one Python call into it."""
+
+import os
+
+import torch
+
+from .device import TRITON_VERSION
+
+try:
+    from triton import knobs as _knobs
+
+    _HOOKS = _knobs.runtime  # launch_enter_hook / launch_exit_hook: chains of callables
+except ImportError:  # triton before 3.4: no knobs, hooks read off CompiledKernel
+    _HOOKS = None
+
+
+def _hooked():
+    """Whether a launch hook is registered (a profiler's): then launches go through
+    triton's own path, which calls them with their metadata."""
+    if _HOOKS is None:
+        return True
+    enter, leave = _HOOKS.launch_enter_hook, _HOOKS.launch_exit_hook
+    return bool(getattr(enter, "calls", enter)) or bool(getattr(leave, "calls", leave))
+
+
+def enabled(interpreted):
+    """Whether direct launches may be used: not with FUSEGEN_DIRECT_LAUNCH=0, not under
+    the interpreter, not before triton 3.3 (whose launcher took no constexprs)."""
+    return (
+        not interpreted
+        and TRITON_VERSION >= (3, 3)
+        and os.environ.get("FUSEGEN_DIRECT_LAUNCH", "1") != "0"
+    )
+
+
+class Direct:
+    """One compiled kernel and grid, launched with the positional arguments of a call
+    (`direct(*args)`); its constexpr arguments, in the kernel's order, are kept."""
+
+    __slots__ = ("compiled", "grid", "consts", "launch", "prefix", "device")
+
+    def __init__(self, compiled, grid, consts, device):
+        self.compiled, self.grid, self.consts = compiled, (*grid, 1, 1)[:3], consts
+        self.device = device
+        launcher = compiled.run
+        function, metadata = compiled.function, compiled.packed_metadata
+        scratch = getattr(launcher, "global_scratch_size", 1) or getattr(
+            launcher, "profile_scratch_size", 1
+        )
+        if scratch or not hasattr(launcher, "launch"):
+            # Scratch memory (tensor descriptors made in the kernel) is asked of triton's
+            # allocator by the launcher's own Python, at each launch.
+            self.launch, self.prefix = launcher, (function, metadata, None, None, None)
+        else:
+            cooperative, pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
+            self.launch = launcher.launch
+            self.prefix = (function, cooperative, pdl, None, None, metadata, None, None, None)
+
+    def __call__(self, *args):
+        if _hooked():
+            self.compiled[self.grid](*args, *self.consts)
+            return self.compiled
+        x, y, z = self.grid
+        stream = torch._C._cuda_getCurrentRawStream(self.device)
+        self.launch(x, y, z, stream, *self.prefix, *args, *self.consts)
+        return self.compiled
+
+
+def direct(compiled, kernel, grid, args, kwargs):
+    """A Direct for a launch that just ran `kernel[grid](*args, **kwargs)` and gave
+    `compiled`, or None where its arguments cannot be lined up (a kernel wrapped in a
+    way this does not know). `kernel` may sit inside @triton.heuristics, whose values
+    are computed from the call's arguments as triton does."""
+    try:
+        fn, bound = kernel, dict(kwargs)
+        while type(fn).__name__ == "Heuristics":
+            for name, rule in fn.values.items():
+                bound[name] = rule({**dict(zip(fn.arg_names, args, strict=False)), **bound})
+            fn = fn.fn
+        names = compiled.src.fn.arg_names
+        bound = {**dict(zip(names, args, strict=False)), **bound}
+        consts = tuple(bound[name] for name in names[len(args) :])
+        device = compiled_device(args)
+        return Direct(compiled, grid, consts, device)
+    except (AttributeError, KeyError, TypeError):
+        return None
+
+
+def compiled_device(args):
+    """The CUDA device index of a launch: its first tensor's."""
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            index = arg.device.index
+            return torch.cuda.current_device() if index is None else index
+    return torch.cuda.current_device()

@@ -1,0 +1,53 @@
+"""The launchers as torch.compile sees them: ops with typed signatures, and kernels
+launched into a traced graph."""
+
+import inspect
+
+import torch
+
+
+def typed(fn, params, returns):
+    """`fn` with a signature torch.library infers an op's schema from: params, names
+    (each a Tensor) or {name: type}; returns, a count of Tensors or a type."""
+    if not isinstance(params, dict):
+        params = dict.fromkeys(params, torch.Tensor)
+    if isinstance(returns, int):
+        returns = torch.Tensor if returns == 1 else tuple[(torch.Tensor,) * returns]
+
+    def op(*args):
+        return fn(*args)
+
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    op.__signature__ = inspect.Signature(
+        [inspect.Parameter(name, kind, annotation=t) for name, t in params.items()],
+        return_annotation=returns,
+    )
+    return op
+
+
+def resolve_heuristics(kernel, args, kwargs):
+    """(the jit function inside any @triton.heuristics, the keyword arguments with the
+    values those compute), each rule seeing the ones before it, outermost first, as
+    triton does; a traced size's comparison is made a bool (a guard of the graph)."""
+    kwargs = dict(kwargs)
+    while type(kernel).__name__ == "Heuristics":
+        for name, rule in kernel.values.items():
+            value = rule({**dict(zip(kernel.arg_names, args, strict=False)), **kwargs})
+            kwargs[name] = bool(value) if isinstance(value, torch.SymBool) else value
+        kernel = kernel.fn
+    return kernel, kwargs
+
+
+class Traced:
+    """A kernel launched into the graph torch.compile traces, through wrap_triton, which
+    takes no @triton.heuristics: they are worked out first (resolve_heuristics)."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            kernel, kwargs = resolve_heuristics(self.kernel, args, kwargs)
+            return torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
+
+        return launch
