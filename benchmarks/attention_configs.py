@@ -78,7 +78,10 @@ def forward_sweep(case, module, shape):
     decode = case.startswith("decode")
     defaults = (module.CONFIG, module.DECODE_CONFIG, module.SPLIT_PROGRAMS_PER_SM)
     # Programs per multiprocessor matter only where the keys split.
-    splits = decode and module._forward_plan(q.device, shape[0], shape[2], shape[3], q.dtype)[2] > 1
+    splits = (
+        decode
+        and module._ATTENTION.forward_plan(q.device, shape[0], shape[2], shape[3], q.dtype)[2] > 1
+    )
     per_sm = SPLITS_PER_SM if splits else [module.SPLIT_PROGRAMS_PER_SM]
     grid = [(c, p) for c in DECODE for p in per_sm] if decode else FORWARD[shape[-1]]
     for choice in grid:
@@ -86,21 +89,23 @@ def forward_sweep(case, module, shape):
             module.DECODE_CONFIG, module.SPLIT_PROGRAMS_PER_SM = choice
         else:
             module.CONFIG = choice
+        module._ATTENTION.plans.clear()  # plans were made with the constants before
         row = {"variant": "fusegen", "config": choice}
         try:
             with torch.no_grad():
-                row["error"] = error(module._forward(q, k, v, False)[0], want)
+                row["error"] = error(module._ATTENTION.forward((q, k, v), False)[0], want)
                 if row["error"] < 2e-2:
-                    row["ms"] = do_bench(lambda: module._forward(q, k, v, False))
+                    row["ms"] = do_bench(lambda: module._ATTENTION.forward((q, k, v), False))
         except Exception as exc:  # too much shared memory, say: a result
             row["error_text"] = f"{type(exc).__name__}: {str(exc)[:160]}"
         rows.append(row)
         print(case, row, flush=True)
     module.CONFIG, module.DECODE_CONFIG, module.SPLIT_PROGRAMS_PER_SM = defaults
+    module._ATTENTION.plans.clear()
     if getattr(module, "TMA_LOADS", False):  # the default config on pointer loads, beside
         module.TMA_LOADS = False
         with torch.no_grad():
-            ms = do_bench(lambda: module._forward(q, k, v, False))
+            ms = do_bench(lambda: module._ATTENTION.forward((q, k, v), False))
         rows.append({"variant": "fusegen, pointer loads", "config": "default", "ms": ms})
         print(case, rows[-1], flush=True)
         module.TMA_LOADS = True
@@ -116,7 +121,7 @@ def backward_sweep(module, shape):
     q, k, v = inputs(shape)
     d_out = torch.randn_like(q)
     with torch.no_grad():
-        out, lse = module._forward(q, k, v, True)
+        out, lse = module._ATTENTION.forward((q, k, v), True)
     leaves = [t.detach().float().requires_grad_() for t in (q[:1, :8], k[:1, :8], v[:1, :8])]
     want = torch.autograd.grad(math_reference(*leaves, True, None), leaves, d_out[:1, :8].float())
     rows, best = [], {}
@@ -126,13 +131,15 @@ def backward_sweep(module, shape):
             module.BACKWARD_CONFIGS = {**default, kernel: config}
             row = {"variant": f"fusegen {kernel}", "config": config}
             try:
-                grads = module._backward(q, k, v, out, lse, d_out, needs)
+                grads = module._ATTENTION.backward((q, k, v), out, lse, d_out, needs)
                 row["error"] = max(
                     error(g, w) for g, w, n in zip(grads, want, needs, strict=True) if n
                 )
                 if row["error"] < 2e-2:
                     row["ms"] = do_bench(
-                        lambda needs=needs: module._backward(q, k, v, out, lse, d_out, needs)
+                        lambda needs=needs: module._ATTENTION.backward(
+                            (q, k, v), out, lse, d_out, needs
+                        )
                     )
                     if row["ms"] < best.get(kernel, (None, float("inf")))[1]:
                         best[kernel] = (config, row["ms"])

@@ -205,12 +205,13 @@ def test_split_keys(monkeypatch):
     # Decode (a few queries against many keys) shares the keys among programs, so that the
     # GPU fills: forced here with small splits, against the reference with the causal
     # alignment and key lengths (an entry with none, one ending inside a split).
-    monkeypatch.setattr(kernel, "_sm_count", lambda device: 10_000)
+    monkeypatch.setattr(kernel._ATTENTION, "sm_count", lambda device: 10_000)
     monkeypatch.setattr(kernel, "SPLIT_MIN_KEYS", 16)
+    monkeypatch.setattr(kernel._ATTENTION, "plans", {})  # none planned without the split
     poisoned_empty(monkeypatch)
     seed, dtype = new_seed(), DTYPES[-1]
     for case in [(2, 1, 150), (1, 5, 97)] if not ON_GPU else [(2, 1, 4000), (1, 16, 3001)]:
-        assert kernel._forward_plan(torch.device(DEVICE), *case, dtype)[2] > 1, case
+        assert kernel._ATTENTION.forward_plan(torch.device(DEVICE), *case, dtype)[2] > 1, case
         inputs = make_inputs(case, dtype, seed)
         lengths = None if case[0] == 1 else torch.tensor([0, case[2] - 40], device=DEVICE)
         out, lse = kernel.mistral_sliding_window(*inputs, key_lengths=lengths, return_lse=True)
@@ -257,9 +258,9 @@ def test_pointer_loads_where_descriptors_cannot(monkeypatch):
     if ON_GPU:
         descriptors = torch.cuda.get_device_capability()[0] >= 9 and not torch.version.hip
     else:
-        descriptors = kernel._interpreted()
-    assert kernel._tma_loads(k, v) == descriptors
-    assert not kernel._tma_loads(*shifted)
+        descriptors = kernel._ATTENTION.interpreted()
+    assert kernel._ATTENTION.tma_loads(k, v) == descriptors
+    assert not kernel._ATTENTION.tma_loads(*shifted)
     want = kernel.reference(*[t.double() for t in (q, k, v, *rest)])
     check(
         "out",
@@ -369,9 +370,8 @@ def test_inductor_launches_the_kernels(monkeypatch):
     from torch._inductor.utils import run_and_get_code
 
     torch._dynamo.reset()
-    monkeypatch.setattr(
-        kernel, "_OP", kernel._register("mistral_sliding_window_inductor_test", traced=True)
-    )
+    op = kernel._ATTENTION.register("mistral_sliding_window_inductor_test", traced=True)
+    monkeypatch.setattr(kernel._ATTENTION, "op", op)
     dtype, seed = DTYPES[0], new_seed()
     inputs = make_inputs(SMALL, dtype, seed)
     doubles = [t.double() for t in inputs]
@@ -421,7 +421,8 @@ def test_cuda_graphs_and_export():
 
 def test_falls_back_without_gpu(monkeypatch):
     # Not on a GPU and the interpreter off: the reference, forward and backward.
-    monkeypatch.setattr(kernel, "_runs_triton", lambda device: False)
+    monkeypatch.setattr(kernel._ATTENTION, "runs_triton", lambda device: False)
+    monkeypatch.setattr(kernel._ATTENTION, "plans", {})
     dtype, seed = DTYPES[-1], new_seed()
     inputs = make_inputs(SMALL, dtype, seed)
     torch.testing.assert_close(

@@ -98,7 +98,7 @@ def test_bench_attention_with_a_fake_timer(kernels, tmp_path, monkeypatch):
             path.write_text(tables.render(att.name, "spec.yaml", [entry]))
             module = bench.load_module(att, folder, tables_dir)
         # Read now: a CPU call never looks the table up, and the folder goes with the run.
-        modules[att.name] = module._tuned_entries()
+        modules[att.name] = module._ATTENTION.tuned_entries()
         return module
 
     monkeypatch.setattr(bench_attention, "load_module", load_module)

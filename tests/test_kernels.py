@@ -841,19 +841,19 @@ def test_attention_ops_are_triton_ops_where_inductor_can_launch_them(zoo, monkey
     decode with its combine, backward), and traced symbolically the plan runs on fake
     tensors and SymInt sizes."""
     kernel, tests = load(zoo, "att_gqa_causal")
-    interpreted = kernel._interpreted
+    attention = kernel._ATTENTION
     monkeypatch.setenv("FUSEGEN_TRITON_OP", "1")
-    assert not kernel._triton_ops()  # the interpreter: the opaque custom ops
-    monkeypatch.setattr(kernel, "_interpreted", lambda: False)
-    assert kernel._triton_ops() == hasattr(torch.library, "triton_op")
+    assert not attention.triton_ops()  # the interpreter: the opaque custom ops
+    monkeypatch.setattr(attention, "interpreted", lambda: False)
+    assert attention.triton_ops() == hasattr(torch.library, "triton_op")
     monkeypatch.delenv("FUSEGEN_TRITON_OP")
-    assert kernel._triton_ops() == hasattr(torch.library, "triton_op")  # the default
+    assert attention.triton_ops() == hasattr(torch.library, "triton_op")  # the default
     monkeypatch.setenv("FUSEGEN_TRITON_OP", "0")
-    assert not kernel._triton_ops()  # opted out: the opaque custom ops
-    monkeypatch.setattr(kernel, "_interpreted", interpreted)
+    assert not attention.triton_ops()  # opted out: the opaque custom ops
+    monkeypatch.delattr(attention, "interpreted")
     made = recorded_triton_ops(monkeypatch)
     name = "att_gqa_causal_traced_test"
-    op = kernel._register(name, traced=True)
+    op = attention.register(name, traced=True)
     assert made == [f"fusegen::{name}", f"fusegen::{name}_backward"]
     recorder = RecordedLaunches(run=True)
     monkeypatch.setattr(torch.library, "wrap_triton", recorder)
@@ -867,9 +867,8 @@ def test_attention_ops_are_triton_ops_where_inductor_can_launch_them(zoo, monkey
     q, k, v = tests.make_inputs((2, 37, 37), dtype, seed)
     # Eagerly (torch turns wrap_triton off in an op's body) the launcher runs as it is;
     # its body with wrap_triton on (as traced) gives the same bits.
-    forward_body = kernel._as_traced(kernel._forward_op)
-    backward_body = kernel._as_traced(kernel._backward_op)
-    want = kernel._forward(q, k, v, True)
+    forward_body, backward_body = (attention.as_traced(f) for f in attention.op_bodies())
+    want = attention.forward((q, k, v), True)
     for call, through_wrap_triton in ((op, []), (forward_body, ["forward"])):
         out, lse = call(q, k, v, None)
         assert launched() == through_wrap_triton
@@ -880,15 +879,17 @@ def test_attention_ops_are_triton_ops_where_inductor_can_launch_them(zoo, monkey
     backward_args = (q, k, v, None, out, lse, d_out, [True] * 3)
     assert backward_op(*backward_args) and launched() == []
     grads = backward_body(*backward_args)
-    assert launched() == ["delta", "backward_kv", "backward_q"]
-    for got, expected in zip(grads, kernel._backward(q, k, v, out, lse, d_out), strict=True):
+    assert launched() == ["backward_delta", "backward_kv", "backward_q"]
+    expected_grads = attention.backward((q, k, v), out, lse, d_out, [True] * 3)
+    for got, expected in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
-    monkeypatch.setattr(kernel, "_sm_count", lambda device: 132)  # decode: the keys split
+    monkeypatch.setattr(attention, "sm_count", lambda device: 132)  # decode: the keys split
     monkeypatch.setattr(kernel, "SPLIT_MIN_KEYS", 16)
+    monkeypatch.setattr(attention, "plans", {})
     decode = tests.make_inputs((2, 1, 150), dtype, seed)
     out, _ = forward_body(*decode, None)
-    assert launched() == ["forward", "combine"]
-    torch.testing.assert_close(out, kernel._forward(*decode, False)[0], rtol=0, atol=0)
+    assert launched() == ["forward", "combine_splits"]
+    torch.testing.assert_close(out, attention.forward(decode, False)[0], rtol=0, atol=0)
     torch.testing.assert_close(op(*decode, None)[0], out, rtol=0, atol=0)
     assert launched() == []
 
@@ -897,17 +898,18 @@ def test_attention_ops_are_triton_ops_where_inductor_can_launch_them(zoo, monkey
 
     monkeypatch.setattr(torch.library, "wrap_triton", RecordedLaunches(run=False))
     recorder = torch.library.wrap_triton
-    body = kernel._as_traced(lambda q, k, v: kernel._forward(q, k, v, True))
+    body = attention.as_traced(lambda q, k, v: attention.forward((q, k, v), True))
     make_fx(body, tracing_mode="symbolic")(*decode)
     (_, grid, meta), (_, combine_grid, _) = recorder.launches
     assert meta["SPLIT"] and meta["PACKED"] and combine_grid[1] == 2 * kernel.HEADS
-    assert not kernel._TRACED  # left as found
+    assert not attention.tracing  # left as found
 
     # torch.compile (fullgraph, dynamic sizes, a training call) traces through both ops'
     # bodies down to their launches: what Inductor is handed on a GPU.
     recorder.launches.clear()
-    monkeypatch.setattr(kernel, "_OP", op)
-    monkeypatch.setattr(kernel, "_sm_count", lambda device: 0)  # no split: the CPU's own
+    monkeypatch.setattr(attention, "op", op)
+    monkeypatch.setattr(attention, "sm_count", lambda device: 0)  # no split: the CPU's own
+    monkeypatch.setattr(attention, "plans", {})
     torch._dynamo.reset()
     compiled = torch.compile(
         kernel.att_gqa_causal, backend="aot_eager", fullgraph=True, dynamic=True
@@ -915,7 +917,7 @@ def test_attention_ops_are_triton_ops_where_inductor_can_launch_them(zoo, monkey
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
     compiled(*leaves).sum().backward()
     names = {k.__name__.removeprefix("_att_gqa_causal_") for k, _, _ in recorder.launches}
-    assert names == {"forward", "delta", "backward_kv", "backward_q"}, names
+    assert names == {"forward", "backward_delta", "backward_kv", "backward_q"}, names
     torch._dynamo.reset()
 
 
@@ -960,7 +962,8 @@ compiled = triton.compile(
     options={"num_warps": int(warps), "num_stages": int(stages)},
 )
 dtypes = (dtype, dtype) if "bias_ptr" in kernel.arg_names else (dtype,)
-estimate = module._shared_bytes(kernel, int(stages), dtypes, meta)
+kind = {"forward": "forward", "backward_kv": "kv", "backward_q": "q"}[kernel_name]
+estimate = module._ATTENTION.shared_bytes(kind, int(stages), dtypes, meta)
 print(json.dumps([compiled.metadata.shared, estimate]))
 """
 
@@ -1024,7 +1027,7 @@ def test_attention_export_keeps_the_op(zoo):
 
     exported = torch.export.export(Model(), (q, k, v))
     calls = [str(n.target) for n in exported.graph.nodes if n.op == "call_function"]
-    assert [c for c in calls if c.startswith("fusegen.")] == [str(kernel._OP)], calls
+    assert [c for c in calls if c.startswith("fusegen.")] == [str(kernel._ATTENTION.op)], calls
     want = kernel.att_gqa_causal(q, k, v)
     torch.testing.assert_close(exported.module()(q, k, v), want, rtol=0, atol=0)
 

@@ -51,7 +51,7 @@ def test_tune_writes_a_table_the_module_reads(generated):
     def load(att, folder):
         module = tune_attention.load_generated(att, folder)
         loaded["module"] = module
-        forward = module._forward
+        forward = module._ATTENTION.forward
 
         def corrupted(*args, **kwargs):  # the second forward config computes wrongly
             out, lse = forward(*args, **kwargs)
@@ -59,7 +59,7 @@ def test_tune_writes_a_table_the_module_reads(generated):
                 out = out + 1.0
             return out, lse
 
-        module._forward = corrupted
+        module._ATTENTION.forward = corrupted
         return module
 
     def timer(fn):
@@ -95,7 +95,7 @@ def test_tune_writes_a_table_the_module_reads(generated):
     assert len(table["entries"]) == 3 and "--attention-shapes" in table["about"]
     module = import_fresh(out_dir / "tiny_attention.py")
     assert all(e["kernel_hash"] == module.KERNEL_HASH for e in table["entries"])
-    look = module._tuned_config
+    look = module._ATTENTION.tuned_config
     assert look(FAKE_GPU, "kv", "float32", 40, 40) == SPACES["kv"][0]
     assert look(FAKE_GPU, "q", "float32", 100, 33) == SPACES["q"][0]  # 128, 64: one away
     assert look(FAKE_GPU, "q", "float32", 300, 40) is None  # 512: three powers of two away
@@ -130,9 +130,8 @@ def test_configs_that_run_the_same_are_timed_once(generated):
     def load(att, folder):
         module = loaded["module"] = tune_attention.load_generated(att, folder)
         meta = {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_D": 32, "BLOCK_DV": 32}
-        kv = module._tiny_attention_backward_kv
-        one_stage = module._shared_bytes(kv, 1, (torch.float32,), meta)
-        module._shared_limit = lambda device: one_stage  # kv's 32x16 tiles fit one stage
+        one_stage = module._ATTENTION.shared_bytes("kv", 1, (torch.float32,), meta)
+        module._ATTENTION.shared_limit = lambda device: one_stage  # 32x16 tiles: one stage
         return module
 
     timed = []
@@ -166,13 +165,12 @@ def test_a_stale_entry_is_not_used(generated):
     }  # fmt: skip
     path = tables.path_for(out_dir, "tiny_attention")
     path.write_text(tables.render("tiny_attention", "spec.yaml", [entry]))
-    assert module._tuned_config(FAKE_GPU, "q", "float32", 40, 40) is None
+    assert module._ATTENTION.tuned_config(FAKE_GPU, "q", "float32", 40, 40) is None
     fresh = import_fresh(out_dir / "tiny_attention.py")
     entry["kernel_hash"] = fresh.KERNEL_HASH
     path.write_text(tables.render("tiny_attention", "spec.yaml", [entry]))
-    assert import_fresh(out_dir / "tiny_attention.py")._tuned_config(
-        FAKE_GPU, "q", "float32", 40, 40
-    ) == (16, 16, 4, 1)
+    attention = import_fresh(out_dir / "tiny_attention.py")._ATTENTION
+    assert attention.tuned_config(FAKE_GPU, "q", "float32", 40, 40) == (16, 16, 4, 1)
 
 
 def test_tune_checks_attention_shapes_before_it_needs_a_gpu(generated, run_cli, tmp_path):

@@ -200,9 +200,10 @@ def header(kernel: Kernel) -> list[str]:
 
 
 def attention_context(att: Attention) -> dict:
-    return attention_module_context(
+    context = attention_module_context(
         att, header(att), f"{att.name}_{att.spec_sha256[:12]}", DOC_WIDTH
     )
+    return {**context, "runtime_hash": runtime_digest()}
 
 
 def attention_test_context(att: Attention) -> dict:

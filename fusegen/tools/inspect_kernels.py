@@ -133,21 +133,23 @@ def run(
 
 def inspect_attention(torch, module, att, shape, dtype_name, device="cuda") -> list[Inspected]:
     """One forward and one backward of an attention kernel at (batch, q_len, k_len): a
-    row per Triton kernel launched through the module's `_launch` (forward, dk/dv, dq),
+    row per Triton kernel the module's launcher ran (forward, dk/dv, dq),
     from its compiled metadata (None under the interpreter, which compiles nothing)."""
     from fusegen.tools import bench_attention
 
     batch, sq, skv = shape
     dtype = bench.torch_dtype(torch, dtype_name)
     inputs = bench_attention.make_inputs(torch, att, batch, sq, skv, dtype, device, seed=0)
-    module.LAST_COMPILED.clear()
+    attention = module._ATTENTION
+    attention.last_compiled.clear()
+    attention.plans.clear()  # a call of a known signature launches directly, unrecorded
     leaves = [t.requires_grad_() for t in inputs]
     out = getattr(module, att.name)(*leaves)
     torch.autograd.grad(out, leaves, torch.randn_like(out))
     if device == "cuda":
         torch.cuda.synchronize()
     rows = []
-    for name, compiled in module.LAST_COMPILED.items():
+    for name, compiled in attention.last_compiled.items():
         meta = getattr(compiled, "metadata", None)
         part = name.removeprefix(f"_{att.name}_")
         kernel = part.removeprefix("backward_")  # the launcher's names: forward, kv, q
@@ -172,18 +174,19 @@ def inspect_attention(torch, module, att, shape, dtype_name, device="cuda") -> l
 
 def attention_config(torch, module, kernel, sq, skv, dtype, device) -> tuple[str, dict]:
     """(where the launcher's config came from, the config) for one kernel of a call, as
-    the module's `_config` picks it: forced, table, default or interpreter. A decode
+    the launcher's `config` picks it: forced, table, default or interpreter. A decode
     call's forward is asked at its own q_len; the stages are those asked (the compiled
     kernel's own column shows fewer where shared memory did not fit them)."""
     dev = torch.device(device)
-    chosen = module._config(dev, kernel, sq, skv, dtype)
+    attention = module._ATTENTION
+    chosen = attention.config(dev, kernel, sq, skv, dtype)
     if kernel in module.FORCED:
         source = "forced"
     elif dev.type != "cuda":
         source = "interpreter"
     else:
         key = str(dtype).removeprefix("torch.")
-        tuned = module._tuned_config(module._identity(dev), kernel, key, sq, skv)
+        tuned = attention.tuned_config(attention.identity(dev), kernel, key, sq, skv)
         source = "table" if tuned is not None else "default"
     names = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
     return source, dict(zip(names, chosen, strict=True))

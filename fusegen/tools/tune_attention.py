@@ -72,7 +72,7 @@ def run(
     written = []
     for att in kernels:
         module = load(att, out_dir)
-        module._TUNED = {}  # its own table must not steer the defaults it is measured against
+        module._ATTENTION.table = {}  # its own table must not steer the defaults measured
         gpu = identity or (
             torch.cuda.get_device_name(device),
             list(torch.cuda.get_device_capability(device)),
@@ -118,7 +118,7 @@ def tune_shape(torch, timer, module, att, shape, dtype_name, progress, device, s
     want_grads = torch.autograd.grad(module.reference(*leaves), leaves, d_out[:1].double())
     module.FORCED.clear()
     with torch.no_grad():
-        out, lse = module._forward(*inputs, True)
+        out, lse = module._ATTENTION.forward(inputs, True)
     grads = {  # backward kernel -> the inputs whose gradients it computes
         "kv": (1, 2),
         "q": (0, 3) if att.bias else (0,),
@@ -131,7 +131,7 @@ def tune_shape(torch, timer, module, att, shape, dtype_name, progress, device, s
 
             def call():
                 with torch.no_grad():
-                    return module._forward(*inputs, False)[0]
+                    return module._ATTENTION.forward(inputs, False)[0]
 
             def errors(got):
                 return [bench.relative_error(torch, got[:1], want)]
@@ -142,7 +142,7 @@ def tune_shape(torch, timer, module, att, shape, dtype_name, progress, device, s
             needs = tuple(i in asked for i in range(len(inputs)))
 
             def call(needs=needs):
-                return module._backward(*inputs, out, lse, d_out, needs)
+                return module._ATTENTION.backward(inputs, out, lse, d_out, needs)
 
             def errors(got, asked=asked):
                 return [bench.relative_error(torch, got[i][:1], want_grads[i]) for i in asked]
@@ -184,14 +184,14 @@ def tune_shape(torch, timer, module, att, shape, dtype_name, progress, device, s
                 "key": {
                     "kernel": kernel,
                     "dtype": str(dtype).removeprefix("torch."),
-                    "q_bucket": module._bucket(sq),
-                    "k_bucket": module._bucket(skv),
+                    "q_bucket": bucket(sq),
+                    "k_bucket": bucket(skv),
                 },
                 "best": "tuned" if tuned[best] < timed["default"] else "default",
                 "choices": {
                     "tuned": {"config": list(best), "ms": round(tuned[best], 5)},
                     "default": {
-                        "config": list(module._default_config(kernel, sq, dtype)),
+                        "config": list(module._ATTENTION.default_config(kernel, sq, dtype)),
                         "ms": round(timed["default"], 5),
                     },
                 },
@@ -205,18 +205,19 @@ def tune_shape(torch, timer, module, att, shape, dtype_name, progress, device, s
     return found
 
 
-KERNEL_FUNCTIONS = {"forward": "forward", "kv": "backward_kv", "q": "backward_q"}
+def bucket(n: int) -> int:
+    """The power of two at or above n: a table entry's length bucket, as the launcher's."""
+    return 1 << (max(1, n) - 1).bit_length()
 
 
 def ran_as(module, att, kernel: str, config: tuple, dtype) -> tuple:
     """`config` as its last launch ran: with the pipeline stages the launcher cut it to
-    where the asked ones overflow shared memory (its _STAGES), so that a table records
+    where the asked ones overflow shared memory (its stages), so that a table records
     what was timed and configs that ran the same are timed once."""
-    function = getattr(module, f"_{att.name}_{KERNEL_FUNCTIONS[kernel]}")
     block_m, block_n, warps, stages = config
     ran = [
         cut
-        for (fn, dtypes, m, n, asked), cut in module._STAGES.items()
-        if fn is function and dtypes[0] == dtype and (m, n, asked) == (block_m, block_n, stages)
+        for (kind, dtypes, m, n, asked), cut in module._ATTENTION.stages.items()
+        if kind == kernel and dtypes[0] == dtype and (m, n, asked) == (block_m, block_n, stages)
     ]
     return (block_m, block_n, warps, min(ran)) if ran else tuple(config)

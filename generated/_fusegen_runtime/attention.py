@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 import triton
+import triton.language as tl
 
 from . import launch, tables
 from .checks import fp32_matmul
@@ -45,6 +46,74 @@ def pow2(n):
     while power < n:
         power *= 2
     return power
+
+
+# The two kernels every attention module launches beside its own: they read the
+# outputs, whatever the scores were, so the spec changes nothing in them but the heads
+# and v's head dim.
+
+
+@triton.jit
+def combine_splits(
+    # fmt: off
+    part_ptr, part_lse_ptr, out_ptr, lse_ptr, SQ, SPLITS,
+    stride_o_b, stride_o_h, stride_o_s,
+    HEADS: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    # fmt: on
+):
+    """out (and lse) of BLOCK_M rows of one (batch, head) from the SPLITS key splits'
+    partial results: each split's out is normalized over its own keys, so the splits
+    weigh exp2(their lse - the largest), added in split order (the same every run)."""
+    batch = tl.program_id(1) // HEADS
+    head = tl.program_id(1) % HEADS
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (rows < SQ)[:, None] & (offs_d < DV)[None, :]
+    top = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    for split in range(SPLITS):
+        part = (split * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * SQ + rows
+        top = tl.maximum(top, tl.load(part_lse_ptr + part, mask=rows < SQ, other=float("-inf")))
+    seen_any = top > float("-inf")
+    top = tl.where(seen_any, top, 0.0)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    total = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for split in range(SPLITS):
+        part = (split * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * SQ + rows
+        weight = tl.exp2(tl.load(part_lse_ptr + part, mask=rows < SQ, other=float("-inf")) - top)
+        piece = tl.load(part_ptr + part[:, None] * DV + offs_d[None, :], mask=mask, other=0.0)
+        acc += weight[:, None] * piece
+        total += weight
+    out = tl.where(seen_any[:, None], acc / tl.where(seen_any, total, 1.0)[:, None], 0.0)
+    o_rows = batch.to(tl.int64) * stride_o_b + head * stride_o_h + rows * stride_o_s
+    tl.store(
+        out_ptr + o_rows[:, None] + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=mask
+    )
+    total = tl.where(seen_any, total, 1.0)
+    lse = tl.where(seen_any, (top + tl.log2(total)) * 0.6931471805599453, float("-inf"))
+    tl.store(lse_ptr + tl.program_id(1).to(tl.int64) * SQ + rows, lse, mask=rows < SQ)
+
+
+@triton.jit
+def backward_delta(
+    # fmt: off
+    out_ptr, d_out_ptr, delta_ptr, SQ,
+    stride_o_b, stride_o_h, stride_o_s, stride_do_b, stride_do_h, stride_do_s,
+    HEADS: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    # fmt: on
+):
+    """delta = rowsum(d_out * out) in fp32 for BLOCK_M rows of one (batch, head): the
+    softmax backward's row term, read by both backward kernels."""
+    batch = tl.program_id(1).to(tl.int64) // HEADS
+    head = tl.program_id(1) % HEADS
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (rows < SQ)[:, None] & (offs_d < DV)[None, :]
+    o_rows = batch * stride_o_b + head * stride_o_h + rows * stride_o_s
+    do_rows = batch * stride_do_b + head * stride_do_h + rows * stride_do_s
+    out = tl.load(out_ptr + o_rows[:, None] + offs_d[None, :], mask=mask, other=0.0)
+    d_out = tl.load(d_out_ptr + do_rows[:, None] + offs_d[None, :], mask=mask, other=0.0)
+    delta = tl.sum(out.to(tl.float32) * d_out.to(tl.float32), axis=1)
+    tl.store(delta_ptr + tl.program_id(1).to(tl.int64) * SQ + rows, delta, mask=rows < SQ)
 
 
 class _Plan:
@@ -87,7 +156,8 @@ class _Launch:
                 self.kwargs = {**self.kwargs, "num_stages": stages - 1}
                 if self.stage_key is not None:
                     owner.stages[self.stage_key] = stages - 1
-        owner.last_compiled[self.kernel.__name__] = compiled
+        if self.stage_key is not None:  # the kernels with configs: `fusegen inspect`'s
+            owner.last_compiled[self.kernel.__name__] = compiled
         if launch.enabled(owner.interpreted()):
             self.direct = launch.direct(compiled, self.kernel, self.grid, args, self.kwargs)
 
@@ -119,21 +189,19 @@ class Attention:
         FP32_CONFIGS, INTERPRETER_CONFIG), the split (SPLIT_MIN_KEYS,
         SPLIT_PROGRAMS_PER_SM, PACKED_ROWS), TMA_LOADS, TUNED_TABLE, KERNEL_HASH and
         `reference`, read when used.
-    kernels: the forward, combine, delta, backward_kv and backward_q kernels.
+    kernels: the forward, backward_kv and backward_q kernels (combine_splits and
+        backward_delta, which run beside them, are this module's).
     bias: the call takes a bias after v; softcap: the kernels take FAST_TANH; split_v:
         v's head dim is its own (BLOCK_DV); packed: query heads share kv heads, and a
         decode call packs a group's into one block; tma: the kernels take TMA.
     """
 
     def __init__(
-        self, module, name, *, forward, combine, delta, backward_kv, backward_q, op_name,
+        self, module, name, *, forward, backward_kv, backward_q, op_name,
         bias=False, softcap=False, split_v=False, packed=False, tma=False,
     ):  # fmt: skip
         self.module, self.name, self.op_name = module, name, op_name
-        self.kernels = {
-            "forward": forward, "combine": combine, "delta": delta,
-            "kv": backward_kv, "q": backward_q,
-        }  # fmt: skip
+        self.kernels = {"forward": forward, "kv": backward_kv, "q": backward_q}
         self.bias, self.softcap, self.split_v = bias, softcap, split_v
         self.packs, self.tma = packed, tma
         self.inputs = ("q", "k", "v", "bias") if bias else ("q", "k", "v")
@@ -156,7 +224,7 @@ class Attention:
     def __call__(self, inputs, key_lengths, return_lse):
         if torch.compiler.is_compiling() and self.op is not None:
             out, lse = self.op(*inputs, key_lengths)
-        elif torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        elif torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in inputs):
             out, lse = _Trained.apply(self, key_lengths, *inputs)
         else:
             out, lse = self.forward(inputs, return_lse, key_lengths)
@@ -270,8 +338,8 @@ class Attention:
         if splits > 1:
             rows = batch * heads
             plan.part_shapes = ((splits, rows, sq, v_dim), (splits, rows, sq))
-            combine = {"BLOCK_M": 16, "BLOCK_D": pow2(v_dim)}
-            plan.combine = _Launch(self, self.kernels["combine"], (cdiv(sq, 16), rows), combine)
+            combine = {"HEADS": heads, "DV": v_dim, "BLOCK_M": 16, "BLOCK_D": pow2(v_dim)}
+            plan.combine = _Launch(self, combine_splits, (cdiv(sq, 16), rows), combine)
         return plan
 
     # The backward.
@@ -296,8 +364,8 @@ class Attention:
         upcast = self.interpreted() and q.dtype == torch.bfloat16
         strides = self.strides_of
         delta = torch.empty((batch, heads, sq), dtype=torch.float32, device=q.device)
-        grid, meta = (cdiv(sq, 64), batch * heads), {"BLOCK_M": 64, "BLOCK_D": block_dv}
-        _Launch(self, self.kernels["delta"], grid, meta)(
+        meta = {"HEADS": heads, "DV": m["V_HEAD_DIM"], "BLOCK_M": 64, "BLOCK_D": block_dv}
+        _Launch(self, backward_delta, (cdiv(sq, 64), batch * heads), meta)(
             out, d_out, delta, sq, *strides(out), *strides(d_out)
         )
         reads = (sq, skv, *strides(q), *strides(k), *strides(v), *strides(d_out))
@@ -580,7 +648,7 @@ class Attention:
         """{(gpu, capability): {(kernel, dtype, q bucket, k bucket): config}}, read once."""
         if self.table is None:
             self.table = {}
-            for e in tables.entries(self.module, self.name)[0]:
+            for e in tables.entries(self.module, self.name):
                 try:
                     k = e["key"]
                     slot = self.table.setdefault((e["gpu"], tuple(e["capability"])), {})
