@@ -160,7 +160,13 @@ def main() -> int:
                 module = getattr(fn, "module", None)
                 if module is not None and hasattr(module, "last_launch"):
                     launch = module.last_launch()
-                    entry["paths"][variant] = f"{launch['source']} {launch.get('path')}"
+                    precision = launch.get("fp32_matmul") or ""
+                    config = launch.get("config") or {}
+                    tiles = "x".join(str(config[k]) for k in ("BLOCK_M", "BLOCK_N") if k in config)
+                    split = config.get("SPLIT_K", 1)
+                    entry["paths"][
+                        variant
+                    ] = f"{launch['source']} {launch.get('path')} {tiles} split {split} {precision}"
             report.append(entry)
         walls = {name: {v: [] for v in fns} for name, fns in variants.items()}
         ratios = {name: {v: [] for v in fns if v != "torch"} for name, fns in variants.items()}

@@ -41,18 +41,32 @@ class Plan:
         return self.training or self
 
 
+# os.environ.get encodes its key and wraps a mapping: about 0.6 us, twice per call of a
+# launcher that takes 10. The process's environment as os.environ keeps it, where it can.
+_ENVIRON = getattr(os.environ, "_data", None)
+_ENVIRON_KEYS = (
+    tuple(os.environ.encodekey(name) for name in ("FUSEGEN_TMA", "FUSEGEN_AUTOTUNE"))
+    if _ENVIRON is not None and hasattr(os.environ, "encodekey")
+    else None
+)
+
+
+def _settings():
+    """FUSEGEN_TMA and FUSEGEN_AUTOTUNE as they are now."""
+    if _ENVIRON_KEYS is None:
+        return os.environ.get("FUSEGEN_TMA"), os.environ.get("FUSEGEN_AUTOTUNE")
+    return _ENVIRON.get(_ENVIRON_KEYS[0]), _ENVIRON.get(_ENVIRON_KEYS[1])
+
+
 def signature(*tensors):
     """What a plan depends on: shapes, strides, dtypes, devices, 16-byte alignment,
     FUSEGEN_TMA and FUSEGEN_AUTOTUNE. None for a non-tensor argument (the checks then
     say what is wrong)."""
     try:
-        return (
-            tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors),
-            os.environ.get("FUSEGEN_TMA"),
-            os.environ.get("FUSEGEN_AUTOTUNE"),
-        )
+        keys = tuple([(t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors])
     except (AttributeError, RuntimeError):
         return None
+    return keys, _settings()
 
 
 class Shapes:
@@ -259,6 +273,18 @@ def fp32_matmul():
     if setting is None:
         return "tf32" if matmul.allow_tf32 else "ieee"
     return "tf32" if setting == "tf32" else "ieee"
+
+
+def fp32_dot(device):
+    """How an fp32 tl.dot runs under PyTorch's precision setting now (fp32_matmul), on
+    `device`: "tf32" where PyTorch takes tf32; at "highest", "tf32x3" on an NVIDIA GPU,
+    the sum of three tf32 products of each operand split in two (all but the two small
+    halves' product), fp32-level error at tensor-core speed (on an H200, BERT's and T5's
+    fp32 chains 1.21x and 1.28x eager's cuBLAS SGEMM, at 0.44x its error against float64;
+    benchmarks/experiments/fp32_precision.py); else "ieee" (AMD, the interpreter)."""
+    if fp32_matmul() == "tf32":
+        return "tf32"
+    return "tf32x3" if device.type == "cuda" and not torch.version.hip else "ieee"
 
 
 def config_table(settings, rows):

@@ -18,4 +18,4 @@ machinery). Only torch and triton are needed to run them, and this file imports 
 
 # sha256 of this package as fusegen writes it (this line holding a placeholder): the
 # kernel modules beside it name the runtime they were built with by it.
-RUNTIME_HASH = "2525d282dce06b13"
+RUNTIME_HASH = "e03f813e08f46a1c"

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from . import launch, tables
-from .checks import fp32_matmul
+from .checks import fp32_dot, fp32_matmul
 from .device import device_facts, ensure_allocator
 from .ops import typed
 from .settings import TABLE_REACH
@@ -122,7 +122,7 @@ class _Plan:
     __slots__ = (
         "batch", "sq", "skv", "device", "dtype", "runs", "empty", "copies", "lengths",
         "out_shape", "lse_shape", "part_shapes", "forward", "combine", "tail", "bias_tail",
-        "out_strides",
+        "out_strides", "kept",
     )  # fmt: skip
 
 
@@ -266,27 +266,45 @@ class Attention:
         if plan.copies:
             q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
         out = torch.empty(plan.out_shape, dtype=plan.dtype, device=plan.device)
-        # lse is written even when not asked for: one kernel for every call, so that a
-        # call gives the same bits eagerly and compiled (whose op always keeps lse),
-        # which fp32's FMA dots would not promise across two compilations.
-        lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=plan.device)
         if plan.empty:
-            if want_lse:
-                lse.fill_(float("-inf"))
+            lse = torch.full(plan.lse_shape, float("-inf"), device=plan.device)
             return out, lse if want_lse else None
+        lse, part, part_lse = self.scratch(plan, want_lse, out)
         lengths = q if key_lengths is None else key_lengths
         if plan.lengths:
             lengths = key_lengths.to(torch.int32).contiguous()
-        part = part_lse = out  # pointers never read without splits
-        if plan.part_shapes:
-            part = torch.empty(plan.part_shapes[0], dtype=torch.float32, device=plan.device)
-            part_lse = torch.empty(plan.part_shapes[1], dtype=torch.float32, device=plan.device)
         bias = (inputs[3], *plan.bias_tail) if self.bias else ()
         plan.forward(q, k, v, out, lse, lengths, part, part_lse, *plan.tail, *bias)
         if plan.combine:
             splits = plan.part_shapes[0][0]
             plan.combine(part, part_lse, out, lse, plan.sq, splits, *plan.out_strides)
         return out, lse if want_lse else None
+
+    def scratch(self, plan, want_lse, out):
+        """(lse, the splits' partial out, their lse) of a forward call. lse is written
+        even when not asked for: one kernel for every call, so that a call gives the same
+        bits eagerly and compiled (whose op always keeps lse), which fp32's FMA dots would
+        not promise across two compilations. What the call does not return is kept per
+        plan and stream, and used again by the next call on that stream (which runs after
+        it): a decode step's allocations are its host time. Not while a CUDA graph is
+        captured, whose buffers must come from its own pool, nor traced."""
+        device, fp32 = plan.device, torch.float32
+        if plan.kept is None or torch.cuda.is_current_stream_capturing():
+            lse = torch.empty(plan.lse_shape, dtype=fp32, device=device)
+            part = part_lse = out  # pointers never read without splits
+            if plan.part_shapes:
+                part = torch.empty(plan.part_shapes[0], dtype=fp32, device=device)
+                part_lse = torch.empty(plan.part_shapes[1], dtype=fp32, device=device)
+            return lse, part, part_lse
+        stream = torch._C._cuda_getCurrentRawStream(device.index)
+        kept = plan.kept.get(stream)
+        if kept is None:
+            kept = [torch.empty(plan.lse_shape, dtype=fp32, device=device)]
+            for shape in plan.part_shapes or ((1,), (1,)):
+                kept.append(torch.empty(shape, dtype=fp32, device=device))
+            plan.kept[stream] = kept
+        lse = torch.empty(plan.lse_shape, dtype=fp32, device=device) if want_lse else kept[0]
+        return lse, kept[1], kept[2]
 
     def forward_plan_of(self, inputs, key_lengths):
         """The checks of a forward call, then its launches' grids and arguments."""
@@ -299,10 +317,13 @@ class Attention:
         plan.lse_shape = (batch, self.module["HEADS"], sq)
         plan.empty = batch * sq * skv == 0 or 0 in q.shape
         plan.copies = any(t.stride(-1) != 1 for t in inputs[:3])
+        # The kernels read int32 lengths (a descriptor's row count): others are converted.
         plan.lengths = key_lengths is not None and (
             key_lengths.dtype != torch.int32 or not key_lengths.is_contiguous()
         )
         plan.part_shapes, plan.combine = (), None
+        # Buffers a call returns none of are kept for the next (scratch): eagerly on a GPU.
+        plan.kept = {} if q.device.type == "cuda" and not self.tracing else None
         if not plan.runs or plan.empty:
             return plan
         m = self.module
@@ -325,7 +346,7 @@ class Attention:
             "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": pow2(m["HEAD_DIM"]),
             **({"BLOCK_DV": pow2(v_dim)} if self.split_v else {}),
             "DOT_UPCAST": self.interpreted() and q.dtype == torch.bfloat16,
-            "PRECISION": self.dot_precision(q.dtype),
+            "PRECISION": self.dot_precision(q),
             "LENGTHS": key_lengths is not None, "SPLIT": splits > 1,
             **({"PACKED": packed} if self.packs else {}),
             **({"TMA": self.tma_loads(*kv)} if self.tma else {}),
@@ -373,7 +394,7 @@ class Attention:
         common = {
             "BLOCK_D": block_d, "DOT_UPCAST": upcast,
             **({"BLOCK_DV": block_dv} if self.split_v else {}),
-            "PRECISION": self.dot_precision(q.dtype), "LENGTHS": key_lengths is not None,
+            "PRECISION": self.dot_precision(q), "LENGTHS": key_lengths is not None,
             **({"FAST_TANH": self.fast_tanh(q)} if self.softcap else {}),
         }  # fmt: skip
         d_q = d_k = d_v = d_bias = None
@@ -555,10 +576,10 @@ class Attention:
         )
 
     @staticmethod
-    def dot_precision(dtype):
-        """How an fp32 call's products run: as PyTorch runs an fp32 matmul now, read at
-        each plan; 16-bit operands multiply exactly either way."""
-        return fp32_matmul() if dtype == torch.float32 else "tf32"
+    def dot_precision(q):
+        """How an fp32 call's products run (fp32_dot: as PyTorch's precision setting
+        says, read at each plan); 16-bit operands multiply exactly either way."""
+        return fp32_dot(q.device) if q.dtype == torch.float32 else "tf32"
 
     def tma_loads(self, *tensors):
         """Whether a kernel reads these tensors' tiles through tensor descriptors:

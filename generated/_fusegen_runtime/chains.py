@@ -31,7 +31,7 @@ from .checks import (  # noqa: F401 - the kernel modules reach these through thi
     config_row,
     config_table,
     copies,
-    fp32_matmul,
+    fp32_dot,
     layout,
     needs_int64,
     plain,
@@ -402,10 +402,10 @@ class Kernels:
         While torch.compile traces (see traced_call), the launch goes into its graph."""
         if self.tracing:
             return self.traced_launch(plan, args)
-        key = config_key(config)
+        key = None if config is None else config_key(config)
         consts = plan.consts
         if plan.follows_torch:
-            precision = fp32_matmul()
+            precision = fp32_dot(plan.device)
             key = (key, precision)
             consts = {**consts, "INPUT_PRECISION": precision}
         if plan.copies:
@@ -1170,7 +1170,7 @@ class Kernels:
         the plan, launched through wrap_triton (no direct launch, no tuning)."""
         consts = plan.consts
         if plan.follows_torch:
-            consts = {**consts, "INPUT_PRECISION": fp32_matmul()}  # at trace time
+            consts = {**consts, "INPUT_PRECISION": fp32_dot(plan.device)}  # at trace time
         if plan.copies:
             args = list(args)
             for index in plan.copies:
