@@ -58,10 +58,10 @@ BACKWARD_CONFIGS = {"kv": (64, 64, 4, 2), "q": (64, 64, 4, 2)}
 FP32_CONFIGS = {"forward": (64, 64, 4, 3), "kv": (64, 64, 4, 2), "q": (64, 64, 4, 2)}
 INTERPRETER_CONFIG = (32, 32, 4, 1)  # small tiles: several per test case
 SPLIT_MIN_KEYS = 256  # a decode call's keys per split program, at least
-SPLIT_PROGRAMS_PER_SM = 2  # a split call's programs per multiprocessor, at most
+SPLIT_PROGRAMS_PER_SM = 1  # a split call's programs per multiprocessor, at most
 # Calls of up to DECODE_ROWS queries (decode) run DECODE_CONFIG: 16-row tiles, not 64 of
 # which all but a few would be padding.
-DECODE_ROWS, DECODE_CONFIG = 16, (16, 128, 4, 3)
+DECODE_ROWS, DECODE_CONFIG = 16, (16, 64, 2, 3)
 # A call whose q_len times the group fits PACKED_ROWS runs the group's query heads in one
 # block (decode): each key block is read once for the 4 heads that share it.
 PACKED_ROWS = 64

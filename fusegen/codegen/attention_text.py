@@ -50,6 +50,13 @@ FP32_CONFIGS = {
 # (16 x 1 x 4096: 0.134 ms against 0.244 on 16 x 32 x 2 stages); 64 untuned.
 DECODE_CONFIGS = {64: (16, 64, 4, 3), 128: (16, 128, 4, 3), 256: (16, 64, 4, 3)}
 SPLIT_PROGRAMS_PER_SM = 2
+# Where query heads share kv heads, decode packs a group's into one block: fewer, longer
+# programs, which ran fastest on 64-key steps on 2 warps, one split program per
+# multiprocessor (benchmarks/experiments/decode_split.py, H200, GQA 28/4 at head dim 128:
+# 16 x 2048 keys 25.1 us against the MHA defaults' 29.3, 16 x 8192 70.7 against 80.2,
+# 64 x 1024 36.8 against 41.0; 1 x 8192, 32 splits either way, within 2%).
+PACKED_DECODE_CONFIGS = {**DECODE_CONFIGS, 128: (16, 64, 2, 3)}
+PACKED_SPLIT_PROGRAMS_PER_SM = {64: SPLIT_PROGRAMS_PER_SM, 128: 1, 256: SPLIT_PROGRAMS_PER_SM}
 # Head dims whose kernels load their per-step tiles (the forward's and dq's K and V, dk/dv's
 # q and d_out) through tensor descriptors on Hopper and newer: 128 ran 4-7% faster so on
 # an H200 (benchmarks/experiments/attention_variants.py), 64 ran 14% slower; 256 is
@@ -82,7 +89,16 @@ def tma_loads(att: Attention) -> bool:
 
 
 def decode_config(att: Attention) -> tuple[int, int, int, int]:
-    return _for_dim(DECODE_CONFIGS, att)
+    return _for_dim(PACKED_DECODE_CONFIGS if _packs(att) else DECODE_CONFIGS, att)
+
+
+def split_programs_per_sm(att: Attention) -> int:
+    return _for_dim(PACKED_SPLIT_PROGRAMS_PER_SM, att) if _packs(att) else SPLIT_PROGRAMS_PER_SM
+
+
+def _packs(att: Attention) -> bool:
+    """Whether a decode call packs the group's query heads into one block."""
+    return att.heads > att.kv_heads
 
 
 def backward_configs(att: Attention) -> dict[str, tuple[int, int, int, int]]:
@@ -282,7 +298,7 @@ def module_context(att: Attention, header: list[str], op_name: str, doc_width: i
         "backward_configs": backward_configs(att),
         "decode_config": decode_config(att),
         "fp32_configs": fp32_configs(att),
-        "split_programs_per_sm": SPLIT_PROGRAMS_PER_SM,
+        "split_programs_per_sm": split_programs_per_sm(att),
         "config_source": CONFIG_SOURCE,
         "tma": tma_loads(att),
         "tma_source": TMA_SOURCE,
