@@ -1,71 +1,110 @@
-"""The launcher's own Python time per call, on the CPU: the module on the Triton
-interpreter with its launch stubbed out, so what is timed is the checks, the plan lookup
-and the output's allocation (a decode-sized call on a GPU pays this on top of the kernel).
+"""The launchers' own Python time per call, on the CPU: the modules on the Triton
+interpreter with the kernel launch itself stubbed out, so what is timed is what a GPU
+call pays on the host besides the launch: the checks or the plan lookup, the outputs'
+allocation, the launch's arguments (benchmarks/call_cost.py times the whole call on a
+GPU).
 
-    python3 benchmarks/launch_overhead.py [MODULE.py ...]   # default: generated/gpt2_mlp_up.py
-    python3 benchmarks/launch_overhead.py OLD/gpt2_mlp_up.py generated/gpt2_mlp_up.py
+    fusegen build benchmarks/specs/call_cost.yaml --out BUILD
+    python3 benchmarks/launch_overhead.py BUILD [OLD_BUILD] [--repeats 7] [--number 2000]
 
-Each MODULE.py is a copy of gpt2_mlp_up (specs/gpt2.yaml), called at 16 rows in bf16. With
-several, their repeats are interleaved (one repeat of each module in turn, the order
-rotated each round), so drift in the machine's speed hits them alike and two builds of a
-module compare in one process. Prints one line per module: its best repeat's time per
-call. A module of either layout is taken: one whose launch support is its own
-(`_launch`), or one that loads `_fusegen_runtime/` beside it (`_KERNELS.launch`).
+The calls are the decode-sized rows of call_cost.py (bf16): RMSNorm and the gate/up chain
+at 16 rows, attention at 16 sequences x 1 query against 1 and 2048 keys (the latter
+split), and the tiny fp32 chain at 9 rows. In a build of this fusegen the runtime's
+direct launch is kept and only its call into the compiled kernel's launcher stubbed
+(the launcher is taken as made, as on a GPU from a signature's second call); in an older
+build (`_fusegen_runtime.py`, or attention modules of their own) the module's launch
+function is stubbed. Folders' repeats are interleaved (one repeat of each in turn), so
+drift in the machine's speed hits them alike; each line is the best repeat's time per call.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
+import importlib
 import importlib.util
 import os
+import sys
 import timeit
 from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+
+def calls():
+    """(row, module name, inputs) per timed call."""
+    bf16 = {"dtype": torch.bfloat16}
+    x = torch.randn(16, 3584, **bf16)
+    out = [
+        ("rmsnorm 16x3584", "qwen2_rmsnorm", (x, torch.randn(3584, **bf16))),
+        ("gate/up 16x3584->18944", "qwen2_gate_up",
+         (x, torch.randn(18944, 3584, **bf16), torch.randn(18944, 3584, **bf16))),
+        ("tiny fp32 9x13->5", "tiny_fp32",
+         (torch.randn(9, 13), torch.randn(5, 13), torch.randn(5))),
+    ]  # fmt: skip
+    for keys in (1, 2048):
+        q = torch.randn(16, 1, 28, 128, **bf16)
+        k, v = (torch.randn(16, keys, 4, 128, **bf16) for _ in "kv")
+        out.append((f"attention 16x1, {keys} key(s)", "qwen2_attention", (q, k, v)))
+    return out
 
 
-def load(path: str, index: int):
-    """Import a module file under a name of its own, its launch stubbed out."""
-    spec = importlib.util.spec_from_file_location(f"overhead_{index}_{Path(path).stem}", path)
+def load(folder: Path, name: str, tag: str):
+    """The module's launcher, its launch stubbed (see the docstring)."""
+    spec = importlib.util.spec_from_file_location(f"{tag}_{name}", folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    if hasattr(module, "_KERNELS"):  # launch support in _fusegen_runtime/
+    package = getattr(getattr(module, "_rt", None), "__package__", None)
+    if package and (folder / "_fusegen_runtime").is_dir():
+        launch = importlib.import_module(f"{package}.launch")
+        launch.enabled = lambda interpreted: True
+        launch.direct = lambda *args, **kwargs: (lambda *launched: None)
+        if hasattr(module, "_ATTENTION"):
+            attention = importlib.import_module(f"{package}.attention")
+            attention.launch.direct = launch.direct
+            # Decode on the H200's 132 multiprocessors: the 2048 keys split.
+            module._ATTENTION.sm_count = lambda device: 132
+            module._ATTENTION.runs_triton = lambda device: True
+    elif hasattr(module, "_KERNELS"):
         module._KERNELS.launch = lambda *args: None
-    elif hasattr(module, "_launch"):  # launch support copied into the module
-        module._launch = lambda *args: None
-    else:
-        raise SystemExit(f"{path}: neither _KERNELS.launch nor _launch to stub out")
-    return module
+    else:  # an attention module of its own
+        module._launch = lambda *args, **kwargs: None
+        module._sm_count = lambda device: 132
+        for attr in dir(module):
+            if attr.endswith("_combine"):
+                setattr(module, attr, _NoLaunch())
+    return getattr(module, name)
+
+
+class _NoLaunch:
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("modules", nargs="*", default=[str(ROOT / "generated" / "gpt2_mlp_up.py")])
-    parser.add_argument("--repeats", type=int, default=7, help="timed repeats per module")
+    parser.add_argument("folders", nargs="+", type=Path)
+    parser.add_argument("--repeats", type=int, default=7, help="timed repeats per folder")
     parser.add_argument("--number", type=int, default=2000, help="calls per repeat")
     args = parser.parse_args()
-    x = torch.randn(16, 768, dtype=torch.bfloat16)
-    w = torch.randn(768, 3072, dtype=torch.bfloat16)
-    b = torch.randn(3072, dtype=torch.bfloat16)
-    launchers = []
-    for index, path in enumerate(args.modules):
-        launcher = load(path, index).gpt2_mlp_up
-        launcher(x, w, b)  # plans the call
-        launchers.append(launcher)
-    best = [float("inf")] * len(launchers)
+    tags = ["new", "old"][: len(args.folders)]
     with torch.no_grad():
-        for repeat in range(args.repeats):
-            start = repeat % len(launchers)
-            for index in [*range(start, len(launchers)), *range(start)]:
-                call = functools.partial(launchers[index], x, w, b)
-                seconds = timeit.timeit(call, number=args.number)
-                best[index] = min(best[index], seconds / args.number)
-    for path, seconds in zip(args.modules, best, strict=True):
-        print(f"{path}: {seconds * 1e6:.2f} us per call (best of {args.repeats} x {args.number})")
+        for row, name, inputs in calls():
+            launchers = [load(f, name, t) for f, t in zip(args.folders, tags, strict=True)]
+            for launcher in launchers:
+                for _ in range(3):  # plans the call, compiles (interpreter), then direct
+                    launcher(*inputs)
+            best = [float("inf")] * len(launchers)
+            for _ in range(args.repeats):
+                for i, launcher in enumerate(launchers):
+                    seconds = timeit.timeit(
+                        lambda launcher=launcher, inputs=inputs: launcher(*inputs),
+                        number=args.number,
+                    )
+                    best[i] = min(best[i], seconds / args.number * 1e6)
+            for tag, us in zip(tags, best, strict=True):
+                print(f"{row:28} {tag:4} {us:6.1f} us per call")
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ DIMS = {"M": None, "K": 768, "N": 3072}
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # The output's dtype; None: the call's dtype.
 OUT_DTYPE = None
-# How tl.dot runs on fp32 inputs: "tf32", "ieee", or None: as PyTorch's setting says.
+# How tl.dot runs on fp32 inputs: "tf32", "tf32x3", "ieee", or None: as PyTorch says.
 FP32_MATMUL = None
 # Configs, one a row (None: the kernel's default). CONFIGS: the autotuner's, per row-count
 # power-of-two bucket, N and K. DEFAULT_CONFIG: where tuning cannot run. INTERPRETER_CONFIG:
@@ -433,7 +433,7 @@ def _launch(plan, inputs, outputs, config, saved=()):
 def last_launch() -> dict:
     """What the last call ran: its "config", "source" (table, autotune, default, interpreter,
     explicit, reference (...), empty), "path" (pointer, tma), "fast_tanh" (tanh.approx ran)
-    and "fp32_matmul" (tf32 or ieee, for an fp32 matmul), as a dict."""
+    and "fp32_matmul" (tf32, tf32x3 or ieee, for an fp32 matmul), as a dict."""
     return _KERNELS.last_launch()
 
 

@@ -346,11 +346,11 @@ class _KernelLowerer:
                     f"dtype {name} is listed twice",
                     "list each dtype once: " + ", ".join(dtypes.DTYPES),
                 )
-        if spec.target == "amd" and spec.fp32_matmul == "tf32":
+        if spec.target == "amd" and spec.fp32_matmul in ("tf32", "tf32x3"):
             self.err(
                 ("fp32_matmul",),
-                "fp32_matmul 'tf32' is for target nvidia; Triton's AMD backend runs fp32 dots "
-                "in full fp32",
+                f"fp32_matmul '{spec.fp32_matmul}' is for target nvidia; Triton's AMD backend "
+                "runs fp32 dots in full fp32",
                 "use fp32_matmul: ieee, or leave it out",
             )
         dims = self._dims()

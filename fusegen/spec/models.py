@@ -146,11 +146,12 @@ class KernelSpec(_Strict):
         "beside the portable one) or 'amd' (ROCm configs: matrix_instr_nonkdim, waves_per_eu, "
         "kpack; no TMA kernel)",
     )
-    fp32_matmul: Literal["tf32", "ieee"] | None = Field(
+    fp32_matmul: Literal["tf32", "tf32x3", "ieee"] | None = Field(
         None,
         description="how a matmul on fp32 inputs runs: tf32 tensor cores (fast, ~1e-3 relative "
-        "error) or full fp32 (ieee). Default on nvidia: PyTorch's own setting at each call "
-        "(torch.set_float32_matmul_precision 'highest' -> ieee, 'high' or 'medium' -> tf32), "
+        "error), tf32x3 (three tf32 products of split operands: fp32-level error at tensor-core "
+        "speed) or fp32 FMAs (ieee). Default on nvidia: PyTorch's own setting at each call "
+        "(torch.set_float32_matmul_precision 'highest' -> tf32x3, 'high' or 'medium' -> tf32), "
         "as torch.compile does; on amd: ieee",
     )
     fallback: FallbackSpec = FallbackSpec()
