@@ -24,8 +24,12 @@
 #                      example kernels with their tables, without, and the anchor chains
 #   row-layouts        row and elementwise kernels on strided inputs: read as they are, or
 #                      copied first
-#   launch-cost        the launcher's Python per call on the CPU (launch stubbed), and its
-#                      time per call on the GPU at 16 rows, direct launch and triton's dispatch
+#   launch-cost        the launchers' Python per call on the CPU (launch stubbed), and the
+#                      example kernels' time per call on the GPU at 16 rows, direct launch
+#                      and triton's dispatch
+#   call-cost          issue 27's table: a launcher call against the PyTorch op it replaces
+#                      (decode attention, gate/up, RMSNorm, fp32 and tiny chains), wall and
+#                      GPU time in alternating rounds (benchmarks/specs/call_cost.yaml)
 #   split-k            split-K configs of the decode matmuls: the float64 reference, and
 #                      bitwise-identical output over 200 calls
 #   inspect            registers, spills, shared memory of the chosen configs; L1/L2 hit
@@ -67,7 +71,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 SUITE=benchmarks/suite.yaml
 STEPS="generated-tests tune-tables tuning-repeat config-space first-calls row-layouts
-launch-cost split-k inspect tanh-approx launcher-tuning training-chains llama-training-step
+launch-cost call-cost split-k inspect tanh-approx launcher-tuning training-chains llama-training-step
 backward-configs llama-compiled llama-attention llama-decode attention-zoo attention-anchors attention-configs
 attention-variants attention-bench"
 ANCHOR_SHAPES="8192,4096,14336 4096,1024,4096 16,4096,14336 1000,1000,1000"
@@ -144,9 +148,13 @@ for name in "${wanted[@]}"; do
     row-layouts)
         run $PYTHON benchmarks/row_layouts.py ;;
     launch-cost)
-        run $PYTHON benchmarks/launch_overhead.py
+        run $PYTHON -m fusegen build benchmarks/specs/call_cost.yaml --out "$out/call_cost_build"
+        run $PYTHON benchmarks/launch_overhead.py "$out/call_cost_build"
         run $PYTHON benchmarks/call_time.py
         run env FUSEGEN_DIRECT_LAUNCH=0 $PYTHON benchmarks/call_time.py ;;
+    call-cost)
+        run $PYTHON -m fusegen build benchmarks/specs/call_cost.yaml --out "$out/call_cost_build"
+        run $PYTHON benchmarks/call_cost.py "$out/call_cost_build" --out "$out/call_cost.json" ;;
     split-k)
         run $PYTHON benchmarks/split_k_determinism.py ;;
     inspect)
