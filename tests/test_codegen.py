@@ -254,6 +254,13 @@ def test_attention_modules_are_short(path):
     assert len(path.read_text().splitlines()) <= 1330
 
 
+@pytest.mark.parametrize("path", ATTENTION, ids=lambda p: p.name)
+def test_attention_modules_are_short(path):
+    """An attention module is its kernels, constants and reference: the launcher, checks,
+    autograd and ops are the runtime's Attention."""
+    assert len(path.read_text().splitlines()) <= 700
+
+
 @pytest.mark.parametrize("path", CHAINS, ids=lambda p: p.name)
 def test_kernel_modules_are_short(path):
     """What a reviewer reads per kernel: its configs, kernels, checks, launch arguments
