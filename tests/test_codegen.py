@@ -244,18 +244,6 @@ def test_one_runtime_per_folder_names_its_version_and_hash():
 
 @pytest.mark.parametrize("path", ATTENTION, ids=lambda p: p.name)
 def test_attention_modules_are_short(path):
-    """Five kernels (forward, the split-KV combine, delta, dk and dv, dq), their block
-    steps (each run masked at the edges and unmasked inside: three calls each), the key
-    ranges and counts, the checks (key lengths' too), the decode split and dot precision,
-    launches (with the shared-memory retry) and reference. A bias spec adds its loads,
-    checks and d bias (about 100 lines more); head dim 128 its TMA loads (about 80); the
-    tuned table's lookup (about 70); the triton ops for Inductor (about 60) and the
-    shared-memory estimate that picks their stages (about 45)."""
-    assert len(path.read_text().splitlines()) <= 1330
-
-
-@pytest.mark.parametrize("path", ATTENTION, ids=lambda p: p.name)
-def test_attention_modules_are_short(path):
     """An attention module is its kernels, constants and reference: the launcher, checks,
     autograd and ops are the runtime's Attention."""
     assert len(path.read_text().splitlines()) <= 700
