@@ -299,18 +299,19 @@ GROUPS = {
 def test_generated_tests_pass(zoo, group):
     files = sorted(p.name for p in zoo.glob("test_*.py") if GROUPS[group](p.name))
     assert files
-    # The activations' modules differ only in one helper: torch.compile traces one of
-    # them with autograd (act_silu, below) and the example specs' tests trace every kind.
-    skip = ["-k", "not inside_torch_compile_and"] if group.startswith("activations") else []
+    # The activations' modules differ only in one helper, which torch.compile does not
+    # see (the op is opaque under the interpreter): it traces one of them, for inference
+    # and with autograd (act_silu, below), and the example specs' tests trace every kind.
+    skip = ["-k", "not inside_torch_compile"] if group.startswith("activations") else []
     result = run_pytest(zoo, *files, *skip)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and " failed" not in result.stdout
 
 
 def test_an_activation_trains_inside_torch_compile(zoo):
-    result = run_pytest(zoo, "test_act_silu.py", "-k", "inside_torch_compile_and")
+    result = run_pytest(zoo, "test_act_silu.py", "-k", "inside_torch_compile")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout
+    assert "2 passed" in result.stdout  # test_runs_inside_torch_compile and the gradients'
 
 
 def load(zoo: Path, name: str):
