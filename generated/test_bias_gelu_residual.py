@@ -76,8 +76,7 @@ FAST_TANH = True  # activations on tanh.approx where every output is 16-bit
 ESTIMATED_DEFAULT = False  # untuned, the estimate picks the config (else DEFAULT_CONFIG)
 NO_GPU = "reference"  # without a GPU (and the interpreter off): "reference" runs, or "error"
 NONFINITE = "off"  # an inf or NaN the reference does not have: "reference" runs, or "off"
-# torch.mm calls of a backward asked for one input's gradient alone: a frozen weight
-# costs no weight gradient.
+# torch.mm calls of a backward asked for one input's gradient alone: none, no matmul.
 MM_CALLS = {"x": 0, "b": 0, "r": 0}
 
 

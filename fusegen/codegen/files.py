@@ -686,6 +686,7 @@ def test_context(kernel: Kernel) -> dict:
         "bound_returns": bound_returns(kernel),
         "aligned_cpu": repr(aligned_cpu),
         "aligned_gpu": repr(aligned_gpu),
+        "matmul": mm is not None,
         "has_tma": nvidia_matmul,
         "heavy": heavy(kernel),
         "cases_gpu": repr(gpu),
