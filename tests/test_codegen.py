@@ -184,7 +184,7 @@ def test_fast_tanh_only_where_an_activation_has_a_form_on_it(write_spec, chain, 
     assert ("def _tanh_approx(x):" in module) == fast
     assert ("    fast_tanh=True,\n" in module) == fast  # the launcher sets FAST_TANH per call
     assert ("fast_tanh * TANH_APPROX" in tests) == fast
-    assert ("def test_fast_tanh_only_for_16_bit_outputs" in tests) == fast
+    assert ("FAST_TANH = True  #" in tests) == fast  # the harness's fast-tanh test
     # The exact form stays beside the fast one: the interpreter, fp32 outputs and AMD run it.
     assert "return x * tl.sigmoid(x)" in module or "silu" not in chain
 
@@ -247,6 +247,19 @@ def test_attention_modules_are_short(path):
     """An attention module is its kernels, constants and reference: the launcher, checks,
     autograd and ops are the runtime's Attention."""
     assert len(path.read_text().splitlines()) <= 700
+
+
+CHAIN_TESTS = [p.parent / f"test_{p.name}" for p in CHAINS]
+
+
+@pytest.mark.parametrize("path", CHAIN_TESTS, ids=lambda p: p.name)
+def test_chain_test_modules_are_short(path):
+    """A chain's tests state its cases and bounds: inputs, sizes, dtypes, flags and
+    reference_and_bound; the tests themselves come from the runtime's harness."""
+    text = path.read_text()
+    assert len(text.splitlines()) <= 250
+    assert "globals().update(harness.chain_tests(globals()))" in text
+    assert not any(line.startswith("def test_") for line in text.splitlines())
 
 
 @pytest.mark.parametrize("path", CHAINS, ids=lambda p: p.name)

@@ -54,7 +54,7 @@ def installed(tmp_path_factory):
 def test_wheel_holds_the_templates(installed):
     wheel, _ = installed
     names = zipfile.ZipFile(wheel).namelist()
-    for template in ("kernel_module.py.j2", "runtime.py.j2", "test_module.py.j2"):
+    for template in ("kernel_module.py.j2", "runtime_loader.py.j2", "test_module.py.j2"):
         assert f"fusegen/codegen/templates/{template}" in names
 
 

@@ -658,7 +658,8 @@ def row_context(kernel: Kernel) -> dict:
 def test_context(kernel: Kernel) -> dict:
     cpu, gpu = cases(kernel)
     aligned_cpu, aligned_gpu = aligned_cases(kernel)
-    views_before_out = len(kernel.inputs)
+    mm = kernel.matmul
+    nvidia_matmul = mm is not None and kernel.target == "nvidia"
     return {
         "uses_functional": any("F." in line for line in bound_lines(kernel)),
         "header": header(kernel),
@@ -667,7 +668,7 @@ def test_context(kernel: Kernel) -> dict:
         "dtypes_literal": "[" + ", ".join(dtype_literal(d) for d in kernel.dtypes) + "]",
         "row": kernel.row,
         "col": kernel.col,
-        "fan_in": f'"{kernel.matmul.k}"' if kernel.matmul else "None",
+        "fan_in": f'"{mm.k}"' if mm else "None",
         "test_inputs": [
             {
                 "name": t.name,
@@ -686,23 +687,33 @@ def test_context(kernel: Kernel) -> dict:
         "bound_returns": bound_returns(kernel),
         "aligned_cpu": repr(aligned_cpu),
         "aligned_gpu": repr(aligned_gpu),
-        "matmul": kernel.matmul is not None,
-        "has_tma": kernel.matmul is not None and kernel.target == "nvidia",
+        "matmul": mm is not None,
+        "has_tma": nvidia_matmul,
         "heavy": heavy(kernel),
         "cases_gpu": repr(gpu),
         "ref_args": ", ".join(t.name for t in kernel.inputs),
-        "matmul_operands": repr([t.name for t in tma_operands(kernel)] if kernel.matmul else []),
+        "matmul_operands": repr([t.name for t in tma_operands(kernel)] if mm else []),
         "bound_lines": bound_lines(kernel),
         "fast_tanh": fast_tanh(kernel),
-        "estimated": kernel.matmul is not None and kernel.target == "nvidia",
-        "estimated_default": kernel.matmul is not None
-        and kernel.target == "nvidia"
-        and not kernel.default_given,
+        "estimated_default": nvidia_matmul and not kernel.default_given,
         "tanh_approx": f"2.0**{ops.TANH_APPROX_EXPONENT}",
-        "no_gpu_fallback": kernel.fallback_no_gpu == "reference",
-        "nonfinite_fallback": kernel.fallback_nonfinite == "reference",
-        "out_arg_index": views_before_out,
-        "weight_count": len(weights(kernel)) if kernel.matmul else 0,
-        "recompute": kernel.matmul is not None and kernel.backward_save == "inputs",
-        "matmul_a": f'"{kernel.matmul.a}"' if kernel.matmul else "None",
+        "no_gpu": kernel.fallback_no_gpu,
+        "nonfinite": kernel.fallback_nonfinite,
+        "recompute": mm is not None and kernel.backward_save == "inputs",
+        "mm_calls": repr(mm_calls(kernel)),
+    }
+
+
+def mm_calls(kernel: Kernel) -> dict[str, int]:
+    """The torch.mm calls of a backward asked for one input's gradient: the matmul's `a`
+    needs one per weight, a weight its own, others none; a backward that recomputes the
+    accumulators (backward.save: inputs) first makes one per weight."""
+    if not kernel.matmul:
+        return {t.name: 0 for t in kernel.inputs}
+    per_weight = len(weights(kernel))
+    operands = {t.name for t in tma_operands(kernel)}
+    recomputed = per_weight if kernel.backward_save == "inputs" else 0
+    return {
+        t.name: recomputed + (per_weight if t.name == kernel.matmul.a else int(t.name in operands))
+        for t in kernel.inputs
     }

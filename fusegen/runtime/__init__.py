@@ -10,8 +10,9 @@ the module itself was imported.
 
 Modules: settings (plain constants, shared with fusegen's tools), checks (what a call's
 checks use), device (a GPU's facts, timing configs), ops (torch.compile's ops), tables
-(tuned tables), chains and attention (the launchers), harness (the generated tests'
-machinery). Only torch and triton are needed to run them, and this file imports neither.
+(tuned tables), chains and attention (the launchers), harness and equivalence (the
+generated chain tests' machinery, which only those tests import, with pytest). Only torch
+and triton are needed to run the launchers, and this file imports neither.
 """
 
 # sha256 of this package as fusegen writes it (this line holding a placeholder): the

@@ -18,14 +18,15 @@ from .device import TRITON_VERSION
 try:
     from triton import knobs as _knobs
 
-    _HOOKS = _knobs.runtime  # launch_enter_hook / launch_exit_hook: chains of callables
-except ImportError:  # triton before 3.4: no knobs, hooks read off CompiledKernel
+    _HOOKS = _knobs.runtime  # launch_enter_hook, launch_exit_hook: chains of callables
+except ImportError:  # triton before 3.4: no knobs
     _HOOKS = None
 
 
 def _hooked():
     """Whether a launch hook is registered (a profiler's): then launches go through
-    triton's own path, which calls them with their metadata."""
+    triton's own path, which calls them with their metadata. Read at each launch: a tool
+    may add a hook, or set one in place of the chain, at any time."""
     if _HOOKS is None:
         return True
     enter, leave = _HOOKS.launch_enter_hook, _HOOKS.launch_exit_hook

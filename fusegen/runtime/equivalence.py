@@ -1,0 +1,270 @@
+"""What a correct result is, for the generated chain tests: inputs drawn for a chain,
+outputs poisoned with NaN, and results and gradients checked against the chain's float64
+reference within its derived bound (docs/tolerances.md). `Chain` reads what a generated
+test module states about its chain; harness.py makes the tests from it.
+
+Every run draws fresh random inputs (a failure prints the seed; FUSEGEN_TEST_SEED
+replays it) and fills the outputs with NaN before the launch, so an element the kernel
+does not write fails. Without a CUDA GPU the kernel runs on the Triton interpreter,
+with the module's small shapes.
+"""
+
+import math
+import os
+import random
+
+import pytest
+import torch
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+
+U32 = 2.0**-24  # unit roundoff of fp32, the kernel's arithmetic
+U_ACC = 2.0**-23  # per-term accumulation error: twice U32, for accumulators that truncate
+TF32_PRODUCT = 2.0**-9  # relative error of a product of two fp32 values cut to tf32
+# ... and of tf32x3's: each operand split into two tf32 halves (each cut within 2**-10 of
+# what it holds, so the pair within 2**-20 of the value), the small halves' product
+# dropped: three terms of 2**-20 at most.
+TF32X3_PRODUCT = 2.0**-18
+PRODUCT_ERROR = {"tf32": TF32_PRODUCT, "tf32x3": TF32X3_PRODUCT}
+OUT_ROUNDING = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+# The interpreter converts fp32 to bf16 toward zero (up to one ulp off), where a GPU
+# rounds to nearest (half an ulp).
+INTERPRETER_OUT_ROUNDING = {**OUT_ROUNDING, torch.bfloat16: 2.0**-7}
+# Absolute error allowed near zero: fp16 rounds below its normal range to a fixed
+# spacing (half of it, 2**-25); fp32 math may flush values under 2**-126 to zero (GPU
+# fast math), and the interpreter's bf16 conversion mangles such values.
+OUT_TINY = {torch.float32: 2.0**-126, torch.float16: 2.0**-25, torch.bfloat16: 2.0**-126}
+
+
+def new_seed():
+    fixed = os.environ.get("FUSEGEN_TEST_SEED")
+    return int(fixed) if fixed else random.SystemRandom().randrange(2**31)
+
+
+def dot_error(a, b, p_in):
+    """Bound on an fp32-accumulated a @ b: each of the K terms may carry K * U_ACC of
+    its magnitude (plus p_in when the operands are cut to tf32: once, or split in three)."""
+    return (a.shape[-1] * U_ACC + p_in) * (a.abs() @ b.abs())
+
+
+def reduction_depth(launch, cols):
+    """How many roundings a row's sum can pass through: a tree over a block of BLOCK_N
+    columns, then one per block."""
+    block = (launch["config"] or {}).get("BLOCK_N", 1 << max(cols - 1, 0).bit_length())
+    block = min(block, 1 << max(cols - 1, 0).bit_length())
+    return math.ceil(math.log2(max(block, 2))) + math.ceil(cols / block) + 2
+
+
+def as_tuple(result):
+    return result if isinstance(result, tuple) else (result,)
+
+
+def dtype_id(dtype):
+    return str(dtype).removeprefix("torch.")
+
+
+class Chain:
+    """A chain as its generated test module states it, and the checks made from that.
+
+    Read from the module's namespace: `kernel` (the module under test), LAUNCHER (its
+    function), DTYPES, ROW and COL (the output is [ROW, COL] after any batch dims),
+    FAN_IN (the matmul's reduction dim, or None), INPUTS (name: (dims, pinned dtype or
+    None, distribution, batched)), CASES and ALIGNED (sizes of the dynamic dims), HEAVY,
+    OUTPUTS (the launcher's output keywords), REDUCES, SOURCE, MATMUL_OPERANDS,
+    SPECIAL_ROWS, the flags TMA, FAST_TANH, NO_GPU, NONFINITE and ESTIMATED_DEFAULT,
+    MM_CALLS, and `reference_and_bound`."""
+
+    def __init__(self, namespace):
+        self.kernel = namespace["kernel"]
+        self.launcher = namespace["LAUNCHER"]
+        self.dtypes = namespace["DTYPES"]
+        self.row, self.col = namespace["ROW"], namespace["COL"]
+        self.fan_in = namespace["FAN_IN"]
+        self.inputs = namespace["INPUTS"]
+        self.cases = namespace["CASES"]
+        self.aligned = namespace["ALIGNED"]
+        self.heavy = namespace["HEAVY"]
+        self.outputs = namespace["OUTPUTS"]
+        self.reduces = namespace["REDUCES"]
+        self.source = namespace["SOURCE"]
+        self.matmul_operands = namespace["MATMUL_OPERANDS"]
+        self.special_rows = namespace["SPECIAL_ROWS"]
+        self.tma = namespace["TMA"]
+        self.fast_tanh = namespace["FAST_TANH"]
+        self.no_gpu = namespace["NO_GPU"]
+        self.nonfinite = namespace["NONFINITE"]
+        self.estimated_default = namespace["ESTIMATED_DEFAULT"]
+        self.mm_calls = namespace["MM_CALLS"]
+        self.reference_and_bound = namespace["reference_and_bound"]
+        self.sizes = {dim: size for dim, size in self.kernel.DIMS.items() if size is not None}
+        # The inputs that can require grad (a pinned integer or bool input cannot).
+        self.float_inputs = [
+            name
+            for name, (_, pinned, _, _) in self.inputs.items()
+            if pinned is None or pinned.is_floating_point
+        ]
+        self.batched = any(batched for *_, batched in self.inputs.values())
+        self.interpreted = self.kernel._KERNELS.interpreted()
+        self.out_rounding = INTERPRETER_OUT_ROUNDING if self.interpreted else OUT_ROUNDING
+
+    def make_inputs(self, sizes, dtype, seed, lead=None):
+        """Random inputs in their dtype (so their float64 copies are exact), on DEVICE.
+        With `lead`, batched inputs get those leading dims in place of ROW."""
+        generator = torch.Generator().manual_seed(seed)
+        tensors = {}
+        for index, (name, (dims, pinned, dist, batched)) in enumerate(self.inputs.items()):
+            shape = [sizes[d] for d in dims]
+            if lead is not None and batched:
+                shape = [*lead, *shape[1:]]
+            values = torch.randn(shape, generator=generator)
+            if dist == "weight":
+                # Like a trained layer's weights: outputs stay O(1) whatever the fan-in.
+                values = values * sizes[self.fan_in] ** -0.5
+            elif dist == "nonzero":
+                values = values.sign() * (0.5 + values.abs())
+            if self.special_rows and dims == (self.row, self.col):
+                rows = values.view(-1, shape[-1])
+                # A constant row (zero variance: naive formulas divide 0 by 0) and a row of
+                # large values (1e4: naive softmax overflows, sums of squares lose digits).
+                rows[0] = 3.0 - 1.25 * index
+                if rows.shape[0] > 1 and name == self.source:
+                    rows[1] *= 1e4
+            tensors[name] = values.to(pinned or dtype).to(DEVICE)
+        return tensors
+
+    def output_buffers(self, sizes, dtype, lead=None):
+        """NaN-filled buffers for every output, by keyword."""
+        rows = lead or [sizes[self.row]]
+        full = [*rows, sizes[self.col]]
+        buffers = {}
+        for name in self.outputs:
+            main = name == "out"
+            shape = rows if main and self.reduces else full
+            out_dtype = (self.kernel.OUT_DTYPE or dtype) if main else dtype
+            buffers[name] = torch.full(shape, float("nan"), dtype=out_dtype, device=DEVICE)
+        return buffers
+
+    def check_outputs(self, results, inputs, dtype, seed, launch):
+        """Every output within its bound; returns the float64 inputs and expected values."""
+        exact = {name: t.double() for name, t in inputs.items()}
+        p_in = PRODUCT_ERROR.get(launch["fp32_matmul"], 0.0)
+        cols = inputs[self.source].shape[-1] if self.source else results[0].shape[-1]
+        fast = int(launch["fast_tanh"])
+        depth = reduction_depth(launch, cols)
+        pairs = self.reference_and_bound(p_in, depth, fast, **exact)
+        for name, out, (expected, bound) in zip(self.outputs, results, pairs, strict=True):
+            rounding = self.out_rounding[out.dtype]
+            bound = bound + rounding * (expected.abs() + bound) + OUT_TINY[out.dtype]
+            assert out.shape == expected.shape, (name, out.shape, expected.shape)
+            error = (out.double() - expected).abs()
+            # Past the dtype's largest finite value the right answer is an infinity.
+            may_overflow = expected.abs() + bound > torch.finfo(out.dtype).max
+            overflowed = may_overflow & torch.isinf(out) & (out.sign() == expected.sign())
+            bad = ~((error <= bound) | overflowed)  # NaN, the poison, is never <= anything
+            if bad.any():
+                first = tuple(bad.nonzero()[0].tolist())
+                pytest.fail(
+                    f"{name}: {int(bad.sum())} of {bad.numel()} elements are outside the "
+                    f"bound (seed {seed}, {dtype}, {launch}); first at {first}: "
+                    f"got {out[first].item()!r}, expected {expected[first].item()!r} "
+                    f"+- {bound[first].item():.3g}"
+                )
+        return exact, [expected for expected, _ in pairs]
+
+    def run_and_check(self, inputs, sizes, dtype, seed, lead=None):
+        buffers = self.output_buffers(sizes, dtype, lead)
+        results = as_tuple(self.launcher(**inputs, **buffers))
+        launch = self.kernel.last_launch()
+        assert all(r is b for r, b in zip(results, buffers.values(), strict=True))
+        assert not launch["source"].startswith("reference"), f"the kernel did not run: {launch}"
+        exact, expected = self.check_outputs(results, inputs, dtype, seed, launch)
+        # The module's own reference is the same chain: check it against the test's.
+        refs = as_tuple(self.kernel.reference(**exact, out_dtype=torch.float64))
+        for ref, want in zip(refs, expected, strict=True):
+            torch.testing.assert_close(ref, want, rtol=1e-9, atol=1e-12)
+
+    def upstream_grads(self, results, seed):
+        generator = torch.Generator().manual_seed(seed + 1)
+        return [torch.randn(r.shape, generator=generator).to(r.dtype).to(DEVICE) for r in results]
+
+    def grads_of(self, inputs, asked, seed, call=None):
+        """Run the launcher (or `call`) on inputs of which `asked` require grad; returns
+        the outputs, the upstream gradients and the asked inputs' gradients."""
+        leaves = {n: t.detach().requires_grad_(n in asked) for n, t in inputs.items()}
+        results = as_tuple((call or self.launcher)(**leaves))
+        assert all(r.requires_grad and r.grad_fn is not None for r in results)
+        upstream = self.upstream_grads(results, seed)
+        return results, upstream, torch.autograd.grad(results, [leaves[n] for n in asked], upstream)
+
+    def check_grads(self, got, inputs, upstream, asked, dtype, seed):
+        """Each asked input's gradient against autograd through the reference in float64.
+        Norm-wise, its error may be at most twice that of the same chain run one PyTorch
+        op at a time in the call's dtype (eager), plus four roundings of the result; and
+        no element may be off by more than 8x eager's worst one plus an eighth of the
+        largest: a kink (relu's at 0) turns the rounding of a saved value into a jump, at
+        elements other than eager's. So the norm leaves out the worst 1/32 of the
+        elements, which the element-wise bound still holds: a jump is sparse, a wrong
+        term is not (docs/tolerances.md, "Gradients")."""
+        exact = {n: t.detach().double().requires_grad_(n in asked) for n, t in inputs.items()}
+        eager = {n: t.detach().requires_grad_(n in asked) for n, t in inputs.items()}
+
+        def autograd(results, leaves, grads):
+            # Outputs that depend on no asked input (h, with only a norm's weight asked)
+            # drop out.
+            pairs = [
+                (r, g) for r, g in zip(as_tuple(results), grads, strict=True) if r.requires_grad
+            ]
+            outputs, grads = zip(*pairs, strict=True)
+            return torch.autograd.grad(
+                outputs, [leaves[n] for n in asked], grads, allow_unused=True
+            )
+
+        reference = self.kernel.reference
+        doubles = [g.double() for g in upstream]
+        wanted = autograd(reference(**exact, out_dtype=torch.float64), exact, doubles)
+        plain = autograd(reference(**eager), eager, upstream)
+        for name, mine, want, theirs in zip(asked, got, wanted, plain, strict=True):
+            want = torch.zeros_like(exact[name]) if want is None else want
+            theirs = torch.zeros_like(eager[name]) if theirs is None else theirs
+            assert mine is not None and mine.shape == inputs[name].shape, (name, mine)
+            assert mine.dtype == inputs[name].dtype, (name, mine.dtype)
+            rounding = self.out_rounding[mine.dtype]
+            scale = want.norm().item() + OUT_TINY[mine.dtype]
+            misses = (mine.double() - want).abs().flatten().sort().values
+            error = misses[: misses.numel() - misses.numel() // 32].norm().item() / scale
+            eager_error = (theirs.double() - want).norm().item() / scale
+            # No NaN (the poison: an element not written; an inf can be right, where fp16
+            # overflows as eager does) and all but the worst 1/256 within the element-wise
+            # bound: a kink's flip moves a whole row of a matmul operand's gradient (seed
+            # 1783738941 of the zoo's mm_broadcasts: one row of dw, 7.9 against 7.2 allowed).
+            no_nan = not bool(torch.isnan(mine).any())
+            last = misses.numel() - 1 - misses.numel() // 256
+            worst = misses[last].item() if misses.numel() else 0.0
+            eager_worst = (theirs.double() - want).abs().max().item()
+            allowed = 8 * eager_worst + want.abs().max().item() / 8 + OUT_TINY[mine.dtype]
+            # A gradient summed over many terms (a bias's over rows) carries an fp32 sum's
+            # rounding, which grows as sqrt(terms) and in whose luck eager can beat it.
+            terms = max(g.numel() for g in upstream) / max(mine.numel(), 1)
+            summed = 4 * 2.0**-24 * math.sqrt(max(terms, 1.0))
+            if not (
+                no_nan and error <= 2 * eager_error + 4 * rounding + summed and worst <= allowed
+            ):
+                pytest.fail(
+                    f"d{name}: norm-wise error {error:.3g} (eager {eager_error:.3g}), worst "
+                    f"element {worst:.3g} (allowed {allowed:.3g}), NaN: {not no_nan}; "
+                    f"seed {seed}, {dtype}"
+                )
+
+    def table_key(self, sizes, dtype):
+        """A tuned table's key for a call at `sizes` in `dtype` (row bucket included)."""
+        values = [1 << max(sizes[self.row] - 1, 0).bit_length(), sizes[self.col]]
+        if self.fan_in:
+            values.append(sizes[self.fan_in])
+        names = self.kernel._KERNELS.key_names
+        out_dtype = self.kernel.OUT_DTYPE or dtype
+        return {
+            **dict(zip(names, values, strict=False)),
+            names[-2]: dtype_id(dtype),
+            names[-1]: dtype_id(out_dtype),
+        }
