@@ -41,7 +41,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("150160a2462cf3d5", "attention")
+_rt = _runtime("f6f02a44c6d2fa4b", "attention")
 
 # What the spec fixed: the layout of q, k, v and out, the heads, the head dim.
 LAYOUT = "bshd"  # "bshd": [batch, seq, heads, dim]; "bhsd": [batch, heads, seq, dim]

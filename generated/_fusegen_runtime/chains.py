@@ -402,12 +402,12 @@ class Kernels:
         While torch.compile traces (see traced_call), the launch goes into its graph."""
         if self.tracing:
             return self.traced_launch(plan, args)
+        given = args
         key = None if config is None else config_key(config)
-        consts = plan.consts
+        precision = None
         if plan.follows_torch:
             precision = fp32_dot(plan.device)
             key = (key, precision)
-            consts = {**consts, "INPUT_PRECISION": precision}
         if plan.copies:
             args = list(args)
             for index in plan.copies:
@@ -424,6 +424,9 @@ class Kernels:
         if ready is None or ready[0] != path:
             if len(plan.ready) >= 64:
                 plan.ready.clear()
+            consts = plan.consts
+            if precision is not None:
+                consts = {**consts, "INPUT_PRECISION": precision}
             ready = plan.ready[key] = self._ready(path, plan, args, config, consts)
         _, kernel, grid, kwargs, split, record, direct, ran = ready
         if self.weights:
@@ -432,7 +435,24 @@ class Kernels:
             direct(*args)
             self.last_run = ran
         else:
-            compiled = kernel[grid](*args, **kwargs)
+            try:
+                compiled = kernel[grid](*args, **kwargs)
+            except triton.runtime.errors.OutOfResources as exc:
+                # The shared-memory estimate let through a config that does not fit
+                # (Triton's count moves with the chain and the precision: tf32x3 takes
+                # more): fewer pipeline stages, then the pointer kernel, for this
+                # signature from now on.
+                if config is not None or (ready[0] == "pointer" and kwargs["num_stages"] == 1):
+                    raise
+                if kwargs["num_stages"] > 1:
+                    stages = kwargs["num_stages"] - 1
+                    ready[3] = {**kwargs, "num_stages": stages}
+                    ready[5] = {**record, "config": {**record["config"], "num_stages": stages}}
+                    self.log_once("resources", "%s; fewer pipeline stages", exc)
+                else:
+                    self.log_once("tma-resources", "%s; the pointer kernel runs instead", exc)
+                    plan.path, plan.ready = "pointer", {}
+                return self.launch(plan, given, config)
             self.last_run = {"kernel": compiled, "key": plan.key, "direct": False}
             if direct is None and aligned:  # False: no direct launch for this plan (asked once)
                 made = None
@@ -550,8 +570,10 @@ class Kernels:
 
     def config_smem(self, meta, stages, element_size, tma=False):
         """Shared memory a config needs: its pipelined input tiles, the output tile a
-        TMA store goes through, and fp32 scratch where the chain loads a full-tile
-        operand (triton reshapes the accumulator through shared memory for it)."""
+        TMA store goes through, fp32 scratch where the chain loads a full-tile operand
+        (triton reshapes the accumulator through shared memory for it), and an A tile
+        more where tf32x3 splits fp32 operands (meta's INPUT_PRECISION: 64x128x64 at 4
+        stages took 245,816 bytes on an H200, the tiles and output 229,376)."""
         if not self.weights:
             return 0
         a_tile = meta["BLOCK_M"] * meta["BLOCK_K"]
@@ -560,6 +582,8 @@ class Kernels:
         if meta.get("EPILOGUE_SUBTILE"):
             out_tile //= 2  # stored in two halves
         scratch = meta["BLOCK_M"] * meta["BLOCK_N"] * 4 if self.full_operands else 0
+        if meta.get("INPUT_PRECISION") == "tf32x3":
+            scratch += a_tile * element_size + 1024
         if self.amd:
             # Triton's AMD pipeliner keeps num_stages - 1 sets of tiles in LDS (at least one).
             stages = max(1, stages - 1)
@@ -594,11 +618,16 @@ class Kernels:
         tma = "NUM_SMS" in kwargs
         sizes = self.sizes(named_args)
         element = first.element_size()
+        precision = {"INPUT_PRECISION": kwargs.get("INPUT_PRECISION")}
         kept = [
             c
             for c in configs
             if self.fits(
-                {**c.kwargs, "num_stages": c.num_stages}, tma, sizes, element, first.device
+                {**c.kwargs, "num_stages": c.num_stages, **precision},
+                tma,
+                sizes,
+                element,
+                first.device,
             )
         ]
         if kept and self.estimated:
@@ -645,10 +674,11 @@ class Kernels:
         times = [self.estimate_us(c, tma, sizes, element_size, sms) for c in configs]
         return sorted(range(len(configs)), key=lambda i: times[i])
 
-    def estimated_choice(self, path, args):
+    def estimated_choice(self, path, args, precision=None):
         """(path, config) the estimate picks where nothing is tuned: the best of `path`'s
-        fitting configs, and of the pointer kernel's too where `path` is TMA and
-        FUSEGEN_TMA leaves the choice open (decode-sized calls run faster on it)."""
+        fitting configs (at an fp32 call's `precision`), and of the pointer kernel's too
+        where `path` is TMA and FUSEGEN_TMA leaves the choice open (decode-sized calls run
+        faster on it)."""
         first = args[0]
         sizes = self.sizes(dict(zip(self.module["DIMS"], args[self.outputs.stop :], strict=False)))
         sms = self.device_facts(first.device)[1]
@@ -659,8 +689,11 @@ class Kernels:
         for candidate in paths:
             tma = candidate == "tma"
             space = [self.complete(candidate, c) for c in self.paths[candidate][1]]
+            at = {"INPUT_PRECISION": precision}
             for config in (
-                c for c in space if self.fits(c, tma, sizes, first.element_size(), first.device)
+                c
+                for c in space
+                if self.fits({**c, **at}, tma, sizes, first.element_size(), first.device)
             ):
                 estimate = self.estimate_us(config, tma, sizes, first.element_size(), sms)
                 if best is None or estimate < best[0]:
@@ -688,13 +721,16 @@ class Kernels:
                 return path, self.paths[path][2], "default (dynamic size)"
         tuning = not self.module["DETERMINISTIC"] and os.environ.get("FUSEGEN_AUTOTUNE", "1") != "0"
         row_major = not any(key[len(self.key_names)])  # a plan's key ends with the layout
-        key = (*key, path, os.environ.get("FUSEGEN_TMA", ""), tuning)
+        # An fp32 call's precision changes what fits (tf32x3) and what is fastest.
+        precision = consts.get("INPUT_PRECISION")
+        key = (*key, precision, path, os.environ.get("FUSEGEN_TMA", ""), tuning)
         plan = self.plans.get(key) or (self.from_table(path, key, device) if row_major else None)
         if plan is None and tuning and tune:
             plan = self.tune(path, key, args, consts)
         if plan is None:
             if self.estimated_default:
-                plan = (*self.estimated_choice(path, args), "default")
+                precision = consts.get("INPUT_PRECISION")
+                plan = (*self.estimated_choice(path, args, precision), "default")
             else:
                 plan = (path, self.paths[path][2], "default")
             if tune or not tuning:
