@@ -262,6 +262,18 @@ def test_chain_test_modules_are_short(path):
     assert not any(line.startswith("def test_") for line in text.splitlines())
 
 
+@pytest.mark.parametrize(
+    "path", [p.parent / f"test_{p.name}" for p in ATTENTION], ids=lambda p: p.name
+)
+def test_attention_test_modules_are_short(path):
+    """An attention module's tests state its cases; the tests come from the runtime's
+    attention harness, which reads the spec's flags off the module."""
+    text = path.read_text()
+    assert len(text.splitlines()) <= 250
+    assert "globals().update(harness.attention_tests(globals()))" in text
+    assert not any(line.startswith("def test_") for line in text.splitlines())
+
+
 @pytest.mark.parametrize("path", CHAINS, ids=lambda p: p.name)
 def test_kernel_modules_are_short(path):
     """What a reviewer reads per kernel: its configs, kernels, checks, launch arguments

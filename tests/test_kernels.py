@@ -872,8 +872,8 @@ def test_attention_ops_are_triton_ops_where_inductor_can_launch_them(zoo, monkey
         recorder.launches.clear()
         return names
 
-    seed, dtype = tests.new_seed(), torch.float32
-    q, k, v = tests.make_inputs((2, 37, 37), dtype, seed)
+    seed, dtype = tests.harness.new_seed(), torch.float32
+    q, k, v = tests.SUITE.make_inputs((2, 37, 37), dtype, seed)
     # Eagerly (torch turns wrap_triton off in an op's body) the launcher runs as it is;
     # its body with wrap_triton on (as traced) gives the same bits.
     forward_body, backward_body = (attention.as_traced(f) for f in attention.op_bodies())
@@ -883,7 +883,7 @@ def test_attention_ops_are_triton_ops_where_inductor_can_launch_them(zoo, monkey
         assert launched() == through_wrap_triton
         for got, expected in zip((out, lse), want, strict=True):
             torch.testing.assert_close(got, expected, rtol=0, atol=0)
-    d_out = torch.randn(tests.out_shape(q), generator=torch.Generator().manual_seed(seed))
+    d_out = torch.randn(tests.SUITE.out_shape(q), generator=torch.Generator().manual_seed(seed))
     backward_op = getattr(torch.ops.fusegen, f"{name}_backward")
     backward_args = (q, k, v, None, out, lse, d_out, [True] * 3)
     assert backward_op(*backward_args) and launched() == []
@@ -895,7 +895,7 @@ def test_attention_ops_are_triton_ops_where_inductor_can_launch_them(zoo, monkey
     monkeypatch.setattr(attention, "sm_count", lambda device: 132)  # decode: the keys split
     monkeypatch.setattr(kernel, "SPLIT_MIN_KEYS", 16)
     monkeypatch.setattr(attention, "plans", {})
-    decode = tests.make_inputs((2, 1, 150), dtype, seed)
+    decode = tests.SUITE.make_inputs((2, 1, 150), dtype, seed)
     out, _ = forward_body(*decode, None)
     assert launched() == ["forward", "combine_splits"]
     torch.testing.assert_close(out, attention.forward(decode, False)[0], rtol=0, atol=0)
@@ -1028,7 +1028,7 @@ def test_attention_export_keeps_the_op(zoo):
     """torch.export.export of a module calling an attention launcher: the exported
     program holds the forward op, and runs it to the launcher's bits."""
     kernel, tests = load(zoo, "att_gqa_causal")
-    q, k, v = tests.make_inputs((2, 37, 37), torch.float32, tests.new_seed())
+    q, k, v = tests.SUITE.make_inputs((2, 37, 37), torch.float32, tests.harness.new_seed())
 
     class Model(torch.nn.Module):
         def forward(self, q, k, v):

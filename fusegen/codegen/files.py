@@ -29,7 +29,6 @@ from fusegen.codegen.chain_text import (
     tuple_literal,
 )
 from fusegen.codegen.attention_text import module_context as attention_module_context
-from fusegen.codegen.attention_text import tma_loads as attention_tma_loads
 from fusegen.ir import Attention, Config, Kernel, Tensor
 from fusegen.codegen.kernel_text import (
     align_heuristic,
@@ -207,15 +206,7 @@ def attention_context(att: Attention) -> dict:
 
 
 def attention_test_context(att: Attention) -> dict:
-    return {
-        "header": header(att),
-        "name": att.name,
-        "causal": att.causal,
-        "window": att.window,
-        "bias": att.bias,
-        "tma": attention_tma_loads(att),
-        "split_v": att.dv != att.head_dim,
-    }
+    return {"header": header(att), "name": att.name}
 
 
 def kernel_context(kernel: Kernel, runtime_hash: str) -> dict:
