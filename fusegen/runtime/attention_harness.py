@@ -10,14 +10,14 @@ roundings of the result; element-wise 8x eager's worst plus four roundings of th
 largest value. Only the generated tests import this.
 """
 
-import os
 import random
 
 import pytest
 import torch
 
-ON_GPU = torch.cuda.is_available()
-DEVICE = "cuda" if ON_GPU else "cpu"
+from .equivalence import DEVICE, ON_GPU, new_seed
+from .harness import poisoned_empty
+
 needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
 # Unit roundoff of the outputs; the interpreter rounds fp32 to bf16 toward zero (2**-7).
 ROUNDING = {
@@ -25,23 +25,6 @@ ROUNDING = {
     torch.float16: 2.0**-11,
     torch.float32: 2.0**-24,
 }
-
-
-def new_seed():
-    fixed = os.environ.get("FUSEGEN_TEST_SEED")
-    return int(fixed) if fixed else random.SystemRandom().randrange(2**31)
-
-
-def poisoned_empty(monkeypatch):
-    """torch.empty filling floating tensors with NaN: an element the kernels do not
-    write fails the comparison."""
-    empty = torch.empty
-
-    def poisoned(*args, **kwargs):
-        t = empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", poisoned)
 
 
 class Suite:
