@@ -15,11 +15,16 @@ element-wise 8x eager's worst plus four roundings of the largest value.
 """
 
 import importlib
+import os
 
 import pytest
 import torch
 
-import gemma2_attention as kernel
+if not torch.cuda.is_available():
+    # Must be set before the kernel module is imported: triton.jit reads it then.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import gemma2_attention as kernel  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()
 # (batch, q_len, k_len): sizes no block divides; more queries than keys (rows that see no
