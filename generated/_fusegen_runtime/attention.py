@@ -224,7 +224,7 @@ class Attention:
     def __call__(self, inputs, key_lengths, return_lse):
         if torch.compiler.is_compiling() and self.op is not None:
             out, lse = self.op(*inputs, key_lengths)
-        elif torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in inputs):
+        elif torch.is_grad_enabled() and _requires_grad(inputs):
             out, lse = _Trained.apply(self, key_lengths, *inputs)
         else:
             out, lse = self.forward(inputs, return_lse, key_lengths)
@@ -289,7 +289,7 @@ class Attention:
         it): a decode step's allocations are its host time. Not while a CUDA graph is
         captured, whose buffers must come from its own pool, nor traced."""
         device, fp32 = plan.device, torch.float32
-        if plan.kept is None or torch.cuda.is_current_stream_capturing():
+        if plan.kept is None or torch._C._cuda_isCurrentStreamCapturing():
             lse = torch.empty(plan.lse_shape, dtype=fp32, device=device)
             part = part_lse = out  # pointers never read without splits
             if plan.part_shapes:
@@ -865,6 +865,17 @@ class Attention:
         compiled."""
         self.op = self.register()
         return self.op
+
+
+def _requires_grad(inputs):
+    """Whether an input requires grad (a non-tensor does not: the checks refuse it)."""
+    try:
+        for t in inputs:
+            if t.requires_grad:
+                return True
+    except AttributeError:
+        return False
+    return False
 
 
 def summed_to(d_scores, bias):
