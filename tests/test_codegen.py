@@ -14,7 +14,7 @@ GENERATED = sorted((ROOT / "generated").glob("*.py"))
 RUNTIME = ROOT / "generated" / codegen.RUNTIME_DIR
 RUNTIME_FILES = sorted(RUNTIME.glob("*.py"))
 MODULES = [p for p in GENERATED if not p.name.startswith("test_")]
-# Attention modules stand alone: their launcher shares nothing with the chains' runtime.
+# Attention modules load the runtime's attention launcher; chain modules its chains' one.
 _KINDS = {k.name: k.kind for k in build.load(build.collect([str(ROOT / "specs")])).kernels}
 ATTENTION = [p for p in MODULES if _KINDS.get(p.stem) == "attention"]
 CHAINS = [p for p in MODULES if p not in ATTENTION]
