@@ -40,7 +40,7 @@ from .checks import (  # noqa: F401 - the kernel modules reach these through thi
     tma_ready,
 )
 from .device import device_facts, ensure_allocator, graph_bench, release_flush
-from . import launch, tables
+from . import launch, ops, tables
 from .ops import Traced, typed
 from .settings import (
     HBM_BYTES_PER_US,
@@ -1143,19 +1143,9 @@ class Kernels:
     # Inside torch.compile, and importing.
 
     def triton_ops(self):
-        """Whether this module's ops are torch.library.triton_op (torch 2.6 or newer), so
-        that torch.compile traces into them and Inductor launches the kernels from its own
-        wrapper: unless FUSEGEN_TRITON_OP=0 is set at import, not under the interpreter
-        (torch cannot trace an interpreted kernel), and not for a spec whose launcher reads
-        its output back (`nonfinite: reference`). Elsewhere the ops are opaque custom ops,
-        whose Python launcher runs at each call of the compiled graph."""
-        return (
-            os.environ.get("FUSEGEN_TRITON_OP", "1") != "0"
-            and hasattr(torch.library, "triton_op")
-            and hasattr(torch.library, "wrap_triton")
-            and not self.interpreted()
-            and not self.nonfinite
-        )
+        """Whether this module's ops are triton ops (ops.triton_ops), but not for a spec
+        whose launcher reads its output back (`nonfinite: reference`)."""
+        return ops.triton_ops(self.interpreted()) and not self.nonfinite
 
     def register(self, name, fn, traced):
         """An op named `name` running `fn` (typed: see ops.typed): a triton op, whose fake is

@@ -10,15 +10,14 @@ An attention module keeps its kernels, its constants and `reference`; it makes o
 may patch TMA_LOADS or a tool fill FORCED)."""
 
 import logging
-import os
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from . import launch, tables
-from .checks import fp32_dot, fp32_matmul
+from . import launch, ops, tables
+from .checks import bucket, fp32_dot, fp32_matmul
 from .device import device_facts, ensure_allocator
 from .ops import typed
 from .settings import TABLE_REACH
@@ -37,15 +36,6 @@ def cdiv(a, b):
     # triton.cdiv and triton.next_power_of_2 are constexpr functions whose host calls
     # go through triton's dispatch: about 20 us each, several per call.
     return -(-a // b)
-
-
-def pow2(n):
-    if type(n) is int:
-        return 1 << (n - 1).bit_length()
-    power = 1  # a size torch.compile traces: each comparison is a guard of the graph
-    while power < n:
-        power *= 2
-    return power
 
 
 # The two kernels every attention module launches beside its own: they read the
@@ -343,8 +333,8 @@ class Attention:
             grid = (cdiv(sq, block_m), batch * heads, splits)
         kv = [inputs[1], inputs[2]]
         meta = {
-            "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": pow2(m["HEAD_DIM"]),
-            **({"BLOCK_DV": pow2(v_dim)} if self.split_v else {}),
+            "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": bucket(m["HEAD_DIM"]),
+            **({"BLOCK_DV": bucket(v_dim)} if self.split_v else {}),
             "DOT_UPCAST": self.interpreted() and q.dtype == torch.bfloat16,
             "PRECISION": self.dot_precision(q),
             "LENGTHS": key_lengths is not None, "SPLIT": splits > 1,
@@ -359,7 +349,7 @@ class Attention:
         if splits > 1:
             rows = batch * heads
             plan.part_shapes = ((splits, rows, sq, v_dim), (splits, rows, sq))
-            combine = {"HEADS": heads, "DV": v_dim, "BLOCK_M": 16, "BLOCK_D": pow2(v_dim)}
+            combine = {"HEADS": heads, "DV": v_dim, "BLOCK_M": 16, "BLOCK_D": bucket(v_dim)}
             plan.combine = _Launch(self, combine_splits, (cdiv(sq, 16), rows), combine)
         return plan
 
@@ -381,7 +371,7 @@ class Attention:
         q, k, v, out, d_out = (
             t if t.stride(-1) == 1 else t.contiguous() for t in (*inputs[:3], out, d_out)
         )
-        block_d, block_dv = pow2(m["HEAD_DIM"]), pow2(m["V_HEAD_DIM"])
+        block_d, block_dv = bucket(m["HEAD_DIM"]), bucket(m["V_HEAD_DIM"])
         upcast = self.interpreted() and q.dtype == torch.bfloat16
         strides = self.strides_of
         delta = torch.empty((batch, heads, sq), dtype=torch.float32, device=q.device)
@@ -609,7 +599,7 @@ class Attention:
         group = m["HEADS"] // m["KV_HEADS"]
         packed = self.packs and sq * group <= m["PACKED_ROWS"]
         if packed:
-            block_m = max(16, pow2(sq * group))
+            block_m = max(16, bucket(sq * group))
             programs = batch * m["KV_HEADS"]
         else:
             programs = cdiv(sq, block_m) * batch * m["HEADS"]
@@ -684,7 +674,7 @@ class Attention:
         entries = self.tuned_entries().get((identity[0], tuple(identity[1])))
         if not entries:
             return None
-        q_bucket, k_bucket = pow2(max(1, q_len)), pow2(max(1, k_len))
+        q_bucket, k_bucket = bucket(max(1, q_len)), bucket(max(1, k_len))
         for _, dq, dk in _NEAR:
             q = q_bucket << dq if dq >= 0 else q_bucket >> -dq
             k = k_bucket << dk if dk >= 0 else k_bucket >> -dk
@@ -740,17 +730,8 @@ class Attention:
     # Autograd and torch.compile.
 
     def triton_ops(self):
-        """Whether the ops are torch.library.triton_op, so that torch.compile traces into
-        the launcher and Inductor launches the kernels from its own wrapper: unless
-        FUSEGEN_TRITON_OP=0 is set at import, where torch has triton ops (2.6 and newer),
-        and not under the interpreter (torch cannot trace an interpreted kernel). Else
-        opaque custom ops, whose launcher runs at each call of the compiled graph."""
-        return (
-            os.environ.get("FUSEGEN_TRITON_OP", "1") != "0"
-            and hasattr(torch.library, "triton_op")
-            and hasattr(torch.library, "wrap_triton")
-            and not self.interpreted()
-        )
+        """Whether the ops are triton ops (ops.triton_ops): not under the interpreter."""
+        return ops.triton_ops(self.interpreted())
 
     def as_traced(self, fn):
         """fn (its signature kept: a triton op's schema comes from it) with its launches

@@ -4,6 +4,7 @@
 launched into a traced graph."""
 
 import inspect
+import os
 
 import torch
 
@@ -53,3 +54,17 @@ class Traced:
             return torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
 
         return launch
+
+
+def triton_ops(interpreted):
+    """Whether a module's ops are torch.library.triton_op (torch 2.6 or newer), so that
+    torch.compile traces into them and Inductor launches the kernels from its own
+    wrapper: unless FUSEGEN_TRITON_OP=0 is set at import, and not under the interpreter
+    (torch cannot trace an interpreted kernel). Elsewhere they are opaque custom ops,
+    whose Python launcher runs at each call of the compiled graph."""
+    return (
+        os.environ.get("FUSEGEN_TRITON_OP", "1") != "0"
+        and hasattr(torch.library, "triton_op")
+        and hasattr(torch.library, "wrap_triton")
+        and not interpreted
+    )
