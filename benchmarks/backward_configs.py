@@ -7,8 +7,9 @@ modules at training sizes, so the defaults come from measurements:
 
     python benchmarks/backward_configs.py [--out FILE.json]
 
-Each row: the module, the config, the median time of the whole backward call (the kernel,
-the partial sums' reduction; a matmul chain asks for no operand gradient, so no cuBLAS).
+Each row: the module, the config, the GPU time of the whole backward call (CUDA graph
+replays: the kernel, the partial sums' reduction; a matmul chain asks for no operand
+gradient, so no cuBLAS). --built FOLDER adds benchmarks/specs/training.yaml's modules.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ import torch
 import triton
 import triton.testing
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "generated"))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "generated"))
+sys.path.insert(0, str(ROOT))
+from fusegen.tools.timing import graph_ms  # noqa: E402  (torch-free until called)
 
 # module: (input shapes, dtype); rows at training sizes (LLaMA: 4 x 4096 tokens).
 CASES = {
@@ -36,6 +40,11 @@ CASES = {
     "masked_softmax": ({"scores": (32768, 2048), "mask": (32768, 2048)},),
     "llama_mlp_gate_up": ({"x": (4096, 4096), "w_gate": (14336, 4096), "w_up": (14336, 4096)},),
     "bias_gelu_residual": ({"x": (16384, 8192), "b": (8192,), "r": (16384, 8192)},),
+    # benchmarks/specs/training.yaml's, from --built: Liger's benchmark shapes.
+    "train_gemma_rmsnorm": ({"x": (16384, 3072), "weight": (3072,)},),
+    "train_layernorm": ({"x": (4096, 8192), "weight": (8192,), "bias": (8192,)},),
+    "train_softmax": ({"x": (4096, 8192)},),
+    "train_gelu_bias": ({"x": (4096, 4096), "w": (14336, 4096), "b": (14336,)},),
 }
 
 
@@ -64,7 +73,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--modules", nargs="*", default=list(CASES))
+    parser.add_argument("--built", help="a folder holding training.yaml's modules")
     args = parser.parse_args()
+    if args.built:
+        sys.path.insert(0, args.built)
+    else:
+        args.modules = [m for m in args.modules if not m.startswith("train_")]
     if not torch.cuda.is_available():
         print("backward_configs.py: needs a CUDA GPU", file=sys.stderr)
         return 1
@@ -83,6 +97,7 @@ def main() -> int:
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
         grads = [torch.randn_like(o) for o in outputs[: kernels.returns]]
         saved = list(outputs[kernels.returns :])
+        saved += [outputs[i] for i in kernels.backward_saves]  # the outputs it reads
         # Operand gradients of a matmul chain are cuBLAS's: time the kernel alone.
         needs = [
             not (kernels.matmul and i in (kernels.matmul[0], *[b for b, _ in kernels.matmul[2]]))
@@ -100,7 +115,9 @@ def main() -> int:
             kernels.backward_launch = lambda r, c, d, chosen=chosen: chosen
             try:
                 call = functools.partial(kernels.backward, grads, inputs, saved, needs)
-                ms = triton.testing.do_bench(call, return_mode="median")
+                # GPU time: a slow host's launch would otherwise hide the kernel's.
+                ms = graph_ms(call, calls=10, replays=10)
+                ms = triton.testing.do_bench(call, return_mode="median") if ms is None else ms
             except Exception as exc:  # noqa: BLE001 - a config that does not compile
                 ms = float("nan")
                 print(f"{name} {config} {programs}: {type(exc).__name__}", file=sys.stderr)

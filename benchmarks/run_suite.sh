@@ -37,8 +37,9 @@
 #   tanh-approx        the GPU's tanh.approx.f32 against float64, over every fp32 in [2^-30, 16]
 #   launcher-tuning    the launcher's own first-call tuning of gpt2_mlp_up (no table) at 7,
 #                      16 and 4096 rows: what it picks and how long it takes
-#   training-chains    forward + backward of issue 14's target chains against eager,
-#                      torch.compile and Liger-Kernel (pure Python: carry its wheel), saved memory
+#   training-chains    forward + backward of the training chains (GEMM chains, norms, softmax)
+#                      against eager, torch.compile and Liger-Kernel (pure Python: carry its
+#                      wheel): GPU time over interleaved rounds, saved and peak memory
 #   llama-training-step  a transformers LLaMA (2 layers, 8B dims) training step with the
 #                      generated kernels swapped in: gradients vs float64, eager and compiled time
 #   backward-configs   the backward kernels over a grid of launch configs (the runtime's defaults)

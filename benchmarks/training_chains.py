@@ -1,36 +1,51 @@
-"""Training cost of the chains in issue 14's targets table on one GPU, bf16: the forward
-and the forward + backward time, and the activation memory autograd keeps for the backward,
-of each chain run four ways: eager PyTorch (one op at a time), torch.compile of that eager
-function (default mode), Liger-Kernel where Liger has the chain, and fusegen's generated
-kernels (the launchers' own autograd: the backward kernel, then cuBLAS for the operands).
+"""Training cost of fused chains on one GPU, bf16: forward and forward + backward time,
+the activation memory autograd keeps for the backward, and (memory-bound rows) the share of
+the copy bandwidth reached, for each chain run four ways: eager PyTorch (one op at a time),
+torch.compile of that eager function (default mode), Liger-Kernel where Liger has the
+chain, and fusegen's generated kernels (the launchers' own autograd).
 
-    python benchmarks/training_chains.py [--rows swiglu-4096 gelu-4096 ...] [--out FILE.json]
-                                         [--no-compile] [--quick]
+    python benchmarks/training_chains.py [--rows swiglu-4096 ...] [--rounds 5]
+        [--profile] [--baseline FOLDER] [--out FILE.json] [--no-compile] [--quick]
 
-Rows (default all):
+Rows (default all; Liger's benchmark shapes where Liger has the chain):
     swiglu-4096        silu(x @ Wg.T) * (x @ Wu.T), x 4096x4096, Wg/Wu 14336x4096
     swiglu-16384       the same, x 16384x4096
+    geglu-4096         gelu_tanh(x @ Wg.T) * (x @ Wu.T), x 4096x4096, Wg/Wu 14336x4096
     gelu-4096          gelu_tanh(x @ W.T + b), x 4096x4096, W 14336x4096, b 14336
-    add-rmsnorm-16384  h = x + r; y = rmsnorm(h) * w (eps 1e-5), returns (y, h), x/r 16384x4096
+    add-rmsnorm-16384  h = x + r; y = rmsnorm(h) * w (eps 1e-5), returns (y, h), 16384x4096
+    gemma-rmsnorm      y = rmsnorm(x) * (1 + w) (eps 1e-6), 16384x3072
+    layernorm          y = layernorm(x) * w + b (eps 1e-5), 4096x8192
+    softmax            y = softmax(x), 4096x8192
 
-Every input (x, weights, bias, residual) requires grad; the fwd+bwd step runs the forward,
-then torch.autograd.grad(outputs, inputs, fixed random upstream gradients), every output
-getting one. "fwd" is the forward alone with grad mode on (what a training step pays: the
-saved tensors included), its outputs dropped. Times: triton.testing.do_bench medians.
-"saved MB": the bytes (1e6) of the distinct storages autograd's saved-tensor hooks see the
-forward save, the inputs' own storages left out: what the forward adds for the backward.
-"peak MB": torch.cuda.max_memory_allocated during one fwd+bwd step, minus what was
-allocated before it. Each variant's outputs and gradients are first checked against eager
-(norm-wise relative error, < 2e-2 passes), so a fast but wrong variant shows.
+Every input requires grad; the fwd+bwd step runs the forward, then torch.autograd.grad
+with fixed random upstream gradients (every output gets one). "fwd" is the forward alone,
+grad mode on (the saves included). Times: "fwd" and "fwd+bwd" are GPU time, replays of a CUDA
+graph of the calls (fusegen.tools.timing.graph_ms), which is what a training step pays when
+the host runs ahead of the GPU; "launched" is the step called from Python (a do_bench
+median), the host's cost included where it outlasts the GPU's (row chains at these sizes
+are host-bound that way for every variant on a slow host: the earlier "add + RMSNorm 0.61
+ms" and "0.73-0.88 ms" were the host's speed). The variants are timed in turn, in a
+rotated order, over --rounds rounds; a row reports the median of its rounds and their
+spread (min-max), so clock drift between rounds hits every variant alike. "saved MB": the
+distinct storages the forward saves for the backward (saved-tensor hooks), the inputs' own
+left out. "peak MB": max_memory_allocated over one step, beyond
+what was allocated before it. Each variant's outputs and gradients are checked against
+eager first (norm-wise relative error < 2e-2), so a fast but wrong variant shows.
 
-fusegen's modules: generated/llama_mlp_gate_up.py and generated/llama_add_rmsnorm.py;
-anchor_gelu is built from benchmarks/specs/anchors.yaml into a temporary folder by
-`python -m fusegen build` (a subprocess: fusegen is not imported here). Liger is optional:
-where `import liger_kernel` fails its column reads "–".
+Floors: a memory-bound row's fewest bytes (each tensor read or written once per pass:
+the forward reads its inputs and writes its outputs; the backward reads the upstream
+gradients and what the derivative needs, and writes the gradients) over the copy bandwidth
+measured in the same run (a 1 GiB device-to-device copy, read + write bytes); a GEMM row's
+TFLOP/s. --profile: each variant's kernels in one step (torch.profiler), to see where a
+step's time goes.
 
---quick: small shapes (the rows shrunk: the generated modules fix K and N) for a smoke run;
-without a GPU it runs on the CPU with TRITON_INTERPRET=1 (slow: llama_mlp_gate_up takes
-about two minutes per fwd+bwd there), where targets are not compared.
+fusegen's modules: generated/llama_mlp_gate_up.py and generated/llama_add_rmsnorm.py, and
+benchmarks/specs/training.yaml built into a temporary folder by `python -m fusegen build`
+(a subprocess: of fusegen only its timer is imported here). Liger is optional: where
+`import liger_kernel` fails its column reads "–".
+
+--quick: small shapes for a smoke run; without a GPU it runs on the CPU with
+TRITON_INTERPRET=1, where targets are not compared.
 """
 
 from __future__ import annotations
@@ -53,53 +68,80 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
-EPS = 1e-5
+sys.path.insert(0, str(ROOT))
+from fusegen.tools.timing import graph_ms  # noqa: E402  (torch-free until called)
+
 TOLERANCE = 2e-2  # norm-wise relative error against eager, in bf16
 DTYPE = torch.bfloat16
 QUICK_ROWS = {"cuda": 64, "cpu": 16}  # the interpreter's cost grows with the programs run
-QUICK_GELU_KN = (256, 1024)  # anchor_gelu is fully dynamic: its K and N shrink too
+QUICK_COLS = 256  # the dynamic modules' K, N shrink too (llama_* fix theirs)
 MB = 1e6
 
 
 @dataclass
 class Row:
     name: str
-    kind: str  # swiglu, gelu or add_rmsnorm
+    kind: str  # a key of EAGER
     chain: str
     m: int
-    k: int
+    k: int  # a matmul chain's K (0: a row chain)
     n: int
-    target_ms: float  # issue 14's fwd+bwd target
+    target_ms: float | None = None  # issue 28's fwd+bwd target, where it set one
 
     def shape(self) -> str:
-        if self.kind == "swiglu":
+        if self.kind in ("swiglu", "geglu"):
             return f"x {self.m}x{self.k}, Wg/Wu {self.n}x{self.k}"
         if self.kind == "gelu":
             return f"x {self.m}x{self.k}, W {self.n}x{self.k}, b {self.n}"
-        return f"x/r {self.m}x{self.n}, w {self.n}"
+        return f"{self.m}x{self.n}"
+
+    def flops(self) -> float:
+        """A matmul row's fwd+bwd floating-point operations (0 for a row chain): three
+        GEMMs per weight (the forward's, dx's share and dW)."""
+        weights = {"swiglu": 2, "geglu": 2, "gelu": 1}.get(self.kind, 0)
+        return 3 * weights * 2.0 * self.m * self.k * self.n
+
+    def floor_bytes(self) -> float:
+        """A row chain's fewest fwd+bwd bytes (0 for a matmul row): [M, N] tensors moved,
+        two bytes each. add + RMSNorm: x, r in, y, h out; dy, dh, h in, one dx (= dr) out.
+        One input: x in, y out; dy and x (softmax: y) in, dx out."""
+        tensors = {"add_rmsnorm": 8, "gemma_rmsnorm": 5, "layernorm": 5, "softmax": 5}
+        return tensors.get(self.kind, 0) * self.m * self.n * DTYPE.itemsize
 
 
+SWIGLU = "silu(x@Wg.T) * (x@Wu.T)"
 ROWS = {
     row.name: row
     for row in (
-        Row("swiglu-4096", "swiglu", "silu(x@Wg.T) * (x@Wu.T)", 4096, 4096, 14336, 4.1),
-        Row("swiglu-16384", "swiglu", "silu(x@Wg.T) * (x@Wu.T)", 16384, 4096, 14336, 16.0),
+        Row("swiglu-4096", "swiglu", SWIGLU, 4096, 4096, 14336, 4.1),
+        Row("swiglu-16384", "swiglu", SWIGLU, 16384, 4096, 14336, 16.0),
+        Row("geglu-4096", "geglu", "gelu_tanh(x@Wg.T) * (x@Wu.T)", 4096, 4096, 14336),
         Row("gelu-4096", "gelu", "gelu_tanh(x@W.T + b)", 4096, 4096, 14336, 2.0),
-        Row(
-            "add-rmsnorm-16384", "add_rmsnorm", "rmsnorm(x + r) * w, x + r", 16384, 4096, 4096, 0.35
-        ),
+        Row("add-rmsnorm-16384", "add_rmsnorm", "rmsnorm(x + r) * w, x + r", 16384, 0, 4096, 0.35),
+        Row("gemma-rmsnorm", "gemma_rmsnorm", "rmsnorm(x) * (1 + w)", 16384, 0, 3072),
+        Row("layernorm", "layernorm", "layernorm(x) * w + b", 4096, 0, 8192),
+        Row("softmax", "softmax", "softmax(x)", 4096, 0, 8192),
     )
 }
 INPUT_NAMES = {
     "swiglu": ("x", "w_gate", "w_up"),
+    "geglu": ("x", "w_gate", "w_up"),
     "gelu": ("x", "w", "b"),
     "add_rmsnorm": ("x", "residual", "weight"),
+    "gemma_rmsnorm": ("x", "weight"),
+    "layernorm": ("x", "weight", "bias"),
+    "softmax": ("x",),
 }
-OUTPUT_NAMES = {"swiglu": ("y",), "gelu": ("y",), "add_rmsnorm": ("y", "h")}
-FUSEGEN_MODULES = {  # kind: (module file, launcher); None: built from anchors.yaml
+OUTPUT_NAMES = {"add_rmsnorm": ("y", "h")}
+# kind: (module file, launcher); a None file: built from benchmarks/specs/training.yaml.
+FUSEGEN_MODULES = {
     "swiglu": (ROOT / "generated" / "llama_mlp_gate_up.py", "llama_mlp_gate_up"),
-    "gelu": (None, "anchor_gelu"),
+    "geglu": (None, "train_geglu"),
+    "gelu": (None, "train_gelu_bias"),
     "add_rmsnorm": (ROOT / "generated" / "llama_add_rmsnorm.py", "llama_add_rmsnorm"),
+    "gemma_rmsnorm": (None, "train_gemma_rmsnorm"),
+    "layernorm": (None, "train_layernorm"),
+    "softmax": (None, "train_softmax"),
 }
 
 
@@ -108,6 +150,10 @@ FUSEGEN_MODULES = {  # kind: (module file, launcher); None: built from anchors.y
 
 def eager_swiglu(x, w_gate, w_up):
     return F.silu(x @ w_gate.T) * (x @ w_up.T)
+
+
+def eager_geglu(x, w_gate, w_up):
+    return F.gelu(x @ w_gate.T, approximate="tanh") * (x @ w_up.T)
 
 
 def eager_gelu(x, w, b):
@@ -123,11 +169,34 @@ def eager_add_rmsnorm(x, residual, weight):
     # HF LlamaRMSNorm: the statistics in fp32, the weight applied in the input dtype.
     h = x + residual
     hf = h.float()
-    normed = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + EPS)
+    normed = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-5)
     return weight * normed.to(h.dtype), h
 
 
-EAGER = {"swiglu": eager_swiglu, "gelu": eager_gelu, "add_rmsnorm": eager_add_rmsnorm}
+def eager_gemma_rmsnorm(x, weight):
+    # HF GemmaRMSNorm: everything in fp32, (1 + w) included, then the input dtype.
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return (normed * (1.0 + weight.float())).to(x.dtype)
+
+
+def eager_layernorm(x, weight, bias):
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, 1e-5)
+
+
+def eager_softmax(x):
+    return torch.softmax(x, dim=-1)
+
+
+EAGER = {
+    "swiglu": eager_swiglu,
+    "geglu": eager_geglu,
+    "gelu": eager_gelu,
+    "add_rmsnorm": eager_add_rmsnorm,
+    "gemma_rmsnorm": eager_gemma_rmsnorm,
+    "layernorm": eager_layernorm,
+    "softmax": eager_softmax,
+}
 
 
 @dataclass
@@ -150,10 +219,10 @@ def load_module(path: Path, name: str):
     return module
 
 
-def build_anchors(folder: Path) -> None:
-    """anchors.yaml rendered into `folder` by the CLI, in a subprocess so this script does not
-    import fusegen (the modules it writes need only torch, triton and their runtime)."""
-    spec = ROOT / "benchmarks" / "specs" / "anchors.yaml"
+def build_specs(folder: Path) -> None:
+    """training.yaml rendered into `folder` by the CLI, in a subprocess so this script does
+    not import fusegen (the modules it writes need only torch, triton and their runtime)."""
+    spec = ROOT / "benchmarks" / "specs" / "training.yaml"
     command = [sys.executable, "-m", "fusegen", "build", str(spec), "--out", str(folder)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
     if done.returncode:
@@ -195,59 +264,71 @@ def bound_apply(function, tensor_count: int, named: dict):
     return apply, [p.name for p in params]
 
 
+def liger_function(kind: str):
+    """(callable, note) for Liger's kernel of this chain; raises where it has none."""
+    if kind == "gelu":
+        raise LookupError("Liger has no gelu + bias kernel")
+    if kind in ("swiglu", "geglu"):
+        from liger_kernel.ops.geglu import LigerGELUMulFunction
+        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+
+        function = LigerSiLUMulFunction if kind == "swiglu" else LigerGELUMulFunction
+        act_mul, _ = bound_apply(function, 2, {})
+
+        def liger_glu(x, w_gate, w_up):
+            return act_mul(x @ w_gate.T, x @ w_up.T)  # cuBLAS, then Liger's kernel
+
+        return liger_glu, f"cuBLAS matmuls + {function.__name__}"
+    if kind == "layernorm":
+        from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+
+        apply, params = bound_apply(LigerLayerNormFunction, 3, {"eps": 1e-5})
+        return apply, f"LigerLayerNormFunction(x, w, b, {', '.join(params)})"
+    if kind == "softmax":
+        from liger_kernel.ops.softmax import LigerSoftmaxFunction
+
+        return LigerSoftmaxFunction.apply, "LigerSoftmaxFunction"
+    # in_place=False: in place, Liger's backward writes dX over the incoming gradient, the
+    # fixed upstream gradient this script reuses every step.
+    if kind == "gemma_rmsnorm":
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+        named = {"eps": 1e-6, "offset": 1.0, "casting_mode": "gemma", "in_place": False}
+        apply, params = bound_apply(LigerRMSNormFunction, 2, named)
+        return apply, f"LigerRMSNormFunction(x, w, {', '.join(params)})"
+    from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
+
+    named = {"eps": 1e-5, "offset": 0.0, "casting_mode": "llama", "in_place": False}
+    apply, params = bound_apply(LigerFusedAddRMSNormFunction, 3, named)
+    return apply, f"LigerFusedAddRMSNormFunction(x, r, w, {', '.join(params)})"
+
+
 def liger_variant(kind: str, liger_error: str | None) -> Variant:
     if liger_error:
         return Variant("Liger", note=liger_error)
-    if kind == "gelu":
-        return Variant("Liger", note="Liger has no gelu + bias kernel")
     try:
-        if kind == "swiglu":
-            from liger_kernel.ops.swiglu import LigerSiLUMulFunction
-
-            silu_mul, _ = bound_apply(LigerSiLUMulFunction, 2, {})
-
-            def liger_swiglu(x, w_gate, w_up):
-                return silu_mul(x @ w_gate.T, x @ w_up.T)  # cuBLAS, then Liger's kernel
-
-            return Variant("Liger", liger_swiglu, "cuBLAS matmuls + LigerSiLUMulFunction")
-        # in_place=False: in place, Liger's backward writes dX over the incoming gradient,
-        # the fixed upstream gradient this script reuses every step.
-        named = {"eps": EPS, "offset": 0.0, "casting_mode": "llama", "in_place": False}
-        try:
-            from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
-        except ImportError:
-            LigerFusedAddRMSNormFunction = None
-        if LigerFusedAddRMSNormFunction is not None:
-            fused, params = bound_apply(LigerFusedAddRMSNormFunction, 3, named)
-            return Variant(
-                "Liger", fused, f"LigerFusedAddRMSNormFunction(x, r, w, {', '.join(params)})"
-            )
-        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
-
-        rms_norm, params = bound_apply(LigerRMSNormFunction, 2, named)
-
-        def liger_add_rmsnorm(x, residual, weight):
-            h = x + residual
-            return rms_norm(h, weight), h
-
-        return Variant("Liger", liger_add_rmsnorm, "x + r, then LigerRMSNormFunction")
+        fn, note = liger_function(kind)
     except Exception as error:
         return Variant("Liger", note=f"{type(error).__name__}: {error}")
+    return Variant("Liger", fn, note)
 
 
-def fusegen_variant(kind: str, anchors: Path | None) -> Variant:
+def fusegen_variant(kind: str, built: Path | None, folder: Path | None = None) -> Variant:
+    """fusegen's launcher for the chain; `folder`: the same module from another build (a
+    folder holding specs/llama.yaml's and training.yaml's modules), as "fusegen (folder)"."""
     path, name = FUSEGEN_MODULES[kind]
+    label = f"fusegen ({folder.name})" if folder else "fusegen"
     try:
-        if path is None:
-            if anchors is None:
-                raise RuntimeError("anchors.yaml was not built")
-            path = anchors / f"{name}.py"
-        launcher = getattr(load_module(path, name), name)
+        if folder is not None:
+            path = folder / f"{name}.py"
+        elif path is None:
+            if built is None:
+                raise RuntimeError("training.yaml was not built")
+            path = built / f"{name}.py"
+        launcher = getattr(load_module(path, f"{name}_{abs(hash(str(path)))}"), name)
     except Exception as error:
-        return Variant("fusegen", note=f"{type(error).__name__}: {error}")
-    return Variant(
-        "fusegen", launcher, str(path.relative_to(ROOT) if ROOT in path.parents else name)
-    )
+        return Variant(label, note=f"{type(error).__name__}: {error}")
+    return Variant(label, launcher, str(path.relative_to(ROOT) if ROOT in path.parents else path))
 
 
 def make_inputs(row: Row, device: str):
@@ -259,15 +340,20 @@ def make_inputs(row: Row, device: str):
         return (torch.randn(*shape, generator=gen, device=device) * scale).to(DTYPE)
 
     m, k, n = row.m, row.k, row.n
-    if row.kind == "swiglu":
+    out_shapes = [(m, n)]
+    if row.kind in ("swiglu", "geglu"):
         inputs = (randn(m, k), randn(n, k, scale=k**-0.5), randn(n, k, scale=k**-0.5))
-        out_shapes = [(m, n)]
     elif row.kind == "gelu":
         inputs = (randn(m, k), randn(n, k, scale=k**-0.5), randn(n))
-        out_shapes = [(m, n)]
-    else:
+    elif row.kind == "add_rmsnorm":
         inputs = (randn(m, n), randn(m, n), 1 + randn(n, scale=0.1))
         out_shapes = [(m, n), (m, n)]
+    elif row.kind == "gemma_rmsnorm":
+        inputs = (randn(m, n), randn(n, scale=0.1))
+    elif row.kind == "layernorm":
+        inputs = (randn(m, n), 1 + randn(n, scale=0.1), randn(n, scale=0.1))
+    else:
+        inputs = (randn(m, n, scale=4.0),)
     for tensor in inputs:
         tensor.requires_grad_(True)
     grads = tuple(randn(*shape) for shape in out_shapes)
@@ -313,25 +399,32 @@ def synchronize(device: str) -> None:
 
 
 def time_ms(fn, device: str, quick: bool) -> float:
-    if device != "cuda":  # the interpreter: a wall-clock median (after the probe's warm-up)
+    """One timing: a do_bench median on a GPU (a window of ~10 calls at least), else a
+    wall-clock median (the interpreter)."""
+    if device != "cuda":
         times = []
-        for _ in range(1 if quick else 3):
+        for _ in range(1 if quick else 2):
             start = time.perf_counter()
             fn()
             times.append(time.perf_counter() - start)
         return statistics.median(times) * 1e3
     from triton.testing import do_bench
 
-    # do_bench times rep ms worth of calls: a long step would get only a few, so the
-    # window grows to ~20 calls (and the warm-up with it).
     synchronize(device)
     start = time.perf_counter()
-    for _ in range(3):
-        fn()
+    fn()
     synchronize(device)
-    estimate = (time.perf_counter() - start) / 3 * 1e3
-    warmup, rep = max(25, int(5 * estimate)), max(100, int(20 * estimate))
+    estimate = (time.perf_counter() - start) * 1e3
+    warmup, rep = max(10, int(2 * estimate)), max(40, int(10 * estimate))
     return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def gpu_ms(fn, device: str, calls: int) -> float | None:
+    """The GPU's time per call, with no host cost: replays of a CUDA graph of `calls`
+    calls (tools.timing.graph_ms); None on the CPU or where fn cannot be captured."""
+    if device != "cuda":
+        return None
+    return graph_ms(fn, calls=calls, replays=10)
 
 
 def peak_bytes(step, device: str) -> int | None:
@@ -345,12 +438,45 @@ def peak_bytes(step, device: str) -> int | None:
     return torch.cuda.max_memory_allocated() - before
 
 
-def run_row(row: Row, variants: list[Variant], device: str, quick: bool) -> None:
-    inputs, grads = make_inputs(row, device)
-    names = OUTPUT_NAMES[row.kind] + tuple(f"d{n}" for n in INPUT_NAMES[row.kind])
+def copy_bandwidth(device: str) -> float | None:
+    """A 1 GiB device-to-device copy's bytes (read + written) per second: the ceiling a
+    memory-bound row's floor is taken against."""
+    if device != "cuda":
+        return None
+    from triton.testing import do_bench
+
+    source = torch.randn(2**28, device=device)
+    target = torch.empty_like(source)
+    ms = do_bench(lambda: target.copy_(source), warmup=25, rep=200, return_mode="median")
+    return 2 * source.numel() * source.element_size() / (ms * 1e-3)
+
+
+def kernel_profile(step, device: str) -> list[tuple[str, float, int]]:
+    """(kernel name, its total GPU us, calls) in one fwd+bwd step, largest first."""
+    if device != "cuda":
+        return []
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    totals: dict[str, list] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            entry = totals.setdefault(event.name, [0.0, 0])
+            entry[0] += event.device_time
+            entry[1] += 1
+    ranked = sorted(totals.items(), key=lambda item: -item[1][0])
+    return [(name, us, calls) for name, (us, calls) in ranked]
+
+
+def check_variants(row: Row, variants: list[Variant], inputs, grads) -> None:
+    """Each variant's outputs and gradients against eager's (the first variant)."""
+    names = OUTPUT_NAMES.get(row.kind, ("y",)) + tuple(f"d{n}" for n in INPUT_NAMES[row.kind])
     untouched = fingerprint((*inputs, *grads))
     reference = None
-    print(f"\n## {row.name}: {row.chain}, {row.shape()}, bf16 on {device}")
     for variant in variants:
         result = variant.result
         result.update(note=variant.note)
@@ -363,7 +489,7 @@ def run_row(row: Row, variants: list[Variant], device: str, quick: bool) -> None
         except Exception as error:
             result["error"] = f"{type(error).__name__}: {error}"
             print(f"  {variant.name}: failed: {result['error']}")
-            if device == "cuda":
+            if torch.cuda.is_available():
                 torch.cuda.empty_cache()
             continue
         result.update(saved_bytes=saved, saved_output_bytes=saved_outputs)
@@ -384,15 +510,17 @@ def run_row(row: Row, variants: list[Variant], device: str, quick: bool) -> None
         if fingerprint((*inputs, *grads)) != untouched:
             result.update(ok=False, error="it wrote to its inputs or the upstream gradients")
             verdict += "; " + result["error"]
-            inputs, grads = make_inputs(row, device)  # fresh ones for the variants after
         print(f"  {variant.name}: {verdict}; saved {mb(saved)} MB")
-        del outputs, found
-    del reference
 
-    for variant in variants:
-        result = variant.result
-        if variant.fn is None or "saved_bytes" not in result:
-            continue
+
+def run_row(row: Row, variants: list[Variant], device: str, args) -> None:
+    inputs, grads = make_inputs(row, device)
+    print(f"\n## {row.name}: {row.chain}, {row.shape()}, bf16 on {device}")
+    check_variants(row, variants, inputs, grads)
+    inputs, grads = make_inputs(row, device)  # fresh: a variant may have written to them
+    timed = [v for v in variants if v.fn is not None and "saved_bytes" in v.result]
+    steps, forwards = {}, {}
+    for variant in timed:
 
         def forward(fn=variant.fn, inputs=inputs):
             fn(*inputs)  # grad mode on: the saves made, then dropped with the outputs
@@ -400,16 +528,48 @@ def run_row(row: Row, variants: list[Variant], device: str, quick: bool) -> None
         def step(fn=variant.fn, inputs=inputs, grads=grads):
             torch.autograd.grad(as_tuple(fn(*inputs)), inputs, grads)
 
-        try:
-            result["fwd_ms"] = time_ms(forward, device, quick)
-            result["fwd_bwd_ms"] = time_ms(step, device, quick)
-            result["peak_bytes"] = peak_bytes(step, device)
-        except Exception as error:
-            result["error"] = f"timing failed: {type(error).__name__}: {error}"
-        print(
-            f"  {variant.name}: fwd {result.get('fwd_ms', float('nan')):.3f} ms, "
-            f"fwd+bwd {result.get('fwd_bwd_ms', float('nan')):.3f} ms"
-        )
+        forwards[variant.name], steps[variant.name] = forward, step
+        variant.result.update(fwd_rounds=[], fwd_bwd_rounds=[], launched_rounds=[])
+    rounds = 1 if args.quick else args.rounds
+    calls = 2 if row.flops() else 10  # per captured graph: a matmul row's steps take GBs
+    for index in range(rounds):
+        order = timed[index % len(timed) :] + timed[: index % len(timed)] if timed else []
+        for variant in order:
+            result = variant.result
+            if "timing_error" in result:
+                continue
+            try:
+                forward, step = forwards[variant.name], steps[variant.name]
+                launched = time_ms(step, device, args.quick)
+                fwd = gpu_ms(forward, device, calls)
+                fwd_bwd = gpu_ms(step, device, calls)
+                if fwd_bwd is None:  # the CPU, or not capturable: as launched
+                    fwd, fwd_bwd = time_ms(forward, device, args.quick), launched
+                    result["not_captured"] = device == "cuda"
+                result["fwd_rounds"].append(fwd)
+                result["fwd_bwd_rounds"].append(fwd_bwd)
+                result["launched_rounds"].append(launched)
+            except Exception as error:
+                result["timing_error"] = f"{type(error).__name__}: {error}"
+                result["error"] = "timing failed: " + result["timing_error"]
+    for variant in timed:
+        result = variant.result
+        if result["fwd_bwd_rounds"]:
+            for key in ("fwd", "fwd_bwd", "launched"):
+                result[f"{key}_ms"] = statistics.median(result[f"{key}_rounds"])
+            result["peak_bytes"] = peak_bytes(steps[variant.name], device)
+            spread = result["fwd_bwd_rounds"]
+            print(
+                f"  {variant.name}: fwd {result['fwd_ms']:.3f} ms, fwd+bwd "
+                f"{result['fwd_bwd_ms']:.3f} ms (rounds {min(spread):.3f}-{max(spread):.3f}), "
+                f"launched {result['launched_ms']:.3f} ms"
+            )
+        if args.profile and "fwd_bwd_ms" in result:
+            result["kernels"] = kernel_profile(steps[variant.name], device)
+            total = sum(us for _, us, _ in result["kernels"])
+            print(f"  {variant.name} kernels in one step: {total:.0f} us of GPU time")
+            for name, us, calls in result["kernels"][:8]:
+                print(f"    {us:9.1f} us  x{calls}  {name[:100]}")
     del inputs, grads
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -426,21 +586,36 @@ def mb(count: int | None) -> str:
     return f"{count / MB:.1f}" if count >= MB or count == 0 else f"{count / MB:.3f}"
 
 
-def row_table(row: Row, variants: list[Variant]) -> str:
+def spread(result: dict) -> str:
+    rounds = result.get("fwd_bwd_rounds") or []
+    return f"{min(rounds):.3f}-{max(rounds):.3f}" if len(rounds) > 1 else "–"
+
+
+def speed(row: Row, ms: float | None, bandwidth: float | None) -> str:
+    """TFLOP/s (a matmul row) or the floor's share of the copy bandwidth (a row chain)."""
+    if ms is None:
+        return "–"
+    if row.flops():
+        return f"{row.flops() / (ms * 1e-3) / 1e12:.0f} TFLOP/s"
+    if bandwidth:
+        return f"{row.floor_bytes() / (ms * 1e-3) / bandwidth:.0%} of copy"
+    return "–"
+
+
+def row_table(row: Row, variants: list[Variant], bandwidth: float | None) -> str:
     timed = {v.name: v.result["fwd_bwd_ms"] for v in variants if "fwd_bwd_ms" in v.result}
     lines = [
         f"### {row.name}: {row.chain}, {row.shape()}",
         "",
-        "| variant | fwd ms | fwd+bwd ms | saved MB | peak MB | max rel err | vs best other |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| variant | fwd ms | fwd+bwd ms | rounds | speed | launched ms | saved MB | peak MB "
+        "| max rel err | vs best other |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for variant in variants:
         result = variant.result
-        saved = result.get("saved_bytes")
-        saved_cell = mb(saved)
+        saved_cell = mb(result.get("saved_bytes"))
         if result.get("saved_output_bytes"):
             saved_cell += f" ({mb(result['saved_output_bytes'])} outputs)"
-        peak = result.get("peak_bytes")
         err = result.get("max_rel_err")
         err_cell = "–" if err is None else f"{err:.1e}" + ("" if result.get("ok") else " WRONG")
         others = [ms for name, ms in timed.items() if name != variant.name]
@@ -449,13 +624,17 @@ def row_table(row: Row, variants: list[Variant]) -> str:
             versus = f"{min(others) / timed[variant.name]:.2f}x"
         lines.append(
             f"| {variant.name} | {cell(result.get('fwd_ms'))} | {cell(result.get('fwd_bwd_ms'))} "
-            f"| {saved_cell} | {mb(peak)} "
+            f"| {spread(result)} | {speed(row, result.get('fwd_bwd_ms'), bandwidth)} "
+            f"| {cell(result.get('launched_ms'))} | {saved_cell} | {mb(result.get('peak_bytes'))} "
             f"| {err_cell} | {versus} |"
         )
     lines.append("")
     lines.append(
+        "fwd, fwd+bwd: GPU time (CUDA graph replays). launched: the step called from Python "
+        "as a user does (do_bench), the host's cost included where it outlasts the GPU's. "
         "vs best other: the fastest other variant's fwd+bwd over this one's (> 1: faster "
-        "than all of them). saved MB in parentheses: the part that is also an output."
+        "than all of them). rounds: the fastest and slowest round. saved MB in parentheses: "
+        "the part that is also an output."
     )
     for variant in variants:
         if variant.result.get("error") or variant.note:
@@ -473,12 +652,12 @@ def summary_table(rows: list[Row], results: dict, quick: bool) -> str:
         variants = results[row.name]
         ms = {v.name: v.result.get("fwd_bwd_ms") for v in variants}
         ok = {v.name: v.result.get("ok", False) for v in variants}
-        anchors = {n: t for n, t in ms.items() if n != "fusegen" and t is not None}
+        anchors = {n: t for n, t in ms.items() if not n.startswith("fusegen") and t is not None}
         fusegen = ms.get("fusegen")
-        target = f"≤ {row.target_ms} ms"
+        target = "≥ 1.10x Liger and compile" if row.target_ms is None else f"≤ {row.target_ms} ms"
         if quick:
             target += " (not these shapes)"
-        elif fusegen is not None:
+        elif fusegen is not None and row.target_ms is not None:
             target += ": met" if fusegen <= row.target_ms else ": missed"
         beats = "–"
         if fusegen is not None and anchors:
@@ -493,7 +672,10 @@ def summary_table(rows: list[Row], results: dict, quick: bool) -> str:
             f"| {target} | {beats} |"
         )
     lines.append("")
-    lines.append("fwd+bwd ms, bf16. Best anchor: the fastest of every non-fusegen variant run.")
+    lines.append(
+        "fwd+bwd ms of GPU time (CUDA graph replays), bf16, each the median of its rounds. "
+        "Best anchor: the fastest of every non-fusegen variant run."
+    )
     return "\n".join(lines)
 
 
@@ -512,27 +694,40 @@ def pick_device(quick: bool) -> str:
     return "cpu"
 
 
+def quick_row(row: Row, device: str) -> Row:
+    fixed = FUSEGEN_MODULES[row.kind][0] is not None  # llama_*: K and N fixed by the spec
+    k = row.k if fixed or not row.k else QUICK_COLS
+    n = row.n if fixed else QUICK_COLS
+    return Row(row.name, row.kind, row.chain, QUICK_ROWS[device], k, n, row.target_ms)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS))
+    parser.add_argument("--rounds", type=int, default=5, help="timing rounds per variant")
+    parser.add_argument("--profile", action="store_true", help="each variant's kernels")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--quick", action="store_true", help="small shapes: a smoke run")
+    parser.add_argument(
+        "--built",
+        type=Path,
+        help="training.yaml's modules already built here (where fusegen's build cannot run: "
+        "a machine without black or pydantic)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        action="append",
+        default=[],
+        help="a folder built by another fusegen version (its llama.yaml and training.yaml "
+        "modules), timed as one more variant: a change's gain, interleaved",
+    )
     args = parser.parse_args()
     device = pick_device(args.quick)
     rows = [ROWS[name] for name in args.rows]
     if args.quick:
-        rows = [
-            Row(
-                r.name,
-                r.kind,
-                r.chain,
-                QUICK_ROWS[device],
-                *(QUICK_GELU_KN if r.kind == "gelu" else (r.k, r.n)),
-                r.target_ms,
-            )
-            for r in rows
-        ]
+        rows = [quick_row(r, device) for r in rows]
     import triton  # after pick_device: TRITON_INTERPRET must be set before triton is used
 
     liger_version, liger_error = liger_import()
@@ -542,15 +737,18 @@ def main() -> None:
         f"liger-kernel {liger_version or '– (' + liger_error + ')'}"
         f"{'; quick shapes' if args.quick else ''}{'; no torch.compile' if args.no_compile else ''}"
     )
+    bandwidth = copy_bandwidth(device)
+    if bandwidth:
+        print(f"copy bandwidth (1 GiB device-to-device, read + write): {bandwidth / 1e12:.2f} TB/s")
     results = {}
     with tempfile.TemporaryDirectory(prefix="training_chains_") as folder:
-        anchors = None
-        if any(r.kind == "gelu" for r in rows):
+        built = args.built
+        if built is None and any(FUSEGEN_MODULES[r.kind][0] is None for r in rows):
             try:
-                build_anchors(Path(folder))
-                anchors = Path(folder)
+                build_specs(Path(folder))
+                built = Path(folder)
             except Exception as error:
-                print(f"anchors.yaml not built: {error}")
+                print(f"training.yaml not built: {error}")
         for row in rows:
             variants = [Variant("eager", EAGER[row.kind], "one PyTorch op at a time")]
             if row.kind == "gelu":
@@ -561,11 +759,12 @@ def main() -> None:
                 compiled = torch.compile(EAGER[row.kind], dynamic=False)
                 variants.append(Variant("torch.compile", compiled, "default mode, dynamic=False"))
             variants.append(liger_variant(row.kind, liger_error))
-            variants.append(fusegen_variant(row.kind, anchors))
-            run_row(row, variants, device, args.quick)
+            variants += [fusegen_variant(row.kind, built, folder) for folder in args.baseline]
+            variants.append(fusegen_variant(row.kind, built))
+            run_row(row, variants, device, args)
             results[row.name] = variants
             print()
-            print(row_table(row, variants))
+            print(row_table(row, variants, bandwidth))
     print("\n## Summary (fwd+bwd)\n")
     print(summary_table(rows, results, args.quick))
     if args.out:
@@ -577,6 +776,8 @@ def main() -> None:
             "liger_error": liger_error,
             "quick": args.quick,
             "compile": not args.no_compile,
+            "rounds": args.rounds,
+            "copy_bandwidth": bandwidth,
             "tolerance": TOLERANCE,
             "rows": [
                 {
@@ -587,6 +788,8 @@ def main() -> None:
                     "k": row.k,
                     "n": row.n,
                     "target_ms": row.target_ms,
+                    "floor_bytes": row.floor_bytes(),
+                    "flops": row.flops(),
                     "variants": [{"name": v.name, **v.result} for v in results[row.name]],
                 }
                 for row in rows

@@ -40,7 +40,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("8e41d4cdc88abfa3", "chains")
+_rt = _runtime("0d27fc6feacd6bc8", "chains")
 _align = _rt.align  # the ALIGN heuristic's
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
@@ -216,13 +216,12 @@ def _bert_add_layernorm_kernel(
 def _bert_add_layernorm_kernel_backward(
     # fmt: off
     grad_ptr, x_ptr, residual_ptr,  # incoming gradients, inputs, saved values, then gradients
-    gamma_ptr, beta_ptr, d_beta_ptr, d_gamma_ptr, d_residual_ptr, d_x_ptr,
+    gamma_ptr, beta_ptr, d_beta_ptr, d_gamma_ptr, d_residual_ptr,
     M, N,  # dims
     stride_grad_m, stride_grad_n, stride_x_m, stride_x_n,  # strides, in elements
     stride_residual_m, stride_residual_n, stride_gamma_n, stride_beta_n,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INT64: tl.constexpr,  # meta-parameters
     NEED_BETA: tl.constexpr, NEED_GAMMA: tl.constexpr, NEED_RESIDUAL: tl.constexpr,
-    NEED_X: tl.constexpr,
     # fmt: on
 ):
     """The chain's gradients, BLOCK_M rows at a time (a whole row in BLOCK_N): the sums
@@ -280,7 +279,6 @@ def _bert_add_layernorm_kernel_backward(
             - row_xhat * (tl.sum(row_gw * row_xhat, axis=1) / N)[:, None]
         )
         d_residual = grad
-        d_x = grad
         if NEED_BETA:
             d_beta_total += tl.sum(tl.where(in_bounds, d_beta, 0.0), axis=0)
         if NEED_GAMMA:
@@ -291,8 +289,6 @@ def _bert_add_layernorm_kernel_backward(
                 d_residual.to(d_residual_ptr.dtype.element_ty),
                 mask=in_bounds,
             )
-        if NEED_X:
-            tl.store(d_x_ptr + flat, d_x.to(d_x_ptr.dtype.element_ty), mask=in_bounds)
     if NEED_BETA:
         tl.store(d_beta_ptr + pid * N + offs_n, d_beta_total, mask=mask_n)
     if NEED_GAMMA:
@@ -377,8 +373,8 @@ def _launch(plan, inputs, outputs, config, saved=()):
 
 def last_launch() -> dict:
     """What the last call ran: its "config", "source" (table, autotune, default, interpreter,
-    explicit, reference (...), empty), "path" (pointer, tma), "fast_tanh" (tanh.approx ran)
-    and "fp32_matmul" (tf32, tf32x3 or ieee, for an fp32 matmul), as a dict."""
+    explicit, reference (...), empty), "path" (pointer, tma), "fast_tanh" (tanh.approx ran) and
+    "fp32_matmul" (tf32, tf32x3 or ieee, for an fp32 matmul), as a dict."""
     return _KERNELS.last_launch()
 
 
@@ -443,7 +439,12 @@ _KERNELS = _rt.Kernels(
     dims=("M", "N"),
     tune_key=["ROWS_BUCKET", "N", "stride_x_n", "stride_residual_n"],
     op_name="bert_add_layernorm_d737b2a7eb5e",
-    backward=(("beta", 3, "row"), ("gamma", 2, "row"), ("residual", 1, "full"), ("x", 0, "full")),
+    backward=(
+        ("beta", 3, "row"),
+        ("gamma", 2, "row"),
+        ("residual", 1, "full"),
+        ("x", 0, "=residual"),
+    ),
     backward_reads=(0, 1, 2, 3),
     rowwise=True,
     no_gpu_reference=True,

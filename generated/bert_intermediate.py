@@ -41,7 +41,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("8e41d4cdc88abfa3", "chains")
+_rt = _runtime("0d27fc6feacd6bc8", "chains")
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
 DIMS = {"M": None, "K": 768, "N": 3072}
@@ -359,6 +359,39 @@ def _bert_intermediate_kernel_backward(
         )
 
 
+@triton.jit
+def _bert_intermediate_kernel_epilogue(
+    # fmt: off
+    pre_ptr, b_ptr, out_ptr,  # accumulators, inputs, then the output
+    M, N,  # dims
+    stride_b_n,  # strides, in elements
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INT64: tl.constexpr,
+    # meta-parameters
+    # fmt: on
+):
+    """A training forward's chain after the matmul, on accumulators cuBLAS computed (the
+    backward reads them, so they are stored either way), for one [BLOCK_M, BLOCK_N] tile."""
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if INT64:
+        # Offset times stride would overflow int32 past 2**31 elements.
+        offs_m = offs_m.to(tl.int64)
+        offs_n = offs_n.to(tl.int64)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    in_bounds = mask_m[:, None] & mask_n[None, :]
+    flat = offs_m[:, None] * N + offs_n[None, :]
+    fwd_0 = tl.load(pre_ptr + flat, mask=in_bounds, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + offs_n * stride_b_n, mask=mask_n, other=0.0).to(tl.float32)
+    fwd_1 = fwd_0 + b[None, :]
+    fwd_2 = _gelu(fwd_1)
+    tl.store(out_ptr + flat, fwd_2.to(out_ptr.dtype.element_ty), mask=in_bounds)
+
+
 def bert_intermediate(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -432,8 +465,9 @@ def _launch(plan, inputs, outputs, config, saved=()):
 
 def last_launch() -> dict:
     """What the last call ran: its "config", "source" (table, autotune, default, interpreter,
-    explicit, reference (...), empty), "path" (pointer, tma), "fast_tanh" (tanh.approx ran)
-    and "fp32_matmul" (tf32, tf32x3 or ieee, for an fp32 matmul), as a dict."""
+    explicit, reference (...), empty, training), "path" (pointer, tma, cublas + epilogue: a bf16
+    or fp16 training forward), "fast_tanh" (tanh.approx ran) and "fp32_matmul" (tf32, tf32x3 or
+    ieee, for an fp32 matmul), as a dict."""
     return _KERNELS.last_launch()
 
 
@@ -492,6 +526,7 @@ _KERNELS = _rt.Kernels(
     backward=(("pre", -1, "full"), ("b", 2, "row")),
     backward_reads=(2,),
     matmul=(0, False, ((1, True),)),
+    epilogue=True,
     nonfinite=True,
     no_gpu_reference=True,
 )

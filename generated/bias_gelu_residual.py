@@ -41,7 +41,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("8e41d4cdc88abfa3", "chains")
+_rt = _runtime("0d27fc6feacd6bc8", "chains")
 _align = _rt.align  # the ALIGN heuristic's
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
@@ -295,8 +295,8 @@ def _launch(plan, inputs, outputs, config, saved=()):
 
 def last_launch() -> dict:
     """What the last call ran: its "config", "source" (table, autotune, default, interpreter,
-    explicit, reference (...), empty), "path" (pointer, tma), "fast_tanh" (tanh.approx ran)
-    and "fp32_matmul" (tf32, tf32x3 or ieee, for an fp32 matmul), as a dict."""
+    explicit, reference (...), empty), "path" (pointer, tma), "fast_tanh" (tanh.approx ran) and
+    "fp32_matmul" (tf32, tf32x3 or ieee, for an fp32 matmul), as a dict."""
     return _KERNELS.last_launch()
 
 

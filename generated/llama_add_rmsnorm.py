@@ -41,7 +41,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("8e41d4cdc88abfa3", "chains")
+_rt = _runtime("0d27fc6feacd6bc8", "chains")
 _align = _rt.align  # the ALIGN heuristic's
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
@@ -211,13 +211,13 @@ def _llama_add_rmsnorm_kernel(
 @triton.jit
 def _llama_add_rmsnorm_kernel_backward(
     # fmt: off
-    grad_ptr, grad_h_ptr, x_ptr,  # incoming gradients, inputs, saved values, then gradients
-    residual_ptr, weight_ptr, d_weight_ptr, d_residual_ptr, d_x_ptr,
+    grad_ptr, grad_h_ptr,  # incoming gradients, inputs, saved values, then gradients
+    weight_ptr, saved_h_ptr, d_weight_ptr, d_residual_ptr,
     M, N,  # dims
     stride_grad_m, stride_grad_n, stride_grad_h_m, stride_grad_h_n,  # strides, in elements
-    stride_x_m, stride_x_n, stride_residual_m, stride_residual_n, stride_weight_n,
+    stride_weight_n,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INT64: tl.constexpr,  # meta-parameters
-    NEED_WEIGHT: tl.constexpr, NEED_RESIDUAL: tl.constexpr, NEED_X: tl.constexpr,
+    NEED_WEIGHT: tl.constexpr, NEED_RESIDUAL: tl.constexpr,
     # fmt: on
 ):
     """The chain's gradients, BLOCK_M rows at a time (a whole row in BLOCK_N): the sums
@@ -234,20 +234,8 @@ def _llama_add_rmsnorm_kernel_backward(
         in_bounds = mask_m[:, None] & mask_n[None, :]
         flat = offs_m[:, None] * N + offs_n[None, :]
         # The forward again, in fp32, then the gradient back through it.
-        fwd_0 = tl.load(
-            x_ptr + offs_m[:, None] * stride_x_m + offs_n[None, :] * stride_x_n,
-            mask=in_bounds,
-            other=0.0,
-        ).to(tl.float32)
-        residual = tl.load(
-            residual_ptr
-            + offs_m[:, None] * stride_residual_m
-            + offs_n[None, :] * stride_residual_n,
-            mask=in_bounds,
-            other=0.0,
-        ).to(tl.float32)
-        fwd_1 = fwd_0 + residual
-        row_x = tl.where(in_bounds, fwd_1, 0.0)
+        fwd_2 = tl.load(saved_h_ptr + flat, mask=in_bounds, other=0.0).to(tl.float32)
+        row_x = tl.where(in_bounds, fwd_2, 0.0)
         row_rstd = tl.rsqrt(tl.sum(row_x * row_x, axis=1) / N + 1e-05)
         row_xhat = row_x * row_rstd[:, None]
         weight = tl.load(weight_ptr + offs_n * stride_weight_n, mask=mask_n, other=0.0).to(
@@ -270,7 +258,6 @@ def _llama_add_rmsnorm_kernel_backward(
             other=0.0,
         ).to(tl.float32)
         d_residual = grad
-        d_x = grad
         if NEED_WEIGHT:
             d_weight_total += tl.sum(tl.where(in_bounds, d_weight, 0.0), axis=0)
         if NEED_RESIDUAL:
@@ -279,8 +266,6 @@ def _llama_add_rmsnorm_kernel_backward(
                 d_residual.to(d_residual_ptr.dtype.element_ty),
                 mask=in_bounds,
             )
-        if NEED_X:
-            tl.store(d_x_ptr + flat, d_x.to(d_x_ptr.dtype.element_ty), mask=in_bounds)
     if NEED_WEIGHT:
         tl.store(d_weight_ptr + pid * N + offs_n, d_weight_total, mask=mask_n)
 
@@ -370,8 +355,8 @@ def _launch(plan, inputs, outputs, config, saved=()):
 
 def last_launch() -> dict:
     """What the last call ran: its "config", "source" (table, autotune, default, interpreter,
-    explicit, reference (...), empty), "path" (pointer, tma), "fast_tanh" (tanh.approx ran)
-    and "fp32_matmul" (tf32, tf32x3 or ieee, for an fp32 matmul), as a dict."""
+    explicit, reference (...), empty), "path" (pointer, tma), "fast_tanh" (tanh.approx ran) and
+    "fp32_matmul" (tf32, tf32x3 or ieee, for an fp32 matmul), as a dict."""
     return _KERNELS.last_launch()
 
 
@@ -432,8 +417,9 @@ _KERNELS = _rt.Kernels(
     tune_key=["ROWS_BUCKET", "N", "stride_x_n", "stride_residual_n"],
     op_name="llama_add_rmsnorm_df7ddfe93bd6",
     outputs=2,
-    backward=(("weight", 2, "row"), ("residual", 1, "full"), ("x", 0, "full")),
-    backward_reads=(0, 1, 2),
+    backward=(("weight", 2, "row"), ("residual", 1, "full"), ("x", 0, "=residual")),
+    backward_saves=(1,),
+    backward_reads=(2,),
     rowwise=True,
     no_gpu_reference=True,
 )

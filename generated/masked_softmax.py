@@ -41,7 +41,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("8e41d4cdc88abfa3", "chains")
+_rt = _runtime("0d27fc6feacd6bc8", "chains")
 _align = _rt.align  # the ALIGN heuristic's
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
@@ -198,11 +198,10 @@ def _masked_softmax_kernel(
 @triton.jit
 def _masked_softmax_kernel_backward(
     # fmt: off
-    grad_ptr, scores_ptr, mask_ptr,  # incoming gradients, inputs, saved values, then gradients
+    grad_ptr, saved_out_ptr,  # incoming gradients, inputs, saved values, then gradients
     d_mask_ptr, d_scores_ptr,
     Q, S,  # dims
-    stride_grad_q, stride_grad_s, stride_scores_q, stride_scores_s,  # strides, in elements
-    stride_mask_q, stride_mask_s,
+    stride_grad_q, stride_grad_s,  # strides, in elements
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INT64: tl.constexpr,  # meta-parameters
     NEED_MASK: tl.constexpr, NEED_SCORES: tl.constexpr,
     # fmt: on
@@ -220,24 +219,7 @@ def _masked_softmax_kernel_backward(
         in_bounds = mask_q[:, None] & mask_s[None, :]
         flat = offs_q[:, None] * S + offs_s[None, :]
         # The forward again, in fp32, then the gradient back through it.
-        fwd_0 = tl.load(
-            scores_ptr + offs_q[:, None] * stride_scores_q + offs_s[None, :] * stride_scores_s,
-            mask=in_bounds,
-            other=0.0,
-        ).to(tl.float32)
-        row_scores = fwd_0 * 0.125
-        mask = tl.load(
-            mask_ptr + offs_q[:, None] * stride_mask_q + offs_s[None, :] * stride_mask_s,
-            mask=in_bounds,
-            other=0.0,
-        ).to(tl.float32)
-        row_scores = row_scores + mask
-        row_scores = tl.where(in_bounds, row_scores, float("-inf"))
-        row_max = tl.max(row_scores, axis=1)
-        row_max = tl.where(row_max == float("-inf"), 0.0, row_max)
-        row_exp = tl.exp(row_scores - row_max[:, None])
-        row_den = tl.sum(row_exp, axis=1)
-        row_probs = row_exp / row_den[:, None]
+        row_probs = tl.load(saved_out_ptr + flat, mask=in_bounds, other=0.0).to(tl.float32)
         grad = tl.load(
             grad_ptr + offs_q[:, None] * stride_grad_q + offs_s[None, :] * stride_grad_s,
             mask=in_bounds,
@@ -321,8 +303,8 @@ def _launch(plan, inputs, outputs, config, saved=()):
 
 def last_launch() -> dict:
     """What the last call ran: its "config", "source" (table, autotune, default, interpreter,
-    explicit, reference (...), empty), "path" (pointer, tma), "fast_tanh" (tanh.approx ran)
-    and "fp32_matmul" (tf32, tf32x3 or ieee, for an fp32 matmul), as a dict."""
+    explicit, reference (...), empty), "path" (pointer, tma), "fast_tanh" (tanh.approx ran) and
+    "fp32_matmul" (tf32, tf32x3 or ieee, for an fp32 matmul), as a dict."""
     return _KERNELS.last_launch()
 
 
@@ -373,7 +355,8 @@ _KERNELS = _rt.Kernels(
     tune_key=["ROWS_BUCKET", "S", "stride_scores_s", "stride_mask_s"],
     op_name="masked_softmax_eff02e74374f",
     backward=(("mask", 1, "full"), ("scores", 0, "full")),
-    backward_reads=(0, 1),
+    backward_saves=(0,),
+    backward_reads=(),
     rowwise=True,
     no_gpu_reference=True,
 )

@@ -76,14 +76,16 @@ NONFINITE = "reference"  # an inf or NaN the reference does not have: "reference
 MM_CALLS = {"x": 1, "w": 1, "b": 0}
 
 
-def reference_and_bound(p_in, depth, fast_tanh, x, w, b):
+def reference_and_bound(p_in, depth, fast_tanh, x, w, b, p_acc=0.0):
     """The chain in float64 (v), and for each element a bound (e) on how far a correct
     kernel's fp32 result can be from it; one (v, e) per output. p_in: the error of a
     product whose operands were cut to tf32 (else 0); depth: how many roundings a row's
     sum can pass through; fast_tanh: 1 where the kernel's activations ran on
-    tanh.approx, else 0."""
+    tanh.approx, else 0; p_acc: the rounding of the matmul's result where the chain
+    after it starts from it stored in the call's dtype (a training forward's cuBLAS +
+    epilogue), else 0."""
     v = x @ w.T
-    e = dot_error(x, w.T, p_in)
+    e = dot_error(x, w.T, p_in) + p_acc * v.abs()
     y = v + b
     e = e + U32 * y.abs()
     v = y

@@ -77,19 +77,21 @@ NONFINITE = "off"  # an inf or NaN the reference does not have: "reference" runs
 MM_CALLS = {"x": 2, "w_gate": 1, "w_up": 1}
 
 
-def reference_and_bound(p_in, depth, fast_tanh, x, w_gate, w_up):
+def reference_and_bound(p_in, depth, fast_tanh, x, w_gate, w_up, p_acc=0.0):
     """The chain in float64 (v), and for each element a bound (e) on how far a correct
     kernel's fp32 result can be from it; one (v, e) per output. p_in: the error of a
     product whose operands were cut to tf32 (else 0); depth: how many roundings a row's
     sum can pass through; fast_tanh: 1 where the kernel's activations ran on
-    tanh.approx, else 0."""
+    tanh.approx, else 0; p_acc: the rounding of the matmul's result where the chain
+    after it starts from it stored in the call's dtype (a training forward's cuBLAS +
+    epilogue), else 0."""
     v = x @ w_gate.T
-    e = dot_error(x, w_gate.T, p_in)
+    e = dot_error(x, w_gate.T, p_in) + p_acc * v.abs()
     y = F.silu(v)
     e = 1.1 * e + 16 * U32 * (1 + v.abs() + y.abs()) + fast_tanh * TANH_APPROX * 0.5 * v.abs()
     v = y
     v_gate = x @ w_up.T
-    e_gate = dot_error(x, w_up.T, p_in)
+    e_gate = dot_error(x, w_up.T, p_in) + p_acc * v_gate.abs()
     y = v * v_gate
     e = v.abs() * e_gate + v_gate.abs() * e + e * e_gate + U32 * y.abs()
     v = y

@@ -35,10 +35,18 @@ FLAT = "flat"  # offsets into the contiguous [rows, cols] buffers the backward a
 
 @dataclass(frozen=True)
 class GradOut:
-    """A gradient the backward kernel writes: `name` is an input's name, or pre/pre_gate."""
+    """A gradient the backward kernel writes: `name` is an input's name, or pre/pre_gate.
+    `same`: another input whose full gradient is this one's value (x and r of `x + r`):
+    the kernel stores it once, and the launcher returns that tensor for both."""
 
     name: str
     kind: str  # "full", "row" (a [cols] input) or "col" (a [rows] input)
+    same: str | None = None
+
+    @property
+    def fact(self) -> str:
+        """Its kind in the launcher's `backward` facts: "=<name>" for a `same` one."""
+        return f"={self.same}" if self.same else self.kind
 
     @property
     def ptr(self) -> str:
@@ -142,9 +150,10 @@ class _Reverse:
             lines.append(f"{grad} = {text(binary.grad_value)}")
 
 
-def tile_backward(kernel: Kernel) -> dict:
-    """The tile kernel's body after its offsets and masks: (loads and forward lines,
-    reverse lines, stores), and the gradients it writes."""
+def _tile_forward(kernel: Kernel) -> tuple[_Reverse, list[str], list, str]:
+    """A tile kernel's forward in fp32, from the accumulators (a matmul chain) or the
+    source input: (its reverse pass so far, the loads, each step with its input value,
+    the chain's value)."""
     rev = _Reverse(kernel, set())
     mm = kernel.matmul
     loads = []
@@ -176,6 +185,36 @@ def tile_backward(kernel: Kernel) -> dict:
         else:
             trail.append((item, value, []))
             value = rev.step_forward(item, value)
+    return rev, loads, trail, value
+
+
+def tile_epilogue(kernel: Kernel) -> dict:
+    """A matmul chain's epilogue as a kernel of its own, for training forwards that take
+    the accumulators from cuBLAS (which it must save anyway): its lines and parameters.
+    The activations' accurate forms, as the backward's."""
+    rev, loads, _, value = _tile_forward(kernel)
+    store = f"tl.store(out_ptr + {FLAT}, {value}.to(out_ptr.dtype.element_ty), mask=in_bounds)"
+    passed = backward_inputs(kernel)
+    pointers = ["pre_ptr"] + (["pre_gate_ptr"] if kernel.gate else [])
+    pointers += [naming.ptr(t) for t in passed] + ["out_ptr"]
+    strides = [naming.stride(t, d) for t in passed for d in kernel.tensor(t).dims]
+    params = [
+        {"comment": "accumulators, inputs, then the output", "names": pointers},
+        {"comment": "dims", "names": [kernel.row, kernel.col]},
+        {"comment": "strides, in elements", "names": strides},
+        {
+            "comment": "meta-parameters",
+            "names": [f"{m}: tl.constexpr" for m in ("BLOCK_M", "BLOCK_N", "INT64")],
+        },
+    ]
+    return {"lines": _live(loads + rev.forward, [store]) + [store], "params": params}
+
+
+def tile_backward(kernel: Kernel) -> dict:
+    """The tile kernel's body after its offsets and masks: (loads and forward lines,
+    reverse lines, stores), and the gradients it writes."""
+    rev, loads, trail, _ = _tile_forward(kernel)
+    mm = kernel.matmul
     offs_r, offs_c = naming.offs(kernel.row), naming.offs(kernel.col)
     grad_addr = (
         f"{naming.ptr(GRAD)} + {offs_r}[:, None] * {naming.stride(GRAD, kernel.row)}"
@@ -201,13 +240,45 @@ def tile_backward(kernel: Kernel) -> dict:
             stores.append(_store_full(GradOut("pre_gate", "full"), "grad_gate"))
     else:
         rev.contribute(kernel.source, "full", GRAD, backward)
+    same = _same_grads(kernel, backward, rev.grads)
     for name, kind in rev.grads.items():
-        out = GradOut(name, kind)
+        out = GradOut(name, kind, same.get(name))
         outs.append(out)
-        stores.append(f"if {out.need}:")
-        stores.append("    " + _store_tile(kernel, out, f"d_{name}"))
+        if out.same is None:
+            stores.append(f"if {out.need}:")
+            stores.append("    " + _store_tile(kernel, out, f"d_{name}"))
     forward = _live(loads + rev.forward, backward + stores)
     return {"loads": forward, "backward": backward, "stores": stores, "grads": outs}
+
+
+def _same_grads(kernel: Kernel, backward: list[str], grads: dict[str, str]) -> dict[str, str]:
+    """{input: the input whose gradient it equals} for full gradients of one dtype assigned
+    once, as the running gradient, at the same point of the reverse pass (x and r of
+    `x + r`): the first of each such group is stored, the others are the same tensor (their
+    assignments are dropped from `backward`)."""
+    version, at, more = 0, {}, set()
+    for line in backward:
+        if line.startswith(f"{GRAD} = "):
+            version += 1
+        match = re.match(r"^d_(\w+) = (.*)$", line)
+        if match and match.group(1) in grads:
+            if match.group(2) == GRAD and match.group(1) not in at:
+                at[match.group(1)] = version
+            else:
+                more.add(match.group(1))
+    first: dict[int, str] = {}
+    same = {}
+    for name, kind in grads.items():
+        if kind != "full" or name not in at or name in more:
+            continue
+        key = (at[name], kernel.tensor(name).dtype)
+        if key in first:
+            same[name] = first[key]
+        else:
+            first[key] = name
+    dropped = {f"d_{name} = {GRAD}" for name in same}
+    backward[:] = [line for line in backward if line not in dropped]
+    return same
 
 
 def _live(forward: list[str], rest: list[str]) -> list[str]:
@@ -258,39 +329,56 @@ def _row_vector(kernel: Kernel, step: RowStep, role: str, rev: _Reverse) -> str 
     return f"{name}[None, :]"
 
 
-def row_op(kernel: Kernel, step: RowStep, u: str, rev: _Reverse) -> tuple[str, list[str]]:
+def _softmax_forward(kernel: Kernel, step: RowStep, u: str, rev: _Reverse) -> None:
+    """A softmax's forward on `u` again (into rev.forward): row_probs, and for a
+    log_softmax row_log_probs."""
+    params, fwd, s = dict(step.params), rev.forward, "row_scores"
+    fwd.append(f"{s} = {u} * {lit(params['scale'])}" if params["scale"] != 1.0 else f"{s} = {u}")
+    mask = dict(step.operands).get("mask")
+    if mask:
+        if mask not in rev.loaded:
+            rev.loaded.add(mask)
+            fwd.append(operand_load(kernel, kernel.tensor(mask), step.mask_broadcast))
+        ref = f"{mask}[None, :]" if step.mask_broadcast == "row" else mask
+        fwd.append(f"{s} = {s} + {ref}")
+    fwd += [
+        f'{s} = tl.where(in_bounds, {s}, float("-inf"))',
+        f"row_max = tl.max({s}, axis=1)",
+        'row_max = tl.where(row_max == float("-inf"), 0.0, row_max)',
+        f"row_exp = tl.exp({s} - row_max[:, None])",
+        "row_den = tl.sum(row_exp, axis=1)",
+        "row_probs = row_exp / row_den[:, None]",
+    ]
+    if step.op == "log_softmax":
+        fwd.append(f"row_log_probs = {s} - row_max[:, None] - tl.log(row_den)[:, None]")
+
+
+def row_op(
+    kernel: Kernel, step: RowStep, u: str, rev: _Reverse, probs: bool = False
+) -> tuple[str, list[str]]:
     """The row op on `u` (forward lines go to rev.forward): (its output, the reverse lines
-    taking GRAD from its output to `u`)."""
+    taking GRAD from its output to `u`). probs: a softmax's probabilities are read from
+    the forward's output (saved_out) instead."""
     params = dict(step.params)
     n = kernel.col
     fwd, back = rev.forward, []
     g = GRAD
     if step.op in ("softmax", "log_softmax"):
-        s = "row_scores"
-        fwd.append(
-            f"{s} = {u} * {lit(params['scale'])}" if params["scale"] != 1.0 else f"{s} = {u}"
-        )
         mask = dict(step.operands).get("mask")
-        if mask:
-            if mask not in rev.loaded:
-                rev.loaded.add(mask)
-                fwd.append(operand_load(kernel, kernel.tensor(mask), step.mask_broadcast))
-            ref = f"{mask}[None, :]" if step.mask_broadcast == "row" else mask
-            fwd.append(f"{s} = {s} + {ref}")
-        fwd += [
-            f'{s} = tl.where(in_bounds, {s}, float("-inf"))',
-            f"row_max = tl.max({s}, axis=1)",
-            'row_max = tl.where(row_max == float("-inf"), 0.0, row_max)',
-            f"row_exp = tl.exp({s} - row_max[:, None])",
-            "row_den = tl.sum(row_exp, axis=1)",
-            "row_probs = row_exp / row_den[:, None]",
-        ]
+        out = "row_probs" if step.op == "softmax" else "row_log_probs"
+        if probs:
+            other = "0.0" if step.op == "softmax" else 'float("-inf")'
+            fwd.append(
+                f"{out} = tl.load({naming.ptr('saved_out')} + {FLAT}, mask=in_bounds,"
+                f" other={other}).to(tl.float32)"
+            )
+            if step.op == "log_softmax":
+                fwd.append(f"row_probs = tl.exp({out})")
+        else:
+            _softmax_forward(kernel, step, u, rev)
         if step.op == "softmax":
-            out = "row_probs"
             back.append(f"{g} = row_probs * ({g} - tl.sum({g} * row_probs, axis=1)[:, None])")
         else:
-            out = "row_log_probs"
-            fwd.append(f"{out} = {s} - row_max[:, None] - tl.log(row_den)[:, None]")
             back.append(f"{g} = {g} - row_probs * tl.sum({g}, axis=1)[:, None]")
         if mask:
             kind = "full" if step.mask_broadcast == "full" else "row"
@@ -362,7 +450,35 @@ def row_op(kernel: Kernel, step: RowStep, u: str, rev: _Reverse) -> tuple[str, l
 
 def row_backward(kernel: Kernel) -> dict:
     """The row kernel's loop body (loads and forward, reverse, per-block stores), its
-    stores after the loop, and the gradients it writes."""
+    stores after the loop, the gradients it writes, and the outputs it reads
+    ("saved_outputs": "out", or an `output:` step's name). The forward's values are
+    recomputed from the inputs, or taken from the forward's outputs (kept for the
+    backward): an `output:` step's where that reads fewer [rows, cols] tensors (h of
+    `h = x + r; rmsnorm(h)` is one read, x and r two), and a final softmax's probabilities
+    always (one reduction over the row where recomputing them takes three)."""
+    recomputed = _row_backward(kernel, read_outputs=False)
+    if not kernel.emits and not _reads_probs(kernel):
+        return recomputed
+    read = _row_backward(kernel, read_outputs=True)
+    if _reads_probs(kernel):
+        return read
+    return read if _full_loads(read) < _full_loads(recomputed) else recomputed
+
+
+def _reads_probs(kernel: Kernel) -> bool:
+    """Whether the chain ends in its softmax (or log_softmax): its output is the
+    probabilities (their logarithms), which the backward can read back."""
+    last = kernel.steps[-1]
+    return isinstance(last, RowStep) and last.op in ("softmax", "log_softmax")
+
+
+def _full_loads(pieces: dict) -> int:
+    """How many [rows, cols] tensors a backward kernel's body loads."""
+    lines = pieces["loads"] + pieces["backward"]
+    return sum("tl.load(" in line and "mask=in_bounds" in line for line in lines)
+
+
+def _row_backward(kernel: Kernel, read_outputs: bool) -> dict:
     rev = _Reverse(kernel, set())
     src = kernel.tensor(kernel.source)
     rows, cols = kernel.row, kernel.col
@@ -373,11 +489,24 @@ def row_backward(kernel: Kernel) -> dict:
     trail: list[tuple[object, str]] = []
     value = "fwd_0"
     row_back: list[str] = []
+    saved_outputs = []
     for item in kernel.steps:
         if isinstance(item, Emit):
             trail.append((item, value))
+            if read_outputs:
+                # The stored value (rounded to the output's dtype): the forward's own
+                # within that rounding, which the gradient's bound allows for.
+                saved_outputs.append(item.name)
+                value = rev.fresh()
+                rev.forward.append(
+                    f"{value} = tl.load({naming.ptr('saved_' + item.name)} + {FLAT},"
+                    " mask=in_bounds, other=0.0).to(tl.float32)"
+                )
         elif isinstance(item, RowStep):
-            value, row_back = row_op(kernel, item, value, rev)
+            probs = read_outputs and item is kernel.steps[-1] and _reads_probs(kernel)
+            if probs:
+                saved_outputs.append("out")
+            value, row_back = row_op(kernel, item, value, rev, probs)
             trail.append((item, value))
         else:
             trail.append((item, value))
@@ -408,11 +537,14 @@ def row_backward(kernel: Kernel) -> dict:
         else:
             rev.step_backward(item, before, GRAD, backward)
     rev.contribute(kernel.source, "full", GRAD, backward)
+    same = _same_grads(kernel, backward, rev.grads)
     outs, stores, totals, final = [], [], [], []
     for name, kind in rev.grads.items():
-        out = GradOut(name, kind)
+        out = GradOut(name, kind, same.get(name))
         outs.append(out)
         var = f"d_{name}"
+        if out.same:
+            continue
         if kind == "full":
             store = _store_full(out, var)
         elif kind == "col":
@@ -434,19 +566,24 @@ def row_backward(kernel: Kernel) -> dict:
         "stores": stores,
         "final": final,
         "grads": outs,
+        "saved_outputs": saved_outputs,
     }
 
 
-def backward_params(kernel: Kernel, grads: list[GradOut]) -> list[dict]:
+def backward_params(
+    kernel: Kernel, grads: list[GradOut], saved_outputs: tuple[str, ...] = ()
+) -> list[dict]:
     """The backward kernel's parameters, in groups as the forward's."""
     rows, cols = kernel.row, kernel.col
     incoming = [GRAD] + [f"{GRAD}_{e}" for e in kernel.emits]
     pointers = [naming.ptr(g) for g in incoming]
-    passed = backward_inputs(kernel)
+    passed = backward_inputs(kernel, saved_outputs)
     pointers += [naming.ptr(t) for t in passed]
     if kernel.matmul:
         pointers += ["pre_ptr"] + (["pre_gate_ptr"] if kernel.gate else [])
-    pointers += [g.ptr for g in grads]
+    pointers += [naming.ptr(f"saved_{e}") for e in saved_outputs]
+    stored = [g for g in grads if g.same is None]
+    pointers += [g.ptr for g in stored]
     strides = []
     for g in incoming:
         strides += [
@@ -455,7 +592,7 @@ def backward_params(kernel: Kernel, grads: list[GradOut]) -> list[dict]:
     for t in passed:
         strides += [naming.stride(t, d) for d in kernel.tensor(t).dims]
     meta = ["BLOCK_M", "BLOCK_N", "INT64"] + [
-        g.need for g in grads if g.name not in ("pre", "pre_gate")
+        g.need for g in stored if g.name not in ("pre", "pre_gate")
     ]
     return [
         {"comment": "incoming gradients, inputs, saved values, then gradients", "names": pointers},
@@ -465,20 +602,26 @@ def backward_params(kernel: Kernel, grads: list[GradOut]) -> list[dict]:
     ]
 
 
-def backward_inputs(kernel: Kernel) -> list[str]:
-    """The inputs the backward kernel reads: all but a matmul's operands, in spec order."""
+def backward_inputs(kernel: Kernel, saved_outputs: tuple[str, ...] = ()) -> list[str]:
+    """The inputs the backward kernel reads, in spec order: all but a matmul's operands,
+    and where it reads the forward's extra outputs, only those its lines load."""
     skip = set()
     if kernel.matmul:
         skip = {kernel.matmul.a, kernel.matmul.b} | (
             {kernel.gate.matmul.b} if kernel.gate else set()
         )
-    return [t.name for t in kernel.inputs if t.name not in skip]
+    names = [t.name for t in kernel.inputs if t.name not in skip]
+    if saved_outputs:
+        pieces = row_backward(kernel)
+        text = "\n".join(pieces["loads"] + pieces["backward"])
+        names = [n for n in names if re.search(rf"\b{naming.ptr(n)}\b", text)]
+    return names
 
 
 def backward_facts(kernel: Kernel, grads: list[GradOut]) -> str:
     """The Kernels object's `backward` facts: the gradients the kernel writes, by input."""
     names = [t.name for t in kernel.inputs]
     items = [
-        f'("{g.name}", {names.index(g.name) if g.name in names else -1}, "{g.kind}")' for g in grads
+        f'("{g.name}", {names.index(g.name) if g.name in names else -1}, "{g.fact}")' for g in grads
     ]
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"

@@ -56,7 +56,7 @@ def bound_lines(kernel: Kernel) -> list[str]:
         mm = kernel.matmul
         a = f"{mm.a}.T" if mm.a_transposed else mm.a
         b = f"{mm.b}.T" if mm.b_transposed else mm.b
-        lines = [f"v = {a} @ {b}", f"e = dot_error({a}, {b}, p_in)"]
+        lines = [f"v = {a} @ {b}", f"e = dot_error({a}, {b}, p_in) + p_acc * v.abs()"]
     else:
         lines = [f"v = {kernel.source}", "e = torch.zeros_like(v)"]
     for item in kernel.steps:
@@ -64,7 +64,10 @@ def bound_lines(kernel: Kernel) -> list[str]:
             mm = item.matmul
             a = f"{mm.a}.T" if mm.a_transposed else mm.a
             b = f"{mm.b}.T" if mm.b_transposed else mm.b
-            lines += [f"v_gate = {a} @ {b}", f"e_gate = dot_error({a}, {b}, p_in)"]
+            lines += [
+                f"v_gate = {a} @ {b}",
+                f"e_gate = dot_error({a}, {b}, p_in) + p_acc * v_gate.abs()",
+            ]
             for step in item.steps:
                 lines += bound_step(step, "v_gate", "e_gate", fast)
             lines += [

@@ -53,6 +53,7 @@ from fusegen.codegen.backward_text import (
     helper_grads,
     row_backward,
     tile_backward,
+    tile_epilogue,
 )
 from fusegen.codegen.python_text import input_doc, out_doc, reference_lines, reference_return
 from fusegen.codegen.equivalence_text import (
@@ -168,11 +169,14 @@ RUNTIME_HASH_PLACEHOLDER = "runtime-hash-hex"
 def kernel_source_hash(module_text: str) -> str:
     """sha256 (16 hex digits) of the code of the forward's Triton kernels and helpers in
     a module (decorators included; docstrings, comments and layout not): the code a tuned
-    config was measured on. Launcher, docs, config spaces and the backward are not."""
+    config was measured on. Launcher, docs, config spaces and the training kernels are
+    not."""
     pieces = []
     for node in ast.parse(module_text).body:
-        # The backward kernel and its derivative helpers take no tuned config.
-        backward = node.name.endswith(("_backward", "_grad")) if hasattr(node, "name") else False
+        # The training kernels (the backward, its derivative helpers, a matmul chain's
+        # epilogue) take no tuned config.
+        training = ("_backward", "_grad", "_epilogue")
+        backward = node.name.endswith(training) if hasattr(node, "name") else False
         if (
             isinstance(node, ast.FunctionDef)
             and not backward
@@ -365,6 +369,8 @@ def kernel_context(kernel: Kernel, runtime_hash: str) -> dict:
         "saved": saved(kernel) if mm else [],
         "grad_helpers": helper_grads(kernel),
         "backward": backward_context(kernel),
+        "train_epilogue": epilogue_context(kernel),
+        "last_launch_doc": last_launch_doc(kernel),
         "requires_grad_any": " or ".join(f"{t.name}.requires_grad" for t in kernel.inputs),
         "input_names": tuple_literal([f'"{t.name}"' for t in kernel.inputs]),
         "dims": [d.name for d in kernel.dims],
@@ -481,10 +487,14 @@ def kernels_options(kernel: Kernel) -> list[tuple[str, str]]:
         options.append(("weights", str(len(weights(kernel)))))
     if any(getattr(s, "broadcast", None) == "full" for s in steps_in_order(kernel)) and mm:
         options.append(("full_operands", "True"))
-    grads = backward_context(kernel)["grads"]
-    options.append(("backward", backward_facts(kernel, grads)))
+    context = backward_context(kernel)
+    options.append(("backward", backward_facts(kernel, context["grads"])))
+    if context["saved_outputs"]:
+        outputs = ["out", *kernel.emits]  # the launcher's outputs, in order
+        kept = [str(outputs.index(e)) for e in context["saved_outputs"]]
+        options.append(("backward_saves", tuple_literal(kept)))
     names = [t.name for t in kernel.inputs]
-    reads = [str(names.index(n)) for n in backward_inputs(kernel)]
+    reads = [str(names.index(n)) for n in backward_inputs(kernel, context["saved_outputs"])]
     options.append(("backward_reads", tuple_literal(reads) if reads else "()"))
     if mm:
         bs = [(mm.b, mm.b_transposed)] + (
@@ -493,6 +503,7 @@ def kernels_options(kernel: Kernel) -> list[tuple[str, str]]:
         weights_text = tuple_literal([f"({names.index(b)}, {t})" for b, t in bs])
         options.append(("matmul", f"({names.index(mm.a)}, {mm.a_transposed}, {weights_text})"))
     flags = {
+        "epilogue": mm is not None and kernel.backward_save != "inputs",
         "recompute": mm is not None and kernel.backward_save == "inputs",
         "reduces": kernel.reduces,
         "rowwise": kernel.row_step is not None,
@@ -557,7 +568,7 @@ def param_lines(groups: list[dict]) -> list[str]:
     """A kernel's parameters, a few lines per group, its comment on the first (black
     leaves them)."""
     lines = []
-    for group in groups:
+    for group in (g for g in groups if g["names"]):
         comment = f"  # {group['comment']}"
         current, first = "", True
         for piece in (f"{n}," for n in group["names"]):
@@ -575,9 +586,35 @@ def backward_context(kernel: Kernel) -> dict:
     pieces = row_backward(kernel) if kernel.row_step else tile_backward(kernel)
     return {
         **{k: pieces.get(k, []) for k in ("loads", "backward", "stores", "totals", "final")},
-        "params": param_lines(backward_params(kernel, pieces["grads"])),
+        "params": param_lines(
+            backward_params(kernel, pieces["grads"], pieces.get("saved_outputs", ()))
+        ),
         "grads": pieces["grads"],
+        "saved_outputs": pieces.get("saved_outputs", []),
     }
+
+
+def last_launch_doc(kernel: Kernel) -> list[str]:
+    """last_launch's docstring, its lines."""
+    sources = "table, autotune, default, interpreter, explicit, reference (...), empty"
+    paths = "pointer, tma"
+    if epilogue_context(kernel):
+        sources += ", training"
+        paths += ", cublas + epilogue: a bf16 or fp16 training forward"
+    text = (
+        f'"""What the last call ran: its "config", "source" ({sources}), "path" ({paths}), '
+        '"fast_tanh" (tanh.approx ran) and "fp32_matmul" (tf32, tf32x3 or ieee, for an fp32 '
+        'matmul), as a dict."""'
+    )
+    return textwrap.wrap(text, DOC_WIDTH)
+
+
+def epilogue_context(kernel: Kernel) -> dict | None:
+    """The epilogue kernel of a matmul chain whose forward saves its accumulators."""
+    if kernel.matmul is None or kernel.backward_save == "inputs":
+        return None
+    pieces = tile_epilogue(kernel)
+    return {"lines": pieces["lines"], "params": param_lines(pieces["params"])}
 
 
 def outputs(kernel: Kernel) -> list[dict]:

@@ -55,6 +55,9 @@ from .settings import (
 )
 
 _log = logging.getLogger(__name__)
+# The call dtypes whose training forwards take cuBLAS's matmuls then the epilogue kernel
+# (Kernels.epilogue_forward); fp32 keeps the fused kernel, whose tf32 cuBLAS would not run.
+EPILOGUE_DTYPES = (torch.bfloat16, torch.float16)
 
 
 class _Trained(torch.autograd.Function):
@@ -65,6 +68,8 @@ class _Trained(torch.autograd.Function):
         results = kernels.forward_saving(*inputs)
         results = results if isinstance(results, tuple) else (results,)
         ctx.kernels = kernels
+        # The saved accumulators get no gradient: none is made of zeros ([M, N] each).
+        ctx.set_materialize_grads(False)
         kernels.keep(ctx, inputs, results)
         ctx.mark_non_differentiable(*results[kernels.returns :])
         return results[0] if len(results) == 1 else results
@@ -122,10 +127,11 @@ class Kernels:
         amd=False,
         backward=(),
         backward_reads=(),
+        backward_saves=(),
         matmul=None,
-        backward_config=None,
         reduces=False,
         recompute=False,
+        epilogue=False,
     ):
         self.module, self.name = module, name
         self.paths = {"pointer": pointer, **({"tma": tma} if tma else {})}
@@ -139,9 +145,19 @@ class Kernels:
         self.returns, self.saves = outputs, 0 if recompute else accumulators
         self.outputs = slice(len(inputs), len(inputs) + outputs + accumulators)
         # The backward: (gradient, input index or -1, kind) per gradient its kernel
-        # writes; a matmul chain's (a index, a transposed, ((b index, b transposed), ...)).
-        self.grads, self.matmul, self.backward_config = backward, matmul, backward_config
+        # writes, kind "=<name>" where it is the same tensor as <name>'s; a matmul
+        # chain's (a index, a transposed, ((b index, b transposed), ...)).
+        self.grads, self.matmul = backward, matmul
         self.backward_reads, self.reduces = backward_reads, reduces  # inputs it reads; [rows] out
+        self.backward_saves = backward_saves  # the outputs it reads, by place
+        self.epilogue = epilogue  # a matmul chain's training forward: cuBLAS, then its kernel
+        # A stored gradient's input -> the inputs that get the same tensor: the backward
+        # (an op, whose outputs may not alias) returns it once, in the stored one's place.
+        places = {name: index for name, index, _ in backward}
+        self.same = {}
+        for _, index, kind in backward:
+            if kind.startswith("="):
+                self.same.setdefault(places[kind[1:]], []).append(index)
         self.train_op = self.backward_op = None
         self.op_name, self.tma_operands, self.weights = op_name, tma_operands or {}, weights
         self.full_operands, self.rowwise, self.uses_fast_tanh = full_operands, rowwise, fast_tanh
@@ -889,7 +905,8 @@ class Kernels:
     def keep(self, ctx, inputs, outputs):
         """What a training call's autograd node keeps: the inputs, what the forward saved,
         and the outputs' metadata (for an output whose gradient does not arrive)."""
-        ctx.save_for_backward(*inputs, *outputs[self.returns :])
+        extra = [outputs[i] for i in self.backward_saves]
+        ctx.save_for_backward(*inputs, *outputs[self.returns :], *extra)
         ctx.outputs = [(o.shape, o.dtype, o.device) for o in outputs[: self.returns]]
 
     def differentiate(self, ctx, grads, needs, backward):
@@ -901,8 +918,21 @@ class Kernels:
             for g, (shape, dtype, device) in zip(grads[: self.returns], ctx.outputs, strict=True)
         ]
         needs = [bool(n) for n in needs]
-        found = backward(grads, list(saved[:count]), list(saved[count:]), needs)
+        found = list(backward(grads, list(saved[:count]), list(saved[count:]), needs))
+        for index, others in self.same.items():
+            for other in others:  # the same values: one tensor for both (autograd copes)
+                found[other] = found[index]
         return tuple(g if n else None for g, n in zip(found, needs, strict=True))
+
+    def returned(self, needs):
+        """Per input, whether the backward returns its gradient: asked for, or the stored
+        one of a gradient another input asked for gets too."""
+        returned = list(needs)
+        for index, others in self.same.items():
+            returned[index] = returned[index] or any(needs[i] for i in others)
+            for other in others:
+                returned[other] = False
+        return returned
 
     def call_plan(self, inputs):
         module = self.module
@@ -920,6 +950,10 @@ class Kernels:
         plan = self.call_plan(inputs)
         outputs = self.empty_outputs(plan)
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        if plan.launches and self.epilogue and plan.dtype in EPILOGUE_DTYPES:
+            saved = self.epilogue_forward(plan, inputs, outputs[0])
+            results = (*outputs, *saved)
+            return results[0] if len(results) == 1 else results
         saved = tuple(
             torch.empty(self.saved_shape(plan), dtype=plan.dtype, device=plan.device)
             for _ in range(self.saves)
@@ -941,6 +975,28 @@ class Kernels:
         results = (*outputs, *saved)
         return results[0] if len(results) == 1 else results
 
+    def epilogue_forward(self, plan, inputs, out):
+        """A matmul chain's training forward as cuBLAS's matmuls, whose accumulators the
+        backward reads, then the chain after them as a kernel of its own. Measured on an
+        H200 (benchmarks/training_chains.py, bf16): ahead of the fused kernel storing its
+        accumulators as well (SwiGLU 4096x4096->14336 forward 1.60 -> 1.41 ms; gelu + bias
+        1.03 -> 0.78 ms), which wins only where nothing is stored (inference). Returns the
+        accumulators."""
+        views = self.module["_checked"](*inputs)[2]
+        saved = self.accumulators(views)
+        rows, cols = saved[0].shape
+        config, grid, _ = self.backward_launch(rows, cols, plan.device)
+        reads = [views[i] for i in self.backward_reads]
+        out_2d = out.view(rows, cols)
+        strides = [s for t in reads for s in t.stride()]
+        kernel = self.module[f"_{self.name}_kernel_epilogue"]
+        int64 = needs_int64(*reads, *saved, out_2d)
+        self.traceable(kernel)[grid](
+            *saved, *reads, out_2d, rows, cols, *strides, INT64=int64, **config
+        )
+        self.record(config, "training", "cublas + epilogue")
+        return tuple(saved)
+
     def backward(self, grads, inputs, saved, needs):
         """The inputs' gradients from the outputs' (`grads`), as a list: an empty tensor
         for each input `needs` does not ask for, which costs no work (a frozen weight: no
@@ -958,9 +1014,12 @@ class Kernels:
             g.reshape(-1) if i == 0 and self.reduces else g.reshape(-1, cols)
             for i, g in enumerate(grads)
         ]
-        buffers, flags = [], {}
+        buffers, flags, stored = [], {}, []
         for name, index, kind in self.grads:
-            want = index < 0 or needs[index]
+            if kind.startswith("="):
+                continue
+            stored.append((name, index, kind))
+            want = index < 0 or self.returned(needs)[index]
             if index >= 0:
                 flags[f"NEED_{name.upper()}"] = want
             dtype = plan.dtype if index < 0 else inputs[index].dtype
@@ -986,20 +1045,25 @@ class Kernels:
         def add(index, grad):
             found[index] = grad if found[index] is None else found[index] + grad
 
-        for (_, index, kind), buffer in zip(self.grads, buffers, strict=True):
-            if index >= 0 and needs[index]:
+        returned = self.returned(needs)
+        for (_, index, kind), buffer in zip(stored, buffers, strict=True):
+            if index >= 0 and returned[index]:
                 grad = buffer if kind == "full" else buffer.sum(0).to(inputs[index].dtype)
                 add(index, grad.view(inputs[index].shape))
         if self.matmul:
             a_index, a_t, weights = self.matmul
             a = views[a_index].t() if a_t else views[a_index]  # [M, K]
+            d_a = None
             for (b_index, b_t), d_pre in zip(weights, buffers, strict=False):
                 b = views[b_index].t() if b_t else views[b_index]  # [K, N]
-                if needs[a_index]:
+                if needs[a_index] and d_a is None:
                     d_a = torch.mm(d_pre, b.t())
-                    add(a_index, (d_a.t() if a_t else d_a).reshape(inputs[a_index].shape))
+                elif needs[a_index]:  # a gate's share added in cuBLAS's epilogue: no pass
+                    d_a = torch.addmm(d_a, d_pre, b.t(), out=d_a)
                 if needs[b_index]:
                     add(b_index, torch.mm(d_pre.t(), a) if b_t else torch.mm(a.t(), d_pre))
+            if d_a is not None:
+                add(a_index, (d_a.t() if a_t else d_a).reshape(inputs[a_index].shape))
         return [
             g.contiguous() if g is not None else t.new_empty(0)
             for g, t in zip(found, inputs, strict=True)
@@ -1035,17 +1099,26 @@ class Kernels:
         looping over row blocks (a few per SM: its [cols] sums are stored per program)."""
         interpreted = self.interpreted()
         if self.rowwise:
-            # Measured on an H200 (benchmarks/backward_configs.py): 8192-element blocks on
-            # 4 warps, and more programs per SM the shorter the row (16 for 1024 columns).
+            # Measured on an H200 (benchmarks/backward_configs.py, GPU time): 8192-element
+            # blocks on 4 warps, 8 warps from 8192 columns (two rows where [cols] partial
+            # sums are kept: LayerNorm 4096x8192 0.155 -> 0.107 ms; one row else: softmax
+            # 0.079 -> 0.058); few programs where each stores partial sums (one per SM at
+            # 8192 columns, two at 4096: add + RMSNorm 16384x4096 0.171 -> 0.160), eight
+            # per SM where none are kept.
+            partial = any(kind == "row" for _, _, kind in self.grads)
             block_n = triton.next_power_of_2(cols)
-            block_m = max(1, min(16, 8192 // block_n))
-            warps = 4 if block_m * block_n <= 8192 else 8 if block_n < 16384 else 16
+            block_m = 2 if block_n == 8192 and partial else max(1, min(16, 8192 // block_n))
+            warps = 4 if block_n < 8192 else 8 if block_n == 8192 else 16
+            per_sm = max(1, 8192 // block_n) if partial else 8
             programs = triton.cdiv(rows, block_m)
-            per_sm = max(2, 16384 // block_n)
             programs = min(programs, 2 if interpreted else per_sm * self.device_facts(device)[1])
             config = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps}
             return config, (programs,), (programs, 1)
-        config = dict(self.backward_config or {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8})
+        # Measured as the row kernels': reading a matmul's accumulators, 64x128 on 4 warps
+        # (gelu + bias 4096x14336: 0.132 -> 0.102 ms), a gated chain's two 32x128 on 8
+        # (0.141 -> 0.138); an elementwise chain's inputs, 64x128 on 8.
+        block_m, warps = (32, 8) if self.weights > 1 else (64, 4) if self.matmul else (64, 8)
+        config = {"BLOCK_M": block_m, "BLOCK_N": 128, "num_warps": warps}
         if interpreted:
             config["BLOCK_M"] = min(64, triton.next_power_of_2(rows))
             config["BLOCK_N"] = min(256, triton.next_power_of_2(cols))
@@ -1071,10 +1144,10 @@ class Kernels:
             )
         )
         # Copies: an add's gradients are one tensor twice, or the incoming gradient itself,
-        # which a custom op may not return.
+        # which a custom op may not return. Placed as the kernel's are (see returned).
         return [
             found[i].clone(memory_format=torch.contiguous_format) if n else t.new_empty(0)
-            for i, (t, n) in enumerate(zip(inputs, needs, strict=True))
+            for i, (t, n) in enumerate(zip(inputs, self.returned(needs), strict=True))
         ]
 
     def training_ops(self):
@@ -1124,7 +1197,7 @@ class Kernels:
                             if n
                             else t.new_empty(0)
                         )
-                        for t, n in zip(inputs, needs, strict=True)
+                        for t, n in zip(inputs, self.returned(needs), strict=True)
                     ]
 
             def setup(ctx, inputs, output):

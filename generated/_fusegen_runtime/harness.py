@@ -11,6 +11,7 @@ import pytest
 import torch
 import triton
 
+from .chains import EPILOGUE_DTYPES
 from .equivalence import (  # noqa: F401 - the generated modules' bounds use U32, U_ACC, dot_error
     DEVICE,
     ON_GPU,
@@ -238,16 +239,21 @@ def gradient_tests(chain):
         # runs only the matmuls it needs (a frozen weight costs no weight gradient).
         dtype, seed, sizes = dtypes[-1], new_seed(), {**sizes_of, **chain.cases[0]}
         inputs = chain.make_inputs(sizes, dtype, seed)
-        mm = torch.mm
+        found = {"mm": torch.mm, "addmm": torch.addmm}  # addmm: a gate's share of dx
         for name in asked_all[:1] if chain.heavy else asked_all:
             calls = []
-            monkeypatch.setattr(
-                torch, "mm", lambda *a, calls=calls, **k: calls.append(1) or mm(*a, **k)
-            )
+            for op, fn in found.items():
+                monkeypatch.setattr(
+                    torch, op, lambda *a, fn=fn, calls=calls, **k: calls.append(1) or fn(*a, **k)
+                )
             _, upstream, got = chain.grads_of(inputs, [name], seed)
-            monkeypatch.setattr(torch, "mm", mm)
+            for op, fn in found.items():
+                monkeypatch.setattr(torch, op, fn)
             chain.check_grads(got, inputs, upstream, [name], dtype, seed)
-            assert len(calls) == chain.mm_calls[name], (name, len(calls))
+            # A bf16 or fp16 training forward's own matmuls: cuBLAS's, then the epilogue.
+            runtime = kernel._KERNELS
+            forward = runtime.weights if runtime.epilogue and dtype in EPILOGUE_DTYPES else 0
+            assert len(calls) == chain.mm_calls[name] + forward, (name, len(calls))
 
     @pytest.mark.skipif(chain.heavy, reason=SLOW_WEIGHTS)
     def test_gradients_inside_torch_compile_and_checkpointing():
