@@ -50,7 +50,7 @@ CASES = {
 
 def row_grid(cols, sms):
     block_n = triton.next_power_of_2(cols)
-    for block_m, warps, per_sm in itertools.product((1, 2, 4, 8), (4, 8, 16), (1, 2, 4, 8, 16)):
+    for block_m, warps, per_sm in itertools.product((1, 2, 4, 8), (4, 8, 16, 32), (1, 2, 4, 8, 16)):
         if block_m * block_n <= 32768:
             yield {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps}, per_sm * sms
 
