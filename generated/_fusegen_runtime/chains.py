@@ -980,10 +980,10 @@ class Kernels:
     def epilogue_forward(self, plan, inputs, out):
         """A matmul chain's training forward as cuBLAS's matmuls, whose accumulators the
         backward reads, then the chain after them as a kernel of its own. Measured on an
-        H200 (benchmarks/training_chains.py, bf16): ahead of the fused kernel storing its
-        accumulators as well (SwiGLU 4096x4096->14336 forward 1.60 -> 1.41 ms; gelu + bias
-        1.03 -> 0.78 ms), which wins only where nothing is stored (inference). Returns the
-        accumulators."""
+        H200 (benchmarks/training_chains.py, bf16, GPU time): ahead of the fused kernel
+        storing its accumulators as well (SwiGLU 4096x4096->14336 forward 1.513 -> 1.433
+        ms; gelu + bias 1.061 -> 0.760 ms), which wins only where nothing is stored
+        (inference). Returns the accumulators."""
         views = self.module["_checked"](*inputs)[2]
         saved = self.accumulators(views)
         rows, cols = saved[0].shape
@@ -1017,11 +1017,12 @@ class Kernels:
             for i, g in enumerate(grads)
         ]
         buffers, flags, stored = [], {}, []
+        returned = self.returned(needs)
         for name, index, kind in self.grads:
             if kind.startswith("="):
                 continue
             stored.append((name, index, kind))
-            want = index < 0 or self.returned(needs)[index]
+            want = index < 0 or returned[index]
             if index >= 0:
                 flags[f"NEED_{name.upper()}"] = want
             dtype = plan.dtype if index < 0 else inputs[index].dtype
@@ -1047,7 +1048,6 @@ class Kernels:
         def add(index, grad):
             found[index] = grad if found[index] is None else found[index] + grad
 
-        returned = self.returned(needs)
         for (_, index, kind), buffer in zip(stored, buffers, strict=True):
             if index >= 0 and returned[index]:
                 grad = buffer if kind == "full" else buffer.sum(0).to(inputs[index].dtype)
