@@ -248,7 +248,13 @@ def tile_backward(kernel: Kernel) -> dict:
             stores.append(f"if {out.need}:")
             stores.append("    " + _store_tile(kernel, out, f"d_{name}"))
     forward = _live(loads + rev.forward, backward + stores)
-    return {"loads": forward, "backward": backward, "stores": stores, "grads": outs}
+    return {
+        "loads": forward,
+        "backward": backward,
+        "stores": stores,
+        "grads": outs,
+        "inputs": backward_inputs(kernel),
+    }
 
 
 def _same_grads(kernel: Kernel, backward: list[str], grads: dict[str, str]) -> dict[str, str]:
@@ -559,7 +565,7 @@ def _row_backward(kernel: Kernel, read_outputs: bool) -> dict:
                 f" mask={naming.mask(cols)})",
             ]
         stores += [f"if {out.need}:", f"    {store}"]
-    return {
+    pieces = {
         "totals": totals,
         "loads": _live(rev.forward, backward + stores + final),
         "backward": backward,
@@ -568,16 +574,21 @@ def _row_backward(kernel: Kernel, read_outputs: bool) -> dict:
         "grads": outs,
         "saved_outputs": saved_outputs,
     }
+    pieces["inputs"] = backward_inputs(kernel)
+    if saved_outputs:  # the inputs the reads replace are no longer passed
+        text = "\n".join(pieces["loads"] + pieces["backward"])
+        pieces["inputs"] = [n for n in pieces["inputs"] if re.search(rf"\b{naming.ptr(n)}\b", text)]
+    return pieces
 
 
-def backward_params(
-    kernel: Kernel, grads: list[GradOut], saved_outputs: tuple[str, ...] = ()
-) -> list[dict]:
-    """The backward kernel's parameters, in groups as the forward's."""
+def backward_params(kernel: Kernel, pieces: dict) -> list[dict]:
+    """The backward kernel's parameters, in groups as the forward's, from its pieces
+    (row_backward's or tile_backward's)."""
+    grads, saved_outputs = pieces["grads"], pieces.get("saved_outputs", ())
     rows, cols = kernel.row, kernel.col
     incoming = [GRAD] + [f"{GRAD}_{e}" for e in kernel.emits]
     pointers = [naming.ptr(g) for g in incoming]
-    passed = backward_inputs(kernel, saved_outputs)
+    passed = pieces["inputs"]
     pointers += [naming.ptr(t) for t in passed]
     if kernel.matmul:
         pointers += ["pre_ptr"] + (["pre_gate_ptr"] if kernel.gate else [])
@@ -602,20 +613,15 @@ def backward_params(
     ]
 
 
-def backward_inputs(kernel: Kernel, saved_outputs: tuple[str, ...] = ()) -> list[str]:
-    """The inputs the backward kernel reads, in spec order: all but a matmul's operands,
-    and where it reads the forward's extra outputs, only those its lines load."""
+def backward_inputs(kernel: Kernel) -> list[str]:
+    """The inputs a backward kernel that recomputes its forward reads: all but a matmul's
+    operands, in spec order (row_backward's pieces["inputs"] may pass fewer)."""
     skip = set()
     if kernel.matmul:
         skip = {kernel.matmul.a, kernel.matmul.b} | (
             {kernel.gate.matmul.b} if kernel.gate else set()
         )
-    names = [t.name for t in kernel.inputs if t.name not in skip]
-    if saved_outputs:
-        pieces = row_backward(kernel)
-        text = "\n".join(pieces["loads"] + pieces["backward"])
-        names = [n for n in names if re.search(rf"\b{naming.ptr(n)}\b", text)]
-    return names
+    return [t.name for t in kernel.inputs if t.name not in skip]
 
 
 def backward_facts(kernel: Kernel, grads: list[GradOut]) -> str:

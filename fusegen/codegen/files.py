@@ -48,7 +48,6 @@ from fusegen.codegen.kernel_text import (
 )
 from fusegen.codegen.backward_text import (
     backward_facts,
-    backward_inputs,
     backward_params,
     helper_grads,
     row_backward,
@@ -494,7 +493,7 @@ def kernels_options(kernel: Kernel) -> list[tuple[str, str]]:
         kept = [str(outputs.index(e)) for e in context["saved_outputs"]]
         options.append(("backward_saves", tuple_literal(kept)))
     names = [t.name for t in kernel.inputs]
-    reads = [str(names.index(n)) for n in backward_inputs(kernel, context["saved_outputs"])]
+    reads = [str(names.index(n)) for n in context["inputs"]]
     options.append(("backward_reads", tuple_literal(reads) if reads else "()"))
     if mm:
         bs = [(mm.b, mm.b_transposed)] + (
@@ -503,7 +502,7 @@ def kernels_options(kernel: Kernel) -> list[tuple[str, str]]:
         weights_text = tuple_literal([f"({names.index(b)}, {t})" for b, t in bs])
         options.append(("matmul", f"({names.index(mm.a)}, {mm.a_transposed}, {weights_text})"))
     flags = {
-        "epilogue": mm is not None and kernel.backward_save != "inputs",
+        "epilogue": has_epilogue(kernel),
         "recompute": mm is not None and kernel.backward_save == "inputs",
         "reduces": kernel.reduces,
         "rowwise": kernel.row_step is not None,
@@ -586,19 +585,24 @@ def backward_context(kernel: Kernel) -> dict:
     pieces = row_backward(kernel) if kernel.row_step else tile_backward(kernel)
     return {
         **{k: pieces.get(k, []) for k in ("loads", "backward", "stores", "totals", "final")},
-        "params": param_lines(
-            backward_params(kernel, pieces["grads"], pieces.get("saved_outputs", ()))
-        ),
+        "params": param_lines(backward_params(kernel, pieces)),
         "grads": pieces["grads"],
         "saved_outputs": pieces.get("saved_outputs", []),
+        "inputs": pieces["inputs"],
     }
+
+
+def has_epilogue(kernel: Kernel) -> bool:
+    """A matmul chain whose training forward saves its accumulators: cuBLAS computes them
+    there (bf16, fp16), and the epilogue kernel the rest of the chain."""
+    return kernel.matmul is not None and kernel.backward_save != "inputs"
 
 
 def last_launch_doc(kernel: Kernel) -> list[str]:
     """last_launch's docstring, its lines."""
     sources = "table, autotune, default, interpreter, explicit, reference (...), empty"
     paths = "pointer, tma"
-    if epilogue_context(kernel):
+    if has_epilogue(kernel):
         sources += ", training"
         paths += ", cublas + epilogue: a bf16 or fp16 training forward"
     text = (
@@ -610,8 +614,8 @@ def last_launch_doc(kernel: Kernel) -> list[str]:
 
 
 def epilogue_context(kernel: Kernel) -> dict | None:
-    """The epilogue kernel of a matmul chain whose forward saves its accumulators."""
-    if kernel.matmul is None or kernel.backward_save == "inputs":
+    """The epilogue kernel's lines and parameters (see has_epilogue)."""
+    if not has_epilogue(kernel):
         return None
     pieces = tile_epilogue(kernel)
     return {"lines": pieces["lines"], "params": param_lines(pieces["params"])}
