@@ -220,6 +220,13 @@ def _gpu_command(args: argparse.Namespace, command: str, work, check=None) -> in
                 f"no kernel named {', '.join(unknown)}; these specs have {', '.join(names)}"
             )
         kernels = [k for k in loaded.kernels if not args.kernels or k.name in args.kernels]
+        heads = [k.name for k in kernels if k.kind == "loss"]
+        if heads and args.kernels:
+            raise ValueError(
+                f"{', '.join(heads)}: a loss head has no configs to {command} (its GEMMs are "
+                "cuBLAS's); time it with benchmarks/lm_head_loss.py"
+            )
+        kernels = [k for k in kernels if k.kind != "loss"]
         if not kernels:
             raise ValueError("no kernels left to run")
         shapes_for = _shapes_for(args)

@@ -36,3 +36,13 @@ def canonical(name: str) -> str | None:
     if name in DTYPES:
         return name
     return ALIASES.get(name)
+
+
+# Integer inputs: a loss head's labels (class indices), never computed on.
+INDEX_DTYPES = {"int64": "int64", "int32": "int32"}
+INDEX_ALIASES = {"long": "int64", "int": "int32", "i64": "int64", "i32": "int32"}
+
+
+def canonical_index(name: str) -> str | None:
+    """The spec name of an integer dtype `name`, or None."""
+    return INDEX_DTYPES.get(name) or INDEX_ALIASES.get(name)

@@ -214,3 +214,47 @@ class Attention:
     @property
     def group(self) -> int:
         return self.heads // self.kv_heads
+
+
+@dataclass(frozen=True)
+class LogitStep:
+    """One op between the LM head's matmul and its loss, on each logit in fp32."""
+
+    op: str  # "bias" (operand: a [V] input), "scale" or "softcap" (constant)
+    operand: str | None = None
+    constant: float | None = None
+
+
+@dataclass(frozen=True)
+class LossHead:
+    """A matmul whose columns end in a cross-entropy loss (an LM head):
+    loss = cross_entropy(steps(x @ weight.T), labels), the [tokens, vocab] logits never
+    all in memory at once."""
+
+    name: str
+    doc: str
+    spec_display: str
+    spec_sha256: str
+    dtypes: tuple[str, ...]
+    x: str  # [T, K]
+    weight: str  # [V, K], or [K, V] where weight_transposed is False
+    weight_transposed: bool  # the matmul reads weight.T: weight is [V, K] (nn.Linear)
+    labels: str  # [T], integers
+    tokens: Dim
+    hidden: Dim
+    vocab: Dim
+    steps: tuple[LogitStep, ...]
+    ignore_index: int
+    reduction: str  # "mean" | "sum" | "none"
+    label_smoothing: float
+    z_loss: float
+    return_lse: bool
+    labels_dtype: str  # "int64" | "int32"
+
+    @property
+    def kind(self) -> str:
+        return "loss"
+
+    @property
+    def bias(self) -> str | None:
+        return next((s.operand for s in self.steps if s.op == "bias"), None)

@@ -480,6 +480,15 @@ STRUCTURAL: dict[str, Structural] = {
         Structural(
             "output", "also return the value at this point as an extra output (before a row op)"
         ),
+        Structural(
+            "softcap",
+            "c * tanh(value / c), a loss head's logits before its loss (Gemma 2: 30.0)",
+        ),
+        Structural(
+            "cross_entropy",
+            "end the chain in a loss over the matmul's columns (an LM head): labels, "
+            "ignore_index, reduction, label_smoothing, z_loss, lse",
+        ),
     ]
 }
 

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import ROOT
 from fusegen import __version__, build, codegen
-from fusegen.codegen import attention_text, backward_text, chain_text, kernel_text
+from fusegen.codegen import attention_text, backward_text, chain_text, kernel_text, loss_text
 
 GENERATED = sorted((ROOT / "generated").glob("*.py"))
 RUNTIME = ROOT / "generated" / codegen.RUNTIME_DIR
@@ -18,7 +18,8 @@ MODULES = [p for p in GENERATED if not p.name.startswith("test_")]
 # Attention modules load the runtime's attention launcher; chain modules its chains' one.
 _KINDS = {k.name: k.kind for k in build.load(build.collect([str(ROOT / "specs")])).kernels}
 ATTENTION = [p for p in MODULES if _KINDS.get(p.stem) == "attention"]
-CHAINS = [p for p in MODULES if p not in ATTENTION]
+LOSS_HEADS = [p for p in MODULES if _KINDS.get(p.stem) == "loss"]
+CHAINS = [p for p in MODULES if p not in ATTENTION and p not in LOSS_HEADS]
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +86,11 @@ def test_header_names_spec_and_hash(path):
 
 
 def test_formulas(examples):
-    by_name = {k.name: chain_text.formula(k) for k in examples.kernels if k.kind != "attention"}
+    by_name = {
+        k.name: chain_text.formula(k)
+        for k in examples.kernels
+        if k.kind not in ("attention", "loss")
+    }
     assert by_name == {
         "bert_intermediate": "y = gelu(x @ w.T + b)",
         "bias_gelu_residual": "y = gelu_tanh(x + b) * 0.5 + r",
@@ -106,6 +111,15 @@ def test_formulas(examples):
         "llama3_attention": "q @ k.T / sqrt(head_dim); causal",
         "mistral_sliding_window": "q @ k.T / sqrt(head_dim); causal, a window of 4096 keys",
         "gemma2_attention": "50.0 * tanh((0.0625 * q @ k.T) / 50.0); causal",
+    }
+    heads = {k.name: loss_text.formula(k) for k in examples.kernels if k.kind == "loss"}
+    assert heads == {
+        "llama3_lm_head_loss": "cross_entropy(x @ weight.T, labels, ignore_index=-100, "
+        "reduction='mean')",
+        "gemma2_lm_head_loss": "cross_entropy(30.0 * tanh((x @ weight.T) / 30.0), labels, "
+        "ignore_index=-100, reduction='mean')",
+        "scaled_lm_head_loss": "cross_entropy((x @ weight.T + bias) * 0.0625, labels, "
+        "ignore_index=-100, reduction='sum', label_smoothing=0.1) + 0.0001 * lse**2",
     }
 
 
@@ -238,7 +252,9 @@ def test_one_runtime_per_folder_names_its_version_and_hash():
         whole.update(f"{path.name}\0{unplaced}\0".encode())
     assert whole.hexdigest()[:16] == digest
     assert f'RUNTIME_HASH = "{digest}"' in (RUNTIME / "__init__.py").read_text()
-    assert len(ATTENTION) == 3
+    assert len(ATTENTION) == 3 and len(LOSS_HEADS) == 3
+    for path in LOSS_HEADS:
+        assert f'_rt = _runtime("{digest}", "loss_head")' in path.read_text(), path.name
     for path in CHAINS:
         assert f'_rt = _runtime("{digest}", "chains")' in path.read_text(), path.name
 
@@ -273,6 +289,17 @@ def test_attention_test_modules_are_short(path):
     assert len(text.splitlines()) <= 250
     assert "globals().update(harness.attention_tests(globals()))" in text
     assert not any(line.startswith("def test_") for line in text.splitlines())
+
+
+@pytest.mark.parametrize("path", LOSS_HEADS, ids=lambda p: p.name)
+def test_loss_head_modules_are_short(path):
+    """A loss head's module is its two row kernels, constants and reference; its tests
+    come from the runtime's loss-head harness."""
+    assert len(path.read_text().splitlines()) <= 250
+    tests = (path.parent / f"test_{path.name}").read_text()
+    assert len(tests.splitlines()) <= 60
+    assert "globals().update(harness.loss_head_tests(globals()))" in tests
+    assert not any(line.startswith("def test_") for line in tests.splitlines())
 
 
 @pytest.mark.parametrize("path", CHAINS, ids=lambda p: p.name)

@@ -60,6 +60,9 @@ def test_examples_lower():
         "llama_mlp_gate_up",
         "llama_add_rmsnorm",
         "llama_rmsnorm",
+        "llama3_lm_head_loss",
+        "gemma2_lm_head_loss",
+        "scaled_lm_head_loss",
     ]
     by_name = {k.name: k for k in loaded.kernels}
     llama = by_name["llama_mlp_gate_up"]
@@ -467,3 +470,119 @@ def test_attention_errors_name_the_field(write_spec, fields, where, message):
     (error,) = exc.value.errors
     text = error.format()
     assert "spec.yaml:3:" in text and f"kernels[0].{where}: " in text and message in text, text
+
+
+LOSS_HEAD = """
+kernels:
+  - name: head
+    dims: {{T: dynamic, K: 64, V: 1000}}
+    inputs:
+      x: [T, K]
+      weight: {weight}
+      labels: {{shape: [T], dtype: {labels}}}
+      b: [V]
+    chain:
+      - matmul: {matmul}
+{steps}
+      - cross_entropy: {loss}
+"""
+
+
+def loss_head(
+    write_spec,
+    steps=("bias: b",),
+    loss="labels",
+    weight="[V, K]",
+    matmul="x @ weight.T",
+    labels="int64",
+):
+    text = LOSS_HEAD.format(
+        weight=weight,
+        matmul=matmul,
+        labels=labels,
+        steps="\n".join(f"      - {s}" for s in steps),
+        loss=loss,
+    )
+    return lower(write_spec, text)[0]
+
+
+def test_loss_head_lowers_its_steps_and_options(write_spec):
+    head = loss_head(
+        write_spec,
+        steps=("bias: b", "scale: 0.5", "softcap: 30"),
+        loss="{labels: labels, reduction: sum, label_smoothing: 0.1, z_loss: 1.0e-4, lse: true}",
+    )
+    assert head.kind == "loss" and head.weight_transposed
+    assert [(s.op, s.operand, s.constant) for s in head.steps] == [
+        ("bias", "b", None),
+        ("scale", None, 0.5),
+        ("softcap", None, 30.0),
+    ]
+    assert (head.tokens.name, head.hidden.size, head.vocab.size) == ("T", 64, 1000)
+    assert (head.reduction, head.label_smoothing, head.z_loss, head.return_lse) == (
+        "sum",
+        0.1,
+        1e-4,
+        True,
+    )
+    assert head.ignore_index == -100 and head.labels_dtype == "int64" and head.bias == "b"
+
+
+def test_loss_head_defaults_and_untransposed_weight(write_spec):
+    head = loss_head(
+        write_spec, steps=("bias: b",), weight="[K, V]", matmul="x @ weight", labels="int"
+    )
+    assert not head.weight_transposed and head.vocab.name == "V"
+    assert (head.reduction, head.label_smoothing, head.z_loss, head.return_lse) == (
+        "mean",
+        0.0,
+        0.0,
+        False,
+    )
+    assert head.labels_dtype == "int32"
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"matmul": "x @ weight"}, "does not contract"),
+        ({"matmul": "x.T @ weight.T"}, "not x.T"),
+        ({"steps": ("bias: b", "bias: b")}, "bias appears twice"),
+        ({"steps": ("bias: b", "scale: nan")}, "scale takes a finite number"),
+        ({"steps": ("bias: b", "relu")}, "'relu' cannot come between"),
+        ({"labels": "fp32"}, "must be integers"),
+        ({"loss": "{labels: labels, z_loss: -1}"}, "z_loss -1: Input should be greater"),
+        ({"loss": "{labels: x}"}, "the labels 'x' must be integers"),
+        ({"steps": ()}, "input 'b' is never used"),
+    ],
+)
+def test_loss_head_errors(write_spec, kwargs, message):
+    found = errors(write_spec, LOSS_HEAD_TEXT(kwargs))
+    assert any(message in e for e in found), found
+
+
+def LOSS_HEAD_TEXT(kwargs):
+    values = {
+        "steps": ("bias: b",),
+        "loss": "labels",
+        "weight": "[V, K]",
+        "matmul": "x @ weight.T",
+        "labels": "int64",
+        **kwargs,
+    }
+    values["steps"] = "\n".join(f"      - {s}" for s in values["steps"])
+    return LOSS_HEAD.format(**values)
+
+
+def test_integer_inputs_only_for_labels(write_spec):
+    found = errors(
+        write_spec,
+        """
+        kernels:
+          - name: k
+            dims: {M: dynamic, N: 8}
+            inputs: {x: [M, N], i: {shape: [M], dtype: int32}}
+            chain: [{input: x}, relu]
+        """,
+    )
+    assert any("integer inputs are a cross_entropy step's labels" in e for e in found), found

@@ -29,7 +29,8 @@ from fusegen.codegen.chain_text import (
     tuple_literal,
 )
 from fusegen.codegen.attention_text import module_context as attention_module_context
-from fusegen.ir import Attention, Config, Kernel, Tensor
+from fusegen.codegen.loss_text import module_context as loss_module_context
+from fusegen.ir import Attention, Config, Kernel, LossHead, Tensor
 from fusegen.codegen.kernel_text import (
     align_heuristic,
     aligned_ints,
@@ -94,9 +95,18 @@ class Rendered:
 RUNTIME_DIR = "_fusegen_runtime"  # the runtime package, beside the kernel modules
 
 
-def render(kernel: Kernel | Attention) -> list[Rendered]:
+def render(kernel: Kernel | Attention | LossHead) -> list[Rendered]:
     """The kernel module and its test module, formatted and checked to parse."""
-    if isinstance(kernel, Attention):
+    if isinstance(kernel, LossHead):
+        files = (
+            (f"{kernel.name}.py", "loss_module.py.j2", loss_context(kernel)),
+            (
+                f"test_{kernel.name}.py",
+                "loss_test.py.j2",
+                {"header": header(kernel), "name": kernel.name},
+            ),
+        )
+    elif isinstance(kernel, Attention):
         files = (
             (f"{kernel.name}.py", "attention_module.py.j2", attention_context(kernel)),
             (f"test_{kernel.name}.py", "attention_test.py.j2", attention_test_context(kernel)),
@@ -206,6 +216,10 @@ def attention_context(att: Attention) -> dict:
         att, header(att), f"{att.name}_{att.spec_sha256[:12]}", DOC_WIDTH
     )
     return {**context, "runtime_hash": runtime_digest()}
+
+
+def loss_context(head: LossHead) -> dict:
+    return {**loss_module_context(head, header(head), DOC_WIDTH), "runtime_hash": runtime_digest()}
 
 
 def attention_test_context(att: Attention) -> dict:

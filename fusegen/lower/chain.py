@@ -409,6 +409,13 @@ class ChainLowering:
                 return None
             broadcast = self._broadcast(path, t, row, col)
             return Step(op, operand=t.name, broadcast=broadcast) if broadcast else None
+        if op == "softcap":
+            self.err(
+                path[:3] if len(path) > 2 else path,
+                "softcap is a loss head's step, between its matmul and cross_entropy",
+                "in a chain, write tanh with scale steps: scale: 0.0333, tanh, scale: 30.0",
+            )
+            return None
         self.err(
             path[:3] if len(path) > 2 else path,
             f"unknown op '{op}'{did_you_mean(op, ops.KNOWN_NAMES)}",

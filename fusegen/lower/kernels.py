@@ -13,10 +13,11 @@ import pydantic
 from fusegen import configs, dtypes
 from fusegen.spec import limits
 from fusegen.errors import SpecError, SpecErrors, did_you_mean
-from fusegen.ir import Attention, Config, Dim, Gate, Kernel, Matmul, RowStep, Tensor
+from fusegen.ir import Attention, Config, Dim, Gate, Kernel, LossHead, Matmul, RowStep, Tensor
 from fusegen.lower.chain import ChainLowering
 from fusegen.spec.source import SpecSource
 from fusegen.lower.attention import lower_attention
+from fusegen.lower.loss import ends_in_loss, lower_loss_head
 from fusegen.spec.models import AttentionKernelSpec, ConfigSpec, KernelSpec, TOP_LEVEL_KEYS
 
 # Local and module-level names of the generated kernel, launcher, reference and tests;
@@ -109,7 +110,7 @@ RESERVED_MODULES = frozenset(
 )
 
 
-def lower_file(source: SpecSource) -> list[Kernel | Attention]:
+def lower_file(source: SpecSource) -> list[Kernel | Attention | LossHead]:
     """All kernels of one parsed spec file. Raises SpecErrors with every problem found."""
     data = source.data
     errors: list[SpecError] = []
@@ -152,7 +153,7 @@ def lower_file(source: SpecSource) -> list[Kernel | Attention]:
             )
         )
         raise SpecErrors(errors)
-    kernels: list[Kernel | Attention] = []
+    kernels: list[Kernel | Attention | LossHead] = []
     seen: dict[str, int] = {}
     for i, raw in enumerate(kernels_raw):
         path = ("kernels", i)
@@ -186,7 +187,7 @@ def lower_file(source: SpecSource) -> list[Kernel | Attention]:
                 kernels.append(attention)
             continue
         lowerer = _KernelLowerer(source, path, spec)
-        kernel = lowerer.lower()
+        kernel = lowerer.lower_loss() if ends_in_loss(spec.chain) else lowerer.lower()
         errors.extend(lowerer.errors)
         if kernel is not None:
             kernels.append(kernel)
@@ -324,6 +325,9 @@ def _check_name(name: str) -> str | None:
     return None
 
 
+LOSS_HEAD_FIELDS = frozenset({"name", "doc", "dims", "dtypes", "inputs", "chain"})
+
+
 class _KernelLowerer:
     def __init__(self, source: SpecSource, path: tuple, spec: KernelSpec):
         self.source = source
@@ -335,6 +339,32 @@ class _KernelLowerer:
         self.errors.append(self.source.error(self.path + rel, message, hint, key=key))
 
     # -- names, dims, inputs ---------------------------------------------------------
+
+    def lower_loss(self) -> LossHead | None:
+        """A chain ending in cross_entropy: an LM head (fusegen.lower.loss)."""
+        spec = self.spec
+        self._check_kernel_name()
+        dims = self._dims()
+        inputs = self._inputs(dims, labels=True)
+        if self.errors:
+            return None
+        base = dict(
+            name=spec.name,
+            doc=spec.doc.strip(),
+            spec_display=self.source.display,
+            spec_sha256=self.source.sha256,
+            dtypes=tuple(spec.dtypes),
+        )
+        for field in sorted(spec.model_fields_set - LOSS_HEAD_FIELDS):
+            self.err(
+                (field,),
+                f"'{field}' does not apply to a loss head",
+                "a loss head takes " + ", ".join(sorted(LOSS_HEAD_FIELDS)) + "; its GEMMs "
+                "are cuBLAS's and its kernels' configs fixed",
+                key=True,
+            )
+        head = lower_loss_head(spec, dims, inputs, self.err, base)
+        return None if self.errors else head
 
     def lower(self) -> Kernel | None:
         spec = self.spec
@@ -482,7 +512,8 @@ class _KernelLowerer:
             dims[name] = Dim(name, None if size == "dynamic" else size)
         return dims
 
-    def _inputs(self, dims: dict[str, Dim]) -> dict[str, Tensor]:
+    def _inputs(self, dims: dict[str, Dim], *, labels: bool = False) -> dict[str, Tensor]:
+        """The inputs; integer ones only where `labels` (a loss head's)."""
         inputs: dict[str, Tensor] = {}
         for name, inp in self.spec.inputs.items():
             problem = _check_name(name)
@@ -514,6 +545,15 @@ class _KernelLowerer:
                     ("inputs", name, "shape"),
                     f"input '{name}' names dim '{inp.shape[0]}' twice",
                     "give each axis its own dim, even when sizes are equal (K: 768, N: 768)",
+                )
+            if inp.dtype in dtypes.INDEX_DTYPES and not labels:
+                ok = False
+                self.err(
+                    ("inputs", name, "dtype"),
+                    f"input '{name}' is {inp.dtype}: integer inputs are a cross_entropy step's "
+                    "labels",
+                    "a chain computes on " + ", ".join(dtypes.DTYPES) + " inputs; end the "
+                    "chain in `cross_entropy: {labels: NAME}` to use integer labels",
                 )
             if ok:
                 inputs[name] = Tensor(

@@ -22,6 +22,18 @@ def _dtype_name(value: Any) -> str:
     return name
 
 
+def _input_dtype_name(value: Any) -> str:
+    index = dtypes.canonical_index(value) if isinstance(value, str) else None
+    if index is not None:
+        return index
+    name = dtypes.canonical(value) if isinstance(value, str) else None
+    if name is None:
+        valid = ", ".join(dtypes.DTYPES)
+        labels = ", ".join(dtypes.INDEX_DTYPES)
+        raise ValueError(f"unknown dtype {value!r}; valid: {valid} ({labels}: labels)")
+    return name
+
+
 def _dim_size(value: Any) -> Any:
     if value == "dynamic" or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
         return value
@@ -37,6 +49,11 @@ DTypeName = Annotated[
     Literal["fp32", "fp16", "bf16"],
     BeforeValidator(_dtype_name),
 ]
+# An input may also hold integers: a cross_entropy step's labels.
+InputDTypeName = Annotated[
+    Literal["fp32", "fp16", "bf16", "int64", "int32"],
+    BeforeValidator(_input_dtype_name),
+]
 DimSize = Annotated[Union[Literal["dynamic"], int], BeforeValidator(_dim_size)]
 
 
@@ -48,8 +65,10 @@ class InputSpec(_Strict):
     """One input tensor. `x: [M, K]` is short for `x: {shape: [M, K]}`."""
 
     shape: list[str] = Field(min_length=1, max_length=2, description="dim names, outermost first")
-    dtype: DTypeName | None = Field(
-        None, description="pin this input's dtype; unpinned inputs take the call's dtype"
+    dtype: InputDTypeName | None = Field(
+        None,
+        description="pin this input's dtype; unpinned inputs take the call's dtype "
+        "(int64 / int32: a cross_entropy step's labels)",
     )
     doc: str = ""
 
@@ -128,6 +147,33 @@ class BackwardSpec(_Strict):
         "recompute); 'inputs': keep only the inputs and recompute the matmuls in the backward "
         "(cuBLAS: no extra memory, one more matmul per weight). Row and elementwise chains "
         "always keep their inputs (their backward reads them again)",
+    )
+
+
+class CrossEntropySpec(_Strict):
+    """A loss head's last step: cross-entropy over the matmul's columns (the vocabulary)."""
+
+    labels: str = Field(description="the input holding one class index a token ([T], int64/int32)")
+    ignore_index: int = Field(
+        -100, description="tokens with this label add no loss and no gradient (padding)"
+    )
+    reduction: Literal["mean", "sum", "none"] = Field(
+        "mean",
+        description="'mean' over the tokens not ignored (as F.cross_entropy), 'sum', or "
+        "'none': one loss a token (0 where ignored)",
+    )
+    label_smoothing: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="the target mixes 1 - label_smoothing of the label with label_smoothing "
+        "spread over the vocabulary (F.cross_entropy's)",
+    )
+    z_loss: float = Field(
+        0.0, ge=0.0, description="adds z_loss * lse**2 a token (PaLM's z-loss; 1e-4 is common)"
+    )
+    lse: bool = Field(
+        False, description="also return each token's log-sum-exp of the logits ([T], fp32)"
     )
 
 

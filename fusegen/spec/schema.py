@@ -7,7 +7,7 @@ registry, so a new op appears in the schema without edits here.
 from __future__ import annotations
 
 from fusegen import dtypes, ops
-from fusegen.spec.models import SpecFile
+from fusegen.spec.models import CrossEntropySpec, SpecFile
 
 SCHEMA_ID = "https://fusegen.dev/schema/spec-v1.json"
 
@@ -107,6 +107,16 @@ def chain_step_schema() -> dict:
     for b in ops.BINARY.values():
         forms.append(_step(b.name, {"anyOf": [tensor, {"type": "number"}]}, b.summary))
     forms.append(_step("output", {"type": "string"}, ops.STRUCTURAL["output"].summary))
+    forms.append(_step("softcap", {"type": "number"}, ops.STRUCTURAL["softcap"].summary))
+    loss = CrossEntropySpec.model_json_schema()
+    loss.pop("title", None)
+    forms.append(
+        _step(
+            "cross_entropy",
+            {"anyOf": [tensor, loss]},
+            ops.STRUCTURAL["cross_entropy"].summary,
+        )
+    )
     forms[0]["enum"] = sorted([*bare, *ops.ROW_OPS])
     for r in ops.ROW_OPS.values():
         props = {p.name: {"type": "number", "default": p.default} for p in r.params}

@@ -1,0 +1,292 @@
+"""A loss head's launcher (`LossHead`): cross-entropy over the columns of x @ weight.T
+without the [tokens, vocab] logits in memory.
+
+The logits are made one block at a time by cuBLAS (torch.mm, whose GEMMs the kernels
+could not beat at these sizes) into one reused buffer of at most the module's
+BLOCK_BYTES, and the module's two row kernels read each block: `stats` folds it into
+each token's running max, sum of exponentials, label logit and logit sum (the forward:
+one GEMM); `grad` overwrites it with d loss / d logits from the saved log-sum-exp (the
+backward: the block's GEMM again, then dW's rows and dx's share of it, two more).
+Memory beyond the inputs and gradients: the block, dx's fp32 sum ([tokens, hidden]) and
+a few fp32 numbers a token.
+
+A loss head module keeps its kernels, constants and `reference`; it makes one LossHead
+from its namespace, which reads the constants when it needs them (a test may patch
+BLOCK_BYTES to force many blocks)."""
+
+import logging
+import os
+
+import torch
+
+from .checks import common_device
+
+_log = logging.getLogger(__name__)
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+FLOATS = (torch.bfloat16, torch.float16, torch.float32)
+INTEGERS = (torch.int64, torch.int32)
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+# A block's fewest vocabulary columns (fewer make small GEMMs) and their multiple; the
+# tests lower both to force many blocks on small vocabularies.
+MIN_COLS, ALIGN = 1024, 128
+
+
+def blocks(tokens, vocab, item, budget):
+    """(token rows, vocab columns) of a logits block of at most `budget` bytes: every
+    token where the budget allows MIN_COLS columns for them (dW's rows then come from one
+    GEMM over all tokens, written once), the columns a multiple of ALIGN."""
+    min_cols, align = MIN_COLS, ALIGN
+    cols = budget // max(1, tokens * item) // align * align
+    cols = max(min(cols, cdiv(vocab, align) * align), min(min_cols, cdiv(vocab, align) * align))
+    rows = max(1, min(tokens, budget // (cols * item)))
+    return rows, min(cols, vocab)
+
+
+def _spans(total, step):
+    return [(start, min(total, start + step)) for start in range(0, total, step)]
+
+
+_OUT_DTYPE_MM = None  # whether torch.addmm takes out_dtype (CUDA, torch >= 2.8)
+
+
+def accumulate(acc, a, b):
+    """acc (fp32) += a @ b, a and b in 16 or 32 bits, the product summed in fp32 without
+    rounding it to a's dtype first."""
+    global _OUT_DTYPE_MM
+    if a.is_cuda and a.dtype != torch.float32 and _OUT_DTYPE_MM is not False:
+        try:
+            torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+            _OUT_DTYPE_MM = True
+            return
+        except (RuntimeError, TypeError) as exc:
+            _OUT_DTYPE_MM = False
+            _log.info("torch.addmm has no out_dtype here (%s): dx sums fp32 products", exc)
+    acc.addmm_(a.float(), b.float())
+
+
+class LossHead:
+    """The launcher of one loss head module: checks, the block loop, autograd."""
+
+    def __init__(self, namespace, name, *, stats, grad):
+        self.module = namespace
+        self.name = name
+        self.stats = stats
+        self.grad = grad
+        self.last = {}  # what the last call ran (tests, tools)
+
+    # Checks.
+
+    def check(self, x, weight, labels, bias):
+        m = self.module
+        floats = {"x": x, "weight": weight} | ({"bias": bias} if bias is not None else {})
+        for label, t in (*floats.items(), ("labels", labels)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{label} must be a torch.Tensor, got {type(t).__name__}")
+        allowed = m["DTYPES"]
+        for label, t in floats.items():
+            if t.dtype != x.dtype:
+                raise TypeError(f"{label} is {t.dtype} but x is {x.dtype}; they must match")
+        if x.dtype not in allowed:
+            raise TypeError(f"x is {x.dtype}; this loss head takes {', '.join(map(str, allowed))}")
+        if labels.dtype not in INTEGERS:
+            raise TypeError(f"labels must be int64 or int32 class indices, got {labels.dtype}")
+        common_device({**floats, "labels": labels})
+        hidden, vocab = m["HIDDEN"], m["VOCAB"]
+        if x.dim() < 1 or x.shape[-1] == 0:
+            raise ValueError(f"x must be [..., {m['HIDDEN_NAME']}], got {list(x.shape)}")
+        k = x.shape[-1]
+        if hidden is not None and k != hidden:
+            raise ValueError(
+                f"x's last dim is {k}, but the spec fixes {m['HIDDEN_NAME']} = {hidden}"
+            )
+        want = "[vocab, hidden]" if m["WEIGHT_TRANSPOSED"] else "[hidden, vocab]"
+        if weight.dim() != 2:
+            raise ValueError(f"weight must be 2-D {want}, got {list(weight.shape)}")
+        v, wk = weight.shape if m["WEIGHT_TRANSPOSED"] else weight.shape[::-1]
+        if wk != k:
+            raise ValueError(f"weight is {list(weight.shape)} ({want}) but x's last dim is {k}")
+        if vocab is not None and v != vocab:
+            raise ValueError(
+                f"weight's vocabulary dim is {v}, but the spec fixes {m['VOCAB_NAME']} = {vocab}"
+            )
+        if v == 0:
+            raise ValueError("weight has an empty vocabulary")
+        if labels.shape != x.shape[:-1]:
+            raise ValueError(
+                f"labels are {list(labels.shape)}; one a token of x: {list(x.shape[:-1])}"
+            )
+        if bias is not None and bias.shape != (v,):
+            raise ValueError(f"bias is {list(bias.shape)}; one value a vocabulary entry: [{v}]")
+        tokens = m["TOKENS"]
+        if tokens is not None and labels.numel() != tokens:
+            raise ValueError(
+                f"{labels.numel()} tokens, but the spec fixes {m['TOKENS_NAME']} = {tokens}"
+            )
+        return v
+
+    # The call.
+
+    @torch.compiler.disable  # a graph break: the block loop runs eagerly inside a compile
+    def __call__(self, x, weight, labels, bias=None):
+        vocab = self.check(x, weight, labels, bias)
+        shape = labels.shape
+        x2 = x.reshape(-1, x.shape[-1])
+        y = labels.reshape(-1)
+        if not (x.is_cuda or (_INTERPRETED and x.device.type == "cpu")):
+            _log.info("%s: no GPU and no interpreter: running the reference", self.name)
+            self.last = {"path": "reference"}
+            return self.module["reference"](
+                x, weight, labels, *([bias] if bias is not None else [])
+            )
+        loss, lse = _Function.apply(self, vocab, x2, weight, y, bias)
+        if self.module["REDUCTION"] == "none":
+            loss = loss.view(shape)
+        return (loss, lse.view(shape)) if self.module["RETURN_LSE"] else loss
+
+    # The blocks.
+
+    def weight_block(self, weight, v0, v1):
+        """weight's columns v0:v1 of the logits as the [hidden, cols] right operand."""
+        return weight[v0:v1].T if self.module["WEIGHT_TRANSPOSED"] else weight[:, v0:v1]
+
+    def plan(self, tokens, vocab, dtype):
+        m = self.module
+        rows, cols = blocks(tokens, vocab, dtype.itemsize, m["BLOCK_BYTES"])
+        tile = m["INTERPRETER_ROW_TILE"] if _INTERPRETED else m["ROW_TILE"]
+        return rows, cols, tile
+
+    def forward_stats(self, x, weight, labels, bias, vocab):
+        """Each token's log-sum-exp, label logit and logit sum (fp32), block by block."""
+        tokens = x.shape[0]
+        rows, cols, tile = self.plan(tokens, vocab, x.dtype)
+        buffer = torch.empty(rows * cols, dtype=x.dtype, device=x.device)
+        f32 = dict(dtype=torch.float32, device=x.device)
+        top, total = torch.empty(tokens, **f32), torch.empty(tokens, **f32)
+        label_logit, logit_sum = torch.zeros(tokens, **f32), torch.empty(tokens, **f32)
+        bias_arg = bias if bias is not None else top  # unread where the head has no bias
+        fast = x.is_cuda and x.dtype != torch.float32
+        spans = _spans(vocab, cols)
+        for t0, t1 in _spans(tokens, rows):
+            for j, (v0, v1) in enumerate(spans):
+                block = buffer[: (t1 - t0) * (v1 - v0)].view(t1 - t0, v1 - v0)
+                torch.mm(x[t0:t1], self.weight_block(weight, v0, v1), out=block)
+                self.stats[(t1 - t0,)](
+                    block, block.stride(0), labels[t0:t1], bias_arg, top[t0:t1], total[t0:t1],
+                    label_logit[t0:t1], logit_sum[t0:t1], v1 - v0, v0,
+                    ROW_TILE=tile, FIRST=j == 0, FAST_TANH=fast, num_warps=self.module["NUM_WARPS"],
+                )  # fmt: skip
+        self.last = {
+            "path": "blocks",
+            "block": (rows, cols),
+            "blocks": cdiv(tokens, rows) * len(spans),
+        }
+        return top + torch.log(total), label_logit, logit_sum
+
+    def losses(self, lse, label_logit, logit_sum, labels, vocab):
+        """Each token's loss (0 where ignored, NaN where its label is out of range) and
+        how many count toward the mean."""
+        m = self.module
+        eps = m["LABEL_SMOOTHING"]
+        ignored = labels == m["IGNORE_INDEX"]
+        loss = lse - (1.0 - eps) * label_logit
+        if eps:
+            loss = loss - eps / vocab * logit_sum
+        if m["Z_LOSS"]:
+            loss = loss + m["Z_LOSS"] * lse * lse
+        bad = ~ignored & ((labels < 0) | (labels >= vocab))  # PyTorch raises; we cannot sync
+        loss = torch.where(ignored, 0.0, torch.where(bad, float("nan"), loss))
+        return loss, (~ignored).sum()
+
+    def backward_blocks(self, x, weight, labels, bias, lse, coef, coef_lse, needs, vocab):
+        """(dx, dweight, dbias): the block's logits again, the grad kernel over them in
+        place (d loss / d logits, scaled by each token's coefficient), then the GEMMs."""
+        tokens = x.shape[0]
+        rows, cols, tile = self.plan(tokens, vocab, x.dtype)
+        buffer = torch.empty(rows * cols, dtype=x.dtype, device=x.device)
+        need_x, need_w, need_b = needs
+        dx32 = torch.zeros(x.shape, dtype=torch.float32, device=x.device) if need_x else None
+        dw = torch.empty_like(weight) if need_w else None
+        db32 = torch.zeros(vocab, dtype=torch.float32, device=x.device) if need_b else None
+        bias_arg = bias if bias is not None else lse
+        fast = x.is_cuda and x.dtype != torch.float32
+        t_spans = _spans(tokens, rows)
+        for v0, v1 in _spans(vocab, cols):
+            w_block = self.weight_block(weight, v0, v1)
+            dw_rows = None
+            if need_w and len(t_spans) > 1:
+                dw_rows = torch.zeros((v1 - v0, x.shape[1]), dtype=torch.float32, device=x.device)
+            for t0, t1 in t_spans:
+                block = buffer[: (t1 - t0) * (v1 - v0)].view(t1 - t0, v1 - v0)
+                torch.mm(x[t0:t1], w_block, out=block)
+                self.grad[(t1 - t0,)](
+                    block, block.stride(0), labels[t0:t1], bias_arg, lse[t0:t1], coef[t0:t1],
+                    coef_lse[t0:t1] if coef_lse is not None else lse, v1 - v0, v0, vocab,
+                    HAS_LSE_GRAD=coef_lse is not None, ROW_TILE=tile, FAST_TANH=fast,
+                    num_warps=self.module["NUM_WARPS"],
+                )  # fmt: skip
+                if need_x:
+                    accumulate(dx32[t0:t1], block, w_block.T)
+                if need_b:
+                    db32[v0:v1] += block.sum(0, dtype=torch.float32)
+                if need_w and dw_rows is not None:
+                    accumulate(dw_rows, block.T, x[t0:t1])
+                elif need_w:
+                    self.store_dw(dw, v0, v1, torch.mm(block.T, x[t0:t1]))
+            if dw_rows is not None:
+                self.store_dw(dw, v0, v1, dw_rows)
+        return (
+            dx32.to(x.dtype) if need_x else None,
+            dw,
+            db32.to(x.dtype) if need_b else None,
+        )
+
+    def store_dw(self, dw, v0, v1, rows):
+        """dweight's entries of vocabulary columns v0:v1 from their [cols, hidden] rows."""
+        if self.module["WEIGHT_TRANSPOSED"]:
+            dw[v0:v1].copy_(rows)
+        else:
+            dw[:, v0:v1].copy_(rows.T)
+
+
+class _Function(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, head, vocab, x, weight, labels, bias):
+        lse, label_logit, logit_sum = head.forward_stats(x, weight, labels, bias, vocab)
+        losses, counted = head.losses(lse, label_logit, logit_sum, labels, vocab)
+        reduction = head.module["REDUCTION"]
+        if reduction == "mean":
+            loss = losses.sum() / counted  # NaN where every token is ignored, as PyTorch
+        elif reduction == "sum":
+            loss = losses.sum()
+        else:
+            loss = losses
+        ctx.head, ctx.vocab = head, vocab
+        ctx.save_for_backward(x, weight, labels, bias, lse, counted)
+        ctx.mark_non_differentiable(labels)
+        ctx.set_materialize_grads(False)
+        return loss, lse
+
+    @staticmethod
+    def backward(ctx, d_loss, d_lse):
+        head, vocab = ctx.head, ctx.vocab
+        x, weight, labels, bias, lse, counted = ctx.saved_tensors
+        needs = ctx.needs_input_grad[2], ctx.needs_input_grad[3], ctx.needs_input_grad[5]
+        if not any(needs) or (d_loss is None and d_lse is None):
+            return None, None, None, None, None, None
+        kept = labels != head.module["IGNORE_INDEX"]
+        reduction = head.module["REDUCTION"]
+        if d_loss is None:
+            coef = torch.zeros_like(lse)
+        else:  # ignored tokens 0, even where all are (mean: 0 / 0), as F.cross_entropy
+            each = d_loss.float() / counted if reduction == "mean" else d_loss.float()
+            coef = torch.where(kept, each.reshape(-1) if reduction == "none" else each, 0.0)
+        coef_lse = d_lse.float().reshape(-1) if d_lse is not None else None
+        dx, dw, db = head.backward_blocks(
+            x, weight, labels, bias, lse, coef, coef_lse, needs, vocab
+        )
+        return None, None, dx, dw, None, db
