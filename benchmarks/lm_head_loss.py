@@ -18,8 +18,11 @@ Variants:
     liger        Liger-Kernel's LigerFusedLinearCrossEntropyLoss (gradients in the forward)
     cce          cut-cross-entropy's linear_cross_entropy (impl "cce", its default
                  filter_eps "high": gradients below bf16's resolution skipped)
-    fusegen      the generated head (FOLDER/<row's module>.py), its default block (64 MiB)
-    fusegen-256  the same with BLOCK_BYTES 256 MiB (fewer, longer GEMMs)
+    fusegen      the generated head (FOLDER/<row's module>.py) as built: the backward makes
+                 the logits again (four GEMMs), blocks of at most 64 MiB
+    fusegen-recompute-256   the same, blocks of 256 MiB
+    fusegen-forward-MiB     the gradients made in the forward (three GEMMs: blocks of
+                 whole vocabulary rows, dW summed over them), blocks of 256 or 1024 MiB
 
 Each step: the loss, then torch.autograd.grad for x and W (an upstream gradient of 1).
 "ms" is the step's wall time between CUDA events (each step runs 10-50 ms of GPU work,
@@ -76,7 +79,16 @@ ROWS = {
         Row("qwen2-zloss", 4096, 3584, 152064, "qwen2_lm_head_zloss", 1e-4, 0.1),
     ]
 }
-VARIANTS = ("eager", "compile", "liger", "cce", "fusegen", "fusegen-256")
+VARIANTS = (
+    "eager",
+    "compile",
+    "liger",
+    "cce",
+    "fusegen",
+    "fusegen-recompute-256",
+    "fusegen-forward-256",
+    "fusegen-forward-1024",
+)
 
 
 def load(folder: Path, name: str):
@@ -125,17 +137,22 @@ def variant(name: str, row: Row, folder: Path):
         return lambda x, w, y: linear_cross_entropy(x, w, y, ignore_index=IGNORE)
     module = load(folder, row.module)
     launcher = getattr(module, row.module)
-    if name == "fusegen-256":
+    if name == "fusegen":
+        return launcher
+    _, how, mib = name.split("-")  # fusegen-recompute-256, fusegen-forward-1024
 
-        def bigger(x, w, y):
-            module.BLOCK_BYTES = 256 << 20
-            try:
-                return launcher(x, w, y)
-            finally:
-                module.BLOCK_BYTES = 64 << 20
+    def configured(x, w, y):
+        saved = module.GRADIENTS_IN_FORWARD, module.BLOCK_BYTES, module.FORWARD_GRADS_BLOCK_BYTES
+        module.GRADIENTS_IN_FORWARD = how == "forward"
+        module.BLOCK_BYTES = module.FORWARD_GRADS_BLOCK_BYTES = int(mib) << 20
+        try:
+            return launcher(x, w, y)
+        finally:
+            module.GRADIENTS_IN_FORWARD, module.BLOCK_BYTES, module.FORWARD_GRADS_BLOCK_BYTES = (
+                saved
+            )
 
-        return bigger
-    return launcher
+    return configured
 
 
 def inputs(row: Row, tokens: int | None = None, seed: int = 0):
@@ -158,17 +175,23 @@ def step(fn, x, w, y):
 
 
 def check(name, fn, row: Row) -> str:
-    """Loss and gradients on 1,024 tokens against float64."""
-    x, w, y = inputs(row, tokens=1024, seed=1)
-    loss, dx, dw = step(fn, x, w, y)
-    ref_loss, ref_dx, ref_dw = step(eager_loss(row), x.double(), w.double(), y)
-    errors = {
-        "loss": abs(loss.double().item() - ref_loss.item()) / abs(ref_loss.item()),
-        "dx": ((dx.double() - ref_dx).norm() / ref_dx.norm()).item(),
-        "dW": ((dw.double() - ref_dw).norm() / ref_dw.norm()).item(),
-    }
-    bad = errors["loss"] > 1e-3 or errors["dx"] > 2e-2 or errors["dW"] > 2e-2
-    text = ", ".join(f"{k} {v:.2e}" for k, v in errors.items())
+    """Loss and gradients on 2,048 tokens against float64: each error and its ratio to
+    eager bf16's."""
+    x, w, y = inputs(row, tokens=2048, seed=1)
+    ref = step(eager_loss(row), x.double(), w.double(), y)
+    got = step(fn, x, w, y)
+    eager = step(eager_loss(row), x, w, y)
+
+    def error(a, b):
+        return ((a.double() - b).norm() / b.norm()).item()
+
+    errors = [error(g, r) for g, r in zip(got, ref, strict=True)]
+    ratios = [e / max(error(g, r), 1e-30) for e, g, r in zip(errors, eager, ref, strict=True)]
+    bad = errors[0] > 1e-3 or errors[1] > 2e-2 or errors[2] > 2e-2
+    text = ", ".join(
+        f"{k} {e:.1e} ({q:.2f}x eager)"
+        for k, e, q in zip(("loss", "dx", "dW"), errors, ratios, strict=True)
+    )
     return ("WRONG " if bad else "") + text
 
 

@@ -41,7 +41,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("5c7b83210dcd7778", "attention")
+_rt = _runtime("b2a319365b8544a5", "attention")
 
 # What the spec fixed: the layout of q, k, v and out, the heads, the head dim.
 LAYOUT = "bshd"  # "bshd": [batch, seq, heads, dim]; "bhsd": [batch, heads, seq, dim]

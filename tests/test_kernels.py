@@ -238,6 +238,39 @@ kernels:
 """
 
 
+LOSS_SPECS = """
+kernels:
+  - name: loss_per_token
+    doc: One loss a token (reduction none), the weight [K, V] (no .T), int32 labels, its
+      own ignore index, a scale before the softcap, the lse returned.
+    dims: {T: dynamic, K: 40, V: dynamic}
+    dtypes: [fp16, fp32]
+    inputs:
+      x: [T, K]
+      w: [K, V]
+      target: {shape: [T], dtype: int32}
+    chain:
+      - matmul: x @ w
+      - scale: 0.5
+      - softcap: 15.0
+      - cross_entropy: {labels: target, ignore_index: -1, reduction: none, lse: true}
+
+  - name: loss_smoothed
+    doc: A bias, label smoothing and z-loss, the mean over the tokens not ignored.
+    dims: {T: dynamic, K: 24, V: dynamic}
+    dtypes: [fp32]
+    inputs:
+      x: [T, K]
+      w: [V, K]
+      b: [V]
+      target: {shape: [T], dtype: int64}
+    chain:
+      - matmul: x @ w.T
+      - bias: b
+      - cross_entropy: {labels: target, label_smoothing: 0.2, z_loss: 0.01}
+"""
+
+
 @pytest.fixture(scope="session")
 def zoo(tmp_path_factory):
     """Build the specs above once per run; returns the folder of generated modules. The
@@ -267,8 +300,9 @@ def build_zoo(root: Path) -> Path:
     (root / "matmuls.yaml").write_text(MATMUL_SPECS)
     (root / "rows.yaml").write_text(ROW_SPECS)
     (root / "attention.yaml").write_text(ATTENTION_SPECS)
+    (root / "losses.yaml").write_text(LOSS_SPECS)
     out = root / "gen"
-    names = ("activations.yaml", "matmuls.yaml", "rows.yaml", "attention.yaml")
+    names = ("activations.yaml", "matmuls.yaml", "rows.yaml", "attention.yaml", "losses.yaml")
     assert main(["build", *[str(root / name) for name in names], "--out", str(out)]) == 0
     (root / "built").write_text("")
     return out
@@ -292,6 +326,7 @@ GROUPS = {
     "matmuls": lambda n: n.startswith(("test_mm_", "test_ew_")),
     "rows": lambda n: n.startswith("test_row_"),
     "attention": lambda n: n.startswith("test_att_"),
+    "losses": lambda n: n.startswith("test_loss_"),
 }
 
 
@@ -544,11 +579,18 @@ MUTATIONS = [
 ]
 
 
-def run_mutants(zoo: Path, folder: Path, mutations, selection: str) -> str:
+def run_mutants(zoo: Path, folder: Path, mutations, selection: str, runtime=None) -> str:
     """Each mutation in its own copy of its module, renamed (and its test module, made to
     import the copy), all run by one pytest, which imports torch and triton once; checks
-    that every copy's tests fail, and returns pytest's output."""
+    that every copy's tests fail, and returns pytest's output. runtime: (old, new), a
+    change to the copied runtime's loss_head.py."""
+    folder.mkdir(exist_ok=True)
     shutil.copytree(zoo / codegen.RUNTIME_DIR, folder / codegen.RUNTIME_DIR, dirs_exist_ok=True)
+    if runtime is not None:
+        path = folder / codegen.RUNTIME_DIR / "loss_head.py"
+        text = path.read_text()
+        assert runtime[0] in text, f"mutation target missing: {runtime[0]}"
+        path.write_text(text.replace(runtime[0], runtime[1]))
     files = []
     for index, (module, old, new, _) in enumerate(mutations):
         text = (zoo / f"{module}.py").read_text()
@@ -636,6 +678,65 @@ BACKWARD_MUTATIONS = [
 def test_gradient_tests_catch_broken_backwards(zoo, tmp_path):
     output = run_mutants(zoo, tmp_path, BACKWARD_MUTATIONS, "gradients_match_reference")
     assert "norm-wise error" in output
+
+
+# A loss head broken the ways its math goes wrong: in the module's kernels, and in the
+# runtime's block loop (each of those in a folder of its own, the runtime copied).
+LOSS_MUTATIONS = [
+    (
+        "loss_smoothed",
+        "probs_coef = coef * (1.0 + 2.0 * 0.01 * lse)",
+        "probs_coef = coef * 1.0",
+        "the z-loss's gradient dropped",
+    ),
+    (
+        "loss_smoothed",
+        "spread = coef * 0.2 / vocab",
+        "spread = -coef * 0.2 / vocab",
+        "label smoothing's gradient with the wrong sign",
+    ),
+    (
+        "loss_per_token",
+        "slope = slope * (1.0 - capped * capped)",
+        "slope = slope * 1.0",
+        "the softcap's derivative dropped",
+    ),
+    (
+        "loss_per_token",
+        "total = total * tl.exp(top - new_top) + tl.load(total_ptr + row)",
+        "total = total + tl.load(total_ptr + row)",
+        "blocks' sums merged without rescaling",
+    ),
+]
+LOSS_RUNTIME_MUTATIONS = [
+    (
+        "loss_smoothed",
+        "coef = torch.where(kept, ",
+        "coef = torch.where(kept | True, ",
+        "ignored tokens given a gradient",
+    ),
+    (
+        "loss_smoothed",
+        'loss = loss + m["Z_LOSS"] * lse * lse',
+        'loss = loss + 0.0 * m["Z_LOSS"] * lse * lse',
+        "the z-loss dropped from the loss",
+    ),
+    (
+        "loss_smoothed",
+        "loss = loss - eps / vocab * logit_sum",
+        "loss = loss + eps / vocab * logit_sum",
+        "label smoothing's term with the wrong sign",
+    ),
+]
+
+
+def test_generated_loss_tests_catch_broken_heads(zoo, tmp_path):
+    selection = "matches_reference or match_reference"  # the values, gradients, blocks
+    run_mutants(zoo, tmp_path / "kernels", LOSS_MUTATIONS, selection)
+    for index, (module, old, new, why) in enumerate(LOSS_RUNTIME_MUTATIONS):
+        folder = tmp_path / f"runtime{index}"
+        folder.mkdir()
+        run_mutants(zoo, folder, [(module, "", "", why)], selection, runtime=(old, new))
 
 
 @pytest.mark.parametrize("name", ["mm_broadcasts", "mm_transposed_a", "mm_gate_full"])

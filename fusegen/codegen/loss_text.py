@@ -12,6 +12,11 @@ from fusegen.ir import LossHead
 # The logits block's most bytes: 64 MiB holds 4,096 vocabulary columns of 8,192 bf16
 # tokens, a GEMM large enough for cuBLAS's full rate on an H200 (benchmarks/lm_head_loss.py).
 BLOCK_BYTES = 64 << 20
+# Whether a training call of a scalar loss makes its gradients in the forward, and the
+# block of whole vocabulary rows it takes: unmeasured.
+GRADIENTS_IN_FORWARD = False
+FORWARD_GRADS_BLOCK_BYTES = 1 << 30
+FORWARD_GRADS_SOURCE = "unmeasured."
 # The row kernels' columns a step and warps: one token's block row a program.
 ROW_TILE, NUM_WARPS = 2048, 8
 INTERPRETER_ROW_TILE = 256  # two steps a row in the tests' 300-column case
@@ -27,12 +32,14 @@ def logit_lines(head: LossHead) -> list[str]:
                 "logits = logits + tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)"
             )
         elif step.op == "scale":
-            lines += ["logits = logits * SCALE", "slope = slope * SCALE"]
+            c = lit(step.constant)
+            lines += [f"logits = logits * {c}  # SCALE", f"slope = slope * {c}"]
         else:
+            c = lit(step.constant)
             lines += [
-                "capped = _tanh(logits / SOFTCAP, FAST_TANH)",
+                f"capped = _tanh(logits / {c}, FAST_TANH)  # SOFTCAP",
                 "slope = slope * (1.0 - capped * capped)",
-                "logits = SOFTCAP * capped",
+                f"logits = {c} * capped",
             ]
     return lines
 
@@ -126,6 +133,7 @@ def module_context(head: LossHead, header: list[str], doc_width: int) -> dict:
         "ignore_index": head.ignore_index,
         "reduction": head.reduction,
         "label_smoothing": lit(head.label_smoothing),
+        "smoothing": head.label_smoothing > 0,
         "z_loss": lit(head.z_loss),
         "return_lse": head.return_lse,
         "scale": lit(steps["scale"].constant) if "scale" in steps else None,
@@ -137,6 +145,9 @@ def module_context(head: LossHead, header: list[str], doc_width: int) -> dict:
         "labels_dtype": head.labels_dtype,
         "block_bytes": f"{BLOCK_BYTES >> 20} << 20",
         "row_tile": ROW_TILE,
+        "gradients_in_forward": GRADIENTS_IN_FORWARD,
+        "forward_grads_block_bytes": f"{FORWARD_GRADS_BLOCK_BYTES >> 20} << 20",
+        "forward_grads_source": FORWARD_GRADS_SOURCE,
         "num_warps": NUM_WARPS,
         "interpreter_row_tile": INTERPRETER_ROW_TILE,
     }

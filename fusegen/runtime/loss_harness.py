@@ -177,7 +177,36 @@ def value_tests(suite):
         check_values(monkeypatch, dtype, suite.cases[0], blocked=True)
         check_grads(monkeypatch, dtype, suite.cases[0], blocked=True)
 
+    @pytest.mark.skipif(kernel.REDUCTION == "none", reason="a loss a token: no scalar")
+    @pytest.mark.parametrize("blocked", [False, True])
+    @pytest.mark.parametrize("dtype", suite.dtypes if ON_GPU else suite.dtypes[:1])
+    def test_gradients_made_in_the_forward(monkeypatch, dtype, blocked):
+        # The gradients of a scalar loss made in the forward, scaled by d_loss (and lse's
+        # share added by the blocks) in the backward; blocked: 8 tokens a block, dweight
+        # summed over them.
+        monkeypatch.setattr(kernel, "GRADIENTS_IN_FORWARD", True)
+        if blocked:
+            rows = 8 * suite.sizes(suite.cases[0])[2] * dtype.itemsize
+            monkeypatch.setattr(kernel, "FORWARD_GRADS_BLOCK_BYTES", rows)
+        check_grads(monkeypatch, dtype, suite.cases[0], blocked=False)
+        assert kernel._HEAD.last["path"] == "gradients in the forward", kernel._HEAD.last
+        assert (kernel._HEAD.last["blocks"] > 1) == blocked, kernel._HEAD.last
+
+    @pytest.mark.skipif(kernel.REDUCTION == "none", reason="a loss a token: no scalar")
+    def test_a_second_backward_recomputes(monkeypatch):
+        # retain_graph: the gradients made in the forward were scaled in place by the
+        # first backward; the second makes them again from the blocks.
+        monkeypatch.setattr(kernel, "GRADIENTS_IN_FORWARD", True)
+        inputs = suite.make_inputs(suite.cases[0], suite.dtypes[-1], new_seed())
+        leaves = [t.detach().requires_grad_(t.is_floating_point()) for t in inputs]
+        loss = suite.outputs(launcher, leaves)[0]
+        first = torch.autograd.grad(loss * 2, leaves[:2], retain_graph=True)
+        second = torch.autograd.grad(loss * 2, leaves[:2])
+        for a, b in zip(first, second, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
     tests += [test_matches_reference, test_gradients_match_reference, test_blocks_match_reference]
+    tests += [test_gradients_made_in_the_forward, test_a_second_backward_recomputes]
     return tests
 
 

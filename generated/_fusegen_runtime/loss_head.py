@@ -189,6 +189,66 @@ class LossHead:
         }
         return top + torch.log(total), label_logit, logit_sum
 
+    def forward_with_grads(self, x, weight, labels, bias, vocab, needs):
+        """The forward and, in the same pass, d loss / d (x, weight, bias) for an upstream
+        gradient of 1 (three GEMMs where the backward would take four): blocks of whole
+        vocabulary rows (each token's lse known once its block is made), the grad kernel
+        over each in place, dx's rows from one GEMM, dweight summed over the token
+        blocks. Returns the stats and the three gradients (None where not needed)."""
+        m = self.module
+        tokens = x.shape[0]
+        rows = max(1, min(tokens, m["FORWARD_GRADS_BLOCK_BYTES"] // (vocab * x.element_size())))
+        tile = m["INTERPRETER_ROW_TILE"] if _INTERPRETED else m["ROW_TILE"]
+        buffer = torch.empty(rows * vocab, dtype=x.dtype, device=x.device)
+        f32 = dict(dtype=torch.float32, device=x.device)
+        top, total = torch.empty(tokens, **f32), torch.empty(tokens, **f32)
+        label_logit, logit_sum = torch.zeros(tokens, **f32), torch.empty(tokens, **f32)
+        kept = labels != m["IGNORE_INDEX"]
+        counted = kept.sum()
+        each = 1.0 / counted if m["REDUCTION"] == "mean" else torch.ones((), **f32)
+        coef = torch.where(kept, each, 0.0)
+        need_x, need_w, need_b = needs
+        dx = torch.empty_like(x) if need_x else None
+        dw = torch.empty_like(weight) if need_w else None
+        db32 = torch.zeros(vocab, **f32) if need_b else None
+        bias_arg = bias if bias is not None else top
+        fast = x.is_cuda and x.dtype != torch.float32
+        w_all = self.weight_block(weight, 0, vocab)
+        spans = _spans(tokens, rows)
+        for i, (t0, t1) in enumerate(spans):
+            block = buffer[: (t1 - t0) * vocab].view(t1 - t0, vocab)
+            torch.mm(x[t0:t1], w_all, out=block)
+            self.stats[(t1 - t0,)](
+                block, block.stride(0), labels[t0:t1], bias_arg, top[t0:t1], total[t0:t1],
+                label_logit[t0:t1], logit_sum[t0:t1], vocab, 0,
+                ROW_TILE=tile, FIRST=True, FAST_TANH=fast, num_warps=m["NUM_WARPS"],
+            )  # fmt: skip
+            lse = top[t0:t1] + torch.log(total[t0:t1])
+            self.grad[(t1 - t0,)](
+                block, block.stride(0), labels[t0:t1], bias_arg, lse, coef[t0:t1], lse,
+                vocab, 0, vocab,
+                HAS_LSE_GRAD=False, ROW_TILE=tile, FAST_TANH=fast, num_warps=m["NUM_WARPS"],
+            )  # fmt: skip
+            if need_x:
+                torch.mm(block, w_all.T, out=dx[t0:t1])
+            if need_b:
+                db32 += block.sum(0, dtype=torch.float32)
+            if need_w and i == 0 and m["WEIGHT_TRANSPOSED"]:
+                torch.mm(block.T, x[t0:t1], out=dw)
+            elif need_w and i == 0:
+                torch.mm(x[t0:t1].T, block, out=dw)
+            elif need_w and m["WEIGHT_TRANSPOSED"]:
+                dw.addmm_(block.T, x[t0:t1])
+            elif need_w:
+                dw.addmm_(x[t0:t1].T, block)
+        self.last = {
+            "path": "gradients in the forward",
+            "block": (rows, vocab),
+            "blocks": len(spans),
+        }
+        grads = (dx, dw, db32.to(x.dtype) if need_b else None)
+        return top + torch.log(total), label_logit, logit_sum, grads
+
     def losses(self, lse, label_logit, logit_sum, labels, vocab):
         """Each token's loss (0 where ignored, NaN where its label is out of range) and
         how many count toward the mean."""
@@ -237,6 +297,8 @@ class LossHead:
                     db32[v0:v1] += block.sum(0, dtype=torch.float32)
                 if need_w and dw_rows is not None:
                     accumulate(dw_rows, block.T, x[t0:t1])
+                elif need_w and self.module["WEIGHT_TRANSPOSED"]:
+                    torch.mm(block.T, x[t0:t1], out=dw[v0:v1])  # its rows, in place
                 elif need_w:
                     self.store_dw(dw, v0, v1, torch.mm(block.T, x[t0:t1]))
             if dw_rows is not None:
@@ -258,7 +320,16 @@ class LossHead:
 class _Function(torch.autograd.Function):
     @staticmethod
     def forward(ctx, head, vocab, x, weight, labels, bias):
-        lse, label_logit, logit_sum = head.forward_stats(x, weight, labels, bias, vocab)
+        m = head.module
+        needs = ctx.needs_input_grad[2], ctx.needs_input_grad[3], ctx.needs_input_grad[5]
+        ctx.grads = None
+        if m["GRADIENTS_IN_FORWARD"] and m["REDUCTION"] != "none" and any(needs):
+            # The loss is a scalar: its gradients are the ones made here times d_loss.
+            lse, label_logit, logit_sum, ctx.grads = head.forward_with_grads(
+                x, weight, labels, bias, vocab, needs
+            )
+        else:
+            lse, label_logit, logit_sum = head.forward_stats(x, weight, labels, bias, vocab)
         losses, counted = head.losses(lse, label_logit, logit_sum, labels, vocab)
         reduction = head.module["REDUCTION"]
         if reduction == "mean":
@@ -280,6 +351,17 @@ class _Function(torch.autograd.Function):
         needs = ctx.needs_input_grad[2], ctx.needs_input_grad[3], ctx.needs_input_grad[5]
         if not any(needs) or (d_loss is None and d_lse is None):
             return None, None, None, None, None, None
+        made, ctx.grads = ctx.grads, None  # scaled in place: a second backward recomputes
+        if made is not None and d_loss is not None:
+            grads = [g.mul_(d_loss.to(g.dtype)) if g is not None else None for g in made]
+            if d_lse is not None:  # lse's share: the blocks again, the loss's coef 0
+                more = head.backward_blocks(
+                    x, weight, labels, bias, lse, torch.zeros_like(lse),
+                    d_lse.float().reshape(-1), needs, vocab,
+                )  # fmt: skip
+                grads = [g if g is None else g.add_(o) for g, o in zip(grads, more, strict=True)]
+            dx, dw, db = grads
+            return None, None, dx, dw, None, db
         kept = labels != head.module["IGNORE_INDEX"]
         reduction = head.module["REDUCTION"]
         if d_loss is None:
