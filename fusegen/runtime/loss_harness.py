@@ -261,6 +261,24 @@ def edge_tests(suite):
             assert g.shape == (f.shape if f.dim() == 0 else (2, tokens // 2)), g.shape
             torch.testing.assert_close(g.flatten(), f.flatten(), rtol=0, atol=0)
 
+    def test_strided_labels_and_bias():
+        # Every other token of a longer batch: the labels (and bias) strided views.
+        dtype = suite.dtypes[-1]
+        seed = new_seed()
+        inputs = suite.make_inputs(case, dtype, seed)
+        tokens = inputs[0].shape[0]
+        wide = suite.make_inputs((2 * tokens, *case[1:]), dtype, seed + 7)
+        wide[2][::2] = inputs[2]
+        strided = [inputs[0], inputs[1], wide[2][::2]]
+        if suite.bias:
+            spread = torch.zeros(2 * inputs[3].shape[0], dtype=dtype, device=DEVICE)
+            spread[::2] = inputs[3]
+            strided.append(spread[::2])
+        for g, w in zip(
+            suite.outputs(launcher, strided), suite.outputs(launcher, inputs), strict=True
+        ):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
+
     def test_rejects_bad_inputs():
         dtype = suite.dtypes[-1]
         x, weight, labels, *rest = suite.make_inputs(case, dtype, new_seed())
@@ -286,6 +304,33 @@ def edge_tests(suite):
             with pytest.raises(error, match=named):
                 launcher(*args)
 
-    tests += [test_every_token_ignored, test_label_out_of_range_gives_nan]
-    tests += [test_leading_dims_and_int32_labels, test_rejects_bad_inputs]
+    def test_inside_torch_compile():
+        # The launcher is a graph break: the model around it compiles, the head runs
+        # eagerly between the graphs, gradients flow through.
+        torch._dynamo.reset()
+        dtype = suite.dtypes[-1]
+        inputs = suite.make_inputs(case, dtype, new_seed())
+        leaves = [t.detach().requires_grad_(t.is_floating_point()) for t in inputs]
+
+        def step(x, *rest):
+            out = suite.outputs(launcher, [x * 2.0, *rest])
+            return sum(o.float().sum() for o in out) * 0.5
+
+        want = step(*leaves)
+        got = torch.compile(step, backend="eager")(*leaves)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        (grad,) = torch.autograd.grad(got, leaves[:1])
+        (eager_grad,) = torch.autograd.grad(step(*leaves), leaves[:1])
+        torch.testing.assert_close(grad, eager_grad, rtol=0, atol=0)
+
+    tests += [
+        test_every_token_ignored,
+        test_label_out_of_range_gives_nan,
+        test_inside_torch_compile,
+    ]
+    tests += [
+        test_leading_dims_and_int32_labels,
+        test_strided_labels_and_bias,
+        test_rejects_bad_inputs,
+    ]
     return tests

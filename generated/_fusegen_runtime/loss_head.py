@@ -137,8 +137,11 @@ class LossHead:
     def __call__(self, x, weight, labels, bias=None):
         vocab = self.check(x, weight, labels, bias)
         shape = labels.shape
-        x2 = x.reshape(-1, x.shape[-1])
-        y = labels.reshape(-1)
+        x2 = x.reshape(-1, x.shape[-1])  # any strides: cuBLAS reads it
+        # The kernels read the labels and the bias (and the per-token vectors below) one
+        # element a row: contiguous.
+        y = labels.reshape(-1).contiguous()
+        bias = bias.contiguous() if bias is not None else None
         if not (x.is_cuda or (_INTERPRETED and x.device.type == "cpu")):
             _log.info("%s: no GPU and no interpreter: running the reference", self.name)
             self.last = {"path": "reference"}
@@ -357,7 +360,7 @@ class _Function(torch.autograd.Function):
             if d_lse is not None:  # lse's share: the blocks again, the loss's coef 0
                 more = head.backward_blocks(
                     x, weight, labels, bias, lse, torch.zeros_like(lse),
-                    d_lse.float().reshape(-1), needs, vocab,
+                    d_lse.float().reshape(-1).contiguous(), needs, vocab,
                 )  # fmt: skip
                 grads = [g if g is None else g.add_(o) for g, o in zip(grads, more, strict=True)]
             dx, dw, db = grads
@@ -369,7 +372,8 @@ class _Function(torch.autograd.Function):
         else:  # ignored tokens 0, even where all are (mean: 0 / 0), as F.cross_entropy
             each = d_loss.float() / counted if reduction == "mean" else d_loss.float()
             coef = torch.where(kept, each.reshape(-1) if reduction == "none" else each, 0.0)
-        coef_lse = d_lse.float().reshape(-1) if d_lse is not None else None
+        # An upstream gradient may be expanded (stride 0: the gradient of a sum).
+        coef_lse = d_lse.float().reshape(-1).contiguous() if d_lse is not None else None
         dx, dw, db = head.backward_blocks(
             x, weight, labels, bias, lse, coef, coef_lse, needs, vocab
         )
