@@ -85,6 +85,7 @@ VARIANTS = (
     "liger",
     "cce",
     "fusegen",
+    "fusegen-recompute-64",
     "fusegen-recompute-256",
     "fusegen-forward-256",
     "fusegen-forward-1024",

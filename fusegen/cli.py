@@ -221,7 +221,7 @@ def _gpu_command(args: argparse.Namespace, command: str, work, check=None) -> in
             )
         kernels = [k for k in loaded.kernels if not args.kernels or k.name in args.kernels]
         heads = [k.name for k in kernels if k.kind == "loss"]
-        if heads and args.kernels:
+        if heads and (args.kernels or len(heads) == len(kernels)):
             raise ValueError(
                 f"{', '.join(heads)}: a loss head has no configs to {command} (its GEMMs are "
                 "cuBLAS's); time it with benchmarks/lm_head_loss.py"

@@ -245,3 +245,11 @@ def test_build_removes_what_the_runtime_no_longer_holds(write_spec, run_cli, tmp
     assert sorted(p.name for p in (gen / "_fusegen_runtime").iterdir()) == sorted(
         ["mine.py", *RUNTIME_FILES]
     )
+
+
+def test_tools_pass_over_loss_heads(run_cli):
+    # A loss head has no configs: bench and tune name it and point at its benchmark.
+    for command in ("bench", "tune"):
+        code, _, err = run_cli(command, "specs/lm_head.yaml", cwd=ROOT)
+        assert code == 2 and "a loss head has no configs" in err, err
+        assert "benchmarks/lm_head_loss.py" in err
