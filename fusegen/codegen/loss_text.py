@@ -9,16 +9,18 @@ import textwrap
 from fusegen.codegen.chain_text import docstring_safe, dtype_literal, lit, tuple_literal
 from fusegen.ir import LossHead
 
-# The logits block's most bytes: 64 MiB holds 4,096 vocabulary columns of 8,192 bf16
-# tokens, a GEMM large enough for cuBLAS's full rate on an H200 (benchmarks/lm_head_loss.py).
+# The logits block's most bytes where the backward makes the logits again (a loss a
+# token, lse's gradient, a second backward): 64 MiB holds 4,096 vocabulary columns of
+# 8,192 bf16 tokens.
 BLOCK_BYTES = 64 << 20
 # A training call of a scalar loss makes its gradients in the forward (three GEMMs, not
 # four), in blocks of whole vocabulary rows of at most 256 MiB: faster at every measured
 # shape than making the logits again in the backward (benchmarks/lm_head_loss.py, H200,
-# bf16: 8,192 x 4,096 -> 128,256 44.8 ms against 50.0; 32,768 tokens 175.9 against 242.2).
+# bf16: 8,192 x 4,096 -> 128,256 43.9 ms against 53.8, and 44.8 against 50.0 in another
+# run; 32,768 tokens 175.9 against 242.2).
 GRADIENTS_IN_FORWARD = True
 FORWARD_GRADS_BLOCK_BYTES = 256 << 20
-FORWARD_GRADS_SOURCE = "44.8 ms against the\n# backward's 50.0 at 8,192 x 4,096 -> 128,256 (benchmarks/lm_head_loss.py, H200)."
+FORWARD_GRADS_SOURCE = "43.9 ms against the backward's 53.8 at 8,192 x 4,096 -> 128,256 (H200)"
 # The row kernels' columns a step and warps: one token's block row a program.
 ROW_TILE, NUM_WARPS = 2048, 8
 INTERPRETER_ROW_TILE = 256  # two steps a row in the tests' 300-column case
