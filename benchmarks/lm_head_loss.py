@@ -3,7 +3,7 @@ cross_entropy(x @ W.T, labels) run six ways, and a LLaMA's training step with it
 through a generated head.
 
     python benchmarks/lm_head_loss.py --built FOLDER [--rows ...] [--rounds 5]
-        [--variants ...] [--model] [--out FILE.json]
+        [--variants ...] [--model] [--baseline FOLDER] [--profile] [--out FILE.json]
 
 Rows (bf16; labels uniform over the vocabulary, 10% of them -100):
     llama3       8,192 tokens x 4,096 -> 128,256 (LLaMA-3)
@@ -20,7 +20,9 @@ Variants:
                  filter_eps "high": gradients below bf16's resolution skipped)
     fusegen      the generated head (FOLDER/<row's module>.py) as built: the backward makes
                  the logits again (four GEMMs), blocks of at most 64 MiB
-    fusegen-recompute-256   the same, blocks of 256 MiB
+    fusegen-before   --baseline FOLDER's build of the same module (a change against
+                 the commit before it, in the same rounds)
+    fusegen-recompute-MiB   the backward's way with blocks of 64 or 256 MiB
     fusegen-forward-MiB     the gradients made in the forward (three GEMMs: blocks of
                  whole vocabulary rows, dW summed over them), blocks of 256 or 1024 MiB
 
@@ -85,6 +87,7 @@ VARIANTS = (
     "liger",
     "cce",
     "fusegen",
+    "fusegen-before",
     "fusegen-recompute-64",
     "fusegen-recompute-256",
     "fusegen-forward-256",
@@ -92,10 +95,16 @@ VARIANTS = (
 )
 
 
-def load(folder: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+BASELINE: Path | None = None  # --baseline
+
+
+def load(folder: Path, name: str, as_name: str | None = None):
+    as_name = as_name or name
+    if as_name in sys.modules:
+        return sys.modules[as_name]
+    spec = importlib.util.spec_from_file_location(as_name, folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
+    sys.modules[as_name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -136,6 +145,11 @@ def variant(name: str, row: Row, folder: Path):
         except ImportError as exc:
             return f"no cut_cross_entropy ({exc})"
         return lambda x, w, y: linear_cross_entropy(x, w, y, ignore_index=IGNORE)
+    if name == "fusegen-before":  # --baseline's build of the same spec
+        if BASELINE is None:
+            return "no --baseline"
+        module = load(BASELINE, row.module, as_name=f"{row.module}_before")
+        return getattr(module, row.module)
     module = load(folder, row.module)
     launcher = getattr(module, row.module)
     if name == "fusegen":
@@ -262,6 +276,24 @@ def table(row: Row, results: dict) -> str:
     return "\n".join(lines)
 
 
+def profile(row: Row, names, folder: Path) -> str:
+    """Each fusegen variant's kernels in one step (torch.profiler): the ten longest."""
+    x, w, y = inputs(row)
+    lines = []
+    for name in names:
+        fn = variant(name, row, folder)
+        if isinstance(fn, str) or not name.startswith("fusegen"):
+            continue
+        step(fn, x, w, y)
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            step(fn, x, w, y)
+            torch.cuda.synchronize()
+        table_text = prof.key_averages().table(sort_by="cuda_time_total", row_limit=10)
+        lines += [f"\nprofile: {name}", table_text]
+    return "\n".join(lines)
+
+
 def model_step(folder: Path, rounds: int) -> str:
     """A 2-layer LLaMA-3-8B-shaped model: its own loss against the generated head."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -350,7 +382,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--model", action="store_true")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--baseline", type=Path, help="another build: variant fusegen-before")
+    parser.add_argument("--profile", action="store_true", help="each variant's kernels")
     args = parser.parse_args()
+    global BASELINE
+    BASELINE = args.baseline
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     everything = {}
     for name in args.rows:
@@ -358,6 +394,8 @@ def main() -> None:
         results = run_row(row, args.variants, args.built, args.rounds)
         everything[name] = results
         print(table(row, results), flush=True)
+        if args.profile:
+            print(profile(row, args.variants, args.built), flush=True)
     if args.model:
         print(model_step(args.built, args.rounds), flush=True)
     if args.out:
