@@ -282,27 +282,33 @@ def edge_tests(suite):
     def test_rejects_bad_inputs():
         dtype = suite.dtypes[-1]
         x, weight, labels, *rest = suite.make_inputs(case, dtype, new_seed())
+        n_x, n_w, n_y, *n_b = kernel.INPUT_NAMES
+        narrower = weight[:, :-1] if kernel.WEIGHT_TRANSPOSED else weight[:-1]
         bad = [
-            ((x, weight, labels.float(), *rest), TypeError, "labels"),
-            (
-                (
-                    x,
-                    weight[:, :-1] if weight.shape[0] != x.shape[1] else weight[:-1],
-                    labels,
-                    *rest,
-                ),
-                ValueError,
-                "weight",
-            ),
-            ((x, weight, labels[:-1], *rest), ValueError, "labels"),
-            ((x, weight.double(), labels, *rest), TypeError, "weight"),
-            ((x.double(), weight.double(), labels, *[r.double() for r in rest]), TypeError, "x"),
+            ((x, weight, labels.float(), *rest), TypeError, n_y),
+            ((x, narrower, labels, *rest), ValueError, n_w),
+            ((x, weight, labels[:-1], *rest), ValueError, n_y),
+            ((x, weight.double(), labels, *rest), TypeError, n_w),
+            ((x.double(), weight.double(), labels, *[r.double() for r in rest]), TypeError, n_x),
         ]
         if suite.bias:
-            bad.append(((x, weight, labels, rest[0][:-1]), ValueError, "bias"))
+            bad.append(((x, weight, labels, rest[0][:-1]), ValueError, n_b[0]))
         for args, error, named in bad:
-            with pytest.raises(error, match=named):
+            with pytest.raises(error, match=f"^{named} "):
                 launcher(*args)
+
+    def test_no_tokens():
+        # Zero tokens: the mean is 0 / 0 (NaN, as F.cross_entropy), every gradient 0.
+        dtype = suite.dtypes[-1]
+        x, weight, labels, *rest = suite.make_inputs(case, dtype, new_seed())
+        inputs = [x[:0], weight, labels[:0], *rest]
+        want = suite.outputs(kernel.reference, inputs)
+        leaves = [t.detach().requires_grad_(t.is_floating_point()) for t in inputs]
+        got = suite.outputs(launcher, leaves)
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == w.shape and torch.equal(g.isnan(), w.isnan()), (g, w)
+        (got[0].nan_to_num() + sum(o.sum() for o in got[1:])).backward()
+        assert all(not t.grad.any() for t in leaves if t.is_floating_point())
 
     def test_inside_torch_compile():
         # The launcher is a graph break: the model around it compiles, the head runs
@@ -332,5 +338,6 @@ def edge_tests(suite):
         test_leading_dims_and_int32_labels,
         test_strided_labels_and_bias,
         test_rejects_bad_inputs,
+        test_no_tokens,
     ]
     return tests

@@ -1,14 +1,18 @@
 """A loss head's launcher (`LossHead`): cross-entropy over the columns of x @ weight.T
 without the [tokens, vocab] logits in memory.
 
-The logits are made one block at a time by cuBLAS (torch.mm, whose GEMMs the kernels
-could not beat at these sizes) into one reused buffer of at most the module's
-BLOCK_BYTES, and the module's two row kernels read each block: `stats` folds it into
-each token's running max, sum of exponentials, label logit and logit sum (the forward:
-one GEMM); `grad` overwrites it with d loss / d logits from the saved log-sum-exp (the
-backward: the block's GEMM again, then dW's rows and dx's share of it, two more).
-Memory beyond the inputs and gradients: the block, dx's fp32 sum ([tokens, hidden]) and
-a few fp32 numbers a token.
+The logits are made one block at a time by cuBLAS (torch.mm) into one reused buffer,
+and the module's two row kernels read each block: `stats` folds it into each token's
+running max, sum of exponentials, label logit and logit sum; `grad` overwrites it with
+d loss / d logits from the token's log-sum-exp. Two ways to the gradients:
+- a training call of a scalar loss makes them in the forward (GRADIENTS_IN_FORWARD):
+  blocks of whole vocabulary rows (FORWARD_GRADS_BLOCK_BYTES), so each token's lse is
+  known once its block is made; three GEMMs a block (the logits, dx's rows, dW's share),
+  the gradients scaled by d_loss in the backward;
+- otherwise the forward only folds the stats (blocks of vocabulary columns, BLOCK_BYTES)
+  and the backward makes each block again: four GEMMs, dx summed in fp32.
+Memory beyond the inputs and gradients: the block, (the second way) dx's fp32 sum and a
+few fp32 numbers a token.
 
 A loss head module keeps its kernels, constants and `reference`; it makes one LossHead
 from its namespace, which reads the constants when it needs them (a test may patch
@@ -89,46 +93,49 @@ class LossHead:
     # Checks.
 
     def check(self, x, weight, labels, bias):
+        """The vocabulary size; TypeError or ValueError naming the input (the spec's
+        names) for a wrong type, dtype, device or shape."""
         m = self.module
-        floats = {"x": x, "weight": weight} | ({"bias": bias} if bias is not None else {})
-        for label, t in (*floats.items(), ("labels", labels)):
+        n_x, n_w, n_y, *n_b = m["INPUT_NAMES"]
+        floats = {n_x: x, n_w: weight} | ({n_b[0]: bias} if bias is not None else {})
+        for label, t in (*floats.items(), (n_y, labels)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{label} must be a torch.Tensor, got {type(t).__name__}")
-        allowed = m["DTYPES"]
         for label, t in floats.items():
             if t.dtype != x.dtype:
-                raise TypeError(f"{label} is {t.dtype} but x is {x.dtype}; they must match")
-        if x.dtype not in allowed:
-            raise TypeError(f"x is {x.dtype}; this loss head takes {', '.join(map(str, allowed))}")
+                raise TypeError(f"{label} is {t.dtype} but {n_x} is {x.dtype}; they must match")
+        if x.dtype not in m["DTYPES"]:
+            allowed = ", ".join(map(str, m["DTYPES"]))
+            raise TypeError(f"{n_x} is {x.dtype}; this loss head takes {allowed}")
         if labels.dtype not in INTEGERS:
-            raise TypeError(f"labels must be int64 or int32 class indices, got {labels.dtype}")
-        common_device({**floats, "labels": labels})
+            raise TypeError(f"{n_y} must be int64 or int32 class indices, got {labels.dtype}")
+        common_device({**floats, n_y: labels})
         hidden, vocab = m["HIDDEN"], m["VOCAB"]
         if x.dim() < 1 or x.shape[-1] == 0:
-            raise ValueError(f"x must be [..., {m['HIDDEN_NAME']}], got {list(x.shape)}")
+            raise ValueError(f"{n_x} must be [..., {m['HIDDEN_NAME']}], got {list(x.shape)}")
         k = x.shape[-1]
         if hidden is not None and k != hidden:
             raise ValueError(
-                f"x's last dim is {k}, but the spec fixes {m['HIDDEN_NAME']} = {hidden}"
+                f"{n_x}'s last dim is {k}, but the spec fixes {m['HIDDEN_NAME']} = {hidden}"
             )
         want = "[vocab, hidden]" if m["WEIGHT_TRANSPOSED"] else "[hidden, vocab]"
         if weight.dim() != 2:
-            raise ValueError(f"weight must be 2-D {want}, got {list(weight.shape)}")
+            raise ValueError(f"{n_w} must be 2-D {want}, got {list(weight.shape)}")
         v, wk = weight.shape if m["WEIGHT_TRANSPOSED"] else weight.shape[::-1]
         if wk != k:
-            raise ValueError(f"weight is {list(weight.shape)} ({want}) but x's last dim is {k}")
+            raise ValueError(f"{n_w} is {list(weight.shape)} ({want}) but {n_x}'s last dim is {k}")
         if vocab is not None and v != vocab:
             raise ValueError(
-                f"weight's vocabulary dim is {v}, but the spec fixes {m['VOCAB_NAME']} = {vocab}"
+                f"{n_w}'s vocabulary dim is {v}, but the spec fixes {m['VOCAB_NAME']} = {vocab}"
             )
         if v == 0:
-            raise ValueError("weight has an empty vocabulary")
+            raise ValueError(f"{n_w} has an empty vocabulary")
         if labels.shape != x.shape[:-1]:
             raise ValueError(
-                f"labels are {list(labels.shape)}; one a token of x: {list(x.shape[:-1])}"
+                f"{n_y} are {list(labels.shape)}; one a token of {n_x}: {list(x.shape[:-1])}"
             )
         if bias is not None and bias.shape != (v,):
-            raise ValueError(f"bias is {list(bias.shape)}; one value a vocabulary entry: [{v}]")
+            raise ValueError(f"{n_b[0]} is {list(bias.shape)}; one value a vocabulary entry: [{v}]")
         tokens = m["TOKENS"]
         if tokens is not None and labels.numel() != tokens:
             raise ValueError(
@@ -217,7 +224,7 @@ class LossHead:
         coef = torch.where(kept, each, 0.0)
         need_x, need_w, need_b = needs
         dx = torch.empty_like(x) if need_x else None
-        dw = torch.empty_like(weight) if need_w else None
+        dw = (torch.empty_like(weight) if tokens else torch.zeros_like(weight)) if need_w else None
         db32 = torch.zeros(vocab, **f32) if need_b else None
         bias_arg = bias if bias is not None else top
         fast = x.is_cuda and x.dtype != torch.float32
@@ -280,7 +287,7 @@ class LossHead:
         buffer = torch.empty(rows * cols, dtype=x.dtype, device=x.device)
         need_x, need_w, need_b = needs
         dx32 = torch.zeros(x.shape, dtype=torch.float32, device=x.device) if need_x else None
-        dw = torch.empty_like(weight) if need_w else None
+        dw = (torch.empty_like(weight) if tokens else torch.zeros_like(weight)) if need_w else None
         db32 = torch.zeros(vocab, dtype=torch.float32, device=x.device) if need_b else None
         bias_arg = bias if bias is not None else lse
         fast = x.is_cuda and x.dtype != torch.float32
