@@ -12,9 +12,10 @@ x: [..., K]; weight: [V, K]; labels: [...] (int64 or int32 class indices).
 Dtypes: bf16, fp16, fp32; the loss (and lse) in fp32.
 
 Use: loss = llama3_lm_head_loss(x, weight, labels).
-The logits come one block at a time (cuBLAS), which two row kernels here read: the forward folds
-each block into each token's log-sum-exp; the backward makes the block again and turns
-it into d loss / d logits in place, then into dweight's rows and dx's share of it.
+The logits come one block at a time (cuBLAS), which two row kernels here read: one folds
+each block into each token's log-sum-exp, the other turns it into d loss / d logits in
+place. A training call of a scalar loss makes its gradients in that same pass (see
+GRADIENTS_IN_FORWARD); otherwise the backward makes the blocks again.
 reference(...) is the same math with the logits in memory. Only torch and triton are
 needed.
 """
