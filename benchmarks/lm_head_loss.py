@@ -9,8 +9,7 @@ Rows (bf16; labels uniform over the vocabulary, 10% of them -100):
     llama3       8,192 tokens x 4,096 -> 128,256 (LLaMA-3)
     llama3-32k   32,768 tokens, the same head
     qwen2        4,096 tokens x 3,584 -> 152,064 (Qwen2-7B)
-    qwen2-zloss  the same with z_loss 1e-4 and label_smoothing 0.1 (fusegen, eager and
-                 compile only: Liger's z-loss is its own, CCE has neither)
+    qwen2-zloss  the same with z_loss 1e-4 and label_smoothing 0.1 (CCE has neither)
 
 Variants:
     eager        F.cross_entropy((x @ W.T).float(), y), as transformers' loss upcasts
@@ -129,13 +128,14 @@ def variant(name: str, row: Row, folder: Path):
     if name == "compile":
         return torch.compile(eager_loss(row))
     if name == "liger":
-        if row.z_loss:
-            return "Liger's z-loss is not this one"
         try:
             from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
         except ImportError as exc:
             return f"no liger_kernel ({exc})"
-        module = LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE)
+        # Its lse_square_scale is this z-loss (z * lse**2 a token, over the counted ones).
+        module = LigerFusedLinearCrossEntropyLoss(
+            ignore_index=IGNORE, lse_square_scale=row.z_loss, label_smoothing=row.smoothing
+        )
         return lambda x, w, y: module(w, x, y)
     if name == "cce":
         if row.z_loss or row.smoothing:
