@@ -53,13 +53,6 @@ def blocks(tokens, vocab, item, budget):
     return rows, min(cols, vocab)
 
 
-def whole_rows(tokens, vocab, item, budget):
-    """Token rows of a block of whole vocabulary rows of at most `budget` bytes: a
-    multiple of ALIGN where that many fit, so the block's GEMMs have no ragged tile."""
-    rows = max(1, min(tokens, budget // (vocab * item)))
-    return rows if rows < ALIGN or rows == tokens else rows // ALIGN * ALIGN
-
-
 def _spans(total, step):
     return [(start, min(total, start + step)) for start in range(0, total, step)]
 
@@ -214,7 +207,9 @@ class LossHead:
         blocks. Returns the stats and the three gradients (None where not needed)."""
         m = self.module
         tokens = x.shape[0]
-        rows = whole_rows(tokens, vocab, x.element_size(), m["FORWARD_GRADS_BLOCK_BYTES"])
+        # Token rows a multiple of 128 (no ragged GEMM tile) ran no faster on an H200
+        # (43.17 ms against 42.79 at 8,192 x 4,096 -> 128,256, the spreads overlapping).
+        rows = max(1, min(tokens, m["FORWARD_GRADS_BLOCK_BYTES"] // (vocab * x.element_size())))
         tile = m["INTERPRETER_ROW_TILE"] if _INTERPRETED else m["ROW_TILE"]
         buffer = torch.empty(rows * vocab, dtype=x.dtype, device=x.device)
         f32 = dict(dtype=torch.float32, device=x.device)
