@@ -12,7 +12,7 @@ largest value. Only the generated tests import this.
 import pytest
 import torch
 
-from .attention_harness import ROUNDING
+from .attention_harness import ROUNDING, check_bound
 from .equivalence import DEVICE, ON_GPU, new_seed
 from .harness import poisoned_empty
 
@@ -64,20 +64,8 @@ class Suite:
         assert got.shape == want.shape, (what, got.shape, want.shape)
         rounding = ROUNDING[dtype]
         summed = 4 * 2.0**-24 * terms**0.5
-        scale = want.norm().item() + 1e-30
-        error = (got.double() - want).norm().item() / scale
-        eager_error = (eager.double() - want).norm().item() / scale
-        largest = want.abs().max().item() if want.numel() else 0.0
-        worst = (got.double() - want).abs().max().item() if want.numel() else 0.0
-        eager_worst = (eager.double() - want).abs().max().item() if want.numel() else 0.0
-        allowed = 8 * eager_worst + 4 * rounding * largest + summed * largest
-        bound = 2 * eager_error + 4 * rounding + summed
-        if not (error <= bound and worst <= allowed + 1e-30):
-            pytest.fail(
-                f"{what}: norm-wise error {error:.3g} (allowed {bound:.3g}, eager "
-                f"{eager_error:.3g}), worst element {worst:.3g} (allowed {allowed:.3g}); "
-                f"seed {seed}, {dtype}"
-            )
+        where = f"seed {seed}, {dtype}"
+        check_bound(what, got, want, eager, rounding, summed, where, element_sum=True)
 
     def upstream(self, outs, seed):
         g = torch.Generator().manual_seed(seed + 1)

@@ -85,20 +85,7 @@ class Suite:
         # terms.
         batch, sq, skv = case
         summed = 4 * 2.0**-24 * (batch * self.kernel.HEADS * max(sq, skv)) ** 0.5
-        scale = want.norm().item() + 1e-30
-        error = (got.double() - want).norm().item() / scale
-        eager_error = (eager.double() - want).norm().item() / scale
-        largest = want.abs().max().item() if want.numel() else 0.0
-        worst = (got.double() - want).abs().max().item() if want.numel() else 0.0
-        eager_worst = (eager.double() - want).abs().max().item() if want.numel() else 0.0
-        allowed = 8 * eager_worst + 4 * rounding * largest
-        bound = 2 * eager_error + 4 * rounding + summed
-        if not (error <= bound and worst <= allowed + 1e-30):
-            pytest.fail(
-                f"{what}: norm-wise error {error:.3g} (allowed {bound:.3g}, eager "
-                f"{eager_error:.3g}), worst element {worst:.3g} (allowed {allowed:.3g}); "
-                f"seed {seed}, {dtype}"
-            )
+        check_bound(what, got, want, eager, rounding, summed, f"seed {seed}, {dtype}")
 
     def check_grads(self, call, inputs, upstream, seed, case):
         """Every gradient of `call(launcher)` against `call(reference)`'s (`call` wraps
@@ -115,6 +102,26 @@ class Suite:
         """lse's [batch, heads, q_len] mask as a mask of out's rows (in the layout)."""
         rows = unseen.transpose(1, 2) if self.kernel.LAYOUT == "bshd" else unseen
         return rows[..., None].expand(*rows.shape, self.kernel.V_HEAD_DIM)
+
+
+def check_bound(what, got, want, eager, rounding, summed, where, element_sum=False):
+    """Fail unless `got` is within the bound of want (float64): norm-wise twice eager's
+    error plus four roundings and `summed` (an fp32 sum's rounding); element-wise 8x
+    eager's worst plus four roundings of the largest value (plus `summed` of it where
+    element_sum: elements that are themselves long sums)."""
+    scale = want.norm().item() + 1e-30
+    error = (got.double() - want).norm().item() / scale
+    eager_error = (eager.double() - want).norm().item() / scale
+    largest = want.abs().max().item() if want.numel() else 0.0
+    worst = (got.double() - want).abs().max().item() if want.numel() else 0.0
+    eager_worst = (eager.double() - want).abs().max().item() if want.numel() else 0.0
+    allowed = 8 * eager_worst + 4 * rounding * largest + (summed * largest if element_sum else 0)
+    bound = 2 * eager_error + 4 * rounding + summed
+    if not (error <= bound and worst <= allowed + 1e-30):
+        pytest.fail(
+            f"{what}: norm-wise error {error:.3g} (allowed {bound:.3g}, eager "
+            f"{eager_error:.3g}), worst element {worst:.3g} (allowed {allowed:.3g}); {where}"
+        )
 
 
 def grads_of(call, inputs, upstream, asked=None):
