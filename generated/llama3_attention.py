@@ -41,7 +41,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("44328b8c5a5587a5", "attention")
+_rt = _runtime("99339ccd94e6336c", "attention")
 
 # What the spec fixed: the layout of q, k, v and out, the heads, the head dim.
 LAYOUT = "bshd"  # "bshd": [batch, seq, heads, dim]; "bhsd": [batch, heads, seq, dim]

@@ -256,16 +256,17 @@ kernels:
       - cross_entropy: {labels: target, ignore_index: -1, reduction: none, lse: true}
 
   - name: loss_smoothed
-    doc: A bias, label smoothing and z-loss, the mean over the tokens not ignored.
+    doc: A bias, label smoothing and z-loss, the mean over the tokens not ignored, the
+      weight [K, V] (its gradients made in the forward, through a transposed view).
     dims: {T: dynamic, K: 24, V: dynamic}
     dtypes: [fp32]
     inputs:
       x: [T, K]
-      w: [V, K]
+      w: [K, V]
       b: [V]
       target: {shape: [T], dtype: int64}
     chain:
-      - matmul: x @ w.T
+      - matmul: x @ w
       - bias: b
       - cross_entropy: {labels: target, label_smoothing: 0.2, z_loss: 0.01}
 """

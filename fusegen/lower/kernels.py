@@ -363,19 +363,43 @@ class _KernelLowerer:
                 "are cuBLAS's and its kernels' configs fixed",
                 key=True,
             )
+        self._check_dtypes()
         head = lower_loss_head(spec, dims, inputs, self.err, base)
+        if head is not None:
+            used = {head.x, head.weight, head.labels, *(s.operand for s in head.steps)}
+            self._check_used(inputs, dims, used)
         return None if self.errors else head
 
-    def lower(self) -> Kernel | None:
-        spec = self.spec
-        self._check_kernel_name()
-        for j, name in enumerate(spec.dtypes):
-            if name in spec.dtypes[:j]:
+    def _check_dtypes(self) -> None:
+        for j, name in enumerate(self.spec.dtypes):
+            if name in self.spec.dtypes[:j]:
                 self.err(
                     ("dtypes", j),
                     f"dtype {name} is listed twice",
                     "list each dtype once: " + ", ".join(dtypes.DTYPES),
                 )
+
+    def _check_used(self, inputs: dict[str, Tensor], dims: dict[str, Dim], used: set) -> None:
+        """An error for each input the chain does not read and each dim no input has."""
+        for t in inputs.values():
+            if t.name not in used:
+                self.err(
+                    ("inputs", t.name),
+                    f"input '{t.name}' is never used by the chain",
+                    "use it or remove it",
+                    key=True,
+                )
+        used_dims = {d for t in inputs.values() for d in t.dims}
+        for d in dims.values():
+            if d.name not in used_dims:
+                self.err(
+                    ("dims", d.name), f"dim '{d.name}' is declared but no input uses it", key=True
+                )
+
+    def lower(self) -> Kernel | None:
+        spec = self.spec
+        self._check_kernel_name()
+        self._check_dtypes()
         if spec.target == "amd" and spec.fp32_matmul in ("tf32", "tf32x3"):
             self.err(
                 ("fp32_matmul",),
@@ -392,20 +416,7 @@ class _KernelLowerer:
         if chain is None or self.errors:
             return None
         matmul, source, row, col, steps, out_dtype = chain
-        for t in inputs.values():
-            if t.name not in steps_of.used_inputs:
-                self.err(
-                    ("inputs", t.name),
-                    f"input '{t.name}' is never used by the chain",
-                    "use it or remove it",
-                    key=True,
-                )
-        used_dims = {d for t in inputs.values() for d in t.dims}
-        for d in dims.values():
-            if d.name not in used_dims:
-                self.err(
-                    ("dims", d.name), f"dim '{d.name}' is declared but no input uses it", key=True
-                )
+        self._check_used(inputs, dims, steps_of.used_inputs)
         gated = any(isinstance(s, Gate) for s in steps)
         rowwise = any(isinstance(s, RowStep) for s in steps)
         kind = "gated" if gated else "matmul" if matmul else "row" if rowwise else "elementwise"

@@ -49,7 +49,6 @@ def lower_loss_head(
     """The loss head, or None after reporting every problem to err(path, message, hint).
     `base` holds the IR fields every kernel has (name, doc, spec, dtypes)."""
     chain = spec.chain
-    used: set[str] = set()
     last = len(chain) - 1
     for i, step in enumerate(chain):
         op, _ = _op_of(step)
@@ -60,7 +59,6 @@ def lower_loss_head(
     if matmul is None:
         return None
     x, weight, transposed = matmul
-    used |= {x.name, weight.name}
     tokens, hidden = (dims[d] for d in x.dims)
     vocab = dims[weight.dims[0] if transposed else weight.dims[1]]
     if (weight.dims[1] if transposed else weight.dims[0]) != hidden.name:
@@ -84,27 +82,11 @@ def lower_loss_head(
             err(("chain", i), f"{lowered.op} appears twice", "give each logit step once")
             continue
         steps.append(lowered)
-        if lowered.operand:
-            used.add(lowered.operand)
     op, args = _op_of(chain[last])
     loss = _cross_entropy(last, args, inputs, tokens, err)
     if loss is None:
         return None
     labels, ce = loss
-    used.add(labels.name)
-    for name in inputs:
-        if name not in used:
-            err(
-                ("inputs", name),
-                f"input '{name}' is never used by the chain",
-                "use it or remove it",
-            )
-    for name, dim in dims.items():
-        if dim not in (tokens, hidden, vocab):
-            err(("dims", name), f"dim '{name}' is declared but no input uses it")
-    for j, name in enumerate(spec.dtypes):
-        if name in spec.dtypes[:j]:
-            err(("dtypes", j), f"dtype {name} is listed twice", "list each dtype once")
     if x.dtype is not None or weight.dtype is not None:
         pinned = x if x.dtype is not None else weight
         err(

@@ -166,37 +166,69 @@ class LossHead:
         """weight's columns v0:v1 of the logits as the [hidden, cols] right operand."""
         return weight[v0:v1].T if self.module["WEIGHT_TRANSPOSED"] else weight[:, v0:v1]
 
-    def plan(self, tokens, vocab, dtype):
+    def by_vocab(self, dw):
+        """dweight as [vocab, hidden] (a view: the transpose of a [hidden, vocab] weight's)."""
+        return dw if self.module["WEIGHT_TRANSPOSED"] else dw.T
+
+    def options(self, x):
+        """The row kernels' launch options for a call on x."""
         m = self.module
-        rows, cols = blocks(tokens, vocab, dtype.itemsize, m["BLOCK_BYTES"])
-        tile = m["INTERPRETER_ROW_TILE"] if _INTERPRETED else m["ROW_TILE"]
-        return rows, cols, tile
+        return {
+            "ROW_TILE": m["INTERPRETER_ROW_TILE"] if _INTERPRETED else m["ROW_TILE"],
+            "FAST_TANH": x.is_cuda and x.dtype != torch.float32,
+            "num_warps": m["NUM_WARPS"],
+        }
+
+    def fold(self, block, t0, labels, bias, stats, col0, first, options):
+        """The stats kernel over a block of rows t0.. and vocabulary columns col0..: each
+        token's running max, sum of exponentials, label logit and logit sum (`stats`)."""
+        t1 = t0 + block.shape[0]
+        self.stats[(block.shape[0],)](
+            block, block.stride(0), labels[t0:t1], bias, *(s[t0:t1] for s in stats),
+            block.shape[1], col0, FIRST=first, **options,
+        )  # fmt: skip
+
+    def to_grad(self, block, t0, labels, bias, lse, coef, coef_lse, col0, vocab, options):
+        """The grad kernel over a block, in place: d loss / d logits, each token's row scaled
+        by coef (the loss's) and coef_lse (lse's, where not None)."""
+        t1 = t0 + block.shape[0]
+        self.grad[(block.shape[0],)](
+            block, block.stride(0), labels[t0:t1], bias, lse[t0:t1], coef[t0:t1],
+            (coef_lse if coef_lse is not None else lse)[t0:t1], block.shape[1], col0, vocab,
+            HAS_LSE_GRAD=coef_lse is not None, **options,
+        )  # fmt: skip
+
+    @staticmethod
+    def new_stats(tokens, device):
+        """(running max, sum, label logit, logit sum), fp32 [tokens] each."""
+        f32 = dict(dtype=torch.float32, device=device)
+        return (
+            torch.empty(tokens, **f32),
+            torch.empty(tokens, **f32),
+            torch.zeros(tokens, **f32),
+            torch.empty(tokens, **f32),
+        )
 
     def forward_stats(self, x, weight, labels, bias, vocab):
         """Each token's log-sum-exp, label logit and logit sum (fp32), block by block."""
         tokens = x.shape[0]
-        rows, cols, tile = self.plan(tokens, vocab, x.dtype)
+        rows, cols = blocks(tokens, vocab, x.element_size(), self.module["BLOCK_BYTES"])
         buffer = torch.empty(rows * cols, dtype=x.dtype, device=x.device)
-        f32 = dict(dtype=torch.float32, device=x.device)
-        top, total = torch.empty(tokens, **f32), torch.empty(tokens, **f32)
-        label_logit, logit_sum = torch.zeros(tokens, **f32), torch.empty(tokens, **f32)
-        bias_arg = bias if bias is not None else top  # unread where the head has no bias
-        fast = x.is_cuda and x.dtype != torch.float32
+        stats = self.new_stats(tokens, x.device)
+        bias = bias if bias is not None else stats[0]  # unread where the head has no bias
+        options = self.options(x)
         spans = _spans(vocab, cols)
         for t0, t1 in _spans(tokens, rows):
             for j, (v0, v1) in enumerate(spans):
                 block = buffer[: (t1 - t0) * (v1 - v0)].view(t1 - t0, v1 - v0)
                 torch.mm(x[t0:t1], self.weight_block(weight, v0, v1), out=block)
-                self.stats[(t1 - t0,)](
-                    block, block.stride(0), labels[t0:t1], bias_arg, top[t0:t1], total[t0:t1],
-                    label_logit[t0:t1], logit_sum[t0:t1], v1 - v0, v0,
-                    ROW_TILE=tile, FIRST=j == 0, FAST_TANH=fast, num_warps=self.module["NUM_WARPS"],
-                )  # fmt: skip
+                self.fold(block, t0, labels, bias, stats, v0, j == 0, options)
         self.last = {
             "path": "blocks",
             "block": (rows, cols),
             "blocks": cdiv(tokens, rows) * len(spans),
         }
+        top, total, label_logit, logit_sum = stats
         return top + torch.log(total), label_logit, logit_sum
 
     def forward_with_grads(self, x, weight, labels, bias, vocab, needs):
@@ -210,56 +242,42 @@ class LossHead:
         # Token rows a multiple of 128 (no ragged GEMM tile) ran no faster on an H200
         # (43.17 ms against 42.79 at 8,192 x 4,096 -> 128,256, the spreads overlapping).
         rows = max(1, min(tokens, m["FORWARD_GRADS_BLOCK_BYTES"] // (vocab * x.element_size())))
-        tile = m["INTERPRETER_ROW_TILE"] if _INTERPRETED else m["ROW_TILE"]
         buffer = torch.empty(rows * vocab, dtype=x.dtype, device=x.device)
-        f32 = dict(dtype=torch.float32, device=x.device)
-        top, total = torch.empty(tokens, **f32), torch.empty(tokens, **f32)
-        label_logit, logit_sum = torch.zeros(tokens, **f32), torch.empty(tokens, **f32)
+        stats = self.new_stats(tokens, x.device)
+        top, total, label_logit, logit_sum = stats
+        lse = torch.empty_like(top)
         kept = labels != m["IGNORE_INDEX"]
-        counted = kept.sum()
-        each = 1.0 / counted if m["REDUCTION"] == "mean" else torch.ones((), **f32)
+        each = 1.0 / kept.sum() if m["REDUCTION"] == "mean" else torch.ones((), device=x.device)
         coef = torch.where(kept, each, 0.0)
         need_x, need_w, need_b = needs
         dx = torch.empty_like(x) if need_x else None
         dw = (torch.empty_like(weight) if tokens else torch.zeros_like(weight)) if need_w else None
-        db32 = torch.zeros(vocab, **f32) if need_b else None
-        bias_arg = bias if bias is not None else top
-        fast = x.is_cuda and x.dtype != torch.float32
+        db32 = torch.zeros(vocab, dtype=torch.float32, device=x.device) if need_b else None
+        bias = bias if bias is not None else top
+        options = self.options(x)
         w_all = self.weight_block(weight, 0, vocab)
         spans = _spans(tokens, rows)
         for i, (t0, t1) in enumerate(spans):
             block = buffer[: (t1 - t0) * vocab].view(t1 - t0, vocab)
             torch.mm(x[t0:t1], w_all, out=block)
-            self.stats[(t1 - t0,)](
-                block, block.stride(0), labels[t0:t1], bias_arg, top[t0:t1], total[t0:t1],
-                label_logit[t0:t1], logit_sum[t0:t1], vocab, 0,
-                ROW_TILE=tile, FIRST=True, FAST_TANH=fast, num_warps=m["NUM_WARPS"],
-            )  # fmt: skip
-            lse = top[t0:t1] + torch.log(total[t0:t1])
-            self.grad[(t1 - t0,)](
-                block, block.stride(0), labels[t0:t1], bias_arg, lse, coef[t0:t1], lse,
-                vocab, 0, vocab,
-                HAS_LSE_GRAD=False, ROW_TILE=tile, FAST_TANH=fast, num_warps=m["NUM_WARPS"],
-            )  # fmt: skip
+            self.fold(block, t0, labels, bias, stats, 0, True, options)
+            torch.log(total[t0:t1], out=lse[t0:t1]).add_(top[t0:t1])
+            self.to_grad(block, t0, labels, bias, lse, coef, None, 0, vocab, options)
             if need_x:
                 torch.mm(block, w_all.T, out=dx[t0:t1])
             if need_b:
                 db32 += block.sum(0, dtype=torch.float32)
-            if need_w and i == 0 and m["WEIGHT_TRANSPOSED"]:
-                torch.mm(block.T, x[t0:t1], out=dw)
-            elif need_w and i == 0:
-                torch.mm(x[t0:t1].T, block, out=dw)
-            elif need_w and m["WEIGHT_TRANSPOSED"]:
-                dw.addmm_(block.T, x[t0:t1])
+            if need_w and i == 0:
+                torch.mm(block.T, x[t0:t1], out=self.by_vocab(dw))
             elif need_w:
-                dw.addmm_(x[t0:t1].T, block)
+                self.by_vocab(dw).addmm_(block.T, x[t0:t1])
         self.last = {
             "path": "gradients in the forward",
             "block": (rows, vocab),
             "blocks": len(spans),
         }
         grads = (dx, dw, db32.to(x.dtype) if need_b else None)
-        return top + torch.log(total), label_logit, logit_sum, grads
+        return lse, label_logit, logit_sum, grads
 
     def losses(self, lse, label_logit, logit_sum, labels, vocab):
         """Each token's loss (0 where ignored, NaN where its label is out of range) and
@@ -280,53 +298,39 @@ class LossHead:
         """(dx, dweight, dbias): the block's logits again, the grad kernel over them in
         place (d loss / d logits, scaled by each token's coefficient), then the GEMMs."""
         tokens = x.shape[0]
-        rows, cols, tile = self.plan(tokens, vocab, x.dtype)
+        rows, cols = blocks(tokens, vocab, x.element_size(), self.module["BLOCK_BYTES"])
         buffer = torch.empty(rows * cols, dtype=x.dtype, device=x.device)
         need_x, need_w, need_b = needs
         dx32 = torch.zeros(x.shape, dtype=torch.float32, device=x.device) if need_x else None
         dw = (torch.empty_like(weight) if tokens else torch.zeros_like(weight)) if need_w else None
         db32 = torch.zeros(vocab, dtype=torch.float32, device=x.device) if need_b else None
-        bias_arg = bias if bias is not None else lse
-        fast = x.is_cuda and x.dtype != torch.float32
+        bias = bias if bias is not None else lse
+        options = self.options(x)
         t_spans = _spans(tokens, rows)
         for v0, v1 in _spans(vocab, cols):
             w_block = self.weight_block(weight, v0, v1)
-            dw_rows = None
-            if need_w and len(t_spans) > 1:
+            dw_rows = self.by_vocab(dw)[v0:v1] if need_w else None
+            if need_w and len(t_spans) > 1:  # summed over the token blocks in fp32
                 dw_rows = torch.zeros((v1 - v0, x.shape[1]), dtype=torch.float32, device=x.device)
             for t0, t1 in t_spans:
                 block = buffer[: (t1 - t0) * (v1 - v0)].view(t1 - t0, v1 - v0)
                 torch.mm(x[t0:t1], w_block, out=block)
-                self.grad[(t1 - t0,)](
-                    block, block.stride(0), labels[t0:t1], bias_arg, lse[t0:t1], coef[t0:t1],
-                    coef_lse[t0:t1] if coef_lse is not None else lse, v1 - v0, v0, vocab,
-                    HAS_LSE_GRAD=coef_lse is not None, ROW_TILE=tile, FAST_TANH=fast,
-                    num_warps=self.module["NUM_WARPS"],
-                )  # fmt: skip
+                self.to_grad(block, t0, labels, bias, lse, coef, coef_lse, v0, vocab, options)
                 if need_x:
                     accumulate(dx32[t0:t1], block, w_block.T)
                 if need_b:
                     db32[v0:v1] += block.sum(0, dtype=torch.float32)
-                if need_w and dw_rows is not None:
+                if need_w and len(t_spans) > 1:
                     accumulate(dw_rows, block.T, x[t0:t1])
-                elif need_w and self.module["WEIGHT_TRANSPOSED"]:
-                    torch.mm(block.T, x[t0:t1], out=dw[v0:v1])  # its rows, in place
                 elif need_w:
-                    self.store_dw(dw, v0, v1, torch.mm(block.T, x[t0:t1]))
-            if dw_rows is not None:
-                self.store_dw(dw, v0, v1, dw_rows)
+                    torch.mm(block.T, x[t0:t1], out=dw_rows)  # dweight's rows, in place
+            if need_w and len(t_spans) > 1:
+                self.by_vocab(dw)[v0:v1].copy_(dw_rows)
         return (
             dx32.to(x.dtype) if need_x else None,
             dw,
             db32.to(x.dtype) if need_b else None,
         )
-
-    def store_dw(self, dw, v0, v1, rows):
-        """dweight's entries of vocabulary columns v0:v1 from their [cols, hidden] rows."""
-        if self.module["WEIGHT_TRANSPOSED"]:
-            dw[v0:v1].copy_(rows)
-        else:
-            dw[:, v0:v1].copy_(rows.T)
 
 
 class _Function(torch.autograd.Function):
