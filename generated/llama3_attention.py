@@ -41,7 +41,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("99339ccd94e6336c", "attention")
+_rt = _runtime("d91cab907dc47d17", "attention")
 
 # What the spec fixed: the layout of q, k, v and out, the heads, the head dim.
 LAYOUT = "bshd"  # "bshd": [batch, seq, heads, dim]; "bhsd": [batch, heads, seq, dim]
@@ -74,30 +74,39 @@ TMA_LOADS = True
 
 
 @triton.jit
-def _key_count(lengths_ptr, batch, SKV, LENGTHS: tl.constexpr):
-    """The keys batch entry `batch` has: SKV, or (LENGTHS) its key_lengths entry clamped to
-    [0, SKV]. The masks and loops below take this count for SKV."""
+def _key_range(lengths_ptr, batch, SKV, LENGTHS: tl.constexpr, RANGES: tl.constexpr):
+    """(first, count): batch entry `batch` sees keys [first, count): [0, SKV), or
+    (LENGTHS) up to its key_lengths entry, or (RANGES) its key_ranges row (start, end),
+    clamped to 0 <= first <= count <= SKV. The masks and loops below take count for SKV."""
+    first = 0
     count = SKV
     if LENGTHS:
-        count = tl.minimum(tl.maximum(tl.load(lengths_ptr + batch), 0), SKV)
-    return count
+        if RANGES:
+            count = tl.minimum(tl.maximum(tl.load(lengths_ptr + 2 * batch + 1), 0), SKV)
+            first = tl.minimum(tl.maximum(tl.load(lengths_ptr + 2 * batch), 0), count)
+        else:
+            count = tl.minimum(tl.maximum(tl.load(lengths_ptr + batch), 0), SKV)
+    return first, count
 
 
 @triton.jit
-def _keys_seen(first_row, shift, SKV, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _keys_seen(first_row, shift, first, SKV, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """[lo, hi): the keys BLOCK_M query rows from first_row see, lo a BLOCK_N multiple
-    (query i stands at key i + shift); the forward and dq loops visit only these."""
-    lo = 0
+    (query i stands at key i + shift; keys before `first` are not seen); the forward and
+    dq loops visit only these."""
+    lo = first // BLOCK_N * BLOCK_N
     hi = SKV
     hi = tl.minimum(SKV, tl.maximum(0, first_row + BLOCK_M + shift))
     return lo, hi
 
 
 @triton.jit
-def _keys_seen_by_all(first_row, shift, SKV, lo, hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _keys_seen_by_all(
+    first_row, shift, first, SKV, lo, hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):
     """[full_lo, full_hi) within [lo, hi), BLOCK_N multiples: the key blocks that every
     one of the BLOCK_M rows sees whole, which run without masks."""
-    full_lo = lo
+    full_lo = tl.minimum(tl.maximum(lo, tl.cdiv(first, BLOCK_N) * BLOCK_N), hi)
     full_hi = SKV // BLOCK_N * BLOCK_N  # past it the keys end inside a block
     # The block's first row sees the fewest keys: those up to its own position.
     full_hi = tl.minimum(full_hi, tl.maximum(0, first_row + shift + 1) // BLOCK_N * BLOCK_N)
@@ -107,7 +116,8 @@ def _keys_seen_by_all(first_row, shift, SKV, lo, hi, BLOCK_M: tl.constexpr, BLOC
 @triton.jit
 def _llama3_attention_forward_step(
     # fmt: off
-    q, acc, row_sum, row_max, k_base, v_base, start, rows, shift, SKV, stride_k_s, stride_v_s,
+    q, acc, row_sum, row_max, k_base, v_base, start, rows, shift, first, SKV,
+    stride_k_s, stride_v_s,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, DOT_UPCAST: tl.constexpr,
     PRECISION: tl.constexpr, TMA: tl.constexpr,
     # fmt: on
@@ -136,7 +146,11 @@ def _llama3_attention_forward_step(
         # Finite, so a row that sees none of these keys gets no inf - inf: what it
         # gathers here weighs exp2(-1e30 - max) = 0 once it sees a key.
         scores = tl.where(
-            (keys < SKV)[None, :] & (keys[None, :] <= rows[:, None] + shift), scores, -1.0e30
+            (keys < SKV)[None, :]
+            & (keys >= first)[None, :]
+            & (keys[None, :] <= rows[:, None] + shift),
+            scores,
+            -1.0e30,
         )
     new_max = tl.maximum(row_max, tl.max(scores, axis=1) * 0.12751743082459868)
     probs = tl.exp2(scores * 0.12751743082459868 - new_max[:, None])
@@ -156,7 +170,7 @@ def _llama3_attention_forward(
     stride_v_b, stride_v_h, stride_v_s, stride_o_b, stride_o_h, stride_o_s,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-    LENGTHS: tl.constexpr,
+    LENGTHS: tl.constexpr, RANGES: tl.constexpr,
     SPLIT: tl.constexpr, PACKED: tl.constexpr, TMA: tl.constexpr,
     # fmt: on
 ):
@@ -199,7 +213,7 @@ def _llama3_attention_forward(
     # Query i stands at key position i + SKV - SQ (the last query sees the last key, as
     # with a KV cache). Key blocks no row of this block sees are not visited.
     shift = SKV - SQ
-    kv_len = _key_count(lengths_ptr, batch, SKV, LENGTHS)
+    first, kv_len = _key_range(lengths_ptr, batch, SKV, LENGTHS, RANGES)
     if TMA:
         k_base = tl.make_tensor_descriptor(
             k_base, shape=[kv_len, BLOCK_D], strides=[stride_k_s, 1], block_shape=[BLOCK_N, BLOCK_D]
@@ -207,7 +221,7 @@ def _llama3_attention_forward(
         v_base = tl.make_tensor_descriptor(
             v_base, shape=[kv_len, BLOCK_D], strides=[stride_v_s, 1], block_shape=[BLOCK_N, BLOCK_D]
         )
-    lo, hi = _keys_seen(first_row, shift, kv_len, BLOCK_M, BLOCK_N)
+    lo, hi = _keys_seen(first_row, shift, first, kv_len, BLOCK_M, BLOCK_N)
     key_lo = 0
     key_hi = kv_len
     if SPLIT:  # this program's share of the keys (split_keys is a BLOCK_N multiple)
@@ -215,25 +229,31 @@ def _llama3_attention_forward(
         key_hi = tl.minimum(kv_len, key_lo + split_keys)
         lo = tl.maximum(lo, key_lo)
         hi = tl.minimum(hi, key_hi)
-    full_lo, full_hi = _keys_seen_by_all(first_row, shift, kv_len, lo, hi, BLOCK_M, BLOCK_N)
+    full_lo, full_hi = _keys_seen_by_all(first_row, shift, first, kv_len, lo, hi, BLOCK_M, BLOCK_N)
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for start in range(lo, full_lo, BLOCK_N):
+        acc, row_sum, row_max = _llama3_attention_forward_step(
+            q, acc, row_sum, row_max, k_base, v_base, start, rows, shift, first, kv_len,
+            stride_k_s, stride_v_s,
+            BLOCK_N, BLOCK_D, True, DOT_UPCAST, PRECISION, TMA,
+        )  # fmt: skip
     for start in range(full_lo, full_hi, BLOCK_N):
         acc, row_sum, row_max = _llama3_attention_forward_step(
-            q, acc, row_sum, row_max, k_base, v_base, start, rows, shift, kv_len,
+            q, acc, row_sum, row_max, k_base, v_base, start, rows, shift, first, kv_len,
             stride_k_s, stride_v_s,
             BLOCK_N, BLOCK_D, False, DOT_UPCAST, PRECISION, TMA,
         )  # fmt: skip
     for start in range(full_hi, hi, BLOCK_N):
         acc, row_sum, row_max = _llama3_attention_forward_step(
-            q, acc, row_sum, row_max, k_base, v_base, start, rows, shift, kv_len,
+            q, acc, row_sum, row_max, k_base, v_base, start, rows, shift, first, kv_len,
             stride_k_s, stride_v_s,
             BLOCK_N, BLOCK_D, True, DOT_UPCAST, PRECISION, TMA,
         )  # fmt: skip
     # A row that sees no key of [key_lo, key_hi) gets 0 and log-sum-exp -inf, as
     # FlexAttention gives: one before the first key (SQ > SKV), any with no keys.
-    first_key = key_lo
+    first_key = tl.maximum(key_lo, first)
     last_key = tl.minimum(rows + shift, key_hi - 1)
     seen_any = first_key <= last_key
     out = tl.where(seen_any[:, None], acc / tl.where(seen_any, row_sum, 1.0)[:, None], 0.0)
@@ -259,10 +279,11 @@ def _llama3_attention_forward(
 
 
 @triton.jit
-def _queries_seeing(pid_n, shift, SQ, SKV, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _queries_seeing(pid_n, shift, first, SQ, SKV, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """For the key block pid_n: [lo, hi), the query rows that see any of its keys (lo a
     BLOCK_M multiple), and [full_lo, full_hi) within it, BLOCK_M multiples: the row
-    blocks, all rows < SQ, that see every key of the block, which run without masks."""
+    blocks, all rows < SQ, that see every key of the block, which run without masks.
+    Keys before `first` are seen by no row."""
     lo = 0
     hi = SQ
     full_lo = 0
@@ -271,6 +292,8 @@ def _queries_seeing(pid_n, shift, SQ, SKV, BLOCK_M: tl.constexpr, BLOCK_N: tl.co
     lo = tl.maximum(0, pid_n * BLOCK_N - shift) // BLOCK_M * BLOCK_M
     full_lo = tl.cdiv(tl.maximum(0, (pid_n + 1) * BLOCK_N - 1 - shift), BLOCK_M) * BLOCK_M
     hi = tl.where(pid_n * BLOCK_N < SKV, hi, lo)  # keys past the count: no rows, dk = dv = 0
+    hi = tl.where((pid_n + 1) * BLOCK_N > first, hi, lo)  # keys before the first: the same
+    full_hi = tl.where(pid_n * BLOCK_N < first, 0, full_hi)  # some before it: all masked
     full_lo = tl.minimum(tl.maximum(lo, full_lo), hi)
     return lo, hi, full_lo, tl.maximum(full_lo, tl.minimum(full_hi, hi))
 
@@ -278,7 +301,7 @@ def _queries_seeing(pid_n, shift, SQ, SKV, BLOCK_M: tl.constexpr, BLOCK_N: tl.co
 @triton.jit
 def _llama3_attention_backward_kv_step(
     # fmt: off
-    d_k, d_v, k, v, keys, start, shift, SQ, SKV,
+    d_k, d_v, k, v, keys, start, shift, first, SQ, SKV,
     q_base, do_base, lse_row, delta_row, stride_q_s, stride_do_s,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, DOT_UPCAST: tl.constexpr,
     PRECISION: tl.constexpr, TMA: tl.constexpr,
@@ -317,7 +340,10 @@ def _llama3_attention_backward_kv_step(
     probs = tl.exp2(scores - lse[None, :] * 1.4426950408889634)  # lse to base 2, as the scores
     if MASKED:
         probs = tl.where(
-            (keys < SKV)[:, None] & (rows < SQ)[None, :] & (keys[:, None] <= rows[None, :] + shift),
+            (keys < SKV)[:, None]
+            & (keys >= first)[:, None]
+            & (rows < SQ)[None, :]
+            & (keys[:, None] <= rows[None, :] + shift),
             probs,
             0.0,
         )
@@ -331,7 +357,8 @@ def _llama3_attention_backward_kv_step(
 @triton.jit
 def _llama3_attention_backward_q_step(
     # fmt: off
-    d_q, q, d_out, lse, delta, k_base, v_base, start, rows, shift, SQ, SKV, stride_k_s, stride_v_s,
+    d_q, q, d_out, lse, delta, k_base, v_base, start, rows, shift, first, SQ, SKV,
+    stride_k_s, stride_v_s,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, DOT_UPCAST: tl.constexpr,
     PRECISION: tl.constexpr, TMA: tl.constexpr,
     # fmt: on
@@ -364,7 +391,10 @@ def _llama3_attention_backward_q_step(
     probs = tl.exp2(scores - lse[:, None])
     if MASKED:
         probs = tl.where(
-            (keys < SKV)[None, :] & (rows < SQ)[:, None] & (keys[None, :] <= rows[:, None] + shift),
+            (keys < SKV)[None, :]
+            & (keys >= first)[None, :]
+            & (rows < SQ)[:, None]
+            & (keys[None, :] <= rows[:, None] + shift),
             probs,
             0.0,
         )
@@ -383,7 +413,8 @@ def _llama3_attention_backward_kv(
     stride_v_b, stride_v_h, stride_v_s, stride_do_b, stride_do_h, stride_do_s,
     stride_dk_b, stride_dk_h, stride_dk_s,  # d_k and d_v: k's shape, contiguous
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_UPCAST: tl.constexpr, PRECISION: tl.constexpr, LENGTHS: tl.constexpr, TMA: tl.constexpr,
+    DOT_UPCAST: tl.constexpr, PRECISION: tl.constexpr, LENGTHS: tl.constexpr,
+    RANGES: tl.constexpr, TMA: tl.constexpr,
     # fmt: on
 ):
     """dk and dv for BLOCK_N keys of one (batch, kv head): summed over its 4 query
@@ -418,8 +449,8 @@ def _llama3_attention_backward_kv(
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     shift = SKV - SQ
-    kv_len = _key_count(lengths_ptr, batch, SKV, LENGTHS)
-    lo, hi, full_lo, full_hi = _queries_seeing(pid_n, shift, SQ, kv_len, BLOCK_M, BLOCK_N)
+    first, kv_len = _key_range(lengths_ptr, batch, SKV, LENGTHS, RANGES)
+    lo, hi, full_lo, full_hi = _queries_seeing(pid_n, shift, first, SQ, kv_len, BLOCK_M, BLOCK_N)
     d_k = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     d_v = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     for member in range(4):
@@ -440,19 +471,19 @@ def _llama3_attention_backward_kv(
         lse_row, delta_row = lse_ptr + bh * SQ, delta_ptr + bh * SQ
         for start in range(lo, full_lo, BLOCK_M):
             d_k, d_v = _llama3_attention_backward_kv_step(
-                d_k, d_v, k, v, keys, start, shift, SQ, kv_len,
+                d_k, d_v, k, v, keys, start, shift, first, SQ, kv_len,
                 q_base, do_base, lse_row, delta_row, stride_q_s, stride_do_s,
                 BLOCK_M, BLOCK_D, True, DOT_UPCAST, PRECISION, TMA,
             )  # fmt: skip
         for start in range(full_lo, full_hi, BLOCK_M):
             d_k, d_v = _llama3_attention_backward_kv_step(
-                d_k, d_v, k, v, keys, start, shift, SQ, kv_len,
+                d_k, d_v, k, v, keys, start, shift, first, SQ, kv_len,
                 q_base, do_base, lse_row, delta_row, stride_q_s, stride_do_s,
                 BLOCK_M, BLOCK_D, False, DOT_UPCAST, PRECISION, TMA,
             )  # fmt: skip
         for start in range(full_hi, hi, BLOCK_M):
             d_k, d_v = _llama3_attention_backward_kv_step(
-                d_k, d_v, k, v, keys, start, shift, SQ, kv_len,
+                d_k, d_v, k, v, keys, start, shift, first, SQ, kv_len,
                 q_base, do_base, lse_row, delta_row, stride_q_s, stride_do_s,
                 BLOCK_M, BLOCK_D, True, DOT_UPCAST, PRECISION, TMA,
             )  # fmt: skip
@@ -475,7 +506,8 @@ def _llama3_attention_backward_q(
     stride_v_b, stride_v_h, stride_v_s, stride_do_b, stride_do_h, stride_do_s,
     stride_dq_b, stride_dq_h, stride_dq_s,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_UPCAST: tl.constexpr, PRECISION: tl.constexpr, LENGTHS: tl.constexpr, TMA: tl.constexpr,
+    DOT_UPCAST: tl.constexpr, PRECISION: tl.constexpr, LENGTHS: tl.constexpr,
+    RANGES: tl.constexpr, TMA: tl.constexpr,
     # fmt: on
 ):
     """dq for BLOCK_M query rows of one (batch, head), over the keys they see."""
@@ -516,7 +548,7 @@ def _llama3_attention_backward_q(
     k_base = k_ptr + batch.to(tl.int64) * stride_k_b + kv_head * stride_k_h
     v_base = v_ptr + batch.to(tl.int64) * stride_v_b + kv_head * stride_v_h
     shift = SKV - SQ
-    kv_len = _key_count(lengths_ptr, batch, SKV, LENGTHS)
+    first, kv_len = _key_range(lengths_ptr, batch, SKV, LENGTHS, RANGES)
     if TMA:
         k_base = tl.make_tensor_descriptor(
             k_base, shape=[kv_len, BLOCK_D], strides=[stride_k_s, 1], block_shape=[BLOCK_N, BLOCK_D]
@@ -524,18 +556,26 @@ def _llama3_attention_backward_q(
         v_base = tl.make_tensor_descriptor(
             v_base, shape=[kv_len, BLOCK_D], strides=[stride_v_s, 1], block_shape=[BLOCK_N, BLOCK_D]
         )
-    lo, hi = _keys_seen(pid_m * BLOCK_M, shift, kv_len, BLOCK_M, BLOCK_N)
-    full_lo, full_hi = _keys_seen_by_all(pid_m * BLOCK_M, shift, kv_len, lo, hi, BLOCK_M, BLOCK_N)
+    lo, hi = _keys_seen(pid_m * BLOCK_M, shift, first, kv_len, BLOCK_M, BLOCK_N)
+    full_lo, full_hi = _keys_seen_by_all(
+        pid_m * BLOCK_M, shift, first, kv_len, lo, hi, BLOCK_M, BLOCK_N
+    )
     d_q = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for start in range(lo, full_lo, BLOCK_N):
+        d_q = _llama3_attention_backward_q_step(
+            d_q, q, d_out, lse, delta, k_base, v_base, start, rows, shift, first, SQ, kv_len,
+            stride_k_s, stride_v_s,
+            BLOCK_N, BLOCK_D, True, DOT_UPCAST, PRECISION, TMA,
+        )  # fmt: skip
     for start in range(full_lo, full_hi, BLOCK_N):
         d_q = _llama3_attention_backward_q_step(
-            d_q, q, d_out, lse, delta, k_base, v_base, start, rows, shift, SQ, kv_len,
+            d_q, q, d_out, lse, delta, k_base, v_base, start, rows, shift, first, SQ, kv_len,
             stride_k_s, stride_v_s,
             BLOCK_N, BLOCK_D, False, DOT_UPCAST, PRECISION, TMA,
         )  # fmt: skip
     for start in range(full_hi, hi, BLOCK_N):
         d_q = _llama3_attention_backward_q_step(
-            d_q, q, d_out, lse, delta, k_base, v_base, start, rows, shift, SQ, kv_len,
+            d_q, q, d_out, lse, delta, k_base, v_base, start, rows, shift, first, SQ, kv_len,
             stride_k_s, stride_v_s,
             BLOCK_N, BLOCK_D, True, DOT_UPCAST, PRECISION, TMA,
         )  # fmt: skip
@@ -556,6 +596,7 @@ def llama3_attention(
     v: torch.Tensor,
     *,
     key_lengths: torch.Tensor | None = None,
+    key_ranges: torch.Tensor | None = None,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """out = softmax(q @ k.T / sqrt(head_dim)) @ v, masked: causal
@@ -566,7 +607,11 @@ def llama3_attention(
         k: [batch, seq, 8, 128], the call's dtype.
         v: [batch, seq, 8, 128], the call's dtype.
         key_lengths: [batch] integers, or None: batch entry b sees only its first
-            key_lengths[b] keys (clamped to [0, k_len]), as with padding.
+            key_lengths[b] keys (clamped to [0, k_len]), as with right padding.
+        key_ranges: [batch, 2] integers (start, end), or None (not with key_lengths):
+            batch entry b sees only keys start <= key < end (clamped to [0, k_len]), as
+            with left padding (generate's batches: start, the pads before the first
+            token) or a cache filled to `end`.
         return_lse: also return the log-sum-exp of each query row's scores.
 
     Returns:
@@ -575,8 +620,9 @@ def llama3_attention(
             out is 0).
 
     Query i stands at key position i + k_len - q_len (the last query sees the last key,
-    as with a KV cache), k_len being k's dim whatever key_lengths says: right-padded
-    prefill (q_len = k_len) and one query per sequence (decode) align as expected.
+    as with a KV cache), k_len being k's dim whatever key_lengths or key_ranges say:
+    padded prefill (q_len = k_len) and one query per sequence (decode) align as expected.
+    The lengths and ranges are data: other values run the same compiled kernels.
     Raises TypeError or ValueError naming the tensor and dim for a wrong type, shape,
     dtype or device. Where an input requires grad (grad mode on), the
     outputs carry a grad_fn: the backward kernels, recomputing the probabilities from the
@@ -584,10 +630,10 @@ def llama3_attention(
     launches, or opaque with FUSEGEN_TRITON_OP=0 (see the runtime's Attention.triton_ops):
     fusegen::llama3_attention_27b6f51f844e.
     """
-    return _ATTENTION((q, k, v), key_lengths, return_lse)
+    return _ATTENTION((q, k, v), key_lengths, return_lse, key_ranges)
 
 
-def reference(q, k, v, *, key_lengths=None, out_dtype=None, return_lse=False):
+def reference(q, k, v, *, key_lengths=None, key_ranges=None, out_dtype=None, return_lse=False):
     """The same attention, one PyTorch op at a time in the inputs' dtype (math attention,
     the scores in memory): the fallback, and what the tests check in float64."""
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # to [batch, heads, seq, dim]
@@ -597,8 +643,13 @@ def reference(q, k, v, *, key_lengths=None, out_dtype=None, return_lse=False):
     rows = torch.arange(sq, device=q.device)[:, None] + (skv - sq)
     keys = torch.arange(skv, device=q.device)[None, :]
     seen = keys <= rows
-    if key_lengths is not None:  # [batch, 1, 1, 1] against keys: [1, 1, 1, k_len]
-        seen = seen & (keys < key_lengths.to(q.device).clamp(0, skv)[:, None, None, None])
+    ends = key_ranges if key_ranges is not None else key_lengths
+    if ends is not None:  # [batch, 1, 1, 1] against keys: [1, 1, 1, k_len]
+        ends = ends.to(q.device)
+        if ends.dim() == 2:  # ranges: (start, end) rows
+            seen = seen & (keys >= ends[:, 0, None, None, None])
+            ends = ends[:, 1]
+        seen = seen & (keys < ends.clamp(0, skv)[:, None, None, None])
     scores = scores.masked_fill(~seen, float("-inf"))
     lse = torch.logsumexp(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1)
     probs = torch.softmax(scores, dim=-1)
@@ -612,7 +663,7 @@ def reference(q, k, v, *, key_lengths=None, out_dtype=None, return_lse=False):
 FORCED = {}  # kernel -> config: what `fusegen tune` is timing
 TUNED_TABLE = "llama3_attention.tuned.json"  # beside this file, written by `fusegen tune` on a GPU
 # The kernels' source a table entry must have been measured on:
-KERNEL_HASH = "901fbc5657c64321"
+KERNEL_HASH = "0a509c0ec14ab7fd"
 _ATTENTION = _rt.Attention(
     globals(),
     "llama3_attention",

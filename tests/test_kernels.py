@@ -1225,10 +1225,28 @@ ATTENTION_MUTATIONS = [
         "the softmax backward's row term dropped",
     ),
     ("att_mla", "mask_dv = offs_dv < 32", "mask_dv = offs_dv < 16", "out's last columns unstored"),
+    (
+        "att_gqa_causal",
+        "            & (keys >= first)[None, :]\n",
+        "",
+        "keys before a range's start seen (forward, dq)",
+    ),
+    (
+        "att_plain",
+        "first = tl.minimum(tl.maximum(tl.load(lengths_ptr + 2 * batch), 0), count)",
+        "first = tl.minimum(tl.maximum(tl.load(lengths_ptr + 2 * batch) + 1, 0), count)",
+        "one key past each range's start skipped",
+    ),
+    (
+        "att_plain",
+        "full_hi = tl.where(pid_n * BLOCK_N < first, 0, full_hi)",
+        "full_hi = full_hi",
+        "the key block a range starts in run without its mask (dk, dv)",
+    ),
 ]
 
 
 def test_attention_tests_catch_broken_kernels(zoo, tmp_path):
     # One dtype: one bug, one failure.
-    selection = "dtype0 and (matches_reference or gradients or key_lengths)"
+    selection = "dtype0 and (matches_reference or gradients or key_lengths or key_ranges)"
     assert "norm-wise error" in run_mutants(zoo, tmp_path, ATTENTION_MUTATIONS, selection)

@@ -132,7 +132,7 @@ def seen(att: Attention, backward: bool, keys_by_rows: bool = False) -> str:
     (nor, in the backward, rows past the end). keys_by_rows: for the dk/dv kernel's
     [keys, rows] blocks, else [rows, keys]."""
     k, r = ("[:, None]", "[None, :]") if keys_by_rows else ("[None, :]", "[:, None]")
-    parts = [f"(keys < SKV){k}"]
+    parts = [f"(keys < SKV){k}", f"(keys >= first){k}"]
     if backward:
         parts.append(f"(rows < SQ){r}")
     if att.causal:

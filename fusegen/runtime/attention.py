@@ -209,7 +209,24 @@ class Attention:
 
     # The call.
 
-    def __call__(self, inputs, key_lengths, return_lse):
+    def __call__(self, inputs, key_lengths, return_lse, key_ranges=None):
+        if key_ranges is not None:
+            # Ranges ride in key_lengths' place: [batch, 2] where lengths are [batch].
+            if key_lengths is not None:
+                raise ValueError("give key_lengths or key_ranges, not both")
+            key_lengths = key_ranges
+            if not isinstance(key_ranges, torch.Tensor) or key_ranges.dim() != 2:
+                got = (
+                    list(key_ranges.shape)
+                    if isinstance(key_ranges, torch.Tensor)
+                    else type(key_ranges).__name__
+                )
+                raise ValueError(f"key_ranges must be a [batch, 2] tensor (start, end), got {got}")
+        elif isinstance(key_lengths, torch.Tensor) and key_lengths.dim() != 1:
+            raise ValueError(
+                f"key_lengths must have shape [{inputs[0].shape[0]}] (batch), got "
+                f"{list(key_lengths.shape)}; (start, end) rows go in key_ranges"
+            )
         if torch.compiler.is_compiling() and self.op is not None:
             out, lse = self.op(*inputs, key_lengths)
         elif torch.is_grad_enabled() and _requires_grad(inputs):
@@ -330,18 +347,20 @@ class Attention:
         else:
             grid = (cdiv(sq, block_m), batch * heads, splits)
         kv = [inputs[1], inputs[2]]
+        plan.bias_tail = self.bias_strides(inputs[3], batch, sq, skv) if self.bias else ()
         meta = {
             "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": bucket(m["HEAD_DIM"]),
             **({"BLOCK_DV": bucket(v_dim)} if self.split_v else {}),
             "DOT_UPCAST": self.interpreted() and q.dtype == torch.bfloat16,
             "PRECISION": self.dot_precision(q),
             "LENGTHS": key_lengths is not None, "SPLIT": splits > 1,
+            "RANGES": key_lengths is not None and key_lengths.dim() == 2,
             **({"PACKED": packed} if self.packs else {}),
             **({"TMA": self.tma_loads(*kv)} if self.tma else {}),
             **({"FAST_TANH": self.fast_tanh(q)} if self.softcap else {}),
+            **({"BIAS_ROW": bias_row(plan.bias_tail)} if self.bias else {}),
         }  # fmt: skip
         plan.tail = (split_keys, sq, skv, *strides[0], *strides[1], *strides[2], *plan.out_strides)
-        plan.bias_tail = self.bias_strides(inputs[3], batch, sq, skv) if self.bias else ()
         dtypes = self.dtypes_of(inputs)
         plan.forward = self.launch_of("forward", grid, dtypes, meta, warps, stages, q.device)
         if splits > 1:
@@ -383,7 +402,9 @@ class Attention:
             "BLOCK_D": block_d, "DOT_UPCAST": upcast,
             **({"BLOCK_DV": block_dv} if self.split_v else {}),
             "PRECISION": self.dot_precision(q), "LENGTHS": key_lengths is not None,
+            "RANGES": key_lengths is not None and key_lengths.dim() == 2,
             **({"FAST_TANH": self.fast_tanh(q)} if self.softcap else {}),
+            **({"BIAS_ROW": bias_row(bias[1:])} if self.bias else {}),
         }  # fmt: skip
         d_q = d_k = d_v = d_bias = None
         if needs[1] or needs[2]:
@@ -477,6 +498,8 @@ class Attention:
                 f"v.shape[{seq}] (seq) is {v.shape[seq]} but k's is {k.shape[seq]}; they must match"
             )
         if key_lengths is not None:
+            ranges = isinstance(key_lengths, torch.Tensor) and key_lengths.dim() == 2
+            name, want = ("key_ranges", "[batch, 2]") if ranges else ("key_lengths", "[batch]")
             if (
                 not isinstance(key_lengths, torch.Tensor)
                 or key_lengths.is_floating_point()
@@ -487,12 +510,17 @@ class Attention:
                     if isinstance(key_lengths, torch.Tensor)
                     else type(key_lengths).__name__
                 )
-                raise TypeError(f"key_lengths must be an integer torch.Tensor [batch], got {got}")
-            if key_lengths.shape != (q.shape[0],):
+                raise TypeError(f"{name} must be an integer torch.Tensor {want}, got {got}")
+            if key_lengths.shape != ((q.shape[0], 2) if ranges else (q.shape[0],)):
                 got = list(key_lengths.shape)
-                raise ValueError(f"key_lengths must have shape [{q.shape[0]}] (batch), got {got}")
+                want = (
+                    f"[{q.shape[0]}, 2] (batch; start, end)"
+                    if ranges
+                    else f"[{q.shape[0]}] (batch)"
+                )
+                raise ValueError(f"{name} must have shape {want}, got {got}")
             if key_lengths.device != q.device:
-                raise ValueError(f"key_lengths is on {key_lengths.device} but q is on {q.device}")
+                raise ValueError(f"{name} is on {key_lengths.device} but q is on {q.device}")
         if self.bias:
             self.check_bias(inputs[3], (q.shape[0], m["HEADS"], q.shape[seq], k.shape[seq]), q)
         return q.shape[0], q.shape[seq], k.shape[seq]
@@ -855,6 +883,13 @@ def _requires_grad(inputs):
     except AttributeError:
         return False
     return False
+
+
+def bias_row(strides):
+    """Whether a bias with these (batch, head, query, key) strides is one row of keys per
+    batch entry ([batch, 1, 1, k_len]: a padding mask), which the kernels read as a row
+    and broadcast, not as a tile of equal rows."""
+    return strides[1] == 0 and strides[2] == 0
 
 
 def summed_to(d_scores, bias):

@@ -204,7 +204,43 @@ def value_tests(suite):
 
         suite.check_grads(padded, inputs, suite.upstream(inputs[0], dtype, seed), seed, case)
 
-    tests += [test_matches_reference, test_gradients_match_reference, test_key_lengths]
+    @suite.heavy
+    @pytest.mark.parametrize("dtype", dtypes if ON_GPU else dtypes[-1:])
+    def test_key_ranges(monkeypatch, dtype):
+        # Left padding and caches: batch entry b sees keys start <= key < end. One entry
+        # starts inside an early block and ends in the last (so that whole blocks lie
+        # between), one is clamped to [0, k_len], one has start >= end (no keys: out 0,
+        # lse -inf). Rows before a start see no key either.
+        poisoned_empty(monkeypatch)
+        seed = new_seed()
+        case = (3, 70, 300) if ON_GPU else (3, 37, 40)
+        skv = case[2]
+        inputs = suite.make_inputs(case, dtype, seed)
+        rng = random.Random(seed)
+        start = rng.randrange(1, skv // 2)
+        ranges = [[start, skv - rng.randrange(0, 4)], [-3, skv + 5], [skv // 2] * 2]
+        ranges = torch.tensor(ranges, device=DEVICE)
+        out, lse = launcher(*inputs, key_ranges=ranges, return_lse=True)
+        doubles = [t.double() for t in inputs]
+        want, want_lse = kernel.reference(*doubles, key_ranges=ranges, return_lse=True)
+        eager = kernel.reference(*inputs, key_ranges=ranges)
+        check("out", out, want, eager, seed, dtype, case)
+        assert torch.equal(torch.isinf(lse), torch.isinf(want_lse)), seed
+
+        def padded(call):
+            return lambda *tensors: call(*tensors, key_ranges=ranges)
+
+        suite.check_grads(padded, inputs, suite.upstream(inputs[0], dtype, seed), seed, case)
+        with pytest.raises(ValueError, match="key_lengths or key_ranges, not both"):
+            launcher(*inputs, key_ranges=ranges, key_lengths=ranges[:, 1])
+        with pytest.raises(ValueError, match=r"key_ranges must be a \[batch, 2\]"):
+            launcher(*inputs, key_ranges=ranges[:, 1])
+        with pytest.raises(ValueError, match=r"key_lengths must have shape \[3\]"):
+            launcher(*inputs, key_lengths=ranges)
+
+    tests += [
+        test_matches_reference, test_gradients_match_reference, test_key_lengths, test_key_ranges
+    ]  # fmt: skip
 
     @pytest.mark.parametrize("dtype", dtypes if ON_GPU else dtypes[-1:])
     def test_bias_broadcasts_and_masks(monkeypatch, dtype):
