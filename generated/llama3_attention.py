@@ -41,7 +41,9 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("d91cab907dc47d17", "attention")
+_rt = _runtime("298a2aad5c825f1d", "attention")
+# [batch, k_len] padding mask (1 where a key is real) -> key_ranges: see its docstring.
+key_ranges_from_mask = _rt.key_ranges_from_mask
 
 # What the spec fixed: the layout of q, k, v and out, the heads, the head dim.
 LAYOUT = "bshd"  # "bshd": [batch, seq, heads, dim]; "bhsd": [batch, heads, seq, dim]

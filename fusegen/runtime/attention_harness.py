@@ -231,6 +231,17 @@ def value_tests(suite):
             return lambda *tensors: call(*tensors, key_ranges=ranges)
 
         suite.check_grads(padded, inputs, suite.upstream(inputs[0], dtype, seed), seed, case)
+        # The same ranges from a padding mask, as transformers holds one (1: a real key).
+        keys = torch.arange(skv, device=DEVICE)
+        mask = (keys >= ranges[:, :1]) & (keys < ranges[:, 1:])
+        want_ranges = torch.tensor([ranges[0].tolist(), [0, skv], [skv, 0]], device=DEVICE)
+        got_ranges = kernel.key_ranges_from_mask(mask.long())
+        assert torch.equal(got_ranges.long(), want_ranges), (got_ranges, want_ranges)
+        out_from_mask = launcher(*inputs, key_ranges=got_ranges)
+        assert torch.equal(out_from_mask, out), seed
+        mask[0, ranges[0, 0] + 1 :: 2] = False
+        with pytest.raises(ValueError, match="row 0 has a hole"):
+            kernel.key_ranges_from_mask(mask)
         with pytest.raises(ValueError, match="key_lengths or key_ranges, not both"):
             launcher(*inputs, key_ranges=ranges, key_lengths=ranges[:, 1])
         with pytest.raises(ValueError, match=r"key_ranges must be a \[batch, 2\]"):

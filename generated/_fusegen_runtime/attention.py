@@ -887,6 +887,34 @@ def _requires_grad(inputs):
     return False
 
 
+def key_ranges_from_mask(attention_mask, check=True):
+    """The launchers' key_ranges, [batch, 2] int32 (start, end), from a [batch, k_len]
+    padding mask (transformers' 2D attention_mask: 1 or True where a key is real), whose
+    real keys in each row are one run: left padding, right padding, or both. A row with
+    none gets an empty range. check: raise ValueError for a row with a hole (a sync with
+    the GPU; skipped while traced), which ranges cannot express: pass it as a bias."""
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
+        got = (
+            list(attention_mask.shape)
+            if isinstance(attention_mask, torch.Tensor)
+            else type(attention_mask).__name__
+        )
+        raise ValueError(f"attention_mask must be a [batch, k_len] tensor, got {got}")
+    real = attention_mask.to(torch.bool)
+    keys = torch.arange(real.shape[-1], device=real.device)
+    start = torch.where(real, keys, real.shape[-1]).amin(-1)
+    end = torch.where(real, keys + 1, 0).amax(-1)
+    if check and not torch.compiler.is_compiling():
+        holes = real.sum(-1) != (end - start).clamp(min=0)
+        if bool(holes.any()):
+            row = int(holes.nonzero()[0, 0])
+            raise ValueError(
+                f"attention_mask row {row} has a hole (its real keys are not one run); "
+                "key_ranges cannot express it: pass the mask as an additive bias"
+            )
+    return torch.stack([start, end], dim=-1).to(torch.int32)
+
+
 def bias_row(strides):
     """Whether a bias with these (batch, head, query, key) strides is one row of keys per
     batch entry ([batch, 1, 1, k_len]: a padding mask), which the kernels read as a row
