@@ -216,11 +216,7 @@ class Attention:
                 raise ValueError("give key_lengths or key_ranges, not both")
             key_lengths = key_ranges
             if not isinstance(key_ranges, torch.Tensor) or key_ranges.dim() != 2:
-                got = (
-                    list(key_ranges.shape)
-                    if isinstance(key_ranges, torch.Tensor)
-                    else type(key_ranges).__name__
-                )
+                got = _shape_or_type(key_ranges)
                 raise ValueError(f"key_ranges must be a [batch, 2] tensor (start, end), got {got}")
         elif isinstance(key_lengths, torch.Tensor) and key_lengths.dim() != 1:
             raise ValueError(
@@ -885,6 +881,11 @@ def _requires_grad(inputs):
     return False
 
 
+def _shape_or_type(x):
+    """What an error says a wrong argument was: a tensor's shape, else its type."""
+    return list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+
+
 def key_ranges_from_mask(attention_mask, check=True):
     """The launchers' key_ranges, [batch, 2] int32 (start, end), from a [batch, k_len]
     padding mask (transformers' 2D attention_mask: 1 or True where a key is real), whose
@@ -892,11 +893,7 @@ def key_ranges_from_mask(attention_mask, check=True):
     none gets an empty range. check: raise ValueError for a row with a hole (a sync with
     the GPU; skipped while traced), which ranges cannot express: pass it as a bias."""
     if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
-        got = (
-            list(attention_mask.shape)
-            if isinstance(attention_mask, torch.Tensor)
-            else type(attention_mask).__name__
-        )
+        got = _shape_or_type(attention_mask)
         raise ValueError(f"attention_mask must be a [batch, k_len] tensor, got {got}")
     real = attention_mask.to(torch.bool)
     keys = torch.arange(real.shape[-1], device=real.device)
