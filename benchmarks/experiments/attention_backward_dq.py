@@ -31,7 +31,6 @@ FOLDER: benchmarks/specs/attention_anchors.yaml built (`fusegen build ... --out 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import statistics
@@ -41,6 +40,9 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from attention_anchors import build, load  # noqa: E402
 
 CASES = {  # name: (module, B, H, KV heads, S, D, causal)
     "causal": ("anchor_attention_causal", 4, 32, 32, 4096, 128, True),
@@ -195,13 +197,6 @@ def _delta(module, out, d_out):
     return delta
 
 
-def load(folder: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def math_grads(q, k, v, d_out, causal):
     leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
     kk, vv = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in leaves[1:])
@@ -229,17 +224,11 @@ def check() -> int:
     """Interpreter: pointer atomics at odd shapes, causal and not, MHA and GQA, fp16 (the
     interpreter's bf16 dot is wrong), against float64 math attention; the generated
     backward's error beside it."""
-    import os
-    import subprocess
     import tempfile
 
     failed = False
     with tempfile.TemporaryDirectory() as folder:
-        spec = Path(__file__).resolve().parents[1] / "specs" / "attention_anchors.yaml"
-        subprocess.run(
-            [sys.executable, "-m", "fusegen", "build", str(spec), "--out", folder], check=True,
-            capture_output=True, cwd=Path(__file__).resolve().parents[2],
-        )  # fmt: skip
+        build(Path(folder))
         for name, heads, kv_heads, seq, causal in (
             ("anchor_attention_causal", 32, 32, 45, True),
             ("anchor_attention_full", 32, 32, 37, False),
@@ -258,7 +247,6 @@ def check() -> int:
             print(
                 f"{name} S={seq}: fused {errors} generated {base_errors} {'BAD' if bad else 'ok'}"
             )
-    del os
     print("FAIL" if failed else "PASS")
     return 1 if failed else 0
 

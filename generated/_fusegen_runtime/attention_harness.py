@@ -182,6 +182,21 @@ def value_tests(suite):
             (alone,) = grads_of(launcher, inputs, upstream, asked=(i,))
             torch.testing.assert_close(alone, got[i], rtol=0, atol=0)
 
+    def check_keys_limited(inputs, seed, dtype, case, **keys):
+        """Out, lse's -inf rows and the gradients of a call limited to some keys (keys:
+        key_lengths= or key_ranges=) against the reference's; returns out."""
+        out, lse = launcher(*inputs, **keys, return_lse=True)
+        doubles = [t.double() for t in inputs]
+        want, want_lse = kernel.reference(*doubles, **keys, return_lse=True)
+        check("out", out, want, kernel.reference(*inputs, **keys), seed, dtype, case)
+        assert torch.equal(torch.isinf(lse), torch.isinf(want_lse)), seed
+
+        def limited(call):
+            return lambda *tensors: call(*tensors, **keys)
+
+        suite.check_grads(limited, inputs, suite.upstream(inputs[0], dtype, seed), seed, case)
+        return out
+
     @suite.heavy
     @pytest.mark.parametrize("dtype", dtypes if ON_GPU else dtypes[-1:])
     def test_key_lengths(monkeypatch, dtype):
@@ -194,17 +209,7 @@ def value_tests(suite):
         inputs = suite.make_inputs(case, dtype, seed)
         lengths = [0, random.Random(seed).randrange(1, case[2]), case[2] + 5]
         lengths = torch.tensor(lengths, device=DEVICE)
-        out, lse = launcher(*inputs, key_lengths=lengths, return_lse=True)
-        doubles = [t.double() for t in inputs]
-        want, want_lse = kernel.reference(*doubles, key_lengths=lengths, return_lse=True)
-        eager = kernel.reference(*inputs, key_lengths=lengths)
-        check("out", out, want, eager, seed, dtype, case)
-        assert torch.equal(torch.isinf(lse), torch.isinf(want_lse)), seed
-
-        def padded(call):
-            return lambda *tensors: call(*tensors, key_lengths=lengths)
-
-        suite.check_grads(padded, inputs, suite.upstream(inputs[0], dtype, seed), seed, case)
+        check_keys_limited(inputs, seed, dtype, case, key_lengths=lengths)
 
     @suite.heavy
     @pytest.mark.parametrize("dtype", dtypes if ON_GPU else dtypes[-1:])
@@ -222,17 +227,7 @@ def value_tests(suite):
         start = rng.randrange(1, skv // 2)
         ranges = [[start, skv - rng.randrange(0, 4)], [-3, skv + 5], [skv // 2] * 2]
         ranges = torch.tensor(ranges, device=DEVICE)
-        out, lse = launcher(*inputs, key_ranges=ranges, return_lse=True)
-        doubles = [t.double() for t in inputs]
-        want, want_lse = kernel.reference(*doubles, key_ranges=ranges, return_lse=True)
-        eager = kernel.reference(*inputs, key_ranges=ranges)
-        check("out", out, want, eager, seed, dtype, case)
-        assert torch.equal(torch.isinf(lse), torch.isinf(want_lse)), seed
-
-        def padded(call):
-            return lambda *tensors: call(*tensors, key_ranges=ranges)
-
-        suite.check_grads(padded, inputs, suite.upstream(inputs[0], dtype, seed), seed, case)
+        out = check_keys_limited(inputs, seed, dtype, case, key_ranges=ranges)
         # The same ranges from a padding mask, as transformers holds one (1: a real key).
         keys = torch.arange(skv, device=DEVICE)
         mask = (keys >= ranges[:, :1]) & (keys < ranges[:, 1:])
