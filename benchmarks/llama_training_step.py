@@ -56,31 +56,6 @@ def load_kernels(attention: bool = False) -> dict:
     return {m.__name__: m for m in modules}
 
 
-ATTENTION_NAME = "fusegen_llama3_attention"
-
-
-def attention_function(launcher):
-    """A transformers attention function (AttentionInterface) that runs the generated
-    llama3_attention: HF hands q, k, v as [batch, heads, seq, dim]; their transposes are
-    the spec's bshd layout at unit last stride, read in place, and the output is bshd, as
-    HF's own functions return it. Causal by the spec (the last query at the last key, as
-    with HF's KV cache). A mask HF would pass (padding) is refused, not dropped: HF makes
-    none for an attention function it has no mask function for, so unpadded batches
-    only."""
-
-    def attend(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-        if attention_mask is not None:
-            raise ValueError("llama3_attention takes no attention mask (key_lengths pads)")
-        if dropout:
-            raise ValueError("llama3_attention has no dropout")
-        if scaling is not None and abs(scaling * query.shape[-1] ** 0.5 - 1) > 1e-6:
-            raise ValueError(f"scaling {scaling}: the spec's is 1 / sqrt(head_dim)")
-        out = launcher(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2))
-        return out, None
-
-    return attend
-
-
 def build_model(args):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -177,13 +152,8 @@ def patch(model, launchers: dict) -> None:
     for layer in model.model.layers:
         patch_layer(layer)
         patch_mlp(layer.mlp)
-    if "llama3_attention" in launchers:
-        from transformers import AttentionInterface
-
-        AttentionInterface.register(
-            ATTENTION_NAME, attention_function(launchers["llama3_attention"])
-        )
-        model.config._attn_implementation = ATTENTION_NAME
+    if "llama3_attention" in launchers:  # its attention and mask functions (key ranges)
+        model.set_attn_implementation(launchers["llama3_attention"].use_in_transformers())
 
 
 def loss_of(model, ids, labels):

@@ -1,0 +1,192 @@
+"""An attention module as transformers' attention implementation: an attention function
+(`AttentionInterface`) and, under the same name, a mask function
+(`AttentionMaskInterface`) that hands it key ranges instead of a [batch, 1, q, k] mask.
+
+transformers builds a model's masks through the mask function registered under the
+model's attention implementation, and passes what it returns to the attention function
+as `attention_mask`. The mask function here returns the (start, end) rows of real keys
+(left and right padding, a static cache's filled part) as an int32 [batch, 1, 1, 2]
+tensor: 4D, so that transformers passes it on as a prepared mask (generate prepares a
+static cache's masks before the model's forward). Where the queries do not stand at the
+keys' end (a static cache's prefill), the rows are expanded (a view) along dim 2 to the
+number of keys the kernel must see so that they do: a shape, so static under
+torch.compile. Masks that are not ranges (packed sequences, custom mask functions,
+a padding mask with a hole) are refused with a ValueError that says so.
+
+Only the attention module's launcher runs per layer; this file imports transformers when
+`register` is called, never at import."""
+
+import math
+import torch
+
+
+def register(name, launcher, attention, causal):
+    """Register `launcher` (an attention module's, whose runtime object is `attention`) as
+    transformers' attention implementation `name`, with its mask function; returns name.
+    causal: the spec's (a causal spec serves transformers' causal and sliding-window
+    masks, a non-causal one its bidirectional masks)."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+    except ImportError as error:  # transformers < 4.54 has no mask interface
+        raise ImportError(
+            f"use_in_transformers needs transformers with AttentionMaskInterface "
+            f"(4.54 or newer): {error}"
+        ) from None
+    module = attention.module
+    AttentionInterface.register(name, attention_function(name, launcher, module))
+    AttentionMaskInterface.register(name, mask_function(name, causal))
+    return name
+
+
+def attention_function(name, launcher, module):
+    """transformers' attention function signature around the launcher: q, k, v as
+    [batch, heads, seq, dim], the mask function's KeyRanges; returns (out as [batch,
+    seq, heads, dim], None). Raises ValueError where the layer is not what the spec
+    fixed (scaling, window, softcap, dropout, attention sinks) or the mask is not the
+    mask function's ranges."""
+    scale, window = module["SCALE"], module.get("WINDOW")
+    cap, bshd = module.get("SOFTCAP"), module["LAYOUT"] == "bshd"
+
+    def fusegen_attention(
+        layer, query, key, value, attention_mask, scaling=None, dropout=0.0,
+        sliding_window=None, softcap=None, s_aux=None, **kwargs,
+    ):  # fmt: skip
+        if scaling is not None and not math.isclose(scaling, scale, rel_tol=1e-6):
+            raise ValueError(f"{name}: the layer's scaling is {scaling}, the spec's {scale}")
+        if (sliding_window or None) != window:
+            raise ValueError(
+                f"{name}: the layer's sliding window is {sliding_window}, the spec's {window}"
+            )
+        if (softcap or None) != cap:
+            raise ValueError(f"{name}: the layer's softcap is {softcap}, the spec's {cap}")
+        if dropout:
+            raise ValueError(f"{name}: attention dropout ({dropout}) is not fused; set it to 0")
+        if s_aux is not None:
+            raise ValueError(f"{name}: attention sinks (s_aux) are not fused")
+        ranges = None
+        if _is_ranges(attention_mask, query.shape[0]):
+            ranges = attention_mask[:, 0, 0]
+            if attention_mask.shape[2] > 1:  # a static cache's prefill: its filled part
+                keys = attention_mask.shape[2]
+                key, value, ranges = key[:, :, :keys], value[:, :, :keys], ranges.contiguous()
+        elif attention_mask is not None:
+            raise ValueError(
+                f"{name}: got a {type(attention_mask).__name__} mask of shape "
+                f"{list(getattr(attention_mask, 'shape', []))}, not the key ranges of the "
+                f"mask function registered under {name!r} (a 4D mask given to the model is "
+                "not read: give it the 2D attention_mask)"
+            )
+        if bshd:  # transformers hands [batch, heads, seq, dim]: bshd views, read in place
+            query, key, value = (t.transpose(1, 2) for t in (query, key, value))
+        out = launcher(query, key, value, key_ranges=ranges)
+        return (out if bshd else out.transpose(1, 2)), None
+
+    return fusegen_attention
+
+
+def mask_function(name, causal):
+    """transformers' mask interface signature: the key ranges, or None where every key
+    is seen (no padding mask, the queries at the keys' end)."""
+
+    def fusegen_key_ranges(
+        batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+        attention_mask=None, **kwargs,
+    ):  # fmt: skip
+        kind = _mask_kind(mask_function)
+        if kind != ("causal" if causal else "bidirectional"):
+            raise ValueError(
+                f"{name}: transformers asked for a {kind} mask "
+                f"({getattr(mask_function, '__qualname__', mask_function)}); the kernel is "
+                f"{'causal' if causal else 'not causal'} and takes key ranges only (no "
+                "packed sequences, no custom mask functions)"
+            )
+        return key_ranges(attention_mask, batch_size, q_length, kv_length, q_offset, kv_offset)
+
+    return fusegen_key_ranges
+
+
+def key_ranges(attention_mask, batch_size, q_length, kv_length, q_offset, kv_offset):
+    """The [batch, 1, 1 or keys, 2] int32 ranges (start, end) for keys kv_offset ..
+    kv_offset + kv_length (positions) and queries q_offset .. q_offset + q_length, given
+    transformers' 2D padding mask (or None); None where every key is seen.
+
+    The kernels put query i at key i + k_len - q_len. Where the queries end before the
+    keys (a static cache, filled to q_offset + q_length), a single query (decode) gets its
+    range's end clamped there; more queries get the keys cut to the filled part, which
+    needs q_offset as an int (a static cache's prefill: transformers gives one)."""
+    filled = q_offset + q_length - kv_offset  # keys up to the last query's position
+    aligned = isinstance(filled, int) and filled == kv_length
+    if attention_mask is None and aligned:
+        return None
+    if attention_mask is None:
+        device = q_offset.device if isinstance(q_offset, torch.Tensor) else "cpu"
+        start = torch.zeros(batch_size, dtype=torch.int32, device=device)
+        end = torch.full((batch_size,), kv_length, dtype=torch.int32, device=device)
+    else:
+        padding = attention_mask
+        if padding.shape[-1] < kv_offset + kv_length:  # transformers' own padding of it
+            short = kv_offset + kv_length - padding.shape[-1]
+            padding = torch.nn.functional.pad(padding, (0, short))
+        ranges = _key_ranges_from_mask(padding[:, kv_offset : kv_offset + kv_length])
+        start, end = ranges[:, 0], ranges[:, 1]
+    keys = None
+    if not aligned:
+        if q_length == 1:  # clamped: the kernel's causal alignment is then the same
+            end = torch.minimum(end, torch.as_tensor(filled, device=end.device).to(end.dtype))
+        elif torch.compiler.is_compiling() and isinstance(filled, torch.Tensor):
+            raise ValueError(
+                "a static cache's prefill under torch.compile: the filled length is a "
+                "tensor, and the kernel needs it as an int to cut the keys"
+            )
+        else:
+            keys = int(filled)
+    ranges = torch.stack([start, end], dim=-1).to(torch.int32)[:, None, None]
+    if keys is not None:
+        ranges = ranges.expand(batch_size, 1, keys, 2)
+    return ranges
+
+
+def _is_ranges(mask, batch):
+    """Whether an attention function's attention_mask is the mask function's ranges."""
+    return (
+        isinstance(mask, torch.Tensor)
+        and mask.dtype == torch.int32
+        and mask.shape[:2] == (batch, 1)
+        and mask.shape[-1] == 2
+    )
+
+
+def _key_ranges_from_mask(mask):
+    from .attention import key_ranges_from_mask  # not at import: attention imports triton
+
+    return key_ranges_from_mask(mask)
+
+
+@torch.compiler.assume_constant_result
+def _mask_kind(mask_function):
+    """'causal' (transformers' causal mask function, or its sliding-window one: the
+    attention function checks the window), 'bidirectional', or what else it is: read
+    from the closures transformers builds (torch.compile calls this eagerly; it cannot
+    trace closure cells)."""
+    from transformers import masking_utils as mu
+
+    if mask_function is None or mask_function is mu.causal_mask_function:
+        return "causal"
+    if mask_function is mu.bidirectional_mask_function:
+        return "bidirectional"
+    parts = _closure(mask_function).get("mask_functions", ())
+    if (
+        getattr(mask_function, "__qualname__", "") == "and_masks.<locals>.and_mask"
+        and len(parts) == 2
+    ):
+        overlay, base = parts
+        overlay_name = getattr(overlay, "__qualname__", "")
+        if base is mu.causal_mask_function and overlay_name.startswith("sliding_window_overlay"):
+            return "causal"
+    return "custom"
+
+
+def _closure(fn):
+    cells = getattr(fn, "__closure__", None) or ()
+    return dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in cells), strict=True))
