@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fusegen import codegen, tables
+from fusegen.codegen import hub_text
 from fusegen.spec import limits, source
 from fusegen.errors import SpecError, SpecErrors
 from fusegen.ir import Kernel
@@ -124,13 +125,26 @@ def load(paths: list[Path]) -> Loaded:
     return Loaded(kernels, displays)
 
 
-def plan(loaded: Loaded, out_dir: Path) -> list[Planned]:
+def modules_dir(out_dir: Path, hub: str | None = None) -> Path:
+    """Where the kernel modules go: out_dir, or a `kernels` repository's package in it."""
+    return out_dir / hub_text.hub_folder(hub) if hub else out_dir
+
+
+def plan(loaded: Loaded, out_dir: Path, hub: str | None = None) -> list[Planned]:
+    """Every file to write. hub: out_dir is a `kernels` local repository of that name
+    (codegen.hub_text): the modules, without their tests, in its package."""
     planned = []
+    folder = modules_dir(out_dir, hub)
     for kernel in loaded.kernels:
         for rendered in codegen.render(kernel):
-            planned.append(Planned(out_dir / rendered.filename, rendered.text))
+            if not (hub and rendered.filename.startswith("test_")):
+                planned.append(Planned(folder / rendered.filename, rendered.text))
     if planned:  # the launch support the folder's modules share
-        planned += runtime_files(out_dir)
+        planned += runtime_files(folder)
+    if hub and planned:
+        texts = [p.text for p in planned]
+        for rendered in codegen.render_hub(hub, loaded.kernels, texts):
+            planned.append(Planned(out_dir / rendered.filename, rendered.text))
     return planned
 
 

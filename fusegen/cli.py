@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from fusegen import __version__, build, writer
+from fusegen.codegen import hub_text
 from fusegen.spec import schema
 from fusegen.tools.bench import DEFAULT_ROWS, LAYOUTS
 from fusegen.tools.bench_attention import DEFAULT_SHAPES as ATTENTION_SHAPES
@@ -48,6 +49,13 @@ def _parser() -> argparse.ArgumentParser:
         "--check",
         action="store_true",
         help="write nothing; exit 1 if any generated file is missing or differs",
+    )
+    b.add_argument(
+        "--kernels-hub",
+        metavar="NAME",
+        help="write DIR as a local repository of the `kernels` package named NAME (lower "
+        "case, digits, hyphens): the modules in build/torch-universal/NAME/ with a `layers` "
+        "module that kernelize() swaps into transformers' hub-marked layers",
     )
 
     v = sub.add_parser("validate", help="check specs and print their errors; write nothing")
@@ -369,14 +377,23 @@ def _print_errors(exc: SpecErrors) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
-    out_dir = Path(args.out)
+    out_dir, hub = Path(args.out), args.kernels_hub
+    if hub is not None and not hub_text.HUB_NAME.match(hub):
+        print(
+            f"fusegen: --kernels-hub {hub!r}: a `kernels` repository name is lower-case "
+            "letters, digits and hyphens, starting with a letter and not ending with a hyphen "
+            "(e.g. llama-kernels)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         loaded = build.load(build.collect(args.specs))
-        planned = build.plan(loaded, out_dir)
+        planned = build.plan(loaded, out_dir, hub)
     except SpecErrors as exc:
         return _print_errors(exc)
-    stale = build.orphans(loaded, planned, out_dir) + build.orphan_tables(loaded, out_dir)
-    tuned = build.table_problems(loaded, planned, out_dir)
+    modules = build.modules_dir(out_dir, hub)
+    stale = build.orphans(loaded, planned, modules) + build.orphan_tables(loaded, modules)
+    tuned = build.table_problems(loaded, planned, modules)
     if args.check:
         outdated = writer.differences(planned) + [
             (p, "no kernel in the specs makes it any more") for p in stale

@@ -11,6 +11,7 @@ from fusegen.codegen.files import (
     kernel_source_hash,
     module_kernel_hash,
     render,
+    render_hub,
     render_runtime,
     runtime_digest,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "kernel_source_hash",
     "module_kernel_hash",
     "render",
+    "render_hub",
     "render_runtime",
     "runtime_digest",
 ]

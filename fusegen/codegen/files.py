@@ -19,7 +19,7 @@ import black
 import jinja2
 
 from fusegen import __version__, configs, ops
-from fusegen.codegen import naming
+from fusegen.codegen import hub_text, naming
 from fusegen.codegen.chain_text import (
     dict_literal,
     docstring_safe,
@@ -124,6 +124,23 @@ def render(kernel: Kernel | Attention | LossHead) -> list[Rendered]:
             text = text.replace(KERNEL_HASH_PLACEHOLDER, kernel_source_hash(text))
         out.append(Rendered(filename, text))
     return out
+
+
+def render_hub(hub: str, kernels: list, texts: list[str]) -> list[Rendered]:
+    """A `kernels` local repository's own files around a build's modules (hub_text):
+    the package's __init__.py and layers.py, and the variant's metadata.json, named
+    relative to the output folder. texts: the build's module texts (the metadata's id)."""
+    folder = hub_text.hub_folder(hub)
+    context = hub_text.layers_context(hub, kernels)
+    init = {**context, "all_modules": [k.name for k in kernels]}
+    out = [
+        Rendered(f"{folder}/__init__.py", _ENV.get_template("hub_init.py.j2").render(**init)),
+        Rendered(f"{folder}/layers.py", _ENV.get_template("hub_layers.py.j2").render(**context)),
+    ]
+    out = [Rendered(r.filename, _format(r.filename, r.text)) for r in out]
+    texts = [*texts, *(r.text for r in out)]
+    variant = folder.rsplit("/", 1)[0]
+    return [*out, Rendered(f"{variant}/metadata.json", hub_text.metadata(hub, texts))]
 
 
 def render_runtime() -> list[Rendered]:
