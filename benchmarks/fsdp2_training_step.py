@@ -1,6 +1,6 @@
 """A training step of transformers' LlamaForCausalLM (LLaMA-3-8B dims, random init, bf16)
-wrapped as FSDP2 users wrap it (`fully_shard` on each decoder layer, then the model) and
-compiled, with the generated kernels (benchmarks/llama_training_step.py's patch: gate/up,
+wrapped as FSDP2 users wrap it (each decoder layer compiled and `fully_shard`ed, then the
+model sharded), with the generated kernels (benchmarks/llama_training_step.py's patch: gate/up,
 add + RMSNorm, RMSNorm, and with --attention llama3_attention through its
 use_in_transformers) against the same model without them.
 
@@ -36,12 +36,16 @@ from llama_training_step import build_model, load_kernels, patch  # noqa: E402
 
 
 def wrapped(model, compiled):
+    """docs/integration.md's FSDP2 setup: each layer compiled (a compiled root would
+    trace FSDP's hooks), then sharded; the root sharded."""
     from torch.distributed.fsdp import fully_shard
 
     for layer in model.model.layers:
+        if compiled:
+            layer.compile()
         fully_shard(layer)
     fully_shard(model)
-    return torch.compile(model) if compiled else model
+    return model
 
 
 def main() -> int:
