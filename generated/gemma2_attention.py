@@ -41,7 +41,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("ea8f7f1ea5c58557", "attention")
+_rt = _runtime("2807dfacb837ca6c", "attention")
 # [batch, k_len] padding mask (1 where a key is real) -> key_ranges: see its docstring.
 key_ranges_from_mask = _rt.key_ranges_from_mask
 
@@ -658,17 +658,6 @@ _ATTENTION = _rt.Attention(
     packed=True,
 )
 _ATTENTION.registered()  # the ops torch.compile sees, at import, outside any tracing
-
-
-def use_in_transformers(name: str = "gemma2_attention") -> str:
-    """Register gemma2_attention with transformers (4.54 or newer) as the attention
-    implementation `name`, then `model.set_attn_implementation(name)`: an attention
-    function and, under the same name, a mask function that turns the model's masks (its
-    2D attention_mask, its cache's offsets) into key_ranges, with no [batch, 1, q, k]
-    mask. Left and right padding, dynamic and static caches work. A mask that is not one
-    run of keys per row (packed sequences, custom mask functions, a padding hole) raises
-    ValueError, as does a layer whose scaling, window, softcap or dropout is not the
-    spec's. Returns name."""
-    return _runtime("ea8f7f1ea5c58557", "transformers_attention").register(
-        name, gemma2_attention, _ATTENTION, causal=True
-    )
+# use_in_transformers(name="gemma2_attention") -> name: this attention as transformers'
+# implementation `name`, masks handed to it as key ranges (see its docstring).
+use_in_transformers = _ATTENTION.for_transformers(gemma2_attention, causal=True)

@@ -871,6 +871,25 @@ class Attention:
         self.op = self.register()
         return self.op
 
+    def for_transformers(self, launcher, causal):
+        """The module's use_in_transformers; transformers is imported when it is called."""
+        module = self.name
+
+        def use_in_transformers(name: str = module) -> str:
+            """Register this attention with transformers (4.54 or newer) as the attention
+            implementation `name`, then `model.set_attn_implementation(name)`: an
+            attention function and, under the same name, a mask function that turns the
+            model's masks (its 2D attention_mask, its cache's offsets) into key_ranges,
+            with no [batch, 1, q, k] mask. Left and right padding, dynamic and static
+            caches work. A mask that is not one run of keys per row (packed sequences,
+            custom mask functions, a padding hole) raises ValueError, as does a layer
+            whose scaling, window, softcap or dropout is not the spec's. Returns name."""
+            from . import transformers_attention
+
+            return transformers_attention.register(name, launcher, self, causal)
+
+        return use_in_transformers
+
 
 def _requires_grad(inputs):
     """Whether an input requires grad (a non-tensor does not: the checks refuse it)."""
