@@ -95,9 +95,11 @@ def padded_batch(left):
 
 
 def generated(model, ids, mask, cache, tokens=5):
+    """Greedy tokens, eagerly (on a GPU, generate would compile a static cache's decode:
+    test_compiled_static_cache_decode_traces_once compiles it itself)."""
     return model.generate(
         input_ids=ids, attention_mask=mask, max_new_tokens=tokens, do_sample=False,
-        cache_implementation=cache, pad_token_id=0,
+        cache_implementation=cache, pad_token_id=0, disable_compile=True,
     )  # fmt: skip
 
 
