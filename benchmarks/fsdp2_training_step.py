@@ -66,7 +66,8 @@ def main() -> int:
     dist.init_process_group("nccl")
     base = build_model(args)
     fused = copy.deepcopy(base)
-    patch(fused, load_kernels(attention=args.attention))
+    modules = load_kernels(attention=args.attention)
+    patch(fused, {name: getattr(m, name) for name, m in modules.items()})
     models = {"transformers": base, "fusegen": fused}
     torch.manual_seed(1 + rank)
     ids = torch.randint(0, args.vocab, (args.batch, args.seq), device="cuda")

@@ -89,10 +89,10 @@ def layer_returns_tuple() -> bool:
 
 
 def counted(name, launcher, counts):
-    def call(*args):
+    def call(*args, **kwargs):
         if not torch.compiler.is_compiling():  # counts eager calls, not traces
             counts[name] += 1
-        return launcher(*args)
+        return launcher(*args, **kwargs)
 
     return call
 
@@ -153,7 +153,10 @@ def patch(model, launchers: dict) -> None:
         patch_layer(layer)
         patch_mlp(layer.mlp)
     if "llama3_attention" in launchers:  # its attention and mask functions (key ranges)
-        model.set_attn_implementation(launchers["llama3_attention"].use_in_transformers())
+        import llama3_attention
+
+        launcher = launchers["llama3_attention"]
+        model.set_attn_implementation(llama3_attention.use_in_transformers(launcher=launcher))
 
 
 def loss_of(model, ids, labels):

@@ -166,7 +166,7 @@ def test_a_mask_ranges_cannot_say_is_refused(built):
     with pytest.raises(ValueError, match="row 0 has a hole"):
         fused(input_ids=ids, attention_mask=mask)
     packed = torch.tensor([[0, 1, 2, 0, 1, 2, 3]], device=DEVICE)  # two sequences in a row
-    with pytest.raises(ValueError, match="custom mask.*packed sequences"):
+    with pytest.raises(ValueError, match="asked for a packed sequences mask"):
         fused(input_ids=ids[:1], position_ids=packed, use_cache=False)
     four_d = torch.ones(3, 1, 7, 7, dtype=torch.bool, device=DEVICE)
     with pytest.raises(ValueError, match="not the key ranges.*2D attention_mask"):
@@ -230,3 +230,19 @@ def test_the_integration_docs_snippet_runs(built, monkeypatch):
     want = generated(sdpa, ids, mask, "static", tokens=8)
     assert torch.equal(scope["tokens"], want)
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_compiled_forward_without_cache(built):
+    """A compiled forward with no cache and no mask, as a training step or llama_decode.py
+    compiles it: transformers, unable to rule packed sequences out while traced, hands the
+    mask function an and-mask of the causal mask and its packed-sequence one (a closure
+    that cannot be read while traced)."""
+    sdpa, fused = pair(built, "llama")
+    ids, _ = padded_batch(left=True)
+    want = sdpa(input_ids=ids, use_cache=False).logits
+    run = torch.compile(fused, fullgraph=True, backend="aot_eager")
+    try:
+        got = run(input_ids=ids, use_cache=False).logits
+    finally:
+        torch._dynamo.reset()
+    assert (got - want).abs().max() < 1e-5

@@ -871,9 +871,9 @@ class Attention:
 
     def for_transformers(self, launcher, causal):
         """The module's use_in_transformers; transformers is imported when it is called."""
-        module = self.name
+        module, default = self.name, launcher
 
-        def use_in_transformers(name: str = module) -> str:
+        def use_in_transformers(name: str = module, launcher=None) -> str:
             """Register this attention with transformers (4.54 or newer) as the attention
             implementation `name`, then `model.set_attn_implementation(name)`: an
             attention function and, under the same name, a mask function that turns the
@@ -881,10 +881,11 @@ class Attention:
             with no [batch, 1, q, k] mask. Left and right padding, dynamic and static
             caches work. A mask that is not one run of keys per row (packed sequences,
             custom mask functions, a padding hole) raises ValueError, as does a layer
-            whose scaling, window, softcap or dropout is not the spec's. Returns name."""
+            whose scaling, window, softcap or dropout is not the spec's. launcher: a
+            wrapper of this module's launcher to call instead. Returns name."""
             from . import transformers_attention
 
-            return transformers_attention.register(name, launcher, self, causal)
+            return transformers_attention.register(name, launcher or default, self, causal)
 
         return use_in_transformers
 

@@ -93,7 +93,7 @@ def mask_function(name, causal):
         batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
         attention_mask=None, **kwargs,
     ):  # fmt: skip
-        kind = _mask_kind(mask_function)
+        kind = _mask_kind(mask_function, causal)
         if kind != ("causal" if causal else "bidirectional"):
             raise ValueError(
                 f"{name}: transformers asked for a {kind} mask "
@@ -163,27 +163,33 @@ def _key_ranges_from_mask(mask):
     return key_ranges_from_mask(mask)
 
 
-@torch.compiler.assume_constant_result
-def _mask_kind(mask_function):
+def _mask_kind(mask_function, causal):
     """'causal' (transformers' causal mask function, or its sliding-window one: the
-    attention function checks the window), 'bidirectional', or what else it is: read
-    from the closures transformers builds (torch.compile calls this eagerly; it cannot
-    trace closure cells)."""
+    attention function checks the window), 'bidirectional', 'packed sequences', or
+    'custom', read from the closures transformers builds. While traced (torch.compile)
+    a closure made in the traced code cannot be read, nor even named: one is taken for
+    the spec's kind (`causal`). transformers builds one for a sliding window and, unable
+    to rule packed sequences out while traced, for every forward given position_ids
+    without a cache or a mask. So packed sequences and custom mask functions are refused
+    eagerly only."""
     from transformers import masking_utils as mu
 
     if mask_function is None or mask_function is mu.causal_mask_function:
         return "causal"
     if mask_function is mu.bidirectional_mask_function:
         return "bidirectional"
+    if torch.compiler.is_compiling():
+        return "causal" if causal else "bidirectional"
+    if getattr(mask_function, "__qualname__", "") != "and_masks.<locals>.and_mask":
+        return "custom"
     parts = _closure(mask_function).get("mask_functions", ())
-    if (
-        getattr(mask_function, "__qualname__", "") == "and_masks.<locals>.and_mask"
-        and len(parts) == 2
-    ):
-        overlay, base = parts
-        overlay_name = getattr(overlay, "__qualname__", "")
-        if base is mu.causal_mask_function and overlay_name.startswith("sliding_window_overlay"):
+    names = [getattr(p, "__qualname__", "") for p in parts]
+    if len(parts) == 2 and mu.causal_mask_function in parts:
+        other = names[1] if parts[0] is mu.causal_mask_function else names[0]
+        if other.startswith("sliding_window_overlay"):
             return "causal"
+        if other.startswith("packed_sequence_mask_function"):
+            return "packed sequences"
     return "custom"
 
 
