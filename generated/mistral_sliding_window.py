@@ -41,7 +41,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("e9286e868ed58be8", "attention")
+_rt = _runtime("64aa9dc20ee812fe", "attention")
 # [batch, k_len] padding mask (1 where a key is real) -> key_ranges: see its docstring.
 key_ranges_from_mask = _rt.key_ranges_from_mask
 

@@ -185,14 +185,26 @@ def _mask_kind(mask_function, causal):
     if getattr(mask_function, "__qualname__", "") != "and_masks.<locals>.and_mask":
         return "custom"
     parts = _closure(mask_function).get("mask_functions", ())
-    names = [getattr(p, "__qualname__", "") for p in parts]
     if len(parts) == 2 and mu.causal_mask_function in parts:
-        other = names[1] if parts[0] is mu.causal_mask_function else names[0]
-        if other.startswith("sliding_window_overlay"):
+        other = parts[1] if parts[0] is mu.causal_mask_function else parts[0]
+        name = getattr(other, "__qualname__", "")
+        if name.startswith("sliding_window_overlay"):
             return "causal"
-        if other.startswith("packed_sequence_mask_function"):
-            return "packed sequences"
+        if name.startswith("packed_sequence_mask_function"):
+            return _packed_kind(other)
     return "custom"
+
+
+def _packed_kind(packed_function):
+    """transformers builds the packed-sequence mask function whenever it cannot look at
+    the positions (traced: dynamo, CUDA-graph capture, fake tensors), packed or not: look
+    at them where that can be done, else take them for one sequence a row."""
+    from transformers.utils.import_utils import is_tracing
+
+    packed = _closure(packed_function).get("packed_sequence_mask")
+    if not isinstance(packed, torch.Tensor) or is_tracing(packed):
+        return "causal"
+    return "causal" if bool((packed[:, -1] == 0).all()) else "packed sequences"
 
 
 def _closure(fn):
