@@ -17,7 +17,10 @@ Only the attention module's launcher runs per layer; this file imports transform
 `register` is called, never at import."""
 
 import math
+
 import torch
+
+from .attention import key_ranges_from_mask
 
 
 def register(name, launcher, attention, causal):
@@ -27,6 +30,7 @@ def register(name, launcher, attention, causal):
     masks, a non-causal one its bidirectional masks)."""
     try:
         from transformers import AttentionInterface
+        from transformers import masking_utils
         from transformers.masking_utils import AttentionMaskInterface
     except ImportError as error:  # transformers < 4.54 has no mask interface
         raise ImportError(
@@ -35,7 +39,17 @@ def register(name, launcher, attention, causal):
         ) from None
     module = attention.module
     AttentionInterface.register(name, attention_function(name, launcher, module))
-    AttentionMaskInterface.register(name, mask_function(name, causal))
+    try:
+        from transformers.utils.import_utils import is_tracing
+    except ImportError:  # older: no fake tensors' check
+
+        def is_tracing(tensor=None):
+            return torch.compiler.is_compiling()
+
+    # transformers' mask functions and checks are looked up here, not while traced:
+    # torch 2.11's dynamo cannot import from transformers' lazy modules.
+    known = (masking_utils.causal_mask_function, masking_utils.bidirectional_mask_function)
+    AttentionMaskInterface.register(name, mask_function(name, causal, known, is_tracing))
     return name
 
 
@@ -85,15 +99,16 @@ def attention_function(name, launcher, module):
     return fusegen_attention
 
 
-def mask_function(name, causal):
+def mask_function(name, causal, known, is_tracing):
     """transformers' mask interface signature: the key ranges, or None where every key
-    is seen (no padding mask, the queries at the keys' end)."""
+    is seen (no padding mask, the queries at the keys' end). known: transformers' causal
+    and bidirectional mask functions; is_tracing: its check of the same name."""
 
     def fusegen_key_ranges(
         batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
         attention_mask=None, **kwargs,
     ):  # fmt: skip
-        kind = _mask_kind(mask_function, causal)
+        kind = _mask_kind(mask_function, causal, known, is_tracing)
         if kind != ("causal" if causal else "bidirectional"):
             raise ValueError(
                 f"{name}: transformers asked for a {kind} mask "
@@ -128,7 +143,7 @@ def key_ranges(attention_mask, batch_size, q_length, kv_length, q_offset, kv_off
         if padding.shape[-1] < kv_offset + kv_length:  # transformers' own padding of it
             short = kv_offset + kv_length - padding.shape[-1]
             padding = torch.nn.functional.pad(padding, (0, short))
-        ranges = _key_ranges_from_mask(padding[:, kv_offset : kv_offset + kv_length])
+        ranges = key_ranges_from_mask(padding[:, kv_offset : kv_offset + kv_length])
         start, end = ranges[:, 0], ranges[:, 1]
     keys = None
     if not aligned:
@@ -157,13 +172,7 @@ def _is_ranges(mask, batch):
     )
 
 
-def _key_ranges_from_mask(mask):
-    from .attention import key_ranges_from_mask  # not at import: attention imports triton
-
-    return key_ranges_from_mask(mask)
-
-
-def _mask_kind(mask_function, causal):
+def _mask_kind(mask_function, causal, known, is_tracing):
     """'causal' (transformers' causal mask function, or its sliding-window one: the
     attention function checks the window), 'bidirectional', 'packed sequences', or
     'custom', read from the closures transformers builds. While traced (torch.compile)
@@ -172,33 +181,30 @@ def _mask_kind(mask_function, causal):
     to rule packed sequences out while traced, for every forward given position_ids
     without a cache or a mask. So packed sequences and custom mask functions are refused
     eagerly only."""
-    from transformers import masking_utils as mu
-
-    if mask_function is None or mask_function is mu.causal_mask_function:
+    causal_function, bidirectional_function = known
+    if mask_function is None or mask_function is causal_function:
         return "causal"
-    if mask_function is mu.bidirectional_mask_function:
+    if mask_function is bidirectional_function:
         return "bidirectional"
     if torch.compiler.is_compiling():
         return "causal" if causal else "bidirectional"
     if getattr(mask_function, "__qualname__", "") != "and_masks.<locals>.and_mask":
         return "custom"
     parts = _closure(mask_function).get("mask_functions", ())
-    if len(parts) == 2 and mu.causal_mask_function in parts:
-        other = parts[1] if parts[0] is mu.causal_mask_function else parts[0]
+    if len(parts) == 2 and causal_function in parts:
+        other = parts[1] if parts[0] is causal_function else parts[0]
         name = getattr(other, "__qualname__", "")
         if name.startswith("sliding_window_overlay"):
             return "causal"
         if name.startswith("packed_sequence_mask_function"):
-            return _packed_kind(other)
+            return _packed_kind(other, is_tracing)
     return "custom"
 
 
-def _packed_kind(packed_function):
+def _packed_kind(packed_function, is_tracing):
     """transformers builds the packed-sequence mask function whenever it cannot look at
     the positions (traced: dynamo, CUDA-graph capture, fake tensors), packed or not: look
     at them where that can be done, else take them for one sequence a row."""
-    from transformers.utils.import_utils import is_tracing
-
     packed = _closure(packed_function).get("packed_sequence_mask")
     if not isinstance(packed, torch.Tensor) or is_tracing(packed):
         return "causal"
