@@ -205,6 +205,8 @@ def test_key_ranges_of_transformers_offsets():
     prefill = hf.key_ranges(mask, 2, 5, 8, 0, 0)
     assert prefill.shape == (2, 1, 5, 2) and prefill.stride(2) == 0
     assert prefill[:, 0, 0].tolist() == [[2, 5], [0, 4]]
+    unmasked_prefill = hf.key_ranges(None, 2, 5, 8, 0, 0, device="cpu")
+    assert unmasked_prefill.shape == (2, 1, 5, 2)  # the cut; the end clamps to it
     window = hf.key_ranges(mask, 2, 1, 3, 4, 2)  # keys 2..4 of a 5-token mask
     assert window[:, 0, 0].tolist() == [[0, 3], [0, 2]]
 

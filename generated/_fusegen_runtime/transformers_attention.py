@@ -57,7 +57,7 @@ def register(name, launcher, attention, causal):
 
 def attention_function(name, launcher, module):
     """transformers' attention function signature around the launcher: q, k, v as
-    [batch, heads, seq, dim], the mask function's KeyRanges; returns (out as [batch,
+    [batch, heads, seq, dim], the mask function's ranges; returns (out as [batch,
     seq, heads, dim], None). Raises ValueError where the layer is not what the spec
     fixed (scaling, window, softcap, dropout, attention sinks) or the mask is not the
     mask function's ranges."""
@@ -118,15 +118,19 @@ def mask_function(name, causal, known, is_tracing):
                 f"{'causal' if causal else 'not causal'} and takes key ranges only (no "
                 "packed sequences, no custom mask functions)"
             )
-        return key_ranges(attention_mask, batch_size, q_length, kv_length, q_offset, kv_offset)
+        return key_ranges(
+            attention_mask, batch_size, q_length, kv_length, q_offset, kv_offset,
+            kwargs.get("device"),
+        )  # fmt: skip
 
     return fusegen_key_ranges
 
 
-def key_ranges(attention_mask, batch_size, q_length, kv_length, q_offset, kv_offset):
+def key_ranges(attention_mask, batch_size, q_length, kv_length, q_offset, kv_offset, device=None):
     """The [batch, 1, 1 or keys, 2] int32 ranges (start, end) for keys kv_offset ..
     kv_offset + kv_length (positions) and queries q_offset .. q_offset + q_length, given
-    transformers' 2D padding mask (or None); None where every key is seen.
+    transformers' 2D padding mask (or None); None where every key is seen. device: the
+    model's, where there is no mask to take it from.
 
     The kernels put query i at key i + k_len - q_len. Where the queries end before the
     keys (a static cache, filled to q_offset + q_length), a single query (decode) gets its
@@ -137,7 +141,8 @@ def key_ranges(attention_mask, batch_size, q_length, kv_length, q_offset, kv_off
     if attention_mask is None and aligned:
         return None
     if attention_mask is None:
-        device = q_offset.device if isinstance(q_offset, torch.Tensor) else "cpu"
+        if isinstance(q_offset, torch.Tensor):
+            device = q_offset.device
         start = torch.zeros(batch_size, dtype=torch.int32, device=device)
         end = torch.full((batch_size,), kv_length, dtype=torch.int32, device=device)
     else:
