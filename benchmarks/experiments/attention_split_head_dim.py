@@ -31,74 +31,54 @@ import torch
 import triton
 import triton.language as tl
 
-
+# fmt: off
 @triton.jit
-def _part_dot(
-    acc,
-    a_ptr,
-    b_ptr,
-    rows,
-    cols,
-    stride_a,
-    stride_b,
-    a_ok,
-    b_ok,
-    WIDTH: tl.constexpr,
-    OFFSET: tl.constexpr,
-    DIM: tl.constexpr,
-):
+def _part_dot(acc, a_ptr, b_ptr, rows, cols, stride_a, stride_b, a_ok, b_ok,
+              WIDTH: tl.constexpr, OFFSET: tl.constexpr, DIM: tl.constexpr):
     """acc += a[:, OFFSET:OFFSET+WIDTH] @ b[:, OFFSET:OFFSET+WIDTH].T, the columns past
     DIM read as 0 (the padded control's last part)."""
     d = OFFSET + tl.arange(0, WIDTH)
-    a = tl.load(
-        a_ptr + rows[:, None] * stride_a + d[None, :],
-        mask=a_ok[:, None] & (d < DIM)[None, :],
-        other=0.0,
-    )
-    b = tl.load(
-        b_ptr + cols[None, :] * stride_b + d[:, None],
-        mask=b_ok[None, :] & (d < DIM)[:, None],
-        other=0.0,
-    )
+    a = tl.load(a_ptr + rows[:, None] * stride_a + d[None, :],
+                mask=a_ok[:, None] & (d < DIM)[None, :], other=0.0)
+    b = tl.load(b_ptr + cols[None, :] * stride_b + d[:, None],
+                mask=b_ok[None, :] & (d < DIM)[:, None], other=0.0)
     return tl.dot(a, b, acc)
 
 
 @triton.jit
-def _step(
-    q_base,
-    k_base,
-    v_base,
-    o_acc0,
-    o_acc1,
-    row_sum,
-    row_max,
-    rows,
-    start,
-    SEQ,
-    stride_s,
-    stride_v,
-    scale,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    QK0: tl.constexpr,
-    QK1: tl.constexpr,
-    QK_DIM: tl.constexpr,
-    V0: tl.constexpr,
-    V1: tl.constexpr,
-    V_DIM: tl.constexpr,
-    MASKED: tl.constexpr,
-):
+def _part_pv(acc, probs, rescale, v_base, keys, stride_v, key_ok,
+             WIDTH: tl.constexpr, OFFSET: tl.constexpr, DIM: tl.constexpr):
+    """acc * rescale + probs @ v[:, OFFSET:OFFSET+WIDTH], the columns past DIM as 0."""
+    d = OFFSET + tl.arange(0, WIDTH)
+    v = tl.load(v_base + keys[:, None] * stride_v + d[None, :],
+                mask=key_ok[:, None] & (d < DIM)[None, :], other=0.0)
+    return tl.dot(probs.to(v.dtype), v, acc * rescale[:, None])
+
+
+@triton.jit
+def _store_part(o_base, acc, row_sum, rows, stride_o, row_ok,
+                WIDTH: tl.constexpr, OFFSET: tl.constexpr, DIM: tl.constexpr):
+    d = OFFSET + tl.arange(0, WIDTH)
+    tl.store(o_base + rows[:, None] * stride_o + d[None, :],
+             (acc / row_sum[:, None]).to(o_base.dtype.element_ty),
+             mask=row_ok[:, None] & (d < DIM)[None, :])
+
+
+@triton.jit
+def _step(q_base, k_base, v_base, o_acc0, o_acc1, row_sum, row_max, rows, start, SEQ,
+          stride_s, stride_v, scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+          QK0: tl.constexpr, QK1: tl.constexpr, QK_DIM: tl.constexpr,
+          V0: tl.constexpr, V1: tl.constexpr, V_DIM: tl.constexpr, MASKED: tl.constexpr):
+    """BLOCK_N keys from `start` into the online softmax (base 2); MASKED: the diagonal."""
     keys = start + tl.arange(0, BLOCK_N)
     row_ok = rows < SEQ
     key_ok = keys < SEQ
     scores = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    scores = _part_dot(
-        scores, q_base, k_base, rows, keys, stride_s, stride_s, row_ok, key_ok, QK0, 0, QK_DIM
-    )
+    scores = _part_dot(scores, q_base, k_base, rows, keys, stride_s, stride_s, row_ok, key_ok,
+                       QK0, 0, QK_DIM)
     if QK1 > 0:
-        scores = _part_dot(
-            scores, q_base, k_base, rows, keys, stride_s, stride_s, row_ok, key_ok, QK1, QK0, QK_DIM
-        )
+        scores = _part_dot(scores, q_base, k_base, rows, keys, stride_s, stride_s, row_ok,
+                           key_ok, QK1, QK0, QK_DIM)
     scores = scores * scale
     if MASKED:
         scores = tl.where(key_ok[None, :] & (keys[None, :] <= rows[:, None]), scores, -1.0e30)
@@ -106,50 +86,18 @@ def _step(
     probs = tl.exp2(scores - new_max[:, None])
     rescale = tl.exp2(row_max - new_max)
     row_sum = row_sum * rescale + tl.sum(probs, axis=1)
-    d0 = tl.arange(0, V0)
-    v = tl.load(
-        v_base + keys[:, None] * stride_v + d0[None, :],
-        mask=key_ok[:, None] & (d0 < V_DIM)[None, :],
-        other=0.0,
-    )
-    o_acc0 = tl.dot(probs.to(v.dtype), v, o_acc0 * rescale[:, None])
+    o_acc0 = _part_pv(o_acc0, probs, rescale, v_base, keys, stride_v, key_ok, V0, 0, V_DIM)
     if V1 > 0:
-        d1 = V0 + tl.arange(0, V1)
-        v = tl.load(
-            v_base + keys[:, None] * stride_v + d1[None, :],
-            mask=key_ok[:, None] & (d1 < V_DIM)[None, :],
-            other=0.0,
-        )
-        o_acc1 = tl.dot(probs.to(v.dtype), v, o_acc1 * rescale[:, None])
+        o_acc1 = _part_pv(o_acc1, probs, rescale, v_base, keys, stride_v, key_ok, V1, V0, V_DIM)
     return o_acc0, o_acc1, row_sum, new_max
 
 
 @triton.jit
-def _forward(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    o_ptr,
-    SEQ,
-    HEADS,
-    stride_qb,
-    stride_kb,
-    stride_vb,
-    stride_ob,
-    stride_qs,
-    stride_ks,
-    stride_vs,
-    stride_os,
-    scale,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    QK0: tl.constexpr,
-    QK1: tl.constexpr,
-    QK_DIM: tl.constexpr,
-    V0: tl.constexpr,
-    V1: tl.constexpr,
-    V_DIM: tl.constexpr,
-):
+def _forward(q_ptr, k_ptr, v_ptr, o_ptr, SEQ, HEADS, stride_qb, stride_kb, stride_vb, stride_ob,
+             stride_qs, stride_ks, stride_vs, stride_os, scale,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             QK0: tl.constexpr, QK1: tl.constexpr, QK_DIM: tl.constexpr,
+             V0: tl.constexpr, V1: tl.constexpr, V_DIM: tl.constexpr):
     """BLOCK_M query rows of one (batch, head); q/k's dim in parts QK0 + QK1, v's in V0 +
     V1 (a part of 0: none). q, k, v, o: [batch, seq, heads, dim] with unit last stride."""
     pid_m = tl.program_id(0)
@@ -167,69 +115,20 @@ def _forward(
     hi = tl.minimum(SEQ, (pid_m + 1) * BLOCK_M)
     for start in range(0, full_hi, BLOCK_N):
         o_acc0, o_acc1, row_sum, row_max = _step(
-            q_base,
-            k_base,
-            v_base,
-            o_acc0,
-            o_acc1,
-            row_sum,
-            row_max,
-            rows,
-            start,
-            SEQ,
-            stride_qs,
-            stride_vs,
-            scale,
-            BLOCK_M,
-            BLOCK_N,
-            QK0,
-            QK1,
-            QK_DIM,
-            V0,
-            V1,
-            V_DIM,
-            False,
-        )
+            q_base, k_base, v_base, o_acc0, o_acc1, row_sum, row_max, rows, start, SEQ,
+            stride_qs, stride_vs, scale, BLOCK_M, BLOCK_N, QK0, QK1, QK_DIM, V0, V1, V_DIM,
+            False)
     for start in range(full_hi, hi, BLOCK_N):
         o_acc0, o_acc1, row_sum, row_max = _step(
-            q_base,
-            k_base,
-            v_base,
-            o_acc0,
-            o_acc1,
-            row_sum,
-            row_max,
-            rows,
-            start,
-            SEQ,
-            stride_qs,
-            stride_vs,
-            scale,
-            BLOCK_M,
-            BLOCK_N,
-            QK0,
-            QK1,
-            QK_DIM,
-            V0,
-            V1,
-            V_DIM,
-            True,
-        )
+            q_base, k_base, v_base, o_acc0, o_acc1, row_sum, row_max, rows, start, SEQ,
+            stride_qs, stride_vs, scale, BLOCK_M, BLOCK_N, QK0, QK1, QK_DIM, V0, V1, V_DIM,
+            True)
     o_base = o_ptr + batch.to(tl.int64) * stride_ob + head * V_DIM
     row_ok = rows < SEQ
-    d0 = tl.arange(0, V0)
-    tl.store(
-        o_base + rows[:, None] * stride_os + d0[None, :],
-        (o_acc0 / row_sum[:, None]).to(o_ptr.dtype.element_ty),
-        mask=row_ok[:, None] & (d0 < V_DIM)[None, :],
-    )
+    _store_part(o_base, o_acc0, row_sum, rows, stride_os, row_ok, V0, 0, V_DIM)
     if V1 > 0:
-        d1 = V0 + tl.arange(0, V1)
-        tl.store(
-            o_base + rows[:, None] * stride_os + d1[None, :],
-            (o_acc1 / row_sum[:, None]).to(o_ptr.dtype.element_ty),
-            mask=row_ok[:, None] & (d1 < V_DIM)[None, :],
-        )
+        _store_part(o_base, o_acc1, row_sum, rows, stride_os, row_ok, V1, V0, V_DIM)
+# fmt: on
 
 
 def parts(dim: int, split: bool) -> tuple[int, int]:
