@@ -20,6 +20,13 @@ if not HAS_CUDA:
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def integration_snippet(start: str) -> str:
+    """The python block of docs/integration.md that begins with `start` (the tests that
+    run the docs' snippets)."""
+    text = (ROOT / "docs" / "integration.md").read_text()
+    return start + text.split(start, 1)[1].split("```", 1)[0]
+
+
 @pytest.fixture
 def write_spec(tmp_path):
     """Write YAML text (dedented) to a spec file in a fresh folder; return its path."""

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import integration_snippet
 from fusegen.cli import main
 
 torch = pytest.importorskip("torch")
@@ -195,12 +196,6 @@ def test_check_sees_a_hub_build_up_to_date(hubs, capsys):
         layers.write_text(text)
 
 
-def doc_snippet(start: str) -> str:
-    """The python block of docs/integration.md that begins with `start`."""
-    text = (Path(__file__).resolve().parent.parent / "docs" / "integration.md").read_text()
-    return start + text.split(start, 1)[1].split("```", 1)[0]
-
-
 def test_the_docs_snippets_run(hubs, tmp_path):
     """docs/integration.md's kernelize snippet, then its FSDP2 one (each layer compiled),
     on a tiny LLaMA: the repository this test built for the docs' folder, this machine's
@@ -211,8 +206,8 @@ def test_the_docs_snippets_run(hubs, tmp_path):
     model = copy.deepcopy(plain)
     _mark_layers()
     calls = counting(kernels.get_local_kernel(hubs["tiny-kernels"]))
-    snippet = doc_snippet("from pathlib import Path\n\nfrom kernels import")
-    snippet += doc_snippet("from torch.distributed.fsdp import fully_shard")
+    snippet = integration_snippet("from pathlib import Path\n\nfrom kernels import")
+    snippet += integration_snippet("from torch.distributed.fsdp import fully_shard")
     snippet = snippet.replace('Path("llama-kernels")', f'Path("{hubs["tiny-kernels"]}")')
     snippet = snippet.replace('"cuda"', f'"{DEVICE}"')
     snippet = snippet.replace("layer.compile()", 'layer.compile(backend="aot_eager")')

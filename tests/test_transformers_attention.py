@@ -15,8 +15,7 @@ pytest.importorskip("triton")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("transformers.masking_utils")
 
-from pathlib import Path  # noqa: E402
-
+from conftest import integration_snippet  # noqa: E402
 from fusegen.cli import main  # noqa: E402
 from fusegen.runtime import transformers_attention as hf  # noqa: E402
 
@@ -49,7 +48,6 @@ MODELS = {
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -214,9 +212,7 @@ def test_key_ranges_of_transformers_offsets():
 def test_the_integration_docs_snippet_runs(built, monkeypatch):
     """docs/integration.md's use_in_transformers snippet, as written, on a tiny LLaMA
     (the module it imports standing in for llama3_attention)."""
-    text = (ROOT / "docs" / "integration.md").read_text()
-    snippet = text.split("from llama3_attention import use_in_transformers", 1)[1]
-    snippet = "from llama3_attention import use_in_transformers" + snippet.split("```", 1)[0]
+    snippet = integration_snippet("from llama3_attention import use_in_transformers")
     monkeypatch.setitem(sys.modules, "llama3_attention", built["tx_llama_attention"])
     sdpa, model = pair(built, "llama")
     ids, mask = padded_batch(left=True)
