@@ -235,6 +235,13 @@ def _gpu_command(args: argparse.Namespace, command: str, work, check=None) -> in
                 "cuBLAS's); time it with benchmarks/lm_head_loss.py"
             )
         kernels = [k for k in kernels if k.kind != "loss"]
+        quantized = [k.name for k in kernels if k.kind == "quant"]
+        if quantized and (args.kernels or len(quantized) == len(kernels)):
+            raise ValueError(
+                f"{', '.join(quantized)}: a quantized chain tunes itself at its first call "
+                f"of each shape; time it with benchmarks/quantized_chains.py"
+            )
+        kernels = [k for k in kernels if k.kind != "quant"]
         if not kernels:
             raise ValueError("no kernels left to run")
         shapes_for = _shapes_for(args)

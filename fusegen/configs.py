@@ -202,6 +202,28 @@ INTERPRETER = {
 }
 
 
+# Quantized chains (fusegen.lower.quant): one pointer kernel, tuned at run time over
+# decode tiles (BLOCK_M 16, narrow columns, long K steps: the weight stream is the cost)
+# and prefill tiles. BLOCK_K is cut to divide the scales' groups (QuantChain.configs).
+QUANT_SPACE = (
+    _mm(16, 32, 128, 1, 4, 4),
+    _mm(16, 64, 128, 1, 4, 4),
+    _mm(16, 32, 256, 1, 4, 3),
+    _mm(16, 64, 256, 1, 4, 3),
+    _mm(32, 64, 128, 4, 4, 4),
+    _mm(64, 64, 128, 8, 4, 4),
+    _mm(64, 128, 64, 8, 4, 4),
+    _mm(128, 128, 64, 8, 8, 3),
+    _mm(128, 128, 128, 8, 8, 3),
+    _mm(128, 256, 64, 8, 8, 3),
+    _mm(128, 256, 128, 8, 8, 3),
+)
+# Two accumulators a tile: no 128 x 256 tiles.
+QUANT_GATED_SPACE = tuple(c for c in QUANT_SPACE if c.BLOCK_M * c.BLOCK_N <= 128 * 128)
+QUANT_DEFAULT = _mm(64, 128, 64, 8, 4, 3)
+QUANT_INTERPRETER = _mm(32, 64, 64, 1, 4, 1)
+
+
 # `autotune: {profile: ...}` keeps part of a built-in matmul space: "training" the
 # throughput tiles (BLOCK_M >= 64), "inference" the latency ones (BLOCK_M <= 64) plus
 # deeper pipelines for decode-sized M, where the weights' stream is the whole cost.

@@ -46,3 +46,38 @@ INDEX_ALIASES = {"long": "int64", "int": "int32", "i64": "int64", "i32": "int32"
 def canonical_index(name: str) -> str | None:
     """The spec name of an integer dtype `name`, or None."""
     return INDEX_DTYPES.get(name) or INDEX_ALIASES.get(name)
+
+
+@dataclass(frozen=True)
+class QuantDType:
+    """A quantized input's storage: what its tensor holds, and the values it stands for."""
+
+    name: str  # the spec's spelling
+    torch: str  # attribute of the torch module: the stored tensor's dtype
+    bits: int
+    integer: bool
+    # The stored values' range: signed without a zero point, unsigned with one.
+    signed_range: tuple[int, int] | None
+    unsigned_range: tuple[int, int] | None
+    unsigned_torch: str | None = None  # the stored dtype with a zero point, where it differs
+
+
+QUANT_DTYPES = {
+    "int8": QuantDType("int8", "int8", 8, True, (-128, 127), (0, 255), "uint8"),
+    # Two a byte along K; signed nibbles in two's complement, or unsigned with a zero point.
+    "int4": QuantDType("int4", "uint8", 4, True, (-8, 7), (0, 15)),
+    "fp8_e4m3": QuantDType("fp8_e4m3", "float8_e4m3fn", 8, False, None, None),
+    "fp8_e5m2": QuantDType("fp8_e5m2", "float8_e5m2", 8, False, None, None),
+}
+QUANT_ALIASES = {
+    "float8_e4m3fn": "fp8_e4m3",
+    "e4m3": "fp8_e4m3",
+    "fp8": "fp8_e4m3",
+    "float8_e5m2": "fp8_e5m2",
+    "e5m2": "fp8_e5m2",
+}
+
+
+def canonical_quant(name: str) -> str | None:
+    """The spec name of a quantized storage dtype `name`, or None."""
+    return name if name in QUANT_DTYPES else QUANT_ALIASES.get(name)

@@ -258,3 +258,75 @@ class LossHead:
     @property
     def bias(self) -> str | None:
         return next((s.operand for s in self.steps if s.op == "bias"), None)
+
+
+@dataclass(frozen=True)
+class Quant:
+    """A quantized matmul operand: what its tensor stores and how its values are scaled.
+    Its dims are [rows, K], K last: the value at (r, k) is
+    (stored[r, k] - zero[r // rows_per, k // group]) * scale[r // rows_per, k // group]."""
+
+    name: str
+    dtype: str  # a fusegen.dtypes.QUANT_DTYPES name
+    scale: str  # "tensor" | "row" | "group" | "block"
+    group: int | None  # values along K that share a scale ("group", "block"); None: all K
+    rows_per: int | None  # rows that share one ("block"; 1 for "row", "group"); None: all
+    zero_point: bool
+    packing: str | None  # int4: "low_first" | "high_first"
+
+    @property
+    def scale_name(self) -> str:
+        return f"{self.name}_scale"
+
+    @property
+    def zero_name(self) -> str | None:
+        return f"{self.name}_zero" if self.zero_point else None
+
+    @property
+    def k_varying(self) -> bool:
+        """Its scales change along K: applied to each K step's partial sums."""
+        return self.scale in ("group", "block")
+
+
+@dataclass(frozen=True)
+class QuantChain:
+    """A matmul chain whose operands may be quantized (int8, packed int4, fp8) with their
+    scales: the chain (a matmul Kernel, its configs unused) and each quantized operand."""
+
+    chain: Kernel
+    quant: tuple[Quant, ...]
+    configs: tuple[Config, ...]  # the autotuning space (BLOCK_K fitted to the groups)
+    default_config: Config
+    interpreter_config: Config
+
+    @property
+    def kind(self) -> str:
+        return "quant"
+
+    @property
+    def name(self) -> str:
+        return self.chain.name
+
+    @property
+    def spec_display(self) -> str:
+        return self.chain.spec_display
+
+    @property
+    def spec_sha256(self) -> str:
+        return self.chain.spec_sha256
+
+    def quant_of(self, name: str) -> Quant | None:
+        return next((q for q in self.quant if q.name == name), None)
+
+    @property
+    def fp8_dot(self) -> bool:
+        """Both operands of every matmul are fp8: the tensor cores take them as stored."""
+        mm = self.chain.matmul
+        pairs = [(mm.a, mm.b)] + [
+            (mm.a, g.matmul.b) for g in self.chain.steps if isinstance(g, Gate)
+        ]
+        return all(
+            (self.quant_of(a) and self.quant_of(a).dtype.startswith("fp8"))
+            and (self.quant_of(b) and self.quant_of(b).dtype.startswith("fp8"))
+            for a, b in pairs
+        )

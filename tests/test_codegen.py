@@ -19,7 +19,8 @@ MODULES = [p for p in GENERATED if not p.name.startswith("test_")]
 _KINDS = {k.name: k.kind for k in build.load(build.collect([str(ROOT / "specs")])).kernels}
 ATTENTION = [p for p in MODULES if _KINDS.get(p.stem) == "attention"]
 LOSS_HEADS = [p for p in MODULES if _KINDS.get(p.stem) == "loss"]
-CHAINS = [p for p in MODULES if p not in ATTENTION and p not in LOSS_HEADS]
+QUANTIZED = [p for p in MODULES if _KINDS.get(p.stem) == "quant"]
+CHAINS = [p for p in MODULES if p not in ATTENTION + LOSS_HEADS + QUANTIZED]
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +64,8 @@ def test_generated_files_stand_alone(path):
     allowed = {
         "torch",
         "triton",
+        "collections",
+        "zlib",
         "gc",
         "importlib",
         "logging",
@@ -98,7 +101,7 @@ def test_formulas(examples):
     by_name = {
         k.name: chain_text.formula(k)
         for k in examples.kernels
-        if k.kind not in ("attention", "loss")
+        if k.kind not in ("attention", "loss", "quant")
     }
     assert by_name == {
         "bert_intermediate": "y = gelu(x @ w.T + b)",
@@ -266,6 +269,9 @@ def test_one_runtime_per_folder_names_its_version_and_hash():
         assert f'_rt = _runtime("{digest}", "loss_head")' in path.read_text(), path.name
     for path in CHAINS:
         assert f'_rt = _runtime("{digest}", "chains")' in path.read_text(), path.name
+    assert len(QUANTIZED) == 4
+    for path in QUANTIZED:
+        assert f'_rt = _runtime("{digest}", "quant")' in path.read_text(), path.name
 
 
 @pytest.mark.parametrize("path", ATTENTION, ids=lambda p: p.name)
@@ -298,6 +304,18 @@ def test_attention_test_modules_are_short(path):
     assert len(text.splitlines()) <= 250
     assert "globals().update(harness.attention_tests(globals()))" in text
     assert not any(line.startswith("def test_") for line in text.splitlines())
+
+
+@pytest.mark.parametrize("path", QUANTIZED, ids=lambda p: p.name)
+def test_quantized_modules_are_short(path):
+    """A quantized chain's module is its kernel, constants, launcher and reference (the
+    checks and tuning are the runtime's QuantChain); its tests state inputs, cases and
+    the bound, and come from the quantized harness."""
+    assert len(path.read_text().splitlines()) <= 330
+    tests = (path.parent / f"test_{path.name}").read_text()
+    assert len(tests.splitlines()) <= 120
+    assert "globals().update(harness.quant_tests(globals()))" in tests
+    assert not any(line.startswith("def test_") for line in tests.splitlines())
 
 
 @pytest.mark.parametrize("path", LOSS_HEADS, ids=lambda p: p.name)

@@ -63,6 +63,10 @@ def test_examples_lower():
         "llama3_lm_head_loss",
         "gemma2_lm_head_loss",
         "scaled_lm_head_loss",
+        "llama_mlp_int4",
+        "linear_int8",
+        "gelu_fp8_rowwise",
+        "deepseek_mlp_fp8",
     ]
     by_name = {k.name: k for k in loaded.kernels}
     llama = by_name["llama_mlp_gate_up"]

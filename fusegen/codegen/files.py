@@ -30,7 +30,8 @@ from fusegen.codegen.chain_text import (
 )
 from fusegen.codegen.attention_text import module_context as attention_module_context
 from fusegen.codegen.loss_text import module_context as loss_module_context
-from fusegen.ir import Attention, Config, Kernel, LossHead, Tensor
+from fusegen.codegen import quant_text
+from fusegen.ir import Attention, Config, Kernel, LossHead, QuantChain, Tensor
 from fusegen.codegen.kernel_text import (
     align_heuristic,
     aligned_ints,
@@ -95,9 +96,14 @@ class Rendered:
 RUNTIME_DIR = "_fusegen_runtime"  # the runtime package, beside the kernel modules
 
 
-def render(kernel: Kernel | Attention | LossHead) -> list[Rendered]:
+def render(kernel: Kernel | Attention | LossHead | QuantChain) -> list[Rendered]:
     """The kernel module and its test module, formatted and checked to parse."""
-    if isinstance(kernel, LossHead):
+    if isinstance(kernel, QuantChain):
+        files = (
+            (f"{kernel.name}.py", "quant_module.py.j2", quant_context(kernel)),
+            (f"test_{kernel.name}.py", "quant_test.py.j2", quant_test_context(kernel)),
+        )
+    elif isinstance(kernel, LossHead):
         files = (
             (f"{kernel.name}.py", "loss_module.py.j2", loss_context(kernel)),
             (
@@ -237,6 +243,14 @@ def attention_context(att: Attention) -> dict:
 
 def loss_context(head: LossHead) -> dict:
     return {**loss_module_context(head, header(head), DOC_WIDTH), "runtime_hash": runtime_digest()}
+
+
+def quant_context(qc: QuantChain) -> dict:
+    return quant_text.context(qc, header(qc), runtime_digest(), DOC_WIDTH, param_lines)
+
+
+def quant_test_context(qc: QuantChain) -> dict:
+    return quant_text.test_context(qc, header(qc))
 
 
 def attention_test_context(att: Attention) -> dict:

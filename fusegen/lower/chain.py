@@ -227,11 +227,12 @@ class ChainLowering:
                     path + (which,), f"matmul operand '{t.name}' must be 2-D, it is {list(t.dims)}"
                 )
                 bad = True
-            if t.dtype is not None:
+            if t.dtype is not None and t.dtype not in dtypes.QUANT_DTYPES:
                 self.err(
                     ("inputs", t.name, "dtype"),
                     f"matmul operand '{t.name}' cannot pin a dtype",
-                    "matmul operands take the call's dtype (tl.dot needs both sides alike)",
+                    "matmul operands take the call's dtype (tl.dot needs both sides alike), "
+                    "or a quantized one with its scale: " + ", ".join(dtypes.QUANT_DTYPES),
                 )
                 bad = True
         if bad:

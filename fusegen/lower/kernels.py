@@ -13,8 +13,20 @@ import pydantic
 from fusegen import configs, dtypes
 from fusegen.spec import limits
 from fusegen.errors import SpecError, SpecErrors, did_you_mean
-from fusegen.ir import Attention, Config, Dim, Gate, Kernel, LossHead, Matmul, RowStep, Tensor
+from fusegen.ir import (
+    Attention,
+    Config,
+    Dim,
+    Gate,
+    Kernel,
+    LossHead,
+    Matmul,
+    QuantChain,
+    RowStep,
+    Tensor,
+)
 from fusegen.lower.chain import ChainLowering
+from fusegen.lower.quant import is_quantized, lower_quant, quant_fields_problems
 from fusegen.spec.source import SpecSource
 from fusegen.lower.attention import lower_attention
 from fusegen.lower.loss import ends_in_loss, lower_loss_head
@@ -110,7 +122,7 @@ RESERVED_MODULES = frozenset(
 )
 
 
-def lower_file(source: SpecSource) -> list[Kernel | Attention | LossHead]:
+def lower_file(source: SpecSource) -> list[Kernel | Attention | LossHead | QuantChain]:
     """All kernels of one parsed spec file. Raises SpecErrors with every problem found."""
     data = source.data
     errors: list[SpecError] = []
@@ -153,7 +165,7 @@ def lower_file(source: SpecSource) -> list[Kernel | Attention | LossHead]:
             )
         )
         raise SpecErrors(errors)
-    kernels: list[Kernel | Attention | LossHead] = []
+    kernels: list[Kernel | Attention | LossHead | QuantChain] = []
     seen: dict[str, int] = {}
     for i, raw in enumerate(kernels_raw):
         path = ("kernels", i)
@@ -396,10 +408,18 @@ class _KernelLowerer:
                     ("dims", d.name), f"dim '{d.name}' is declared but no input uses it", key=True
                 )
 
-    def lower(self) -> Kernel | None:
+    def lower(self) -> Kernel | QuantChain | None:
+        kernel = self._lower_chain()
+        if not is_quantized(self.spec) or kernel is None:
+            return kernel
+        quant = lower_quant(kernel, self.spec, self.err)
+        return None if self.errors else quant
+
+    def _lower_chain(self) -> Kernel | None:
         spec = self.spec
         self._check_kernel_name()
         self._check_dtypes()
+        quant_fields_problems(spec, self.err)
         if spec.target == "amd" and spec.fp32_matmul in ("tf32", "tf32x3"):
             self.err(
                 ("fp32_matmul",),
@@ -556,6 +576,13 @@ class _KernelLowerer:
                     ("inputs", name, "shape"),
                     f"input '{name}' names dim '{inp.shape[0]}' twice",
                     "give each axis its own dim, even when sizes are equal (K: 768, N: 768)",
+                )
+            if inp.dtype in dtypes.QUANT_DTYPES and labels:
+                ok = False
+                self.err(
+                    ("inputs", name, "dtype"),
+                    f"input '{name}' is {inp.dtype}: a loss head takes no quantized inputs",
+                    "quantized operands are for matmul chains (bias, activation, gate)",
                 )
             if inp.dtype in dtypes.INDEX_DTYPES and not labels:
                 ok = False

@@ -23,15 +23,18 @@ def _dtype_name(value: Any) -> str:
 
 
 def _input_dtype_name(value: Any) -> str:
-    index = dtypes.canonical_index(value) if isinstance(value, str) else None
-    if index is not None:
-        return index
-    name = dtypes.canonical(value) if isinstance(value, str) else None
-    if name is None:
-        valid = ", ".join(dtypes.DTYPES)
-        labels = ", ".join(dtypes.INDEX_DTYPES)
-        raise ValueError(f"unknown dtype {value!r}; valid: {valid} ({labels}: labels)")
-    return name
+    if isinstance(value, str):
+        for canonical in (dtypes.canonical_index, dtypes.canonical_quant, dtypes.canonical):
+            name = canonical(value)
+            if name is not None:
+                return name
+    valid = ", ".join(dtypes.DTYPES)
+    labels = ", ".join(dtypes.INDEX_DTYPES)
+    quant = ", ".join(dtypes.QUANT_DTYPES)
+    raise ValueError(
+        f"unknown dtype {value!r}; valid: {valid} ({labels}: labels; {quant}: quantized, "
+        "with a scale)"
+    )
 
 
 def _dim_size(value: Any) -> Any:
@@ -49,9 +52,10 @@ DTypeName = Annotated[
     Literal["fp32", "fp16", "bf16"],
     BeforeValidator(_dtype_name),
 ]
-# An input may also hold integers: a cross_entropy step's labels.
+# An input may also hold integers (a cross_entropy step's labels) or quantized values
+# (a matmul operand with its scales).
 InputDTypeName = Annotated[
-    Literal["fp32", "fp16", "bf16", "int64", "int32"],
+    Literal["fp32", "fp16", "bf16", "int64", "int32", "int8", "int4", "fp8_e4m3", "fp8_e5m2"],
     BeforeValidator(_input_dtype_name),
 ]
 DimSize = Annotated[Union[Literal["dynamic"], int], BeforeValidator(_dim_size)]
@@ -61,6 +65,28 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class PerGroupScale(_Strict):
+    per_group: int = Field(
+        gt=0,
+        le=2**20,
+        description="one scale for each run of this many values along K, per row (a "
+        "multiple of 16)",
+    )
+
+
+BlockSide = Annotated[int, Field(gt=0, le=2**20)]
+
+
+class PerBlockScale(_Strict):
+    per_block: tuple[BlockSide, BlockSide] = Field(
+        description="one scale for each [rows, K] block (DeepSeek-V3's [128, 128]; K's a "
+        "multiple of 16)"
+    )
+
+
+ScaleKind = Union[Literal["per_tensor", "per_row", "per_channel"], PerGroupScale, PerBlockScale]
+
+
 class InputSpec(_Strict):
     """One input tensor. `x: [M, K]` is short for `x: {shape: [M, K]}`."""
 
@@ -68,7 +94,24 @@ class InputSpec(_Strict):
     dtype: InputDTypeName | None = Field(
         None,
         description="pin this input's dtype; unpinned inputs take the call's dtype "
-        "(int64 / int32: a cross_entropy step's labels)",
+        "(int64 / int32: a cross_entropy step's labels; int8, int4, fp8_e4m3, fp8_e5m2: a "
+        "quantized matmul operand, with `scale`)",
+    )
+    scale: ScaleKind | None = Field(
+        None,
+        description="a quantized input's scales, the launcher's `<name>_scale` argument: "
+        "per_tensor (one), per_row (one per row: per_channel of a [N, K] weight), "
+        "{per_group: G} (one per G values along K, per row), {per_block: [R, G]}",
+    )
+    zero_point: bool = Field(
+        False,
+        description="int8 / int4: the values are unsigned, and a `<name>_zero` argument "
+        "(uint8, the scales' shape) holds what is subtracted before scaling (AWQ, GPTQ)",
+    )
+    packing: Literal["low_first", "high_first"] | None = Field(
+        None,
+        description="int4: which nibble of a byte holds the even K index (default "
+        "low_first: bits 0-3)",
     )
     doc: str = ""
 

@@ -1,0 +1,412 @@
+"""A quantized chain's module text: the kernel's mainloop (operands loaded as stored,
+unpacked, zero points subtracted), where each scale is applied, and the launcher's facts.
+
+Every operand reaches the tensor cores exact: integers and fp8 values are exact in
+bf16, fp16 (and fp8 itself where both sides are fp8). Scales never touch an operand:
+one constant along K multiplies the finished accumulator; one that changes along K (a
+group, a block) multiplies each K step's partial sums, BLOCK_K dividing its group.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+
+from fusegen import dtypes, ops
+from fusegen.codegen import naming
+from fusegen.codegen.chain_text import (
+    dict_literal,
+    docstring_safe,
+    dtype_literal,
+    formula,
+    matmul_text,
+    tuple_literal,
+)
+from fusegen.codegen.kernel_text import epilogue, fast_tanh, helpers, weights
+from fusegen.codegen.equivalence_text import bound_lines, bound_returns, dist
+from fusegen.codegen.python_text import reference_lines
+from fusegen.ir import Config, Quant, QuantChain
+
+SCALE_DOC = {
+    "tensor": "one scale",
+    "row": "one scale a row",
+    "group": "one scale per {group} values along {k}, a row",
+    "block": "one scale per [{rows}, {group}] block",
+}
+
+
+def launcher_tensors(qc: QuantChain) -> list[dict]:
+    """The launcher's tensor arguments in order: each input, a quantized one followed by
+    its scales and zero points. Per tensor: its name, dims (for strides; scales' are
+    named rows / groups) and what it is."""
+    out = []
+    for t in qc.chain.inputs:
+        q = qc.quant_of(t.name)
+        out.append({"name": t.name, "dims": list(t.dims), "role": "quant" if q else "plain"})
+        if q is None:
+            continue
+        dims = {
+            "tensor": [],
+            "row": ["rows"],
+            "group": ["rows", "groups"],
+            "block": ["rows", "groups"],
+        }
+        out.append({"name": q.scale_name, "dims": dims[q.scale], "role": "scale", "of": q.name})
+        if q.zero_point:
+            out.append({"name": q.zero_name, "dims": dims[q.scale], "role": "zero", "of": q.name})
+    return out
+
+
+def kernel_params(qc: QuantChain) -> list[dict]:
+    chain = qc.chain
+    tensors = launcher_tensors(qc)
+    strides = [naming.stride(t["name"], d) for t in tensors for d in t["dims"]]
+    strides += [naming.stride(naming.OUT, chain.row), naming.stride(naming.OUT, chain.col)]
+    meta = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "INT64", "DOT_DTYPE"]
+    if fast_tanh(chain):
+        meta.append("FAST_TANH")
+    return [
+        {
+            "comment": "the inputs (each quantized one with its scales, zero points), the output",
+            "names": [naming.ptr(t["name"]) for t in tensors] + [naming.ptr(naming.OUT)],
+        },
+        {"comment": "dims", "names": [d.name for d in chain.dims]},
+        {"comment": "strides, in elements", "names": strides},
+        {"comment": "meta-parameters", "names": [f"{m}: tl.constexpr" for m in meta]},
+    ]
+
+
+def _rows(qc: QuantChain, name: str) -> str:
+    """The dim along which an operand's rows run in the output tile: M for a, N for b."""
+    mm = qc.chain.matmul
+    return mm.m if name == mm.a else mm.n
+
+
+def _scale_addr(q: Quant, s: str, rows: str, group_index: str) -> str:
+    """The address of tensor `s` (q's scales or zero points) for the tile's rows."""
+    offs = naming.offs(rows)
+    if q.scale == "tensor":
+        return naming.ptr(s)
+    row_index = offs if q.rows_per == 1 else f"({offs} // {q.rows_per})"
+    addr = f"{naming.ptr(s)} + {row_index} * {naming.stride(s, 'rows')}"
+    if q.k_varying:
+        addr += f" + {group_index} * {naming.stride(s, 'groups')}"
+    return addr
+
+
+def _vector_load(q: Quant, which: str, rows: str, group_index: str) -> str:
+    """A [rows] load of a scale or zero point (a scalar per tensor), as fp32 / int32."""
+    addr = _scale_addr(q, q.scale_name if which == "scale" else q.zero_name, rows, group_index)
+    var = f"{q.name}_{which}_{'k' if q.k_varying else 'all'}"
+    cast = "tl.float32" if which == "scale" else "tl.int32"
+    if q.scale == "tensor":
+        return f"{var} = tl.load({addr}).to({cast})"
+    other = "1.0" if which == "scale" else "0"
+    return f"{var} = tl.load({addr}, mask={naming.mask(rows)}, other={other}).to({cast})"
+
+
+def _broadcast(var: str, side: str, q: Quant) -> str:
+    if q.scale == "tensor":
+        return var
+    return f"{var}[:, None]" if side == "a" else f"{var}[None, :]"
+
+
+def operand_lines(qc: QuantChain, name: str, k: str) -> list[str]:
+    """The K step's lines that make `<name>_tile`, [rows, BLOCK_K], from memory."""
+    q = qc.quant_of(name)
+    rows = _rows(qc, name)
+    offs_r, mask_r = naming.offs(rows), naming.mask(rows)
+    tile = naming.tile(name)
+    stride_r, stride_k = naming.stride(name, rows), naming.stride(name, k)
+    offs_k, mask_k = naming.offs(k), naming.mask(k)
+    if q is None or q.dtype != "int4":
+        addr = (
+            f"{naming.ptr(name)} + {offs_r}[:, None] * {stride_r} + {offs_k}[None, :] * {stride_k}"
+        )
+        other = "0" if q is not None and dtypes.QUANT_DTYPES[q.dtype].integer else "0.0"
+        mask = f"{mask_r}[:, None] & {mask_k}[None, :]"
+        lines = [f"{tile} = tl.load({addr}, mask={mask}, other={other})"]
+        if q is not None and q.zero_point:
+            lines.append(f"{tile} = {tile}.to(tl.int32)")
+    else:
+        addr = (
+            f"{naming.ptr(name)} + {offs_r}[:, None] * {stride_r}"
+            f" + offs_packed[None, :] * {stride_k}"
+        )
+        low, high = f"{name}_bytes & 15", f"{name}_bytes >> 4"
+        first, second = (low, high) if q.packing == "low_first" else (high, low)
+        mask = f"{mask_r}[:, None] & mask_packed[None, :]"
+        lines = [
+            f"{name}_bytes = tl.load({addr}, mask={mask}, other=0)",
+            f"# Two values a byte along {k}, the even index in the "
+            f"{'low' if q.packing == 'low_first' else 'high'} nibble.",
+            f"{tile} = tl.reshape(tl.join({first}, {second}), (BLOCK_{_block(qc, rows)}, BLOCK_K))",
+            f"{tile} = {tile}.to(tl.int32)",
+        ]
+        if not q.zero_point:
+            lines.append(f"{tile} = ({tile} ^ 8) - 8  # two's complement nibbles")
+    if q is not None and q.zero_point:
+        group_index = f"(k * BLOCK_K) // {q.group}" if q.k_varying else ""
+        if q.k_varying:
+            lines.append(_vector_load(q, "zero", rows, group_index))
+        zero = f"{q.name}_zero_{'k' if q.k_varying else 'all'}"
+        lines.append(f"{tile} = {tile} - {_broadcast(zero, 'a', q)}")
+    if not qc.fp8_dot:
+        lines.append(f"{tile} = {tile}.to(DOT_DTYPE)")
+    return lines
+
+
+def _block(qc: QuantChain, rows: str) -> str:
+    return "M" if rows == qc.chain.matmul.m else "N"
+
+
+def mainloop(qc: QuantChain) -> dict:
+    """Lines before the K loop (scales and zero points that K does not change), in it,
+    and after it (the scales applied to the accumulators)."""
+    chain = qc.chain
+    mm = chain.matmul
+    k = mm.k
+    before, loop, after = [], [], []
+    loop += [
+        f"{naming.offs(k)} = k * BLOCK_K + tl.arange(0, BLOCK_K)",
+        f"{naming.mask(k)} = {naming.offs(k)} < {k}",
+    ]
+    if any(q.dtype == "int4" for q in qc.quant):
+        loop += [
+            "offs_packed = k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)",
+            f"mask_packed = offs_packed < {k} // 2",
+        ]
+    names = [mm.a] + [b for _, b in weights(chain)]
+    for name in names:
+        q = qc.quant_of(name)
+        rows = _rows(qc, name)
+        if q is not None and q.zero_point and not q.k_varying:
+            before.append(_vector_load(q, "zero", rows, ""))
+        loop += operand_lines(qc, name, k)
+    a = qc.quant_of(mm.a)
+    if a is not None and a.k_varying:
+        loop.append(_vector_load(a, "scale", mm.m, f"(k * BLOCK_K) // {a.group}"))
+    for acc, b_name in weights(chain):
+        b = qc.quant_of(b_name)
+        if b is not None and b.k_varying:
+            loop.append(_vector_load(b, "scale", mm.n, f"(k * BLOCK_K) // {b.group}"))
+        dot = f"tl.dot({naming.tile(mm.a)}, {naming.tile(b_name)}.T"
+        factors = [
+            _broadcast(f"{q.name}_scale_k", side, q)
+            for q, side in ((a, "a"), (b, "b"))
+            if q is not None and q.k_varying
+        ]
+        if factors:
+            loop.append(f"{acc} += {dot}) * {' * '.join(factors)}")
+        else:
+            loop.append(f"{acc} = {dot}, {acc})")
+        constant = [
+            (q, side, rows)
+            for q, side, rows in ((a, "a", mm.m), (b, "b", mm.n))
+            if q is not None and not q.k_varying
+        ]
+        for q, _, rows in constant:
+            load = _vector_load(q, "scale", rows, "")
+            if load not in after:
+                after.append(load)
+        if constant:
+            product = " * ".join(
+                _broadcast(f"{q.name}_scale_all", side, q) for q, side, _ in constant
+            )
+            after.append(f"{acc} = {acc} * {product}")
+    return {"before": before, "loop": loop, "after": after}
+
+
+def context(
+    qc: QuantChain, header: list[str], runtime_hash: str, doc_width: int, param_lines
+) -> dict:
+    chain = qc.chain
+    mm = chain.matmul
+    tensors = launcher_tensors(qc)
+    names = [t["name"] for t in tensors]
+    quant = dict_literal(
+        [
+            (
+                q.name,
+                f'_rt.Quant("{q.dtype}", "{q.scale}", {q.group}, {q.rows_per}, '
+                f"{q.zero_point}, {repr(q.packing)})",
+            )
+            for q in qc.quant
+        ]
+    )
+    inputs = tuple_literal(
+        [
+            f'("{t.name}", {tuple_literal([repr(d) for d in t.dims])}, {t.batched})'
+            for t in chain.inputs
+        ]
+    )
+    ref = reference_lines(chain)
+    doc_lines = [
+        wrapped
+        for line in (chain.doc.splitlines() if chain.doc else [])
+        for wrapped in (textwrap.wrap(docstring_safe(line), doc_width) or [""])
+    ]
+    return {
+        "header": header,
+        "name": chain.name,
+        "runtime_hash": runtime_hash,
+        "doc_lines": doc_lines,
+        "formula": formula(chain),
+        "args_doc": args_doc(qc, doc_width),
+        "uses_functional": any("F." in line for line in ref),
+        "dims_literal": dict_literal([(d.name, str(d.size)) for d in chain.dims]),
+        "dtypes_literal": tuple_literal([dtype_literal(d) for d in chain.dtypes]),
+        "out_dtype_literal": dtype_literal(chain.out_dtype) if chain.out_dtype else "None",
+        "quant_literal": quant,
+        "inputs_literal": inputs,
+        "configs": [config_literal(c) for c in qc.configs],
+        "default_config": config_literal(qc.default_config),
+        "interpreter_config": config_literal(qc.interpreter_config),
+        "fp8_dot": qc.fp8_dot,
+        "fast_tanh": fast_tanh(chain),
+        "helpers": helpers(chain),
+        "kernel_fn": naming.kernel_fn(chain.name),
+        "params": param_lines(kernel_params(qc)),
+        "zero_points": {q.name: q.zero_point for q in qc.quant},
+        "no_gpu": chain.fallback_no_gpu,
+        "row": chain.row,
+        "col": chain.col,
+        "k": mm.k,
+        "offs_row": naming.offs(chain.row),
+        "offs_col": naming.offs(chain.col),
+        "mask_row": naming.mask(chain.row),
+        "mask_col": naming.mask(chain.col),
+        "accumulators": [acc for acc, _ in weights(chain)],
+        "mainloop": mainloop(qc),
+        "epilogue": epilogue(chain, "acc"),
+        "out_addr": (
+            f"{naming.ptr(naming.OUT)} + {naming.offs(chain.row)}[:, None] * "
+            f"{naming.stride(naming.OUT, chain.row)} + {naming.offs(chain.col)}[None, :] * "
+            f"{naming.stride(naming.OUT, chain.col)}"
+        ),
+        "launcher_args": names,
+        "dequantized": [q.name for q in qc.quant],
+        "plain_inputs": [t.name for t in chain.inputs if t.dtype is None],
+        "reference_lines": ref,
+        "matmul_text": matmul_text(mm),
+        "row_dim": chain.row,
+        "col_dim": chain.col,
+    }
+
+
+def config_literal(cfg: Config) -> str:
+    return "{" + ", ".join(f'"{k}": {v}' for k, v in cfg.items()) + "}"
+
+
+def args_doc(qc: QuantChain, width: int) -> list[str]:
+    """One entry per launcher argument: its shape, dtype and meaning."""
+    chain = qc.chain
+    lines = []
+    for t in chain.inputs:
+        q = qc.quant_of(t.name)
+        lead = (
+            "[..., " + ", ".join(t.dims[1:]) + "]" if t.batched else "[" + ", ".join(t.dims) + "]"
+        )
+        if q is None:
+            dtype = t.dtype or "the call's dtype (" + " or ".join(chain.dtypes) + ")"
+            lines.append(f"{t.name}: {lead}; {dtype}.")
+            continue
+        info = dtypes.QUANT_DTYPES[q.dtype]
+        k = t.dims[-1]
+        if q.dtype == "int4":
+            stored = f"[{t.dims[0]}, {k} // 2] uint8, two values a byte along {k}, the even " + (
+                "index in the low nibble"
+                if q.packing == "low_first"
+                else "index in the high nibble"
+            )
+        else:
+            torch_name = info.unsigned_torch if q.zero_point and info.unsigned_torch else info.torch
+            stored = f"{lead} {torch_name}"
+        values = (
+            f"unsigned {info.unsigned_range}"
+            if q.zero_point and info.integer
+            else f"signed {info.signed_range}" if info.integer else q.dtype
+        )
+        lines.append(f"{t.name}: {stored}; values {values}.")
+        rows = t.dims[0]
+        shapes = {
+            "tensor": "[1] (or a 0-d tensor)",
+            "row": f"[{rows}]" if not t.batched else f"the leading dims of {t.name}",
+            "group": f"[{rows}, {k} // {q.group}]",
+            "block": f"[cdiv({rows}, {q.rows_per}), {k} // {q.group}]",
+        }
+        what = SCALE_DOC[q.scale].format(group=q.group, k=k, rows=q.rows_per)
+        lines.append(f"{q.scale_name}: {shapes[q.scale]}, fp32, bf16 or fp16: {what}.")
+        if q.zero_point:
+            lines.append(
+                f"{q.zero_name}: {shapes[q.scale]}, uint8: subtracted from {t.name}'s values "
+                "before the scale."
+            )
+    return [w for line in lines for w in textwrap.wrap(line, width, subsequent_indent="    ")]
+
+
+def cases(qc: QuantChain) -> tuple[list[dict], list[dict]]:
+    """Sizes for the dynamic dims: (CPU cases, GPU cases). K is a multiple of every
+    group (and even for int4), past the interpreter's BLOCK_K and not a multiple of the
+    GPU's largest."""
+    chain = qc.chain
+    mm = chain.matmul
+    unit = math.lcm(
+        *[q.group for q in qc.quant if q.group], *[2 for q in qc.quant if q.dtype == "int4"], 1
+    )
+    if unit == 1:
+        k_cpu, k_gpu = [70, 300], [70, 1000, 4099]
+    else:
+        k_cpu = [unit * m for m in (2, 5)]
+        k_gpu = [unit * m for m in (1, 9, 33)]
+        k_cpu = [k if k > 16 else k * 8 for k in k_cpu]
+    table_cpu = {"row": [1, 37], "col": [70, 300], "k": k_cpu}
+    table_gpu = {"row": [1, 77, 3000], "col": [50, 1000, 4097], "k": k_gpu}
+
+    def role(name: str) -> str:
+        return "row" if name == chain.row else "k" if name == mm.k else "col"
+
+    def build(table: dict) -> list[dict]:
+        count = len(table["row"])
+        out = []
+        for i in range(count):
+            case = {d.name: table[role(d.name)][-count:][i] for d in chain.dims if d.size is None}
+            if case not in out:
+                out.append(case)
+        return out
+
+    return build(table_cpu), build(table_gpu)
+
+
+def test_context(qc: QuantChain, header: list[str]) -> dict:
+    chain = qc.chain
+    mm = chain.matmul
+    cpu, gpu = cases(qc)
+    bounds = bound_lines(chain)
+    roles = {mm.a: "a", mm.b: "b", **{b: "b" for _, b in weights(chain)}}
+    return {
+        "header": header,
+        "name": chain.name,
+        "formula": formula(chain),
+        "uses_functional": any("F." in line for line in bounds),
+        "fast_tanh": fast_tanh(chain),
+        "tanh_approx": f"2.0**{ops.TANH_APPROX_EXPONENT}",
+        "dtypes_literal": "[" + ", ".join(dtype_literal(d) for d in chain.dtypes) + "]",
+        "row": chain.row,
+        "col": chain.col,
+        "k": mm.k,
+        "cases_cpu": repr(cpu),
+        "cases_gpu": repr(gpu),
+        "test_inputs": [
+            {
+                "name": t.name,
+                "dist": "quantized" if qc.quant_of(t.name) else dist(chain, t),
+                "dtype": dtype_literal(t.dtype) if t.dtype in dtypes.DTYPES else "None",
+            }
+            for t in chain.inputs
+        ],
+        "roles": repr(roles),
+        "ref_args": ", ".join(t.name for t in chain.inputs),
+        "bound_lines": bounds,
+        "bound_returns": bound_returns(chain),
+    }

@@ -1,0 +1,419 @@
+"""A quantized chain module's launcher (`QuantChain`), and the math its reference and
+tests share: dequantize, pack_int4.
+
+A module states its inputs (INPUTS), each quantized one's storage and scales (QUANT,
+as `Quant`), its configs and its kernel; a call is checked once per signature (shapes,
+dtypes, strides, devices), and its plan, config included, kept for the next."""
+
+import logging
+import os
+import zlib
+from collections import namedtuple
+
+import torch
+import triton
+import triton.language as tl
+
+from .checks import bucket, signature
+
+_log = logging.getLogger(__name__)
+
+Quant = namedtuple("Quant", "dtype scale group rows_per zero_point packing")
+# The stored tensor's dtype per quantized dtype, without and with zero points.
+STORAGE = {
+    "int8": (torch.int8, torch.uint8),
+    "int4": (torch.uint8, torch.uint8),
+    "fp8_e4m3": (torch.float8_e4m3fn,) * 2,
+    "fp8_e5m2": (torch.float8_e5m2,) * 2,
+}
+SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def unpack_int4(packed, packing, signed):
+    """[rows, K // 2] uint8 -> [rows, K] int16, the even K index from the nibble
+    `packing` names; two's complement where signed."""
+    low, high = (packed & 15).to(torch.int16), (packed >> 4).to(torch.int16)
+    first, second = (low, high) if packing == "low_first" else (high, low)
+    values = torch.stack((first, second), dim=-1).reshape(*packed.shape[:-1], -1)
+    return (values ^ 8) - 8 if signed else values
+
+
+def pack_int4(values, packing="low_first"):
+    """[rows, K] integers (-8..7, or 0..15) -> [rows, K // 2] uint8, two a byte: how a
+    quantized chain's int4 inputs are stored (K even)."""
+    nibbles = (values.to(torch.int16) & 15).to(torch.uint8)
+    even, odd = nibbles[..., 0::2], nibbles[..., 1::2]
+    low, high = (even, odd) if packing == "low_first" else (odd, even)
+    return low | (high << 4)
+
+
+def _spread(factors, quant, rows, k):
+    """Scales or zero points as [rows, k] (or a scalar), each value over what it covers."""
+    if quant.scale == "tensor":
+        return factors.reshape(())
+    if quant.scale == "row":
+        return factors.reshape(rows, 1)
+    spread = factors.reshape(-1, factors.shape[-1])
+    if quant.scale == "block":
+        spread = spread.repeat_interleave(quant.rows_per, dim=0)[:rows]
+    return spread.repeat_interleave(quant.group, dim=1)[:, :k]
+
+
+def dequantize(stored, scale, zero, quant, dtype):
+    """The values a quantized input stands for, in `dtype`: (stored - zero) * scale,
+    exact in float64 (the reference's tests), else rounded once."""
+    if quant.dtype == "int4":
+        values = unpack_int4(stored, quant.packing, signed=not quant.zero_point)
+    else:
+        values = stored
+    shape = values.shape
+    values = values.reshape(-1, shape[-1])
+    rows, k = values.shape
+    wide = torch.float64
+    values = values.to(wide)
+    if zero is not None:
+        values = values - _spread(zero.to(wide), quant, rows, k)
+    values = values * _spread(scale.to(wide), quant, rows, k)
+    return values.reshape(shape).to(dtype)
+
+
+class QuantChain:
+    """A quantized chain module's launches: its checks per call signature, the config
+    (the caller's, the interpreter's, tuned at the first call of a key, or the default),
+    and the reference where no GPU runs the kernel."""
+
+    def __init__(self, module, name, kernel):
+        self.module, self.name, self.kernel = module, name, kernel
+        self.dims = module["DIMS"]
+        self.inputs = module["INPUTS"]
+        self.quant = module["QUANT"]
+        self.plans = {}  # call signature -> plan
+        self.tuned = {}  # tuning key -> config
+        self.last_launch = {}
+        # The launcher's tensors in order: (name, role, the input it belongs to).
+        self.arguments = []
+        for name_, _, _ in self.inputs:
+            q = self.quant.get(name_)
+            self.arguments.append((name_, "quant" if q else "plain", name_))
+            if q:
+                self.arguments.append((f"{name_}_scale", "scale", name_))
+                if q.zero_point:
+                    self.arguments.append((f"{name_}_zero", "zero", name_))
+        self.op = self._custom_op()
+
+    # -- a call --------------------------------------------------------------------------
+
+    def __call__(self, tensors, out, out_dtype, config):
+        if torch.compiler.is_compiling() and out is None and config is None:
+            return self.op(list(tensors), out_dtype)
+        if torch.is_grad_enabled() and any(
+            isinstance(t, torch.Tensor) and t.requires_grad for t in tensors
+        ):
+            raise RuntimeError(
+                f"{self.name}: a quantized chain is inference-only and makes no gradients; "
+                "call it under torch.no_grad() or with inputs that do not require grad"
+            )
+        key = (signature(*tensors), out_dtype)
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = self.plan(tensors, out_dtype)
+            self.plans[key] = plan
+        if out is None:
+            out = torch.empty(plan["out_shape"], dtype=plan["out_dtype"], device=plan["device"])
+        else:
+            self.check_out(out, plan)
+        if not plan["runs_triton"]:
+            return self.without_gpu(tensors, out, plan)
+        views = plan["views"](tensors)
+        out2d = out.view(-1, out.shape[-1])
+        if config is None:
+            config = self.config_for(plan, views, out2d)
+        self.launch(plan, views, out2d, config)
+        self.last_launch = {
+            "source": "kernel",
+            "config": dict(config),
+            "dot": plan["dot"],
+            "fast_tanh": plan["consts"].get("FAST_TANH", False),
+        }
+        return out
+
+    def launch(self, plan, views, out2d, config):
+        meta = {k: v for k, v in config.items() if k.isupper()}
+        options = {k: v for k, v in config.items() if not k.isupper()}
+        rows, cols = plan["rows"], plan["cols"]
+        grid = (cdiv(rows, meta["BLOCK_M"]) * cdiv(cols, meta["BLOCK_N"]),)
+        strides = [
+            s for t, n in zip(views, plan["stride_counts"], strict=True) for s in t.stride()[:n]
+        ]
+        self.kernel[grid](
+            *views,
+            out2d,
+            *plan["dim_sizes"],
+            *strides,
+            *out2d.stride(),
+            **meta,
+            **plan["consts"],
+            **options,
+        )
+
+    def without_gpu(self, tensors, out, plan):
+        if self.module.get("NO_GPU", "reference") == "error":
+            raise RuntimeError(f"{self.name}: no CUDA GPU and the Triton interpreter is off")
+        _log.info("%s: no CUDA GPU and TRITON_INTERPRET unset: running the reference", self.name)
+        named = {n: t for (n, _, _), t in zip(self.arguments, tensors, strict=True)}
+        out.copy_(self.module["reference"](**named, out_dtype=plan["out_dtype"]))
+        self.last_launch = {"source": "reference (no GPU)", "config": None, "dot": None}
+        self.last_launch["fast_tanh"] = False
+        return out
+
+    # -- checks, once per call signature -------------------------------------------------
+
+    def plan(self, tensors, out_dtype):
+        """Check a call, and decide what holds while its signature does."""
+        if len(tensors) != len(self.arguments):
+            raise TypeError(f"{self.name} takes {len(self.arguments)} tensors, got {len(tensors)}")
+        for (n, _, _), t in zip(self.arguments, tensors, strict=True):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{n} must be a torch.Tensor, got {type(t).__name__}")
+        devices = {t.device for t in tensors}
+        if len(devices) > 1:
+            raise ValueError(f"{self.name}: inputs on several devices: {sorted(map(str, devices))}")
+        device = tensors[0].device
+        named = {n: t for (n, _, _), t in zip(self.arguments, tensors, strict=True)}
+        plain = [named[n] for n, _, _ in self.inputs if n not in self.quant]
+        dtype = self.compute_dtype(plain, out_dtype)
+        sizes, lead = {}, None
+        views = {}
+        for name, dims, batched in self.inputs:
+            t = named[name]
+            q = self.quant.get(name)
+            self.check_dtype(name, t, q, dtype)
+            if batched and t.dim() >= len(dims):
+                this_lead = tuple(t.shape[: t.dim() - len(dims) + 1])
+                if lead is not None and this_lead != lead:
+                    raise ValueError(
+                        f"{name} has leading dims {list(this_lead)}, but another input has "
+                        f"{list(lead)}; they must match"
+                    )
+                lead = this_lead
+                t = t.reshape(-1, *t.shape[t.dim() - len(dims) + 1 :])
+            if t.dim() != len(dims):
+                raise ValueError(
+                    f"{name} must be {len(dims)}-D [{', '.join(dims)}], got shape "
+                    f"{list(named[name].shape)}"
+                )
+            shape = list(t.shape)
+            if q is not None and q.dtype == "int4":
+                shape[-1] *= 2  # two values a byte
+            for axis, (dim, size) in enumerate(zip(dims, shape, strict=True)):
+                packed = q is not None and q.dtype == "int4" and axis == len(dims) - 1
+                where = f"{name}.shape[{axis}]" + (" * 2 (two int4 a byte)" if packed else "")
+                self.bind(sizes, dim, size, where)
+            views[name] = t
+        for name, dims, batched in self.inputs:
+            q = self.quant.get(name)
+            if q is not None:
+                self.check_factors(name, q, named, views, dims, sizes, lead if batched else None)
+        out_dtype = self.module["OUT_DTYPE"] or out_dtype or dtype
+        row_dim, col_dim = self.module["ROW"], self.module["COL"]
+        rows, cols = sizes[row_dim], sizes[col_dim]
+        out_shape = (*(lead or (rows,)), cols)
+        interpreted = type(self.kernel).__name__ == "InterpretedFunction"
+        runs = device.type == "cuda" or interpreted
+        fp8 = self.module["FP8_DOT"]
+        dot = "fp8" if fp8 else ("fp32" if interpreted else str(dtype).replace("torch.", ""))
+        counts = [
+            (
+                views[n].dim()
+                if role in ("quant", "plain")
+                else {"tensor": 0, "row": 1}.get(self.quant[owner].scale, 2)
+            )
+            for n, role, owner in self.arguments
+        ]
+        index = {n: i for i, (n, _, _) in enumerate(self.arguments)}
+
+        def as_views(call):
+            out = []
+            for n, role, _ in self.arguments:
+                t = call[index[n]]
+                if role in ("scale", "zero"):
+                    out.append(self.factor_view(t, self.quant[self._owner(n)]))
+                elif t.dim() != len(self._dims(n)):
+                    out.append(t.reshape(-1, *t.shape[t.dim() - len(self._dims(n)) + 1 :]))
+                else:
+                    out.append(t)
+            return out
+
+        int64 = any(t.numel() >= 2**31 for t in tensors) or rows * cols >= 2**31
+        consts = {"INT64": int64, "DOT_DTYPE": TL_DTYPES[torch.float32 if interpreted else dtype]}
+        if self.module.get("FAST_TANH_USED"):
+            consts["FAST_TANH"] = (
+                device.type == "cuda" and not interpreted and out_dtype != torch.float32
+            )
+        return {
+            "device": device,
+            "dtype": dtype,
+            "out_dtype": out_dtype,
+            "out_shape": out_shape,
+            "rows": rows,
+            "cols": cols,
+            "k": sizes[self.module["K"]],
+            "dim_sizes": [sizes[d] for d in self.dims],
+            "stride_counts": counts,
+            "views": as_views,
+            "consts": consts,
+            "runs_triton": runs,
+            "interpreted": interpreted,
+            "dot": dot,
+        }
+
+    def _owner(self, argument):
+        return next(owner for n, _, owner in self.arguments if n == argument)
+
+    def _dims(self, name):
+        return next(dims for n, dims, _ in self.inputs if n == name)
+
+    def bind(self, sizes, dim, size, where):
+        declared = self.dims[dim]
+        if dim in sizes and sizes[dim] != size:
+            raise ValueError(f"{where} is {size}, but dim {dim} is {sizes[dim]} elsewhere")
+        if declared is not None and size != declared:
+            raise ValueError(f"{where} is {size}, but the spec fixes dim {dim} = {declared}")
+        sizes[dim] = size
+
+    def compute_dtype(self, plain, out_dtype):
+        """The call's dtype: the plain (unquantized, unpinned) inputs', which must agree;
+        with none, out_dtype or OUT_DTYPE, else the first of DTYPES."""
+        found = {t.dtype for t in plain}
+        if len(found) > 1:
+            raise TypeError(
+                f"{self.name}: the unquantized inputs must share one dtype, got "
+                f"{sorted(str(d) for d in found)}"
+            )
+        if found:
+            dtype = found.pop()
+            if dtype == torch.float64:  # the tests' float64 reference
+                return dtype
+        else:
+            dtype = out_dtype or self.module["OUT_DTYPE"] or self.module["DTYPES"][0]
+        if dtype not in self.module["DTYPES"] and dtype != torch.float64:
+            allowed = ", ".join(str(d).replace("torch.", "") for d in self.module["DTYPES"])
+            raise TypeError(f"{self.name}: dtype {dtype} is not one of the spec's: {allowed}")
+        return dtype
+
+    def check_dtype(self, name, t, q, dtype):
+        if q is None:
+            return
+        want = STORAGE[q.dtype][1 if q.zero_point else 0]
+        if t.dtype != want:
+            packed = " (two int4 values a byte)" if q.dtype == "int4" else ""
+            raise TypeError(f"{name} must be {want}{packed} for {q.dtype}, got {t.dtype}")
+
+    def check_factors(self, name, q, named, views, dims, sizes, lead):
+        rows, k = sizes[dims[0]], sizes[dims[-1]]
+        if q.dtype == "int4" and k % 2:
+            raise ValueError(f"{name}: int4 packs two values a byte along {dims[-1]}, which is {k}")
+        if q.group is not None and k % q.group:
+            raise ValueError(
+                f"{name}: its scales' group of {q.group} does not divide {dims[-1]} = {k}"
+            )
+        expected = {
+            "tensor": None,
+            "row": (rows,),
+            "group": (rows, k // (q.group or 1)),
+            "block": (cdiv(rows, q.rows_per or 1), k // (q.group or 1)),
+        }[q.scale]
+        for suffix, kind in (("_scale", "scales"), ("_zero", "zero points")):
+            t = named.get(name + suffix)
+            if t is None:
+                continue
+            # Leading batch dims (of a batched operand's scales) count as rows.
+            flat = self.factor_view(t, q) if lead and q.scale in ("row", "group") else t
+            if expected is None:
+                ok = t.numel() == 1
+                want = "[1] (one)"
+            else:
+                ok = tuple(flat.shape) == expected
+                want = "[" + ", ".join(map(str, expected)) + "]"
+            if not ok:
+                raise ValueError(
+                    f"{name}{suffix} must hold {name}'s {kind} as {want} ({q.scale} "
+                    f"scales), got shape {list(t.shape)}"
+                )
+            if suffix == "_scale" and t.dtype not in SCALE_DTYPES:
+                raise TypeError(f"{name}_scale must be fp32, bf16 or fp16, got {t.dtype}")
+            if suffix == "_zero" and t.dtype != torch.uint8:
+                raise TypeError(f"{name}_zero must be uint8, got {t.dtype}")
+
+    @staticmethod
+    def factor_view(t, q):
+        if q.scale == "tensor":
+            return t.reshape(1)
+        if q.scale == "row":
+            return t.reshape(-1)
+        return t.reshape(-1, t.shape[-1])
+
+    def check_out(self, out, plan):
+        if tuple(out.shape) != tuple(plan["out_shape"]) or out.dtype != plan["out_dtype"]:
+            raise ValueError(
+                f"out must be {list(plan['out_shape'])} {plan['out_dtype']}, got "
+                f"{list(out.shape)} {out.dtype}"
+            )
+        if out.device != plan["device"] or not out.is_contiguous():
+            raise ValueError(f"out must be contiguous on {plan['device']}")
+
+    # -- configs ----------------------------------------------------------------------
+
+    def config_for(self, plan, views, out2d):
+        if plan["interpreted"]:
+            return self.module["INTERPRETER_CONFIG"]
+        if self.module["DETERMINISTIC"] or os.environ.get("FUSEGEN_AUTOTUNE") == "0":
+            return self.module["DEFAULT_CONFIG"]
+        key = (bucket(plan["rows"]), plan["cols"], plan["k"], plan["dtype"], plan["out_dtype"])
+        found = self.tuned.get(key)
+        if found is None:
+            found = self.tune(plan, views, out2d)
+            self.tuned[key] = found
+        return found
+
+    def tune(self, plan, views, out2d):
+        """The fastest config of CONFIGS on this call's tensors (written to a scratch
+        output), each timed by the runtime's graph timer."""
+        from .device import graph_bench
+
+        scratch = torch.empty_like(out2d)
+        best, best_ms = None, float("inf")
+        for config in self.module["CONFIGS"]:
+            try:
+                ms = graph_bench(lambda c=config: self.launch(plan, views, scratch, c))[0]
+            except (triton.runtime.errors.OutOfResources, RuntimeError) as exc:
+                _log.debug("%s: config %s does not run: %s", self.name, config, exc)
+                continue
+            if ms < best_ms:
+                best, best_ms = config, ms
+        return best or self.module["DEFAULT_CONFIG"]
+
+    # -- torch.compile -----------------------------------------------------------------
+
+    def _custom_op(self):
+        """The launcher as a torch op, which torch.compile calls as one node (its fake
+        makes the output's shape from the same checks)."""
+        where = zlib.crc32(self.module.get("__file__", self.name).encode())
+        name = f"fusegen_quant::{self.name}_{where:08x}"
+        chain = self
+
+        @torch.library.custom_op(name, mutates_args=())
+        def op(tensors: list[torch.Tensor], out_dtype: torch.dtype | None) -> torch.Tensor:
+            return chain(tuple(tensors), None, out_dtype, None)
+
+        @op.register_fake
+        def _(tensors, out_dtype):
+            plan = chain.plan(tuple(tensors), out_dtype)
+            return tensors[0].new_empty(plan["out_shape"], dtype=plan["out_dtype"])
+
+        return op

@@ -1,0 +1,339 @@
+"""The tests of a generated quantized-chain test module: the kernel against the chain in
+float64 on the dequantized inputs, within the bound its `reference_and_bound` derives;
+mutated references (scales on the wrong rows, nibbles swapped, zero points dropped)
+outside it, so the check is known to catch those bugs; the launcher's refusals, its
+configs, torch.compile and the fallback.
+
+A test module states: kernel, LAUNCHER, DTYPES, ROW, COL, K, CASES, INPUTS (name:
+(pinned dtype or None, "quantized" / "weight" / "normal" / "nonzero")), MATMUL (operand:
+"a" or "b") and reference_and_bound(p_in, depth, fast_tanh, **float64 inputs)."""
+
+import pytest
+import torch
+
+from .equivalence import (  # noqa: F401 - the generated modules' bounds use U32, U_ACC, dot_error
+    DEVICE,
+    INTERPRETER_OUT_ROUNDING,
+    ON_GPU,
+    OUT_ROUNDING,
+    OUT_TINY,
+    U32,
+    U_ACC,
+    dot_error,
+    new_seed,
+)
+from .quant import STORAGE, cdiv, dequantize, pack_int4
+
+# What each scale product adds to a sum's error: the scales' own product, the partial
+# sum times it and its addition (a K-step's), the epilogue's two multiplications.
+SCALE_PRODUCTS = 8 * U32
+# The spread of the stored values, to draw scales that make the dequantized values O(1).
+VALUE_SPREAD = {"int8": 74.0, "int4": 4.6, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0}
+
+
+def dtype_id(dtype):
+    return str(dtype).replace("torch.", "")
+
+
+class Suite:
+    def __init__(self, namespace):
+        self.kernel = namespace["kernel"]
+        self.launcher = namespace["LAUNCHER"]
+        self.dtypes = namespace["DTYPES"]
+        self.row, self.col, self.k = namespace["ROW"], namespace["COL"], namespace["K"]
+        self.cases = namespace["CASES"]
+        self.inputs = namespace["INPUTS"]
+        self.matmul = namespace["MATMUL"]
+        self.reference_and_bound = namespace["reference_and_bound"]
+        self.quant = self.kernel.QUANT
+        self.dims = {name: dims for name, dims, _ in self.kernel.INPUTS}
+        self.batched = {name: batched for name, _, batched in self.kernel.INPUTS}
+        self.sizes = {d: s for d, s in self.kernel.DIMS.items() if s is not None}
+        chain = self.kernel._CHAIN
+        self.interpreted = type(chain.kernel).__name__ == "InterpretedFunction"
+        self.out_rounding = INTERPRETER_OUT_ROUNDING if self.interpreted else OUT_ROUNDING
+
+    def sizes_of(self, case):
+        return {**self.sizes, **case}
+
+    # -- inputs ------------------------------------------------------------------------
+
+    def make_inputs(self, sizes, dtype, seed, scale_dtype=torch.float32, lead=None):
+        """The launcher's tensors by argument name, drawn on the CPU then moved."""
+        gen = torch.Generator().manual_seed(seed)
+        out = {}
+        for name, (pinned, dist) in self.inputs.items():
+            dims = self.dims[name]
+            shape = [sizes[d] for d in dims]
+            if lead is not None and self.batched[name]:
+                shape = [*lead, *shape[1:]]
+            q = self.quant.get(name)
+            if q is None:
+                values = torch.randn(shape, generator=gen)
+                if dist == "weight":
+                    values = values * sizes[self.k] ** -0.5
+                elif dist == "nonzero":
+                    values = values.sign() * (0.5 + values.abs())
+                out[name] = values.to(pinned or dtype).to(DEVICE)
+                continue
+            out.update(self.quantized(name, q, shape, sizes, gen, scale_dtype, lead))
+        return out
+
+    def quantized(self, name, q, shape, sizes, gen, scale_dtype, lead):
+        rows, k = shape[:-1], shape[-1]
+        if q.dtype in ("int8", "int4"):
+            low, high = {
+                ("int8", False): (-128, 127),
+                ("int8", True): (0, 255),
+                ("int4", False): (-8, 7),
+                ("int4", True): (0, 15),
+            }[(q.dtype, q.zero_point)]
+            values = torch.randint(low, high + 1, shape, generator=gen)
+            if q.dtype == "int4":
+                stored = pack_int4(values, q.packing)
+            else:
+                stored = values.to(STORAGE["int8"][q.zero_point])
+        else:
+            stored = torch.randn(shape, generator=gen).to(STORAGE[q.dtype][0])
+        flat_rows = 1
+        for r in rows:
+            flat_rows *= r
+        factor_shape = {
+            "tensor": [1],
+            "row": list(rows),
+            "group": [*rows, k // (q.group or 1)],
+            "block": [cdiv(flat_rows, q.rows_per or 1), k // (q.group or 1)],
+        }[q.scale]
+        fan = sizes[self.k] ** -0.5 if self.matmul.get(name) == "b" else 1.0
+        scale = (0.5 + torch.rand(factor_shape, generator=gen)) * fan / VALUE_SPREAD[q.dtype]
+        tensors = {name: stored, f"{name}_scale": scale.to(scale_dtype)}
+        if q.zero_point:
+            top = 15 if q.dtype == "int4" else 255
+            zero = torch.randint(0, top + 1, factor_shape, generator=gen, dtype=torch.int32)
+            tensors[f"{name}_zero"] = zero.to(torch.uint8)
+        return {n: t.to(DEVICE) for n, t in tensors.items()}
+
+    def logical(self, inputs, quant=None):
+        """The chain's inputs in float64: each quantized one dequantized exactly (with
+        `quant` in place of its Quant where given: a mutation's)."""
+        quant = {**self.quant, **(quant or {})}
+        out = {}
+        for name in self.inputs:
+            q = quant.get(name)
+            if q is None:
+                out[name] = inputs[name].double()
+            else:
+                zero = inputs.get(f"{name}_zero") if q.zero_point else None
+                out[name] = dequantize(
+                    inputs[name], inputs[f"{name}_scale"], zero, q, torch.float64
+                )
+        return out
+
+    # -- checks ------------------------------------------------------------------------
+
+    def expected(self, inputs, quant=None, scales=None):
+        exact = self.logical({**inputs, **(scales or {})}, quant)
+        fast = int(self.kernel.last_launch().get("fast_tanh", False))
+        ((value, bound),) = self.reference_and_bound(SCALE_PRODUCTS, 1, fast, **exact)
+        return value, bound
+
+    def outside(self, out, value, bound):
+        """Where the output is outside the bound (the output's rounding included)."""
+        rounding = self.out_rounding[out.dtype]
+        bound = bound + rounding * (value.abs() + bound) + OUT_TINY[out.dtype]
+        error = (out.double() - value.reshape(out.shape)).abs()
+        return ~(error <= bound.reshape(out.shape))
+
+    def run(self, inputs, sizes, dtype, lead=None, **options):
+        """The launcher's output, written into a NaN-filled buffer."""
+        rows = [sizes[self.row]] if lead is None else list(lead)
+        out = torch.full((*rows, sizes[self.col]), float("nan"), dtype=dtype, device=DEVICE)
+        result = self.launcher(**inputs, out=out, **options)
+        assert result is out
+        return out
+
+    def check(self, inputs, sizes, dtype, seed, lead=None, **options):
+        out = self.run(inputs, sizes, dtype, lead, **options)
+        launch = self.kernel.last_launch()
+        assert launch["source"] == "kernel", f"the kernel did not run: {launch}"
+        value, bound = self.expected(inputs)
+        bad = self.outside(out, value, bound)
+        if bad.any():
+            first = tuple(bad.nonzero()[0].tolist())
+            pytest.fail(
+                f"{int(bad.sum())} of {bad.numel()} elements are outside the bound (seed "
+                f"{seed}, {dtype}, {launch}); first at {first}: got {out[first].item()!r}, "
+                f"expected {value.reshape(out.shape)[first].item()!r}"
+            )
+        return out
+
+    def mutations(self, inputs):
+        """(what, quant overrides, scale overrides) for bugs a kernel could have."""
+        found = []
+        for name, q in self.quant.items():
+            scale = inputs[f"{name}_scale"]
+            rows = scale.numel() if q.scale == "row" else scale.shape[0]
+            if q.scale != "tensor" and rows > 1:
+                flipped = scale.flip(0)
+                found.append((f"{name}'s scales on the wrong rows", {}, {f"{name}_scale": flipped}))
+            if q.scale in ("group", "block") and scale.shape[-1] > 1:
+                rolled = scale.roll(1, dims=-1)
+                found.append((f"{name}'s groups off by one along K", {}, {f"{name}_scale": rolled}))
+            if q.dtype == "int4":
+                other = "high_first" if q.packing == "low_first" else "low_first"
+                found.append((f"{name}'s nibbles swapped", {name: q._replace(packing=other)}, {}))
+            if q.zero_point:
+                zero = torch.zeros_like(inputs[f"{name}_zero"])
+                found.append((f"{name}'s zero points dropped", {}, {f"{name}_zero": zero}))
+        return found
+
+
+def quant_tests(namespace):
+    suite = Suite(namespace)
+    tests = [*value_tests(suite), *launcher_tests(suite)]
+    return {"SUITE": suite, **{t.__name__: t for t in tests}}
+
+
+def value_tests(suite):
+    @pytest.mark.parametrize(
+        "case", suite.cases, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items())
+    )
+    @pytest.mark.parametrize("dtype", suite.dtypes, ids=dtype_id)
+    def test_matches_reference(dtype, case):
+        seed, sizes = new_seed(), suite.sizes_of(case)
+        suite.check(suite.make_inputs(sizes, dtype, seed), sizes, dtype, seed)
+
+    def test_mutations_fall_outside_the_bound():
+        # A kernel with one of these bugs would fail test_matches_reference.
+        seed, sizes = new_seed(), suite.sizes_of(suite.cases[-1])
+        dtype = suite.dtypes[0]
+        inputs = suite.make_inputs(sizes, dtype, seed)
+        out = suite.check(inputs, sizes, dtype, seed)
+        mutations = suite.mutations(inputs)
+        assert mutations, "no mutation applies"
+        for what, quant, scales in mutations:
+            value, bound = suite.expected(inputs, quant, scales)
+            assert suite.outside(out, value, bound).any(), f"{what}: not caught (seed {seed})"
+
+    def test_scales_in_16_bits():
+        seed, sizes = new_seed(), suite.sizes_of(suite.cases[0])
+        dtype = suite.dtypes[0]
+        inputs = suite.make_inputs(sizes, dtype, seed, scale_dtype=torch.bfloat16)
+        suite.check(inputs, sizes, dtype, seed)
+
+    def test_strided_inputs():
+        # Every 2-D tensor a view of every other column of one twice as wide.
+        seed, sizes = new_seed(), suite.sizes_of(suite.cases[-1])
+        dtype = suite.dtypes[-1]
+        inputs = suite.make_inputs(sizes, dtype, seed)
+        strided = {}
+        for name, t in inputs.items():
+            if t.dim() == 2:
+                wide = torch.zeros((t.shape[0], 2 * t.shape[1]), dtype=t.dtype, device=DEVICE)
+                wide[:, ::2] = t
+                t = wide[:, ::2]
+            strided[name] = t
+        suite.check(strided, sizes, dtype, seed)
+
+    batched = [n for n, b in suite.batched.items() if b]
+
+    @pytest.mark.skipif(not batched, reason="no input takes batch dims")
+    @pytest.mark.skipif(suite.kernel.DIMS[suite.row] is not None, reason="the spec fixes the rows")
+    def test_batched_leading_dims():
+        seed, sizes = new_seed(), {**suite.sizes_of(suite.cases[0]), suite.row: 6}
+        dtype = suite.dtypes[0]
+        inputs = suite.make_inputs(sizes, dtype, seed, lead=[2, 3])
+        suite.check(inputs, sizes, dtype, seed, lead=[2, 3])
+
+    return [
+        test_matches_reference,
+        test_mutations_fall_outside_the_bound,
+        test_scales_in_16_bits,
+        test_strided_inputs,
+        test_batched_leading_dims,
+    ]
+
+
+def launcher_tests(suite):
+    kernel = suite.kernel
+
+    def small():
+        seed, sizes = new_seed(), suite.sizes_of(suite.cases[0])
+        return seed, sizes, suite.make_inputs(sizes, suite.dtypes[0], seed)
+
+    def test_rejects_bad_scales_and_storage():
+        _, _, inputs = small()
+        for name, q in suite.quant.items():
+            scale = inputs[f"{name}_scale"]
+            wrong = {**inputs, f"{name}_scale": torch.ones(scale.numel() + 1, device=DEVICE)}
+            with pytest.raises(ValueError, match=f"{name}_scale must hold"):
+                suite.launcher(**wrong)
+            stored = inputs[name]
+            other = torch.float16 if stored.dtype != torch.float16 else torch.int8
+            with pytest.raises(TypeError, match=f"{name} must be"):
+                suite.launcher(**{**inputs, name: stored.to(other)})
+            if q.zero_point:
+                zero = inputs[f"{name}_zero"].to(torch.int32)
+                with pytest.raises(TypeError, match=f"{name}_zero must be uint8"):
+                    suite.launcher(**{**inputs, f"{name}_zero": zero})
+
+    def test_inference_only():
+        _, _, inputs = small()
+        plain = next((n for n in suite.inputs if n not in suite.quant), None)
+        if plain is None:
+            pytest.skip("every input is quantized: none can require grad")
+        inputs[plain] = inputs[plain].clone().requires_grad_()
+        with pytest.raises(RuntimeError, match="inference-only"):
+            suite.launcher(**inputs)
+        with torch.no_grad():
+            suite.launcher(**inputs)
+
+    def test_every_config():
+        # The interpreter runs the default config beside its own; a GPU every config.
+        seed, sizes, inputs = small()
+        configs = kernel.CONFIGS if ON_GPU else [kernel.DEFAULT_CONFIG]
+        for config in configs:
+            suite.check(inputs, sizes, suite.dtypes[0], seed, config=config)
+            assert kernel.last_launch()["config"] == config
+
+    def test_falls_back_without_gpu(monkeypatch):
+        seed, sizes, inputs = small()
+        chain = kernel._CHAIN
+        plan = chain.plan
+
+        def no_gpu(*args):
+            return {**plan(*args), "runs_triton": False}
+
+        monkeypatch.setattr(chain, "plan", no_gpu)
+        monkeypatch.setattr(chain, "plans", {})
+        out = suite.launcher(**inputs)
+        assert kernel.last_launch()["source"].startswith("reference")
+        value, bound = suite.expected(inputs)
+        # The reference runs in the call's dtype: its dequantized weights are rounded.
+        assert torch.allclose(out.double(), value.reshape(out.shape), rtol=0.05, atol=0.05)
+
+    def test_runs_inside_torch_compile():
+        seed, sizes, inputs = small()
+        backend = "inductor" if ON_GPU else "eager"
+        compiled = torch.compile(lambda **t: suite.launcher(**t), fullgraph=True, backend=backend)
+        out = compiled(**inputs)
+        want = suite.launcher(**inputs)
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+    @pytest.mark.skipif(not ON_GPU, reason="tuning times configs on a GPU")
+    def test_tunes_once_per_key(monkeypatch):
+        _, _, inputs = small()
+        monkeypatch.setattr(kernel._CHAIN, "tuned", {})
+        suite.launcher(**inputs)
+        assert len(kernel._CHAIN.tuned) == 1
+        tuned = next(iter(kernel._CHAIN.tuned.values()))
+        assert tuned in kernel.CONFIGS and kernel.last_launch()["config"] == tuned
+
+    return [
+        test_rejects_bad_scales_and_storage,
+        test_inference_only,
+        test_every_config,
+        test_falls_back_without_gpu,
+        test_runs_inside_torch_compile,
+        test_tunes_once_per_key,
+    ]

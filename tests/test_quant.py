@@ -1,0 +1,214 @@
+"""Quantized chains: the spec's quantized inputs, their checks, the lowered QuantChain,
+the generated module's text, and the runtime's dequantization. The generated kernels
+themselves are tested by their own modules (generated/test_*.py, specs/quantized.yaml)."""
+
+import pytest
+import torch
+
+from conftest import ROOT
+from fusegen import build, configs
+from fusegen.codegen import files
+from fusegen.errors import SpecErrors
+from fusegen.ir import QuantChain
+from fusegen.lower.kernels import lower_file
+from fusegen.runtime import quant
+from fusegen.spec import source
+
+SPEC = """
+kernels:
+  - name: q
+    dims: {{M: dynamic, K: {k}, N: dynamic}}
+{extra}    inputs:
+      x: {x}
+      w: {w}
+      b: [N]
+    chain:
+      - matmul: {matmul}
+      - bias: b
+{steps}"""
+
+
+def spec(
+    k="dynamic",
+    x="[M, K]",
+    w="{shape: [N, K], dtype: int4, scale: {per_group: 32}}",
+    matmul="x @ w.T",
+    steps="",
+    extra="",
+):
+    return SPEC.format(k=k, x=x, w=w, matmul=matmul, steps=steps, extra=extra)
+
+
+def lower(write_spec, text):
+    return lower_file(source.load(write_spec(text)))
+
+
+def problems(write_spec, text):
+    """(path, message) of each error in the spec."""
+    with pytest.raises(SpecErrors) as exc:
+        lower(write_spec, text)
+    return [(e.path, e.message, e.line) for e in exc.value.errors]
+
+
+def test_examples_lower_to_quantized_chains():
+    loaded = build.load(build.collect([str(ROOT / "specs" / "quantized.yaml")]))
+    by_name = {k.name: k for k in loaded.kernels}
+    assert all(isinstance(k, QuantChain) for k in by_name.values())
+    int4 = by_name["llama_mlp_int4"]
+    assert [(q.name, q.dtype, q.scale, q.group, q.zero_point, q.packing) for q in int4.quant] == [
+        ("w_gate", "int4", "group", 128, True, "low_first"),
+        ("w_up", "int4", "group", 128, True, "low_first"),
+    ]
+    # BLOCK_K divides the group; the gated space keeps two accumulators in registers.
+    assert all(128 % c.BLOCK_K == 0 for c in int4.configs)
+    assert all(c.BLOCK_M * c.BLOCK_N <= 128 * 128 for c in int4.configs)
+    assert not int4.fp8_dot
+    fp8 = by_name["gelu_fp8_rowwise"]
+    assert fp8.fp8_dot and [q.scale for q in fp8.quant] == ["row", "row"]
+    assert fp8.configs == configs.QUANT_SPACE  # no group: BLOCK_K as built in
+    block = by_name["deepseek_mlp_fp8"]
+    assert [(q.scale, q.group, q.rows_per) for q in block.quant] == [
+        ("group", 128, 1),
+        ("block", 128, 128),
+        ("block", 128, 128),
+    ]
+    assert by_name["linear_int8"].chain.dtypes == ("bf16", "fp16")
+
+
+def test_dtypes_default_to_16_bits(write_spec):
+    (qc,) = lower(write_spec, spec())
+    assert qc.chain.dtypes == ("bf16", "fp16")  # not fp32: the dot runs in 16 bits
+
+
+@pytest.mark.parametrize(
+    "changes, path, message",
+    [
+        ({"w": "{shape: [N, K], dtype: int4}"}, ("inputs", "w"), "has no `scale`"),
+        (
+            {"x": "{shape: [M, K], scale: per_row}"},
+            ("inputs", "x", "scale"),
+            "'scale' applies to quantized inputs",
+        ),
+        (
+            {"w": "{shape: [N, K], dtype: fp8_e4m3, scale: per_row, zero_point: true}"},
+            ("inputs", "w", "zero_point"),
+            "fp8_e4m3 takes no zero point",
+        ),
+        (
+            {"w": "{shape: [N, K], dtype: int8, scale: per_row, packing: high_first}"},
+            ("inputs", "w", "packing"),
+            "'packing' is int4's",
+        ),
+        (
+            {"w": "{shape: [N, K], dtype: int4, scale: {per_group: 40}}"},
+            ("inputs", "w", "scale", "per_group"),
+            "a group of 40 along K is not a multiple of 16",
+        ),
+        (
+            {"k": "4000", "w": "{shape: [N, K], dtype: int8, scale: {per_group: 128}}"},
+            ("inputs", "w", "scale"),
+            "a group of 128 does not divide K = 4000",
+        ),
+        (
+            {"k": "63", "w": "{shape: [N, K], dtype: int4, scale: per_row}"},
+            ("inputs", "w", "dtype"),
+            "K = 63 is odd",
+        ),
+        (
+            {"w": "{shape: [K, N], dtype: int8, scale: per_row}", "matmul": "x @ w"},
+            ("inputs", "w", "shape"),
+            "must hold K (K) as its last dim",
+        ),
+        (
+            {"extra": "    backward: {save: inputs}\n"},
+            ("backward",),
+            "'backward' does not apply to a quantized chain",
+        ),
+        (
+            {"extra": "    dtypes: [bf16, fp32]\n"},
+            ("dtypes", 1),
+            "computes its dots in bf16 or fp16",
+        ),
+        (
+            {"w": "{shape: [N, K], dtype: int5, scale: per_row}"},
+            ("inputs", "w", "dtype"),
+            "unknown dtype 'int5'",
+        ),
+        (
+            {"w": "{shape: [N, K], dtype: int8, scale: {per_block: [128]}}"},
+            ("inputs", "w", "scale"),
+            "",
+        ),
+    ],
+)
+def test_spec_errors_name_the_place(write_spec, changes, path, message):
+    found = problems(write_spec, spec(**changes))
+    where = ("kernels", 0, *path)
+    assert any(
+        p[: len(where)] == where and message in m and line > 0 for p, m, line in found
+    ), found
+
+
+def test_a_quantized_bias_is_refused(write_spec):
+    text = spec().replace("b: [N]", "b: {shape: [N], dtype: int8, scale: per_tensor}")
+    found = problems(write_spec, text)
+    assert any("is quantized but is not a matmul operand" in m for _, m, _ in found), found
+
+
+def test_argument_names_must_be_free(write_spec):
+    text = spec().replace("b: [N]", "w_scale: [N]").replace("bias: b", "bias: w_scale")
+    found = problems(write_spec, text)
+    assert any("is the launcher's argument for w's scales" in m for _, m, _ in found), found
+
+
+def test_build_refuses_and_writes_nothing(write_spec, run_cli, tmp_path):
+    path = write_spec(spec(w="{shape: [N, K], dtype: int4}"))
+    out = tmp_path / "out"
+    code, _, err = run_cli("build", str(path), "--out", str(out))
+    assert code != 0 and "has no `scale`" in err and "spec.yaml:" in err
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_module_text_is_deterministic_and_standalone(write_spec):
+    (qc,) = lower(write_spec, spec())
+    first, again = files.render(qc), files.render(qc)
+    assert [r.text for r in first] == [r.text for r in again]
+    module = first[0].text
+    assert "import fusegen" not in module and "from fusegen" not in module
+    # The int4 operand is unpacked in the kernel, its scales applied per K step.
+    assert "tl.join(w_bytes & 15, w_bytes >> 4)" in module
+    assert "acc += tl.dot(x_tile, w_tile.T) * w_scale_k[None, :]" in module
+
+
+def test_fp8_chains_dot_as_stored(write_spec):
+    text = spec(
+        x="{shape: [M, K], dtype: fp8_e4m3, scale: per_row}",
+        w="{shape: [N, K], dtype: fp8_e5m2, scale: per_tensor}",
+    )
+    (qc,) = lower(write_spec, text)
+    module = files.render(qc)[0].text
+    assert qc.fp8_dot and ".to(DOT_DTYPE)" not in module
+    assert "acc = acc * x_scale_all[:, None] * w_scale_all" in module
+
+
+def test_pack_and_dequantize_round_trip():
+    gen = torch.Generator().manual_seed(0)
+    values = torch.randint(-8, 8, (5, 12), generator=gen)
+    for packing in ("low_first", "high_first"):
+        packed = quant.pack_int4(values, packing)
+        assert packed.shape == (5, 6) and packed.dtype == torch.uint8
+        assert torch.equal(quant.unpack_int4(packed, packing, signed=True), values)
+    low = quant.pack_int4(values)
+    assert torch.equal(low[:, 0] & 15, (values[:, 0] & 15).to(torch.uint8))
+    scale = torch.rand(5, 3, generator=gen) + 0.5
+    zero = torch.randint(0, 16, (5, 3), generator=gen, dtype=torch.uint8)
+    unsigned = values + 8
+    q = quant.Quant("int4", "group", 4, 1, True, "low_first")
+    got = quant.dequantize(quant.pack_int4(unsigned), scale, zero, q, torch.float64)
+    want = (unsigned - zero.repeat_interleave(4, 1)) * scale.double().repeat_interleave(4, 1)
+    assert torch.equal(got, want)
+    block = quant.Quant("int8", "block", 4, 2, False, None)
+    s = torch.rand(3, 3, generator=gen)
+    got = quant.dequantize(values.to(torch.int8), s, None, block, torch.float64)
+    want = values * s.double().repeat_interleave(2, 0)[:5].repeat_interleave(4, 1)
+    assert torch.equal(got, want)
