@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import launch
 from .checks import bucket, signature
 
 _log = logging.getLogger(__name__)
@@ -145,23 +146,25 @@ class QuantChain:
         return out
 
     def launch(self, plan, views, out2d, config):
+        """One launch. From a plan's second launch of a config, the compiled kernel is
+        launched directly (runtime.launch): a decode-sized call is worth its host time."""
+        args = [*views, out2d, *plan["dim_sizes"]]
+        for t, count in zip(views, plan["stride_counts"], strict=True):
+            args += t.stride()[:count]
+        args += out2d.stride()
+        key = tuple(config.items())
+        direct = plan["direct"].get(key)
+        aligned = out2d.data_ptr() % 16 == 0  # what the compiled kernel assumed
+        if direct and aligned:
+            direct(*args)
+            return
         meta = {k: v for k, v in config.items() if k.isupper()}
         options = {k: v for k, v in config.items() if not k.isupper()}
-        rows, cols = plan["rows"], plan["cols"]
-        grid = (cdiv(rows, meta["BLOCK_M"]) * cdiv(cols, meta["BLOCK_N"]),)
-        strides = [
-            s for t, n in zip(views, plan["stride_counts"], strict=True) for s in t.stride()[:n]
-        ]
-        self.kernel[grid](
-            *views,
-            out2d,
-            *plan["dim_sizes"],
-            *strides,
-            *out2d.stride(),
-            **meta,
-            **plan["consts"],
-            **options,
-        )
+        grid = (cdiv(plan["rows"], meta["BLOCK_M"]) * cdiv(plan["cols"], meta["BLOCK_N"]),)
+        kwargs = {**meta, **plan["consts"], **options}
+        compiled = self.kernel[grid](*args, **kwargs)
+        if direct is None and aligned and launch.enabled(plan["interpreted"]):
+            plan["direct"][key] = launch.direct(compiled, self.kernel, grid, args, kwargs) or False
 
     def without_gpu(self, tensors, out, plan):
         if self.module.get("NO_GPU", "reference") == "error":
@@ -270,6 +273,7 @@ class QuantChain:
             "views": as_views,
             "consts": consts,
             "runs_triton": runs,
+            "direct": {},  # config -> its direct launch (False: none)
             "interpreted": interpreted,
             "dot": dot,
         }
