@@ -63,6 +63,8 @@ def kernel_params(qc: QuantChain) -> list[dict]:
     strides = [naming.stride(t["name"], d) for t in tensors for d in t["dims"]]
     strides += [naming.stride(naming.OUT, chain.row), naming.stride(naming.OUT, chain.col)]
     meta = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "INT64", "DOT_DTYPE"]
+    if uses_magic(qc):
+        meta += ["MAGIC", "MAGIC_INT", "MAGIC_VALUE"]
     if fast_tanh(chain):
         meta.append("FAST_TANH")
     return [
@@ -74,6 +76,12 @@ def kernel_params(qc: QuantChain) -> list[dict]:
         {"comment": "strides, in elements", "names": strides},
         {"comment": "meta-parameters", "names": [f"{m}: tl.constexpr" for m in meta]},
     ]
+
+
+def uses_magic(qc: QuantChain) -> bool:
+    """Whether the kernel takes int4 nibbles to floats by MAGIC (the launcher's constants
+    for the dot's dtype)."""
+    return any(q.dtype == "int4" for q in qc.quant)
 
 
 def _rows(qc: QuantChain, name: str) -> str:
@@ -129,30 +137,53 @@ def operand_lines(qc: QuantChain, name: str, k: str) -> list[str]:
         if q is not None and q.zero_point:
             lines.append(f"{tile} = {tile}.to(tl.int32)")
     else:
+        # Each byte is read twice (the cache serves the second), its nibble picked by
+        # the parity of K's index.
         addr = (
             f"{naming.ptr(name)} + {offs_r}[:, None] * {stride_r}"
-            f" + offs_packed[None, :] * {stride_k}"
+            f" + ({offs_k}[None, :] // 2) * {stride_k}"
         )
-        low, high = f"{name}_bytes & 15", f"{name}_bytes >> 4"
-        first, second = (low, high) if q.packing == "low_first" else (high, low)
-        mask = f"{mask_r}[:, None] & mask_packed[None, :]"
+        parity = f"({offs_k}[None, :] % 2) * 4"
+        shift = parity if q.packing == "low_first" else f"4 - {parity}"
         lines = [
-            f"{name}_bytes = tl.load({addr}, mask={mask}, other=0)",
+            f"{tile} = tl.load({addr}, mask={mask_r}[:, None] & {mask_k}[None, :], other=0)",
             f"# Two values a byte along {k}, the even index in the "
             f"{'low' if q.packing == 'low_first' else 'high'} nibble.",
-            f"{tile} = tl.reshape(tl.join({first}, {second}), (BLOCK_{_block(qc, rows)}, BLOCK_K))",
-            f"{tile} = {tile}.to(tl.int32)",
+            f"{tile} = ({tile} >> {shift}) & 15",
         ]
         if not q.zero_point:
-            lines.append(f"{tile} = ({tile} ^ 8) - 8  # two's complement nibbles")
+            lines.append(f"{tile} = {tile} ^ 8  # two's complement nibbles: the value is this - 8")
+        lines += [
+            "# The nibble as the low bits of MAGIC's float is MAGIC_VALUE + nibble, exactly,",
+            "# without an int-to-float conversion (a quarter of the ALU rate).",
+            f"{tile} = ({tile} | MAGIC).to(MAGIC_INT).to(DOT_DTYPE, bitcast=True)",
+        ]
+        if q.zero_point:
+            zero = f"{q.name}_zero_{'k' if q.k_varying else 'all'}"
+            if q.k_varying:
+                lines += _zero_lines(q, rows, f"(k * BLOCK_K) // {q.group}")
+            lines.append(f"{tile} = {tile} - {_broadcast(zero, 'a', q)}  # exact")
+        else:
+            lines.append(f"{tile} = {tile} - tl.full((1, 1), MAGIC_VALUE + 8, DOT_DTYPE)  # exact")
+        return lines
     if q is not None and q.zero_point:
         group_index = f"(k * BLOCK_K) // {q.group}" if q.k_varying else ""
         if q.k_varying:
-            lines.append(_vector_load(q, "zero", rows, group_index))
+            lines += _zero_lines(q, rows, group_index)
         zero = f"{q.name}_zero_{'k' if q.k_varying else 'all'}"
         lines.append(f"{tile} = {tile} - {_broadcast(zero, 'a', q)}")
     if not qc.fp8_dot:
         lines.append(f"{tile} = {tile}.to(DOT_DTYPE)")
+    return lines
+
+
+def _zero_lines(q: Quant, rows: str, group_index: str) -> list[str]:
+    """A zero point's load; int4's as MAGIC_VALUE + zero in the dot's dtype, which the
+    nibbles' magic floats subtract exactly."""
+    lines = [_vector_load(q, "zero", rows, group_index)]
+    if q.dtype == "int4":
+        var = f"{q.name}_zero_{'k' if q.k_varying else 'all'}"
+        lines.append(f"{var} = ({var}.to(tl.float32) + MAGIC_VALUE).to(DOT_DTYPE)")
     return lines
 
 
@@ -171,17 +202,12 @@ def mainloop(qc: QuantChain) -> dict:
         f"{naming.offs(k)} = k * BLOCK_K + tl.arange(0, BLOCK_K)",
         f"{naming.mask(k)} = {naming.offs(k)} < {k}",
     ]
-    if any(q.dtype == "int4" for q in qc.quant):
-        loop += [
-            "offs_packed = k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)",
-            f"mask_packed = offs_packed < {k} // 2",
-        ]
     names = [mm.a] + [b for _, b in weights(chain)]
     for name in names:
         q = qc.quant_of(name)
         rows = _rows(qc, name)
         if q is not None and q.zero_point and not q.k_varying:
-            before.append(_vector_load(q, "zero", rows, ""))
+            before += _zero_lines(q, rows, "")
         loop += operand_lines(qc, name, k)
     a = qc.quant_of(mm.a)
     if a is not None and a.k_varying:
@@ -263,6 +289,7 @@ def context(
         "default_config": config_literal(qc.default_config),
         "interpreter_config": config_literal(qc.interpreter_config),
         "fp8_dot": qc.fp8_dot,
+        "int4": uses_magic(qc),
         "fast_tanh": fast_tanh(chain),
         "helpers": helpers(chain),
         "kernel_fn": naming.kernel_fn(chain.name),
