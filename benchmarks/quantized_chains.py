@@ -9,11 +9,15 @@ Rows (bf16 outputs):
     fp8-gelu       8192 x 4096 -> 14336, gelu_tanh(x @ w.T + b), fp8 e4m3 x and w with
                    row-wise scales: fusegen; torch._scaled_mm (cuBLASLt, row-wise scales)
                    then the eager epilogue; the same under torch.compile; fusegen's bf16
-                   chain (anchor_gelu) on the dequantized values
+                   chain (anchor_gelu) on the dequantized values; and from bf16
+                   activations, x quantized first: fusegen's quantize_fp8_rowwise then
+                   its fp8 chain, against torch's quantizing then _scaled_mm (eager,
+                   compiled)
     fp8-block      4096 x 7168 -> 18432, SwiGLU, DeepSeek-V3's recipe (x per 1 x 128,
                    weights per 128 x 128 block): fusegen; bf16 F.linear x 2 + silu * mul on
                    pre-dequantized weights (eager and compiled); torch._scaled_mm's
-                   block-wise scales where this torch takes them
+                   block-wise scales where this torch takes them; from bf16 activations,
+                   fusegen's quantize_fp8_groups then its fp8 chain
     int4-decode-1, int4-decode-16
                    1 and 16 rows x 4096 -> 14336, SwiGLU, int4 weights group 128 with
                    zero points: fusegen; fusegen's bf16 chain (anchor_swiglu); tinygemm
@@ -109,12 +113,31 @@ def fp8_gelu(built: Path) -> tuple[dict, dict]:
         )
         return F.gelu(y + b, approximate="tanh")
 
+    def quantize_rows(x):
+        scale = x.abs().amax(dim=1).float().clamp_min(1e-12) / 448.0
+        return (x.float() / scale[:, None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), scale
+
+    def from_bf16(x, w8, ws, b):
+        x8, xs = quantize_rows(x)
+        return scaled(x8, xs, w8, ws, b)
+
+    quantizer = load(built, "quantize_fp8_rowwise")
+
+    def fusegen_from_bf16(i):
+        x8_, xs_ = quantizer.quantize_fp8_rowwise(x)
+        return mod.gelu_fp8_rowwise(x8_, xs_, w8, ws, b)
+
     compiled = torch.compile(scaled)
+    compiled_from_bf16 = torch.compile(from_bf16)
     variants = {
         "fusegen-fp8": lambda i: mod.gelu_fp8_rowwise(x8, xs, w8, ws, b),
         "scaled_mm+eager": lambda i: scaled(x8, xs, w8, ws, b),
         "scaled_mm+compile": lambda i: compiled(x8, xs, w8, ws, b),
         "fusegen-bf16": lambda i: bf16.anchor_gelu(x, w, b),
+        # From bf16 activations: quantizing x is part of the work.
+        "fusegen-quantize+fp8": fusegen_from_bf16,
+        "quantize+scaled_mm+eager": lambda i: from_bf16(x, w8, ws, b),
+        "quantize+scaled_mm+compile": lambda i: compiled_from_bf16(x, w8, ws, b),
     }
     rows_check = slice(0, 256)
     want = mod.reference(
@@ -154,8 +177,15 @@ def fp8_block(built: Path) -> tuple[dict, dict]:
         return F.silu(F.linear(x, wg)) * F.linear(x, wu)
 
     compiled = torch.compile(swiglu)
+    quantizer = load(built, "quantize_fp8_groups")
+
+    def fusegen_from_bf16(i):
+        x8_, xs_ = quantizer.quantize_fp8_groups(x)
+        return mod.deepseek_mlp_fp8(x8_, xs_, wg8, wgs, wu8, wus)
+
     variants = {
         "fusegen-fp8": lambda i: mod.deepseek_mlp_fp8(x8, xs, wg8, wgs, wu8, wus),
+        "fusegen-quantize+fp8": fusegen_from_bf16,
         "bf16-eager": lambda i: swiglu(x, wg, wu),
         "bf16-compile": lambda i: compiled(x, wg, wu),
     }

@@ -235,13 +235,14 @@ def _gpu_command(args: argparse.Namespace, command: str, work, check=None) -> in
                 "cuBLAS's); time it with benchmarks/lm_head_loss.py"
             )
         kernels = [k for k in kernels if k.kind != "loss"]
-        quantized = [k.name for k in kernels if k.kind == "quant"]
+        quantized = [k.name for k in kernels if k.kind in ("quant", "quantize")]
         if quantized and (args.kernels or len(quantized) == len(kernels)):
             raise ValueError(
-                f"{', '.join(quantized)}: a quantized chain tunes itself at its first call "
-                f"of each shape; time it with benchmarks/quantized_chains.py"
+                f"{', '.join(quantized)}: quantized chains tune themselves at their first "
+                "call of each shape (quantizers take their config from the row's width); "
+                "time them with benchmarks/quantized_chains.py"
             )
-        kernels = [k for k in kernels if k.kind != "quant"]
+        kernels = [k for k in kernels if k.kind not in ("quant", "quantize")]
         if not kernels:
             raise ValueError("no kernels left to run")
         shapes_for = _shapes_for(args)

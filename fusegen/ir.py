@@ -330,3 +330,31 @@ class QuantChain:
             and (self.quant_of(b) and self.quant_of(b).dtype.startswith("fp8"))
             for a, b in pairs
         )
+
+
+@dataclass(frozen=True)
+class Quantizer:
+    """An elementwise chain whose value is quantized to fp8 (its last step `quantize`):
+    one scale per row, or per `group` values along the row, = max(|value|) / the fp8
+    type's largest, and the value / scale rounded to fp8. `chain`: the elementwise
+    Kernel before it (no steps: the input as it is)."""
+
+    chain: Kernel
+    dtype: str  # "fp8_e4m3" | "fp8_e5m2"
+    group: int | None  # None: one scale a row
+
+    @property
+    def kind(self) -> str:
+        return "quantize"
+
+    @property
+    def name(self) -> str:
+        return self.chain.name
+
+    @property
+    def spec_display(self) -> str:
+        return self.chain.spec_display
+
+    @property
+    def spec_sha256(self) -> str:
+        return self.chain.spec_sha256

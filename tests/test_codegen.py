@@ -19,7 +19,7 @@ MODULES = [p for p in GENERATED if not p.name.startswith("test_")]
 _KINDS = {k.name: k.kind for k in build.load(build.collect([str(ROOT / "specs")])).kernels}
 ATTENTION = [p for p in MODULES if _KINDS.get(p.stem) == "attention"]
 LOSS_HEADS = [p for p in MODULES if _KINDS.get(p.stem) == "loss"]
-QUANTIZED = [p for p in MODULES if _KINDS.get(p.stem) == "quant"]
+QUANTIZED = [p for p in MODULES if _KINDS.get(p.stem) in ("quant", "quantize")]
 CHAINS = [p for p in MODULES if p not in ATTENTION + LOSS_HEADS + QUANTIZED]
 
 
@@ -101,7 +101,7 @@ def test_formulas(examples):
     by_name = {
         k.name: chain_text.formula(k)
         for k in examples.kernels
-        if k.kind not in ("attention", "loss", "quant")
+        if k.kind not in ("attention", "loss", "quant", "quantize")
     }
     assert by_name == {
         "bert_intermediate": "y = gelu(x @ w.T + b)",
@@ -269,7 +269,7 @@ def test_one_runtime_per_folder_names_its_version_and_hash():
         assert f'_rt = _runtime("{digest}", "loss_head")' in path.read_text(), path.name
     for path in CHAINS:
         assert f'_rt = _runtime("{digest}", "chains")' in path.read_text(), path.name
-    assert len(QUANTIZED) == 4
+    assert len(QUANTIZED) == 6
     for path in QUANTIZED:
         assert f'_rt = _runtime("{digest}", "quant")' in path.read_text(), path.name
 
@@ -314,7 +314,9 @@ def test_quantized_modules_are_short(path):
     assert len(path.read_text().splitlines()) <= 330
     tests = (path.parent / f"test_{path.name}").read_text()
     assert len(tests.splitlines()) <= 120
-    assert "globals().update(harness.quant_tests(globals()))" in tests
+    assert (
+        "harness.quant_tests(globals())" in tests or "harness.quantizer_tests(globals())" in tests
+    )
     assert not any(line.startswith("def test_") for line in tests.splitlines())
 
 

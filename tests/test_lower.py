@@ -67,6 +67,8 @@ def test_examples_lower():
         "linear_int8",
         "gelu_fp8_rowwise",
         "deepseek_mlp_fp8",
+        "quantize_fp8_rowwise",
+        "quantize_fp8_groups",
     ]
     by_name = {k.name: k for k in loaded.kernels}
     llama = by_name["llama_mlp_gate_up"]

@@ -2,6 +2,7 @@
 the generated module's text, and the runtime's dequantization. The generated kernels
 themselves are tested by their own modules (generated/test_*.py, specs/quantized.yaml)."""
 
+import importlib
 import os
 import subprocess
 import sys
@@ -58,7 +59,10 @@ def problems(write_spec, text):
 def test_examples_lower_to_quantized_chains():
     loaded = build.load(build.collect([str(ROOT / "specs" / "quantized.yaml")]))
     by_name = {k.name: k for k in loaded.kernels}
-    assert all(isinstance(k, QuantChain) for k in by_name.values())
+    assert [k.kind for k in by_name.values()] == ["quant"] * 4 + ["quantize"] * 2
+    assert all(isinstance(k, QuantChain) for k in list(by_name.values())[:4])
+    rows, groups = by_name["quantize_fp8_rowwise"], by_name["quantize_fp8_groups"]
+    assert (rows.dtype, rows.group, groups.group) == ("fp8_e4m3", None, 128)
     int4 = by_name["llama_mlp_int4"]
     assert [(q.name, q.dtype, q.scale, q.group, q.zero_point, q.packing) for q in int4.quant] == [
         ("w_gate", "int4", "group", 128, True, "low_first"),
@@ -258,3 +262,45 @@ def test_the_kinds_the_examples_lack_pass_their_generated_tests(write_spec, tmp_
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert " passed" in result.stdout
+
+
+def test_launchers_run_inside_torch_compile(tmp_path):
+    # What the generated modules' own compile tests check on a GPU (on the CPU they
+    # skip): a quantized chain and a quantizer traced whole, through their custom ops.
+    text = RARE_KINDS + """
+  - name: quantize_groups
+    dims: {M: dynamic, K: dynamic}
+    inputs: {x: [M, K]}
+    chain: [{input: x}, {quantize: {dtype: fp8_e4m3, scale: {per_group: 32}}}]
+"""
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(text)
+    out = tmp_path / "out"
+    assert main(["build", str(spec_path), "--out", str(out)]) == 0
+    sys.path.insert(0, str(out))
+    try:
+        chain = importlib.import_module("rare_kinds")
+        quantizer = importlib.import_module("quantize_groups")
+    finally:
+        sys.path.remove(str(out))
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (5, 64), generator=gen, dtype=torch.uint8)
+    inputs = dict(
+        x=x,
+        x_scale=torch.rand(5, generator=gen) + 0.5,
+        x_zero=torch.randint(0, 256, (5,), generator=gen, dtype=torch.uint8),
+        w=torch.randint(0, 256, (40, 32), generator=gen, dtype=torch.uint8),
+        w_scale=torch.rand(1, generator=gen),
+        w_zero=torch.randint(0, 16, (1,), generator=gen, dtype=torch.uint8),
+        w2=torch.randn(40, 64, generator=gen).to(torch.float8_e5m2),
+        w2_scale=torch.rand(2, 2, generator=gen),
+        b=torch.randn(40, generator=gen, dtype=torch.bfloat16),
+    )
+    compiled = torch.compile(lambda **t: chain.rare_kinds(**t), fullgraph=True, backend="eager")
+    assert torch.equal(compiled(**inputs), chain.rare_kinds(**inputs))
+    a = torch.randn(3, 7, 64, generator=gen, dtype=torch.bfloat16)
+    compiled = torch.compile(quantizer.quantize_groups, fullgraph=True, backend="eager")
+    (q, scale), (want_q, want_scale) = compiled(a), quantizer.quantize_groups(a)
+    assert q.shape == (3, 7, 64) and scale.shape == (3, 7, 2)
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+    assert torch.equal(scale, want_scale)

@@ -30,8 +30,8 @@ from fusegen.codegen.chain_text import (
 )
 from fusegen.codegen.attention_text import module_context as attention_module_context
 from fusegen.codegen.loss_text import module_context as loss_module_context
-from fusegen.codegen import quant_text
-from fusegen.ir import Attention, Config, Kernel, LossHead, QuantChain, Tensor
+from fusegen.codegen import quant_text, quantize_text
+from fusegen.ir import Attention, Config, Kernel, LossHead, QuantChain, Quantizer, Tensor
 from fusegen.codegen.kernel_text import (
     align_heuristic,
     aligned_ints,
@@ -96,9 +96,14 @@ class Rendered:
 RUNTIME_DIR = "_fusegen_runtime"  # the runtime package, beside the kernel modules
 
 
-def render(kernel: Kernel | Attention | LossHead | QuantChain) -> list[Rendered]:
+def render(kernel: Kernel | Attention | LossHead | QuantChain | Quantizer) -> list[Rendered]:
     """The kernel module and its test module, formatted and checked to parse."""
-    if isinstance(kernel, QuantChain):
+    if isinstance(kernel, Quantizer):
+        files = (
+            (f"{kernel.name}.py", "quantize_module.py.j2", quantize_context(kernel)),
+            (f"test_{kernel.name}.py", "quantize_test.py.j2", quantize_test_context(kernel)),
+        )
+    elif isinstance(kernel, QuantChain):
         files = (
             (f"{kernel.name}.py", "quant_module.py.j2", quant_context(kernel)),
             (f"test_{kernel.name}.py", "quant_test.py.j2", quant_test_context(kernel)),
@@ -247,6 +252,14 @@ def loss_context(head: LossHead) -> dict:
 
 def quant_context(qc: QuantChain) -> dict:
     return quant_text.context(qc, header(qc), runtime_digest(), DOC_WIDTH, param_lines)
+
+
+def quantize_context(qz: Quantizer) -> dict:
+    return quantize_text.context(qz, header(qz), runtime_digest(), DOC_WIDTH, param_lines)
+
+
+def quantize_test_context(qz: Quantizer) -> dict:
+    return quantize_text.test_context(qz, header(qz))
 
 
 def quant_test_context(qc: QuantChain) -> dict:

@@ -26,7 +26,14 @@ from fusegen.ir import (
     Tensor,
 )
 from fusegen.lower.chain import ChainLowering
-from fusegen.lower.quant import is_quantized, lower_quant, quant_fields_problems
+from fusegen.lower.quant import (
+    ends_in_quantize,
+    is_quantized,
+    lower_quant,
+    quant_fields_problems,
+    quantize_args,
+    quantizer,
+)
 from fusegen.spec.source import SpecSource
 from fusegen.lower.attention import lower_attention
 from fusegen.lower.loss import ends_in_loss, lower_loss_head
@@ -409,11 +416,84 @@ class _KernelLowerer:
                 )
 
     def lower(self) -> Kernel | QuantChain | None:
+        if ends_in_quantize(self.spec.chain):
+            return self._lower_quantizer()
         kernel = self._lower_chain()
         if not is_quantized(self.spec) or kernel is None:
             return kernel
         quant = lower_quant(kernel, self.spec, self.err)
         return None if self.errors else quant
+
+    def _lower_quantizer(self):
+        """A chain ending in `quantize`: the elementwise chain before it, then fp8."""
+        spec = self.spec
+        last = len(spec.chain) - 1
+        path = ("chain", last, "quantize")
+        args = quantize_args(spec.chain[last]["quantize"], path, self.err)
+        for field in ("backward", "autotune"):
+            if field in spec.model_fields_set:
+                self.err(
+                    (field,),
+                    f"'{field}' does not apply to a quantize chain",
+                    "it runs without tuning, inference-only",
+                    key=True,
+                )
+        if last == 1:
+            kernel = self._bare_source()
+        else:
+            # The chain before the quantize, lowered as an elementwise chain.
+            self.spec = spec.model_copy(update={"chain": spec.chain[:-1]})
+            try:
+                kernel = self._lower_chain()
+            finally:
+                self.spec = spec
+        if kernel is None or args is None or self.errors:
+            return None
+        return quantizer(kernel, *args, self.err, path)
+
+    def _bare_source(self) -> Kernel | None:
+        """`input: x` then `quantize`: x's Kernel with no steps."""
+        spec = self.spec
+        self._check_kernel_name()
+        self._check_dtypes()
+        dims = self._dims()
+        inputs = self._inputs(dims)
+        if self.errors:
+            return None
+        steps_of = ChainLowering(spec.chain[:1], spec.dims, self.err, _check_name)
+        first = spec.chain[0]
+        if not (isinstance(first, dict) and list(first) == ["input"]):
+            self.err(("chain", 0), "a quantize chain starts with `input: x`")
+            return None
+        source = steps_of._source(("chain", 0, "input"), first["input"], inputs)
+        if source is None:
+            return None
+        self._check_used(inputs, dims, {source})
+        row, col = inputs[source].dims
+        return Kernel(
+            name=spec.name,
+            doc=spec.doc.strip(),
+            spec_display=self.source.display,
+            spec_sha256=self.source.sha256,
+            dims=tuple(dims.values()),
+            dtypes=tuple(spec.dtypes),
+            inputs=tuple(dataclasses.replace(t, batched=t.dims[0] == row) for t in inputs.values()),
+            matmul=None,
+            source=source,
+            row=row,
+            col=col,
+            steps=(),
+            out_dtype=None,
+            fp32_matmul=None,
+            fallback_no_gpu=spec.fallback.no_gpu,
+            fallback_nonfinite="off",
+            configs=(),
+            tma_configs=(),
+            default_config=Config(),
+            tma_default_config=None,
+            default_given=False,
+            interpreter_config=Config(),
+        )
 
     def _lower_chain(self) -> Kernel | None:
         spec = self.spec

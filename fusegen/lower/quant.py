@@ -211,3 +211,62 @@ def _fitted(space: tuple[Config, ...], groups: list[int]) -> tuple[Config, ...]:
         if fitted not in out:
             out.append(fitted)
     return tuple(out)
+
+
+FP8_NAMES = ("fp8_e4m3", "fp8_e5m2")
+
+
+def ends_in_quantize(chain: list) -> bool:
+    last = chain[-1] if chain else None
+    return isinstance(last, dict) and len(last) == 1 and next(iter(last)) == "quantize"
+
+
+def quantize_args(args, path: tuple, err: Callable) -> tuple[str, int | None] | None:
+    """(dtype, group or None) of a `quantize:` step, or None (the problem sent to err)."""
+    form = "quantize: {dtype: fp8_e4m3, scale: per_row} (or scale: {per_group: 128})"
+    if not isinstance(args, dict) or set(args) - {"dtype", "scale"} or "dtype" not in args:
+        err(path, f"quantize takes a dtype and a scale, got {args!r}", form)
+        return None
+    dtype = dtypes.canonical_quant(str(args["dtype"]))
+    if dtype not in FP8_NAMES:
+        err(
+            path + ("dtype",),
+            f"quantize makes fp8 values, not {args['dtype']!r}",
+            "dtype: fp8_e4m3 or fp8_e5m2",
+        )
+        return None
+    scale = args.get("scale", "per_row")
+    if scale == "per_row":
+        return dtype, None
+    group = scale.get("per_group") if isinstance(scale, dict) and len(scale) == 1 else None
+    if not isinstance(group, int) or isinstance(group, bool) or group < K_STEP or group % K_STEP:
+        err(
+            path + ("scale",),
+            f"quantize's scale is per_row or {{per_group: G}} (G a multiple of {K_STEP}), "
+            f"got {scale!r}",
+            form,
+        )
+        return None
+    return dtype, group
+
+
+def quantizer(kernel: Kernel, dtype: str, group: int | None, err: Callable, path: tuple):
+    """The Quantizer of an elementwise chain (checked: no row op, no extra output, no
+    cast: the output is the fp8 values and their scales)."""
+    from fusegen.ir import Quantizer
+
+    if kernel.matmul is not None or kernel.row_step is not None or kernel.emits:
+        err(
+            path,
+            "quantize ends an elementwise chain (`input: x`, then elementwise ops)",
+            "quantize a matmul's or a norm's output in a chain of its own",
+        )
+        return None
+    if kernel.out_dtype is not None:
+        err(path, "a cast before quantize has no effect: the output is fp8", "remove the cast")
+        return None
+    col = kernel.dim(kernel.col)
+    if group is not None and col.size is not None and col.size % group:
+        err(path + ("scale",), f"a group of {group} does not divide {col.name} = {col.size}")
+        return None
+    return Quantizer(chain=kernel, dtype=dtype, group=group)

@@ -117,6 +117,33 @@ def chain_step_schema() -> dict:
             ops.STRUCTURAL["cross_entropy"].summary,
         )
     )
+    fp8 = ["fp8_e4m3", "fp8_e5m2", "float8_e4m3fn", "float8_e5m2", "e4m3", "e5m2", "fp8"]
+    forms.append(
+        _step(
+            "quantize",
+            {
+                "type": "object",
+                "properties": {
+                    "dtype": {"enum": fp8},
+                    "scale": {
+                        "anyOf": [
+                            {"enum": ["per_row"]},
+                            {
+                                "type": "object",
+                                "properties": {"per_group": {"type": "integer", "minimum": 16}},
+                                "required": ["per_group"],
+                                "additionalProperties": False,
+                            },
+                        ]
+                    },
+                },
+                "required": ["dtype"],
+                "additionalProperties": False,
+            },
+            "the chain's last step: its value rounded to fp8 with one scale a row (or per "
+            "group along it); the launcher returns (q, scale)",
+        )
+    )
     forms[0]["enum"] = sorted([*bare, *ops.ROW_OPS])
     for r in ops.ROW_OPS.values():
         props = {p.name: {"type": "number", "default": p.default} for p in r.params}

@@ -245,7 +245,9 @@ def _kernels(body: dict, root: Path, error, found: list) -> tuple[list | None, l
         found_kernels = build.load(build.collect([str(root / p) for p in specs])).kernels
         # A suite times chain kernels; `fusegen bench SPEC` times attention kernels, and
         # benchmarks/lm_head_loss.py loss heads.
-        kernels = [k for k in found_kernels if k.kind not in ("attention", "loss", "quant")]
+        kernels = [
+            k for k in found_kernels if k.kind not in ("attention", "loss", "quant", "quantize")
+        ]
     except SpecErrors as exc:
         found += exc.errors
         return None, names

@@ -434,3 +434,114 @@ class QuantChain:
             return tensors[0].new_empty(plan["out_shape"], dtype=plan["out_dtype"])
 
         return op
+
+
+def quantize_values(value, fp8_dtype, fp8_max, group, rounded=True):
+    """(q, scale) of a quantizer's reference: per row (or per `group` along it) scale =
+    max(|value|, 1e-12) / fp8_max in fp32, q = value / scale in fp8 (unrounded, in the
+    value's dtype, where not `rounded`)."""
+    rows = value.reshape(-1, value.shape[-1])
+    if rows.dtype != torch.float64:
+        rows = rows.float()  # the kernel's arithmetic
+    width = group or rows.shape[-1]
+    parts = rows.reshape(rows.shape[0], -1, width)
+    amax = parts.abs().amax(dim=-1).clamp_min(1e-12)
+    scale = (amax / fp8_max).to(torch.float32)
+    q = (parts / scale[..., None].to(parts.dtype)).clamp(-fp8_max, fp8_max).reshape(value.shape)
+    scale = scale.reshape(*value.shape[:-1], -1) if group else scale.reshape(value.shape[:-1])
+    return (q.to(fp8_dtype) if rounded else q), scale
+
+
+class Quantizer(QuantChain):
+    """A quantize chain module's launches: the checks, dims and fallback of a
+    QuantChain (no quantized inputs), two outputs (the fp8 values and their scales),
+    and a config from the row's width (no tuning)."""
+
+    def __call__(self, tensors, out=None, scale=None):
+        if torch.compiler.is_compiling() and out is None and scale is None:
+            return tuple(self.op(list(tensors), None))
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            raise RuntimeError(
+                f"{self.name}: quantizing makes no gradients; call it under torch.no_grad()"
+            )
+        key = signature(*tensors)
+        plan = self.plans.get(key)
+        group = self.module["GROUP"]
+        if plan is None:
+            plan = self.plan(tensors, None)
+            if group and plan["cols"] % group:
+                raise ValueError(
+                    f"{self.name}: a group of {group} does not divide {self.module['COL']} = "
+                    f"{plan['cols']}"
+                )
+            self.plans[key] = plan
+        lead = plan["out_shape"][:-1]
+        scale_shape = (*lead, plan["cols"] // group) if group else lead
+        if out is None:
+            out = torch.empty(plan["out_shape"], dtype=plan["out_dtype"], device=plan["device"])
+        else:
+            self.check_out(out, plan)
+        if scale is None:
+            scale = torch.empty(scale_shape, dtype=torch.float32, device=plan["device"])
+        elif tuple(scale.shape) != tuple(scale_shape) or scale.dtype != torch.float32:
+            raise ValueError(
+                f"scale must be {list(scale_shape)} float32, got {list(scale.shape)} {scale.dtype}"
+            )
+        if not plan["runs_triton"]:
+            named = {n: t for (n, _, _), t in zip(self.arguments, tensors, strict=True)}
+            q, s = self.module["reference"](**named)
+            out.copy_(q)
+            scale.copy_(s)
+            self.last_launch = {"source": "reference (no GPU)", "config": None}
+            return out, scale
+        views = plan["views"](tensors)
+        out2d = out.view(-1, out.shape[-1])
+        scale2d = scale.view(out2d.shape[0], -1)
+        config = self.config(plan)
+        args = [*views, out2d, scale2d, *plan["dim_sizes"]]
+        for t, count in zip(views, plan["stride_counts"], strict=True):
+            args += t.stride()[:count]
+        args += [*out2d.stride(), scale2d.stride(0)] + ([scale2d.stride(1)] if group else [])
+        rows = plan["rows"]
+        grid = (cdiv(rows, config["BLOCK_M"]), plan["cols"] // group if group else 1)
+        consts = {"INT64": plan["consts"]["INT64"], "ROUND_BY_HAND": plan["interpreted"]}
+        if "FAST_TANH" in plan["consts"]:
+            consts["FAST_TANH"] = plan["consts"]["FAST_TANH"]
+        self.kernel[grid](*args, **config, **consts)
+        self.last_launch = {"source": "kernel", "config": dict(config)}
+        return out, scale
+
+    def config(self, plan):
+        """BLOCK_N: the group, or up to 4096 columns a step; rows to fill about 4096
+        values a program; warps by the values a program holds."""
+        group = self.module["GROUP"]
+        width = triton.next_power_of_2(group or min(plan["cols"], 4096))
+        block_m = max(1, min(64, 4096 // width))
+        if plan["interpreted"]:
+            block_m = min(block_m, 16)
+        return {
+            "BLOCK_M": block_m,
+            "BLOCK_N": width,
+            "num_warps": 8 if block_m * width >= 4096 else 4,
+        }
+
+    def _custom_op(self):
+        where = zlib.crc32(self.module.get("__file__", self.name).encode())
+        name = f"fusegen_quant::{self.name}_{where:08x}"
+        quantizer = self
+
+        @torch.library.custom_op(name, mutates_args=())
+        def op(
+            tensors: list[torch.Tensor], unused: torch.dtype | None
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            return quantizer(tuple(tensors))
+
+        @op.register_fake
+        def _(tensors, unused):
+            plan = quantizer.plan(tuple(tensors), None)
+            lead, group = plan["out_shape"][:-1], quantizer.module["GROUP"]
+            scale_shape = (*lead, plan["cols"] // group) if group else lead
+            q = tensors[0].new_empty(plan["out_shape"], dtype=plan["out_dtype"])
+            return q, tensors[0].new_empty(scale_shape, dtype=torch.float32)
+
+        return op

@@ -29,6 +29,9 @@ from .quant import STORAGE, cdiv, dequantize, pack_int4
 # What each scale product adds to a sum's error: the scales' own product, the partial
 # sum times it and its addition (a K-step's), the epilogue's two multiplications.
 SCALE_PRODUCTS = 8 * U32
+# On the CPU, dynamo's tracing of a launcher (its custom op and fake) is tested once for
+# every quantized module, in fusegen's tests/test_quant.py: it costs seconds a module.
+COMPILED_ON_CPU = "traced on the CPU by fusegen's tests/test_quant.py; here on a GPU"
 # The spread of the stored values, to draw scales that make the dequantized values O(1).
 VALUE_SPREAD = {"int8": 74.0, "int4": 4.6, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0}
 
@@ -314,10 +317,10 @@ def launcher_tests(suite):
         # The reference runs in the call's dtype: its dequantized weights are rounded.
         assert torch.allclose(out.double(), value.reshape(out.shape), rtol=0.05, atol=0.05)
 
+    @pytest.mark.skipif(not ON_GPU, reason=COMPILED_ON_CPU)
     def test_runs_inside_torch_compile():
         seed, sizes, inputs = small()
-        backend = "inductor" if ON_GPU else "eager"
-        compiled = torch.compile(lambda **t: suite.launcher(**t), fullgraph=True, backend=backend)
+        compiled = torch.compile(lambda **t: suite.launcher(**t), fullgraph=True)
         out = compiled(**inputs)
         want = suite.launcher(**inputs)
         torch.testing.assert_close(out, want, rtol=0, atol=0)
@@ -339,3 +342,159 @@ def launcher_tests(suite):
         test_runs_inside_torch_compile,
         test_tunes_once_per_key,
     ]
+
+
+# -- quantizers: a chain's value rounded to fp8 with its scales ----------------------
+
+
+def fp8_step(t, fp8_dtype):
+    """The spacing of fp8 values at |t| (float64): 2**(exponent - mantissa bits), and
+    the subnormals' below the smallest normal."""
+    info = torch.finfo(fp8_dtype)
+    mantissa = 3 if fp8_dtype == torch.float8_e4m3fn else 2
+    exponent = torch.floor(torch.log2(t.abs().clamp_min(info.smallest_normal)))
+    return torch.exp2(exponent - mantissa)
+
+
+class QuantizerSuite:
+    def __init__(self, namespace):
+        self.kernel = namespace["kernel"]
+        self.launcher = namespace["LAUNCHER"]
+        self.dtypes = namespace["DTYPES"]
+        self.row, self.col = namespace["ROW"], namespace["COL"]
+        self.cases = namespace["CASES"]
+        self.inputs = namespace["INPUTS"]
+        self.reference_and_bound = namespace["reference_and_bound"]
+        self.dims = {name: dims for name, dims, _ in self.kernel.INPUTS}
+        self.batched = {name: batched for name, _, batched in self.kernel.INPUTS}
+        self.sizes = {d: s for d, s in self.kernel.DIMS.items() if s is not None}
+        self.fp8 = self.kernel.OUT_DTYPE
+        self.group = self.kernel.GROUP
+
+    def make_inputs(self, sizes, dtype, seed, lead=None):
+        gen = torch.Generator().manual_seed(seed)
+        out = {}
+        for name, (pinned, dist) in self.inputs.items():
+            dims = self.dims[name]
+            shape = [sizes[d] for d in dims]
+            if lead is not None and self.batched[name]:
+                shape = [*lead, *shape[1:]]
+            values = torch.randn(shape, generator=gen)
+            if dist == "nonzero":
+                values = values.sign() * (0.5 + values.abs())
+            if self.batched[name] and len(dims) == 2:
+                rows = values.view(-1, shape[-1])
+                rows[0] = 0.0  # all zero: the scale's floor
+                if rows.shape[0] > 2:
+                    rows[2] *= 1000.0
+            out[name] = values.to(pinned or dtype).to(DEVICE)
+        return out
+
+    def run(self, inputs):
+        """(q, scale) from the launcher, into outputs filled with NaN."""
+        first = inputs[next(n for n, b in self.batched.items() if b)]
+        cols = first.shape[-1]
+        q = torch.full(first.shape, float("nan"), device=DEVICE).to(self.fp8)
+        lead = tuple(first.shape[:-1])
+        scale_shape = (*lead, cols // self.group) if self.group else lead
+        scale = torch.full(scale_shape, float("nan"), device=DEVICE)
+        got = self.launcher(**inputs, out=q, scale=scale)
+        assert got[0] is q and got[1] is scale
+        return q, scale
+
+    def check(self, inputs, q, scale, seed, scale_for_values=None):
+        """Every scale and fp8 value within its bound; returns whether all are (with
+        `scale_for_values`: the values checked against those scales instead)."""
+        exact = {n: t.double() for n, t in inputs.items()}
+        fast = int(self.kernel.last_launch().get("fast_tanh", False))
+        ((value, bound),) = self.reference_and_bound(0.0, 1, fast, **exact)
+        width = self.group or value.shape[-1]
+        parts = value.reshape(-1, value.shape[-1] // width, width)
+        errors = bound.reshape(parts.shape)
+        fp8_max = self.kernel.FP8_MAX
+        s = scale.double().reshape(parts.shape[:2])
+        amax = parts.abs().amax(-1)
+        want = amax.clamp_min(1e-12) / fp8_max
+        slack = errors.amax(-1) / fp8_max + want * 2.0**-22
+        scales_ok = ((s - want).abs() <= slack).all()
+        used = s if scale_for_values is None else scale_for_values.double().reshape(s.shape)
+        t = parts / used[..., None]
+        got = q.double().reshape(parts.shape)
+        allowed = fp8_step(t, self.fp8) + errors / used[..., None] + t.abs() * 2.0**-20
+        values_ok = ((got - t.clamp(-fp8_max, fp8_max)).abs() <= allowed).all()
+        return bool(scales_ok), bool(values_ok)
+
+
+def quantizer_tests(namespace):
+    suite = QuantizerSuite(namespace)
+
+    @pytest.mark.parametrize(
+        "case", suite.cases, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items())
+    )
+    @pytest.mark.parametrize("dtype", suite.dtypes, ids=dtype_id)
+    def test_matches_reference(dtype, case):
+        seed = new_seed()
+        inputs = suite.make_inputs({**suite.sizes, **case}, dtype, seed)
+        q, scale = suite.run(inputs)
+        assert suite.kernel.last_launch()["source"] == "kernel"
+        assert suite.check(inputs, q, scale, seed) == (True, True), f"seed {seed}, {dtype}"
+
+    def test_scales_of_the_wrong_rows_fail():
+        seed = new_seed()
+        inputs = suite.make_inputs({**suite.sizes, **suite.cases[-1]}, suite.dtypes[0], seed)
+        q, scale = suite.run(inputs)
+        flipped = scale.reshape(scale.shape[0], -1).flip(0).reshape(scale.shape)
+        assert suite.check(inputs, q, scale, seed, scale_for_values=flipped)[1] is False
+
+    batched = [n for n, b in suite.batched.items() if b]
+
+    @pytest.mark.skipif(suite.kernel.DIMS[suite.row] is not None, reason="the spec fixes the rows")
+    def test_batched_leading_dims():
+        seed = new_seed()
+        sizes = {**suite.sizes, **suite.cases[0], suite.row: 6}
+        inputs = suite.make_inputs(sizes, suite.dtypes[0], seed, lead=[2, 3])
+        q, scale = suite.run(inputs)
+        assert q.shape[:2] == (2, 3) and scale.shape[:2] == (2, 3)
+        flat = {n: t.reshape(-1, t.shape[-1]) if n in batched else t for n, t in inputs.items()}
+        assert suite.check(flat, q.reshape(6, -1), scale.reshape(6, -1), seed) == (True, True)
+
+    def test_inference_only():
+        seed = new_seed()
+        inputs = suite.make_inputs({**suite.sizes, **suite.cases[0]}, suite.dtypes[0], seed)
+        first = batched[0]
+        with pytest.raises(RuntimeError, match="no gradients"):
+            suite.launcher(**{**inputs, first: inputs[first].clone().requires_grad_()})
+
+    @pytest.mark.skipif(not ON_GPU, reason=COMPILED_ON_CPU)
+    def test_runs_inside_torch_compile():
+        seed = new_seed()
+        inputs = suite.make_inputs({**suite.sizes, **suite.cases[0]}, suite.dtypes[0], seed)
+        compiled = torch.compile(lambda **t: suite.launcher(**t), fullgraph=True)
+        q, scale = compiled(**inputs)
+        want_q, want_scale = suite.launcher(**inputs)
+        assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+        assert torch.equal(scale, want_scale)
+
+    def test_falls_back_without_gpu(monkeypatch):
+        seed = new_seed()
+        inputs = suite.make_inputs({**suite.sizes, **suite.cases[0]}, suite.dtypes[0], seed)
+        chain = suite.kernel._QUANTIZER
+        plan = chain.plan
+        monkeypatch.setattr(chain, "plan", lambda *a: {**plan(*a), "runs_triton": False})
+        monkeypatch.setattr(chain, "plans", {})
+        q, scale = suite.run(inputs)
+        assert suite.kernel.last_launch()["source"].startswith("reference")
+        # The reference runs the chain in the call's dtype, as eager PyTorch would.
+        want_q, want_scale = suite.kernel.reference(**inputs)
+        assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+        assert torch.equal(scale, want_scale)
+
+    tests = [
+        test_matches_reference,
+        test_scales_of_the_wrong_rows_fail,
+        test_batched_leading_dims,
+        test_inference_only,
+        test_runs_inside_torch_compile,
+        test_falls_back_without_gpu,
+    ]
+    return {"SUITE": suite, **{t.__name__: t for t in tests}}
