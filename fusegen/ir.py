@@ -288,20 +288,8 @@ class Quant:
         return self.scale in ("group", "block")
 
 
-@dataclass(frozen=True)
-class QuantChain:
-    """A matmul chain whose operands may be quantized (int8, packed int4, fp8) with their
-    scales: the chain (a matmul Kernel, its configs unused) and each quantized operand."""
-
-    chain: Kernel
-    quant: tuple[Quant, ...]
-    configs: tuple[Config, ...]  # the autotuning space (BLOCK_K fitted to the groups)
-    default_config: Config
-    interpreter_config: Config
-
-    @property
-    def kind(self) -> str:
-        return "quant"
+class _WrapsChain:
+    """A kernel kind built around a chain Kernel (`chain`): named and located by it."""
 
     @property
     def name(self) -> str:
@@ -314,6 +302,22 @@ class QuantChain:
     @property
     def spec_sha256(self) -> str:
         return self.chain.spec_sha256
+
+
+@dataclass(frozen=True)
+class QuantChain(_WrapsChain):
+    """A matmul chain whose operands may be quantized (int8, packed int4, fp8) with their
+    scales: the chain (a matmul Kernel, its configs unused) and each quantized operand."""
+
+    chain: Kernel
+    quant: tuple[Quant, ...]
+    configs: tuple[Config, ...]  # the autotuning space (BLOCK_K fitted to the groups)
+    default_config: Config
+    interpreter_config: Config
+
+    @property
+    def kind(self) -> str:
+        return "quant"
 
     def quant_of(self, name: str) -> Quant | None:
         return next((q for q in self.quant if q.name == name), None)
@@ -333,7 +337,7 @@ class QuantChain:
 
 
 @dataclass(frozen=True)
-class Quantizer:
+class Quantizer(_WrapsChain):
     """An elementwise chain whose value is quantized to fp8 (its last step `quantize`):
     one scale per row, or per `group` values along the row, = max(|value|) / the fp8
     type's largest, and the value / scale rounded to fp8. `chain`: the elementwise
@@ -346,15 +350,3 @@ class Quantizer:
     @property
     def kind(self) -> str:
         return "quantize"
-
-    @property
-    def name(self) -> str:
-        return self.chain.name
-
-    @property
-    def spec_display(self) -> str:
-        return self.chain.spec_display
-
-    @property
-    def spec_sha256(self) -> str:
-        return self.chain.spec_sha256
