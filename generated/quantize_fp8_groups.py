@@ -72,7 +72,8 @@ def _quantize_fp8_groups_kernel(
     ROUND_BY_HAND: tl.constexpr,
     # fmt: on
 ):
-    """q, scale = quantize(x) to fp8_e4m3, one scale per 128 values along K, for BLOCK_M rows and one group (BLOCK_N >= 128)."""
+    """q, scale = quantize(x) to fp8_e4m3, one scale per 128 values along K,
+    for BLOCK_M rows and one group (BLOCK_N >= 128)."""
     pid = tl.program_id(0)
     pid_g = tl.program_id(1)
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -72,8 +72,9 @@ def _quantize_fp8_rowwise_kernel(
     ROUND_BY_HAND: tl.constexpr,
     # fmt: on
 ):
-    """q, scale = quantize(x) to fp8_e4m3, one scale per row, for BLOCK_M rows: the row's largest magnitude in one pass over it,
-    then the row again, divided by its scale."""
+    """q, scale = quantize(x) to fp8_e4m3, one scale per row,
+    for BLOCK_M rows: the row's largest magnitude in one pass over it, then the row
+    again, divided by its scale."""
     pid = tl.program_id(0)
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     if INT64:
