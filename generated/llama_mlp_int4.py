@@ -172,26 +172,27 @@ def _llama_mlp_int4_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
-        offs_k = k * BLOCK_K + tl.arange(0, BLOCK_K)
-        mask_k = offs_k < K
-        x_tile = tl.load(
-            x_ptr + offs_m[:, None] * stride_x_m + offs_k[None, :] * stride_x_k,
-            mask=mask_m[:, None] & mask_k[None, :],
+        offs_half = k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
+        mask_half = offs_half < K // 2
+        x_even = tl.load(
+            x_ptr + offs_m[:, None] * stride_x_m + (2 * offs_half)[None, :] * stride_x_k,
+            mask=mask_m[:, None] & mask_half[None, :],
             other=0.0,
         )
-        x_tile = x_tile.to(DOT_DTYPE)
-        w_gate_tile = tl.load(
-            w_gate_ptr
-            + offs_n[:, None] * stride_w_gate_n
-            + (offs_k[None, :] // 2) * stride_w_gate_k,
-            mask=mask_n[:, None] & mask_k[None, :],
+        x_even = x_even.to(DOT_DTYPE)
+        x_odd = tl.load(
+            x_ptr + offs_m[:, None] * stride_x_m + (2 * offs_half + 1)[None, :] * stride_x_k,
+            mask=mask_m[:, None] & mask_half[None, :],
+            other=0.0,
+        )
+        x_odd = x_odd.to(DOT_DTYPE)
+        w_gate_bytes = tl.load(
+            w_gate_ptr + offs_n[:, None] * stride_w_gate_n + offs_half[None, :] * stride_w_gate_k,
+            mask=mask_n[:, None] & mask_half[None, :],
             other=0,
         )
-        # Two values a byte along K, the even index in the low nibble.
-        w_gate_tile = (w_gate_tile >> (offs_k[None, :] % 2) * 4) & 15
-        # The nibble as the low bits of MAGIC's float is MAGIC_VALUE + nibble, exactly,
-        # without an int-to-float conversion (a quarter of the ALU rate).
-        w_gate_tile = (w_gate_tile | MAGIC).to(MAGIC_INT).to(DOT_DTYPE, bitcast=True)
+        # Two values a byte along K: the even index in the low nibble.
+        w_gate_even, w_gate_odd = w_gate_bytes & 15, w_gate_bytes >> 4
         w_gate_zero_k = tl.load(
             w_gate_zero_ptr
             + offs_n * stride_w_gate_zero_rows
@@ -200,17 +201,20 @@ def _llama_mlp_int4_kernel(
             other=0,
         ).to(tl.int32)
         w_gate_zero_k = (w_gate_zero_k.to(tl.float32) + MAGIC_VALUE).to(DOT_DTYPE)
-        w_gate_tile = w_gate_tile - w_gate_zero_k[:, None]  # exact
-        w_up_tile = tl.load(
-            w_up_ptr + offs_n[:, None] * stride_w_up_n + (offs_k[None, :] // 2) * stride_w_up_k,
-            mask=mask_n[:, None] & mask_k[None, :],
+        # A nibble in the low mantissa bits of MAGIC's float is MAGIC_VALUE + nibble,
+        # exactly, with no int-to-float conversion (a quarter of the ALU's rate); the
+        # subtraction of MAGIC_VALUE + zero point in the dot's dtype is exact too.
+        w_gate_even = (w_gate_even.to(MAGIC_INT) | MAGIC).to(DOT_DTYPE, bitcast=True)
+        w_gate_even = w_gate_even - w_gate_zero_k[:, None]
+        w_gate_odd = (w_gate_odd.to(MAGIC_INT) | MAGIC).to(DOT_DTYPE, bitcast=True)
+        w_gate_odd = w_gate_odd - w_gate_zero_k[:, None]
+        w_up_bytes = tl.load(
+            w_up_ptr + offs_n[:, None] * stride_w_up_n + offs_half[None, :] * stride_w_up_k,
+            mask=mask_n[:, None] & mask_half[None, :],
             other=0,
         )
-        # Two values a byte along K, the even index in the low nibble.
-        w_up_tile = (w_up_tile >> (offs_k[None, :] % 2) * 4) & 15
-        # The nibble as the low bits of MAGIC's float is MAGIC_VALUE + nibble, exactly,
-        # without an int-to-float conversion (a quarter of the ALU rate).
-        w_up_tile = (w_up_tile | MAGIC).to(MAGIC_INT).to(DOT_DTYPE, bitcast=True)
+        # Two values a byte along K: the even index in the low nibble.
+        w_up_even, w_up_odd = w_up_bytes & 15, w_up_bytes >> 4
         w_up_zero_k = tl.load(
             w_up_zero_ptr
             + offs_n * stride_w_up_zero_rows
@@ -219,7 +223,13 @@ def _llama_mlp_int4_kernel(
             other=0,
         ).to(tl.int32)
         w_up_zero_k = (w_up_zero_k.to(tl.float32) + MAGIC_VALUE).to(DOT_DTYPE)
-        w_up_tile = w_up_tile - w_up_zero_k[:, None]  # exact
+        # A nibble in the low mantissa bits of MAGIC's float is MAGIC_VALUE + nibble,
+        # exactly, with no int-to-float conversion (a quarter of the ALU's rate); the
+        # subtraction of MAGIC_VALUE + zero point in the dot's dtype is exact too.
+        w_up_even = (w_up_even.to(MAGIC_INT) | MAGIC).to(DOT_DTYPE, bitcast=True)
+        w_up_even = w_up_even - w_up_zero_k[:, None]
+        w_up_odd = (w_up_odd.to(MAGIC_INT) | MAGIC).to(DOT_DTYPE, bitcast=True)
+        w_up_odd = w_up_odd - w_up_zero_k[:, None]
         w_gate_scale_k = tl.load(
             w_gate_scale_ptr
             + offs_n * stride_w_gate_scale_rows
@@ -227,7 +237,9 @@ def _llama_mlp_int4_kernel(
             mask=mask_n,
             other=1.0,
         ).to(tl.float32)
-        acc += tl.dot(x_tile, w_gate_tile.T) * w_gate_scale_k[None, :]
+        acc += (tl.dot(x_even, w_gate_even.T) + tl.dot(x_odd, w_gate_odd.T)) * w_gate_scale_k[
+            None, :
+        ]
         w_up_scale_k = tl.load(
             w_up_scale_ptr
             + offs_n * stride_w_up_scale_rows
@@ -235,7 +247,9 @@ def _llama_mlp_int4_kernel(
             mask=mask_n,
             other=1.0,
         ).to(tl.float32)
-        acc_gate += tl.dot(x_tile, w_up_tile.T) * w_up_scale_k[None, :]
+        acc_gate += (tl.dot(x_even, w_up_even.T) + tl.dot(x_odd, w_up_odd.T)) * w_up_scale_k[
+            None, :
+        ]
     in_bounds = mask_m[:, None] & mask_n[None, :]
 
     # The chain, in fp32.

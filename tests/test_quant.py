@@ -109,9 +109,14 @@ def test_dtypes_default_to_16_bits(write_spec):
             "'packing' is int4's",
         ),
         (
-            {"w": "{shape: [N, K], dtype: int4, scale: {per_group: 40}}"},
+            {"w": "{shape: [N, K], dtype: int8, scale: {per_group: 40}}"},
             ("inputs", "w", "scale", "per_group"),
             "a group of 40 along K is not a multiple of 16",
+        ),
+        (
+            {"w": "{shape: [N, K], dtype: int4, scale: {per_group: 48}}"},
+            ("inputs", "w", "scale"),
+            "an int4 group of 48 along K is not a multiple of 32",
         ),
         (
             {"k": "4000", "w": "{shape: [N, K], dtype: int8, scale: {per_group: 128}}"},
@@ -184,11 +189,13 @@ def test_module_text_is_deterministic_and_standalone(write_spec):
     assert [r.text for r in first] == [r.text for r in again]
     module = first[0].text
     assert "import fusegen" not in module and "from fusegen" not in module
-    # The int4 operand is unpacked in the kernel, its nibbles made floats by MAGIC's bits
-    # (no int-to-float conversion), its scales applied per K step.
-    assert "w_tile = (w_tile >> (offs_k[None, :] % 2) * 4) & 15" in module
-    assert "w_tile = (w_tile | MAGIC).to(MAGIC_INT).to(DOT_DTYPE, bitcast=True)" in module
-    assert "acc += tl.dot(x_tile, w_tile.T) * w_scale_k[None, :]" in module
+    # The int4 operand's nibbles are the K step's even and odd halves, two dots; they
+    # become floats by MAGIC's bits (no int-to-float conversion); scales per K step.
+    assert "w_even, w_odd = w_bytes & 15, w_bytes >> 4" in module
+    assert "w_even = (w_even.to(MAGIC_INT) | MAGIC).to(DOT_DTYPE, bitcast=True)" in module
+    assert "acc += (tl.dot(x_even, w_even.T) + tl.dot(x_odd, w_odd.T)) * w_scale_k[None, :]" in (
+        module
+    )
 
 
 def test_fp8_chains_dot_as_stored(write_spec):

@@ -120,60 +120,84 @@ def _broadcast(var: str, side: str, q: Quant) -> str:
 
 
 def operand_lines(qc: QuantChain, name: str, k: str) -> list[str]:
-    """The K step's lines that make `<name>_tile`, [rows, BLOCK_K], from memory."""
+    """The K step's lines that make `<name>_tile`, [rows, BLOCK_K], from memory (a chain
+    without int4 operands)."""
     q = qc.quant_of(name)
     rows = _rows(qc, name)
     offs_r, mask_r = naming.offs(rows), naming.mask(rows)
     tile = naming.tile(name)
     stride_r, stride_k = naming.stride(name, rows), naming.stride(name, k)
     offs_k, mask_k = naming.offs(k), naming.mask(k)
-    if q is None or q.dtype != "int4":
-        addr = (
-            f"{naming.ptr(name)} + {offs_r}[:, None] * {stride_r} + {offs_k}[None, :] * {stride_k}"
-        )
-        other = "0" if q is not None and dtypes.QUANT_DTYPES[q.dtype].integer else "0.0"
-        mask = f"{mask_r}[:, None] & {mask_k}[None, :]"
-        lines = [f"{tile} = tl.load({addr}, mask={mask}, other={other})"]
-        if q is not None and q.zero_point:
-            lines.append(f"{tile} = {tile}.to(tl.int32)")
-    else:
-        # Each byte is read twice (the cache serves the second), its nibble picked by
-        # the parity of K's index.
-        addr = (
-            f"{naming.ptr(name)} + {offs_r}[:, None] * {stride_r}"
-            f" + ({offs_k}[None, :] // 2) * {stride_k}"
-        )
-        parity = f"({offs_k}[None, :] % 2) * 4"
-        shift = parity if q.packing == "low_first" else f"4 - {parity}"
-        lines = [
-            f"{tile} = tl.load({addr}, mask={mask_r}[:, None] & {mask_k}[None, :], other=0)",
-            f"# Two values a byte along {k}, the even index in the "
-            f"{'low' if q.packing == 'low_first' else 'high'} nibble.",
-            f"{tile} = ({tile} >> {shift}) & 15",
-        ]
-        if not q.zero_point:
-            lines.append(f"{tile} = {tile} ^ 8  # two's complement nibbles: the value is this - 8")
-        lines += [
-            "# The nibble as the low bits of MAGIC's float is MAGIC_VALUE + nibble, exactly,",
-            "# without an int-to-float conversion (a quarter of the ALU rate).",
-            f"{tile} = ({tile} | MAGIC).to(MAGIC_INT).to(DOT_DTYPE, bitcast=True)",
-        ]
-        if q.zero_point:
-            zero = f"{q.name}_zero_{'k' if q.k_varying else 'all'}"
-            if q.k_varying:
-                lines += _zero_lines(q, rows, f"(k * BLOCK_K) // {q.group}")
-            lines.append(f"{tile} = {tile} - {_broadcast(zero, 'a', q)}  # exact")
-        else:
-            lines.append(f"{tile} = {tile} - tl.full((1, 1), MAGIC_VALUE + 8, DOT_DTYPE)  # exact")
-        return lines
+    addr = f"{naming.ptr(name)} + {offs_r}[:, None] * {stride_r} + {offs_k}[None, :] * {stride_k}"
+    other = "0" if q is not None and dtypes.QUANT_DTYPES[q.dtype].integer else "0.0"
+    mask = f"{mask_r}[:, None] & {mask_k}[None, :]"
+    lines = [f"{tile} = tl.load({addr}, mask={mask}, other={other})"]
+    return lines + _to_dot(qc, q, tile, rows)
+
+
+def _to_dot(qc: QuantChain, q: Quant | None, tile: str, rows: str) -> list[str]:
+    """A loaded int8, fp8 or plain tile, its zero point subtracted, in the dot's dtype."""
+    lines = []
     if q is not None and q.zero_point:
-        group_index = f"(k * BLOCK_K) // {q.group}" if q.k_varying else ""
+        lines.append(f"{tile} = {tile}.to(tl.int32)")
         if q.k_varying:
-            lines += _zero_lines(q, rows, group_index)
+            lines += _zero_lines(q, rows, f"(k * BLOCK_K) // {q.group}")
         zero = f"{q.name}_zero_{'k' if q.k_varying else 'all'}"
         lines.append(f"{tile} = {tile} - {_broadcast(zero, 'a', q)}")
     if not qc.fp8_dot:
         lines.append(f"{tile} = {tile}.to(DOT_DTYPE)")
+    return lines
+
+
+def split_operand_lines(qc: QuantChain, name: str, k: str) -> list[str]:
+    """A chain with int4 operands runs each K step as two dots, over its even and its odd
+    K indices: `<name>_even` and `<name>_odd`, [rows, BLOCK_K // 2]. An int4 operand's
+    low and high nibbles are those halves as they lie in memory (one contiguous load, no
+    interleaving); the other operands are read at stride 2."""
+    q = qc.quant_of(name)
+    rows = _rows(qc, name)
+    offs_r, mask_r = naming.offs(rows), naming.mask(rows)
+    stride_r, stride_k = naming.stride(name, rows), naming.stride(name, k)
+    base = f"{naming.ptr(name)} + {offs_r}[:, None] * {stride_r}"
+    mask = f"{mask_r}[:, None] & mask_half[None, :]"
+    even, odd = f"{name}_even", f"{name}_odd"
+    if q is None or q.dtype != "int4":
+        other = "0" if q is not None and dtypes.QUANT_DTYPES[q.dtype].integer else "0.0"
+        lines = []
+        for tile, column in ((even, "2 * offs_half"), (odd, "2 * offs_half + 1")):
+            addr = f"{base} + ({column})[None, :] * {stride_k}"
+            lines.append(f"{tile} = tl.load({addr}, mask={mask}, other={other})")
+            lines += _to_dot(qc, q, tile, rows)
+        return lines
+    low, high = f"{name}_bytes & 15", f"{name}_bytes >> 4"
+    first, second = (low, high) if q.packing == "low_first" else (high, low)
+    lines = [
+        f"{name}_bytes = tl.load({base} + offs_half[None, :] * {stride_k}, mask={mask}, other=0)",
+        f"# Two values a byte along {k}: the even index in the "
+        f"{'low' if q.packing == 'low_first' else 'high'} nibble.",
+        f"{even}, {odd} = {first}, {second}",
+    ]
+    if q.zero_point and q.k_varying:
+        lines += _zero_lines(q, rows, f"(k * BLOCK_K) // {q.group}")
+    if not q.zero_point:
+        lines.append("# Two's complement nibbles: the value is (nibble ^ 8) - 8.")
+    lines += [
+        "# A nibble in the low mantissa bits of MAGIC's float is MAGIC_VALUE + nibble,",
+        "# exactly, with no int-to-float conversion (a quarter of the ALU's rate); the",
+        "# subtraction of MAGIC_VALUE + zero point in the dot's dtype is exact too.",
+    ]
+    zero = (
+        _broadcast(f"{q.name}_zero_{'k' if q.k_varying else 'all'}", "a", q)
+        if q.zero_point
+        else "tl.full((1, 1), MAGIC_VALUE + 8, DOT_DTYPE)"
+    )
+    for tile in (even, odd):
+        if not q.zero_point:
+            lines.append(f"{tile} = {tile} ^ 8")
+        lines += [
+            f"{tile} = ({tile}.to(MAGIC_INT) | MAGIC).to(DOT_DTYPE, bitcast=True)",
+            f"{tile} = {tile} - {zero}",
+        ]
     return lines
 
 
@@ -198,17 +222,24 @@ def mainloop(qc: QuantChain) -> dict:
     mm = chain.matmul
     k = mm.k
     before, loop, after = [], [], []
-    loop += [
-        f"{naming.offs(k)} = k * BLOCK_K + tl.arange(0, BLOCK_K)",
-        f"{naming.mask(k)} = {naming.offs(k)} < {k}",
-    ]
+    split = uses_magic(qc)
+    if split:
+        loop += [
+            "offs_half = k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)",
+            f"mask_half = offs_half < {k} // 2",
+        ]
+    else:
+        loop += [
+            f"{naming.offs(k)} = k * BLOCK_K + tl.arange(0, BLOCK_K)",
+            f"{naming.mask(k)} = {naming.offs(k)} < {k}",
+        ]
     names = [mm.a] + [b for _, b in weights(chain)]
     for name in names:
         q = qc.quant_of(name)
         rows = _rows(qc, name)
         if q is not None and q.zero_point and not q.k_varying:
             before += _zero_lines(q, rows, "")
-        loop += operand_lines(qc, name, k)
+        loop += (split_operand_lines if split else operand_lines)(qc, name, k)
     a = qc.quant_of(mm.a)
     if a is not None and a.k_varying:
         loop.append(_vector_load(a, "scale", mm.m, f"(k * BLOCK_K) // {a.group}"))
@@ -216,16 +247,19 @@ def mainloop(qc: QuantChain) -> dict:
         b = qc.quant_of(b_name)
         if b is not None and b.k_varying:
             loop.append(_vector_load(b, "scale", mm.n, f"(k * BLOCK_K) // {b.group}"))
-        dot = f"tl.dot({naming.tile(mm.a)}, {naming.tile(b_name)}.T"
         factors = [
             _broadcast(f"{q.name}_scale_k", side, q)
             for q, side in ((a, "a"), (b, "b"))
             if q is not None and q.k_varying
         ]
-        if factors:
-            loop.append(f"{acc} += {dot}) * {' * '.join(factors)}")
+        halves = [("_even", "_even"), ("_odd", "_odd")] if split else [("_tile", "_tile")]
+        dots = [f"tl.dot({mm.a}{x}, {b_name}{w}.T" for x, w in halves]
+        if factors and split:
+            loop.append(f"{acc} += ({dots[0]}) + {dots[1]})) * {' * '.join(factors)}")
+        elif factors:
+            loop.append(f"{acc} += {dots[0]}) * {' * '.join(factors)}")
         else:
-            loop.append(f"{acc} = {dot}, {acc})")
+            loop += [f"{acc} = {dot}, {acc})" for dot in dots]
         constant = [
             (q, side, rows)
             for q, side, rows in ((a, "a", mm.m), (b, "b", mm.n))
