@@ -45,7 +45,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("90a680352b5d3bf1", "quant")
+_rt = _runtime("2e9904acb069cc59", "quant")
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
 DIMS = {"M": None, "K": None, "N": None}
@@ -99,8 +99,6 @@ ROW, COL, K = "M", "N", "K"  # the output's dims, the reduction dim
 FP8_DOT = False
 # Activations may run on tanh.approx (16-bit outputs on NVIDIA GPUs).
 FAST_TANH_USED = False
-# int4 nibbles become floats as the low bits of a constant's (see MAGIC in the kernel).
-INT4 = False
 NO_GPU = "reference"  # no GPU and the interpreter off: "reference" runs, or "error"
 
 

@@ -52,7 +52,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("90a680352b5d3bf1", "quant")
+_rt = _runtime("2e9904acb069cc59", "quant")
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
 DIMS = {"M": None, "K": None, "N": None}
@@ -107,8 +107,6 @@ ROW, COL, K = "M", "N", "K"  # the output's dims, the reduction dim
 FP8_DOT = False
 # Activations may run on tanh.approx (16-bit outputs on NVIDIA GPUs).
 FAST_TANH_USED = True
-# int4 nibbles become floats as the low bits of a constant's (see MAGIC in the kernel).
-INT4 = True
 NO_GPU = "reference"  # no GPU and the interpreter off: "reference" runs, or "error"
 
 
@@ -144,8 +142,8 @@ def _llama_mlp_int4_kernel(
     stride_w_up_scale_groups, stride_w_up_zero_rows, stride_w_up_zero_groups, stride_out_m,
     stride_out_n,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,  # meta-parameters
-    GROUP_M: tl.constexpr, INT64: tl.constexpr, DOT_DTYPE: tl.constexpr, MAGIC: tl.constexpr,
-    MAGIC_INT: tl.constexpr, MAGIC_VALUE: tl.constexpr, FAST_TANH: tl.constexpr,
+    GROUP_M: tl.constexpr, INT64: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    FAST_TANH: tl.constexpr,
     # fmt: on
 ):
     """y = silu(x @ w_gate.T) * (x @ w_up.T)
@@ -172,27 +170,24 @@ def _llama_mlp_int4_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
-        offs_half = k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
-        mask_half = offs_half < K // 2
-        x_even = tl.load(
-            x_ptr + offs_m[:, None] * stride_x_m + (2 * offs_half)[None, :] * stride_x_k,
-            mask=mask_m[:, None] & mask_half[None, :],
+        offs_k = k * BLOCK_K + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < K
+        offs_packed = k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
+        mask_packed = offs_packed < K // 2
+        x_tile = tl.load(
+            x_ptr + offs_m[:, None] * stride_x_m + offs_k[None, :] * stride_x_k,
+            mask=mask_m[:, None] & mask_k[None, :],
             other=0.0,
         )
-        x_even = x_even.to(DOT_DTYPE)
-        x_odd = tl.load(
-            x_ptr + offs_m[:, None] * stride_x_m + (2 * offs_half + 1)[None, :] * stride_x_k,
-            mask=mask_m[:, None] & mask_half[None, :],
-            other=0.0,
-        )
-        x_odd = x_odd.to(DOT_DTYPE)
+        x_tile = x_tile.to(DOT_DTYPE)
         w_gate_bytes = tl.load(
-            w_gate_ptr + offs_n[:, None] * stride_w_gate_n + offs_half[None, :] * stride_w_gate_k,
-            mask=mask_n[:, None] & mask_half[None, :],
+            w_gate_ptr + offs_n[:, None] * stride_w_gate_n + offs_packed[None, :] * stride_w_gate_k,
+            mask=mask_n[:, None] & mask_packed[None, :],
             other=0,
         )
-        # Two values a byte along K: the even index in the low nibble.
-        w_gate_even, w_gate_odd = w_gate_bytes & 15, w_gate_bytes >> 4
+        # Two values a byte along K, the even index in the low nibble.
+        w_gate_tile = tl.reshape(tl.join(w_gate_bytes & 15, w_gate_bytes >> 4), (BLOCK_N, BLOCK_K))
+        w_gate_tile = w_gate_tile.to(tl.int32)
         w_gate_zero_k = tl.load(
             w_gate_zero_ptr
             + offs_n * stride_w_gate_zero_rows
@@ -200,21 +195,16 @@ def _llama_mlp_int4_kernel(
             mask=mask_n,
             other=0,
         ).to(tl.int32)
-        w_gate_zero_k = (w_gate_zero_k.to(tl.float32) + MAGIC_VALUE).to(DOT_DTYPE)
-        # A nibble in the low mantissa bits of MAGIC's float is MAGIC_VALUE + nibble,
-        # exactly, with no int-to-float conversion (a quarter of the ALU's rate); the
-        # subtraction of MAGIC_VALUE + zero point in the dot's dtype is exact too.
-        w_gate_even = (w_gate_even.to(MAGIC_INT) | MAGIC).to(DOT_DTYPE, bitcast=True)
-        w_gate_even = w_gate_even - w_gate_zero_k[:, None]
-        w_gate_odd = (w_gate_odd.to(MAGIC_INT) | MAGIC).to(DOT_DTYPE, bitcast=True)
-        w_gate_odd = w_gate_odd - w_gate_zero_k[:, None]
+        w_gate_tile = w_gate_tile - w_gate_zero_k[:, None]
+        w_gate_tile = w_gate_tile.to(DOT_DTYPE)
         w_up_bytes = tl.load(
-            w_up_ptr + offs_n[:, None] * stride_w_up_n + offs_half[None, :] * stride_w_up_k,
-            mask=mask_n[:, None] & mask_half[None, :],
+            w_up_ptr + offs_n[:, None] * stride_w_up_n + offs_packed[None, :] * stride_w_up_k,
+            mask=mask_n[:, None] & mask_packed[None, :],
             other=0,
         )
-        # Two values a byte along K: the even index in the low nibble.
-        w_up_even, w_up_odd = w_up_bytes & 15, w_up_bytes >> 4
+        # Two values a byte along K, the even index in the low nibble.
+        w_up_tile = tl.reshape(tl.join(w_up_bytes & 15, w_up_bytes >> 4), (BLOCK_N, BLOCK_K))
+        w_up_tile = w_up_tile.to(tl.int32)
         w_up_zero_k = tl.load(
             w_up_zero_ptr
             + offs_n * stride_w_up_zero_rows
@@ -222,14 +212,8 @@ def _llama_mlp_int4_kernel(
             mask=mask_n,
             other=0,
         ).to(tl.int32)
-        w_up_zero_k = (w_up_zero_k.to(tl.float32) + MAGIC_VALUE).to(DOT_DTYPE)
-        # A nibble in the low mantissa bits of MAGIC's float is MAGIC_VALUE + nibble,
-        # exactly, with no int-to-float conversion (a quarter of the ALU's rate); the
-        # subtraction of MAGIC_VALUE + zero point in the dot's dtype is exact too.
-        w_up_even = (w_up_even.to(MAGIC_INT) | MAGIC).to(DOT_DTYPE, bitcast=True)
-        w_up_even = w_up_even - w_up_zero_k[:, None]
-        w_up_odd = (w_up_odd.to(MAGIC_INT) | MAGIC).to(DOT_DTYPE, bitcast=True)
-        w_up_odd = w_up_odd - w_up_zero_k[:, None]
+        w_up_tile = w_up_tile - w_up_zero_k[:, None]
+        w_up_tile = w_up_tile.to(DOT_DTYPE)
         w_gate_scale_k = tl.load(
             w_gate_scale_ptr
             + offs_n * stride_w_gate_scale_rows
@@ -237,9 +221,7 @@ def _llama_mlp_int4_kernel(
             mask=mask_n,
             other=1.0,
         ).to(tl.float32)
-        acc += (tl.dot(x_even, w_gate_even.T) + tl.dot(x_odd, w_gate_odd.T)) * w_gate_scale_k[
-            None, :
-        ]
+        acc += tl.dot(x_tile, w_gate_tile.T) * w_gate_scale_k[None, :]
         w_up_scale_k = tl.load(
             w_up_scale_ptr
             + offs_n * stride_w_up_scale_rows
@@ -247,9 +229,7 @@ def _llama_mlp_int4_kernel(
             mask=mask_n,
             other=1.0,
         ).to(tl.float32)
-        acc_gate += (tl.dot(x_even, w_up_even.T) + tl.dot(x_odd, w_up_odd.T)) * w_up_scale_k[
-            None, :
-        ]
+        acc_gate += tl.dot(x_tile, w_up_tile.T) * w_up_scale_k[None, :]
     in_bounds = mask_m[:, None] & mask_n[None, :]
 
     # The chain, in fp32.

@@ -42,7 +42,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("90a680352b5d3bf1", "quant")
+_rt = _runtime("2e9904acb069cc59", "quant")
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
 DIMS = {"M": None, "K": None}
@@ -92,7 +92,7 @@ def _quantize_fp8_rowwise_kernel(
             other=0.0,
         ).to(tl.float32)
         amax = tl.maximum(amax, tl.max(tl.where(in_bounds, tl.abs(value), 0.0), axis=1))
-    scale = tl.maximum(amax, 1e-12) / FP8_MAX
+    scale = tl.maximum(amax, 1e-12) / 448.0
     tl.store(scale_ptr + offs_m * stride_scale_rows, scale, mask=mask_m)
     for start in range(0, K, BLOCK_N):
         offs_k = start + tl.arange(0, BLOCK_N)
@@ -103,7 +103,7 @@ def _quantize_fp8_rowwise_kernel(
             mask=in_bounds,
             other=0.0,
         ).to(tl.float32)
-        q = tl.minimum(tl.maximum(value / scale[:, None], -FP8_MAX), FP8_MAX)
+        q = tl.minimum(tl.maximum(value / scale[:, None], -448.0), 448.0)
         if ROUND_BY_HAND:
             # The interpreter's fp32 -> fp8 conversion halves values whose rounding carries
             # into the exponent (7.9 -> 4.0): round onto the fp8 grid first.

@@ -63,8 +63,6 @@ def kernel_params(qc: QuantChain) -> list[dict]:
     strides = [naming.stride(t["name"], d) for t in tensors for d in t["dims"]]
     strides += [naming.stride(naming.OUT, chain.row), naming.stride(naming.OUT, chain.col)]
     meta = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "INT64", "DOT_DTYPE"]
-    if uses_magic(qc):
-        meta += ["MAGIC", "MAGIC_INT", "MAGIC_VALUE"]
     if fast_tanh(chain):
         meta.append("FAST_TANH")
     return [
@@ -76,12 +74,6 @@ def kernel_params(qc: QuantChain) -> list[dict]:
         {"comment": "strides, in elements", "names": strides},
         {"comment": "meta-parameters", "names": [f"{m}: tl.constexpr" for m in meta]},
     ]
-
-
-def uses_magic(qc: QuantChain) -> bool:
-    """Whether the kernel takes int4 nibbles to floats by MAGIC (the launcher's constants
-    for the dot's dtype)."""
-    return any(q.dtype == "int4" for q in qc.quant)
 
 
 def _rows(qc: QuantChain, name: str) -> str:
@@ -120,94 +112,47 @@ def _broadcast(var: str, side: str, q: Quant) -> str:
 
 
 def operand_lines(qc: QuantChain, name: str, k: str) -> list[str]:
-    """The K step's lines that make `<name>_tile`, [rows, BLOCK_K], from memory (a chain
-    without int4 operands)."""
+    """The K step's lines that make `<name>_tile`, [rows, BLOCK_K], from memory."""
     q = qc.quant_of(name)
     rows = _rows(qc, name)
     offs_r, mask_r = naming.offs(rows), naming.mask(rows)
     tile = naming.tile(name)
     stride_r, stride_k = naming.stride(name, rows), naming.stride(name, k)
     offs_k, mask_k = naming.offs(k), naming.mask(k)
-    addr = f"{naming.ptr(name)} + {offs_r}[:, None] * {stride_r} + {offs_k}[None, :] * {stride_k}"
-    other = "0" if q is not None and dtypes.QUANT_DTYPES[q.dtype].integer else "0.0"
-    mask = f"{mask_r}[:, None] & {mask_k}[None, :]"
-    lines = [f"{tile} = tl.load({addr}, mask={mask}, other={other})"]
-    return lines + _to_dot(qc, q, tile, rows)
-
-
-def _to_dot(qc: QuantChain, q: Quant | None, tile: str, rows: str) -> list[str]:
-    """A loaded int8, fp8 or plain tile, its zero point subtracted, in the dot's dtype."""
-    lines = []
+    if q is None or q.dtype != "int4":
+        addr = (
+            f"{naming.ptr(name)} + {offs_r}[:, None] * {stride_r} + {offs_k}[None, :] * {stride_k}"
+        )
+        other = "0" if q is not None and dtypes.QUANT_DTYPES[q.dtype].integer else "0.0"
+        mask = f"{mask_r}[:, None] & {mask_k}[None, :]"
+        lines = [f"{tile} = tl.load({addr}, mask={mask}, other={other})"]
+        if q is not None and q.zero_point:
+            lines.append(f"{tile} = {tile}.to(tl.int32)")
+    else:
+        addr = (
+            f"{naming.ptr(name)} + {offs_r}[:, None] * {stride_r}"
+            f" + offs_packed[None, :] * {stride_k}"
+        )
+        low, high = f"{name}_bytes & 15", f"{name}_bytes >> 4"
+        first, second = (low, high) if q.packing == "low_first" else (high, low)
+        mask = f"{mask_r}[:, None] & mask_packed[None, :]"
+        lines = [
+            f"{name}_bytes = tl.load({addr}, mask={mask}, other=0)",
+            f"# Two values a byte along {k}, the even index in the "
+            f"{'low' if q.packing == 'low_first' else 'high'} nibble.",
+            f"{tile} = tl.reshape(tl.join({first}, {second}), (BLOCK_{_block(qc, rows)}, BLOCK_K))",
+            f"{tile} = {tile}.to(tl.int32)",
+        ]
+        if not q.zero_point:
+            lines.append(f"{tile} = ({tile} ^ 8) - 8  # two's complement nibbles")
     if q is not None and q.zero_point:
-        lines.append(f"{tile} = {tile}.to(tl.int32)")
+        group_index = f"(k * BLOCK_K) // {q.group}" if q.k_varying else ""
         if q.k_varying:
-            lines += _zero_lines(q, rows, f"(k * BLOCK_K) // {q.group}")
+            lines.append(_vector_load(q, "zero", rows, group_index))
         zero = f"{q.name}_zero_{'k' if q.k_varying else 'all'}"
         lines.append(f"{tile} = {tile} - {_broadcast(zero, 'a', q)}")
     if not qc.fp8_dot:
         lines.append(f"{tile} = {tile}.to(DOT_DTYPE)")
-    return lines
-
-
-def split_operand_lines(qc: QuantChain, name: str, k: str) -> list[str]:
-    """A chain with int4 operands runs each K step as two dots, over its even and its odd
-    K indices: `<name>_even` and `<name>_odd`, [rows, BLOCK_K // 2]. An int4 operand's
-    low and high nibbles are those halves as they lie in memory (one contiguous load, no
-    interleaving); the other operands are read at stride 2."""
-    q = qc.quant_of(name)
-    rows = _rows(qc, name)
-    offs_r, mask_r = naming.offs(rows), naming.mask(rows)
-    stride_r, stride_k = naming.stride(name, rows), naming.stride(name, k)
-    base = f"{naming.ptr(name)} + {offs_r}[:, None] * {stride_r}"
-    mask = f"{mask_r}[:, None] & mask_half[None, :]"
-    even, odd = f"{name}_even", f"{name}_odd"
-    if q is None or q.dtype != "int4":
-        other = "0" if q is not None and dtypes.QUANT_DTYPES[q.dtype].integer else "0.0"
-        lines = []
-        for tile, column in ((even, "2 * offs_half"), (odd, "2 * offs_half + 1")):
-            addr = f"{base} + ({column})[None, :] * {stride_k}"
-            lines.append(f"{tile} = tl.load({addr}, mask={mask}, other={other})")
-            lines += _to_dot(qc, q, tile, rows)
-        return lines
-    low, high = f"{name}_bytes & 15", f"{name}_bytes >> 4"
-    first, second = (low, high) if q.packing == "low_first" else (high, low)
-    lines = [
-        f"{name}_bytes = tl.load({base} + offs_half[None, :] * {stride_k}, mask={mask}, other=0)",
-        f"# Two values a byte along {k}: the even index in the "
-        f"{'low' if q.packing == 'low_first' else 'high'} nibble.",
-        f"{even}, {odd} = {first}, {second}",
-    ]
-    if q.zero_point and q.k_varying:
-        lines += _zero_lines(q, rows, f"(k * BLOCK_K) // {q.group}")
-    if not q.zero_point:
-        lines.append("# Two's complement nibbles: the value is (nibble ^ 8) - 8.")
-    lines += [
-        "# A nibble in the low mantissa bits of MAGIC's float is MAGIC_VALUE + nibble,",
-        "# exactly, with no int-to-float conversion (a quarter of the ALU's rate); the",
-        "# subtraction of MAGIC_VALUE + zero point in the dot's dtype is exact too.",
-    ]
-    zero = (
-        _broadcast(f"{q.name}_zero_{'k' if q.k_varying else 'all'}", "a", q)
-        if q.zero_point
-        else "tl.full((1, 1), MAGIC_VALUE + 8, DOT_DTYPE)"
-    )
-    for tile in (even, odd):
-        if not q.zero_point:
-            lines.append(f"{tile} = {tile} ^ 8")
-        lines += [
-            f"{tile} = ({tile}.to(MAGIC_INT) | MAGIC).to(DOT_DTYPE, bitcast=True)",
-            f"{tile} = {tile} - {zero}",
-        ]
-    return lines
-
-
-def _zero_lines(q: Quant, rows: str, group_index: str) -> list[str]:
-    """A zero point's load; int4's as MAGIC_VALUE + zero in the dot's dtype, which the
-    nibbles' magic floats subtract exactly."""
-    lines = [_vector_load(q, "zero", rows, group_index)]
-    if q.dtype == "int4":
-        var = f"{q.name}_zero_{'k' if q.k_varying else 'all'}"
-        lines.append(f"{var} = ({var}.to(tl.float32) + MAGIC_VALUE).to(DOT_DTYPE)")
     return lines
 
 
@@ -222,24 +167,22 @@ def mainloop(qc: QuantChain) -> dict:
     mm = chain.matmul
     k = mm.k
     before, loop, after = [], [], []
-    split = uses_magic(qc)
-    if split:
+    loop += [
+        f"{naming.offs(k)} = k * BLOCK_K + tl.arange(0, BLOCK_K)",
+        f"{naming.mask(k)} = {naming.offs(k)} < {k}",
+    ]
+    if any(q.dtype == "int4" for q in qc.quant):
         loop += [
-            "offs_half = k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)",
-            f"mask_half = offs_half < {k} // 2",
-        ]
-    else:
-        loop += [
-            f"{naming.offs(k)} = k * BLOCK_K + tl.arange(0, BLOCK_K)",
-            f"{naming.mask(k)} = {naming.offs(k)} < {k}",
+            "offs_packed = k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)",
+            f"mask_packed = offs_packed < {k} // 2",
         ]
     names = [mm.a] + [b for _, b in weights(chain)]
     for name in names:
         q = qc.quant_of(name)
         rows = _rows(qc, name)
         if q is not None and q.zero_point and not q.k_varying:
-            before += _zero_lines(q, rows, "")
-        loop += (split_operand_lines if split else operand_lines)(qc, name, k)
+            before.append(_vector_load(q, "zero", rows, ""))
+        loop += operand_lines(qc, name, k)
     a = qc.quant_of(mm.a)
     if a is not None and a.k_varying:
         loop.append(_vector_load(a, "scale", mm.m, f"(k * BLOCK_K) // {a.group}"))
@@ -247,19 +190,16 @@ def mainloop(qc: QuantChain) -> dict:
         b = qc.quant_of(b_name)
         if b is not None and b.k_varying:
             loop.append(_vector_load(b, "scale", mm.n, f"(k * BLOCK_K) // {b.group}"))
+        dot = f"tl.dot({naming.tile(mm.a)}, {naming.tile(b_name)}.T"
         factors = [
             _broadcast(f"{q.name}_scale_k", side, q)
             for q, side in ((a, "a"), (b, "b"))
             if q is not None and q.k_varying
         ]
-        halves = [("_even", "_even"), ("_odd", "_odd")] if split else [("_tile", "_tile")]
-        dots = [f"tl.dot({mm.a}{x}, {b_name}{w}.T" for x, w in halves]
-        if factors and split:
-            loop.append(f"{acc} += ({dots[0]}) + {dots[1]})) * {' * '.join(factors)}")
-        elif factors:
-            loop.append(f"{acc} += {dots[0]}) * {' * '.join(factors)}")
+        if factors:
+            loop.append(f"{acc} += {dot}) * {' * '.join(factors)}")
         else:
-            loop += [f"{acc} = {dot}, {acc})" for dot in dots]
+            loop.append(f"{acc} = {dot}, {acc})")
         constant = [
             (q, side, rows)
             for q, side, rows in ((a, "a", mm.m), (b, "b", mm.n))
@@ -323,7 +263,6 @@ def context(
         "default_config": config_literal(qc.default_config),
         "interpreter_config": config_literal(qc.interpreter_config),
         "fp8_dot": qc.fp8_dot,
-        "int4": uses_magic(qc),
         "fast_tanh": fast_tanh(chain),
         "helpers": helpers(chain),
         "kernel_fn": naming.kernel_fn(chain.name),

@@ -60,14 +60,7 @@ def quant_fields_problems(spec: KernelSpec, err: Callable) -> None:
                 key=True,
             )
         group = _group(inp.scale)
-        if group is not None and quant.name == "int4" and group % (2 * K_STEP):
-            err(
-                ("inputs", name, "scale"),
-                f"an int4 group of {group} along K is not a multiple of {2 * K_STEP}",
-                f"int4 runs each K step as two dots over its even and odd values: groups of "
-                f"{2 * K_STEP}, 64, 128, ...",
-            )
-        elif group is not None and group % K_STEP:
+        if group is not None and group % K_STEP:
             where = "per_group" if isinstance(inp.scale, PerGroupScale) else "per_block"
             err(
                 ("inputs", name, "scale", where),
@@ -168,14 +161,12 @@ def lower_quant(kernel: Kernel, spec: KernelSpec, err: Callable) -> QuantChain |
     gated = kernel.gate is not None
     space = configs.QUANT_GATED_SPACE if gated else configs.QUANT_SPACE
     groups = [q.group for q in quants if q.k_varying]
-    # int4's K steps split in two dots of BLOCK_K // 2: at least the tensor cores' step.
-    floor = 2 * K_STEP if any(q.dtype == "int4" for q in quants) else K_STEP
     return QuantChain(
         chain=kernel,
         quant=tuple(quants),
-        configs=_fitted(space, groups, floor),
-        default_config=_fitted((configs.QUANT_DEFAULT,), groups, floor)[0],
-        interpreter_config=_fitted((configs.QUANT_INTERPRETER,), groups, floor)[0],
+        configs=_fitted(space, groups),
+        default_config=_fitted((configs.QUANT_DEFAULT,), groups)[0],
+        interpreter_config=_fitted((configs.QUANT_INTERPRETER,), groups)[0],
     )
 
 
@@ -208,7 +199,7 @@ def _chain_problems(spec: KernelSpec, err: Callable) -> None:
         )
 
 
-def _fitted(space: tuple[Config, ...], groups: list[int], floor: int) -> tuple[Config, ...]:
+def _fitted(space: tuple[Config, ...], groups: list[int]) -> tuple[Config, ...]:
     """The space with each BLOCK_K cut to the largest power of two dividing every group
     (a K step then never straddles two scales), duplicates dropped."""
     out: list[Config] = []
@@ -216,7 +207,7 @@ def _fitted(space: tuple[Config, ...], groups: list[int], floor: int) -> tuple[C
         block_k = cfg.BLOCK_K
         while any(g % block_k for g in groups):
             block_k //= 2
-        fitted = dataclasses.replace(cfg, BLOCK_K=max(block_k, floor))
+        fitted = dataclasses.replace(cfg, BLOCK_K=max(block_k, K_STEP))
         if fitted not in out:
             out.append(fitted)
     return tuple(out)

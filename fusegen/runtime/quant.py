@@ -29,13 +29,6 @@ STORAGE = {
 }
 SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
-# Per dot dtype: the bits of a float whose last mantissa bits an int4 nibble may fill
-# (the float is then VALUE + nibble, exactly), the int type of that width, and VALUE.
-MAGIC = {
-    torch.bfloat16: (0x4300, tl.int16, 128.0),
-    torch.float16: (0x6400, tl.int16, 1024.0),
-    torch.float32: (0x4B000000, tl.int32, 8388608.0),
-}
 
 
 def cdiv(a, b):
@@ -262,9 +255,6 @@ class QuantChain:
         int64 = any(t.numel() >= 2**31 for t in tensors) or rows * cols >= 2**31
         dot_dtype = torch.float32 if interpreted else dtype
         consts = {"INT64": int64, "DOT_DTYPE": TL_DTYPES[dot_dtype]}
-        if self.module.get("INT4"):
-            magic, magic_int, value = MAGIC[dot_dtype]
-            consts.update(MAGIC=magic, MAGIC_INT=magic_int, MAGIC_VALUE=value)
         if self.module.get("FAST_TANH_USED"):
             consts["FAST_TANH"] = (
                 device.type == "cuda" and not interpreted and out_dtype != torch.float32
