@@ -371,3 +371,59 @@ def test_example_kernels_compile_for_sm90():
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == [w for n in names for w in (n, "compiled")]
+
+
+QUANTIZE = """
+kernels:
+  - name: qz
+    dims: {{M: dynamic, K: {k}, N: 32}}
+    inputs: {{x: [M, K], w: [K, N]}}
+    chain:
+{steps}
+"""
+
+
+@pytest.mark.parametrize(
+    "steps, k, path, message",
+    [
+        (
+            ["input: x", "quantize: {dtype: int8}"],
+            "dynamic",
+            (1, "quantize", "dtype"),
+            "fp8 values",
+        ),
+        (
+            ["input: x", "quantize: {dtype: fp8_e4m3, scale: per_tensor}"],
+            "dynamic",
+            (1, "quantize", "scale"),
+            "quantize's scale is per_row or {per_group: G}",
+        ),
+        (
+            ["input: x", "quantize: {dtype: fp8_e4m3, scale: {per_group: 64}}"],
+            "96",
+            (1, "quantize", "scale"),
+            "a group of 64 does not divide K = 96",
+        ),
+        (
+            ["matmul: x @ w", "quantize: {dtype: fp8_e4m3}"],
+            "dynamic",
+            (0,),
+            "a quantize chain starts with `input: x`",
+        ),
+        (
+            ["matmul: x @ w", "gelu", "quantize: {dtype: fp8_e4m3}"],
+            "dynamic",
+            (2, "quantize"),
+            "quantize ends an elementwise chain",
+        ),
+    ],
+)
+def test_quantize_errors_name_the_place(write_spec, steps, k, path, message):
+    text = QUANTIZE.format(k=k, steps="\n".join(f"      - {s}" for s in steps))
+    if "w" not in " ".join(steps):
+        text = text.replace(", w: [K, N]", "").replace(", N: 32", "")
+    found = problems(write_spec, text)
+    where = ("kernels", 0, "chain", *path)
+    assert any(
+        p[: len(where)] == where and message in m and line > 0 for p, m, line in found
+    ), found
