@@ -34,6 +34,16 @@ COMPILED_ON_CPU = "traced on the CPU by fusegen's tests/test_quant.py; here on a
 VALUE_SPREAD = {"int8": 74.0, "int4": 4.6, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0}
 
 
+def input_shapes(suite, sizes, lead=None):
+    """(name, pinned dtype, distribution, shape) of each input a suite draws: its dims'
+    sizes, with `lead` in place of the row dim where the input takes batch dims."""
+    for name, (pinned, dist) in suite.inputs.items():
+        shape = [sizes[d] for d in suite.dims[name]]
+        if lead is not None and suite.batched[name]:
+            shape = [*lead, *shape[1:]]
+        yield name, pinned, dist, shape
+
+
 def dtype_id(dtype):
     return str(dtype).replace("torch.", "")
 
@@ -65,11 +75,7 @@ class Suite:
         """The launcher's tensors by argument name, drawn on the CPU then moved."""
         gen = torch.Generator().manual_seed(seed)
         out = {}
-        for name, (pinned, dist) in self.inputs.items():
-            dims = self.dims[name]
-            shape = [sizes[d] for d in dims]
-            if lead is not None and self.batched[name]:
-                shape = [*lead, *shape[1:]]
+        for name, pinned, dist, shape in input_shapes(self, sizes, lead):
             q = self.quant.get(name)
             if q is None:
                 values = torch.randn(shape, generator=gen)
@@ -371,15 +377,11 @@ class QuantizerSuite:
     def make_inputs(self, sizes, dtype, seed, lead=None):
         gen = torch.Generator().manual_seed(seed)
         out = {}
-        for name, (pinned, dist) in self.inputs.items():
-            dims = self.dims[name]
-            shape = [sizes[d] for d in dims]
-            if lead is not None and self.batched[name]:
-                shape = [*lead, *shape[1:]]
+        for name, pinned, dist, shape in input_shapes(self, sizes, lead):
             values = torch.randn(shape, generator=gen)
             if dist == "nonzero":
                 values = values.sign() * (0.5 + values.abs())
-            if self.batched[name] and len(dims) == 2:
+            if self.batched[name] and len(self.dims[name]) == 2:
                 rows = values.view(-1, shape[-1])
                 rows[0] = 0.0  # all zero: the scale's floor
                 if rows.shape[0] > 2:
