@@ -3,9 +3,8 @@ lines each kernel runs between its two dots, the mask, the docs. The templates p
 
 from __future__ import annotations
 
-import textwrap
 
-from fusegen.codegen.chain_text import docstring_safe, dtype_literal
+from fusegen.codegen.chain_text import dtype_literal, wrapped_doc
 from fusegen.ir import Attention
 
 LOG2E = 1.4426950408889634
@@ -246,11 +245,7 @@ def _number(value: float) -> str:
 
 
 def module_context(att: Attention, header: list[str], op_name: str, doc_width: int) -> dict:
-    doc_lines = [
-        wrapped
-        for line in (att.doc.splitlines() if att.doc else [])
-        for wrapped in (textwrap.wrap(docstring_safe(line), doc_width) or [""])
-    ]
+    doc_lines = wrapped_doc(att.doc, doc_width)
     seq_dims = "batch, seq, {h}, " if att.layout == "bshd" else "batch, {h}, seq, "
     return {
         "header": header,

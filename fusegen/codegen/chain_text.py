@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from fusegen import ops
 from fusegen.dtypes import DTYPES
 from fusegen.ir import Emit, Gate, Kernel, Matmul, RowStep, Step
@@ -26,6 +28,16 @@ def dict_literal(pairs: list[tuple[str, str]]) -> str:
 
 def docstring_safe(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
+
+
+def wrapped_doc(doc: str, width: int) -> list[str]:
+    """A spec's `doc`, made safe inside a docstring and wrapped at `width` (its blank
+    lines kept)."""
+    return [
+        wrapped
+        for line in (doc.splitlines() if doc else [])
+        for wrapped in (textwrap.wrap(docstring_safe(line), width) or [""])
+    ]
 
 
 def operand_ref(step: Step, name: str, style: str) -> str:

@@ -27,6 +27,7 @@ from fusegen.codegen.chain_text import (
     formula,
     steps_in_order,
     tuple_literal,
+    wrapped_doc,
 )
 from fusegen.codegen.attention_text import module_context as attention_module_context
 from fusegen.codegen.loss_text import module_context as loss_module_context
@@ -286,11 +287,7 @@ def kernel_context(kernel: Kernel, runtime_hash: str) -> dict:
     value = "acc" if mm else "value"
     tune_key = [naming.ROWS_BUCKET, kernel.col] + ([mm.k] if mm else [])
     source_tensor = kernel.tensor(kernel.source) if kernel.source else None
-    doc_lines = [
-        wrapped
-        for line in (kernel.doc.splitlines() if kernel.doc else [])
-        for wrapped in (textwrap.wrap(docstring_safe(line), DOC_WIDTH) or [""])
-    ]
+    doc_lines = wrapped_doc(kernel.doc, DOC_WIDTH)
     dims_doc = ", ".join(f"{d.name} = {d.size if d.size else 'dynamic'}" for d in kernel.dims)
     summary = (
         doc_lines

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import textwrap
 
-from fusegen.codegen.chain_text import docstring_safe, dtype_literal, lit, tuple_literal
+from fusegen.codegen.chain_text import (
+    dtype_literal,
+    lit,
+    tuple_literal,
+    wrapped_doc,
+)
 from fusegen.ir import LossHead
 
 # The logits block's most bytes where the backward makes the logits again (a loss a
@@ -107,11 +112,7 @@ def call_doc(head: LossHead, width: int) -> list[str]:
 
 
 def module_context(head: LossHead, header: list[str], doc_width: int) -> dict:
-    doc_lines = [
-        wrapped
-        for line in (head.doc.splitlines() if head.doc else [])
-        for wrapped in (textwrap.wrap(docstring_safe(line), doc_width) or [""])
-    ]
+    doc_lines = wrapped_doc(head.doc, doc_width)
     steps = {s.op: s for s in head.steps}
     bias = steps["bias"].operand if "bias" in steps else None
     return {

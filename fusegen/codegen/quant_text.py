@@ -16,11 +16,10 @@ from fusegen import dtypes, ops
 from fusegen.codegen import naming
 from fusegen.codegen.chain_text import (
     dict_literal,
-    docstring_safe,
     dtype_literal,
     formula,
-    matmul_text,
     tuple_literal,
+    wrapped_doc,
 )
 from fusegen.codegen.kernel_text import epilogue, fast_tanh, helpers, weights
 from fusegen.codegen.equivalence_text import bound_lines, bound_returns, dist
@@ -37,12 +36,12 @@ SCALE_DOC = {
 
 def launcher_tensors(qc: QuantChain) -> list[dict]:
     """The launcher's tensor arguments in order: each input, a quantized one followed by
-    its scales and zero points. Per tensor: its name, dims (for strides; scales' are
-    named rows / groups) and what it is."""
+    its scales and zero points. Per tensor: its name and dims (for strides; scales' are
+    named rows / groups)."""
     out = []
     for t in qc.chain.inputs:
         q = qc.quant_of(t.name)
-        out.append({"name": t.name, "dims": list(t.dims), "role": "quant" if q else "plain"})
+        out.append({"name": t.name, "dims": list(t.dims)})
         if q is None:
             continue
         dims = {
@@ -51,9 +50,9 @@ def launcher_tensors(qc: QuantChain) -> list[dict]:
             "group": ["rows", "groups"],
             "block": ["rows", "groups"],
         }
-        out.append({"name": q.scale_name, "dims": dims[q.scale], "role": "scale", "of": q.name})
+        out.append({"name": q.scale_name, "dims": dims[q.scale]})
         if q.zero_point:
-            out.append({"name": q.zero_name, "dims": dims[q.scale], "role": "zero", "of": q.name})
+            out.append({"name": q.zero_name, "dims": dims[q.scale]})
     return out
 
 
@@ -241,11 +240,7 @@ def context(
         ]
     )
     ref = reference_lines(chain)
-    doc_lines = [
-        wrapped
-        for line in (chain.doc.splitlines() if chain.doc else [])
-        for wrapped in (textwrap.wrap(docstring_safe(line), doc_width) or [""])
-    ]
+    doc_lines = wrapped_doc(chain.doc, doc_width)
     return {
         "header": header,
         "name": chain.name,
@@ -288,9 +283,6 @@ def context(
         "dequantized": [q.name for q in qc.quant],
         "plain_inputs": [t.name for t in chain.inputs if t.dtype is None],
         "reference_lines": ref,
-        "matmul_text": matmul_text(mm),
-        "row_dim": chain.row,
-        "col_dim": chain.col,
     }
 
 

@@ -3,16 +3,15 @@ with one scale per row (or per group along it), and the scales."""
 
 from __future__ import annotations
 
-import textwrap
 
 from fusegen import dtypes, ops
 from fusegen.codegen import naming
 from fusegen.codegen.chain_text import (
     dict_literal,
-    docstring_safe,
     dtype_literal,
     formula,
     tuple_literal,
+    wrapped_doc,
 )
 from fusegen.codegen.equivalence_text import bound_lines, bound_returns, dist
 from fusegen.codegen.kernel_text import epilogue, fast_tanh, helpers, tile_addr
@@ -68,11 +67,7 @@ def context(qz: Quantizer, header: list[str], runtime_hash: str, doc_width: int,
     out = Tensor(naming.OUT, (chain.row, chain.col), None, "", False)
     source = chain.tensor(chain.source)
     ref = reference_lines(chain)
-    doc_lines = [
-        wrapped
-        for line in (chain.doc.splitlines() if chain.doc else [])
-        for wrapped in (textwrap.wrap(docstring_safe(line), doc_width) or [""])
-    ]
+    doc_lines = wrapped_doc(chain.doc, doc_width)
     offs_r, offs_c = naming.offs(chain.row), naming.offs(chain.col)
     scale_addr = f"scale_ptr + {offs_r} * stride_scale_rows"
     if qz.group:
