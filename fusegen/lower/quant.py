@@ -11,7 +11,7 @@ import dataclasses
 from typing import Callable
 
 from fusegen import configs, dtypes
-from fusegen.ir import Config, Gate, Kernel, Quant, QuantChain
+from fusegen.ir import Config, Gate, Kernel, Quant, QuantChain, Quantizer
 from fusegen.spec.models import KernelSpec, PerBlockScale, PerGroupScale
 
 QUANT_NAMES = ", ".join(dtypes.QUANT_DTYPES)
@@ -59,7 +59,7 @@ def quant_fields_problems(spec: KernelSpec, err: Callable) -> None:
                 f"'packing' is int4's (two values a byte); '{name}' is {quant.name}",
                 key=True,
             )
-        group = _group(inp.scale)
+        group = _scale(inp.scale)[1]
         if group is not None and group % K_STEP:
             where = "per_group" if isinstance(inp.scale, PerGroupScale) else "per_block"
             err(
@@ -67,14 +67,6 @@ def quant_fields_problems(spec: KernelSpec, err: Callable) -> None:
                 f"a group of {group} along K is not a multiple of {K_STEP}",
                 f"groups along K hold whole tensor-core steps of {K_STEP}: 32, 64, 128, ...",
             )
-
-
-def _group(scale) -> int | None:
-    if isinstance(scale, PerGroupScale):
-        return scale.per_group
-    if isinstance(scale, PerBlockScale):
-        return scale.per_block[1]
-    return None
 
 
 def lower_quant(kernel: Kernel, spec: KernelSpec, err: Callable) -> QuantChain | None:
@@ -88,7 +80,7 @@ def lower_quant(kernel: Kernel, spec: KernelSpec, err: Callable) -> QuantChain |
             "start the chain with `matmul: x @ w.T`",
         )
         return None
-    # (operand name, whether it is the dot's left side) for the matmul and a gate's.
+    # Each operand's side of the dot ("a" or "b"), for the matmul and a gate's.
     operands = {mm.a: "a", mm.b: "b"}
     transposed = {mm.a: mm.a_transposed, mm.b: mm.b_transposed}
     for g in kernel.steps:
@@ -138,7 +130,7 @@ def lower_quant(kernel: Kernel, spec: KernelSpec, err: Callable) -> QuantChain |
             continue
         packing = (inp.packing or "low_first") if quant.name == "int4" else None
         quants.append(Quant(name, quant.name, scale, group, rows_per, inp.zero_point, packing))
-    _chain_problems(spec, err)
+    _spec_problems(spec, err)
     names = {*spec.inputs, *spec.dims}
     for q in quants:
         for extra in (q.scale_name, q.zero_name):
@@ -171,19 +163,19 @@ def lower_quant(kernel: Kernel, spec: KernelSpec, err: Callable) -> QuantChain |
 
 
 def _scale(scale) -> tuple[str, int | None, int | None]:
-    """(kind, group along K, rows sharing a scale) of a spec's scale."""
+    """(kind, group along K, rows sharing a scale) of a spec's scale (None: not given)."""
     if isinstance(scale, PerGroupScale):
         return "group", scale.per_group, 1
     if isinstance(scale, PerBlockScale):
         return "block", scale.per_block[1], scale.per_block[0]
     if scale == "per_tensor":
         return "tensor", None, None
-    return "row", None, 1
+    return ("row", None, 1) if scale else (None, None, None)
 
 
-def _chain_problems(spec: KernelSpec, err: Callable) -> None:
-    """What a quantized chain does not take (row ops and extra outputs never follow a
-    matmul: the chain's own lowering refuses them)."""
+def _spec_problems(spec: KernelSpec, err: Callable) -> None:
+    """The kernel fields a quantized chain does not take (its chain's own lowering
+    refuses row ops and extra outputs after a matmul)."""
     given = spec.model_fields_set
     for field, why in (
         ("backward", "quantized chains are inference-only: their weights do not train"),
@@ -253,8 +245,6 @@ def quantize_args(args, path: tuple, err: Callable) -> tuple[str, int | None] | 
 def quantizer(kernel: Kernel, dtype: str, group: int | None, err: Callable, path: tuple):
     """The Quantizer of an elementwise chain (checked: no row op, no extra output, no
     cast: the output is the fp8 values and their scales)."""
-    from fusegen.ir import Quantizer
-
     if kernel.matmul is not None or kernel.row_step is not None or kernel.emits:
         err(
             path,
