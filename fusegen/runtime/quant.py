@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from . import launch
-from .checks import bucket, signature
+from .checks import Shapes, bucket, signature
 
 _log = logging.getLogger(__name__)
 
@@ -190,38 +190,25 @@ class QuantChain:
         named = {n: t for (n, _, _), t in zip(self.arguments, tensors, strict=True)}
         plain = [named[n] for n, _, _ in self.inputs if n not in self.quant]
         dtype = self.compute_dtype(plain, out_dtype)
-        sizes, lead = {}, None
+        # A packed int4 operand's last dim is bound as half of K, then K from twice it.
+        packed = {f"{dims[-1]}/2": None for n, dims, _ in self.inputs if self._int4(n)}
+        shapes = Shapes({**self.dims, **packed})
         views = {}
         for name, dims, batched in self.inputs:
-            t = named[name]
             q = self.quant.get(name)
-            self.check_dtype(name, t, q, dtype)
-            if batched and t.dim() >= len(dims):
-                this_lead = tuple(t.shape[: t.dim() - len(dims) + 1])
-                if lead is not None and this_lead != lead:
-                    raise ValueError(
-                        f"{name} has leading dims {list(this_lead)}, but another input has "
-                        f"{list(lead)}; they must match"
-                    )
-                lead = this_lead
-                t = t.reshape(-1, *t.shape[t.dim() - len(dims) + 1 :])
-            if t.dim() != len(dims):
-                raise ValueError(
-                    f"{name} must be {len(dims)}-D [{', '.join(dims)}], got shape "
-                    f"{list(named[name].shape)}"
-                )
-            shape = list(t.shape)
-            if q is not None and q.dtype == "int4":
-                shape[-1] *= 2  # two values a byte
-            for axis, (dim, size) in enumerate(zip(dims, shape, strict=True)):
-                packed = q is not None and q.dtype == "int4" and axis == len(dims) - 1
-                where = f"{name}.shape[{axis}]" + (" * 2 (two int4 a byte)" if packed else "")
-                self.bind(sizes, dim, size, where)
-            views[name] = t
+            self.check_dtype(name, named[name], q, dtype)
+            if self._int4(name):
+                view = shapes.bind(name, named[name], (*dims[:-1], f"{dims[-1]}/2"), batched)
+                where = f"{name}.shape[-1] * 2 (two int4 values a byte)"
+                shapes._bind_dim(dims[-1], 2 * view.shape[-1], where)
+            else:
+                view = shapes.bind(name, named[name], dims, batched)
+            views[name] = view
+        sizes, lead = shapes.sizes, shapes.lead
         for name, dims, batched in self.inputs:
             q = self.quant.get(name)
             if q is not None:
-                self.check_factors(name, q, named, views, dims, sizes, lead if batched else None)
+                self.check_factors(name, q, named, dims, sizes, lead if batched else None)
         out_dtype = self.module["OUT_DTYPE"] or out_dtype or dtype
         row_dim, col_dim = self.module["ROW"], self.module["COL"]
         rows, cols = sizes[row_dim], sizes[col_dim]
@@ -238,16 +225,21 @@ class QuantChain:
             )
             for n, role, owner in self.arguments
         ]
-        index = {n: i for i, (n, _, _) in enumerate(self.arguments)}
+        # Per argument: what makes the kernel's view of a call's tensor (the scales'
+        # shape, or an input's dim count, past which leading batch dims are flattened).
+        ranks = {n: len(dims) for n, dims, _ in self.inputs}
+        shaping = [
+            (self.quant[owner], None) if role in ("scale", "zero") else (None, ranks[n])
+            for n, role, owner in self.arguments
+        ]
 
         def as_views(call):
             out = []
-            for n, role, _ in self.arguments:
-                t = call[index[n]]
-                if role in ("scale", "zero"):
-                    out.append(self.factor_view(t, self.quant[self._owner(n)]))
-                elif t.dim() != len(self._dims(n)):
-                    out.append(t.reshape(-1, *t.shape[t.dim() - len(self._dims(n)) + 1 :]))
+            for t, (q, rank) in zip(call, shaping, strict=True):
+                if q is not None:
+                    out.append(self.factor_view(t, q))
+                elif t.dim() != rank:
+                    out.append(t.reshape(-1, *t.shape[t.dim() - rank + 1 :]))
                 else:
                     out.append(t)
             return out
@@ -277,19 +269,9 @@ class QuantChain:
             "dot": dot,
         }
 
-    def _owner(self, argument):
-        return next(owner for n, _, owner in self.arguments if n == argument)
-
-    def _dims(self, name):
-        return next(dims for n, dims, _ in self.inputs if n == name)
-
-    def bind(self, sizes, dim, size, where):
-        declared = self.dims[dim]
-        if dim in sizes and sizes[dim] != size:
-            raise ValueError(f"{where} is {size}, but dim {dim} is {sizes[dim]} elsewhere")
-        if declared is not None and size != declared:
-            raise ValueError(f"{where} is {size}, but the spec fixes dim {dim} = {declared}")
-        sizes[dim] = size
+    def _int4(self, name):
+        q = self.quant.get(name)
+        return q is not None and q.dtype == "int4"
 
     def compute_dtype(self, plain, out_dtype):
         """The call's dtype: the plain (unquantized, unpinned) inputs', which must agree;
@@ -319,7 +301,7 @@ class QuantChain:
             packed = " (two int4 values a byte)" if q.dtype == "int4" else ""
             raise TypeError(f"{name} must be {want}{packed} for {q.dtype}, got {t.dtype}")
 
-    def check_factors(self, name, q, named, views, dims, sizes, lead):
+    def check_factors(self, name, q, named, dims, sizes, lead):
         rows, k = sizes[dims[0]], sizes[dims[-1]]
         if q.dtype == "int4" and k % 2:
             raise ValueError(f"{name}: int4 packs two values a byte along {dims[-1]}, which is {k}")
