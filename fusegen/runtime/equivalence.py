@@ -37,6 +37,18 @@ INTERPRETER_OUT_ROUNDING = {**OUT_ROUNDING, torch.bfloat16: 2.0**-7}
 OUT_TINY = {torch.float32: 2.0**-126, torch.float16: 2.0**-25, torch.bfloat16: 2.0**-126}
 
 
+def outside_bound(out, expected, bound, rounding):
+    """(where `out` is further from its float64 `expected` value than `bound` allows, that
+    bound with the output's own rounding added: `rounding`, its dtype's unit roundoff).
+    NaN, the poison, is never within; past the dtype's largest finite value the right
+    answer is an infinity of the value's sign."""
+    bound = bound + rounding * (expected.abs() + bound) + OUT_TINY[out.dtype]
+    error = (out.double() - expected).abs()
+    may_overflow = expected.abs() + bound > torch.finfo(out.dtype).max
+    overflowed = may_overflow & torch.isinf(out) & (out.sign() == expected.sign())
+    return ~((error <= bound) | overflowed), bound
+
+
 def new_seed():
     fixed = os.environ.get("FUSEGEN_TEST_SEED")
     return int(fixed) if fixed else random.SystemRandom().randrange(2**31)
@@ -157,14 +169,8 @@ class Chain:
         pairs = self.reference_and_bound(p_in, depth, fast, **exact)
         exact.pop("p_acc", None)
         for name, out, (expected, bound) in zip(self.outputs, results, pairs, strict=True):
-            rounding = self.out_rounding[out.dtype]
-            bound = bound + rounding * (expected.abs() + bound) + OUT_TINY[out.dtype]
             assert out.shape == expected.shape, (name, out.shape, expected.shape)
-            error = (out.double() - expected).abs()
-            # Past the dtype's largest finite value the right answer is an infinity.
-            may_overflow = expected.abs() + bound > torch.finfo(out.dtype).max
-            overflowed = may_overflow & torch.isinf(out) & (out.sign() == expected.sign())
-            bad = ~((error <= bound) | overflowed)  # NaN, the poison, is never <= anything
+            bad, bound = outside_bound(out, expected, bound, self.out_rounding[out.dtype])
             if bad.any():
                 first = tuple(bad.nonzero()[0].tolist())
                 pytest.fail(

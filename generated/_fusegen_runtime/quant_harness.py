@@ -18,11 +18,11 @@ from .equivalence import (  # noqa: F401 - the generated modules' bounds use U32
     INTERPRETER_OUT_ROUNDING,
     ON_GPU,
     OUT_ROUNDING,
-    OUT_TINY,
     U32,
     U_ACC,
     dot_error,
     new_seed,
+    outside_bound,
 )
 from .quant import STORAGE, cdiv, dequantize, pack_int4
 
@@ -150,10 +150,8 @@ class Suite:
 
     def outside(self, out, value, bound):
         """Where the output is outside the bound (the output's rounding included)."""
-        rounding = self.out_rounding[out.dtype]
-        bound = bound + rounding * (value.abs() + bound) + OUT_TINY[out.dtype]
-        error = (out.double() - value.reshape(out.shape)).abs()
-        return ~(error <= bound.reshape(out.shape))
+        value, bound = value.reshape(out.shape), bound.reshape(out.shape)
+        return outside_bound(out, value, bound, self.out_rounding[out.dtype])[0]
 
     def run(self, inputs, sizes, dtype, lead=None, **options):
         """The launcher's output, written into a NaN-filled buffer."""
