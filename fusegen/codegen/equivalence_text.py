@@ -195,16 +195,20 @@ def cases(kernel: Kernel) -> tuple[list[dict], list[dict]]:
     def role(name: str) -> str:
         return "row" if name == kernel.row else "k" if name == k else "col"
 
-    def build(table: dict) -> list[dict]:
-        count = len(table["row"])
-        cases = []
-        for i in range(count):
-            case = {d.name: table[role(d.name)][-count:][i] for d in kernel.dims if d.size is None}
-            if case not in cases:
-                cases.append(case)
-        return cases
+    return dynamic_cases(kernel, cpu, role), dynamic_cases(kernel, gpu, role)
 
-    return build(cpu), build(gpu)
+
+def dynamic_cases(kernel: Kernel, table: dict, role) -> list[dict]:
+    """One case per size in table["row"]: each dynamic dim takes the same place in its
+    role's list (`role(dim name)`: a key of table; the lists' last entries, as many as
+    there are rows), repeats dropped."""
+    count = len(table["row"])
+    cases = []
+    for i in range(count):
+        case = {d.name: table[role(d.name)][-count:][i] for d in kernel.dims if d.size is None}
+        if case not in cases:
+            cases.append(case)
+    return cases
 
 
 def aligned_cases(kernel: Kernel) -> tuple[dict, dict]:

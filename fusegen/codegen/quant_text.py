@@ -22,7 +22,7 @@ from fusegen.codegen.chain_text import (
     wrapped_doc,
 )
 from fusegen.codegen.kernel_text import epilogue, fast_tanh, helpers, weights
-from fusegen.codegen.equivalence_text import bound_lines, bound_returns, dist
+from fusegen.codegen.equivalence_text import bound_lines, bound_returns, dist, dynamic_cases
 from fusegen.codegen.python_text import reference_lines
 from fusegen.ir import Config, Quant, QuantChain
 
@@ -358,16 +358,7 @@ def cases(qc: QuantChain) -> tuple[list[dict], list[dict]]:
     def role(name: str) -> str:
         return "row" if name == chain.row else "k" if name == mm.k else "col"
 
-    def build(table: dict) -> list[dict]:
-        count = len(table["row"])
-        out = []
-        for i in range(count):
-            case = {d.name: table[role(d.name)][-count:][i] for d in chain.dims if d.size is None}
-            if case not in out:
-                out.append(case)
-        return out
-
-    return build(table_cpu), build(table_gpu)
+    return dynamic_cases(chain, table_cpu, role), dynamic_cases(chain, table_gpu, role)
 
 
 def test_context(qc: QuantChain, header: list[str]) -> dict:

@@ -13,7 +13,7 @@ from fusegen.codegen.chain_text import (
     tuple_literal,
     wrapped_doc,
 )
-from fusegen.codegen.equivalence_text import bound_lines, bound_returns, dist
+from fusegen.codegen.equivalence_text import bound_lines, bound_returns, dist, dynamic_cases
 from fusegen.codegen.kernel_text import epilogue, fast_tanh, helpers, tile_addr
 from fusegen.codegen.python_text import reference_lines
 from fusegen.ir import Quantizer, Tensor
@@ -118,23 +118,14 @@ def context(qz: Quantizer, header: list[str], runtime_hash: str, doc_width: int,
 def test_context(qz: Quantizer, header: list[str]) -> dict:
     chain = qz.chain
     bounds = bound_lines(chain)
-    gpu = {"row": [1, 77, 3000], "col": [4096, 1000 * (qz.group or 1)]}
+    gpu = {"row": [1, 77], "col": [4096, 1000 * (qz.group or 1)]}
     cpu = {"row": [1, 37], "col": [96, 300]}
     if qz.group:
         gpu["col"] = [qz.group * 3, qz.group * 33]
         cpu["col"] = [qz.group * 3, qz.group * 5]
 
-    def build(table: dict) -> list[dict]:
-        out = []
-        for i in range(2):
-            case = {
-                d.name: table["row" if d.name == chain.row else "col"][i]
-                for d in chain.dims
-                if d.size is None
-            }
-            if case not in out:
-                out.append(case)
-        return out
+    def role(name: str) -> str:
+        return "row" if name == chain.row else "col"
 
     return {
         "header": header,
@@ -146,8 +137,8 @@ def test_context(qz: Quantizer, header: list[str]) -> dict:
         "dtypes_literal": "[" + ", ".join(dtype_literal(d) for d in chain.dtypes) + "]",
         "row": chain.row,
         "col": chain.col,
-        "cases_cpu": repr(build(cpu)),
-        "cases_gpu": repr(build(gpu)),
+        "cases_cpu": repr(dynamic_cases(chain, cpu, role)),
+        "cases_gpu": repr(dynamic_cases(chain, gpu, role)),
         "test_inputs": [
             {
                 "name": t.name,
