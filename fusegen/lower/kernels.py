@@ -367,13 +367,7 @@ class _KernelLowerer:
         inputs = self._inputs(dims, labels=True)
         if self.errors:
             return None
-        base = dict(
-            name=spec.name,
-            doc=spec.doc.strip(),
-            spec_display=self.source.display,
-            spec_sha256=self.source.sha256,
-            dtypes=tuple(spec.dtypes),
-        )
+        base = self._identity()
         for field in sorted(spec.model_fields_set - LOSS_HEAD_FIELDS):
             self.err(
                 (field,),
@@ -388,6 +382,17 @@ class _KernelLowerer:
             used = {head.x, head.weight, head.labels, *(s.operand for s in head.steps)}
             self._check_used(inputs, dims, used)
         return None if self.errors else head
+
+    def _identity(self) -> dict:
+        """The fields every kernel kind's IR takes from the spec as they are."""
+        spec = self.spec
+        return dict(
+            name=spec.name,
+            doc=spec.doc.strip(),
+            spec_display=self.source.display,
+            spec_sha256=self.source.sha256,
+            dtypes=tuple(spec.dtypes),
+        )
 
     def _check_dtypes(self) -> None:
         for j, name in enumerate(self.spec.dtypes):
@@ -471,12 +476,8 @@ class _KernelLowerer:
         self._check_used(inputs, dims, {source})
         row, col = inputs[source].dims
         return Kernel(
-            name=spec.name,
-            doc=spec.doc.strip(),
-            spec_display=self.source.display,
-            spec_sha256=self.source.sha256,
+            **self._identity(),
             dims=tuple(dims.values()),
-            dtypes=tuple(spec.dtypes),
             inputs=tuple(dataclasses.replace(t, batched=t.dims[0] == row) for t in inputs.values()),
             matmul=None,
             source=source,
@@ -547,12 +548,8 @@ class _KernelLowerer:
             for t in inputs.values()
         )
         return Kernel(
-            name=spec.name,
-            doc=spec.doc.strip(),
-            spec_display=self.source.display,
-            spec_sha256=self.source.sha256,
+            **self._identity(),
             dims=tuple(dims.values()),
-            dtypes=tuple(spec.dtypes),
             inputs=batched_inputs,
             matmul=matmul,
             source=source,
