@@ -447,11 +447,7 @@ class _KernelLowerer:
             kernel = self._bare_source()
         else:
             # The chain before the quantize, lowered as an elementwise chain.
-            self.spec = spec.model_copy(update={"chain": spec.chain[:-1]})
-            try:
-                kernel = self._lower_chain()
-            finally:
-                self.spec = spec
+            kernel = self._lower_chain(spec.chain[:-1])
         if kernel is None or args is None or self.errors:
             return None
         return quantizer(kernel, *args, self.err, path)
@@ -496,7 +492,8 @@ class _KernelLowerer:
             interpreter_config=Config(),
         )
 
-    def _lower_chain(self) -> Kernel | None:
+    def _lower_chain(self, chain: list | None = None) -> Kernel | None:
+        """The spec's chain (or `chain`, a part of it) as a Kernel."""
         spec = self.spec
         self._check_kernel_name()
         self._check_dtypes()
@@ -512,7 +509,7 @@ class _KernelLowerer:
         inputs = self._inputs(dims)
         if self.errors:
             return None
-        steps_of = ChainLowering(self.spec.chain, self.spec.dims, self.err, _check_name)
+        steps_of = ChainLowering(chain or spec.chain, spec.dims, self.err, _check_name)
         chain = steps_of.lower(inputs, dims)
         if chain is None or self.errors:
             return None
