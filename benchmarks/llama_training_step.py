@@ -2,17 +2,22 @@
 with its MLP gate/up projection and its RMSNorms swapped for the generated kernels
 (llama_mlp_gate_up, llama_add_rmsnorm, llama_rmsnorm in generated/), against the model as
 transformers runs it: the generated modules used the way a real client would use them.
+--attention swaps its attention too (llama3_attention), --loss its LM head and loss
+(llama3_lm_head_loss: the loss from the final norm's output, no logits kept); --all both.
 
 Gradients: one step (forward, cross-entropy on random labels, backward) on the same weights
 and tokens, unpatched in bf16, patched in bf16 and unpatched in float64. Each parameter's
 gradient error is ||g - g64|| / ||g64||; the patched model passes where its error is at
 most 2x the unpatched bf16 model's (+ 1e-6 for gradients of about 0). Exit status 1 if any
 parameter fails, lacks a gradient, or the patch did not run the kernels.
-Time: the median step (forward + loss + backward, and an inference forward) of both models,
-eager and under torch.compile (a failing compile is reported, not raised).
+Time: a step (forward + loss + backward) and an inference forward of both models, eager
+and under torch.compile (a failing compile is reported, not raised): the models alternate
+over --rounds rounds, a round's figure is the median of --steps calls, and the table gives
+the median round with the fastest and slowest (GPU clocks drift between rounds).
 
     python3 benchmarks/llama_training_step.py [--batch 4] [--seq 1024] [--layers 2]
-        [--steps 10] [--no-compile] [--out FILE.json]
+        [--steps 10] [--rounds 3] [--attention] [--loss] [--all] [--no-compile]
+        [--out FILE.json]
 
 Needs torch, triton and transformers; --device cpu --vocab 512 with TRITON_INTERPRET=1 is a
 slow smoke test without a GPU.
@@ -42,8 +47,9 @@ FLOOR = 1e-6  # slack for gradients of about 0, whose relative errors are noise
 WARMUP = 3
 
 
-def load_kernels(attention: bool = False) -> dict:
-    """The generated modules patch() swaps in; attention: llama3_attention too."""
+def load_kernels(attention: bool = False, loss: bool = False) -> dict:
+    """The generated modules patch() swaps in; attention: llama3_attention too; loss:
+    llama3_lm_head_loss too."""
     import llama_add_rmsnorm
     import llama_mlp_gate_up
     import llama_rmsnorm
@@ -53,6 +59,10 @@ def load_kernels(attention: bool = False) -> dict:
         import llama3_attention
 
         modules.append(llama3_attention)
+    if loss:
+        import llama3_lm_head_loss
+
+        modules.append(llama3_lm_head_loss)
     return {m.__name__: m for m in modules}
 
 
@@ -100,7 +110,8 @@ def counted(name, launcher, counts):
 def patch(model, launchers: dict) -> None:
     """Swap, on this model's instances only, HF's LlamaMLP gate/up, its RMSNorms and the
     residual adds for the generated kernels; with a "llama3_attention" launcher, its
-    attention too (this model's config only). Every residual add but none joins the norm
+    attention too (this model's config only); with a "llama3_lm_head_loss" launcher, the
+    loss (loss_of) from the final norm's output and lm_head's weight, without logits. Every residual add but none joins the norm
     after it (llama_add_rmsnorm): a layer returns its residual and MLP output unsummed,
     (h, mlp_out), and the next layer's input norm, or the final norm, adds them. Under
     torch.compile that matters: Inductor fuses HF's add into its norm kernel, but cannot
@@ -157,9 +168,15 @@ def patch(model, launchers: dict) -> None:
 
         launcher = launchers["llama3_attention"]
         model.set_attn_implementation(llama3_attention.use_in_transformers(launcher=launcher))
+    if "llama3_lm_head_loss" in launchers:
+        model.fusegen_loss = launchers["llama3_lm_head_loss"]
 
 
 def loss_of(model, ids, labels):
+    head = getattr(model, "fusegen_loss", None)
+    if head is not None:  # the generated head: the same mean over every token
+        hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
+        return head(hidden.flatten(0, 1), model.lm_head.weight, labels.flatten())
     logits = model(input_ids=ids, use_cache=False).logits.flatten(0, 1)
     # bf16 logits upcast to fp32 as HF's own loss does; float64 ones stay float64
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
@@ -195,8 +212,9 @@ def compare_gradients(eager, fused, ids, labels, counts, modules, layers) -> dic
         "llama_add_rmsnorm": 2 * layers,
         "llama_mlp_gate_up": layers,
     }
-    if "llama3_attention" in modules:
-        expected["llama3_attention"] = layers
+    for whole in ("llama3_attention", "llama3_lm_head_loss"):
+        if whole in modules:
+            expected[whole] = layers if whole == "llama3_attention" else 1
     rows, missing = [], []
     for name, grad64 in grads64.items():
         grad_eager, grad_fused = grads_eager[name], grads_fused[name]
@@ -228,31 +246,29 @@ def compare_gradients(eager, fused, ids, labels, counts, modules, layers) -> dic
     }
 
 
-def median_ms(fn, steps: int, warmup: int, device) -> tuple[float, float]:
-    """(median ms of `steps` calls after `warmup` more, seconds of the first call: a compile)."""
+def median_ms(fn, steps: int, device) -> float:
+    """The median ms of `steps` calls, each timed alone (synchronized before and after)."""
 
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
     times = []
-    for _ in range(warmup + steps):
+    for _ in range(steps):
         sync()
         start = time.perf_counter()
         fn()
         sync()
         times.append(time.perf_counter() - start)
-    return statistics.median(times[warmup:]) * 1e3, times[0]
+    return statistics.median(times) * 1e3
 
 
-def time_model(model, ids, labels, args, compiled: bool) -> dict:
-    """ms per training step and per inference forward; a failure's message instead."""
-    if compiled:
-        torch._dynamo.reset()  # each variant compiles from scratch
+def step_functions(model, ids, labels, compiled: bool) -> dict:
+    """{"train": a training step (forward, loss, backward), "infer": a forward}."""
     train_loss = torch.compile(loss_of) if compiled else loss_of
     forward = torch.compile(logits_of) if compiled else logits_of
 
-    def train_step():
+    def train():
         train_loss(model, ids, labels).backward()
         model.zero_grad(set_to_none=True)
 
@@ -260,17 +276,42 @@ def time_model(model, ids, labels, args, compiled: bool) -> dict:
         with torch.no_grad():
             forward(model, ids)
 
-    result = {}
-    for key, fn in (("train", train_step), ("infer", infer)):
-        try:
-            result[f"{key}_ms"], result[f"{key}_first_s"] = median_ms(
-                fn, args.steps, args.warmup, ids.device
-            )
-        except Exception as exc:  # a compile failure is a result to report
-            traceback.print_exc()
-            result[f"{key}_ms"] = None
-            result[f"{key}_error"] = f"{type(exc).__name__}: {str(exc)[:400]}"
-            model.zero_grad(set_to_none=True)
+    return {"train": train, "infer": infer}
+
+
+def time_models(models: dict, ids, labels, args, compiled: bool) -> dict:
+    """Per variant, ms per training step and per inference forward: the median over
+    args.rounds rounds that alternate the variants (each round's figure the median of
+    args.steps calls), the fastest and slowest round, and the first call's seconds (a
+    compile); a failure's message instead."""
+    if compiled:
+        torch._dynamo.reset()  # each variant compiles from scratch
+    functions = {v: step_functions(m, ids, labels, compiled) for v, m in models.items()}
+    result = {v: {} for v in models}
+    for key in ("train", "infer"):
+        rounds = {}
+        for variant, fns in functions.items():
+            try:
+                start = time.perf_counter()
+                fns[key]()
+                torch.cuda.synchronize() if ids.device.type == "cuda" else None
+                result[variant][f"{key}_first_s"] = time.perf_counter() - start
+                for _ in range(args.warmup):
+                    fns[key]()
+                rounds[variant] = []
+            except Exception as exc:  # a compile failure is a result to report
+                traceback.print_exc()
+                result[variant][f"{key}_ms"] = None
+                result[variant][f"{key}_error"] = f"{type(exc).__name__}: {str(exc)[:400]}"
+                models[variant].zero_grad(set_to_none=True)
+        order = list(rounds)
+        for r in range(args.rounds):
+            for variant in order[r % len(order) :] + order[: r % len(order)]:
+                rounds[variant].append(median_ms(functions[variant][key], args.steps, ids.device))
+        for variant, times in rounds.items():
+            result[variant][f"{key}_ms"] = statistics.median(times)
+            result[variant][f"{key}_range"] = [min(times), max(times)]
+            result[variant][f"{key}_rounds"] = times
     return result
 
 
@@ -298,14 +339,21 @@ def print_gradients(check: dict) -> None:
 
 
 def print_timing(timing: dict) -> None:
-    print("\n## Time (median ms; first call in s: compiling)\n")
+    print("\n## Time (ms: median round [fastest-slowest]; first call in s: compiling)\n")
     print("| mode | HF | fusegen | speedup | first call HF, fusegen |")
     print("| --- | ---: | ---: | ---: | ---: |")
+
+    def cell(result, key):
+        if result.get(f"{key}_ms") is None:
+            return "failed"
+        low, high = result[f"{key}_range"]
+        return f"{result[f'{key}_ms']:.2f} [{low:.2f}-{high:.2f}]"
+
     for mode, variants in timing.items():
         for key in ("train", "infer"):
             hf, fusegen = variants["hf"], variants["fusegen"]
             base, fused = hf.get(f"{key}_ms"), fusegen.get(f"{key}_ms")
-            cells = [f"{v:.2f}" if v is not None else "failed" for v in (base, fused)]
+            cells = [cell(hf, key), cell(fusegen, key)]
             speedup = f"{base / fused:.3f}x" if base and fused else "-"
             first = [
                 f"{r[key + '_first_s']:.1f}" if r.get(f"{key}_ms") else "-" for r in (hf, fusegen)
@@ -324,7 +372,8 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=10, help="timed calls a round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds alternating the models")
     parser.add_argument("--warmup", type=int, default=WARMUP)
     parser.add_argument("--vocab", type=int, default=128256)
     parser.add_argument("--device", default="cuda")
@@ -332,13 +381,19 @@ def main() -> int:
     parser.add_argument(
         "--attention", action="store_true", help="swap in generated/llama3_attention too"
     )
+    parser.add_argument(
+        "--loss", action="store_true", help="swap in generated/llama3_lm_head_loss too"
+    )
+    parser.add_argument("--all", action="store_true", help="--attention and --loss")
     parser.add_argument("--out", help="write every number here as JSON")
     args = parser.parse_args()
+    if args.all:
+        args.attention = args.loss = True
 
     import transformers
     import triton
 
-    modules = load_kernels(args.attention)
+    modules = load_kernels(args.attention, args.loss)
     counts = Counter()
     launchers = {name: counted(name, getattr(m, name), counts) for name, m in modules.items()}
     eager = build_model(args)
@@ -350,11 +405,12 @@ def main() -> int:
     device = ids.device
     setup = {
         "batch": args.batch, "seq": args.seq, "rows": args.batch * args.seq,
-        "layers": args.layers, "vocab": args.vocab, "steps": args.steps,
+        "layers": args.layers, "vocab": args.vocab, "steps": args.steps, "rounds": args.rounds,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
         "torch": torch.__version__, "triton": triton.__version__,
         "transformers": transformers.__version__,
         "attn_implementation": getattr(eager.config, "_attn_implementation", None),
+        "swapped": sorted(modules),
     }  # fmt: skip
     print("# LlamaForCausalLM training step, fusegen kernels vs eager HF\n")
     print(", ".join(f"{k} {v}" for k, v in setup.items()), flush=True)
@@ -373,11 +429,10 @@ def main() -> int:
         torch.cuda.empty_cache()  # the float64 copy's memory
     report["timing"] = timing = {}
     for mode in ("eager",) + (() if args.no_compile else ("compiled",)):
-        timing[mode] = {}
-        for variant, model in (("hf", eager), ("fusegen", fused)):
-            timing[mode][variant] = time_model(model, ids, labels, args, mode == "compiled")
-            print(f"{mode} {variant}: {timing[mode][variant]}", flush=True)
-            save()
+        models = {"hf": eager, "fusegen": fused}
+        timing[mode] = time_models(models, ids, labels, args, mode == "compiled")
+        print(f"{mode}: {timing[mode]}", flush=True)
+        save()
     print_timing(timing)
     return 0 if check["ok"] else 1
 
