@@ -221,6 +221,15 @@ QUANT_SPACE = (
 # Two accumulators a tile: no 128 x 256 tiles.
 QUANT_GATED_SPACE = tuple(c for c in QUANT_SPACE if c.BLOCK_M * c.BLOCK_N <= 128 * 128)
 QUANT_DEFAULT = _mm(64, 128, 64, 8, 4, 3)
+# One row of x against int8 / int4 weights, on the CUDA cores (BLOCK_M 1: QuantChain.gemv).
+QUANT_GEMV_SPACE = (
+    _mm(1, 8, 1024, 1, 4, 1),
+    _mm(1, 16, 512, 1, 4, 1),
+    _mm(1, 16, 1024, 1, 4, 1),
+    _mm(1, 32, 256, 1, 4, 1),
+    _mm(1, 32, 512, 1, 8, 1),
+)
+QUANT_GEMV_INTERPRETER = _mm(1, 16, 64, 1, 4, 1)
 QUANT_INTERPRETER = _mm(32, 64, 64, 1, 4, 1)
 
 

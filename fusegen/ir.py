@@ -314,10 +314,29 @@ class QuantChain(_WrapsChain):
     configs: tuple[Config, ...]  # the autotuning space (BLOCK_K fitted to the groups)
     default_config: Config
     interpreter_config: Config
+    # One-row calls under the interpreter, where the chain has the GEMV path (gemv).
+    interpreter_gemv_config: Config | None = None
 
     @property
     def kind(self) -> str:
         return "quant"
+
+    @property
+    def gemv(self) -> bool:
+        """One-row calls may run without tensor cores (configs with BLOCK_M 1): x
+        unquantized, the weights all int8 or all int4 (weight-only), every group along K
+        a power of two (a K step then holds whole groups)."""
+        mm = self.chain.matmul
+        if self.quant_of(mm.a) is not None:
+            return False
+        found = [self.quant_of(mm.b)] + [
+            self.quant_of(g.matmul.b) for g in self.chain.steps if isinstance(g, Gate)
+        ]
+        if any(q is None for q in found) or len({q.dtype for q in found}) != 1:
+            return False
+        return found[0].dtype in ("int8", "int4") and all(
+            q.group is None or not q.group & (q.group - 1) for q in found
+        )
 
     def quant_of(self, name: str) -> Quant | None:
         return next((q for q in self.quant if q.name == name), None)

@@ -45,7 +45,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("63bed65e0b6157f9", "quant")
+_rt = _runtime("1f033bef9489eed9", "quant")
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
 DIMS = {"M": None, "K": None, "N": None}
@@ -75,6 +75,11 @@ CONFIGS = [
     {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    {"BLOCK_M": 1, "BLOCK_N": 8, "BLOCK_K": 1024, "GROUP_M": 1, "num_warps": 4, "num_stages": 1},
+    {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "GROUP_M": 1, "num_warps": 4, "num_stages": 1},
+    {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 1024, "GROUP_M": 1, "num_warps": 4, "num_stages": 1},
+    {"BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 256, "GROUP_M": 1, "num_warps": 4, "num_stages": 1},
+    {"BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 512, "GROUP_M": 1, "num_warps": 8, "num_stages": 1},
 ]
 # fmt: on
 DEFAULT_CONFIG = {
@@ -93,6 +98,17 @@ INTERPRETER_CONFIG = {
     "num_warps": 4,
     "num_stages": 1,
 }
+# Configs with BLOCK_M 1 run one row of x a program on the CUDA cores (the GEMV path),
+# tried for calls of a few rows (the runtime's GEMV_ROWS); INTERPRETER_GEMV_CONFIG:
+# one-row calls under the interpreter.
+INTERPRETER_GEMV_CONFIG = {
+    "BLOCK_M": 1,
+    "BLOCK_N": 16,
+    "BLOCK_K": 64,
+    "GROUP_M": 1,
+    "num_warps": 4,
+    "num_stages": 1,
+}
 DETERMINISTIC = False
 ROW, COL, K = "M", "N", "K"  # the output's dims, the reduction dim
 # Both operands of every dot are fp8: the tensor cores take them as stored.
@@ -100,6 +116,13 @@ FP8_DOT = False
 # Activations may run on tanh.approx (16-bit outputs on NVIDIA GPUs).
 FAST_TANH_USED = False
 NO_GPU = "reference"  # no GPU and the interpreter off: "reference" runs, or "error"
+
+
+@triton.jit
+def _exact_float(ints, offset: tl.constexpr):
+    """Integers 0..255 as exact fp32, less `offset`: OR-ed into the mantissa of 2**23,
+    which is then subtracted (two full-rate instructions; int-to-float is quarter-rate)."""
+    return (ints | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + offset)
 
 
 @triton.jit
@@ -136,26 +159,46 @@ def _linear_int8_kernel(
     mask_m = offs_m < M
     mask_n = offs_n < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        offs_k = k * BLOCK_K + tl.arange(0, BLOCK_K)
-        mask_k = offs_k < K
-        x_tile = tl.load(
-            x_ptr + offs_m[:, None] * stride_x_m + offs_k[None, :] * stride_x_k,
-            mask=mask_m[:, None] & mask_k[None, :],
-            other=0.0,
-        )
-        x_tile = x_tile.to(DOT_DTYPE)
-        w_tile = tl.load(
-            w_ptr + offs_n[:, None] * stride_w_n + offs_k[None, :] * stride_w_k,
-            mask=mask_n[:, None] & mask_k[None, :],
-            other=0,
-        )
-        w_tile = w_tile.to(DOT_DTYPE)
-        acc = tl.dot(x_tile, w_tile.T, acc)
-    w_scale_all = tl.load(w_scale_ptr + offs_n * stride_w_scale_rows, mask=mask_n, other=1.0).to(
-        tl.float32
-    )
-    acc = acc * w_scale_all[None, :]
+    if BLOCK_M == 1:
+        # One row: a dot takes 16, so the weights meet x on the CUDA cores, whole
+        # groups of scales a K step.
+        x_row = x_ptr + offs_m * stride_x_m
+        w_rows = w_ptr + offs_n[:, None] * stride_w_n
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            offs_k = k * BLOCK_K + tl.arange(0, BLOCK_K)
+            mask_step = mask_n[:, None] & (offs_k < K)[None, :]
+            x_vals = tl.load(x_row + offs_k * stride_x_k, mask=offs_k < K, other=0.0).to(tl.float32)
+            w_ints = (
+                tl.load(w_rows + offs_k[None, :] * stride_w_k, mask=mask_step, other=0).to(tl.int32)
+                & 255
+            )
+            w_part = _exact_float((w_ints) ^ 128, 128.0) * x_vals[None, :]
+            acc += tl.sum(w_part, axis=1)[None, :]
+        w_scale_all = tl.load(
+            w_scale_ptr + offs_n * stride_w_scale_rows, mask=mask_n, other=1.0
+        ).to(tl.float32)
+        acc = acc * w_scale_all[None, :]
+    else:
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            offs_k = k * BLOCK_K + tl.arange(0, BLOCK_K)
+            mask_k = offs_k < K
+            x_tile = tl.load(
+                x_ptr + offs_m[:, None] * stride_x_m + offs_k[None, :] * stride_x_k,
+                mask=mask_m[:, None] & mask_k[None, :],
+                other=0.0,
+            )
+            x_tile = x_tile.to(DOT_DTYPE)
+            w_tile = tl.load(
+                w_ptr + offs_n[:, None] * stride_w_n + offs_k[None, :] * stride_w_k,
+                mask=mask_n[:, None] & mask_k[None, :],
+                other=0,
+            )
+            w_tile = w_tile.to(DOT_DTYPE)
+            acc = tl.dot(x_tile, w_tile.T, acc)
+        w_scale_all = tl.load(
+            w_scale_ptr + offs_n * stride_w_scale_rows, mask=mask_n, other=1.0
+        ).to(tl.float32)
+        acc = acc * w_scale_all[None, :]
     in_bounds = mask_m[:, None] & mask_n[None, :]
 
     # The chain, in fp32.

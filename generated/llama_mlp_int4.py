@@ -52,7 +52,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("63bed65e0b6157f9", "quant")
+_rt = _runtime("1f033bef9489eed9", "quant")
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
 DIMS = {"M": None, "K": None, "N": None}
@@ -83,6 +83,11 @@ CONFIGS = [
     {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
     {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    {"BLOCK_M": 1, "BLOCK_N": 8, "BLOCK_K": 1024, "GROUP_M": 1, "num_warps": 4, "num_stages": 1},
+    {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "GROUP_M": 1, "num_warps": 4, "num_stages": 1},
+    {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 1024, "GROUP_M": 1, "num_warps": 4, "num_stages": 1},
+    {"BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 256, "GROUP_M": 1, "num_warps": 4, "num_stages": 1},
+    {"BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 512, "GROUP_M": 1, "num_warps": 8, "num_stages": 1},
 ]
 # fmt: on
 DEFAULT_CONFIG = {
@@ -97,6 +102,17 @@ INTERPRETER_CONFIG = {
     "BLOCK_M": 32,
     "BLOCK_N": 64,
     "BLOCK_K": 64,
+    "GROUP_M": 1,
+    "num_warps": 4,
+    "num_stages": 1,
+}
+# Configs with BLOCK_M 1 run one row of x a program on the CUDA cores (the GEMV path),
+# tried for calls of a few rows (the runtime's GEMV_ROWS); INTERPRETER_GEMV_CONFIG:
+# one-row calls under the interpreter.
+INTERPRETER_GEMV_CONFIG = {
+    "BLOCK_M": 1,
+    "BLOCK_N": 16,
+    "BLOCK_K": 128,
     "GROUP_M": 1,
     "num_warps": 4,
     "num_stages": 1,
@@ -117,6 +133,13 @@ def _tanh_approx(x):
     return tl.inline_asm_elementwise(
         "tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
     )
+
+
+@triton.jit
+def _exact_float(ints, offset: tl.constexpr):
+    """Integers 0..255 as exact fp32, less `offset`: OR-ed into the mantissa of 2**23,
+    which is then subtracted (two full-rate instructions; int-to-float is quarter-rate)."""
+    return (ints | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + offset)
 
 
 @triton.jit
@@ -169,67 +192,133 @@ def _llama_mlp_int4_kernel(
     mask_n = offs_n < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        offs_k = k * BLOCK_K + tl.arange(0, BLOCK_K)
-        mask_k = offs_k < K
-        offs_packed = k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
-        mask_packed = offs_packed < K // 2
-        x_tile = tl.load(
-            x_ptr + offs_m[:, None] * stride_x_m + offs_k[None, :] * stride_x_k,
-            mask=mask_m[:, None] & mask_k[None, :],
-            other=0.0,
-        )
-        x_tile = x_tile.to(DOT_DTYPE)
-        w_gate_bytes = tl.load(
-            w_gate_ptr + offs_n[:, None] * stride_w_gate_n + offs_packed[None, :] * stride_w_gate_k,
-            mask=mask_n[:, None] & mask_packed[None, :],
-            other=0,
-        )
-        # Two values a byte along K, the even index in the low nibble.
-        w_gate_tile = tl.reshape(tl.join(w_gate_bytes & 15, w_gate_bytes >> 4), (BLOCK_N, BLOCK_K))
-        w_gate_tile = w_gate_tile.to(tl.int32)
-        w_gate_zero_k = tl.load(
-            w_gate_zero_ptr
-            + offs_n * stride_w_gate_zero_rows
-            + (k * BLOCK_K) // 128 * stride_w_gate_zero_groups,
-            mask=mask_n,
-            other=0,
-        ).to(tl.int32)
-        w_gate_tile = w_gate_tile - w_gate_zero_k[:, None]
-        w_gate_tile = w_gate_tile.to(DOT_DTYPE)
-        w_up_bytes = tl.load(
-            w_up_ptr + offs_n[:, None] * stride_w_up_n + offs_packed[None, :] * stride_w_up_k,
-            mask=mask_n[:, None] & mask_packed[None, :],
-            other=0,
-        )
-        # Two values a byte along K, the even index in the low nibble.
-        w_up_tile = tl.reshape(tl.join(w_up_bytes & 15, w_up_bytes >> 4), (BLOCK_N, BLOCK_K))
-        w_up_tile = w_up_tile.to(tl.int32)
-        w_up_zero_k = tl.load(
-            w_up_zero_ptr
-            + offs_n * stride_w_up_zero_rows
-            + (k * BLOCK_K) // 128 * stride_w_up_zero_groups,
-            mask=mask_n,
-            other=0,
-        ).to(tl.int32)
-        w_up_tile = w_up_tile - w_up_zero_k[:, None]
-        w_up_tile = w_up_tile.to(DOT_DTYPE)
-        w_gate_scale_k = tl.load(
-            w_gate_scale_ptr
-            + offs_n * stride_w_gate_scale_rows
-            + (k * BLOCK_K) // 128 * stride_w_gate_scale_groups,
-            mask=mask_n,
-            other=1.0,
-        ).to(tl.float32)
-        acc += tl.dot(x_tile, w_gate_tile.T) * w_gate_scale_k[None, :]
-        w_up_scale_k = tl.load(
-            w_up_scale_ptr
-            + offs_n * stride_w_up_scale_rows
-            + (k * BLOCK_K) // 128 * stride_w_up_scale_groups,
-            mask=mask_n,
-            other=1.0,
-        ).to(tl.float32)
-        acc_gate += tl.dot(x_tile, w_up_tile.T) * w_up_scale_k[None, :]
+    if BLOCK_M == 1:
+        # One row: a dot takes 16, so the weights meet x on the CUDA cores, whole
+        # groups of scales a K step.
+        x_row = x_ptr + offs_m * stride_x_m
+        w_gate_rows = w_gate_ptr + offs_n[:, None] * stride_w_gate_n
+        w_gate_scale_rows = w_gate_scale_ptr + offs_n[:, None] * stride_w_gate_scale_rows
+        w_gate_zero_rows = w_gate_zero_ptr + offs_n[:, None] * stride_w_gate_zero_rows
+        w_up_rows = w_up_ptr + offs_n[:, None] * stride_w_up_n
+        w_up_scale_rows = w_up_scale_ptr + offs_n[:, None] * stride_w_up_scale_rows
+        w_up_zero_rows = w_up_zero_ptr + offs_n[:, None] * stride_w_up_zero_rows
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            offs_packed = k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
+            mask_step = mask_n[:, None] & (offs_packed < K // 2)[None, :]
+            # x's even and odd elements: a byte's two values multiply one each.
+            x_even = tl.load(
+                x_row + 2 * offs_packed * stride_x_k, mask=offs_packed < K // 2, other=0.0
+            ).to(tl.float32)
+            x_odd = tl.load(
+                x_row + (2 * offs_packed + 1) * stride_x_k, mask=offs_packed < K // 2, other=0.0
+            ).to(tl.float32)
+            offs_groups_128 = k * (BLOCK_K // 128) + tl.arange(0, BLOCK_K // 128)
+            mask_groups_128 = mask_n[:, None] & (offs_groups_128 < K // 128)[None, :]
+            x_sums_128 = tl.sum(tl.reshape(x_even + x_odd, (BLOCK_K // 128, 128 // 2)), axis=1)
+            w_gate_bytes = tl.load(
+                w_gate_rows + offs_packed[None, :] * stride_w_gate_k, mask=mask_step, other=0
+            ).to(tl.int32)
+            w_gate_part = _exact_float(w_gate_bytes & 15, 0.0) * x_even[None, :]
+            w_gate_part += _exact_float(w_gate_bytes >> 4, 0.0) * x_odd[None, :]
+            w_gate_part = tl.sum(
+                tl.reshape(w_gate_part, (BLOCK_N, BLOCK_K // 128, 128 // 2)), axis=2
+            )
+            w_gate_zero_k = tl.load(
+                w_gate_zero_rows + offs_groups_128[None, :] * stride_w_gate_zero_groups,
+                mask=mask_groups_128,
+                other=0,
+            ).to(tl.float32)
+            w_gate_part -= w_gate_zero_k * x_sums_128[None, :]
+            w_gate_scale_k = tl.load(
+                w_gate_scale_rows + offs_groups_128[None, :] * stride_w_gate_scale_groups,
+                mask=mask_groups_128,
+                other=1.0,
+            ).to(tl.float32)
+            acc += tl.sum(w_gate_part * w_gate_scale_k, axis=1)[None, :]
+            w_up_bytes = tl.load(
+                w_up_rows + offs_packed[None, :] * stride_w_up_k, mask=mask_step, other=0
+            ).to(tl.int32)
+            w_up_part = _exact_float(w_up_bytes & 15, 0.0) * x_even[None, :]
+            w_up_part += _exact_float(w_up_bytes >> 4, 0.0) * x_odd[None, :]
+            w_up_part = tl.sum(tl.reshape(w_up_part, (BLOCK_N, BLOCK_K // 128, 128 // 2)), axis=2)
+            w_up_zero_k = tl.load(
+                w_up_zero_rows + offs_groups_128[None, :] * stride_w_up_zero_groups,
+                mask=mask_groups_128,
+                other=0,
+            ).to(tl.float32)
+            w_up_part -= w_up_zero_k * x_sums_128[None, :]
+            w_up_scale_k = tl.load(
+                w_up_scale_rows + offs_groups_128[None, :] * stride_w_up_scale_groups,
+                mask=mask_groups_128,
+                other=1.0,
+            ).to(tl.float32)
+            acc_gate += tl.sum(w_up_part * w_up_scale_k, axis=1)[None, :]
+    else:
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            offs_k = k * BLOCK_K + tl.arange(0, BLOCK_K)
+            mask_k = offs_k < K
+            offs_packed = k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
+            mask_packed = offs_packed < K // 2
+            x_tile = tl.load(
+                x_ptr + offs_m[:, None] * stride_x_m + offs_k[None, :] * stride_x_k,
+                mask=mask_m[:, None] & mask_k[None, :],
+                other=0.0,
+            )
+            x_tile = x_tile.to(DOT_DTYPE)
+            w_gate_bytes = tl.load(
+                w_gate_ptr
+                + offs_n[:, None] * stride_w_gate_n
+                + offs_packed[None, :] * stride_w_gate_k,
+                mask=mask_n[:, None] & mask_packed[None, :],
+                other=0,
+            )
+            # Two values a byte along K, the even index in the low nibble.
+            w_gate_tile = tl.reshape(
+                tl.join(w_gate_bytes & 15, w_gate_bytes >> 4), (BLOCK_N, BLOCK_K)
+            )
+            w_gate_tile = w_gate_tile.to(tl.int32)
+            w_gate_zero_k = tl.load(
+                w_gate_zero_ptr
+                + offs_n * stride_w_gate_zero_rows
+                + (k * BLOCK_K) // 128 * stride_w_gate_zero_groups,
+                mask=mask_n,
+                other=0,
+            ).to(tl.int32)
+            w_gate_tile = w_gate_tile - w_gate_zero_k[:, None]
+            w_gate_tile = w_gate_tile.to(DOT_DTYPE)
+            w_up_bytes = tl.load(
+                w_up_ptr + offs_n[:, None] * stride_w_up_n + offs_packed[None, :] * stride_w_up_k,
+                mask=mask_n[:, None] & mask_packed[None, :],
+                other=0,
+            )
+            # Two values a byte along K, the even index in the low nibble.
+            w_up_tile = tl.reshape(tl.join(w_up_bytes & 15, w_up_bytes >> 4), (BLOCK_N, BLOCK_K))
+            w_up_tile = w_up_tile.to(tl.int32)
+            w_up_zero_k = tl.load(
+                w_up_zero_ptr
+                + offs_n * stride_w_up_zero_rows
+                + (k * BLOCK_K) // 128 * stride_w_up_zero_groups,
+                mask=mask_n,
+                other=0,
+            ).to(tl.int32)
+            w_up_tile = w_up_tile - w_up_zero_k[:, None]
+            w_up_tile = w_up_tile.to(DOT_DTYPE)
+            w_gate_scale_k = tl.load(
+                w_gate_scale_ptr
+                + offs_n * stride_w_gate_scale_rows
+                + (k * BLOCK_K) // 128 * stride_w_gate_scale_groups,
+                mask=mask_n,
+                other=1.0,
+            ).to(tl.float32)
+            acc += tl.dot(x_tile, w_gate_tile.T) * w_gate_scale_k[None, :]
+            w_up_scale_k = tl.load(
+                w_up_scale_ptr
+                + offs_n * stride_w_up_scale_rows
+                + (k * BLOCK_K) // 128 * stride_w_up_scale_groups,
+                mask=mask_n,
+                other=1.0,
+            ).to(tl.float32)
+            acc_gate += tl.dot(x_tile, w_up_tile.T) * w_up_scale_k[None, :]
     in_bounds = mask_m[:, None] & mask_n[None, :]
 
     # The chain, in fp32.

@@ -68,12 +68,17 @@ def test_examples_lower_to_quantized_chains():
         ("w_gate", "int4", "group", 128, True, "low_first"),
         ("w_up", "int4", "group", 128, True, "low_first"),
     ]
-    # BLOCK_K divides the group; the gated space keeps two accumulators in registers.
-    assert all(128 % c.BLOCK_K == 0 for c in int4.configs)
+    # The tiles' BLOCK_K divides the group, the one-row (GEMV) configs' holds whole
+    # groups; the gated space keeps two accumulators in registers.
+    tiles = [c for c in int4.configs if c.BLOCK_M > 1]
+    gemv = [c for c in int4.configs if c.BLOCK_M == 1]
+    assert int4.gemv and gemv and int4.interpreter_gemv_config.BLOCK_M == 1
+    assert all(128 % c.BLOCK_K == 0 for c in tiles)
+    assert all(c.BLOCK_K % 128 == 0 for c in gemv + [int4.interpreter_gemv_config])
     assert all(c.BLOCK_M * c.BLOCK_N <= 128 * 128 for c in int4.configs)
     assert not int4.fp8_dot
     fp8 = by_name["gelu_fp8_rowwise"]
-    assert fp8.fp8_dot and [q.scale for q in fp8.quant] == ["row", "row"]
+    assert fp8.fp8_dot and not fp8.gemv and [q.scale for q in fp8.quant] == ["row", "row"]
     assert fp8.configs == configs.QUANT_SPACE  # no group: BLOCK_K as built in
     block = by_name["deepseek_mlp_fp8"]
     assert [(q.scale, q.group, q.rows_per) for q in block.quant] == [
@@ -238,6 +243,25 @@ kernels:
       - bias: b
       - gelu
       - gate: x @ w2.T
+  - name: gemv_int4_kinds
+    dims: {M: dynamic, K: dynamic, N: dynamic}
+    inputs:
+      x: [M, K]
+      w: {shape: [N, K], dtype: int4, scale: {per_block: [32, 64]}, packing: high_first}
+      w2: {shape: [N, K], dtype: int4, scale: per_row, zero_point: true}
+    chain:
+      - matmul: x @ w.T
+      - silu
+      - gate: x @ w2.T
+  - name: gemv_int8_kinds
+    dims: {M: dynamic, K: dynamic, N: dynamic}
+    inputs:
+      x: [M, K]
+      w: {shape: [N, K], dtype: int8, scale: {per_group: 32}, zero_point: true}
+      w2: {shape: [N, K], dtype: int8, scale: per_tensor, zero_point: true}
+    chain:
+      - matmul: x @ w.T
+      - gate: x @ w2.T
 """
 
 
@@ -245,14 +269,17 @@ def test_the_kinds_the_examples_lack_pass_their_generated_tests(write_spec, tmp_
     # The examples (specs/quantized.yaml) run per-row, per-group and per-block scales,
     # unsigned int4 and fp8 e4m3; this kernel runs the rest: int8 activations with zero
     # points, a per-tensor scale and zero point, high_first nibbles, fp8 e5m2 weights
-    # converted for a bf16/fp16 dot beside an int4 one.
+    # converted for a bf16/fp16 dot beside an int4 one; and on the one-row (GEMV) path,
+    # signed high_first int4 with block scales, zero points constant along K (per row,
+    # per tensor), int8 groups with zero points.
     out = tmp_path / "out"
     assert main(["build", str(write_spec(RARE_KINDS)), "--out", str(out)]) == 0
     env = dict(os.environ)
     if not torch.cuda.is_available():
         env.setdefault("TRITON_INTERPRET", "1")
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_rare_kinds.py"],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_rare_kinds.py"]
+        + ["test_gemv_int4_kinds.py", "test_gemv_int8_kinds.py"],
         cwd=out,
         env=env,
         capture_output=True,
@@ -261,6 +288,16 @@ def test_the_kinds_the_examples_lack_pass_their_generated_tests(write_spec, tmp_
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert " passed" in result.stdout
+    names = ["gemv_int4_kinds", "gemv_int8_kinds"]
+    env.pop("TRITON_INTERPRET", None)
+    result = subprocess.run(
+        [sys.executable, "-c", SM90_COMPILE, str(out), *names],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
 
 
 def test_launchers_run_inside_torch_compile(tmp_path):
@@ -329,25 +366,26 @@ for name in sys.argv[2:]:
         stored.update({f"{n}_scale_ptr": "fp32", f"{n}_zero_ptr": "u8"})
     if hasattr(module, "GROUP"):  # a quantizer
         width = triton.next_power_of_2(module.GROUP or 4096)
-        meta = {"BLOCK_M": 1, "BLOCK_N": width, "ROUND_BY_HAND": False}
         stored.update(out_ptr={torch.float8_e4m3fn: "fp8e4nv"}.get(module.OUT_DTYPE, "fp8e5"),
                       scale_ptr="fp32")
-        options = {"num_warps": 8}
-    else:
-        config = module.DEFAULT_CONFIG
+        configs = [{"BLOCK_M": 1, "BLOCK_N": width, "ROUND_BY_HAND": False, "num_warps": 8}]
+    else:  # the tile path, and the GEMV path where there is one
+        configs = [module.DEFAULT_CONFIG] + [c for c in module.CONFIGS if c["BLOCK_M"] == 1][:1]
+    for config in configs:
         meta = {k: v for k, v in config.items() if k.isupper()}
         meta["DOT_DTYPE"] = {"bf16": tl.bfloat16, "fp16": tl.float16}[item]
         options = {k: v for k, v in config.items() if not k.isupper()}
-    meta.update(INT64=False, FAST_TANH=True)
-    signature, constants = {}, {}
-    for i, p in enumerate(kernel.params):
-        if p.is_constexpr:
-            signature[p.name] = "constexpr"
-            constants[(i,)] = meta[p.name]
-        else:
-            signature[p.name] = "*" + stored.get(p.name, item) if p.name.endswith("_ptr") else "i32"
-    triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
-                   options=options)
+        meta.update(INT64=False, FAST_TANH=True)
+        signature, constants = {}, {}
+        for i, p in enumerate(kernel.params):
+            if p.is_constexpr:
+                signature[p.name] = "constexpr"
+                constants[(i,)] = meta[p.name]
+            else:
+                ptr = p.name.endswith("_ptr")
+                signature[p.name] = "*" + stored.get(p.name, item) if ptr else "i32"
+        triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
+                       options=options)
     print(name, "compiled")
 """
 

@@ -216,6 +216,125 @@ def mainloop(qc: QuantChain) -> dict:
     return {"before": before, "loop": loop, "after": after}
 
 
+def _as_float(value: str, signed: bool, bits: int) -> str:
+    """The template's _exact_float on integers `value` (`bits` wide, two's complement
+    where `signed`: the sign bit flipped, which adds 2**(bits-1), then taken off)."""
+    if not signed:
+        return f"_exact_float({value}, 0.0)"
+    half = 2 ** (bits - 1)
+    return f"_exact_float(({value}) ^ {half}, {float(half)})"
+
+
+def _group_load(q: Quant, which: str) -> str:
+    """A [BLOCK_N, groups in the step] load of q's scales or zero points, as fp32."""
+    s = q.scale_name if which == "scale" else q.zero_name
+    other = "1.0" if which == "scale" else "0"
+    return (
+        f"{q.name}_{which}_k = tl.load({s}_rows + offs_groups_{q.group}[None, :] * "
+        f"{naming.stride(s, 'groups')}, mask=mask_groups_{q.group}, other={other})"
+        ".to(tl.float32)"
+    )
+
+
+def gemv_mainloop(qc: QuantChain) -> dict:
+    """The one-row path (BLOCK_M == 1), without tensor cores: lines before the K loop,
+    in it, and after it. Each K step takes BLOCK_K values, whole groups: the weights'
+    integers as exact floats times x, summed per group; a zero point taken off as
+    zero * (the group's sum of x), one product a group instead of one a weight; the
+    group's scale applied to its sum. Scales constant along K as the tile path's."""
+    mm = qc.chain.matmul
+    k, n, a = mm.k, mm.n, mm.a
+    stride_k = naming.stride(a, k)
+    offs_n, mask_n = naming.offs(n), naming.mask(n)
+    int4 = qc.quant_of(mm.b).dtype == "int4"  # QuantChain.gemv: all weights alike
+    found = [(acc, qc.quant_of(name)) for acc, name in weights(qc.chain)]
+    groups = sorted({q.group for _, q in found if q.k_varying})
+    before = [f"x_row = {naming.ptr(a)} + {naming.offs(mm.m)} * {naming.stride(a, mm.m)}"]
+    for _, q in found:
+        rows = offs_n if q.rows_per == 1 else f"({offs_n} // {q.rows_per})"
+        before.append(
+            f"{q.name}_rows = {naming.ptr(q.name)} + {offs_n}[:, None] * {naming.stride(q.name, n)}"
+        )
+        for s in (q.scale_name, q.zero_name) if q.k_varying else ():
+            if s:
+                before.append(
+                    f"{s}_rows = {naming.ptr(s)} + {rows}[:, None] * {naming.stride(s, 'rows')}"
+                )
+    if int4:
+        offs, per = "offs_packed", "{g} // 2"
+        loop = [
+            "offs_packed = k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)",
+            f"mask_step = {mask_n}[:, None] & (offs_packed < {k} // 2)[None, :]",
+            "# x's even and odd elements: a byte's two values multiply one each.",
+            f"x_even = tl.load(x_row + 2 * offs_packed * {stride_k}, mask=offs_packed < {k} // 2,"
+            " other=0.0).to(tl.float32)",
+            f"x_odd = tl.load(x_row + (2 * offs_packed + 1) * {stride_k}, mask=offs_packed < {k} // 2,"
+            " other=0.0).to(tl.float32)",
+        ]
+        x_step = "x_even + x_odd"
+    else:
+        offs, per = naming.offs(k), "{g}"
+        loop = [
+            f"{offs} = k * BLOCK_K + tl.arange(0, BLOCK_K)",
+            f"mask_step = {mask_n}[:, None] & ({offs} < {k})[None, :]",
+            f"x_vals = tl.load(x_row + {offs} * {stride_k}, mask={offs} < {k}, other=0.0)"
+            ".to(tl.float32)",
+        ]
+        x_step = "x_vals"
+    for g in groups:
+        loop += [
+            f"offs_groups_{g} = k * (BLOCK_K // {g}) + tl.arange(0, BLOCK_K // {g})",
+            f"mask_groups_{g} = {mask_n}[:, None] & (offs_groups_{g} < {k} // {g})[None, :]",
+        ]
+        if any(q.zero_point and q.group == g for _, q in found):
+            loop.append(
+                f"x_sums_{g} = tl.sum(tl.reshape({x_step}, (BLOCK_K // {g}, {per.format(g=g)})), axis=1)"
+            )
+    if any(q.zero_point and not q.k_varying for _, q in found):
+        before.append("x_total = tl.zeros((1,), dtype=tl.float32)")
+        loop.append(f"x_total += tl.sum({x_step}, axis=0)")
+    for acc, q in found:
+        name = q.name
+        load = (
+            f"tl.load({name}_rows + {offs}[None, :] * {naming.stride(name, k)}, mask=mask_step,"
+            " other=0).to(tl.int32)"
+        )
+        if int4:
+            low, high = f"{name}_bytes & 15", f"{name}_bytes >> 4"
+            even, odd = (low, high) if q.packing == "low_first" else (high, low)
+            loop += [
+                f"{name}_bytes = {load}",
+                f"{name}_part = {_as_float(even, not q.zero_point, 4)} * x_even[None, :]",
+                f"{name}_part += {_as_float(odd, not q.zero_point, 4)} * x_odd[None, :]",
+            ]
+        else:
+            loop += [
+                f"{name}_ints = {load} & 255",
+                f"{name}_part = {_as_float(f'{name}_ints', not q.zero_point, 8)} * x_vals[None, :]",
+            ]
+        if not q.k_varying:
+            loop.append(f"{acc} += tl.sum({name}_part, axis=1)[None, :]")
+            continue
+        g = q.group
+        shape = f"(BLOCK_N, BLOCK_K // {g}, {per.format(g=g)})"
+        loop.append(f"{name}_part = tl.sum(tl.reshape({name}_part, {shape}), axis=2)")
+        if q.zero_point:
+            loop += [_group_load(q, "zero"), f"{name}_part -= {name}_zero_k * x_sums_{g}[None, :]"]
+        loop += [
+            _group_load(q, "scale"),
+            f"{acc} += tl.sum({name}_part * {name}_scale_k, axis=1)[None, :]",
+        ]
+    after = []
+    for acc, q in found:
+        if q.zero_point and not q.k_varying:
+            load = _vector_load(q, "zero", n, "")
+            if load not in after:
+                after.append(load)
+            after.append(f"{acc} -= {_broadcast(f'{q.name}_zero_all', 'b', q)} * x_total")
+    after += mainloop(qc)["after"]  # the scales constant along K
+    return {"before": before, "loop": loop, "after": after}
+
+
 def context(
     qc: QuantChain, header: list[str], runtime_hash: str, doc_width: int, param_lines
 ) -> dict:
@@ -273,6 +392,10 @@ def context(
         "mask_col": naming.mask(chain.col),
         "accumulators": [acc for acc, _ in weights(chain)],
         "mainloop": mainloop(qc),
+        "gemv": gemv_mainloop(qc) if qc.gemv else None,
+        "interpreter_gemv_config": (
+            config_literal(qc.interpreter_gemv_config) if qc.gemv else None
+        ),
         "epilogue": epilogue(chain, "acc"),
         "out_addr": (
             f"{naming.ptr(naming.OUT)} + {naming.offs(chain.row)}[:, None] * "

@@ -153,12 +153,19 @@ def lower_quant(kernel: Kernel, spec: KernelSpec, err: Callable) -> QuantChain |
     gated = kernel.gate is not None
     space = configs.QUANT_GATED_SPACE if gated else configs.QUANT_SPACE
     groups = [q.group for q in quants if q.k_varying]
-    return QuantChain(
+    qc = QuantChain(
         chain=kernel,
         quant=tuple(quants),
         configs=_fitted(space, groups),
         default_config=_fitted((configs.QUANT_DEFAULT,), groups)[0],
         interpreter_config=_fitted((configs.QUANT_INTERPRETER,), groups)[0],
+    )
+    if not qc.gemv:
+        return qc
+    return dataclasses.replace(
+        qc,
+        configs=qc.configs + _whole_groups(configs.QUANT_GEMV_SPACE, groups),
+        interpreter_gemv_config=_whole_groups((configs.QUANT_GEMV_INTERPRETER,), groups)[0],
     )
 
 
@@ -200,6 +207,17 @@ def _fitted(space: tuple[Config, ...], groups: list[int]) -> tuple[Config, ...]:
         while any(g % block_k for g in groups):
             block_k //= 2
         fitted = dataclasses.replace(cfg, BLOCK_K=max(block_k, K_STEP))
+        if fitted not in out:
+            out.append(fitted)
+    return tuple(out)
+
+
+def _whole_groups(space: tuple[Config, ...], groups: list[int]) -> tuple[Config, ...]:
+    """The GEMV space with each BLOCK_K raised to hold whole groups (powers of two, as
+    QuantChain.gemv requires), duplicates dropped."""
+    out: list[Config] = []
+    for cfg in space:
+        fitted = dataclasses.replace(cfg, BLOCK_K=max([cfg.BLOCK_K, *groups]))
         if fitted not in out:
             out.append(fitted)
     return tuple(out)

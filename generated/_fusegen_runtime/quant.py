@@ -30,6 +30,9 @@ STORAGE = {
     "fp8_e5m2": (torch.float8_e5m2,) * 2,
 }
 SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# The most rows a call may have for its tuning to try the GEMV configs (BLOCK_M 1), which
+# read the weights once a row: past a few rows the tensor cores' tiles win.
+GEMV_ROWS = 4
 TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
@@ -360,7 +363,8 @@ class QuantChain:
 
     def config_for(self, plan, views, out2d):
         if plan["interpreted"]:
-            return self.module["INTERPRETER_CONFIG"]
+            gemv = self.module.get("INTERPRETER_GEMV_CONFIG")
+            return gemv if gemv and plan["rows"] == 1 else self.module["INTERPRETER_CONFIG"]
         if self.module["DETERMINISTIC"] or os.environ.get("FUSEGEN_AUTOTUNE") == "0":
             return self.module["DEFAULT_CONFIG"]
         key = (bucket(plan["rows"]), plan["cols"], plan["k"], plan["dtype"], plan["out_dtype"])
@@ -378,6 +382,8 @@ class QuantChain:
         scratch = torch.empty_like(out2d)
         best, best_ms = None, float("inf")
         for config in self.module["CONFIGS"]:
+            if config["BLOCK_M"] == 1 and plan["rows"] > GEMV_ROWS:
+                continue  # the GEMV path reads the weights once a row
             try:
                 ms = graph_bench(lambda c=config: self.launch(plan, views, scratch, c))[0]
             except (triton.runtime.errors.OutOfResources, RuntimeError) as exc:

@@ -71,6 +71,17 @@ class Suite:
     def sizes_of(self, case):
         return {**self.sizes, **case}
 
+    def paths(self):
+        """(name, sizes, config) of each kernel path a call can take: the tiles at the
+        last case's sizes (the launcher's config), and where the module has the GEMV
+        path, one row with a GEMV config (the interpreter's, else the first of CONFIGS)."""
+        found = [("tiles", self.sizes_of(self.cases[-1]), None)]
+        gemv = [c for c in self.kernel.CONFIGS if c["BLOCK_M"] == 1]
+        if gemv and self.kernel.DIMS[self.row] in (None, 1):
+            config = self.kernel.INTERPRETER_GEMV_CONFIG if self.interpreted else gemv[0]
+            found.append(("gemv", {**self.sizes_of(self.cases[-1]), self.row: 1}, config))
+        return found
+
     # -- inputs ------------------------------------------------------------------------
 
     def make_inputs(self, sizes, dtype, seed, scale_dtype=torch.float32, lead=None):
@@ -212,12 +223,15 @@ def value_tests(suite):
         seed, sizes = new_seed(), suite.sizes_of(case)
         suite.check(suite.make_inputs(sizes, dtype, seed), sizes, dtype, seed)
 
-    def test_mutations_fall_outside_the_bound():
+    paths = suite.paths()
+
+    @pytest.mark.parametrize("path", paths, ids=lambda p: p[0])
+    def test_mutations_fall_outside_the_bound(path):
         # A kernel with one of these bugs would fail test_matches_reference.
-        seed, sizes = new_seed(), suite.sizes_of(suite.cases[-1])
-        dtype = suite.dtypes[0]
+        _, sizes, config = path
+        seed, dtype = new_seed(), suite.dtypes[0]
         inputs = suite.make_inputs(sizes, dtype, seed)
-        out = suite.check(inputs, sizes, dtype, seed)
+        out = suite.check(inputs, sizes, dtype, seed, config=config)
         mutations = suite.mutations(inputs)
         assert mutations, "no mutation applies"
         for what, quant, scales in mutations:
@@ -230,10 +244,11 @@ def value_tests(suite):
         inputs = suite.make_inputs(sizes, dtype, seed, scale_dtype=torch.bfloat16)
         suite.check(inputs, sizes, dtype, seed)
 
-    def test_strided_inputs():
+    @pytest.mark.parametrize("path", paths, ids=lambda p: p[0])
+    def test_strided_inputs(path):
         # Every 2-D tensor a view of every other column of one twice as wide.
-        seed, sizes = new_seed(), suite.sizes_of(suite.cases[-1])
-        dtype = suite.dtypes[-1]
+        _, sizes, config = path
+        seed, dtype = new_seed(), suite.dtypes[-1]
         inputs = suite.make_inputs(sizes, dtype, seed)
         strided = {}
         for name, t in inputs.items():
@@ -242,7 +257,7 @@ def value_tests(suite):
                 wide[:, ::2] = t
                 t = wide[:, ::2]
             strided[name] = t
-        suite.check(strided, sizes, dtype, seed)
+        suite.check(strided, sizes, dtype, seed, config=config)
 
     batched = [n for n, b in suite.batched.items() if b]
 
