@@ -111,8 +111,9 @@ def patch(model, launchers: dict) -> None:
     """Swap, on this model's instances only, HF's LlamaMLP gate/up, its RMSNorms and the
     residual adds for the generated kernels; with a "llama3_attention" launcher, its
     attention too (this model's config only); with a "llama3_lm_head_loss" launcher, the
-    loss (loss_of) from the final norm's output and lm_head's weight, without logits. Every residual add but none joins the norm
-    after it (llama_add_rmsnorm): a layer returns its residual and MLP output unsummed,
+    loss (loss_of) from the final norm's output and lm_head's weight, without logits.
+    Every residual add but none joins the norm after it (llama_add_rmsnorm): a layer
+    returns its residual and MLP output unsummed,
     (h, mlp_out), and the next layer's input norm, or the final norm, adds them. Under
     torch.compile that matters: Inductor fuses HF's add into its norm kernel, but cannot
     fuse an add into a generated kernel, so an add left outside costs a launch."""

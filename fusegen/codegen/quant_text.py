@@ -268,8 +268,8 @@ def gemv_mainloop(qc: QuantChain) -> dict:
             "# x's even and odd elements: a byte's two values multiply one each.",
             f"x_even = tl.load(x_row + 2 * offs_packed * {stride_k}, mask=offs_packed < {k} // 2,"
             " other=0.0).to(tl.float32)",
-            f"x_odd = tl.load(x_row + (2 * offs_packed + 1) * {stride_k}, mask=offs_packed < {k} // 2,"
-            " other=0.0).to(tl.float32)",
+            f"x_odd = tl.load(x_row + (2 * offs_packed + 1) * {stride_k},"
+            f" mask=offs_packed < {k} // 2, other=0.0).to(tl.float32)",
         ]
         x_step = "x_even + x_odd"
     else:
@@ -287,9 +287,8 @@ def gemv_mainloop(qc: QuantChain) -> dict:
             f"mask_groups_{g} = {mask_n}[:, None] & (offs_groups_{g} < {k} // {g})[None, :]",
         ]
         if any(q.zero_point and q.group == g for _, q in found):
-            loop.append(
-                f"x_sums_{g} = tl.sum(tl.reshape({x_step}, (BLOCK_K // {g}, {per.format(g=g)})), axis=1)"
-            )
+            shape = f"(BLOCK_K // {g}, {per.format(g=g)})"
+            loop.append(f"x_sums_{g} = tl.sum(tl.reshape({x_step}, {shape}), axis=1)")
     if any(q.zero_point and not q.k_varying for _, q in found):
         before.append("x_total = tl.zeros((1,), dtype=tl.float32)")
         loop.append(f"x_total += tl.sum({x_step}, axis=0)")
