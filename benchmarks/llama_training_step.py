@@ -17,7 +17,7 @@ the median round with the fastest and slowest (GPU clocks drift between rounds).
 
     python3 benchmarks/llama_training_step.py [--batch 4] [--seq 1024] [--layers 2]
         [--steps 10] [--rounds 3] [--attention] [--loss] [--all] [--no-compile]
-        [--out FILE.json]
+        [--profile] [--out FILE.json]
 
 Needs torch, triton and transformers; --device cpu --vocab 512 with TRITON_INTERPRET=1 is a
 slow smoke test without a GPU.
@@ -280,6 +280,19 @@ def step_functions(model, ids, labels, compiled: bool) -> dict:
     return {"train": train, "infer": infer}
 
 
+def profile_step(model, ids, labels, rows: int = 25) -> str:
+    """The CUDA kernels of one eager training step, by total GPU time (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    train = step_functions(model, ids, labels, compiled=False)["train"]
+    train()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        train()
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows)
+
+
 def time_models(models: dict, ids, labels, args, compiled: bool) -> dict:
     """Per variant, ms per training step and per inference forward: the median over
     args.rounds rounds that alternate the variants (each round's figure the median of
@@ -386,6 +399,9 @@ def main() -> int:
         "--loss", action="store_true", help="swap in generated/llama3_lm_head_loss too"
     )
     parser.add_argument("--all", action="store_true", help="--attention and --loss")
+    parser.add_argument(
+        "--profile", action="store_true", help="print each model's kernels in one eager step"
+    )
     parser.add_argument("--out", help="write every number here as JSON")
     args = parser.parse_args()
     if args.all:
@@ -428,6 +444,11 @@ def main() -> int:
     save()
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the float64 copy's memory
+    if args.profile and device.type == "cuda":
+        for variant, model in (("hf", eager), ("fusegen", fused)):
+            print(
+                f"\n## Kernels of one eager step: {variant}\n\n{profile_step(model, ids, labels)}"
+            )
     report["timing"] = timing = {}
     for mode in ("eager",) + (() if args.no_compile else ("compiled",)):
         models = {"hf": eager, "fusegen": fused}

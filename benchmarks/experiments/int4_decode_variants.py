@@ -89,6 +89,70 @@ def _swiglu_int4_gemv(x_ptr, wg_ptr, sg_ptr, zg_ptr, wu_ptr, su_ptr, zu_ptr, out
     tl.store(out_ptr + offs_n, y.to(out_ptr.dtype.element_ty), mask=mask_n)
 
 
+@triton.jit
+def _gemv3_weight(w_ptr, s_ptr, z_ptr, offs_n, mask_n, offs_b, offs_g, xe, xo, xsum, acc3, accz,
+                  K: tl.constexpr, GROUP: tl.constexpr, DEFER: tl.constexpr):  # fmt: skip
+    """One weight's share of a K step, its bytes loaded [BLOCK_N, GROUPS, GROUP // 2] (no
+    reshape); DEFER: the products kept per element and reduced after the loop."""
+    b = tl.load(w_ptr + offs_n[:, None, None] * (K // 2) + offs_b[None, :, :],
+                mask=mask_n[:, None, None], other=0)  # fmt: skip
+    lo = (b & 15).to(tl.float32)
+    hi = (b >> 4).to(tl.float32)
+    part = lo * xe[None, :, :] + hi * xo[None, :, :]
+    at = offs_n[:, None] * (K // GROUP) + offs_g[None, :]
+    z = tl.load(z_ptr + at, mask=mask_n[:, None], other=0).to(tl.float32)
+    s = tl.load(s_ptr + at, mask=mask_n[:, None], other=0.0).to(tl.float32)
+    if DEFER:
+        acc3 += part * s[:, :, None]
+        accz += z * s * xsum[None, :]
+    else:
+        accz += (tl.sum(part, axis=2) - z * xsum[None, :]) * s
+    return acc3, accz
+
+
+@triton.jit
+def _swiglu_int4_gemv3(x_ptr, wg_ptr, sg_ptr, zg_ptr, wu_ptr, su_ptr, zu_ptr, out_ptr, N,
+                       K: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+                       GROUPS: tl.constexpr, DEFER: tl.constexpr):  # fmt: skip
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    g = tl.arange(0, GROUPS)
+    j = tl.arange(0, GROUP // 2)
+    shape3: tl.constexpr = (BLOCK_N, GROUPS, GROUP // 2) if DEFER else (1, 1, 1)
+    acc3_g = tl.zeros(shape3, dtype=tl.float32)
+    acc3_u = tl.zeros(shape3, dtype=tl.float32)
+    accz_g = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32)
+    accz_u = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32)
+    for g0 in range(0, K // GROUP, GROUPS):
+        offs_g = g0 + g
+        offs_b = offs_g[:, None] * (GROUP // 2) + j[None, :]
+        xe = tl.load(x_ptr + 2 * offs_b).to(tl.float32)
+        xo = tl.load(x_ptr + 2 * offs_b + 1).to(tl.float32)
+        xsum = tl.sum(xe + xo, axis=1)
+        acc3_g, accz_g = _gemv3_weight(wg_ptr, sg_ptr, zg_ptr, offs_n, mask_n, offs_b, offs_g,
+                                       xe, xo, xsum, acc3_g, accz_g, K, GROUP, DEFER)  # fmt: skip
+        acc3_u, accz_u = _gemv3_weight(wu_ptr, su_ptr, zu_ptr, offs_n, mask_n, offs_b, offs_g,
+                                       xe, xo, xsum, acc3_u, accz_u, K, GROUP, DEFER)  # fmt: skip
+    if DEFER:
+        acc_g = tl.sum(tl.sum(acc3_g, axis=2), axis=1) - tl.sum(accz_g, axis=1)
+        acc_u = tl.sum(tl.sum(acc3_u, axis=2), axis=1) - tl.sum(accz_u, axis=1)
+    else:
+        acc_g = tl.sum(accz_g, axis=1)
+        acc_u = tl.sum(accz_u, axis=1)
+    y = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+    tl.store(out_ptr + offs_n, y.to(out_ptr.dtype.element_ty), mask=mask_n)
+
+
+def gemv3(x, pg, sg, zg, pu, su, zu, block_n, groups, warps, defer, stages):
+    out = torch.empty(1, N, device=x.device, dtype=x.dtype)
+    _swiglu_int4_gemv3[(triton.cdiv(N, block_n),)](
+        x, pg, sg, zg, pu, su, zu, out, N, K=K, GROUP=GROUP, BLOCK_N=block_n,
+        GROUPS=groups, DEFER=defer, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return out
+
+
 def gemv(x, pg, sg, zg, pu, su, zu, block_n, block_k, warps, magic):
     out = torch.empty(1, N, device=x.device, dtype=x.dtype)
     _swiglu_int4_gemv[(triton.cdiv(N, block_n),)](
@@ -102,6 +166,11 @@ GEMV_GRID = [
     dict(block_n=bn, block_k=bk, warps=w, magic=mg)
     for bn, bk, w, mg in itertools.product((8, 16, 32), (256, 512, 1024), (4, 8), (0, 1))
     if bn * bk // 2 <= 16384
+]
+GEMV3_GRID = [
+    dict(block_n=bn, groups=gs, warps=w, defer=d, stages=st)
+    for bn, gs, w, d, st in itertools.product((4, 8, 16), (4, 8), (4, 8), (0, 1), (1, 3))
+    if not (d and bn * gs > 64)
 ]
 DOT_GRID = [
     {"BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "num_warps": w, "num_stages": s}
@@ -150,6 +219,8 @@ def row(built: Path, m: int, rounds: int) -> dict:
         return s[1], s[2], s[3], s[5], s[6], s[7]
 
     candidates = {"generated (tuned)": lambda i: mod.llama_mlp_int4(x, *packed(i))}
+    candidates["generated (tuned)"](0)
+    print("generated (tuned) chose", mod.last_launch()["config"], flush=True)
     swept = {}
     dot = {
         json.dumps(c): (lambda i, c=c: mod.llama_mlp_int4(x, *packed(i), config=c))
@@ -174,14 +245,29 @@ def row(built: Path, m: int, rounds: int) -> dict:
             print(f"  wrong or failed: {k}: {e}")
         swept["gemv"] = sweep("gemv, 1 row", fns, copies)
         best = min((v, k) for k, v in swept["gemv"].items() if isinstance(v, float))[1]
-        cfg = json.loads(best)
-        candidates[f"gemv {best}"] = lambda i: gemv(x, *packed(i), **cfg)
+        candidates[f"gemv {best}"] = lambda i, c=json.loads(best): gemv(x, *packed(i), **c)
         swept["gemv_errors"] = errors
+        fns = {}
+        for c in GEMV3_GRID:
+            key = json.dumps(c)
+            try:
+                errors[key] = max_error(gemv3(x, *packed(0), **c), want)
+            except Exception as exc:  # noqa: BLE001
+                errors[key] = f"{type(exc).__name__}: {str(exc)[:120]}"
+                print(f"  gemv3 failed: {key}: {errors[key]}", flush=True)
+                continue
+            if errors[key] > 1e-2:
+                print(f"  gemv3 wrong: {key}: {errors[key]}", flush=True)
+            fns[key] = lambda i, c=c: gemv3(x, *packed(i), **c)
+        swept["gemv3"] = sweep("gemv3 (3-D loads), 1 row", fns, copies)
+        ranked3 = [(v, k) for k, v in swept["gemv3"].items() if isinstance(v, float)]
+        if ranked3:
+            best = min(ranked3)[1]
+            candidates[f"gemv3 {best}"] = lambda i, c=json.loads(best): gemv3(x, *packed(i), **c)
     ranked = [(v, k) for k, v in swept["generated"].items() if isinstance(v, float)]
     if ranked:
-        cfg = json.loads(min(ranked)[1])
-        candidates[f"generated {min(ranked)[1]}"] = lambda i: mod.llama_mlp_int4(
-            x, *packed(i), config=cfg
+        candidates[f"generated {min(ranked)[1]}"] = lambda i, c=json.loads(min(ranked)[1]): (
+            mod.llama_mlp_int4(x, *packed(i), config=c)
         )
 
     # Anchors: tinygemm's own packing and scales ([K / group, N, 2]); fusegen's bf16 chain.
