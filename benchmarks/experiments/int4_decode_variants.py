@@ -245,7 +245,8 @@ def row(built: Path, m: int, rounds: int) -> dict:
             print(f"  wrong or failed: {k}: {e}")
         swept["gemv"] = sweep("gemv, 1 row", fns, copies)
         best = min((v, k) for k, v in swept["gemv"].items() if isinstance(v, float))[1]
-        candidates[f"gemv {best}"] = lambda i, c=json.loads(best): gemv(x, *packed(i), **c)
+        chosen = json.loads(best)
+        candidates[f"gemv {best}"] = lambda i, c=chosen: gemv(x, *packed(i), **c)
         swept["gemv_errors"] = errors
         fns = {}
         for c in GEMV3_GRID:
@@ -263,11 +264,13 @@ def row(built: Path, m: int, rounds: int) -> dict:
         ranked3 = [(v, k) for k, v in swept["gemv3"].items() if isinstance(v, float)]
         if ranked3:
             best = min(ranked3)[1]
-            candidates[f"gemv3 {best}"] = lambda i, c=json.loads(best): gemv3(x, *packed(i), **c)
+            chosen3 = json.loads(best)
+            candidates[f"gemv3 {best}"] = lambda i, c=chosen3: gemv3(x, *packed(i), **c)
     ranked = [(v, k) for k, v in swept["generated"].items() if isinstance(v, float)]
     if ranked:
-        candidates[f"generated {min(ranked)[1]}"] = lambda i, c=json.loads(min(ranked)[1]): (
-            mod.llama_mlp_int4(x, *packed(i), config=c)
+        swept_best = json.loads(min(ranked)[1])
+        candidates[f"generated {min(ranked)[1]}"] = lambda i, c=swept_best: mod.llama_mlp_int4(
+            x, *packed(i), config=c
         )
 
     # Anchors: tinygemm's own packing and scales ([K / group, N, 2]); fusegen's bf16 chain.
