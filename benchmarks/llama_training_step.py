@@ -280,17 +280,21 @@ def step_functions(model, ids, labels, compiled: bool) -> dict:
     return {"train": train, "infer": infer}
 
 
-def profile_step(model, ids, labels, rows: int = 25) -> str:
-    """The CUDA kernels of one eager training step, by total GPU time (torch.profiler)."""
+def profile_step(model, ids, labels, rows: int = 40) -> str:
+    """One eager training step's ops and kernels by their own GPU time (torch.profiler):
+    the PyTorch ops (aten::mul_, ...) beside the kernels they launch, full names."""
     from torch.profiler import ProfilerActivity, profile
 
     train = step_functions(model, ids, labels, compiled=False)["train"]
     train()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         train()
         torch.cuda.synchronize()
-    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows)
+    return prof.key_averages(group_by_input_shape=True).table(
+        sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=90,
+        max_shapes_column_width=60,
+    )  # fmt: skip
 
 
 def time_models(models: dict, ids, labels, args, compiled: bool) -> dict:
