@@ -42,6 +42,7 @@
 #                      wheel): GPU time over interleaved rounds, saved and peak memory
 #   llama-training-step  a transformers LLaMA (2 layers, 8B dims) training step with the
 #                      generated kernels swapped in: gradients vs float64, eager and compiled time
+#                      in alternating rounds; then with every swap (attention, LM head loss too)
 #   backward-configs   the backward kernels over a grid of launch configs (the runtime's defaults)
 #   attention-zoo      the zoo's small attention specs (tests/test_kernels.py's ATTENTION_SPECS:
 #                      fp32 calls, bias, ALiBi, MQA, window) built and their tests run on the GPU
@@ -168,7 +169,8 @@ for name in "${wanted[@]}"; do
     training-chains)
         run $PYTHON benchmarks/training_chains.py --out "$out/training_chains.json" ;;
     llama-training-step)
-        run $PYTHON benchmarks/llama_training_step.py --out "$out/llama_step.json" ;;
+        run $PYTHON benchmarks/llama_training_step.py --out "$out/llama_step.json"
+        run $PYTHON benchmarks/llama_training_step.py --all --out "$out/llama_step_all.json" ;;
     backward-configs)
         run $PYTHON benchmarks/backward_configs.py --out "$out/backward_configs.json" ;;
     attention-zoo)
