@@ -220,6 +220,14 @@ QUANT_SPACE = (
 )
 # Two accumulators a tile: no 128 x 256 tiles.
 QUANT_GATED_SPACE = tuple(c for c in QUANT_SPACE if c.BLOCK_M * c.BLOCK_N <= 128 * 128)
+# Decode tiles with SPLIT_K programs a tile: more loads in flight where few tiles cover
+# the output (the runtime tries them up to its SPLIT_ROWS rows).
+QUANT_SPLIT_SPACE = (
+    _mm(16, 32, 128, 1, 4, 4, split=2),
+    _mm(16, 32, 128, 1, 4, 4, split=4),
+    _mm(16, 64, 128, 1, 4, 4, split=4),
+    _mm(32, 64, 128, 1, 4, 4, split=4),
+)
 QUANT_DEFAULT = _mm(64, 128, 64, 8, 4, 3)
 # One row of x against int8 / int4 weights, on the CUDA cores (BLOCK_M 1: QuantChain.gemv).
 QUANT_GEMV_SPACE = (
@@ -228,6 +236,8 @@ QUANT_GEMV_SPACE = (
     _mm(1, 16, 1024, 1, 4, 1),
     _mm(1, 32, 256, 1, 4, 1),
     _mm(1, 32, 512, 1, 8, 1),
+    _mm(1, 8, 1024, 1, 4, 1, split=2),
+    _mm(1, 16, 512, 1, 4, 1, split=4),
 )
 QUANT_GEMV_INTERPRETER = _mm(1, 16, 64, 1, 4, 1)
 QUANT_INTERPRETER = _mm(32, 64, 64, 1, 4, 1)

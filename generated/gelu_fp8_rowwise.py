@@ -48,7 +48,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("12ef0cc8b7fd3e69", "quant")
+_rt = _runtime("2673a4f4d9606fe6", "quant")
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
 DIMS = {"M": None, "K": None, "N": None}
@@ -81,6 +81,10 @@ CONFIGS = [
     {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4, "SPLIT_K": 2},
+    {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4, "SPLIT_K": 4},
+    {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4, "SPLIT_K": 4},
+    {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4, "SPLIT_K": 4},
 ]
 # fmt: on
 DEFAULT_CONFIG = {
@@ -100,6 +104,8 @@ INTERPRETER_CONFIG = {
     "num_stages": 1,
 }
 DETERMINISTIC = False
+# Accumulators a tile (a gate's is the second): split-K configs keep each one's partial sums.
+ACCUMULATORS = 1
 ROW, COL, K = "M", "N", "K"  # the output's dims, the reduction dim
 # Both operands of every dot are fp8: the tensor cores take them as stored.
 FP8_DOT = True
@@ -130,29 +136,31 @@ def _gelu_tanh(x, FAST_TANH: tl.constexpr):
 @triton.jit
 def _gelu_fp8_rowwise_kernel(
     # fmt: off
-    x_ptr,  # the inputs (each quantized one with its scales, zero points), the output
-    x_scale_ptr, w_ptr, w_scale_ptr, b_ptr, out_ptr,
+    x_ptr,  # the inputs (each quantized one with its scales, zero points), the output, split-K's partial sums and arrival counters
+    x_scale_ptr, w_ptr, w_scale_ptr, b_ptr, out_ptr, partials_ptr, arrivals_ptr,
     M, K, N,  # dims
     stride_x_m, stride_x_k, stride_x_scale_rows, stride_w_n, stride_w_k,  # strides, in elements
     stride_w_scale_rows, stride_b_n, stride_out_m, stride_out_n,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,  # meta-parameters
-    GROUP_M: tl.constexpr, INT64: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, INT64: tl.constexpr, DOT_DTYPE: tl.constexpr,
     FAST_TANH: tl.constexpr,
     # fmt: on
 ):
     """y = gelu_tanh(x @ w.T + b)
     for one [BLOCK_M, BLOCK_N] output tile."""
-    pid = tl.program_id(0)
+    # SPLIT_K programs share each output tile, each summing a slice of K.
+    tile_id = tl.program_id(0) // SPLIT_K
+    split = tl.program_id(0) % SPLIT_K
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     # Programs run in groups of GROUP_M row tiles that sweep the columns together, so
     # the weight columns one row tile reads are still in L2 for the next.
     num_pid_in_group = GROUP_M * num_pid_n
-    group_id = pid // num_pid_in_group
+    group_id = tile_id // num_pid_in_group
     first_pid_m = group_id * GROUP_M
     group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    pid_m = first_pid_m + (tile_id % num_pid_in_group) % group_size_m
+    pid_n = (tile_id % num_pid_in_group) // group_size_m
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if INT64:
@@ -161,8 +169,14 @@ def _gelu_fp8_rowwise_kernel(
         offs_n = offs_n.to(tl.int64)
     mask_m = offs_m < M
     mask_n = offs_n < N
+    k_first = 0
+    k_last = tl.cdiv(K, BLOCK_K)
+    if SPLIT_K > 1:
+        k_per_split = tl.cdiv(k_last, SPLIT_K)
+        k_first = split * k_per_split
+        k_last = tl.minimum(k_first + k_per_split, k_last)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
+    for k in range(k_first, k_last):
         offs_k = k * BLOCK_K + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
         x_tile = tl.load(
@@ -184,6 +198,25 @@ def _gelu_fp8_rowwise_kernel(
     )
     acc = acc * x_scale_all[:, None] * w_scale_all[None, :]
     in_bounds = mask_m[:, None] & mask_n[None, :]
+    if SPLIT_K > 1:
+        # Each program stores its partial sums (scales applied: they are linear); the
+        # last of the tile's SPLIT_K to arrive adds them in split order (every run
+        # rounds alike) and runs the chain, then resets the counter for the next launch.
+        partial_at = partials_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+        tl.store(partial_at + (split * M).to(tl.int64) * N, acc, mask=in_bounds)
+        tl.debug_barrier()  # every thread's partial sums are stored before the arrival
+        arrived = tl.atomic_add(arrivals_ptr + tile_id, 1, sem="acq_rel", scope="gpu")
+        last = arrived == SPLIT_K - 1
+        tl.atomic_xchg(arrivals_ptr + tile_id, 0, mask=last, sem="relaxed", scope="gpu")
+        in_bounds = in_bounds & last
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for s in tl.static_range(SPLIT_K):  # .cg: through L2, where the others stored
+            acc += tl.load(
+                partial_at + (s * M).to(tl.int64) * N,
+                mask=in_bounds,
+                other=0.0,
+                cache_modifier=".cg",
+            )
 
     # The chain, in fp32.
     b = tl.load(b_ptr + offs_n * stride_b_n, mask=mask_n, other=0.0).to(tl.float32)

@@ -79,7 +79,8 @@ def test_examples_lower_to_quantized_chains():
     assert not int4.fp8_dot
     fp8 = by_name["gelu_fp8_rowwise"]
     assert fp8.fp8_dot and not fp8.gemv and [q.scale for q in fp8.quant] == ["row", "row"]
-    assert fp8.configs == configs.QUANT_SPACE  # no group: BLOCK_K as built in
+    # No group: BLOCK_K as built in; split-K's decode tiles after the others.
+    assert fp8.configs == configs.QUANT_SPACE + configs.QUANT_SPLIT_SPACE
     block = by_name["deepseek_mlp_fp8"]
     assert [(q.scale, q.group, q.rows_per) for q in block.quant] == [
         ("group", 128, 1),
@@ -369,10 +370,13 @@ for name in sys.argv[2:]:
         stored.update(out_ptr={torch.float8_e4m3fn: "fp8e4nv"}.get(module.OUT_DTYPE, "fp8e5"),
                       scale_ptr="fp32")
         configs = [{"BLOCK_M": 1, "BLOCK_N": width, "ROUND_BY_HAND": False, "num_warps": 8}]
-    else:  # the tile path, and the GEMV path where there is one
-        configs = [module.DEFAULT_CONFIG] + [c for c in module.CONFIGS if c["BLOCK_M"] == 1][:1]
+    else:  # the tile path, split-K's, and the GEMV path where there is one
+        split = [c for c in module.CONFIGS if c.get("SPLIT_K", 1) > 1][:1]
+        stored.update(partials_ptr="fp32", arrivals_ptr="i32")
+        gemv = [c for c in module.CONFIGS if c["BLOCK_M"] == 1][:1]
+        configs = [module.DEFAULT_CONFIG] + split + gemv
     for config in configs:
-        meta = {k: v for k, v in config.items() if k.isupper()}
+        meta = {"SPLIT_K": 1, **{k: v for k, v in config.items() if k.isupper()}}
         meta["DOT_DTYPE"] = {"bf16": tl.bfloat16, "fp16": tl.float16}[item]
         options = {k: v for k, v in config.items() if not k.isupper()}
         meta.update(INT64=False, FAST_TANH=True)

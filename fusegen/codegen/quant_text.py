@@ -61,13 +61,15 @@ def kernel_params(qc: QuantChain) -> list[dict]:
     tensors = launcher_tensors(qc)
     strides = [naming.stride(t["name"], d) for t in tensors for d in t["dims"]]
     strides += [naming.stride(naming.OUT, chain.row), naming.stride(naming.OUT, chain.col)]
-    meta = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "INT64", "DOT_DTYPE"]
+    meta = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "INT64", "DOT_DTYPE"]
     if fast_tanh(chain):
         meta.append("FAST_TANH")
     return [
         {
-            "comment": "the inputs (each quantized one with its scales, zero points), the output",
-            "names": [naming.ptr(t["name"]) for t in tensors] + [naming.ptr(naming.OUT)],
+            "comment": "the inputs (each quantized one with its scales, zero points), the "
+            "output, split-K's partial sums and arrival counters",
+            "names": [naming.ptr(t["name"]) for t in tensors]
+            + [naming.ptr(naming.OUT), "partials_ptr", "arrivals_ptr"],
         },
         {"comment": "dims", "names": [d.name for d in chain.dims]},
         {"comment": "strides, in elements", "names": strides},
@@ -334,6 +336,28 @@ def gemv_mainloop(qc: QuantChain) -> dict:
     return {"before": before, "loop": loop, "after": after}
 
 
+def split_lines(qc: QuantChain) -> tuple[list[str], list[str]]:
+    """Split-K's lines: each accumulator's partial sums stored, and (in the last program
+    of a tile) summed again in split order."""
+    chain = qc.chain
+    rows, cols, m, n = naming.offs(chain.row), naming.offs(chain.col), chain.row, chain.col
+    accs = [acc for acc, _ in weights(chain)]
+
+    def at(index: int, split: str) -> str:
+        which = f"({index} * SPLIT_K + {split})" if index else split
+        return f"partial_at + ({which} * {m}).to(tl.int64) * {n}"
+
+    store = [f"partial_at = partials_ptr + {rows}.to(tl.int64)[:, None] * {n} + {cols}[None, :]"]
+    store += [f"tl.store({at(i, 'split')}, {acc}, mask=in_bounds)" for i, acc in enumerate(accs)]
+    total = [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for acc in accs]
+    total.append("for s in tl.static_range(SPLIT_K):  # .cg: through L2, where the others stored")
+    total += [
+        f"    {acc} += tl.load({at(i, 's')}, mask=in_bounds, other=0.0, cache_modifier=\".cg\")"
+        for i, acc in enumerate(accs)
+    ]
+    return store, total
+
+
 def context(
     qc: QuantChain, header: list[str], runtime_hash: str, doc_width: int, param_lines
 ) -> dict:
@@ -391,6 +415,8 @@ def context(
         "mask_col": naming.mask(chain.col),
         "accumulators": [acc for acc, _ in weights(chain)],
         "mainloop": mainloop(qc),
+        "split_store": split_lines(qc)[0],
+        "split_sum": split_lines(qc)[1],
         "gemv": gemv_mainloop(qc) if qc.gemv else None,
         "interpreter_gemv_config": (
             config_literal(qc.interpreter_gemv_config) if qc.gemv else None

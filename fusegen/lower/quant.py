@@ -152,6 +152,7 @@ def lower_quant(kernel: Kernel, spec: KernelSpec, err: Callable) -> QuantChain |
         )
     gated = kernel.gate is not None
     space = configs.QUANT_GATED_SPACE if gated else configs.QUANT_SPACE
+    space += configs.QUANT_SPLIT_SPACE
     groups = [q.group for q in quants if q.k_varying]
     qc = QuantChain(
         chain=kernel,

@@ -33,6 +33,9 @@ SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # The most rows a call may have for its tuning to try the GEMV configs (BLOCK_M 1), which
 # read the weights once a row: past a few rows the tensor cores' tiles win.
 GEMV_ROWS = 4
+# The most rows a call may have for its tuning to try split-K configs (more programs over
+# the weights' stream at decode; their fp32 partial sums grow with the rows).
+SPLIT_ROWS = 64
 TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
@@ -151,7 +154,17 @@ class QuantChain:
     def launch(self, plan, views, out2d, config):
         """One launch. From a plan's second launch of a config, the compiled kernel is
         launched directly (runtime.launch): a decode-sized call is worth its host time."""
-        args = [*views, out2d, *plan["dim_sizes"]]
+        meta = {"SPLIT_K": 1, **{k: v for k, v in config.items() if k.isupper()}}
+        rows, cols, split = plan["rows"], plan["cols"], meta["SPLIT_K"]
+        tiles = cdiv(rows, meta["BLOCK_M"]) * cdiv(cols, meta["BLOCK_N"])
+        if split > 1:  # partial sums, and arrival counters the last program resets
+            partials = out2d.new_empty(
+                (self.module["ACCUMULATORS"] * split * rows * cols,), dtype=torch.float32
+            )
+            arrivals = torch.zeros(tiles, dtype=torch.int32, device=out2d.device)
+        else:  # never touched (SPLIT_K is a constexpr): the output stands in
+            partials = arrivals = out2d
+        args = [*views, out2d, partials, arrivals, *plan["dim_sizes"]]
         for t, count in zip(views, plan["stride_counts"], strict=True):
             args += t.stride()[:count]
         args += out2d.stride()
@@ -161,9 +174,8 @@ class QuantChain:
         if direct and aligned:
             direct(*args)
             return
-        meta = {k: v for k, v in config.items() if k.isupper()}
         options = {k: v for k, v in config.items() if not k.isupper()}
-        grid = (cdiv(plan["rows"], meta["BLOCK_M"]) * cdiv(plan["cols"], meta["BLOCK_N"]),)
+        grid = (tiles * split,)
         kwargs = {**meta, **plan["consts"], **options}
         compiled = self.kernel[grid](*args, **kwargs)
         if direct is None and aligned and launch.enabled(plan["interpreted"]):
@@ -384,6 +396,8 @@ class QuantChain:
         for config in self.module["CONFIGS"]:
             if config["BLOCK_M"] == 1 and plan["rows"] > GEMV_ROWS:
                 continue  # the GEMV path reads the weights once a row
+            if config.get("SPLIT_K", 1) > 1 and plan["rows"] > SPLIT_ROWS:
+                continue  # split-K's partial sums are for decode-sized outputs
             try:
                 ms = graph_bench(lambda c=config: self.launch(plan, views, scratch, c))[0]
             except (triton.runtime.errors.OutOfResources, RuntimeError) as exc:

@@ -313,9 +313,12 @@ def launcher_tests(suite):
             suite.launcher(**inputs)
 
     def test_every_config():
-        # The interpreter runs the default config beside its own; a GPU every config.
+        # The interpreter runs the default config beside its own, and the first split-K
+        # config of each path; a GPU every config.
         seed, sizes, inputs = small()
-        configs = kernel.CONFIGS if ON_GPU else [kernel.DEFAULT_CONFIG]
+        split = [c for c in kernel.CONFIGS if c.get("SPLIT_K", 1) > 1]
+        firsts = [next((c for c in split if (c["BLOCK_M"] == 1) == gemv), None) for gemv in (0, 1)]
+        configs = kernel.CONFIGS if ON_GPU else [kernel.DEFAULT_CONFIG, *filter(None, firsts)]
         for config in configs:
             suite.check(inputs, sizes, suite.dtypes[0], seed, config=config)
             assert kernel.last_launch()["config"] == config
