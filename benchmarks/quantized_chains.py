@@ -303,6 +303,7 @@ def int4_decode(built: Path, m: int) -> tuple[dict, dict]:
         },
         "shape": f"{m}x{k}->{n} x2",
         "errors": {"fusegen-int4": max_error(fusegen_int4(0), want)},
+        "config": mod.last_launch()["config"],
         "weight_copies": copies,
     }
     return variants, facts
@@ -330,6 +331,7 @@ def int8_decode(built: Path) -> tuple[dict, dict]:
         "bytes": {"fusegen-int8": n * k, "int8pack_mm": n * k, "bf16-linear": 2 * n * k},
         "shape": f"{m}x{k}->{n}",
         "errors": {"fusegen-int8": max_error(mod.linear_int8(x, ws[0], scale, b), want)},
+        "config": mod.last_launch()["config"],
         "weight_copies": copies,
     }
     return variants, facts
@@ -377,6 +379,8 @@ def table(result: dict) -> str:
         lines.append(f"  {v:22s} {med[v]:8.4f} ms [{min(t):.4f}-{max(t):.4f}] {rate}{vs}")
     for v, e in result.get("errors", {}).items():
         lines.append(f"  max error vs float64 / max |out|: {v} {e:.2e}")
+    if "config" in result:
+        lines.append(f"  fusegen's tuned config: {result['config']}")
     for note in result.get("notes", []):
         lines.append(f"  note: {note}")
     return "\n".join(lines)
