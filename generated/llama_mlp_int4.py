@@ -340,10 +340,14 @@ def _llama_mlp_int4_kernel(
         # Each program stores its partial sums (scales applied: they are linear); the
         # last of the tile's SPLIT_K to arrive adds them in split order (every run
         # rounds alike) and runs the chain, then resets the counter for the next launch.
-        partial_at = partials_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
-        tl.store(partial_at + (split * M).to(tl.int64) * N, acc, mask=in_bounds)
+        partial_rows = offs_m.to(tl.int64)[:, None]
         tl.store(
-            partial_at + ((1 * SPLIT_K + split) * M).to(tl.int64) * N, acc_gate, mask=in_bounds
+            partials_ptr + (partial_rows + split * M) * N + offs_n[None, :], acc, mask=in_bounds
+        )
+        tl.store(
+            partials_ptr + (partial_rows + (1 * SPLIT_K + split) * M) * N + offs_n[None, :],
+            acc_gate,
+            mask=in_bounds,
         )
         tl.debug_barrier()  # every thread's partial sums are stored before the arrival
         arrived = tl.atomic_add(arrivals_ptr + tile_id, 1, sem="acq_rel", scope="gpu")
@@ -354,13 +358,13 @@ def _llama_mlp_int4_kernel(
         acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for s in tl.static_range(SPLIT_K):  # .cg: through L2, where the others stored
             acc += tl.load(
-                partial_at + (s * M).to(tl.int64) * N,
+                partials_ptr + (partial_rows + s * M) * N + offs_n[None, :],
                 mask=in_bounds,
                 other=0.0,
                 cache_modifier=".cg",
             )
             acc_gate += tl.load(
-                partial_at + ((1 * SPLIT_K + s) * M).to(tl.int64) * N,
+                partials_ptr + (partial_rows + (1 * SPLIT_K + s) * M) * N + offs_n[None, :],
                 mask=in_bounds,
                 other=0.0,
                 cache_modifier=".cg",

@@ -344,10 +344,11 @@ def split_lines(qc: QuantChain) -> tuple[list[str], list[str]]:
     accs = [acc for acc, _ in weights(chain)]
 
     def at(index: int, split: str) -> str:
+        # Rows first: a dim of 1 is a constant in the compiled kernel, not a tensor.
         which = f"({index} * SPLIT_K + {split})" if index else split
-        return f"partial_at + ({which} * {m}).to(tl.int64) * {n}"
+        return f"partials_ptr + (partial_rows + {which} * {m}) * {n} + {cols}[None, :]"
 
-    store = [f"partial_at = partials_ptr + {rows}.to(tl.int64)[:, None] * {n} + {cols}[None, :]"]
+    store = [f"partial_rows = {rows}.to(tl.int64)[:, None]"]
     store += [f"tl.store({at(i, 'split')}, {acc}, mask=in_bounds)" for i, acc in enumerate(accs)]
     total = [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for acc in accs]
     total.append("for s in tl.static_range(SPLIT_K):  # .cg: through L2, where the others stored")
