@@ -375,14 +375,16 @@ for name in sys.argv[2:]:
         stored.update(partials_ptr="fp32", arrivals_ptr="i32")
         gemv = [c for c in module.CONFIGS if c["BLOCK_M"] == 1][:1]
         configs = [module.DEFAULT_CONFIG] + split + gemv
-    for config in configs:
-        meta = {"SPLIT_K": 1, **{k: v for k, v in config.items() if k.isupper()}}
+    # An int argument of 1 is compiled as a constant: the one-row call's rows too.
+    one_row = getattr(module, "ROW", None)
+    for config in configs + [dict(c, **{one_row: 1}) for c in configs if one_row]:
+        meta = {"SPLIT_K": 1, **{k: v for k, v in config.items() if k.isupper() or k == one_row}}
         meta["DOT_DTYPE"] = {"bf16": tl.bfloat16, "fp16": tl.float16}[item]
-        options = {k: v for k, v in config.items() if not k.isupper()}
+        options = {k: v for k, v in config.items() if not k.isupper() and k != one_row}
         meta.update(INT64=False, FAST_TANH=True)
         signature, constants = {}, {}
         for i, p in enumerate(kernel.params):
-            if p.is_constexpr:
+            if p.is_constexpr or p.name in meta and p.name == one_row:
                 signature[p.name] = "constexpr"
                 constants[(i,)] = meta[p.name]
             else:
