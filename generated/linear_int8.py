@@ -75,17 +75,23 @@ CONFIGS = [
     {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4, "SPLIT_K": 2},
-    {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4, "SPLIT_K": 4},
-    {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4, "SPLIT_K": 4},
-    {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4, "SPLIT_K": 4},
+    {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4,
+     "num_stages": 4, "SPLIT_K": 2},
+    {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4,
+     "num_stages": 4, "SPLIT_K": 4},
+    {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4,
+     "num_stages": 4, "SPLIT_K": 4},
+    {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4,
+     "num_stages": 4, "SPLIT_K": 4},
     {"BLOCK_M": 1, "BLOCK_N": 8, "BLOCK_K": 1024, "GROUP_M": 1, "num_warps": 4, "num_stages": 1},
     {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "GROUP_M": 1, "num_warps": 4, "num_stages": 1},
     {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 1024, "GROUP_M": 1, "num_warps": 4, "num_stages": 1},
     {"BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 256, "GROUP_M": 1, "num_warps": 4, "num_stages": 1},
     {"BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 512, "GROUP_M": 1, "num_warps": 8, "num_stages": 1},
-    {"BLOCK_M": 1, "BLOCK_N": 8, "BLOCK_K": 1024, "GROUP_M": 1, "num_warps": 4, "num_stages": 1, "SPLIT_K": 2},
-    {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "GROUP_M": 1, "num_warps": 4, "num_stages": 1, "SPLIT_K": 4},
+    {"BLOCK_M": 1, "BLOCK_N": 8, "BLOCK_K": 1024, "GROUP_M": 1, "num_warps": 4,
+     "num_stages": 1, "SPLIT_K": 2},
+    {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "GROUP_M": 1, "num_warps": 4,
+     "num_stages": 1, "SPLIT_K": 4},
 ]
 # fmt: on
 DEFAULT_CONFIG = {
@@ -136,7 +142,7 @@ def _exact_float(ints, offset: tl.constexpr):
 @triton.jit
 def _linear_int8_kernel(
     # fmt: off
-    x_ptr,  # the inputs (each quantized one with its scales, zero points), the output, split-K's partial sums and arrival counters
+    x_ptr,  # the inputs (a quantized one with its scales, zero points), output, split-K scratch
     w_ptr, w_scale_ptr, b_ptr, out_ptr, partials_ptr, arrivals_ptr,
     M, K, N,  # dims
     stride_x_m, stride_x_k, stride_w_n, stride_w_k, stride_w_scale_rows,  # strides, in elements

@@ -66,8 +66,8 @@ def kernel_params(qc: QuantChain) -> list[dict]:
         meta.append("FAST_TANH")
     return [
         {
-            "comment": "the inputs (each quantized one with its scales, zero points), the "
-            "output, split-K's partial sums and arrival counters",
+            "comment": "the inputs (a quantized one with its scales, zero points), output,"
+            " split-K scratch",
             "names": [naming.ptr(t["name"]) for t in tensors]
             + [naming.ptr(naming.OUT), "partials_ptr", "arrivals_ptr"],
         },
@@ -436,7 +436,14 @@ def context(
 
 
 def config_literal(cfg: Config) -> str:
-    return "{" + ", ".join(f'"{k}": {v}' for k, v in cfg.items()) + "}"
+    """The config as a dict literal; past 95 characters, its launch options on a second
+    line (the CONFIGS list is printed with formatting off)."""
+    items = [f'"{k}": {v}' for k, v in cfg.items()]
+    text = "{" + ", ".join(items) + "}"
+    if len(text) <= 95:
+        return text
+    cut = next(i for i, (k, _) in enumerate(cfg.items()) if k == "num_stages")
+    return "{" + ", ".join(items[:cut]) + ",\n     " + ", ".join(items[cut:]) + "}"
 
 
 def args_doc(qc: QuantChain, width: int) -> list[str]:
