@@ -91,6 +91,15 @@ def int4_pack(q: torch.Tensor) -> torch.Tensor:
     return q[:, 0::2] | (q[:, 1::2] << 4)
 
 
+def tinygemm_weight(q: torch.Tensor, scale: torch.Tensor) -> tuple:
+    """[N, K] values 0..15 and [N, K / group] scales in tinygemm's own layout: its int4
+    pack and [K / group, N, 2] scales and zeros (its zero is a float offset: w = (q - 8)
+    * scale + zero; timing only)."""
+    q8 = (q[:, 0::2] << 4 | q[:, 1::2]).to(torch.uint8)
+    sz = torch.stack((scale.t(), torch.zeros_like(scale.t())), dim=-1).contiguous()
+    return torch._convert_weight_to_int4pack(q8, 8), sz
+
+
 # -- rows ---------------------------------------------------------------------------
 
 
@@ -261,17 +270,7 @@ def int4_decode(built: Path, m: int) -> tuple[dict, dict]:
         (dequant(s[0], s[2], s[3]), dequant(s[4], s[6], s[7]))
         for s in (sets * bf16_copies)[:bf16_copies]
     ]
-    # tinygemm's own layout: its int4 pack and [K / group, N, 2] scales and zeros (its
-    # zero is a float offset: w = (q - 8) * scale + zero; timing only).
-    tiny = []
-    for s in sets:
-        packed = []
-        for q, scale in ((s[0], s[2]), (s[4], s[6])):
-            q8 = (q[:, 0::2] << 4 | q[:, 1::2]).to(torch.uint8)
-            weight = torch._convert_weight_to_int4pack(q8, 8)
-            sz = torch.stack((scale.t(), torch.zeros_like(scale.t())), dim=-1).contiguous()
-            packed.append((weight, sz))
-        tiny.append(packed)
+    tiny = [[tinygemm_weight(q, scale) for q, scale in ((s[0], s[2]), (s[4], s[6]))] for s in sets]
 
     def fusegen_int4(i):
         _, pg, sg, zg, _, pu, su, zu = sets[i % copies]

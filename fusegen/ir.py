@@ -322,16 +322,19 @@ class QuantChain(_WrapsChain):
         return "quant"
 
     @property
+    def weights(self) -> list[str]:
+        """The matmul's weight and a gate's: each meets the chain's `a` in a dot."""
+        mm = self.chain.matmul
+        return [mm.b] + [g.matmul.b for g in self.chain.steps if isinstance(g, Gate)]
+
+    @property
     def gemv(self) -> bool:
         """One-row calls may run without tensor cores (configs with BLOCK_M 1): x
         unquantized, the weights all int8 or all int4 (weight-only), every group along K
         a power of two (a K step then holds whole groups)."""
-        mm = self.chain.matmul
-        if self.quant_of(mm.a) is not None:
+        if self.quant_of(self.chain.matmul.a) is not None:
             return False
-        found = [self.quant_of(mm.b)] + [
-            self.quant_of(g.matmul.b) for g in self.chain.steps if isinstance(g, Gate)
-        ]
+        found = [self.quant_of(b) for b in self.weights]
         if any(q is None for q in found) or len({q.dtype for q in found}) != 1:
             return False
         return found[0].dtype in ("int8", "int4") and all(
@@ -344,14 +347,9 @@ class QuantChain(_WrapsChain):
     @property
     def fp8_dot(self) -> bool:
         """Both operands of every matmul are fp8: the tensor cores take them as stored."""
-        mm = self.chain.matmul
-        pairs = [(mm.a, mm.b)] + [
-            (mm.a, g.matmul.b) for g in self.chain.steps if isinstance(g, Gate)
-        ]
         return all(
-            (self.quant_of(a) and self.quant_of(a).dtype.startswith("fp8"))
-            and (self.quant_of(b) and self.quant_of(b).dtype.startswith("fp8"))
-            for a, b in pairs
+            (q := self.quant_of(name)) is not None and q.dtype.startswith("fp8")
+            for name in [self.chain.matmul.a, *self.weights]
         )
 
 

@@ -384,7 +384,7 @@ for name in sys.argv[2:]:
         meta.update(INT64=False, FAST_TANH=True)
         signature, constants = {}, {}
         for i, p in enumerate(kernel.params):
-            if p.is_constexpr or p.name in meta and p.name == one_row:
+            if p.is_constexpr or (p.name == one_row and one_row in meta):
                 signature[p.name] = "constexpr"
                 constants[(i,)] = meta[p.name]
             else:

@@ -33,7 +33,14 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from quantized_chains import copies_for, graph_ms, int4_pack, load, max_error  # noqa: E402
+from quantized_chains import (  # noqa: E402
+    copies_for,
+    graph_ms,
+    int4_pack,
+    load,
+    max_error,
+    tinygemm_weight,
+)
 
 K, N, GROUP = 4096, 14336, 128
 
@@ -273,15 +280,8 @@ def row(built: Path, m: int, rounds: int) -> dict:
             x, *packed(i), config=c
         )
 
-    # Anchors: tinygemm's own packing and scales ([K / group, N, 2]); fusegen's bf16 chain.
-    tiny = []
-    for s in sets:
-        pair = []
-        for q, scale in ((s[0], s[2]), (s[4], s[6])):
-            q8 = (q[:, 0::2] << 4 | q[:, 1::2]).to(torch.uint8)
-            sz = torch.stack((scale.t(), torch.zeros_like(scale.t())), dim=-1).contiguous()
-            pair.append((torch._convert_weight_to_int4pack(q8, 8), sz))
-        tiny.append(pair)
+    # Anchors: tinygemm in its own layout; fusegen's bf16 chain.
+    tiny = [[tinygemm_weight(q, scale) for q, scale in ((s[0], s[2]), (s[4], s[6]))] for s in sets]
     bf16_copies = copies_for(2 * N * K * 2)
     dense = [
         tuple(torch.randn(N, K, device=dev, dtype=torch.bfloat16) for _ in range(2))

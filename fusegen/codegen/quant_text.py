@@ -167,7 +167,7 @@ def mainloop(qc: QuantChain) -> dict:
     chain = qc.chain
     mm = chain.matmul
     k = mm.k
-    before, loop, after = [], [], []
+    before, loop = [], []
     loop += [
         f"{naming.offs(k)} = k * BLOCK_K + tl.arange(0, BLOCK_K)",
         f"{naming.mask(k)} = {naming.offs(k)} < {k}",
@@ -201,6 +201,17 @@ def mainloop(qc: QuantChain) -> dict:
             loop.append(f"{acc} += {dot}) * {' * '.join(factors)}")
         else:
             loop.append(f"{acc} = {dot}, {acc})")
+    return {"before": before, "loop": loop, "after": constant_scales(qc)}
+
+
+def constant_scales(qc: QuantChain) -> list[str]:
+    """The lines after the K loop that multiply each accumulator by the scales constant
+    along K (per tensor, per row), each loaded once."""
+    mm = qc.chain.matmul
+    a = qc.quant_of(mm.a)
+    after: list[str] = []
+    for acc, b_name in weights(qc.chain):
+        b = qc.quant_of(b_name)
         constant = [
             (q, side, rows)
             for q, side, rows in ((a, "a", mm.m), (b, "b", mm.n))
@@ -215,7 +226,7 @@ def mainloop(qc: QuantChain) -> dict:
                 _broadcast(f"{q.name}_scale_all", side, q) for q, side, _ in constant
             )
             after.append(f"{acc} = {acc} * {product}")
-    return {"before": before, "loop": loop, "after": after}
+    return after
 
 
 def _as_float(value: str, signed: bool, bits: int) -> str:
@@ -332,7 +343,7 @@ def gemv_mainloop(qc: QuantChain) -> dict:
             if load not in after:
                 after.append(load)
             after.append(f"{acc} -= {_broadcast(f'{q.name}_zero_all', 'b', q)} * x_total")
-    after += mainloop(qc)["after"]  # the scales constant along K
+    after += constant_scales(qc)
     return {"before": before, "loop": loop, "after": after}
 
 

@@ -152,16 +152,15 @@ class QuantChain:
     def launch(self, plan, views, out2d, config):
         """One launch. From a plan's second launch of a config, the compiled kernel is
         launched directly (runtime.launch): a decode-sized call is worth its host time."""
-        meta = {"SPLIT_K": 1, **{k: v for k, v in config.items() if k.isupper()}}
-        rows, cols, split = plan["rows"], plan["cols"], meta["SPLIT_K"]
-        tiles = cdiv(rows, meta["BLOCK_M"]) * cdiv(cols, meta["BLOCK_N"])
-        if split > 1:  # partial sums, and arrival counters the last program resets
-            partials = out2d.new_empty(
-                (self.module["ACCUMULATORS"] * split * rows * cols,), dtype=torch.float32
-            )
+        rows, cols, split = plan["rows"], plan["cols"], config.get("SPLIT_K", 1)
+        tiles = cdiv(rows, config["BLOCK_M"]) * cdiv(cols, config["BLOCK_N"])
+        # Split-K's partial sums and the arrival counters its last program resets; an
+        # unsplit kernel never touches them (SPLIT_K is a constexpr): the output stands in.
+        partials = arrivals = out2d
+        if split > 1:
+            size = self.module["ACCUMULATORS"] * split * rows * cols
+            partials = out2d.new_empty((size,), dtype=torch.float32)
             arrivals = torch.zeros(tiles, dtype=torch.int32, device=out2d.device)
-        else:  # never touched (SPLIT_K is a constexpr): the output stands in
-            partials = arrivals = out2d
         args = [*views, out2d, partials, arrivals, *plan["dim_sizes"]]
         for t, count in zip(views, plan["stride_counts"], strict=True):
             args += t.stride()[:count]
@@ -172,6 +171,7 @@ class QuantChain:
         if direct and aligned:
             direct(*args)
             return
+        meta = {"SPLIT_K": 1, **{k: v for k, v in config.items() if k.isupper()}}
         options = {k: v for k, v in config.items() if not k.isupper()}
         grid = (tiles * split,)
         kwargs = {**meta, **plan["consts"], **options}

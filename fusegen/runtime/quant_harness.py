@@ -315,8 +315,9 @@ def launcher_tests(suite):
         # config of each path; a GPU every config.
         seed, sizes, inputs = small()
         split = [c for c in kernel.CONFIGS if c.get("SPLIT_K", 1) > 1]
-        firsts = [next((c for c in split if (c["BLOCK_M"] == 1) == gemv), None) for gemv in (0, 1)]
-        configs = kernel.CONFIGS if ON_GPU else [kernel.DEFAULT_CONFIG, *filter(None, firsts)]
+        tiles = [c for c in split if c["BLOCK_M"] > 1][:1]
+        gemv = [c for c in split if c["BLOCK_M"] == 1][:1]
+        configs = kernel.CONFIGS if ON_GPU else [kernel.DEFAULT_CONFIG, *tiles, *gemv]
         for config in configs:
             suite.check(inputs, sizes, suite.dtypes[0], seed, config=config)
             assert kernel.last_launch()["config"] == config
