@@ -331,14 +331,17 @@ class QuantChain(_WrapsChain):
     def gemv(self) -> bool:
         """One-row calls may run without tensor cores (configs with BLOCK_M 1): x
         unquantized, the weights all int8 or all int4 (weight-only), every group along K
-        a power of two (a K step then holds whole groups)."""
+        a power of two (a K step then holds whole groups) of whole 32-bit words (the
+        path reads the weights as words: 8 int4 or 4 int8 values)."""
         if self.quant_of(self.chain.matmul.a) is not None:
             return False
         found = [self.quant_of(b) for b in self.weights]
         if any(q is None for q in found) or len({q.dtype for q in found}) != 1:
             return False
-        return found[0].dtype in ("int8", "int4") and all(
-            q.group is None or not q.group & (q.group - 1) for q in found
+        per_word = {"int4": 8, "int8": 4}.get(found[0].dtype)
+        return per_word is not None and all(
+            q.group is None or (not q.group & (q.group - 1) and q.group >= per_word)
+            for q in found
         )
 
     def quant_of(self, name: str) -> Quant | None:

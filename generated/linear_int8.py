@@ -45,7 +45,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("498c541ab33418f0", "quant")
+_rt = _runtime("3489d3873516857d", "quant")
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
 DIMS = {"M": None, "K": None, "N": None}
@@ -83,14 +83,14 @@ CONFIGS = [
      "num_stages": 4, "SPLIT_K": 4},
     {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4,
      "num_stages": 4, "SPLIT_K": 4},
-    {"BLOCK_M": 1, "BLOCK_N": 8, "BLOCK_K": 1024, "GROUP_M": 1, "num_warps": 4, "num_stages": 1},
-    {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "GROUP_M": 1, "num_warps": 4, "num_stages": 1},
     {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 1024, "GROUP_M": 1, "num_warps": 4, "num_stages": 1},
-    {"BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 256, "GROUP_M": 1, "num_warps": 4, "num_stages": 1},
-    {"BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 512, "GROUP_M": 1, "num_warps": 8, "num_stages": 1},
-    {"BLOCK_M": 1, "BLOCK_N": 8, "BLOCK_K": 1024, "GROUP_M": 1, "num_warps": 4,
+    {"BLOCK_M": 1, "BLOCK_N": 8, "BLOCK_K": 1024, "GROUP_M": 1, "num_warps": 2, "num_stages": 1},
+    {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "GROUP_M": 1, "num_warps": 2, "num_stages": 1},
+    {"BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 512, "GROUP_M": 1, "num_warps": 4, "num_stages": 1},
+    {"BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 1024, "GROUP_M": 1, "num_warps": 4, "num_stages": 1},
+    {"BLOCK_M": 1, "BLOCK_N": 8, "BLOCK_K": 1024, "GROUP_M": 1, "num_warps": 2,
      "num_stages": 1, "SPLIT_K": 2},
-    {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "GROUP_M": 1, "num_warps": 4,
+    {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 1024, "GROUP_M": 1, "num_warps": 4,
      "num_stages": 1, "SPLIT_K": 4},
 ]
 # fmt: on
@@ -133,10 +133,20 @@ NO_GPU = "reference"  # no GPU and the interpreter off: "reference" runs, or "er
 
 
 @triton.jit
-def _exact_float(ints, offset: tl.constexpr):
-    """Integers 0..255 as exact fp32, less `offset`: OR-ed into the mantissa of 2**23,
-    which is then subtracted (two full-rate instructions; int-to-float is quarter-rate)."""
-    return (ints | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + offset)
+def _word_value(words, AT: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr):
+    """The BITS-wide integer at bit AT of each 32-bit word as the exact fp32 2**BITS plus
+    it (its sign bit flipped where SIGNED): moved to the mantissa's bits just under
+    2**BITS's exponent and OR-ed into that float (two instructions; int-to-float is a
+    quarter-rate one)."""
+    TO: tl.constexpr = 23 - BITS
+    if AT <= TO:
+        moved = words << (TO - AT)
+    else:
+        moved = words >> (AT - TO)
+    moved = moved & (((1 << BITS) - 1) << TO)
+    if SIGNED:
+        moved = moved ^ (1 << (TO + BITS - 1))
+    return (moved | ((127 + BITS) << 23)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -185,17 +195,24 @@ def _linear_int8_kernel(
         # One row: a dot takes 16, so the weights meet x on the CUDA cores, whole
         # groups of scales a K step.
         x_row = x_ptr + offs_m * stride_x_m
-        w_rows = w_ptr + offs_n[:, None] * stride_w_n
+        w_rows = w_ptr.to(tl.pointer_type(tl.int32)) + offs_n[:, None] * (stride_w_n // 4)
+        x_total = tl.zeros((1,), dtype=tl.float32)
         for k in range(k_first, k_last):
-            offs_k = k * BLOCK_K + tl.arange(0, BLOCK_K)
-            mask_step = mask_n[:, None] & (offs_k < K)[None, :]
-            x_vals = tl.load(x_row + offs_k * stride_x_k, mask=offs_k < K, other=0.0).to(tl.float32)
-            w_ints = (
-                tl.load(w_rows + offs_k[None, :] * stride_w_k, mask=mask_step, other=0).to(tl.int32)
-                & 255
-            )
-            w_part = _exact_float((w_ints) ^ 128, 128.0) * x_vals[None, :]
+            offs_words = k * (BLOCK_K // 4) + tl.arange(0, BLOCK_K // 4)
+            mask_words = offs_words < K // 4
+            mask_step = mask_n[:, None] & mask_words[None, :]
+            w_words = tl.load(w_rows + offs_words[None, :], mask=mask_step, other=0)
+            w_part = tl.zeros((BLOCK_N, BLOCK_K // 4), dtype=tl.float32)
+            x_words = tl.zeros((BLOCK_K // 4,), dtype=tl.float32)
+            for j in tl.static_range(4):  # the word's values, in K order
+                x_j = tl.load(
+                    x_row + (4 * offs_words + j) * stride_x_k, mask=mask_words, other=0.0
+                ).to(tl.float32)
+                x_words += x_j
+                w_part += _word_value(w_words, 8 * j, 8, True) * x_j[None, :]
+            x_total += tl.sum(x_words, axis=0)
             acc += tl.sum(w_part, axis=1)[None, :]
+        acc -= 384.0 * x_total
         w_scale_all = tl.load(
             w_scale_ptr + offs_n * stride_w_scale_rows, mask=mask_n, other=1.0
         ).to(tl.float32)

@@ -52,7 +52,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("498c541ab33418f0", "quant")
+_rt = _runtime("3489d3873516857d", "quant")
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
 DIMS = {"M": None, "K": None, "N": None}
@@ -91,14 +91,14 @@ CONFIGS = [
      "num_stages": 4, "SPLIT_K": 4},
     {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4,
      "num_stages": 4, "SPLIT_K": 4},
-    {"BLOCK_M": 1, "BLOCK_N": 8, "BLOCK_K": 1024, "GROUP_M": 1, "num_warps": 4, "num_stages": 1},
-    {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "GROUP_M": 1, "num_warps": 4, "num_stages": 1},
     {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 1024, "GROUP_M": 1, "num_warps": 4, "num_stages": 1},
-    {"BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 256, "GROUP_M": 1, "num_warps": 4, "num_stages": 1},
-    {"BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 512, "GROUP_M": 1, "num_warps": 8, "num_stages": 1},
-    {"BLOCK_M": 1, "BLOCK_N": 8, "BLOCK_K": 1024, "GROUP_M": 1, "num_warps": 4,
+    {"BLOCK_M": 1, "BLOCK_N": 8, "BLOCK_K": 1024, "GROUP_M": 1, "num_warps": 2, "num_stages": 1},
+    {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "GROUP_M": 1, "num_warps": 2, "num_stages": 1},
+    {"BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 512, "GROUP_M": 1, "num_warps": 4, "num_stages": 1},
+    {"BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 1024, "GROUP_M": 1, "num_warps": 4, "num_stages": 1},
+    {"BLOCK_M": 1, "BLOCK_N": 8, "BLOCK_K": 1024, "GROUP_M": 1, "num_warps": 2,
      "num_stages": 1, "SPLIT_K": 2},
-    {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "GROUP_M": 1, "num_warps": 4,
+    {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 1024, "GROUP_M": 1, "num_warps": 4,
      "num_stages": 1, "SPLIT_K": 4},
 ]
 # fmt: on
@@ -150,10 +150,20 @@ def _tanh_approx(x):
 
 
 @triton.jit
-def _exact_float(ints, offset: tl.constexpr):
-    """Integers 0..255 as exact fp32, less `offset`: OR-ed into the mantissa of 2**23,
-    which is then subtracted (two full-rate instructions; int-to-float is quarter-rate)."""
-    return (ints | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + offset)
+def _word_value(words, AT: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr):
+    """The BITS-wide integer at bit AT of each 32-bit word as the exact fp32 2**BITS plus
+    it (its sign bit flipped where SIGNED): moved to the mantissa's bits just under
+    2**BITS's exponent and OR-ed into that float (two instructions; int-to-float is a
+    quarter-rate one)."""
+    TO: tl.constexpr = 23 - BITS
+    if AT <= TO:
+        moved = words << (TO - AT)
+    else:
+        moved = words >> (AT - TO)
+    moved = moved & (((1 << BITS) - 1) << TO)
+    if SIGNED:
+        moved = moved ^ (1 << (TO + BITS - 1))
+    return (moved | ((127 + BITS) << 23)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -218,57 +228,53 @@ def _llama_mlp_int4_kernel(
         # One row: a dot takes 16, so the weights meet x on the CUDA cores, whole
         # groups of scales a K step.
         x_row = x_ptr + offs_m * stride_x_m
-        w_gate_rows = w_gate_ptr + offs_n[:, None] * stride_w_gate_n
+        w_gate_rows = w_gate_ptr.to(tl.pointer_type(tl.int32)) + offs_n[:, None] * (
+            stride_w_gate_n // 4
+        )
         w_gate_scale_rows = w_gate_scale_ptr + offs_n[:, None] * stride_w_gate_scale_rows
         w_gate_zero_rows = w_gate_zero_ptr + offs_n[:, None] * stride_w_gate_zero_rows
-        w_up_rows = w_up_ptr + offs_n[:, None] * stride_w_up_n
+        w_up_rows = w_up_ptr.to(tl.pointer_type(tl.int32)) + offs_n[:, None] * (stride_w_up_n // 4)
         w_up_scale_rows = w_up_scale_ptr + offs_n[:, None] * stride_w_up_scale_rows
         w_up_zero_rows = w_up_zero_ptr + offs_n[:, None] * stride_w_up_zero_rows
         for k in range(k_first, k_last):
-            offs_packed = k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
-            mask_step = mask_n[:, None] & (offs_packed < K // 2)[None, :]
-            # x's even and odd elements: a byte's two values multiply one each.
-            x_even = tl.load(
-                x_row + 2 * offs_packed * stride_x_k, mask=offs_packed < K // 2, other=0.0
-            ).to(tl.float32)
-            x_odd = tl.load(
-                x_row + (2 * offs_packed + 1) * stride_x_k, mask=offs_packed < K // 2, other=0.0
-            ).to(tl.float32)
+            offs_words = k * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
+            mask_words = offs_words < K // 8
+            mask_step = mask_n[:, None] & mask_words[None, :]
+            w_gate_words = tl.load(w_gate_rows + offs_words[None, :], mask=mask_step, other=0)
+            w_gate_part = tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
+            w_up_words = tl.load(w_up_rows + offs_words[None, :], mask=mask_step, other=0)
+            w_up_part = tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
+            x_words = tl.zeros((BLOCK_K // 8,), dtype=tl.float32)
+            for j in tl.static_range(8):  # the word's values, in K order
+                x_j = tl.load(
+                    x_row + (8 * offs_words + j) * stride_x_k, mask=mask_words, other=0.0
+                ).to(tl.float32)
+                x_words += x_j
+                w_gate_part += _word_value(w_gate_words, 4 * j, 4, False) * x_j[None, :]
+                w_up_part += _word_value(w_up_words, 4 * j, 4, False) * x_j[None, :]
             offs_groups_128 = k * (BLOCK_K // 128) + tl.arange(0, BLOCK_K // 128)
             mask_groups_128 = mask_n[:, None] & (offs_groups_128 < K // 128)[None, :]
-            x_sums_128 = tl.sum(tl.reshape(x_even + x_odd, (BLOCK_K // 128, 128 // 2)), axis=1)
-            w_gate_bytes = tl.load(
-                w_gate_rows + offs_packed[None, :] * stride_w_gate_k, mask=mask_step, other=0
-            ).to(tl.int32)
-            w_gate_part = _exact_float(w_gate_bytes & 15, 0.0) * x_even[None, :]
-            w_gate_part += _exact_float(w_gate_bytes >> 4, 0.0) * x_odd[None, :]
-            w_gate_part = tl.sum(
-                tl.reshape(w_gate_part, (BLOCK_N, BLOCK_K // 128, 128 // 2)), axis=2
-            )
+            x_sums_128 = tl.sum(tl.reshape(x_words, (BLOCK_K // 128, 16)), axis=1)
+            w_gate_part = tl.sum(tl.reshape(w_gate_part, (BLOCK_N, BLOCK_K // 128, 16)), axis=2)
             w_gate_zero_k = tl.load(
                 w_gate_zero_rows + offs_groups_128[None, :] * stride_w_gate_zero_groups,
                 mask=mask_groups_128,
                 other=0,
             ).to(tl.float32)
-            w_gate_part -= w_gate_zero_k * x_sums_128[None, :]
+            w_gate_part -= (16.0 + w_gate_zero_k) * x_sums_128[None, :]
             w_gate_scale_k = tl.load(
                 w_gate_scale_rows + offs_groups_128[None, :] * stride_w_gate_scale_groups,
                 mask=mask_groups_128,
                 other=1.0,
             ).to(tl.float32)
             acc += tl.sum(w_gate_part * w_gate_scale_k, axis=1)[None, :]
-            w_up_bytes = tl.load(
-                w_up_rows + offs_packed[None, :] * stride_w_up_k, mask=mask_step, other=0
-            ).to(tl.int32)
-            w_up_part = _exact_float(w_up_bytes & 15, 0.0) * x_even[None, :]
-            w_up_part += _exact_float(w_up_bytes >> 4, 0.0) * x_odd[None, :]
-            w_up_part = tl.sum(tl.reshape(w_up_part, (BLOCK_N, BLOCK_K // 128, 128 // 2)), axis=2)
+            w_up_part = tl.sum(tl.reshape(w_up_part, (BLOCK_N, BLOCK_K // 128, 16)), axis=2)
             w_up_zero_k = tl.load(
                 w_up_zero_rows + offs_groups_128[None, :] * stride_w_up_zero_groups,
                 mask=mask_groups_128,
                 other=0,
             ).to(tl.float32)
-            w_up_part -= w_up_zero_k * x_sums_128[None, :]
+            w_up_part -= (16.0 + w_up_zero_k) * x_sums_128[None, :]
             w_up_scale_k = tl.load(
                 w_up_scale_rows + offs_groups_128[None, :] * stride_w_up_scale_groups,
                 mask=mask_groups_128,

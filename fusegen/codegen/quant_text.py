@@ -229,15 +229,6 @@ def constant_scales(qc: QuantChain) -> list[str]:
     return after
 
 
-def _as_float(value: str, signed: bool, bits: int) -> str:
-    """The template's _exact_float on integers `value` (`bits` wide, two's complement
-    where `signed`: the sign bit flipped, which adds 2**(bits-1), then taken off)."""
-    if not signed:
-        return f"_exact_float({value}, 0.0)"
-    half = 2 ** (bits - 1)
-    return f"_exact_float(({value}) ^ {half}, {float(half)})"
-
-
 def _group_load(q: Quant, which: str) -> str:
     """A [BLOCK_N, groups in the step] load of q's scales or zero points, as fp32."""
     s = q.scale_name if which == "scale" else q.zero_name
@@ -249,100 +240,101 @@ def _group_load(q: Quant, which: str) -> str:
     )
 
 
+def word_offset(q: Quant) -> float:
+    """What the GEMV path's floats hold beyond a stored integer's value: 2**bits (the
+    float the integer is OR-ed into), plus half of that range where the integers are
+    signed (their sign bit flipped)."""
+    bits = 4 if q.dtype == "int4" else 8
+    return float(2**bits + (0 if q.zero_point else 2 ** (bits - 1)))
+
+
 def gemv_mainloop(qc: QuantChain) -> dict:
     """The one-row path (BLOCK_M == 1), without tensor cores: lines before the K loop,
-    in it, and after it. Each K step takes BLOCK_K values, whole groups: the weights'
-    integers as exact floats times x, summed per group; a zero point taken off as
-    zero * (the group's sum of x), one product a group instead of one a weight; the
-    group's scale applied to its sum. Scales constant along K as the tile path's."""
+    in it, and after it. The weights are read as 32-bit words (8 int4 or 4 int8 values
+    each); each value becomes the exact float 2**bits + its integer in two instructions
+    (a shift, one masked OR) and meets its x in an FMA. What the floats hold beyond the
+    weights' values (word_offset, plus the zero point) comes off once a group, as
+    (offset + zero) * (the group's sum of x), and the group's scale multiplies its sum;
+    offsets and scales constant along K come off and multiply once, after the loop."""
     mm = qc.chain.matmul
     k, n, a = mm.k, mm.n, mm.a
-    stride_k = naming.stride(a, k)
     offs_n, mask_n = naming.offs(n), naming.mask(n)
-    int4 = qc.quant_of(mm.b).dtype == "int4"  # QuantChain.gemv: all weights alike
     found = [(acc, qc.quant_of(name)) for acc, name in weights(qc.chain)]
+    bits = 4 if found[0][1].dtype == "int4" else 8  # QuantChain.gemv: all weights alike
+    per = 32 // bits
     groups = sorted({q.group for _, q in found if q.k_varying})
     before = [f"x_row = {naming.ptr(a)} + {naming.offs(mm.m)} * {naming.stride(a, mm.m)}"]
     for _, q in found:
         rows = offs_n if q.rows_per == 1 else f"({offs_n} // {q.rows_per})"
         before.append(
-            f"{q.name}_rows = {naming.ptr(q.name)} + {offs_n}[:, None] * {naming.stride(q.name, n)}"
+            f"{q.name}_rows = {naming.ptr(q.name)}.to(tl.pointer_type(tl.int32))"
+            f" + {offs_n}[:, None] * ({naming.stride(q.name, n)} // 4)"
         )
         for s in (q.scale_name, q.zero_name) if q.k_varying else ():
             if s:
                 before.append(
                     f"{s}_rows = {naming.ptr(s)} + {rows}[:, None] * {naming.stride(s, 'rows')}"
                 )
-    if int4:
-        offs, per = "offs_packed", "{g} // 2"
-        loop = [
-            "offs_packed = k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)",
-            f"mask_step = {mask_n}[:, None] & (offs_packed < {k} // 2)[None, :]",
-            "# x's even and odd elements: a byte's two values multiply one each.",
-            f"x_even = tl.load(x_row + 2 * offs_packed * {stride_k}, mask=offs_packed < {k} // 2,"
-            " other=0.0).to(tl.float32)",
-            f"x_odd = tl.load(x_row + (2 * offs_packed + 1) * {stride_k},"
-            f" mask=offs_packed < {k} // 2, other=0.0).to(tl.float32)",
+    loop = [
+        f"offs_words = k * (BLOCK_K // {per}) + tl.arange(0, BLOCK_K // {per})",
+        f"mask_words = offs_words < {k} // {per}",
+        f"mask_step = {mask_n}[:, None] & mask_words[None, :]",
+    ]
+    for _, q in found:
+        loop += [
+            f"{q.name}_words = tl.load({q.name}_rows + offs_words[None, :], mask=mask_step,"
+            " other=0)",
+            f"{q.name}_part = tl.zeros((BLOCK_N, BLOCK_K // {per}), dtype=tl.float32)",
         ]
-        x_step = "x_even + x_odd"
-    else:
-        offs, per = naming.offs(k), "{g}"
-        loop = [
-            f"{offs} = k * BLOCK_K + tl.arange(0, BLOCK_K)",
-            f"mask_step = {mask_n}[:, None] & ({offs} < {k})[None, :]",
-            f"x_vals = tl.load(x_row + {offs} * {stride_k}, mask={offs} < {k}, other=0.0)"
-            ".to(tl.float32)",
-        ]
-        x_step = "x_vals"
+    loop += [
+        f"x_words = tl.zeros((BLOCK_K // {per},), dtype=tl.float32)",
+        f"for j in tl.static_range({per}):  # the word's values, in K order",
+        f"    x_j = tl.load(x_row + ({per} * offs_words + j) * {naming.stride(a, k)},"
+        " mask=mask_words, other=0.0).to(tl.float32)",
+        "    x_words += x_j",
+    ]
+    for _, q in found:
+        # Little-endian words: K's value j sits at bit bits * j, but for int4 packed
+        # high_first, where a byte's even index is its high nibble.
+        at = "4 * (j ^ 1)" if q.packing == "high_first" else f"{bits} * j"
+        loop.append(
+            f"    {q.name}_part += _word_value({q.name}_words, {at}, {bits},"
+            f" {not q.zero_point}) * x_j[None, :]"
+        )
     for g in groups:
         loop += [
             f"offs_groups_{g} = k * (BLOCK_K // {g}) + tl.arange(0, BLOCK_K // {g})",
             f"mask_groups_{g} = {mask_n}[:, None] & (offs_groups_{g} < {k} // {g})[None, :]",
+            f"x_sums_{g} = tl.sum(tl.reshape(x_words, (BLOCK_K // {g}, {g // per})), axis=1)",
         ]
-        if any(q.zero_point and q.group == g for _, q in found):
-            shape = f"(BLOCK_K // {g}, {per.format(g=g)})"
-            loop.append(f"x_sums_{g} = tl.sum(tl.reshape({x_step}, {shape}), axis=1)")
-    if any(q.zero_point and not q.k_varying for _, q in found):
+    after = []
+    if any(not q.k_varying for _, q in found):
         before.append("x_total = tl.zeros((1,), dtype=tl.float32)")
-        loop.append(f"x_total += tl.sum({x_step}, axis=0)")
+        loop.append("x_total += tl.sum(x_words, axis=0)")
     for acc, q in found:
-        name = q.name
-        load = (
-            f"tl.load({name}_rows + {offs}[None, :] * {naming.stride(name, k)}, mask=mask_step,"
-            " other=0).to(tl.int32)"
-        )
-        if int4:
-            low, high = f"{name}_bytes & 15", f"{name}_bytes >> 4"
-            even, odd = (low, high) if q.packing == "low_first" else (high, low)
-            loop += [
-                f"{name}_bytes = {load}",
-                f"{name}_part = {_as_float(even, not q.zero_point, 4)} * x_even[None, :]",
-                f"{name}_part += {_as_float(odd, not q.zero_point, 4)} * x_odd[None, :]",
-            ]
-        else:
-            loop += [
-                f"{name}_ints = {load} & 255",
-                f"{name}_part = {_as_float(f'{name}_ints', not q.zero_point, 8)} * x_vals[None, :]",
-            ]
+        name, offset = q.name, word_offset(q)
         if not q.k_varying:
             loop.append(f"{acc} += tl.sum({name}_part, axis=1)[None, :]")
+            base = f"{offset}"
+            if q.zero_point:
+                load = _vector_load(q, "zero", n, "")
+                if load not in after:
+                    after.append(load)
+                base = f"({offset} + {_broadcast(f'{name}_zero_all', 'b', q)})"
+            after.append(f"{acc} -= {base} * x_total")
             continue
         g = q.group
-        shape = f"(BLOCK_N, BLOCK_K // {g}, {per.format(g=g)})"
+        shape = f"(BLOCK_N, BLOCK_K // {g}, {g // per})"
         loop.append(f"{name}_part = tl.sum(tl.reshape({name}_part, {shape}), axis=2)")
+        base = f"{offset}"
         if q.zero_point:
-            loop += [_group_load(q, "zero"), f"{name}_part -= {name}_zero_k * x_sums_{g}[None, :]"]
+            loop.append(_group_load(q, "zero"))
+            base = f"({offset} + {name}_zero_k)"
         loop += [
+            f"{name}_part -= {base} * x_sums_{g}[None, :]",
             _group_load(q, "scale"),
             f"{acc} += tl.sum({name}_part * {name}_scale_k, axis=1)[None, :]",
         ]
-    after = []
-    for acc, q in found:
-        if q.zero_point and not q.k_varying:
-            load = _vector_load(q, "zero", n, "")
-            if load not in after:
-                after.append(load)
-            after.append(f"{acc} -= {_broadcast(f'{q.name}_zero_all', 'b', q)} * x_total")
     after += constant_scales(qc)
     return {"before": before, "loop": loop, "after": after}
 

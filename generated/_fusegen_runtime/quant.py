@@ -91,6 +91,22 @@ def dequantize(stored, scale, zero, quant, dtype):
     return values.reshape(shape).to(dtype)
 
 
+def _in_words(t):
+    """Whether the GEMV path can read `t` as 32-bit words: contiguous along its last dim
+    (a whole number of words long), 4-byte aligned, its rows whole words apart. False for
+    a tensor without storage (torch.compile's fakes: no launch follows)."""
+    try:
+        aligned = t.data_ptr() % 4 == 0
+    except RuntimeError:
+        return False
+    return (
+        aligned
+        and t.stride(-1) == 1
+        and t.shape[-1] % 4 == 0
+        and all(s % 4 == 0 for s in t.stride()[:-1])
+    )
+
+
 class QuantChain:
     """A quantized chain module's launches: its checks per call signature, the config
     (the caller's, the interpreter's, tuned at the first call of a key, or the default),
@@ -142,6 +158,12 @@ class QuantChain:
         out2d = out.view(-1, out.shape[-1])
         if config is None:
             config = self.config_for(plan, views, out2d)
+        elif config["BLOCK_M"] == 1 and not plan["words"]:
+            raise ValueError(
+                f"{self.name}: a GEMV config (BLOCK_M 1) reads the weights as 32-bit words: "
+                "each must be contiguous along K, 4-byte aligned, with rows a multiple of 4 "
+                "bytes apart (K a multiple of 8 for int4, of 4 for int8)"
+            )
         self.launch(plan, views, out2d, config)
         self.last_launch = {
             "source": "kernel",
@@ -261,6 +283,8 @@ class QuantChain:
                     out.append(t)
             return out
 
+        gemv = "INTERPRETER_GEMV_CONFIG" in self.module
+        words = gemv and all(_in_words(views[n]) for n in self.quant)
         int64 = any(t.numel() >= 2**31 for t in tensors) or rows * cols >= 2**31
         dot_dtype = torch.float32 if interpreted else dtype
         consts = {"INT64": int64, "DOT_DTYPE": TL_DTYPES[dot_dtype]}
@@ -284,6 +308,7 @@ class QuantChain:
             "direct": {},  # config -> its direct launch (False: none)
             "interpreted": interpreted,
             "dot": dot,
+            "words": words,
         }
 
     def _int4(self, name):
@@ -376,10 +401,13 @@ class QuantChain:
     def config_for(self, plan, views, out2d):
         if plan["interpreted"]:
             gemv = self.module.get("INTERPRETER_GEMV_CONFIG")
-            return gemv if gemv and plan["rows"] == 1 else self.module["INTERPRETER_CONFIG"]
+            if gemv and plan["rows"] == 1 and plan["words"]:
+                return gemv
+            return self.module["INTERPRETER_CONFIG"]
         if self.module["DETERMINISTIC"] or os.environ.get("FUSEGEN_AUTOTUNE") == "0":
             return self.module["DEFAULT_CONFIG"]
         key = (bucket(plan["rows"]), plan["cols"], plan["k"], plan["dtype"], plan["out_dtype"])
+        key += (plan["words"],)
         found = self.tuned.get(key)
         if found is None:
             found = self.tune(plan, views, out2d)
@@ -394,8 +422,8 @@ class QuantChain:
         scratch = torch.empty_like(out2d)
         best, best_ms = None, float("inf")
         for config in self.module["CONFIGS"]:
-            if config["BLOCK_M"] == 1 and plan["rows"] > GEMV_ROWS:
-                continue  # the GEMV path reads the weights once a row
+            if config["BLOCK_M"] == 1 and (plan["rows"] > GEMV_ROWS or not plan["words"]):
+                continue  # the GEMV path reads the weights once a row, as words
             if config.get("SPLIT_K", 1) > 1 and plan["rows"] > SPLIT_ROWS:
                 continue  # split-K's partial sums are for decode-sized outputs
             try:

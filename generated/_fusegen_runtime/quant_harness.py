@@ -79,8 +79,17 @@ class Suite:
         gemv = [c for c in self.kernel.CONFIGS if c["BLOCK_M"] == 1]
         if gemv and self.kernel.DIMS[self.row] in (None, 1):
             config = self.kernel.INTERPRETER_GEMV_CONFIG if self.interpreted else gemv[0]
-            found.append(("gemv", {**self.sizes_of(self.cases[-1]), self.row: 1}, config))
+            found.append(
+                ("gemv", self.word_sizes({**self.sizes_of(self.cases[-1]), self.row: 1}), config)
+            )
         return found
+
+    def word_sizes(self, sizes):
+        """`sizes` with K a whole number of 32-bit words of the weights (8 int4 or 4 int8
+        values), as the GEMV path reads them, where K is dynamic."""
+        if self.kernel.DIMS[self.k] is not None:
+            return sizes
+        return {**sizes, self.k: cdiv(sizes[self.k], 8) * 8}
 
     # -- inputs ------------------------------------------------------------------------
 
@@ -246,18 +255,34 @@ def value_tests(suite):
 
     @pytest.mark.parametrize("path", paths, ids=lambda p: p[0])
     def test_strided_inputs(path):
-        # Every 2-D tensor a view of every other column of one twice as wide.
-        _, sizes, config = path
+        # Every 2-D tensor a view of every other column of one twice as wide; on the
+        # GEMV path, which reads them as 32-bit words, the quantized weights a view of
+        # the first half of each row instead (rows apart, contiguous along K).
+        name_, sizes, config = path
         seed, dtype = new_seed(), suite.dtypes[-1]
         inputs = suite.make_inputs(sizes, dtype, seed)
         strided = {}
         for name, t in inputs.items():
             if t.dim() == 2:
                 wide = torch.zeros((t.shape[0], 2 * t.shape[1]), dtype=t.dtype, device=DEVICE)
-                wide[:, ::2] = t
-                t = wide[:, ::2]
+                words = name_ == "gemv" and name in suite.quant
+                cols = slice(0, t.shape[1]) if words else slice(None, None, 2)
+                wide[:, cols] = t
+                t = wide[:, cols]
             strided[name] = t
         suite.check(strided, sizes, dtype, seed, config=config)
+        if name_ == "gemv":
+            # Weights strided along K run the tiles; a GEMV config is refused.
+            weights = {n: strided[n].clone() for n in suite.quant}
+            for n, t in weights.items():
+                wide = torch.zeros((t.shape[0], 2 * t.shape[1]), dtype=t.dtype, device=DEVICE)
+                wide[:, ::2] = t
+                weights[n] = wide[:, ::2]
+            inputs = {**strided, **weights}
+            suite.check(inputs, sizes, dtype, seed)
+            assert suite.kernel.last_launch()["config"]["BLOCK_M"] > 1
+            with pytest.raises(ValueError, match="32-bit words"):
+                suite.launcher(**inputs, config=config)
 
     batched = [n for n, b in suite.batched.items() if b]
 
@@ -316,12 +341,17 @@ def launcher_tests(suite):
         # The interpreter runs the default config beside its own, and the first split-K
         # config of each path; a GPU every config.
         seed, sizes, inputs = small()
+        words = suite.word_sizes(sizes)  # the GEMV path's K
+        word_inputs = suite.make_inputs(words, suite.dtypes[0], seed)
         split = [c for c in kernel.CONFIGS if c.get("SPLIT_K", 1) > 1]
         tiles = [c for c in split if c["BLOCK_M"] > 1][:1]
         gemv = [c for c in split if c["BLOCK_M"] == 1][:1]
         configs = kernel.CONFIGS if ON_GPU else [kernel.DEFAULT_CONFIG, *tiles, *gemv]
         for config in configs:
-            suite.check(inputs, sizes, suite.dtypes[0], seed, config=config)
+            if config["BLOCK_M"] == 1:
+                suite.check(word_inputs, words, suite.dtypes[0], seed, config=config)
+            else:
+                suite.check(inputs, sizes, suite.dtypes[0], seed, config=config)
             assert kernel.last_launch()["config"] == config
 
     def test_falls_back_without_gpu(monkeypatch):
