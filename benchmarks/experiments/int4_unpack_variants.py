@@ -189,7 +189,7 @@ def halves_tile(x, pg, sg, zg, pu, su, zu, block_n, block_k, warps, stages, spli
 
 WORDS_GRID = [
     dict(block_n=bn, block_k=bk, warps=w, stages=st)
-    for bn, bk, w, st in itertools.product((4, 8, 16, 32), (256, 512, 1024), (2, 4, 8), (1,))
+    for bn, bk, w, st in itertools.product((8, 16, 32), (512, 1024), (2, 4), (1, 2, 3))
     if bn * bk // 8 <= 4096
 ]
 HALVES_GRID = [
@@ -278,7 +278,9 @@ def row(built: Path, m: int, rounds: int) -> dict:
         s = sets[i % copies]
         return s[1], s[2], s[3], s[5], s[6], s[7]
 
-    grids = {"halves": (halves_tile, HALVES_GRID)} if m > 1 else {}
+    grids = {"words": (words_gemv, WORDS_GRID)} if m == 1 else {}
+    if m > 1:
+        grids["halves"] = (halves_tile, HALVES_GRID)
     candidates = {"generated (tuned)": lambda i: mod.llama_mlp_int4(x, *packed(i))}
     candidates["generated (tuned)"](0)
     print(f"{m} rows: generated (tuned) chose", mod.last_launch()["config"], flush=True)
