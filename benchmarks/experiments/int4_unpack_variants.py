@@ -240,28 +240,9 @@ def check() -> None:
             print(f"halves m={m} split={split} swap={swap}: error {error(got, want):.1e}")
 
 
-def sweep(name, fns: dict) -> dict:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from quantized_chains import graph_ms
-
-    out = {}
-    for key, fn in fns.items():
-        try:
-            out[key] = graph_ms(fn)
-        except Exception as exc:  # noqa: BLE001 - a config that does not compile is data
-            out[key] = f"{type(exc).__name__}: {str(exc)[:160]}"
-    ranked = sorted((v, k) for k, v in out.items() if isinstance(v, float))
-    print(f"{name}: {len(ranked)} of {len(out)} ran; fastest:", flush=True)
-    for ms, key in ranked[:6]:
-        print(f"  {ms * 1e3:7.1f} us  {key}", flush=True)
-    failed = [(k, v) for k, v in out.items() if not isinstance(v, float)]
-    for key, why in failed[:3]:
-        print(f"  failed {key}: {why}", flush=True)
-    return out
-
-
 def row(built: Path, m: int, rounds: int) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from int4_decode_variants import sweep
     from quantized_chains import copies_for, graph_ms, load, tinygemm_weight
 
     k, n, dev = 4096, 14336, "cuda"
@@ -299,7 +280,7 @@ def row(built: Path, m: int, rounds: int) -> dict:
         print(f"{name}: {len(fns) - len(bad)} of {len(grid)} within 1e-2 of float64", flush=True)
         for kk, e in list(bad.items())[:4]:
             print(f"  wrong or failed: {kk}: {e}", flush=True)
-        swept[name] = sweep(f"{name}, {m} rows", fns)
+        swept[name] = sweep(f"{name}, {m} rows", fns, copies)
         ranked = [(v, kk) for kk, v in swept[name].items() if isinstance(v, float)]
         if ranked:
             best = min(ranked)[1]
