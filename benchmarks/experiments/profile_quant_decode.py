@@ -8,7 +8,9 @@ cudaProfilerStart and cudaProfilerStop, for Nsight Compute to read their counter
 
 FOLDER: `fusegen build specs/quantized.yaml`. Calls: llama_mlp_int4 at 1 and 16 rows,
 linear_int8 at 16 rows (the shapes of benchmarks/quantized_chains.py's decode rows);
-each prints the config its tuning chose.
+each prints the config its tuning chose. Tuning under the profiler picks other configs
+than without it (each kernel is serialized and replayed): --as-tuned runs each call at
+the config the tuning chose in a normal run (AS_TUNED) instead.
 """
 
 from __future__ import annotations
@@ -23,11 +25,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from quantized_chains import int4_pack, load  # noqa: E402
 
 K, N, GROUP = 4096, 14336, 128
+# What the launchers' tuning chose without a profiler, on an H200
+# (results/2026-12-03-h200-int4-gemv-words/quantized_decode_words.txt).
+AS_TUNED = {
+    "llama_mlp_int4 1 rows": {"BLOCK_M": 1, "BLOCK_N": 8, "BLOCK_K": 1024, "GROUP_M": 1,
+                              "num_warps": 2, "num_stages": 1},
+    "llama_mlp_int4 16 rows": {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "GROUP_M": 1,
+                               "num_warps": 4, "num_stages": 4, "SPLIT_K": 2},
+    "linear_int8 16 rows": {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256, "GROUP_M": 1,
+                            "num_warps": 4, "num_stages": 3},
+}  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--built", required=True, type=Path)
+    parser.add_argument("--as-tuned", action="store_true", help="each call at AS_TUNED's config")
     args = parser.parse_args()
     sys.path.insert(0, str(args.built))
     int4, int8 = load(args.built, "llama_mlp_int4"), load(args.built, "linear_int8")
@@ -44,13 +57,18 @@ def main() -> None:
     s8 = (torch.rand(N, device=dev) + 0.5) / (74 * K**0.5)
     b = torch.randn(N, device=dev, dtype=torch.bfloat16)
     calls = []
+
+    def config(name):
+        return {"config": AS_TUNED[name]} if args.as_tuned else {}
+
     for rows in (1, 16):
         x = torch.randn(rows, K, device=dev, dtype=torch.bfloat16)
-        calls.append(
-            (f"llama_mlp_int4 {rows} rows", int4, lambda x=x: int4.llama_mlp_int4(x, *gate, *up))
-        )
+        name = f"llama_mlp_int4 {rows} rows"
+        forced = config(name)
+        calls.append((name, int4, lambda x=x, c=forced: int4.llama_mlp_int4(x, *gate, *up, **c)))
     x16 = torch.randn(16, K, device=dev, dtype=torch.bfloat16)
-    calls.append(("linear_int8 16 rows", int8, lambda: int8.linear_int8(x16, w8, s8, b)))
+    c8 = config("linear_int8 16 rows")
+    calls.append(("linear_int8 16 rows", int8, lambda: int8.linear_int8(x16, w8, s8, b, **c8)))
     with torch.no_grad():
         for name, module, call in calls:
             call()  # tunes
