@@ -2,7 +2,7 @@
 to turn nibbles into operands, checked against float64 and timed on GPU time before the
 generator takes one.
 
-    python3 benchmarks/experiments/int4_unpack_variants.py --built FOLDER [--rows 1 16]
+    python3 benchmarks/experiments/int4_unpack_variants.py --built FOLDER [--rows 1 2 4 16]
         [--rounds 3] [--out FILE.json]
     TRITON_INTERPRET=1 python3 benchmarks/experiments/int4_unpack_variants.py --check
 
@@ -23,6 +23,9 @@ byte to 32 bits. The variants:
   and the zero point come off each group's sums as (128 + z) * sum(x). One instruction
   a weight before the dot, no int-to-float. SWAP: the weights are the dot's first
   operand (out.T = w @ x.T: their rows fill the MMA's M; x's few rows its N).
+- rows (2-4 rows, CUDA cores): words for several rows of x a program, each word's floats
+  made once and multiplied by every row's x; today the GEMV path runs one row a program
+  (each row streams the weights again) and calls of 2-4 rows take the tiles.
 """
 
 from __future__ import annotations
@@ -88,6 +91,50 @@ def _words_gemv(x_ptr, wg_ptr, sg_ptr, zg_ptr, wu_ptr, su_ptr, zu_ptr, out_ptr, 
         acc_u += tl.sum((pu - (16.0 + zu) * xs[None, :]) * su, axis=1)
     y = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
     tl.store(out_ptr + offs_n, y.to(out_ptr.dtype.element_ty), mask=mask_n)
+
+
+@triton.jit
+def _words_rows(x_ptr, wg_ptr, sg_ptr, zg_ptr, wu_ptr, su_ptr, zu_ptr, out_ptr, M, N, K,
+                GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr):  # fmt: skip
+    """_words_gemv for BLOCK_M rows of x a program: each word's floats made once and
+    multiplied by every row's x ([BLOCK_M, BLOCK_N, words] partial sums), the weights
+    read once for all the rows."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < M
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_w = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+        at = offs_n[:, None] * (K // 8) + offs_w[None, :]
+        wg = tl.load(wg_ptr + at, mask=mask_n[:, None], other=0)
+        wu = tl.load(wu_ptr + at, mask=mask_n[:, None], other=0)
+        pg = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
+        pu = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
+        xsum = tl.zeros((BLOCK_M, BLOCK_K // 8), dtype=tl.float32)
+        for j in tl.static_range(8):
+            x_at = x_ptr + offs_m[:, None] * K + 8 * offs_w[None, :] + j
+            xj = tl.load(x_at, mask=mask_m[:, None], other=0.0).to(tl.float32)
+            xsum += xj
+            pg += _sixteen_plus(wg, j)[None, :, :] * xj[:, None, :]
+            pu += _sixteen_plus(wu, j)[None, :, :] * xj[:, None, :]
+        groups: tl.constexpr = BLOCK_K // GROUP
+        xs = tl.sum(tl.reshape(xsum, (BLOCK_M, groups, GROUP // 8)), axis=2)[:, None, :]
+        pg = tl.sum(tl.reshape(pg, (BLOCK_M, BLOCK_N, groups, GROUP // 8)), axis=3)
+        pu = tl.sum(tl.reshape(pu, (BLOCK_M, BLOCK_N, groups, GROUP // 8)), axis=3)
+        offs_g = k0 // GROUP + tl.arange(0, groups)
+        gat = offs_n[:, None] * (K // GROUP) + offs_g[None, :]
+        zg = tl.load(zg_ptr + gat, mask=mask_n[:, None], other=0).to(tl.float32)[None, :, :]
+        sg = tl.load(sg_ptr + gat, mask=mask_n[:, None], other=0.0).to(tl.float32)[None, :, :]
+        zu = tl.load(zu_ptr + gat, mask=mask_n[:, None], other=0).to(tl.float32)[None, :, :]
+        su = tl.load(su_ptr + gat, mask=mask_n[:, None], other=0.0).to(tl.float32)[None, :, :]
+        acc_g += tl.sum((pg - (16.0 + zg) * xs) * sg, axis=2)
+        acc_u += tl.sum((pu - (16.0 + zu) * xs) * su, axis=2)
+    y = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+    out_at = out_ptr + offs_m[:, None] * N + offs_n[None, :]
+    tl.store(out_at, y.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
 @triton.jit
@@ -171,6 +218,18 @@ def words_gemv(x, pg, sg, zg, pu, su, zu, block_n, block_k, warps, stages):
     return out
 
 
+def words_rows(x, pg, sg, zg, pu, su, zu, block_n, block_k, warps):
+    m, k = x.shape
+    n = pg.shape[0]
+    block_m = triton.next_power_of_2(m)
+    out = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    _words_rows[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](
+        x, pg.view(torch.int32), sg, zg, pu.view(torch.int32), su, zu, out, m, n, k,
+        GROUP=GROUP, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+    )  # fmt: skip
+    return out
+
+
 def halves_tile(x, pg, sg, zg, pu, su, zu, block_n, block_k, warps, stages, split, swap):
     m, k = x.shape
     n = pg.shape[0]
@@ -191,6 +250,11 @@ WORDS_GRID = [
     dict(block_n=bn, block_k=bk, warps=w, stages=st)
     for bn, bk, w, st in itertools.product((8, 16, 32), (512, 1024), (2, 4), (1, 2, 3))
     if bn * bk // 8 <= 4096
+]
+ROWS_GRID = [
+    dict(block_n=bn, block_k=bk, warps=w)
+    for bn, bk, w in itertools.product((4, 8, 16), (128, 256, 512), (2, 4))
+    if bn * bk // 8 <= 512
 ]
 HALVES_GRID = [
     dict(block_n=bn, block_k=bk, warps=w, stages=st, split=sp, swap=sw)
@@ -235,6 +299,8 @@ def check() -> None:
         if m == 1:
             got = words_gemv(x, pg, sg, zg, pu, su, zu, 16, 256, 4, 1)
             print(f"words  m={m}: error {error(got, want):.1e}")
+        got = words_rows(x, pg, sg, zg, pu, su, zu, 8, 256, 2)
+        print(f"rows   m={m}: error {error(got, want):.1e}")
         for split, swap in ((1, 0), (2, 1)):
             got = halves_tile(x, pg, sg, zg, pu, su, zu, 64, 64, 4, 1, split, swap)
             print(f"halves m={m} split={split} swap={swap}: error {error(got, want):.1e}")
@@ -260,7 +326,9 @@ def row(built: Path, m: int, rounds: int) -> dict:
         return s[1], s[2], s[3], s[5], s[6], s[7]
 
     grids = {"words": (words_gemv, WORDS_GRID)} if m == 1 else {}
-    if m > 1:
+    if 1 < m <= 4:
+        grids["rows"] = (words_rows, ROWS_GRID)
+    if m > 4:
         grids["halves"] = (halves_tile, HALVES_GRID)
     candidates = {"generated (tuned)": lambda i: mod.llama_mlp_int4(x, *packed(i))}
     candidates["generated (tuned)"](0)
@@ -318,7 +386,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--built", type=Path)
     parser.add_argument("--check", action="store_true")
-    parser.add_argument("--rows", nargs="+", type=int, default=[1, 16])
+    parser.add_argument("--rows", nargs="+", type=int, default=[1, 2, 4, 16])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out")
     args = parser.parse_args()
