@@ -5,7 +5,7 @@ registers and 25% theoretical occupancy (benchmarks/RESULTS.md, "What bounds the
 kernels now"); this shows a kernel change's effect on them before any device time.
 
     python3 benchmarks/experiments/quant_registers.py MODULE.py [--rows 1]
-        [--gemv-only]
+        [--gemv-only] [--mix]
 
 MODULE.py: a generated quantized chain module (generated/llama_mlp_int4.py,
 generated/linear_int8.py). Every config of its CONFIGS (--gemv-only: those with BLOCK_M
@@ -14,15 +14,23 @@ stride and a one-row call's rows are the constant 1 (Triton compiles an int argu
 1 as a constant), every pointer and other int divisible by 16 (the bench shapes'), bf16
 activations, fp32 scales. Without those hints the kernel loses its vector loads and
 ptxas reports 40-60 registers more than Nsight Compute read on the H200. One line per
-config: registers, stack, spills, and the programs an SM holds by registers. As
-backward_registers.py says: ptxas defaults, leads to measure, not timings.
+config: registers, stack, spills, and the programs an SM holds by registers; --mix adds
+the kernel's instruction mix (nvdisasm's SASS, the most frequent opcodes; the K loop is
+most of it): how many instructions a change saves, and of which kind (I2F, the
+int-to-float conversion, issues at a quarter of the FMA rate). As backward_registers.py
+says: ptxas defaults, leads to measure, not timings.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import importlib.util
+import os
+import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import triton
@@ -77,11 +85,24 @@ def signature(module, kernel, row: str, rows: int) -> tuple[dict, dict, dict]:
     return types, fixed, hints
 
 
+def instruction_mix(cubin: bytes, most: int = 10) -> str:
+    """The most frequent SASS opcodes of a compiled kernel, with their counts."""
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "kernel.cubin")
+        Path(path).write_bytes(cubin)
+        sass = subprocess.run([str(nvdisasm), "-c", path], capture_output=True, text=True)
+    ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P[0-9T] )?([A-Z0-9]+)", sass.stdout, re.M)
+    common = collections.Counter(ops).most_common(most)
+    return f"{len(ops)} instructions: " + ", ".join(f"{n} {op}" for op, n in common)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("module", type=Path)
     parser.add_argument("--rows", type=int, default=1)
     parser.add_argument("--gemv-only", action="store_true")
+    parser.add_argument("--mix", action="store_true", help="the SASS instruction mix too")
     args = parser.parse_args()
     module = load(args.module)
     kernel = getattr(module, f"_{args.module.stem}_kernel")
@@ -103,6 +124,8 @@ def main() -> None:
             f"{config}: {report} | {65536 // per_program} programs an SM by registers",
             flush=True,
         )
+        if args.mix:
+            print(f"    {instruction_mix(compiled.asm['cubin'])}", flush=True)
 
 
 if __name__ == "__main__":
