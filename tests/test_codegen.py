@@ -65,6 +65,7 @@ def test_generated_files_stand_alone(path):
         "torch",
         "triton",
         "collections",
+        "functools",
         "zlib",
         "gc",
         "importlib",

@@ -207,6 +207,75 @@ def test_fp8_chains_dot_as_stored(write_spec):
     assert "acc = acc * x_scale_all[:, None] * w_scale_all" in module
 
 
+def _words(nibbles):
+    """[..., 8] values 0..15 -> [...] int32, value i in bits 4i to 4i + 3 (a test's own
+    packing, written from the formats' documentation, not from the runtime's unpacking)."""
+    word = torch.zeros(nibbles.shape[:-1], dtype=torch.int64)
+    for i in range(8):
+        word |= nibbles[..., i].to(torch.int64) << (4 * i)
+    return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
+
+
+def _checkpoint(seed=0, n=24, k=64, group=16):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k), generator=gen)
+    zero = torch.randint(0, 16, (n, k // group), generator=gen)
+    scale = (torch.rand(n, k // group, generator=gen) + 0.5).half()
+    want = (q - zero.repeat_interleave(group, 1)) * scale.double().repeat_interleave(group, 1)
+    return q, zero, scale, want
+
+
+@pytest.mark.parametrize("packing", ["low_first", "high_first"])
+def test_awq_checkpoints_convert_to_the_int4_layout(packing):
+    q, zero, scale, want = _checkpoint()
+    n, k = q.shape
+    # AWQ: [K, N // 8] words packed along N, nibble i holding column 8c + (0, 2, 4, 6, 1,
+    # 3, 5, 7)[i]; zeros the same way; scales [K // G, N].
+    order = [0, 2, 4, 6, 1, 3, 5, 7]
+    qweight = _words(q.T.reshape(k, n // 8, 8)[..., order])
+    qzeros = _words(zero.T.reshape(-1, n // 8, 8)[..., order])
+    w, w_scale, w_zero = quant.from_awq(qweight, qzeros, scale.T.contiguous(), packing)
+    assert torch.equal(w, quant.pack_int4(q, packing)) and w_zero.dtype == torch.uint8
+    assert torch.equal(w_scale, scale) and torch.equal(w_zero, zero.to(torch.uint8))
+    q_ = quant.Quant("int4", "group", 16, 1, True, packing)
+    assert torch.equal(quant.dequantize(w, w_scale, w_zero, q_, torch.float64), want)
+    with pytest.raises(ValueError, match=r"AWQ: qweight must be int32 \[K, N // 8\]"):
+        quant.from_awq(qweight.T.contiguous(), qzeros, scale.T.contiguous())
+    with pytest.raises(ValueError, match=r"AWQ: qzeros must be int32 \[G, N // 8\]"):
+        quant.from_awq(qweight, qzeros.to(torch.int64), scale.T.contiguous())
+
+
+def test_gptq_checkpoints_convert_to_the_int4_layout():
+    q, zero, scale, want = _checkpoint(seed=1)
+    n, k = q.shape
+    # GPTQ: [K // 8, N] words packed along K, nibble i holding row 8r + i; zeros [K // G,
+    # N // 8] packed along N, each stored one less (v1); scales [K // G, N].
+    qweight = _words(q.reshape(n, k // 8, 8)).T.contiguous()
+    qzeros = _words((zero - 1).T.reshape(-1, n // 8, 8) & 15)
+    g_idx = torch.arange(k) // 16
+    w, w_scale, w_zero = quant.from_gptq(qweight, qzeros, scale.T.contiguous(), g_idx)
+    q_ = quant.Quant("int4", "group", 16, 1, True, "low_first")
+    # A zero of 0 is stored as 15 (-1 in four bits) and read back as 16: the same
+    # weights only where no zero is 0, as in GPTQ itself.
+    ok = (zero > 0).repeat_interleave(16, 1)
+    got = quant.dequantize(w, w_scale, w_zero, q_, torch.float64)
+    assert torch.equal(got[ok], want[ok]) and torch.equal(w, quant.pack_int4(q))
+    v2 = quant.from_gptq(qweight, _words(zero.T.reshape(-1, n // 8, 8)), scale.T, zero_offset=0)
+    assert torch.equal(quant.dequantize(*v2, q_, torch.float64), want)
+    act_order = g_idx[torch.randperm(k, generator=torch.Generator().manual_seed(0))]
+    with pytest.raises(ValueError, match="act-order"):
+        quant.from_gptq(qweight, qzeros, scale.T.contiguous(), act_order)
+
+
+def test_int4_modules_offer_the_converters_in_their_nibble_order(write_spec):
+    (qc,) = lower(write_spec, spec(w="{shape: [N, K], dtype: int4, scale: {per_group: 32}, "
+                                     "zero_point: true, packing: high_first}"))  # fmt: skip
+    module = files.render(qc)[0].text
+    assert 'from_awq, from_gptq = _rt.checkpoint_converters("high_first")' in module
+    (plain,) = lower(write_spec, spec())  # signed int4: no zero points, no checkpoint
+    assert "checkpoint_converters" not in files.render(plain)[0].text
+
+
 def test_pack_and_dequantize_round_trip():
     gen = torch.Generator().manual_seed(0)
     values = torch.randint(-8, 8, (5, 12), generator=gen)

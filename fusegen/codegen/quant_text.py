@@ -422,6 +422,7 @@ def context(
         "split_store": split_lines(qc)[0],
         "split_sum": split_lines(qc)[1],
         "gemv": gemv_mainloop(qc) if qc.gemv else None,
+        "checkpoint_packing": checkpoint_packing(qc),
         "interpreter_gemv_config": (
             config_literal(qc.interpreter_gemv_config) if qc.gemv else None
         ),
@@ -436,6 +437,15 @@ def context(
         "plain_inputs": [t.name for t in chain.inputs if t.dtype is None],
         "reference_lines": ref,
     }
+
+
+def checkpoint_packing(qc: QuantChain) -> str | None:
+    """The nibble order of the int4 inputs an AWQ or GPTQ checkpoint fills (per-group
+    scales, zero points), where the chain has such inputs and they share one order."""
+    found = {
+        q.packing for q in qc.quant if q.dtype == "int4" and q.zero_point and q.scale == "group"
+    }
+    return found.pop() if len(found) == 1 else None
 
 
 def config_literal(cfg: Config) -> str:

@@ -5,6 +5,7 @@ A module states its inputs (INPUTS), each quantized one's storage and scales (QU
 as `Quant`), its configs and its kernel; a call is checked once per signature (shapes,
 dtypes, strides, devices), and its plan, config included, kept for the next."""
 
+import functools
 import logging
 import os
 import zlib
@@ -57,6 +58,96 @@ def pack_int4(values, packing="low_first"):
     even, odd = nibbles[..., 0::2], nibbles[..., 1::2]
     low, high = (even, odd) if packing == "low_first" else (odd, even)
     return low | (high << 4)
+
+
+# AutoAWQ's GEMM layout: nibble i of a word holds column 8 * word + AWQ_ORDER[i].
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+
+
+def _nibbles(words):
+    """int32 [rows, W] -> [rows, W, 8] values 0..15: nibble i (bits 4i to 4i + 3) at i."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=words.device)
+    return (words.unsqueeze(-1) >> shifts) & 15
+
+
+def _check_packed(fmt, t, name, dims, want):
+    """A packed checkpoint tensor: int32, of shape `want` (None: any size there; `dims`
+    names each), else a ValueError naming the format's layout."""
+    ok = t.dtype == torch.int32 and t.dim() == len(want)
+    if not ok or any(w is not None and s != w for s, w in zip(t.shape, want, strict=True)):
+        here = ", ".join(d if w is None else str(w) for d, w in zip(dims, want, strict=True))
+        raise ValueError(
+            f"{fmt}: {name} must be int32 [{', '.join(dims)}], here [{here}] (N and G from "
+            f"scales [G, N]), got {t.dtype} {list(t.shape)}"
+        )
+
+
+def _as_input(values, zeros, scales, packing):
+    """[N, K] values 0..15, [N, K / group] zero points and scales -> the (w, w_scale,
+    w_zero) an int4 input with per-group scales and zero points takes."""
+    zeros = zeros.contiguous()
+    if zeros.max() > 255 or zeros.min() < 0:
+        raise ValueError("zero points must lie in 0..255 (uint8)")
+    return pack_int4(values, packing), scales.contiguous(), zeros.to(torch.uint8)
+
+
+def from_awq(qweight, qzeros, scales, packing="low_first"):
+    """AutoAWQ's GEMM checkpoint tensors as an int4 input with `scale: {per_group: G},
+    zero_point: true` takes them: (w [N, K // 2] uint8, w_scale [N, K // G], w_zero
+    [N, K // G] uint8), two values a byte in `packing` order. AWQ stores qweight int32
+    [K, N // 8] and qzeros int32 [K // G, N // 8], packed along N (nibble i of a word
+    is column 8 * word + AWQ_ORDER[i]), and scales [K // G, N]; the weight is
+    (q - zero) * scale."""
+    groups, n = scales.shape
+    _check_packed("AWQ", qweight, "qweight", ("K", "N // 8"), (None, n // 8))
+    _check_packed("AWQ", qzeros, "qzeros", ("G", "N // 8"), (groups, n // 8))
+    k = qweight.shape[0]
+    if n % 8 or k % groups:
+        raise ValueError(f"AWQ: N ({n}) must be a multiple of 8, K ({k}) of the groups ({groups})")
+
+    def columns(words):  # [rows, N // 8] -> [rows, N]
+        nibbles = _nibbles(words)
+        out = torch.empty_like(nibbles)
+        out[..., list(AWQ_ORDER)] = nibbles
+        return out.reshape(words.shape[0], n)
+
+    return _as_input(columns(qweight).T, columns(qzeros).T, scales.T, packing)
+
+
+def from_gptq(qweight, qzeros, scales, g_idx=None, packing="low_first", zero_offset=1):
+    """GPTQ checkpoint tensors (AutoGPTQ, GPTQModel; 4 bits, desc_act off) as an int4
+    input with `scale: {per_group: G}, zero_point: true` takes them: (w [N, K // 2]
+    uint8, w_scale [N, K // G], w_zero [N, K // G] uint8), two values a byte in
+    `packing` order. GPTQ stores qweight int32 [K // 8, N] packed along K (nibble i of a
+    word is row 8 * word + i), qzeros int32 [K // G, N // 8] packed along N (nibble i:
+    column 8 * word + i), each zero stored one less than it is (the v1 format;
+    zero_offset=0 for v2 checkpoints), scales [K // G, N]; the weight is (q - zero) *
+    scale. g_idx, the group of each k, must be k // G: act-order checkpoints (desc_act)
+    permute K, which per-group scales along K cannot say."""
+    groups, n = scales.shape
+    _check_packed("GPTQ", qweight, "qweight", ("K // 8", "N"), (None, n))
+    _check_packed("GPTQ", qzeros, "qzeros", ("G", "N // 8"), (groups, n // 8))
+    k = qweight.shape[0] * 8
+    if n % 8 or k % groups:
+        raise ValueError(f"GPTQ: N ({n}) must be a multiple of 8, K ({k}) of the groups ({groups})")
+    if g_idx is not None:
+        in_order = torch.arange(k, device=g_idx.device) // (k // groups)
+        if not torch.equal(g_idx.to(in_order.dtype), in_order):
+            raise ValueError(
+                "GPTQ: g_idx is not k // group_size: an act-order (desc_act) checkpoint "
+                "permutes K; quantize without desc_act, or take K (x's columns, the "
+                "weight's values) in g_idx.argsort() order"
+            )
+    values = _nibbles(qweight.T).reshape(n, k)
+    zeros = _nibbles(qzeros).reshape(groups, n) + zero_offset
+    return _as_input(values, zeros.T, scales.T, packing)
+
+
+def checkpoint_converters(packing):
+    """(from_awq, from_gptq) making a module's int4 inputs in its nibble order."""
+    return functools.partial(from_awq, packing=packing), functools.partial(
+        from_gptq, packing=packing
+    )
 
 
 def _spread(factors, quant, rows, k):
