@@ -136,8 +136,8 @@ NO_GPU = "reference"  # no GPU and the interpreter off: "reference" runs, or "er
 def _word_value(words, AT: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr):
     """The BITS-wide integer at bit AT of each 32-bit word as the exact fp32 2**BITS plus
     it (its sign bit flipped where SIGNED): moved to the mantissa's bits just under
-    2**BITS's exponent and OR-ed into that float (two instructions; int-to-float is a
-    quarter-rate one)."""
+    2**BITS's exponent and OR-ed into that float (full-rate integer instructions, where
+    int-to-float is quarter-rate)."""
     TO: tl.constexpr = 23 - BITS
     if AT <= TO:
         moved = words << (TO - AT)

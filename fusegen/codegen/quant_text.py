@@ -251,8 +251,8 @@ def word_offset(q: Quant) -> float:
 def gemv_mainloop(qc: QuantChain) -> dict:
     """The one-row path (BLOCK_M == 1), without tensor cores: lines before the K loop,
     in it, and after it. The weights are read as 32-bit words (8 int4 or 4 int8 values
-    each); each value becomes the exact float 2**bits + its integer in two instructions
-    (a shift, one masked OR) and meets its x in an FMA. What the floats hold beyond the
+    each); each value becomes the exact float 2**bits + its integer by a shift and a
+    masked OR (no int-to-float) and meets its x in an FMA. What the floats hold beyond the
     weights' values (word_offset, plus the zero point) comes off once a group, as
     (offset + zero) * (the group's sum of x), and the group's scale multiplies its sum;
     offsets and scales constant along K come off and multiply once, after the loop."""
