@@ -245,6 +245,31 @@ def test_awq_checkpoints_convert_to_the_int4_layout(packing):
         quant.from_awq(qweight, qzeros.to(torch.int64), scale.T.contiguous())
 
 
+def test_a_generated_module_runs_an_awq_checkpoint():
+    # llama_mlp_int4's own from_awq, its tensors through the launcher's checks and kernel
+    # (the interpreter here), against the chain on the AWQ weights in float64.
+    sys.path.insert(0, str(ROOT / "generated"))
+    try:
+        module = importlib.import_module("llama_mlp_int4")
+    finally:
+        sys.path.remove(str(ROOT / "generated"))
+    order = [0, 2, 4, 6, 1, 3, 5, 7]
+    args, weights = [], []
+    for seed in (2, 3):
+        q, zero, scale, want = _checkpoint(seed, n=24, k=256, group=128)
+        n, k = q.shape
+        qweight = _words(q.T.reshape(k, n // 8, 8)[..., order])
+        qzeros = _words(zero.T.reshape(-1, n // 8, 8)[..., order])
+        args += module.from_awq(qweight, qzeros, scale.T.contiguous())
+        weights.append(want)
+    # x small enough that silu's exp stays finite (the weights are (q - zero) * O(1)).
+    x = (torch.randn(3, 256, generator=torch.Generator().manual_seed(4)) / 64).to(torch.bfloat16)
+    got = module.llama_mlp_int4(x, *args, out_dtype=torch.float32)
+    gate, up = (x.double() @ w.T for w in weights)
+    want = torch.nn.functional.silu(gate) * up
+    assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max()
+
+
 def test_gptq_checkpoints_convert_to_the_int4_layout():
     q, zero, scale, want = _checkpoint(seed=1)
     n, k = q.shape
