@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Union
 
+from fusegen.dtypes import QUANT_DTYPES
+
 
 @dataclass(frozen=True)
 class Dim:
@@ -338,8 +340,10 @@ class QuantChain(_WrapsChain):
         found = [self.quant_of(b) for b in self.weights]
         if any(q is None for q in found) or len({q.dtype for q in found}) != 1:
             return False
-        per_word = {"int4": 8, "int8": 4}.get(found[0].dtype)
-        return per_word is not None and all(
+        if found[0].dtype not in ("int8", "int4"):
+            return False
+        per_word = 32 // QUANT_DTYPES[found[0].dtype].bits
+        return all(
             q.group is None or (not q.group & (q.group - 1) and q.group >= per_word)
             for q in found
         )

@@ -244,7 +244,7 @@ def word_offset(q: Quant) -> float:
     """What the GEMV path's floats hold beyond a stored integer's value: 2**bits (the
     float the integer is OR-ed into), plus half of that range where the integers are
     signed (their sign bit flipped)."""
-    bits = 4 if q.dtype == "int4" else 8
+    bits = dtypes.QUANT_DTYPES[q.dtype].bits
     return float(2**bits + (0 if q.zero_point else 2 ** (bits - 1)))
 
 
@@ -260,7 +260,7 @@ def gemv_mainloop(qc: QuantChain) -> dict:
     k, n, a = mm.k, mm.n, mm.a
     offs_n, mask_n = naming.offs(n), naming.mask(n)
     found = [(acc, qc.quant_of(name)) for acc, name in weights(qc.chain)]
-    bits = 4 if found[0][1].dtype == "int4" else 8  # QuantChain.gemv: all weights alike
+    bits = dtypes.QUANT_DTYPES[found[0][1].dtype].bits  # QuantChain.gemv: weights alike
     per = 32 // bits
     groups = sorted({q.group for _, q in found if q.k_varying})
     before = [f"x_row = {naming.ptr(a)} + {naming.offs(mm.m)} * {naming.stride(a, mm.m)}"]

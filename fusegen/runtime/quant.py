@@ -82,6 +82,11 @@ def _check_packed(fmt, t, name, dims, want):
         )
 
 
+def _check_sizes(fmt, n, k, groups):
+    if n % 8 or k % groups:
+        raise ValueError(f"{fmt}: N ({n}) must be a multiple of 8, K ({k}) of G ({groups})")
+
+
 def _as_input(values, zeros, scales, packing):
     """[N, K] values 0..15, [N, K / group] zero points and scales -> the (w, w_scale,
     w_zero) an int4 input with per-group scales and zero points takes."""
@@ -102,8 +107,7 @@ def from_awq(qweight, qzeros, scales, packing="low_first"):
     _check_packed("AWQ", qweight, "qweight", ("K", "N // 8"), (None, n // 8))
     _check_packed("AWQ", qzeros, "qzeros", ("G", "N // 8"), (groups, n // 8))
     k = qweight.shape[0]
-    if n % 8 or k % groups:
-        raise ValueError(f"AWQ: N ({n}) must be a multiple of 8, K ({k}) of the groups ({groups})")
+    _check_sizes("AWQ", n, k, groups)
 
     def columns(words):  # [rows, N // 8] -> [rows, N]
         nibbles = _nibbles(words)
@@ -128,8 +132,7 @@ def from_gptq(qweight, qzeros, scales, g_idx=None, packing="low_first", zero_off
     _check_packed("GPTQ", qweight, "qweight", ("K // 8", "N"), (None, n))
     _check_packed("GPTQ", qzeros, "qzeros", ("G", "N // 8"), (groups, n // 8))
     k = qweight.shape[0] * 8
-    if n % 8 or k % groups:
-        raise ValueError(f"GPTQ: N ({n}) must be a multiple of 8, K ({k}) of the groups ({groups})")
+    _check_sizes("GPTQ", n, k, groups)
     if g_idx is not None:
         in_order = torch.arange(k, device=g_idx.device) // (k // groups)
         if not torch.equal(g_idx.to(in_order.dtype), in_order):

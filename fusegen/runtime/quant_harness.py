@@ -251,6 +251,12 @@ def value_tests(suite):
         inputs = suite.make_inputs(sizes, dtype, seed, scale_dtype=torch.bfloat16)
         suite.check(inputs, sizes, dtype, seed)
 
+    def in_wider(t, cols):
+        """t as the `cols` columns of a zeroed tensor twice as wide (a strided view)."""
+        wide = torch.zeros((t.shape[0], 2 * t.shape[1]), dtype=t.dtype, device=DEVICE)
+        wide[:, cols] = t
+        return wide[:, cols]
+
     @pytest.mark.parametrize("path", paths, ids=lambda p: p[0])
     def test_strided_inputs(path):
         # Every 2-D tensor a view of every other column of one twice as wide; on the
@@ -262,20 +268,13 @@ def value_tests(suite):
         strided = {}
         for name, t in inputs.items():
             if t.dim() == 2:
-                wide = torch.zeros((t.shape[0], 2 * t.shape[1]), dtype=t.dtype, device=DEVICE)
                 words = name_ == "gemv" and name in suite.quant
-                cols = slice(0, t.shape[1]) if words else slice(None, None, 2)
-                wide[:, cols] = t
-                t = wide[:, cols]
+                t = in_wider(t, slice(0, t.shape[1]) if words else slice(None, None, 2))
             strided[name] = t
         suite.check(strided, sizes, dtype, seed, config=config)
         if name_ == "gemv":
             # Weights strided along K run the tiles; a GEMV config is refused.
-            weights = {n: strided[n].clone() for n in suite.quant}
-            for n, t in weights.items():
-                wide = torch.zeros((t.shape[0], 2 * t.shape[1]), dtype=t.dtype, device=DEVICE)
-                wide[:, ::2] = t
-                weights[n] = wide[:, ::2]
+            weights = {n: in_wider(strided[n], slice(None, None, 2)) for n in suite.quant}
             inputs = {**strided, **weights}
             suite.check(inputs, sizes, dtype, seed)
             assert suite.kernel.last_launch()["config"]["BLOCK_M"] > 1
