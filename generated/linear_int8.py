@@ -45,7 +45,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("d04a220f21d58ecc", "quant")
+_rt = _runtime("4b5e87c8f723f497", "quant")
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
 DIMS = {"M": None, "K": None, "N": None}
@@ -133,11 +133,11 @@ NO_GPU = "reference"  # no GPU and the interpreter off: "reference" runs, or "er
 
 
 @triton.jit
-def _word_value(words, AT: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr):
+def _word_value(words, AT: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, base):
     """The BITS-wide integer at bit AT of each 32-bit word as the exact fp32 2**BITS plus
     it (its sign bit flipped where SIGNED): moved to the mantissa's bits just under
-    2**BITS's exponent and OR-ed into that float (full-rate integer instructions, where
-    int-to-float is quarter-rate)."""
+    2**BITS's exponent and OR-ed into that float's bits, `base` (full-rate integer
+    instructions, where int-to-float is quarter-rate)."""
     TO: tl.constexpr = 23 - BITS
     if AT <= TO:
         moved = words << (TO - AT)
@@ -146,7 +146,7 @@ def _word_value(words, AT: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexp
     moved = moved & (((1 << BITS) - 1) << TO)
     if SIGNED:
         moved = moved ^ (1 << (TO + BITS - 1))
-    return (moved | ((127 + BITS) << 23)).to(tl.float32, bitcast=True)
+    return (moved | base).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -195,6 +195,7 @@ def _linear_int8_kernel(
         # One row: a dot takes 16, so the weights meet x on the CUDA cores, whole
         # groups of scales a K step.
         x_row = x_ptr + offs_m * stride_x_m
+        word_base = ((127 + 8) << 23) + (N >> 31)  # 256.0's bits, held
         w_rows = w_ptr.to(tl.pointer_type(tl.int32)) + offs_n[:, None] * (stride_w_n // 4)
         x_total = tl.zeros((1,), dtype=tl.float32)
         for k in range(k_first, k_last):
@@ -209,7 +210,7 @@ def _linear_int8_kernel(
                     x_row + (4 * offs_words + j) * stride_x_k, mask=mask_words, other=0.0
                 ).to(tl.float32)
                 x_words += x_j
-                w_part += _word_value(w_words, 8 * j, 8, True) * x_j[None, :]
+                w_part += _word_value(w_words, 8 * j, 8, True, word_base) * x_j[None, :]
             x_total += tl.sum(x_words, axis=0)
             acc += tl.sum(w_part, axis=1)[None, :]
         acc -= 384.0 * x_total

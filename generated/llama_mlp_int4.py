@@ -52,7 +52,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("d04a220f21d58ecc", "quant")
+_rt = _runtime("4b5e87c8f723f497", "quant")
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
 DIMS = {"M": None, "K": None, "N": None}
@@ -150,11 +150,11 @@ def _tanh_approx(x):
 
 
 @triton.jit
-def _word_value(words, AT: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr):
+def _word_value(words, AT: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, base):
     """The BITS-wide integer at bit AT of each 32-bit word as the exact fp32 2**BITS plus
     it (its sign bit flipped where SIGNED): moved to the mantissa's bits just under
-    2**BITS's exponent and OR-ed into that float (full-rate integer instructions, where
-    int-to-float is quarter-rate)."""
+    2**BITS's exponent and OR-ed into that float's bits, `base` (full-rate integer
+    instructions, where int-to-float is quarter-rate)."""
     TO: tl.constexpr = 23 - BITS
     if AT <= TO:
         moved = words << (TO - AT)
@@ -163,7 +163,7 @@ def _word_value(words, AT: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexp
     moved = moved & (((1 << BITS) - 1) << TO)
     if SIGNED:
         moved = moved ^ (1 << (TO + BITS - 1))
-    return (moved | ((127 + BITS) << 23)).to(tl.float32, bitcast=True)
+    return (moved | base).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -228,6 +228,7 @@ def _llama_mlp_int4_kernel(
         # One row: a dot takes 16, so the weights meet x on the CUDA cores, whole
         # groups of scales a K step.
         x_row = x_ptr + offs_m * stride_x_m
+        word_base = ((127 + 4) << 23) + (N >> 31)  # 16.0's bits, held
         w_gate_rows = w_gate_ptr.to(tl.pointer_type(tl.int32)) + offs_n[:, None] * (
             stride_w_gate_n // 4
         )
@@ -250,8 +251,8 @@ def _llama_mlp_int4_kernel(
                     x_row + (8 * offs_words + j) * stride_x_k, mask=mask_words, other=0.0
                 ).to(tl.float32)
                 x_words += x_j
-                w_gate_part += _word_value(w_gate_words, 4 * j, 4, False) * x_j[None, :]
-                w_up_part += _word_value(w_up_words, 4 * j, 4, False) * x_j[None, :]
+                w_gate_part += _word_value(w_gate_words, 4 * j, 4, False, word_base) * x_j[None, :]
+                w_up_part += _word_value(w_up_words, 4 * j, 4, False, word_base) * x_j[None, :]
             offs_groups_128 = k * (BLOCK_K // 128) + tl.arange(0, BLOCK_K // 128)
             mask_groups_128 = mask_n[:, None] & (offs_groups_128 < K // 128)[None, :]
             x_sums_128 = tl.sum(tl.reshape(x_words, (BLOCK_K // 128, 16)), axis=1)

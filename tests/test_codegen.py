@@ -313,7 +313,7 @@ def test_quantized_modules_are_short(path):
     GEMV path, split-K's partial sums), constants, launcher and reference (the checks and
     tuning are the runtime's QuantChain); its tests state inputs, cases and the bound, and
     come from the quantized harness."""
-    assert len(path.read_text().splitlines()) <= 460
+    assert len(path.read_text().splitlines()) <= 470
     tests = (path.parent / f"test_{path.name}").read_text()
     assert len(tests.splitlines()) <= 120
     assert (

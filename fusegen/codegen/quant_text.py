@@ -263,7 +263,13 @@ def gemv_mainloop(qc: QuantChain) -> dict:
     bits = dtypes.QUANT_DTYPES[found[0][1].dtype].bits  # QuantChain.gemv: weights alike
     per = 32 // bits
     groups = sorted({q.group for _, q in found if q.k_varying})
-    before = [f"x_row = {naming.ptr(a)} + {naming.offs(mm.m)} * {naming.stride(a, mm.m)}"]
+    before = [
+        f"x_row = {naming.ptr(a)} + {naming.offs(mm.m)} * {naming.stride(a, mm.m)}",
+        # 2**bits's bits plus a 0 the compiler cannot fold (N >> 31), so they stay in a
+        # register and the mask and OR of _word_value are one LOP3 (a LOP3 takes one
+        # immediate): 1,664 -> 1,416 instructions, 33.6 -> 28.8 us at 1 x 4096 -> 14336.
+        f"word_base = ((127 + {bits}) << 23) + ({n} >> 31)  # {2**bits}.0's bits, held",
+    ]
     for _, q in found:
         rows = offs_n if q.rows_per == 1 else f"({offs_n} // {q.rows_per})"
         before.append(
@@ -299,7 +305,7 @@ def gemv_mainloop(qc: QuantChain) -> dict:
         at = "4 * (j ^ 1)" if q.packing == "high_first" else f"{bits} * j"
         loop.append(
             f"    {q.name}_part += _word_value({q.name}_words, {at}, {bits},"
-            f" {not q.zero_point}) * x_j[None, :]"
+            f" {not q.zero_point}, word_base) * x_j[None, :]"
         )
     for g in groups:
         loop += [

@@ -250,12 +250,8 @@ class QuantChain:
         out2d = out.view(-1, out.shape[-1])
         if config is None:
             config = self.config_for(plan, views, out2d)
-        elif config["BLOCK_M"] == 1 and not plan["words"]:
-            raise ValueError(
-                f"{self.name}: a GEMV config (BLOCK_M 1) reads the weights as 32-bit words: "
-                "each must be contiguous along K, 4-byte aligned, with rows a multiple of 4 "
-                "bytes apart (K a multiple of 8 for int4, of 4 for int8)"
-            )
+        else:
+            self.check_config(config, plan)
         self.launch(plan, views, out2d, config)
         self.last_launch = {
             "source": "kernel",
@@ -264,6 +260,30 @@ class QuantChain:
             "fast_tanh": plan["consts"].get("FAST_TANH", False),
         }
         return out
+
+    def check_config(self, config, plan):
+        """A caller's config, refused where the kernel would compute something else: a
+        tile's K step must lie within one scale group, a GEMV's hold whole groups."""
+        if config["BLOCK_M"] == 1 and not plan["words"]:
+            raise ValueError(
+                f"{self.name}: a GEMV config (BLOCK_M 1) reads the weights as 32-bit words: "
+                "each must be contiguous along K, 4-byte aligned, with rows a multiple of 4 "
+                "bytes apart (K a multiple of 8 for int4, of 4 for int8)"
+            )
+        block_k = config["BLOCK_K"]
+        for name, q in self.quant.items():
+            if not q.group:
+                continue
+            if config["BLOCK_M"] == 1 and block_k % q.group:
+                raise ValueError(
+                    f"{self.name}: a GEMV config's BLOCK_K holds whole groups of {name}'s "
+                    f"scales: a multiple of {q.group}, got {block_k}"
+                )
+            if config["BLOCK_M"] > 1 and q.group % block_k:
+                raise ValueError(
+                    f"{self.name}: a K step lies within one group of {name}'s scales: "
+                    f"BLOCK_K must divide {q.group}, got {block_k}"
+                )
 
     def launch(self, plan, views, out2d, config):
         """One launch. From a plan's second launch of a config, the compiled kernel is

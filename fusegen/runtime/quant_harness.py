@@ -351,6 +351,22 @@ def launcher_tests(suite):
                 suite.check(inputs, sizes, suite.dtypes[0], seed, config=config)
             assert kernel.last_launch()["config"] == config
 
+    def test_rejects_configs_across_groups():
+        # A K step over two groups would apply one group's scale to both: wrong values.
+        groups = [q.group for q in suite.quant.values() if q.group]
+        if not groups:
+            pytest.skip("no input has group or block scales")
+        seed, sizes, inputs = small()
+        tile = next(c for c in kernel.CONFIGS if c["BLOCK_M"] > 1)
+        with pytest.raises(ValueError, match="within one group"):
+            suite.launcher(**inputs, config={**tile, "BLOCK_K": 2 * max(groups)})
+        gemv = next((c for c in kernel.CONFIGS if c["BLOCK_M"] == 1), None)
+        if gemv is not None:
+            words = suite.word_sizes(sizes)
+            word_inputs = suite.make_inputs(words, suite.dtypes[0], seed)
+            with pytest.raises(ValueError, match="whole groups"):
+                suite.launcher(**word_inputs, config={**gemv, "BLOCK_K": min(groups) // 2})
+
     def test_falls_back_without_gpu(monkeypatch):
         seed, sizes, inputs = small()
         chain = kernel._CHAIN
@@ -387,6 +403,7 @@ def launcher_tests(suite):
         test_rejects_bad_scales_and_storage,
         test_inference_only,
         test_every_config,
+        test_rejects_configs_across_groups,
         test_falls_back_without_gpu,
         test_runs_inside_torch_compile,
         test_tunes_once_per_key,

@@ -1,0 +1,295 @@
+"""LayerNorm's training step (forward + backward, bf16): where the generated kernels lose
+to Liger's, by hand-written variants checked against float64 and timed on GPU time.
+
+    python3 benchmarks/experiments/layernorm_backward_variants.py --built FOLDER
+        [--shapes 4096x8192 ...] [--rounds 3] [--out FILE.json]
+    TRITON_INTERPRET=1 python3 benchmarks/experiments/layernorm_backward_variants.py --check
+
+FOLDER: `fusegen build benchmarks/specs/training.yaml` (its train_layernorm). The
+generated backward recomputes each row's mean and rstd (three reductions more than a
+backward given them) and keeps two rows a program on 8 warps; Liger's forward stores
+mean and rstd (8 bytes a row) and its backward runs one row at a time on 16 warps. The
+variants separate the two:
+- stats=1: the forward stores mean and rstd, the backward loads them (two reductions a
+  row: sum(w*dy*xhat) and sum(w*dy));
+- stats=0: the backward recomputes them (centred two-pass, four reductions a row);
+each over rows a step (1, 2, 4), warps (4-32) and programs (one or two an SM), the
+weight's and bias's gradients kept per program and summed by a second pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+EPS_VALUE = 1e-5
+EPS = tl.constexpr(EPS_VALUE)  # a global a kernel may read
+
+
+@triton.jit
+def _forward(
+    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, M, N,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STATS: tl.constexpr,
+):  # fmt: skip
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_m, mask_n = offs_m < M, offs_n < N
+    mask = mask_m[:, None] & mask_n[None, :]
+    flat = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+    x = tl.load(x_ptr + flat, mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=1) / N
+    dev = tl.where(mask, x - mean[:, None], 0.0)
+    rstd = tl.rsqrt(tl.sum(dev * dev, axis=1) / N + EPS)
+    w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    y = dev * rstd[:, None] * w[None, :] + b[None, :]
+    tl.store(y_ptr + flat, y.to(y_ptr.dtype.element_ty), mask=mask)
+    if STATS:
+        tl.store(mean_ptr + offs_m, mean, mask=mask_m)
+        tl.store(rstd_ptr + offs_m, rstd, mask=mask_m)
+
+
+@triton.jit
+def _backward(
+    dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr, M, N,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STATS: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    db = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for block in range(pid, tl.cdiv(M, BLOCK_M), tl.num_programs(0)):
+        offs_m = block * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < M
+        mask = mask_m[:, None] & mask_n[None, :]
+        flat = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+        x = tl.load(x_ptr + flat, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + flat, mask=mask, other=0.0).to(tl.float32)
+        if STATS:
+            mean = tl.load(mean_ptr + offs_m, mask=mask_m, other=0.0)
+            rstd = tl.load(rstd_ptr + offs_m, mask=mask_m, other=0.0)
+            xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+        else:
+            mean = tl.sum(x, axis=1) / N
+            dev = tl.where(mask, x - mean[:, None], 0.0)
+            rstd = tl.rsqrt(tl.sum(dev * dev, axis=1) / N + EPS)
+            xhat = dev * rstd[:, None]
+        wdy = dy * w[None, :]
+        c1 = tl.sum(xhat * wdy, axis=1) / N
+        c2 = tl.sum(wdy, axis=1) / N
+        dx = (wdy - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+        tl.store(dx_ptr + flat, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        dw += tl.sum(dy * xhat, axis=0)
+        db += tl.sum(dy, axis=0)
+    tl.store(dw_ptr + pid * N + offs_n, dw, mask=mask_n)
+    tl.store(db_ptr + pid * N + offs_n, db, mask=mask_n)
+
+
+def forward(x, w, b, stats, rows, warps):
+    m, n = x.shape
+    y = torch.empty_like(x)
+    mean = torch.empty(m, device=x.device, dtype=torch.float32)
+    rstd = torch.empty(m, device=x.device, dtype=torch.float32)
+    _forward[(triton.cdiv(m, rows),)](
+        x, w, b, y, mean, rstd, m, n, BLOCK_M=rows, BLOCK_N=triton.next_power_of_2(n),
+        STATS=stats, num_warps=warps,
+    )  # fmt: skip
+    return y, mean, rstd
+
+
+def backward(dy, x, w, mean, rstd, stats, rows, warps, programs, stages=1):
+    m, n = x.shape
+    dx = torch.empty_like(x)
+    dw = torch.empty(programs, n, device=x.device, dtype=torch.float32)
+    db = torch.empty(programs, n, device=x.device, dtype=torch.float32)
+    _backward[(programs,)](
+        dy, x, w, mean, rstd, dx, dw, db, m, n, BLOCK_M=rows,
+        BLOCK_N=triton.next_power_of_2(n), STATS=stats, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return dx, dw.sum(0).to(w.dtype), db.sum(0).to(w.dtype)
+
+
+def reference(x, w, b, dy):
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
+    y = torch.nn.functional.layer_norm(x64, (x.shape[1],), w64, b64, EPS_VALUE)
+    return (y, *torch.autograd.grad(y, (x64, w64, b64), dy.double()))
+
+
+def error(got, want):
+    return ((got.double() - want).abs().max() / want.abs().max()).item()
+
+
+def inputs(m, n, dev, dtype):
+    x = torch.randn(m, n, device=dev, dtype=dtype) * 2 + 0.5
+    w = (torch.rand(n, device=dev) + 0.5).to(dtype)
+    b = torch.randn(n, device=dev).to(dtype)
+    return x, w, b, torch.randn(m, n, device=dev, dtype=dtype)
+
+
+def errors_of(x, w, b, dy, stats, rows, warps, programs, stages=1):
+    y, mean, rstd = forward(x, w, b, stats, rows, warps if x.is_cuda else 4)
+    got = (y, *backward(dy, x, w, mean, rstd, stats, rows, warps, programs, stages))
+    return max(error(g, r) for g, r in zip(got, reference(x, w, b, dy), strict=True))
+
+
+def check() -> None:
+    torch.manual_seed(0)
+    x, w, b, dy = inputs(37, 200, "cpu", torch.float16)
+    for stats, rows, programs in itertools.product((0, 1), (1, 2, 4), (3, 7)):
+        err = errors_of(x, w, b, dy, stats, rows, 4, programs)
+        print(f"stats={stats} rows={rows} programs={programs}: error {err:.1e}")
+        assert err < 1e-2, err
+
+
+BACKWARD_GRID = [
+    dict(stats=s, rows=r, warps=w, per_sm=p, stages=st)
+    for s, r, w, p, st in itertools.product((0, 1), (1, 2, 4), (4, 8, 16, 32), (1, 2), (1,))
+    if r * 8 <= w * 32 or r == 1
+]
+FORWARD_GRID = [dict(rows=r, warps=w) for r, w in itertools.product((1, 2, 4), (4, 8, 16))]
+
+
+def shape_row(built: Path, m: int, n: int, rounds: int) -> dict:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from quantized_chains import copies_for, graph_ms, load
+
+    dev, dtype = "cuda", torch.bfloat16
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    mod = load(built, "train_layernorm")
+    copies = copies_for(3 * m * n * 2)
+    sets = [inputs(m, n, dev, dtype) for _ in range(copies)]
+    saved = []
+    for x, w, b, _ in sets:
+        _, mean, rstd = forward(x, w, b, 1, 1, 8)
+        saved.append((mean, rstd))
+    x0, w0, b0, dy0 = sets[0]
+    out = {"shape": [m, n], "errors": {}, "backward": {}, "forward": {}}
+
+    # Backward sweep alone (the stats from one forward; stats=0 ignores them).
+    for c in BACKWARD_GRID:
+        key = json.dumps(c)
+        progs = c["per_sm"] * sms
+        try:
+            out["errors"][key] = errors_of(
+                x0, w0, b0, dy0, c["stats"], c["rows"], c["warps"], progs, c["stages"]
+            )
+        except Exception as exc:  # noqa: BLE001
+            out["errors"][key] = f"{type(exc).__name__}: {str(exc)[:120]}"
+            continue
+
+        def run(i, c=c, progs=progs):
+            x, w, _, dy = sets[i % copies]
+            mean, rstd = saved[i % copies]
+            backward(dy, x, w, mean, rstd, c["stats"], c["rows"], c["warps"], progs, c["stages"])
+
+        out["backward"][key] = graph_ms(run)
+    for c in FORWARD_GRID:
+
+        def fwd(i, c=c):
+            x, w, b, _ = sets[i % copies]
+            forward(x, w, b, 1, c["rows"], c["warps"])
+
+        out["forward"][json.dumps(c)] = graph_ms(fwd)
+    bad = {k: e for k, e in out["errors"].items() if not isinstance(e, float) or e > 1e-2}
+    print(f"{m}x{n}: {len(out['errors']) - len(bad)} of {len(BACKWARD_GRID)} backward configs"
+          " within 1e-2 of float64")  # fmt: skip
+    for k, e in list(bad.items())[:4]:
+        print("  wrong or failed:", k, e)
+    for stats in (0, 1):
+        ranked = sorted(
+            (t, k) for k, t in out["backward"].items() if t and json.loads(k)["stats"] == stats
+        )
+        print(f"  backward, stats={stats}, best five (us):")
+        for t, k in ranked[:5]:
+            print(f"    {t * 1e3:7.1f}  {k}")
+    ranked_f = sorted((t, k) for k, t in out["forward"].items() if t)
+    print("  forward with stats, best three (us):")
+    for t, k in ranked_f[:3]:
+        print(f"    {t * 1e3:7.1f}  {k}")
+
+    # The steps, interleaved: generated, Liger, and the best variant of each kind.
+    steps = {"generated": lambda i: step_generated(mod, sets[i % copies])}
+    try:
+        from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+
+        def liger(i):
+            x, w, b, dy = sets[i % copies]
+            x, w, b = (t.requires_grad_() for t in (x, w, b))
+            y = LigerLayerNormFunction.apply(x, w, b, EPS_VALUE)
+            torch.autograd.grad(y, (x, w, b), dy)
+
+        steps["liger"] = liger
+    except ImportError as exc:
+        print("  Liger not installed:", exc)
+    fbest = json.loads(ranked_f[0][1])
+    for stats in (0, 1):
+        t, k = min(
+            (t, k) for k, t in out["backward"].items() if t and json.loads(k)["stats"] == stats
+        )
+        c = json.loads(k)
+
+        def variant(i, c=c):
+            x, w, b, dy = sets[i % copies]
+            _, mean, rstd = forward(x, w, b, c["stats"], fbest["rows"], fbest["warps"])
+            backward(dy, x, w, mean, rstd, c["stats"], c["rows"], c["warps"],
+                     c["per_sm"] * sms, c["stages"])  # fmt: skip
+
+        steps[f"variant stats={stats} {k}"] = variant
+    times = {k: [] for k in steps}
+    order = list(steps)
+    for r in range(rounds):
+        for k in order[r % len(order) :] + order[: r % len(order)]:
+            times[k].append(graph_ms(steps[k]))
+    least = 5 * m * n * 2  # x and y, then x, dy and dx
+    print(f"  step (forward + backward), GPU us, {rounds} rounds interleaved:")
+    for k, t in times.items():
+        med = statistics.median(t)
+        print(f"    {med * 1e3:7.1f} [{min(t) * 1e3:.1f}-{max(t) * 1e3:.1f}]"
+              f" {least / med / 1e9:5.2f} TB/s  {k}")  # fmt: skip
+    out["steps"] = times
+    return out
+
+
+def step_generated(mod, tensors):
+    x, w, b, dy = tensors
+    x, w, b = (t.requires_grad_() for t in (x, w, b))
+    y = mod.train_layernorm(x, w, b)
+    torch.autograd.grad(y, (x, w, b), dy)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--built", type=Path)
+    parser.add_argument("--check", action="store_true")
+    parser.add_argument("--shapes", nargs="+", default=["4096x8192", "4096x4096", "16384x4096"])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    if args.check:
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            parser.error("--check runs under TRITON_INTERPRET=1")
+        check()
+        return
+    sys.path.insert(0, str(args.built))
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
+    results = []
+    for shape in args.shapes:
+        m, n = (int(v) for v in shape.split("x"))
+        results.append(shape_row(args.built, m, n, args.rounds))
+        if args.out:
+            Path(args.out).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
