@@ -40,7 +40,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("4b5e87c8f723f497", "chains")
+_rt = _runtime("acbfb2540d6963e1", "chains")
 _align = _rt.align  # the ALIGN heuristic's
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
@@ -66,7 +66,7 @@ INTERPRETER_CONFIG = _rt.config_row(_SETTINGS,   4, 1024,   4)
 # `fusegen tune`'s configs for named GPUs, beside this module, looked up before tuning;
 # entries measured on other kernel code (KERNEL_HASH: its sha256) are ignored.
 TUNED_TABLE = "bert_add_layernorm.tuned.json"
-KERNEL_HASH = "1a5fb0f88a826f65"
+KERNEL_HASH = "e60dc8d931645d21"
 # True (the spec's `deterministic`): no tuning at run time, one config per shape.
 DETERMINISTIC = False
 
@@ -82,12 +82,13 @@ DETERMINISTIC = False
 @triton.jit(do_not_specialize=["ROWS_BUCKET"])
 def _bert_add_layernorm_kernel(
     # fmt: off
-    x_ptr, residual_ptr, gamma_ptr, beta_ptr, out_ptr,  # the inputs, then the outputs
+    x_ptr, residual_ptr,  # the inputs, then the outputs (and the rows' statistics, SAVE_STATS)
+    gamma_ptr, beta_ptr, out_ptr, stats_ptr,
     M, N, ROWS_BUCKET,  # dims
     stride_x_m, stride_x_n, stride_residual_m, stride_residual_n,  # strides, in elements
     stride_gamma_n, stride_beta_n, stride_out_m, stride_out_n,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INT64: tl.constexpr,  # meta-parameters
-    SINGLE_PASS: tl.constexpr, ALIGN: tl.constexpr,
+    SINGLE_PASS: tl.constexpr, ALIGN: tl.constexpr, SAVE_STATS: tl.constexpr,
     # fmt: on
 ):
     """y = layernorm(x + residual, weight=gamma, bias=beta, eps=1e-12), for BLOCK_M rows.
@@ -136,6 +137,9 @@ def _bert_add_layernorm_kernel(
         beta = tl.load(beta_ptr + offs_n * stride_beta_n, mask=mask_n, other=0.0).to(tl.float32)
         value = value * gamma[None, :]
         value = value + beta[None, :]
+        if SAVE_STATS:  # a training forward: 4 bytes a row and statistic
+            tl.store(stats_ptr + offs_m * 2, row_shift + row_mean, mask=mask_m)
+            tl.store(stats_ptr + offs_m * 2 + 1, row_rstd, mask=mask_m)
         tl.store(
             out_ptr + offs_m[:, None] * stride_out_m + offs_n[None, :] * stride_out_n,
             value.to(out_ptr.dtype.element_ty),
@@ -181,6 +185,9 @@ def _bert_add_layernorm_kernel(
             )
             row_count = row_new_count
         row_rstd = tl.rsqrt(row_m2 / N + 1e-12)
+        if SAVE_STATS:  # a training forward: 4 bytes a row and statistic
+            tl.store(stats_ptr + offs_m * 2, row_shift + row_mean, mask=mask_m)
+            tl.store(stats_ptr + offs_m * 2 + 1, row_rstd, mask=mask_m)
         for start in range(0, N, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             mask_n = offs_n < N
@@ -216,7 +223,7 @@ def _bert_add_layernorm_kernel(
 def _bert_add_layernorm_kernel_backward(
     # fmt: off
     grad_ptr, x_ptr, residual_ptr,  # incoming gradients, inputs, saved values, then gradients
-    gamma_ptr, beta_ptr, d_beta_ptr, d_gamma_ptr, d_residual_ptr,
+    gamma_ptr, beta_ptr, saved_stats_ptr, d_beta_ptr, d_gamma_ptr, d_residual_ptr,
     M, N,  # dims
     stride_grad_m, stride_grad_n, stride_x_m, stride_x_n,  # strides, in elements
     stride_residual_m, stride_residual_n, stride_gamma_n, stride_beta_n,
@@ -253,16 +260,9 @@ def _bert_add_layernorm_kernel_backward(
         ).to(tl.float32)
         fwd_1 = fwd_0 + residual
         row_x = tl.where(in_bounds, fwd_1, 0.0)
-        # Around the row's first element, as the forward: a constant row gives 0.
-        row_x = tl.where(
-            in_bounds,
-            row_x - tl.sum(tl.where(offs_n[None, :] == 0, row_x, 0.0), axis=1)[:, None],
-            0.0,
-        )
-        row_mean = tl.sum(row_x, axis=1) / N
-        row_dev = tl.where(in_bounds, row_x - row_mean[:, None], 0.0)
-        row_rstd = tl.rsqrt(tl.sum(row_dev * row_dev, axis=1) / N + 1e-12)
-        row_xhat = row_dev * row_rstd[:, None]
+        row_mean = tl.load(saved_stats_ptr + offs_m * 2, mask=mask_m, other=0.0)
+        row_rstd = tl.load(saved_stats_ptr + offs_m * 2 + 1, mask=mask_m, other=0.0)
+        row_xhat = tl.where(in_bounds, (row_x - row_mean[:, None]) * row_rstd[:, None], 0.0)
         gamma = tl.load(gamma_ptr + offs_n * stride_gamma_n, mask=mask_n, other=0.0).to(tl.float32)
         grad = tl.load(
             grad_ptr + offs_m[:, None] * stride_grad_m + offs_n[None, :] * stride_grad_n,
@@ -352,7 +352,8 @@ def bert_add_layernorm(
 
 
 def _launch(plan, inputs, outputs, config, saved=()):
-    """Launch the kernel for a call's plan on its inputs' and outputs' 2-D views."""
+    """Launch the kernel for a call's plan on its inputs' and outputs' 2-D views, and
+    the buffer a training forward saves the rows' statistics in (else the output, unused)."""
     (
         x,
         residual,
@@ -360,12 +361,14 @@ def _launch(plan, inputs, outputs, config, saved=()):
         beta,
     ) = inputs
     (out,) = outputs
+    saved = saved or ((out if out.dim() == 2 else out.view(-1, out.shape[-1])),) * 1
     args = (
         x if x.dim() == 2 else x.reshape(-1, x.shape[-1]),
         residual if residual.dim() == 2 else residual.reshape(-1, residual.shape[-1]),
         gamma,
         beta,
         out if out.dim() == 2 else out.view(-1, out.shape[-1]),
+        *saved,
         *plan.tail,
     )
     _KERNELS.launch(plan, args, config)
@@ -439,6 +442,7 @@ _KERNELS = _rt.Kernels(
     dims=("M", "N"),
     tune_key=["ROWS_BUCKET", "N", "stride_x_n", "stride_residual_n"],
     op_name="bert_add_layernorm_d737b2a7eb5e",
+    stats=2,
     backward=(
         ("beta", 3, "row"),
         ("gamma", 2, "row"),

@@ -41,7 +41,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("4b5e87c8f723f497", "chains")
+_rt = _runtime("acbfb2540d6963e1", "chains")
 _align = _rt.align  # the ALIGN heuristic's
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
@@ -71,7 +71,7 @@ INTERPRETER_CONFIG = _rt.config_row(_SETTINGS,   4, 1024,   4)
 # `fusegen tune`'s configs for named GPUs, beside this module, looked up before tuning;
 # entries measured on other kernel code (KERNEL_HASH: its sha256) are ignored.
 TUNED_TABLE = "llama_rmsnorm.tuned.json"
-KERNEL_HASH = "070d09719e212fa6"
+KERNEL_HASH = "243930aece8cfc51"
 # True (the spec's `deterministic`): no tuning at run time, one config per shape.
 DETERMINISTIC = False
 
@@ -85,11 +85,12 @@ DETERMINISTIC = False
 @triton.jit(do_not_specialize=["ROWS_BUCKET"])
 def _llama_rmsnorm_kernel(
     # fmt: off
-    x_ptr, weight_ptr, out_ptr,  # the inputs, then the outputs
+    x_ptr, weight_ptr,  # the inputs, then the outputs (and the rows' statistics, SAVE_STATS)
+    out_ptr, stats_ptr,
     M, N, ROWS_BUCKET,  # dims
     stride_x_m, stride_x_n, stride_weight_n, stride_out_m, stride_out_n,  # strides, in elements
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INT64: tl.constexpr,  # meta-parameters
-    SINGLE_PASS: tl.constexpr, ALIGN: tl.constexpr,
+    SINGLE_PASS: tl.constexpr, ALIGN: tl.constexpr, SAVE_STATS: tl.constexpr,
     # fmt: on
 ):
     """y = rmsnorm(x, weight=weight, eps=1e-05), for BLOCK_M rows.
@@ -124,6 +125,8 @@ def _llama_rmsnorm_kernel(
             tl.float32
         )
         value = value * weight[None, :]
+        if SAVE_STATS:  # a training forward: 4 bytes a row and statistic
+            tl.store(stats_ptr + offs_m, row_rstd, mask=mask_m)
         tl.store(
             out_ptr + offs_m[:, None] * stride_out_m + offs_n[None, :] * stride_out_n,
             value.to(out_ptr.dtype.element_ty),
@@ -143,6 +146,8 @@ def _llama_rmsnorm_kernel(
             value = tl.where(in_bounds, value, 0.0)
             row_sq += tl.sum(value * value, axis=1)
         row_rstd = tl.rsqrt(row_sq / N + 1e-05)
+        if SAVE_STATS:  # a training forward: 4 bytes a row and statistic
+            tl.store(stats_ptr + offs_m, row_rstd, mask=mask_m)
         for start in range(0, N, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             mask_n = offs_n < N
@@ -169,7 +174,7 @@ def _llama_rmsnorm_kernel(
 def _llama_rmsnorm_kernel_backward(
     # fmt: off
     grad_ptr, x_ptr, weight_ptr,  # incoming gradients, inputs, saved values, then gradients
-    d_weight_ptr, d_x_ptr,
+    saved_stats_ptr, d_weight_ptr, d_x_ptr,
     M, N,  # dims
     stride_grad_m, stride_grad_n, stride_x_m, stride_x_n,  # strides, in elements
     stride_weight_n,
@@ -197,8 +202,8 @@ def _llama_rmsnorm_kernel_backward(
             other=0.0,
         ).to(tl.float32)
         row_x = tl.where(in_bounds, fwd_0, 0.0)
-        row_rstd = tl.rsqrt(tl.sum(row_x * row_x, axis=1) / N + 1e-05)
-        row_xhat = row_x * row_rstd[:, None]
+        row_rstd = tl.load(saved_stats_ptr + offs_m, mask=mask_m, other=0.0)
+        row_xhat = tl.where(in_bounds, (row_x) * row_rstd[:, None], 0.0)
         weight = tl.load(weight_ptr + offs_n * stride_weight_n, mask=mask_n, other=0.0).to(
             tl.float32
         )
@@ -270,16 +275,19 @@ def llama_rmsnorm(
 
 
 def _launch(plan, inputs, outputs, config, saved=()):
-    """Launch the kernel for a call's plan on its inputs' and outputs' 2-D views."""
+    """Launch the kernel for a call's plan on its inputs' and outputs' 2-D views, and
+    the buffer a training forward saves the rows' statistics in (else the output, unused)."""
     (
         x,
         weight,
     ) = inputs
     (out,) = outputs
+    saved = saved or ((out if out.dim() == 2 else out.view(-1, out.shape[-1])),) * 1
     args = (
         x if x.dim() == 2 else x.reshape(-1, x.shape[-1]),
         weight,
         out if out.dim() == 2 else out.view(-1, out.shape[-1]),
+        *saved,
         *plan.tail,
     )
     _KERNELS.launch(plan, args, config)
@@ -339,6 +347,7 @@ _KERNELS = _rt.Kernels(
     dims=("M", "N"),
     tune_key=["ROWS_BUCKET", "N", "stride_x_n"],
     op_name="llama_rmsnorm_df7ddfe93bd6",
+    stats=1,
     backward=(("weight", 1, "row"), ("x", 0, "full")),
     backward_reads=(0, 1),
     rowwise=True,

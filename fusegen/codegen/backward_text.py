@@ -27,7 +27,13 @@ from fusegen import ops
 from fusegen.codegen import naming
 from fusegen.codegen.chain_text import lit, operand_ref, steps_in_order
 from fusegen.ir import Emit, Gate, Kernel, RowStep, Step
-from fusegen.codegen.kernel_text import fast_tanh, operand_load, tile_addr
+from fusegen.codegen.kernel_text import (
+    fast_tanh,
+    operand_load,
+    row_stats,
+    stat_addr,
+    tile_addr,
+)
 
 GRAD = "grad"  # the incoming gradient, then the running one
 FLAT = "flat"  # offsets into the contiguous [rows, cols] buffers the backward allocates
@@ -394,7 +400,15 @@ def row_op(
         return out, back
     if step.op in ("rmsnorm", "layernorm"):
         fwd.append(f"row_x = tl.where(in_bounds, {u}, 0.0)")
-        if step.op == "rmsnorm":
+        stats = row_stats(kernel)
+        if stats:  # kept by the forward: no reductions to recompute them
+            ptr, mask = naming.ptr("saved_stats"), naming.mask(kernel.row)
+            for i, name in enumerate(("row_mean", "row_rstd")[-len(stats) :]):
+                addr = stat_addr(kernel, ptr, i)
+                fwd.append(f"{name} = tl.load({addr}, mask={mask}, other=0.0)")
+            centred = "row_x - row_mean[:, None]" if step.op == "layernorm" else "row_x"
+            fwd.append(f"row_xhat = tl.where(in_bounds, ({centred}) * row_rstd[:, None], 0.0)")
+        elif step.op == "rmsnorm":
             fwd.append(
                 f"row_rstd = tl.rsqrt(tl.sum(row_x * row_x, axis=1) / {n} + {lit(params['eps'])})"
             )
@@ -592,6 +606,8 @@ def backward_params(kernel: Kernel, pieces: dict) -> list[dict]:
     pointers += [naming.ptr(t) for t in passed]
     if kernel.matmul:
         pointers += ["pre_ptr"] + (["pre_gate_ptr"] if kernel.gate else [])
+    if row_stats(kernel):
+        pointers.append(naming.ptr("saved_stats"))
     pointers += [naming.ptr(f"saved_{e}") for e in saved_outputs]
     stored = [g for g in grads if g.same is None]
     pointers += [g.ptr for g in stored]

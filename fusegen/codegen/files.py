@@ -43,6 +43,7 @@ from fusegen.codegen.kernel_text import (
     params,
     row_chain,
     row_pieces,
+    row_stats,
     saved,
     tile_addr,
     tma_mainloop,
@@ -419,7 +420,8 @@ def kernel_context(kernel: Kernel, runtime_hash: str) -> dict:
         **row_context(kernel),
         "returns_unpacked": ", ".join(o["kwarg"] for o in outs),
         "out_view_expr": f"({outs[0]['view']})",
-        "saves": 1 + bool(gate),
+        "saves": 1 + bool(gate) if mm else 1,
+        "stats": bool(row_stats(kernel)),
         "saved": saved(kernel) if mm else [],
         "grad_helpers": helper_grads(kernel),
         "backward": backward_context(kernel),
@@ -541,6 +543,8 @@ def kernels_options(kernel: Kernel) -> list[tuple[str, str]]:
         options.append(("weights", str(len(weights(kernel)))))
     if any(getattr(s, "broadcast", None) == "full" for s in steps_in_order(kernel)) and mm:
         options.append(("full_operands", "True"))
+    if row_stats(kernel):
+        options.append(("stats", str(len(row_stats(kernel)))))
     context = backward_context(kernel)
     options.append(("backward", backward_facts(kernel, context["grads"])))
     if context["saved_outputs"]:

@@ -231,6 +231,7 @@ def params(kernel: Kernel, *, tma: bool = False) -> list[dict]:
             meta += [naming.column_major(t.name) for t in tma_operands(kernel)]
     elif kernel.row_step:
         meta = ["BLOCK_M", "BLOCK_N", "INT64", "SINGLE_PASS", "ALIGN"]
+        meta += ["SAVE_STATS"] if row_stats(kernel) else []
     else:
         meta = ["BLOCK_M", "BLOCK_N", "INT64", "ALIGN"]
     if fast_tanh(kernel):
@@ -245,6 +246,9 @@ def params(kernel: Kernel, *, tma: bool = False) -> list[dict]:
     if kernel.matmul:
         pointers += [save["ptr"] for save in saved(kernel)]
         comment += " (and the accumulators, SAVE_PRE)"
+    if row_stats(kernel):
+        pointers.append(STATS_PTR)
+        comment += " (and the rows' statistics, SAVE_STATS)"
     groups = [
         {"comment": comment, "names": pointers},
         {"comment": "dims", "names": [d.name for d in kernel.dims] + [naming.ROWS_BUCKET]},
@@ -292,6 +296,38 @@ def align_heuristic(kernel: Kernel) -> str:
 
 def _row_operand(kernel: Kernel, step: RowStep, role: str) -> str | None:
     return dict(step.operands).get(role)
+
+
+STATS_PTR = "stats_ptr"
+
+
+def row_stats(kernel: Kernel) -> tuple[str, ...]:
+    """What a norm's training forward stores per row for its backward (SAVE_STATS, fp32,
+    [rows, len] contiguous): layernorm's mean and rstd, rmsnorm's rstd. The backward then
+    skips the reductions that recompute them (measured on an H200: LayerNorm 4096 x 8192,
+    forward + backward 151 -> 125 us; benchmarks/experiments/layernorm_backward_variants.py)."""
+    step = kernel.row_step
+    if kernel.matmul is not None or step is None:
+        return ()
+    return {"layernorm": ("row_shift + row_mean", "row_rstd"), "rmsnorm": ("row_rstd",)}.get(
+        step.op, ()
+    )
+
+
+def stat_addr(kernel: Kernel, ptr: str, index: int) -> str:
+    """The address of row statistic `index` of each of the block's rows."""
+    count, offs = len(row_stats(kernel)), naming.offs(kernel.row)
+    row = f"{offs} * {count}" if count > 1 else offs
+    return f"{ptr} + {row}" + (f" + {index}" if index else "")
+
+
+def stats_store(kernel: Kernel) -> list[str]:
+    """The forward's store of row_stats, where they are final."""
+    stats, mask = row_stats(kernel), naming.mask(kernel.row)
+    lines = ["if SAVE_STATS:  # a training forward: 4 bytes a row and statistic"]
+    for i, value in enumerate(stats):
+        lines.append(f"    tl.store({stat_addr(kernel, STATS_PTR, i)}, {value}, mask={mask})")
+    return lines if stats else []
 
 
 def row_pieces(kernel: Kernel) -> dict:
@@ -434,6 +470,8 @@ def row_pieces(kernel: Kernel) -> dict:
             )
         ]
         pieces["finalize"] = [f"value = row_total{mean}"]
+    pieces["single"] += stats_store(kernel)
+    pieces["finalize"] += stats_store(kernel)
     return pieces
 
 

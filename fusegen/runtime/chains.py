@@ -132,6 +132,7 @@ class Kernels:
         reduces=False,
         recompute=False,
         epilogue=False,
+        stats=0,
     ):
         self.module, self.name = module, name
         self.paths = {"pointer": pointer, **({"tma": tma} if tma else {})}
@@ -143,7 +144,10 @@ class Kernels:
         # (SAVE_PRE). saves: how many a training forward keeps (0: recompute them).
         accumulators = 1 + (weights > 1) if weights else 0
         self.returns, self.saves = outputs, 0 if recompute else accumulators
-        self.outputs = slice(len(inputs), len(inputs) + outputs + accumulators)
+        # A norm's training forward keeps `stats` fp32 numbers a row (SAVE_STATS): its
+        # backward reads them instead of reducing the row again.
+        self.stats = stats
+        self.outputs = slice(len(inputs), len(inputs) + outputs + (accumulators or bool(stats)))
         # The backward: (gradient, input index or -1, kind) per gradient its kernel
         # writes, kind "=<name>" where it is the same tensor as <name>'s; a matmul
         # chain's (a index, a transposed, ((b index, b transposed), ...)).
@@ -330,6 +334,8 @@ class Kernels:
             # tl.dot ignores it for 16-bit operands; an fp32 call may set it again (launch).
             consts["INPUT_PRECISION"] = self.module["FP32_MATMUL"] or "tf32"
             consts["SAVE_PRE"] = False  # a training forward's plan sets it (forward_saving)
+        if self.stats:
+            consts["SAVE_STATS"] = False  # as SAVE_PRE
         if self.uses_fast_tanh:
             out_dtypes = [plan.out_dtype] + [plan.dtype] * (self.returns - 1)
             consts["FAST_TANH"] = self.fast_tanh(plan.device, *out_dtypes)
@@ -943,10 +949,23 @@ class Kernels:
     def saved_shape(self, plan):
         return (math.prod(plan.out_shape[:-1]), plan.out_shape[-1])
 
+    def saved_buffers(self, plan):
+        """Empty tensors for what a training forward keeps beyond its outputs: a matmul
+        chain's accumulators ([rows, cols], the call's dtype), a norm's per-row
+        statistics ([rows, stats], fp32)."""
+        if self.stats:
+            rows = self.saved_shape(plan)[0]
+            return (torch.empty((rows, self.stats), dtype=torch.float32, device=plan.device),)
+        return tuple(
+            torch.empty(self.saved_shape(plan), dtype=plan.dtype, device=plan.device)
+            for _ in range(self.saves)
+        )
+
     def forward_saving(self, *inputs):
-        """The training forward: the outputs, then what a matmul chain's backward reads
-        (its accumulators before the epilogue, stored by the same kernel: SAVE_PRE). Row
-        and elementwise chains save nothing: their backward reads the inputs again."""
+        """The training forward: the outputs, then what the backward reads beyond them: a
+        matmul chain's accumulators before the epilogue (stored by the same kernel:
+        SAVE_PRE), a norm's per-row statistics (SAVE_STATS). Other chains keep only their
+        inputs: their backward reads them again."""
         plan = self.call_plan(inputs)
         outputs = self.empty_outputs(plan)
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
@@ -954,12 +973,9 @@ class Kernels:
             saved = self.epilogue_forward(plan, inputs, outputs[0])
             results = (*outputs, *saved)
             return results[0] if len(results) == 1 else results
-        saved = tuple(
-            torch.empty(self.saved_shape(plan), dtype=plan.dtype, device=plan.device)
-            for _ in range(self.saves)
-        )
+        saved = self.saved_buffers(plan)
         if plan.launches:
-            train = plan.saving() if self.saves else plan
+            train = plan.saving() if saved else plan
             try:
                 self.module["_launch"](train, inputs, outputs, None, saved)
             except triton.runtime.errors.OutOfResources as exc:
@@ -1110,6 +1126,16 @@ class Kernels:
             block_m = 2 if block_n == 8192 and partial else max(1, min(16, 8192 // block_n))
             warps = 4 if block_n < 8192 else 8 if block_n == 8192 else 16
             per_sm = max(1, 8192 // block_n) if partial else 8
+            if self.stats and partial and block_n >= 4096:
+                # With the statistics kept (no reductions to recompute them), one row a
+                # step (backward_configs.py, 2026-12-03): LayerNorm 4096 x 8192 0.108 ->
+                # 0.094 ms on 16 warps, one program an SM; at 4096 columns 4 warps and 8
+                # programs an SM where one [cols] partial sum is kept (RMSNorm 16384 x
+                # 4096 0.131 -> 0.121 ms), 8 warps and 2 where two are (LayerNorm's).
+                sums = sum(kind == "row" for _, _, kind in self.grads)
+                block_m, warps, per_sm = 1, 16, 1
+                if block_n == 4096:
+                    warps, per_sm = (4, 8) if sums == 1 else (8, 2)
             programs = triton.cdiv(rows, block_m)
             programs = min(programs, 2 if interpreted else per_sm * self.device_facts(device)[1])
             config = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps}
@@ -1155,7 +1181,7 @@ class Kernels:
         fusegen::<op_name>_backward, registered once per process: triton ops where
         Inductor can launch their kernels (see triton_ops), else opaque custom ops."""
         train_name, backward_name = f"{self.op_name}_train", f"{self.op_name}_backward"
-        count = self.returns + self.saves
+        count = self.returns + (1 if self.stats else self.saves)
         if getattr(torch.ops.fusegen, train_name, None) is None:
             traced = self.triton_ops()
             forward = typed(
@@ -1182,11 +1208,7 @@ class Kernels:
                     plan = self.module["_checked"](*inputs)[0]
                     outputs = self.empty_outputs(plan)
                     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-                    saved = [
-                        torch.empty(self.saved_shape(plan), dtype=plan.dtype, device=plan.device)
-                        for _ in range(self.saves)
-                    ]
-                    results = (*outputs, *saved)
+                    results = (*outputs, *self.saved_buffers(plan))
                     return results[0] if count == 1 else results
 
                 @backward.register_fake

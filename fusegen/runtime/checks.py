@@ -30,13 +30,15 @@ class Plan:
     )
 
     def saving(self):
-        """This plan for a training forward (SAVE_PRE: the accumulators kept), made once."""
+        """This plan for a training forward (SAVE_PRE: the accumulators kept; SAVE_STATS:
+        a norm's per-row statistics), made once."""
         if getattr(self, "training", None) is None:
             train = Plan()
             for name in Plan.__slots__:
                 if name != "training" and hasattr(self, name):
                     setattr(train, name, getattr(self, name))
-            train.consts, train.ready, train.training = {**self.consts, "SAVE_PRE": True}, {}, False
+            saves = {k: True for k in ("SAVE_PRE", "SAVE_STATS") if k in self.consts}
+            train.consts, train.ready, train.training = {**self.consts, **saves}, {}, False
             self.training = train
         return self.training or self
 
