@@ -267,7 +267,8 @@ def gemv_mainloop(qc: QuantChain) -> dict:
         f"x_row = {naming.ptr(a)} + {naming.offs(mm.m)} * {naming.stride(a, mm.m)}",
         # 2**bits's bits plus a 0 the compiler cannot fold (N >> 31), so they stay in a
         # register and the mask and OR of _word_value are one LOP3 (a LOP3 takes one
-        # immediate): 1,664 -> 1,416 instructions, 33.6 -> 28.8 us at 1 x 4096 -> 14336.
+        # immediate): 1,664 -> 1,416 instructions at 8 rows a program; int4 SwiGLU at one
+        # row (4096 -> 14336) 34.2 -> 31.0 us on an H200 (benchmarks/RESULTS.md).
         f"word_base = ((127 + {bits}) << 23) + ({n} >> 31)  # {2**bits}.0's bits, held",
     ]
     for _, q in found:
