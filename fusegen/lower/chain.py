@@ -170,12 +170,35 @@ class ChainLowering:
                 "`output` needs a row op after it (an extra output is the value before a norm, "
                 "softmax or reduction)",
             )
+        self._backward_names(inputs, [s.name for s in steps if isinstance(s, Emit)])
         if first[0] == "input" and all(op_name(s) == "cast" for s in chain[1:]):
             self.err(
                 ("chain",),
                 "an elementwise chain needs at least one op after `input` (a cast alone is a copy)",
             )
         return matmul, source, row, col, steps, out_dtype
+
+    def _backward_names(self, inputs: dict[str, Tensor], outputs: list[str]) -> None:
+        """The backward kernel names an input's gradient d_<input>, an output's incoming
+        gradient grad_<output> and its saved value saved_<output>: an input or output
+        named so would be a second argument of the same name."""
+        made = {f"d_{n}": f"{n}'s gradient" for n in inputs}
+        made |= {f"grad_{n}": f"the gradient arriving at {n}" for n in outputs}
+        made |= {f"saved_{n}": f"the saved {n}" for n in outputs}
+        steps = {
+            raw["output"]: ("chain", i, "output")
+            for i, raw in enumerate(self.chain)
+            if isinstance(raw, dict) and op_name(raw) == "output"
+        }
+        for kind, names in (("input", list(inputs)), ("output", outputs)):
+            for name in names:
+                if name in made:
+                    self.err(
+                        ("inputs", name) if kind == "input" else steps[name],
+                        f"{kind} '{name}' has the name the backward kernel gives "
+                        f"{made[name]}",
+                        f"rename the {kind}",
+                    )
 
     def _tensor_ref(
         self, path: tuple, ref: Any, inputs: dict[str, Tensor], *, allow_t: bool

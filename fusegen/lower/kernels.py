@@ -61,6 +61,12 @@ RESERVED_NAMES = frozenset(
         "tile_id",
         "partials",
         "arrivals",
+        # the backward's and the training forward's buffers: the incoming gradient, a
+        # matmul chain's accumulators, a norm's row statistics
+        "grad",
+        "pre",
+        "pre_gate",
+        "stats",
         "arrived",
         "last",
         "json",
