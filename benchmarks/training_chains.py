@@ -721,7 +721,8 @@ def main() -> None:
         action="append",
         default=[],
         help="a folder built by another fusegen version (its llama.yaml and training.yaml "
-        "modules), timed as one more variant: a change's gain, interleaved",
+        "modules), timed as one more variant: a change's gain, interleaved (build it under "
+        "build/, which git ignores, and carry it to the GPU machine)",
     )
     args = parser.parse_args()
     device = pick_device(args.quick)
