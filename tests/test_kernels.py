@@ -673,6 +673,18 @@ BACKWARD_MUTATIONS = [
         "d_b_total = tl.sum(tl.where(in_bounds, d_b, 0.0), axis=0)",
         "a weight gradient keeping only a program's last row block",
     ),
+    (
+        "row_bias_gelu_layernorm",
+        "tl.store(stats_ptr + offs_m * 2, row_shift + row_mean, mask=mask_m)",
+        "tl.store(stats_ptr + offs_m * 2, row_mean, mask=mask_m)",
+        "a layernorm forward keeping its mean without the row's shift",
+    ),
+    (
+        "row_rmsnorm_gemma",
+        "tl.store(stats_ptr + offs_m, row_rstd, mask=mask_m)",
+        "tl.store(stats_ptr + offs_m, row_rstd * row_rstd, mask=mask_m)",
+        "an rmsnorm forward keeping a wrong rstd",
+    ),
 ]
 
 
