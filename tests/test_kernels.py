@@ -499,6 +499,11 @@ def test_launcher_errors_name_the_tensor(zoo):
         kernel.mm_broadcasts(**{**inputs, "r": r_in_buffer}, out=buffer)
     with pytest.raises(ValueError, match=r"config must be a dict with keys"):
         kernel.mm_broadcasts(**inputs, config={"BLOCK_M": 16})
+    bad = {**kernel.DEFAULT_CONFIG, "BLOCK_N": 48, "BLOCK_K": 8, "num_warps": 3}
+    with pytest.raises(ValueError, match=r"BLOCK_N = 48 is not a power of two.*BLOCK_K = 8 is"):
+        kernel.mm_broadcasts(**inputs, config=bad)
+    with pytest.raises(ValueError, match=r"num_warps = 3 must be one of"):
+        kernel.mm_broadcasts(**inputs, config=bad)
     with pytest.raises(TypeError, match="x must be a torch.Tensor"):
         kernel.mm_broadcasts(**{**inputs, "x": [[1.0]]})
 

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from . import launch
-from .checks import Shapes, bucket, signature
+from .checks import Shapes, bucket, config_values_problems, signature
 
 _log = logging.getLogger(__name__)
 
@@ -262,8 +262,23 @@ class QuantChain:
         return out
 
     def check_config(self, config, plan):
-        """A caller's config, refused where the kernel would compute something else: a
-        tile's K step must lie within one scale group, a GEMV's hold whole groups."""
+        """A caller's config, refused where it would not compile (its keys, powers of two,
+        a dot's 16) or where the kernel would compute something else: a tile's K step must
+        lie within one scale group, a GEMV's hold whole groups."""
+        required = {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"}
+        if not isinstance(config, dict) or not required <= set(config) <= required | {"SPLIT_K"}:
+            raise ValueError(
+                f"{self.name}: config must be a dict with keys {sorted(required)} (optional: "
+                f"['SPLIT_K']), got {config!r}"
+            )
+        problems = config_values_problems(config, dot=True)
+        if problems:
+            raise ValueError(f"{self.name}: bad config {config!r}: " + "; ".join(problems))
+        if config["BLOCK_M"] == 1 and "INTERPRETER_GEMV_CONFIG" not in self.module:
+            raise ValueError(
+                f"{self.name}: BLOCK_M 1 is the one-row GEMV path, which only chains whose "
+                "weights are all int8 or all int4 have; BLOCK_M must be at least 16"
+            )
         if config["BLOCK_M"] == 1 and not plan["words"]:
             raise ValueError(
                 f"{self.name}: a GEMV config (BLOCK_M 1) reads the weights as 32-bit words: "

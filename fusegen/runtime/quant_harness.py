@@ -351,6 +351,18 @@ def launcher_tests(suite):
                 suite.check(inputs, sizes, suite.dtypes[0], seed, config=config)
             assert kernel.last_launch()["config"] == config
 
+    def test_rejects_configs_that_cannot_compile():
+        _, _, inputs = small()
+        tile = next(c for c in kernel.CONFIGS if c["BLOCK_M"] > 1)
+        with pytest.raises(ValueError, match="config must be a dict with keys"):
+            suite.launcher(**inputs, config={"BLOCK_M": tile["BLOCK_M"]})
+        bad = {**tile, "BLOCK_N": 24, "SPLIT_K": 3}
+        with pytest.raises(ValueError, match="BLOCK_N = 24 is not a power of two.*SPLIT_K = 3"):
+            suite.launcher(**inputs, config=bad)
+        if not any(c["BLOCK_M"] == 1 for c in kernel.CONFIGS):
+            with pytest.raises(ValueError, match="BLOCK_M 1 is the one-row GEMV path"):
+                suite.launcher(**inputs, config={**tile, "BLOCK_M": 1})
+
     def test_rejects_configs_across_groups():
         # A K step over two groups would apply one group's scale to both: wrong values.
         groups = [q.group for q in suite.quant.values() if q.group]
@@ -403,6 +415,7 @@ def launcher_tests(suite):
         test_rejects_bad_scales_and_storage,
         test_inference_only,
         test_every_config,
+        test_rejects_configs_that_cannot_compile,
         test_rejects_configs_across_groups,
         test_falls_back_without_gpu,
         test_runs_inside_torch_compile,

@@ -30,6 +30,7 @@ from .checks import (  # noqa: F401 - the kernel modules reach these through thi
     config_key,
     config_row,
     config_table,
+    config_values_problems,
     copies,
     fp32_dot,
     layout,
@@ -588,6 +589,9 @@ class Kernels:
                 f"config must be a dict with keys {sorted(required)} (optional: "
                 f"{sorted(allowed - required) or 'none'}), got {config!r}"
             )
+        problems = config_values_problems(config, dot=bool(self.weights))
+        if problems:
+            raise ValueError(f"{self.name}: bad config {config!r}: " + "; ".join(problems))
         return self.complete(path, config)
 
     def config_smem(self, meta, stages, element_size, tma=False):
