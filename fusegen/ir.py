@@ -344,8 +344,7 @@ class QuantChain(_WrapsChain):
             return False
         per_word = 32 // QUANT_DTYPES[found[0].dtype].bits
         return all(
-            q.group is None or (not q.group & (q.group - 1) and q.group >= per_word)
-            for q in found
+            q.group is None or (not q.group & (q.group - 1) and q.group >= per_word) for q in found
         )
 
     def quant_of(self, name: str) -> Quant | None:

@@ -41,7 +41,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("7495878386ee8a5f", "attention")
+_rt = _runtime("9a3c3a340579654b", "attention")
 # [batch, k_len] padding mask (1 where a key is real) -> key_ranges: see its docstring.
 key_ranges_from_mask = _rt.key_ranges_from_mask
 

@@ -10,14 +10,14 @@ import torch
 def config_values_problems(config: dict, dot: bool) -> list[str]:
     """Why a caller's config (`config=`) cannot compile, before Triton says it from deep
     inside: blocks that are not powers of two (tl.arange), under 16 in a dot (tl.dot's
-    smallest tile; a quantized GEMV's BLOCK_M 1 is no dot), warps and stages out of range."""
+    smallest tile), warps and stages out of range."""
     out = []
     for key, value in config.items():
         if not key.startswith("BLOCK_"):
             continue
         if not isinstance(value, int) or value < 1 or value & (value - 1):
             out.append(f"{key} = {value!r} is not a power of two (Triton's tl.arange needs one)")
-        elif dot and value < 16 and not (key == "BLOCK_M" and value == 1):
+        elif dot and value < 16:
             out.append(f"{key} = {value} is under 16, the smallest tile tl.dot takes")
     if config.get("num_warps") not in (1, 2, 4, 8, 16, 32):
         out.append(f"num_warps = {config.get('num_warps')!r} must be one of 1, 2, 4, 8, 16, 32")

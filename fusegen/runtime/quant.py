@@ -271,7 +271,8 @@ class QuantChain:
                 f"{self.name}: config must be a dict with keys {sorted(required)} (optional: "
                 f"['SPLIT_K']), got {config!r}"
             )
-        problems = config_values_problems(config, dot=True)
+        # BLOCK_M 1 is the GEMV path, on the CUDA cores: no dot, any power-of-two tile.
+        problems = config_values_problems(config, dot=config["BLOCK_M"] != 1)
         if problems:
             raise ValueError(f"{self.name}: bad config {config!r}: " + "; ".join(problems))
         if config["BLOCK_M"] == 1 and "INTERPRETER_GEMV_CONFIG" not in self.module:
