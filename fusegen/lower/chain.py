@@ -195,7 +195,7 @@ class ChainLowering:
                 if name in made:
                     self.err(
                         ("inputs", name) if kind == "input" else steps[name],
-                        f"{kind} '{name}' has the name the backward kernel gives " f"{made[name]}",
+                        f"{kind} '{name}' has the name the backward kernel gives {made[name]}",
                         f"rename the {kind}",
                     )
 

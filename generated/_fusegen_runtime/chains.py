@@ -1134,7 +1134,7 @@ class Kernels:
             per_sm = max(1, 8192 // block_n) if partial else 8
             if self.stats and partial and block_n >= 4096:
                 # With the statistics kept (no reductions to recompute them), one row a
-                # step (backward_configs.py, 2026-12-03): LayerNorm 4096 x 8192 0.108 ->
+                # step (backward_configs.py, 2026-12-04): LayerNorm 4096 x 8192 0.108 ->
                 # 0.094 ms on 16 warps, one program an SM; at 4096 columns 4 warps and 8
                 # programs an SM where one [cols] partial sum is kept (RMSNorm 16384 x
                 # 4096 0.131 -> 0.121 ms), 8 warps and 2 where two are (LayerNorm's).
