@@ -403,7 +403,7 @@ def row_op(
         stats = row_stats(kernel)
         if stats:  # kept by the forward: no reductions to recompute them
             ptr, mask = naming.ptr("saved_stats"), naming.mask(kernel.row)
-            for i, name in enumerate(("row_mean", "row_rstd")[-len(stats) :]):
+            for i, (name, _) in enumerate(stats):
                 addr = stat_addr(kernel, ptr, i)
                 fwd.append(f"{name} = tl.load({addr}, mask={mask}, other=0.0)")
             centred = "row_x - row_mean[:, None]" if step.op == "layernorm" else "row_x"

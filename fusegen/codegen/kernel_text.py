@@ -301,16 +301,18 @@ def _row_operand(kernel: Kernel, step: RowStep, role: str) -> str | None:
 STATS_PTR = "stats_ptr"
 
 
-def row_stats(kernel: Kernel) -> tuple[str, ...]:
+def row_stats(kernel: Kernel) -> tuple[tuple[str, str], ...]:
     """What a norm's training forward stores per row for its backward (SAVE_STATS, fp32,
-    [rows, len] contiguous): layernorm's mean and rstd, rmsnorm's rstd. The backward then
+    [rows, len] contiguous), as (the backward's name, the forward's value): layernorm's
+    mean and rstd, rmsnorm's rstd. The backward then
     skips the reductions that recompute them (measured on an H200, forward + backward:
     LayerNorm 4096 x 8192 0.151 -> 0.136 ms, Gemma RMSNorm 16384 x 3072 0.165 -> 0.144;
     benchmarks/RESULTS.md)."""
     step = kernel.row_step
     if kernel.matmul is not None or step is None:
         return ()
-    return {"layernorm": ("row_shift + row_mean", "row_rstd"), "rmsnorm": ("row_rstd",)}.get(
+    rstd = ("row_rstd", "row_rstd")
+    return {"layernorm": (("row_mean", "row_shift + row_mean"), rstd), "rmsnorm": (rstd,)}.get(
         step.op, ()
     )
 
@@ -326,7 +328,7 @@ def stats_store(kernel: Kernel) -> list[str]:
     """The forward's store of row_stats, where they are final."""
     stats, mask = row_stats(kernel), naming.mask(kernel.row)
     lines = ["if SAVE_STATS:  # a training forward: 4 bytes a row and statistic"]
-    for i, value in enumerate(stats):
+    for i, (_, value) in enumerate(stats):
         lines.append(f"    tl.store({stat_addr(kernel, STATS_PTR, i)}, {value}, mask={mask})")
     return lines if stats else []
 

@@ -144,13 +144,14 @@ class Kernels:
         # What a tuned table's entry keys on, in the order of a plan's key.
         self.key_names = (f"{dims[0]}_bucket", *dims[1:], "dtype", "out_dtype")
         # In a launch's arguments: the outputs, then a matmul chain's accumulators' buffers
-        # (SAVE_PRE). saves: how many a training forward keeps (0: recompute them).
+        # (SAVE_PRE) or a norm's statistics' buffer (SAVE_STATS: `stats` fp32 numbers a
+        # row, which its backward reads instead of reducing the row again). saves: how
+        # many buffers a training forward keeps (0: the accumulators are recomputed).
         accumulators = 1 + (weights > 1) if weights else 0
-        self.returns, self.saves = outputs, 0 if recompute else accumulators
-        # A norm's training forward keeps `stats` fp32 numbers a row (SAVE_STATS): its
-        # backward reads them instead of reducing the row again.
+        buffers = accumulators or int(bool(stats))
         self.stats = stats
-        self.outputs = slice(len(inputs), len(inputs) + outputs + (accumulators or bool(stats)))
+        self.returns, self.saves = outputs, 0 if recompute else buffers
+        self.outputs = slice(len(inputs), len(inputs) + outputs + buffers)
         # The backward: (gradient, input index or -1, kind) per gradient its kernel
         # writes, kind "=<name>" where it is the same tensor as <name>'s; a matmul
         # chain's (a index, a transposed, ((b index, b transposed), ...)).
@@ -1187,7 +1188,7 @@ class Kernels:
         fusegen::<op_name>_backward, registered once per process: triton ops where
         Inductor can launch their kernels (see triton_ops), else opaque custom ops."""
         train_name, backward_name = f"{self.op_name}_train", f"{self.op_name}_backward"
-        count = self.returns + (1 if self.stats else self.saves)
+        count = self.returns + self.saves
         if getattr(torch.ops.fusegen, train_name, None) is None:
             traced = self.triton_ops()
             forward = typed(

@@ -211,6 +211,8 @@ class QuantChain:
         self.dims = module["DIMS"]
         self.inputs = module["INPUTS"]
         self.quant = module["QUANT"]
+        # Whether the kernel has the one-row GEMV path (BLOCK_M 1; int8 / int4 weights).
+        self.gemv = "INTERPRETER_GEMV_CONFIG" in module
         self.plans = {}  # call signature -> plan
         self.tuned = {}  # tuning key -> config
         self.last_launch = {}
@@ -277,7 +279,7 @@ class QuantChain:
         problems = config_values_problems(config, dot=config["BLOCK_M"] != 1)
         if problems:
             raise ValueError(f"{self.name}: bad config {config!r}: " + "; ".join(problems))
-        if config["BLOCK_M"] == 1 and "INTERPRETER_GEMV_CONFIG" not in self.module:
+        if config["BLOCK_M"] == 1 and not self.gemv:
             raise ValueError(
                 f"{self.name}: BLOCK_M 1 is the one-row GEMV path, which only chains whose "
                 "weights are all int8 or all int4 have; BLOCK_M must be at least 16"
@@ -413,8 +415,7 @@ class QuantChain:
                     out.append(t)
             return out
 
-        gemv = "INTERPRETER_GEMV_CONFIG" in self.module
-        words = gemv and all(_in_words(views[n]) for n in self.quant)
+        words = self.gemv and all(_in_words(views[n]) for n in self.quant)
         int64 = any(t.numel() >= 2**31 for t in tensors) or rows * cols >= 2**31
         dot_dtype = torch.float32 if interpreted else dtype
         consts = {"INT64": int64, "DOT_DTYPE": TL_DTYPES[dot_dtype]}
@@ -530,9 +531,8 @@ class QuantChain:
 
     def config_for(self, plan, views, out2d):
         if plan["interpreted"]:
-            gemv = self.module.get("INTERPRETER_GEMV_CONFIG")
-            if gemv and plan["rows"] == 1 and plan["words"]:
-                return gemv
+            if plan["rows"] == 1 and plan["words"]:  # words: a GEMV path to run
+                return self.module["INTERPRETER_GEMV_CONFIG"]
             return self.module["INTERPRETER_CONFIG"]
         if self.module["DETERMINISTIC"] or os.environ.get("FUSEGEN_AUTOTUNE") == "0":
             return self.module["DEFAULT_CONFIG"]
