@@ -30,7 +30,8 @@ sys.path.insert(0, str(ROOT / "generated"))
 sys.path.insert(0, str(ROOT))
 from fusegen.tools.timing import graph_ms  # noqa: E402  (torch-free until called)
 
-# module: (input shapes, dtype); rows at training sizes (LLaMA: 4 x 4096 tokens).
+# module: (input shapes, ...), each set timed in turn; rows at training sizes (LLaMA: 4 x
+# 4096 tokens).
 CASES = {
     "llama_add_rmsnorm": ({"x": (16384, 4096), "residual": (16384, 4096), "weight": (4096,)},),
     "llama_rmsnorm": ({"x": (16384, 4096), "weight": (4096,)},),
@@ -42,17 +43,29 @@ CASES = {
     "bias_gelu_residual": ({"x": (16384, 8192), "b": (8192,), "r": (16384, 8192)},),
     # benchmarks/specs/training.yaml's, from --built: Liger's benchmark shapes.
     "train_gemma_rmsnorm": ({"x": (16384, 3072), "weight": (3072,)},),
-    "train_layernorm": ({"x": (4096, 8192), "weight": (8192,), "bias": (8192,)},),
+    "train_layernorm": (
+        {"x": (4096, 8192), "weight": (8192,), "bias": (8192,)},
+        {"x": (16384, 4096), "weight": (4096,), "bias": (4096,)},
+    ),
     "train_softmax": ({"x": (4096, 8192)},),
     "train_gelu_bias": ({"x": (4096, 4096), "w": (14336, 4096), "b": (14336,)},),
 }
 
 
-def row_grid(cols, sms):
+def row_grid(cols, sms, stages=(1,)):
+    """Row kernels' configs; with stages beyond 1 (the loop's loads pipelined), a
+    narrower grid of rows, warps and programs so that the sweep stays minutes long."""
     block_n = triton.next_power_of_2(cols)
-    for block_m, warps, per_sm in itertools.product((1, 2, 4, 8), (4, 8, 16, 32), (1, 2, 4, 8, 16)):
+    wide = stages == (1,)
+    for block_m, warps, per_sm, loop_stages in itertools.product(
+        (1, 2, 4, 8) if wide else (1, 2),
+        (4, 8, 16, 32) if wide else (4, 8, 16),
+        (1, 2, 4, 8, 16) if wide else (1, 2, 4),
+        stages,
+    ):
         if block_m * block_n <= 32768:
-            yield {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps}, per_sm * sms
+            config = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps}
+            yield {**config, "LOOP_STAGES": loop_stages}, per_sm * sms
 
 
 def tile_grid():
@@ -74,6 +87,10 @@ def main() -> int:
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--modules", nargs="*", default=list(CASES))
     parser.add_argument("--built", help="a folder holding training.yaml's modules")
+    parser.add_argument(
+        "--stages", nargs="+", type=int, default=[1],
+        help="row kernels: the loop's pipeline stages to sweep (LOOP_STAGES)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.built:
         sys.path.insert(0, args.built)
@@ -84,10 +101,9 @@ def main() -> int:
         return 1
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     results = []
-    for name in args.modules:
+    for name, shapes in [(m, shapes) for m in args.modules for shapes in CASES[m]]:
         module = __import__(name)
         kernels = module._KERNELS
-        (shapes,) = CASES[name]
         gen = torch.Generator(device="cuda").manual_seed(0)
         inputs = [
             torch.randn(s, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.5
@@ -107,12 +123,12 @@ def main() -> int:
         dims = dict(zip(module.DIMS, plan.tail, strict=False))
         rows, cols = dims[kernels.dims[0]], dims[kernels.dims[1]]
         default = kernels.backward_launch(rows, cols, inputs[0].device)
-        grid = list(row_grid(cols, sms) if kernels.rowwise else tile_grid())
+        grid = list(row_grid(cols, sms, tuple(args.stages)) if kernels.rowwise else tile_grid())
         timings = []
         original = kernels.backward_launch
         for config, programs in [(default[0], default[1][0] if kernels.rowwise else None), *grid]:
             chosen = launch_for(kernels, config, programs, rows, cols)
-            kernels.backward_launch = lambda r, c, d, chosen=chosen: chosen
+            kernels.backward_launch = lambda r, c, d, *rest, chosen=chosen: chosen
             try:
                 call = functools.partial(kernels.backward, grads, inputs, saved, needs)
                 # GPU time: a slow host's launch would otherwise hide the kernel's.

@@ -41,7 +41,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("82f2ffef0077645e", "chains")
+_rt = _runtime("bfbd20f68055ae32", "chains")
 _align = _rt.align  # the ALIGN heuristic's
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
@@ -222,7 +222,7 @@ def _llama_add_rmsnorm_kernel_backward(
     stride_grad_m, stride_grad_n, stride_grad_h_m, stride_grad_h_n,  # strides, in elements
     stride_weight_n,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INT64: tl.constexpr,  # meta-parameters
-    NEED_WEIGHT: tl.constexpr, NEED_RESIDUAL: tl.constexpr,
+    LOOP_STAGES: tl.constexpr, NEED_WEIGHT: tl.constexpr, NEED_RESIDUAL: tl.constexpr,
     # fmt: on
 ):
     """The chain's gradients, BLOCK_M rows at a time (a whole row in BLOCK_N): the sums
@@ -231,7 +231,9 @@ def _llama_add_rmsnorm_kernel_backward(
     offs_n = tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     d_weight_total = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for block in range(pid, tl.cdiv(M, BLOCK_M), tl.num_programs(0)):
+    # LOOP_STAGES > 1: the next row blocks' loads are issued while this one computes
+    # (Triton pipelines a loop without a dot only where the loop names its stages).
+    for block in tl.range(pid, tl.cdiv(M, BLOCK_M), tl.num_programs(0), num_stages=LOOP_STAGES):
         offs_m = block * BLOCK_M + tl.arange(0, BLOCK_M)
         if INT64:
             offs_m = offs_m.to(tl.int64)

@@ -41,7 +41,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("82f2ffef0077645e", "chains")
+_rt = _runtime("bfbd20f68055ae32", "chains")
 _align = _rt.align  # the ALIGN heuristic's
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
@@ -203,7 +203,7 @@ def _masked_softmax_kernel_backward(
     Q, S,  # dims
     stride_grad_q, stride_grad_s,  # strides, in elements
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INT64: tl.constexpr,  # meta-parameters
-    NEED_MASK: tl.constexpr, NEED_SCORES: tl.constexpr,
+    LOOP_STAGES: tl.constexpr, NEED_MASK: tl.constexpr, NEED_SCORES: tl.constexpr,
     # fmt: on
 ):
     """The chain's gradients, BLOCK_M rows at a time (a whole row in BLOCK_N): the sums
@@ -211,7 +211,9 @@ def _masked_softmax_kernel_backward(
     pid = tl.program_id(0)
     offs_s = tl.arange(0, BLOCK_N)
     mask_s = offs_s < S
-    for block in range(pid, tl.cdiv(Q, BLOCK_M), tl.num_programs(0)):
+    # LOOP_STAGES > 1: the next row blocks' loads are issued while this one computes
+    # (Triton pipelines a loop without a dot only where the loop names its stages).
+    for block in tl.range(pid, tl.cdiv(Q, BLOCK_M), tl.num_programs(0), num_stages=LOOP_STAGES):
         offs_q = block * BLOCK_M + tl.arange(0, BLOCK_M)
         if INT64:
             offs_q = offs_q.to(tl.int64)

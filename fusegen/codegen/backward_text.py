@@ -618,9 +618,8 @@ def backward_params(kernel: Kernel, pieces: dict) -> list[dict]:
         ]
     for t in passed:
         strides += [naming.stride(t, d) for d in kernel.tensor(t).dims]
-    meta = ["BLOCK_M", "BLOCK_N", "INT64"] + [
-        g.need for g in stored if g.name not in ("pre", "pre_gate")
-    ]
+    meta = ["BLOCK_M", "BLOCK_N", "INT64"] + (["LOOP_STAGES"] if kernel.row_step else [])
+    meta += [g.need for g in stored if g.name not in ("pre", "pre_gate")]
     return [
         {"comment": "incoming gradients, inputs, saved values, then gradients", "names": pointers},
         {"comment": "dims", "names": [rows, cols]},

@@ -1030,11 +1030,15 @@ class Kernels:
         views = self.module["_checked"](*inputs)[2]
         if self.matmul and not saved:  # backward.save: inputs
             saved = self.accumulators(views)
-        config, grid, blocks = self.backward_launch(rows, cols, plan.device)
         incoming = [
             g.reshape(-1) if i == 0 and self.reduces else g.reshape(-1, cols)
             for i, g in enumerate(grads)
         ]
+        reads = [views[i] for i in self.backward_reads]
+        row_bytes = sum(
+            t.element_size() for t in (*incoming, *reads, *saved) if t.shape[-1] == cols
+        )
+        config, grid, blocks = self.backward_launch(rows, cols, plan.device, row_bytes)
         buffers, flags, stored = [], {}, []
         returned = self.returned(needs)
         for name, index, kind in self.grads:
@@ -1054,7 +1058,6 @@ class Kernels:
                     (blocks[0], cols) if kind == "row" else (blocks[1], rows)
                 ), torch.float32
             buffers.append(torch.empty(shape, dtype=dtype, device=plan.device))
-        reads = [views[i] for i in self.backward_reads]
         pointers = [*incoming, *reads, *saved, *buffers]
         strides = [s for t in (*incoming, *reads) for s in t.stride()]
         kernel = self.module[f"_{self.name}_kernel_backward"]
@@ -1114,10 +1117,13 @@ class Kernels:
             return False
         return True
 
-    def backward_launch(self, rows, cols, device):
+    def backward_launch(self, rows, cols, device, row_bytes=8):
         """(config, grid, (row blocks, column blocks)) for the backward kernel: a tile
         kernel's fixed tiles, or a row kernel's whole row in BLOCK_N, its programs
-        looping over row blocks (a few per SM: its [cols] sums are stored per program)."""
+        looping over row blocks (a few per SM: its [cols] sums are stored per program).
+        row_bytes: what the loop loads a step per column and row (each [rows, cols] and
+        [cols] tensor's element size), which bounds how many steps' loads it may keep in
+        flight in shared memory."""
         interpreted = self.interpreted()
         if self.rowwise:
             # Measured on an H200 (benchmarks/backward_configs.py, GPU time): 8192-element
@@ -1131,19 +1137,27 @@ class Kernels:
             block_m = 2 if block_n == 8192 and partial else max(1, min(16, 8192 // block_n))
             warps = 4 if block_n < 8192 else 8 if block_n == 8192 else 16
             per_sm = max(1, 8192 // block_n) if partial else 8
-            if self.stats and partial and block_n >= 4096:
-                # With the statistics kept (no reductions to recompute them), one row a
-                # step (backward_configs.py, 2026-12-04): LayerNorm 4096 x 8192 0.108 ->
-                # 0.094 ms on 16 warps, one program an SM; at 4096 columns 4 warps and 8
-                # programs an SM where one [cols] partial sum is kept (RMSNorm 16384 x
-                # 4096 0.131 -> 0.121 ms), 8 warps and 2 where two are (LayerNorm's).
-                sums = sum(kind == "row" for _, _, kind in self.grads)
-                block_m, warps, per_sm = 1, 16, 1
-                if block_n == 4096:
-                    warps, per_sm = (4, 8) if sums == 1 else (8, 2)
+            stages = 1
+            if self.stats and partial and block_n >= 1024:
+                # With the statistics kept, a program's loop has little to compute between
+                # its loads: three steps' loads in flight (LOOP_STAGES 3; 2 gains nothing)
+                # on one or two programs an SM (backward_configs.py --stages 1 3,
+                # 2026-12-04): LayerNorm 4096 x 8192 0.094 -> 0.070 ms (one row, 8
+                # warps); at 4096 columns two rows on 8 warps (add + RMSNorm 16384 x
+                # 4096 0.161 -> 0.134, RMSNorm 0.121 -> 0.105, LayerNorm 0.149 -> 0.117);
+                # BERT's 768 two rows on 4 warps, two programs an SM (0.068 -> 0.049).
+                block_m, warps, per_sm = (
+                    (1, 8 if block_n == 8192 else 16, 1)
+                    if block_n >= 8192
+                    else (2, 8, 1) if block_n == 4096 else (2, 4, 2)
+                )
+                stage = block_m * block_n * row_bytes
+                room = self.shared_memory_limit(device) - 16384  # the reductions' scratch
+                stages = 3 if interpreted or 3 * stage <= room else 1
             programs = triton.cdiv(rows, block_m)
             programs = min(programs, 2 if interpreted else per_sm * self.device_facts(device)[1])
             config = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps}
+            config["LOOP_STAGES"] = stages
             return config, (programs,), (programs, 1)
         # Measured as the row kernels': reading a matmul's accumulators, 64x128 on 4 warps
         # (gelu + bias 4096x14336: 0.132 -> 0.102 ms), a gated chain's two 32x128 on 8
