@@ -10,11 +10,15 @@ Two chains at issue 28's shape, bf16, x [4096, 4096] and weights [14336, 4096]:
   dx = d_pre @ W;
 - swiglu: y = silu(g) * u, g = x @ Wg.T, u = x @ Wu.T; dg = dy * u * silu'(g),
   du = dy * silu(g) and dx = dg @ Wg + du @ Wu.
-The weight gradients (d_pre.T @ x) need d_pre in memory either way, so the prologue kernel
-stores it too, from the programs of the first output-column block. Timed (GPU time, CUDA
-graph replays, every variant in turn over the rounds): the pass + cuBLAS (the runtime's),
-the prologue kernel over a few tiles, and cuBLAS's GEMM alone (what the dgrad costs when
-nothing else runs). Each checked against float64 first.
+The weight gradients (d_pre.T @ x) need d_pre in memory either way, so the derivative
+prologue stores it too, from the programs of the first output-column block. Timed (GPU
+time, CUDA graph replays, every variant in turn over the rounds), over a few tiles each:
+the pass + cuBLAS (the runtime's); the derivative prologue (each of the K / BLOCK_K
+column blocks computes the derivative of the same elements again); a product prologue
+(the forward keeps the derivative's factors instead of the accumulators, same bytes,
+and the GEMM multiplies them by dy); a plain Triton GEMM on d_pre (Triton's rate on
+this GEMM); and cuBLAS's GEMM alone (what the dgrad costs when nothing else runs). Each
+checked against float64 first.
 """
 
 from __future__ import annotations
@@ -69,10 +73,13 @@ def _pass(dy_ptr, a_ptr, u_ptr, b_ptr, d1_ptr, d2_ptr, M, N, SWIGLU: tl.constexp
 
 @triton.jit
 def _prologue(dy_ptr, a_ptr, u_ptr, b_ptr, w1_ptr, w2_ptr, dx_ptr, d1_ptr, d2_ptr, M, N, K,
-              SWIGLU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-              BLOCK_R: tl.constexpr, GROUP_M: tl.constexpr):  # fmt: skip
-    """dx [M, K] = d1 @ w1 (+ d2 @ w2), d1 and d2 made from dy, a (and u) as each
-    [BLOCK_M, BLOCK_R] step is loaded; the first column block's programs store them."""
+              SWIGLU: tl.constexpr, MODE: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, GROUP_M: tl.constexpr):  # fmt: skip
+    """dx [M, K] = d1 @ w1 (+ d2 @ w2), d1 and d2 made as each [BLOCK_M, BLOCK_R] step is
+    loaded. MODE 0: from dy, a (and u), the derivative computed here, and stored by the
+    first column block's programs; 1: a (and u) are factors the forward kept (gelu'(pre);
+    u * silu'(g) and silu(g)), one multiply by dy; 2: a (and u) are d1 (and d2): a plain
+    GEMM, Triton's rate here."""
     pid = tl.program_id(0)
     blocks_m, blocks_k = tl.cdiv(M, BLOCK_M), tl.cdiv(K, BLOCK_K)
     group = pid // (GROUP_M * blocks_k)
@@ -88,21 +95,26 @@ def _prologue(dy_ptr, a_ptr, u_ptr, b_ptr, w1_ptr, w2_ptr, dx_ptr, d1_ptr, d2_pt
         offs_r = r + tl.arange(0, BLOCK_R)
         mask = mask_m[:, None] & (offs_r < N)[None, :]
         flat = offs_m[:, None].to(tl.int64) * N + offs_r[None, :]
-        dy = tl.load(dy_ptr + flat, mask=mask, other=0.0).to(tl.float32)
-        a = tl.load(a_ptr + flat, mask=mask, other=0.0).to(tl.float32)
-        u = tl.load(u_ptr + flat, mask=mask, other=0.0).to(tl.float32) if SWIGLU else a
-        b = tl.load(b_ptr + offs_r, mask=offs_r < N, other=0.0).to(tl.float32)
-        d1, d2 = _grads(dy, a, u, b, SWIGLU)
-        d1 = d1.to(dy_ptr.dtype.element_ty)
+        a = tl.load(a_ptr + flat, mask=mask, other=0.0)
+        u = tl.load(u_ptr + flat, mask=mask, other=0.0) if SWIGLU else a
+        if MODE == 2:
+            d1, d2 = a, u
+        else:
+            dy = tl.load(dy_ptr + flat, mask=mask, other=0.0).to(tl.float32)
+            if MODE == 1:
+                d1, d2 = dy * a.to(tl.float32), dy * u.to(tl.float32)
+            else:
+                b = tl.load(b_ptr + offs_r, mask=offs_r < N, other=0.0).to(tl.float32)
+                d1, d2 = _grads(dy, a.to(tl.float32), u.to(tl.float32), b, SWIGLU)
+            d1, d2 = d1.to(dy_ptr.dtype.element_ty), d2.to(dy_ptr.dtype.element_ty)
         w_at = offs_r[:, None].to(tl.int64) * K + offs_k[None, :]
         w_mask = (offs_r < N)[:, None] & (offs_k < K)[None, :]
         acc = tl.dot(d1, tl.load(w1_ptr + w_at, mask=w_mask, other=0.0), acc)
-        if pid_k == 0:
+        if MODE == 0 and pid_k == 0:
             tl.store(d1_ptr + flat, d1, mask=mask)
         if SWIGLU:
-            d2 = d2.to(dy_ptr.dtype.element_ty)
             acc = tl.dot(d2, tl.load(w2_ptr + w_at, mask=w_mask, other=0.0), acc)
-            if pid_k == 0:
+            if MODE == 0 and pid_k == 0:
                 tl.store(d2_ptr + flat, d2, mask=mask)
     out = offs_m[:, None].to(tl.int64) * K + offs_k[None, :]
     tl.store(
@@ -123,15 +135,35 @@ def by_pass(t, swiglu):
     return dx, d1, d2
 
 
-def by_prologue(t, swiglu, cfg):
+def by_prologue(t, swiglu, cfg, mode=0):
     dy, a, u, b, w1, w2 = t
     m, n = dy.shape
     k = w1.shape[1]
     dx = torch.empty(m, k, device=dy.device, dtype=dy.dtype)
     d1, d2 = torch.empty_like(dy), torch.empty_like(dy) if swiglu else dy
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(k, cfg["BLOCK_K"]),)
-    _prologue[grid](dy, a, u, b, w1, w2, dx, d1, d2, m, n, k, SWIGLU=swiglu, **cfg)
+    _prologue[grid](dy, a, u, b, w1, w2, dx, d1, d2, m, n, k, SWIGLU=swiglu, MODE=mode, **cfg)
     return dx, d1, d2
+
+
+def for_mode(t, swiglu, mode):
+    """Mode 0's inputs turned into what modes 1 and 2 read (see _prologue), rounded to
+    the call's dtype as a forward that stored them would have."""
+    if mode == 0:
+        return t
+    dy, a, u, b, w1, w2 = (v.double() for v in t)
+    if swiglu:
+        s = torch.sigmoid(a)
+        f1, f2 = u * (s + a * s * (1 - s)), a * s
+    else:
+        x = a + b
+        s = torch.sigmoid(1.5957691216057308 * (x + 0.044715 * x**3))
+        f1 = s + x * s * (1 - s) * 1.5957691216057308 * (1 + 0.134145 * x * x)
+        f2 = f1
+    if mode == 2:
+        f1, f2 = dy * f1, dy * f2
+    dtype = t[0].dtype
+    return t[0], f1.to(dtype), f2.to(dtype), t[3], t[4], t[5]
 
 
 def reference(t, swiglu):
@@ -162,6 +194,7 @@ def errors(got, want, swiglu):
     return max(error(g, w) for g, w in list(zip(got, want, strict=True))[: 3 if swiglu else 2])
 
 
+MODES = ("derivative prologue", "product prologue", "plain Triton GEMM")
 CONFIGS = [
     dict(BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br, GROUP_M=8, num_warps=w, num_stages=s)
     for bm, bk, br, w, s in (
@@ -181,9 +214,12 @@ def check() -> None:
         t = inputs(37, 70, 40, "cpu", torch.float16)  # ragged against every block
         want = reference(t, swiglu)
         e_pass = errors(by_pass(t, swiglu), want, swiglu)
-        e_pro = errors(by_prologue(t, swiglu, cfg), want, swiglu)
-        print(f"swiglu={swiglu}: pass {e_pass:.1e}, prologue {e_pro:.1e}")
-        assert e_pass < 2e-2 and e_pro < 2e-2, (e_pass, e_pro)
+        e_pro = [
+            error(by_prologue(for_mode(t, swiglu, mode), swiglu, cfg, mode)[0], want[0])
+            for mode in (0, 1, 2)
+        ]
+        print(f"swiglu={swiglu}: pass {e_pass:.1e}, prologue modes 0-2 {e_pro}")
+        assert max(e_pass, *e_pro) < 2e-2, (e_pass, e_pro)
 
 
 def chain_row(name, swiglu, shape, rounds):
@@ -195,14 +231,21 @@ def chain_row(name, swiglu, shape, rounds):
     want = reference(t, swiglu)
     variants = {"pass + cuBLAS": lambda i: by_pass(t, swiglu)}
     errs = {"pass + cuBLAS": errors(by_pass(t, swiglu), want, swiglu)}
-    for cfg in CONFIGS:
-        key = "prologue " + json.dumps(cfg)
+    modes_in = {}
+    for mode, cfg in [(mode, cfg) for mode in (0, 1, 2) for cfg in CONFIGS]:
+        key = f"{MODES[mode]} " + json.dumps(cfg)
+        if mode not in modes_in:
+            modes_in[mode] = for_mode(t, swiglu, mode)
+        given = modes_in[mode]
         try:
-            errs[key] = errors(by_prologue(t, swiglu, cfg), want, swiglu)
+            got = by_prologue(given, swiglu, cfg, mode)
+            errs[key] = errors(got, want, swiglu) if mode == 0 else error(got[0], want[0])
         except Exception as exc:  # noqa: BLE001  (a tile out of shared memory)
             print(f"  {name} {key}: {type(exc).__name__}")
             continue
-        variants[key] = lambda i, cfg=cfg: by_prologue(t, swiglu, cfg)
+        variants[key] = lambda i, cfg=cfg, mode=mode, given=given: by_prologue(
+            given, swiglu, cfg, mode
+        )
     if swiglu:
         variants["cuBLAS GEMMs alone"] = lambda i: torch.addmm(torch.mm(t[0], t[4]), t[1], t[5])
     else:
