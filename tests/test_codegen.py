@@ -387,6 +387,34 @@ def test_row_backward_reads_fewer_tensors_where_the_forward_wrote_them(write_spe
     assert pieces["saved_outputs"] == ["out"] and "row_max" not in body
 
 
+def test_layernorm_shift_is_the_first_column_computed_alone(write_spec):
+    """The forward's shift is the chain's value at column 0, from loads at column 0 with
+    each operand's broadcast dropped (one value a row), not a reduction over the row."""
+    path = write_spec("""
+        kernels:
+          - name: shifted
+            dims: {M: dynamic, N: dynamic}
+            inputs: {x: [M, N], s: [M], c: [N], r: [M, N]}
+            chain: [{input: x}, {mul: s}, {add: c}, {add: r}, {add: 4.0}, layernorm]
+        """)
+    (kernel,) = build.load([path]).kernels
+    assert kernel_text.first_column(kernel) == [
+        "first_offs_n = tl.zeros([1], dtype=tl.int32)",
+        "row_shift = tl.load(x_ptr + offs_m * stride_x_m, mask=mask_m, other=0.0).to(tl.float32)",
+        "first_s = tl.load(s_ptr + offs_m * stride_s_m, mask=mask_m, other=0.0).to(tl.float32)",
+        "row_shift = row_shift * first_s",
+        "first_c = tl.load(c_ptr + first_offs_n * stride_c_n, mask=(first_offs_n < N),"
+        " other=0.0).to(tl.float32)",
+        "row_shift = row_shift + first_c",
+        "first_r = tl.load(r_ptr + offs_m * stride_r_m, mask=mask_m, other=0.0).to(tl.float32)",
+        "row_shift = row_shift + first_r",
+        "row_shift = row_shift + 4.0",
+    ]
+    pieces = kernel_text.row_pieces(kernel)
+    assert pieces["first"][2:] == kernel_text.first_column(kernel)
+    assert not any("== 0" in line for part in pieces.values() for line in part)
+
+
 def test_matmul_chains_have_a_training_epilogue_kernel(examples):
     # Chains that save their accumulators get the epilogue kernel (cuBLAS computes them in
     # a bf16 or fp16 training forward); it is outside KERNEL_HASH, as the backward is.

@@ -161,6 +161,14 @@ kernels:
       - output: act
       - layernorm: {weight: g, bias: beta}
 
+  - name: row_scaled_layernorm
+    doc: A per-column scale, a full addend and a constant before the norm (its shift,
+      the value at each row's first column, computed from all three).
+    dims: {M: dynamic, N: dynamic}
+    dtypes: [bf16, fp32]
+    inputs: {x: [M, N], c: [N], r: [M, N]}
+    chain: [{input: x}, {mul: c}, {add: r}, {add: 4.0}, {layernorm: {eps: 1.0e-6}}]
+
   - name: row_layernorm_scale_cast
     doc: norm -> scale -> cast.
     dims: {M: dynamic, N: dynamic}
@@ -387,6 +395,7 @@ TINY = {
         "ew_mixed",
         "row_log_softmax_masked",
         "row_bias_gelu_layernorm",
+        "row_scaled_layernorm",
         "row_rmsnorm_gemma",
         "row_mean_fp32",
         "row_max_silu",
@@ -929,6 +938,27 @@ def test_the_traced_backward_goes_through_wrap_triton(zoo, monkeypatch, name):
     assert [k.__name__ for k, _, _ in recorder.launches] == [f"_{name}_kernel_backward"]
     for got, want in zip(found, eager, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_row_backward_pipelines_its_loads_where_they_fit(zoo, monkeypatch):
+    """Norms that keep their statistics and sum [cols] gradients run their loop with three
+    steps' loads in flight where they fit the GPU's shared memory, with the launch shape
+    measured for their width; other row backwards keep one stage."""
+    norm = load(zoo, "row_bias_gelu_layernorm")[0]._KERNELS
+    softmax = load(zoo, "row_softmax")[0]._KERNELS
+    for runtime in (norm, softmax):
+        monkeypatch.setattr(runtime, "interpreted", lambda: False)
+        monkeypatch.setattr(runtime, "device_facts", lambda device: (9, 132, 232_448))
+
+    def launch(runtime, cols, row_bytes=8):
+        config, grid, _ = runtime.backward_launch(4096, cols, "cuda", row_bytes)
+        return config["BLOCK_M"], config["num_warps"], grid[0], config["LOOP_STAGES"]
+
+    assert launch(norm, 8192) == (1, 8, 132, 3)
+    assert launch(norm, 4096) == (2, 8, 132, 3)
+    assert launch(norm, 768) == (2, 4, 264, 3)
+    assert launch(norm, 8192, row_bytes=16) == (1, 8, 132, 1)  # fp32: over shared memory
+    assert launch(softmax, 8192)[3] == 1
 
 
 def test_ops_are_triton_ops_where_inductor_can_launch_them(zoo, monkeypatch):
