@@ -1146,14 +1146,24 @@ class Kernels:
                 # warps); at 4096 columns two rows on 8 warps (add + RMSNorm 16384 x
                 # 4096 0.161 -> 0.134, RMSNorm 0.121 -> 0.105, LayerNorm 0.149 -> 0.117);
                 # BERT's 768 two rows on 4 warps, two programs an SM (0.068 -> 0.049).
-                block_m, warps, per_sm = (
+                pipelined = (
                     (1, 8 if block_n == 8192 else 16, 1)
                     if block_n >= 8192
                     else (2, 8, 1) if block_n == 4096 else (2, 4, 2)
                 )
-                stage = block_m * block_n * row_bytes
+                stage = pipelined[0] * block_n * row_bytes
                 room = self.shared_memory_limit(device) - 16384  # the reductions' scratch
-                stages = 3 if interpreted or 3 * stage <= room else 1
+                if interpreted or 3 * stage <= room:
+                    (block_m, warps, per_sm), stages = pipelined, 3
+                elif block_n >= 4096:
+                    # Unpipelined (fp32 rows, smaller GPUs), one row a step (2026-12-04):
+                    # 16 warps and one program an SM (LayerNorm 4096 x 8192 0.108 -> 0.094
+                    # ms); at 4096 columns 4 warps and 8 programs an SM where one [cols]
+                    # sum is kept (RMSNorm 16384 x 4096 0.131 -> 0.121), 8 and 2 with two.
+                    sums = sum(kind == "row" for _, _, kind in self.grads)
+                    block_m, warps, per_sm = 1, 16, 1
+                    if block_n == 4096:
+                        warps, per_sm = (4, 8) if sums == 1 else (8, 2)
             programs = triton.cdiv(rows, block_m)
             programs = min(programs, 2 if interpreted else per_sm * self.device_facts(device)[1])
             config = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps}
