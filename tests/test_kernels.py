@@ -940,6 +940,25 @@ def test_the_traced_backward_goes_through_wrap_triton(zoo, monkeypatch, name):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("name", ["mm_gate_full", "mm_gate_recompute"])
+def test_matmul_backward_overwrites_its_accumulators_yet_retain_graph_works(zoo, name):
+    """An eager training call's backward writes d_pre over the saved accumulators (an
+    [M, N] tensor a matmul less at the peak); a second backward through the same graph
+    (retain_graph) makes them again and gets the same gradients."""
+    kernel, chain = load_chain(zoo, name)
+    inputs = chain.make_inputs({**chain.sizes, **chain.cases[0]}, torch.float16, new_seed())
+    leaves = [t.requires_grad_() for t in inputs.values()]
+    out = getattr(kernel, name)(*leaves)
+    saved = out.grad_fn.saved_tensors[len(leaves) :]
+    before = [t.clone() for t in saved]
+    grad = torch.randn_like(out)
+    first = torch.autograd.grad(out, leaves, grad, retain_graph=True)
+    assert all(not torch.equal(a, b) for a, b in zip(saved, before, strict=True))
+    second = torch.autograd.grad(out, leaves, grad)
+    for a, b in zip(first, second, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_row_backward_pipelines_its_loads_where_they_fit(zoo, monkeypatch):
     """Norms that keep their statistics and sum [cols] gradients run their loop with three
     steps' loads in flight where they fit the GPU's shared memory, with the launch shape

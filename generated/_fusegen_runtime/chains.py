@@ -80,10 +80,17 @@ class _Trained(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         kernels = ctx.kernels
-        return (
-            None,
-            *kernels.differentiate(ctx, grads, ctx.needs_input_grad[1:], kernels.backward),
-        )
+        # A matmul chain's backward writes d_pre over the saved accumulators it reads for
+        # the last time: an [M, N] tensor a matmul less at the step's peak. A second
+        # backward through the node (retain_graph) finds them overwritten: it recomputes
+        # them, as for backward.save: inputs.
+        again = getattr(ctx, "overwritten", False)
+        ctx.overwritten = True
+
+        def backward(grads, inputs, saved, needs):
+            return kernels.backward(grads, inputs, saved, needs, overwrite=True, stale=again)
+
+        return (None, *kernels.differentiate(ctx, grads, ctx.needs_input_grad[1:], backward))
 
 
 class Kernels:
@@ -1020,18 +1027,21 @@ class Kernels:
         self.record(config, "training", "cublas + epilogue")
         return tuple(saved)
 
-    def backward(self, grads, inputs, saved, needs):
+    def backward(self, grads, inputs, saved, needs, overwrite=False, stale=False):
         """The inputs' gradients from the outputs' (`grads`), as a list: an empty tensor
         for each input `needs` does not ask for, which costs no work (a frozen weight: no
-        weight-gradient matmul)."""
+        weight-gradient matmul). A matmul chain's: overwrite, d_pre written over the
+        accumulators (the kernel reads each tile before it writes it); stale, the saved
+        accumulators were overwritten so (as with backward.save: inputs) cuBLAS makes
+        them again."""
         plan = self.call_plan(inputs)
         dims = dict(zip(self.module["DIMS"], plan.tail, strict=False))
         rows, cols = dims[self.dims[0]], dims[self.dims[1]]
         if not self.backward_launches(inputs):
             return self.reference_grads(grads, inputs, needs)
         views = self.module["_checked"](*inputs)[2]
-        if self.matmul and not saved:  # backward.save: inputs
-            saved = self.accumulators(views)
+        if self.matmul and (stale or not saved):  # backward.save: inputs, or overwritten
+            saved = [*self.accumulators(views), *saved[self.saves :]]
         incoming = [
             g.reshape(-1) if i == 0 and self.reduces else g.reshape(-1, cols)
             for i, g in enumerate(grads)
@@ -1051,6 +1061,9 @@ class Kernels:
             if index >= 0:
                 flags[f"NEED_{name.upper()}"] = want
             dtype = plan.dtype if index < 0 else inputs[index].dtype
+            if overwrite and self.matmul and index < 0:  # d_pre, d_pre_gate: as saved
+                buffers.append(saved[len(buffers)])
+                continue
             if not want:
                 shape, dtype = (1,), torch.float32
             elif kind == "full":
