@@ -400,30 +400,13 @@ def row_op(
         return out, back
     if step.op in ("rmsnorm", "layernorm"):
         fwd.append(f"row_x = tl.where(in_bounds, {u}, 0.0)")
-        stats = row_stats(kernel)
-        if stats:  # kept by the forward: no reductions to recompute them
-            ptr, mask = naming.ptr("saved_stats"), naming.mask(kernel.row)
-            for i, (name, _) in enumerate(stats):
-                addr = stat_addr(kernel, ptr, i)
-                fwd.append(f"{name} = tl.load({addr}, mask={mask}, other=0.0)")
-            centred = "row_x - row_mean[:, None]" if step.op == "layernorm" else "row_x"
-            fwd.append(f"row_xhat = tl.where(in_bounds, ({centred}) * row_rstd[:, None], 0.0)")
-        elif step.op == "rmsnorm":
-            fwd.append(
-                f"row_rstd = tl.rsqrt(tl.sum(row_x * row_x, axis=1) / {n} + {lit(params['eps'])})"
-            )
-            fwd.append("row_xhat = row_x * row_rstd[:, None]")
-        else:
-            first = f"tl.sum(tl.where({naming.offs(kernel.col)}[None, :] == 0, row_x, 0.0), axis=1)"
-            fwd += [
-                "# Around the row's first element, as the forward: a constant row gives 0.",
-                f"row_x = tl.where(in_bounds, row_x - {first}[:, None], 0.0)",
-                f"row_mean = tl.sum(row_x, axis=1) / {n}",
-                "row_dev = tl.where(in_bounds, row_x - row_mean[:, None], 0.0)",
-                "row_rstd = tl.rsqrt("
-                f"tl.sum(row_dev * row_dev, axis=1) / {n} + {lit(params['eps'])})",
-                "row_xhat = row_dev * row_rstd[:, None]",
-            ]
+        # A norm's forward keeps its row statistics (row ops never follow a matmul, the one
+        # kind of chain row_stats leaves out): no reductions to recompute them.
+        ptr, mask = naming.ptr("saved_stats"), naming.mask(kernel.row)
+        for i, (name, _) in enumerate(row_stats(kernel)):
+            fwd.append(f"{name} = tl.load({stat_addr(kernel, ptr, i)}, mask={mask}, other=0.0)")
+        centred = "row_x - row_mean[:, None]" if step.op == "layernorm" else "row_x"
+        fwd.append(f"row_xhat = tl.where(in_bounds, ({centred}) * row_rstd[:, None], 0.0)")
         weight = _row_vector(kernel, step, "weight", rev)
         bias = _row_vector(kernel, step, "bias", rev)
         gain = weight
