@@ -5,11 +5,13 @@ a tile kernel's fixed tiles, a row kernel's whole row in BLOCK_N with a few prog
 SM looping over row blocks). This measures that choice against the others on the example
 modules at training sizes, so the defaults come from measurements:
 
-    python benchmarks/backward_configs.py [--out FILE.json]
+    python benchmarks/backward_configs.py [--out FILE.json] [--built FOLDER]
+        [--modules NAME ...] [--stages 1 3]
 
 Each row: the module, the config, the GPU time of the whole backward call (CUDA graph
 replays: the kernel, the partial sums' reduction; a matmul chain asks for no operand
-gradient, so no cuBLAS). --built FOLDER adds benchmarks/specs/training.yaml's modules.
+gradient, so no cuBLAS). --built FOLDER adds benchmarks/specs/training.yaml's modules;
+--stages sweeps a row kernel's loop pipeline stages (LOOP_STAGES) over a narrower grid.
 """
 
 from __future__ import annotations

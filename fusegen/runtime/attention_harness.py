@@ -80,10 +80,13 @@ class Suite:
         rounding = ROUNDING[dtype]
         # An fp32 sum's rounding grows as sqrt(terms), and eager's order can get lucky: no
         # element of out or a gradient sums more than batch * heads * max(q_len, k_len)
-        # terms.
+        # terms. Each element is itself such a sum, so the element-wise bound takes it too
+        # (seed 598621936 of the zoo's att_gqa_causal, fp32 dv with key lengths: 7.6e-6
+        # against 6.2e-6 allowed without it, norm-wise 5.9e-7 against 6.8e-6).
         batch, sq, skv = case
         summed = 4 * 2.0**-24 * (batch * self.kernel.HEADS * max(sq, skv)) ** 0.5
-        check_bound(what, got, want, eager, rounding, summed, f"seed {seed}, {dtype}")
+        where = f"seed {seed}, {dtype}"
+        check_bound(what, got, want, eager, rounding, summed, where, element_sum=True)
 
     def check_grads(self, call, inputs, upstream, seed, case):
         """Every gradient of `call(launcher)` against `call(reference)`'s (`call` wraps
