@@ -348,8 +348,8 @@ def first_column(kernel: Kernel) -> list[str]:
     lines = [f"value = tl.load({source}, mask=in_bounds, other=0.0).to(tl.float32)", *before]
     column = re.compile(rf" \+ {offs_col}\[None, :\] \* \w+|\[:, None\]|\[None, :\]")
     lines = [column.sub("", line) for line in lines]
-    operands = {s.operand for s in steps_before_row(kernel) if s.operand}
-    rename = {name: f"first_{name}" for name in (offs_col, *operands)}
+    # Every input's name: those the chain loads before the row op appear in the lines.
+    rename = {name: f"first_{name}" for name in (offs_col, *(t.name for t in kernel.inputs))}
     rename |= {"value": "row_shift", "in_bounds": naming.mask(kernel.row)}
     rename[mask_col] = f"(first_{offs_col} < {kernel.col})"
     pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(rename))) + r")\b")
@@ -357,16 +357,6 @@ def first_column(kernel: Kernel) -> list[str]:
     if any(f"first_{offs_col}" in line for line in lines):  # a [cols] operand's load
         lines.insert(0, f"first_{offs_col} = tl.zeros([1], dtype=tl.int32)")
     return lines
-
-
-def steps_before_row(kernel: Kernel) -> list[Step]:
-    out = []
-    for item in kernel.steps:
-        if isinstance(item, RowStep):
-            break
-        if isinstance(item, Step):
-            out.append(item)
-    return out
 
 
 def row_pieces(kernel: Kernel) -> dict:
