@@ -231,6 +231,26 @@ def test_deterministic_kernels_never_tune(write_spec, run_cli, tmp_path, monkeyp
     assert launch["config"] in [module._KERNELS.complete(launch["path"], c) for c in module.CONFIGS]
 
 
+def test_a_shape_no_config_suits_runs_the_smallest_untuned(
+    write_spec, run_cli, tmp_path, monkeypatch
+):
+    # One row: every tile of this space is at least twice as tall (fits says no to all),
+    # so the estimate has nothing to rank; the config needing least shared memory runs,
+    # as the autotuner's prune keeps it, not DEFAULT_CONFIG from outside the space.
+    lines = SPEC.splitlines(keepends=True)
+    spec = write_spec("".join(line for line in lines if "BLOCK_M: 16" not in line))
+    out_dir = tmp_path / "gen"
+    assert run_cli("build", str(spec), "--out", str(out_dir))[0] == 0
+    module = import_fresh(out_dir / "tiny_gelu.py")
+    monkeypatch.setattr(module._KERNELS, "device_identity", lambda device: FAKE_GPU)
+    monkeypatch.setattr(module._KERNELS, "can_tune", lambda device: True)
+    monkeypatch.setenv("FUSEGEN_AUTOTUNE", "0")
+    module.tiny_gelu(torch.randn(1, 64), torch.randn(48, 64) / 8, torch.randn(48))
+    launch = module.last_launch()
+    assert launch["source"] == "default"
+    assert (launch["config"]["BLOCK_M"], launch["config"]["BLOCK_K"]) == (32, 32)
+
+
 def test_a_default_the_spec_gives_runs_as_given(write_spec, run_cli, tmp_path, monkeypatch):
     given = "    deterministic: true\n    autotune:\n      default: {BLOCK_M: 32, BLOCK_N: 32}\n"
     spec = write_spec(SPEC[: SPEC.index("    autotune:")] + given)

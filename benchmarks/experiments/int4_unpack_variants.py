@@ -154,9 +154,7 @@ def _halves_step(x_even, x_odd, w_ptr, s_ptr, z_ptr, offs_n, mask_n, offs_b, k0,
     lo = ((b & 15) | MAGIC).to(x_even.dtype, bitcast=True)
     hi = ((b >> 4) | MAGIC).to(x_even.dtype, bitcast=True)
     z = tl.load(z_ptr + offs_n * (K // GROUP) + k0 // GROUP, mask=mask_n, other=0).to(tl.float32)
-    s = tl.load(s_ptr + offs_n * (K // GROUP) + k0 // GROUP, mask=mask_n, other=0.0).to(
-        tl.float32
-    )
+    s = tl.load(s_ptr + offs_n * (K // GROUP) + k0 // GROUP, mask=mask_n, other=0.0).to(tl.float32)
     # One return (Triton checks every return's shape, a constexpr branch's too).
     if SWAP:  # [BLOCK_N, BLOCK_M]
         part = tl.dot(lo, tl.trans(x_even))

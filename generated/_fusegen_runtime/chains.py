@@ -712,7 +712,7 @@ class Kernels:
         """(path, config) the estimate picks where nothing is tuned: the best of `path`'s
         fitting configs (at an fp32 call's `precision`), and of the pointer kernel's too
         where `path` is TMA and FUSEGEN_TMA leaves the choice open (decode-sized calls run
-        faster on it)."""
+        faster on it); where none fits, the one needing the least shared memory."""
         first = args[0]
         sizes = self.sizes(dict(zip(self.module["DIMS"], args[self.outputs.stop :], strict=False)))
         sms = self.device_facts(first.device)[1]
@@ -732,7 +732,15 @@ class Kernels:
                 estimate = self.estimate_us(config, tma, sizes, first.element_size(), sms)
                 if best is None or estimate < best[0]:
                     best = (estimate, candidate, config)
-        return (best[1], best[2]) if best else (path, self.paths[path][2])
+        if best is None:  # no tile suits so small a shape: the smallest, as prune keeps
+            tma = path == "tma"
+            space = [self.complete(path, c) for c in self.paths[path][1]]
+            smem = [
+                self.config_smem(c, c.get("num_stages", 1), first.element_size(), tma)
+                for c in space
+            ]
+            return path, space[smem.index(min(smem))]
+        return best[1], best[2]
 
     # Choosing a launch's config: the caller's; the interpreter's; a tuned table's entry
     # for this GPU; runtime tuning; the default.
