@@ -94,10 +94,10 @@ CONFIGS = [
 DEFAULT_CONFIG = {
     "BLOCK_M": 64,
     "BLOCK_N": 128,
-    "BLOCK_K": 64,
+    "BLOCK_K": 128,
     "GROUP_M": 8,
     "num_warps": 4,
-    "num_stages": 3,
+    "num_stages": 2,
 }
 INTERPRETER_CONFIG = {
     "BLOCK_M": 32,
@@ -209,22 +209,40 @@ def _deepseek_mlp_fp8_kernel(
             mask=mask_m,
             other=1.0,
         ).to(tl.float32)
-        w_gate_scale_k = tl.load(
-            w_gate_scale_ptr
-            + (offs_n // 128) * stride_w_gate_scale_rows
-            + (k * BLOCK_K) // 128 * stride_w_gate_scale_groups,
-            mask=mask_n,
-            other=1.0,
-        ).to(tl.float32)
-        acc += tl.dot(x_tile, w_gate_tile.T) * x_scale_k[:, None] * w_gate_scale_k[None, :]
-        w_up_scale_k = tl.load(
-            w_up_scale_ptr
-            + (offs_n // 128) * stride_w_up_scale_rows
-            + (k * BLOCK_K) // 128 * stride_w_up_scale_groups,
-            mask=mask_n,
-            other=1.0,
-        ).to(tl.float32)
-        acc_gate += tl.dot(x_tile, w_up_tile.T) * x_scale_k[:, None] * w_up_scale_k[None, :]
+        if 128 % BLOCK_N == 0:  # the tile's columns share one scale a step
+            w_gate_scale_k = tl.load(
+                w_gate_scale_ptr
+                + (pid_n * BLOCK_N // 128) * stride_w_gate_scale_rows
+                + (k * BLOCK_K) // 128 * stride_w_gate_scale_groups
+            ).to(tl.float32)
+            w_gate_factor = (x_scale_k * w_gate_scale_k)[:, None]
+        else:
+            w_gate_scale_k = tl.load(
+                w_gate_scale_ptr
+                + (offs_n // 128) * stride_w_gate_scale_rows
+                + (k * BLOCK_K) // 128 * stride_w_gate_scale_groups,
+                mask=mask_n,
+                other=1.0,
+            ).to(tl.float32)
+            w_gate_factor = x_scale_k[:, None] * w_gate_scale_k[None, :]
+        acc += tl.dot(x_tile, w_gate_tile.T) * w_gate_factor
+        if 128 % BLOCK_N == 0:  # the tile's columns share one scale a step
+            w_up_scale_k = tl.load(
+                w_up_scale_ptr
+                + (pid_n * BLOCK_N // 128) * stride_w_up_scale_rows
+                + (k * BLOCK_K) // 128 * stride_w_up_scale_groups
+            ).to(tl.float32)
+            w_up_factor = (x_scale_k * w_up_scale_k)[:, None]
+        else:
+            w_up_scale_k = tl.load(
+                w_up_scale_ptr
+                + (offs_n // 128) * stride_w_up_scale_rows
+                + (k * BLOCK_K) // 128 * stride_w_up_scale_groups,
+                mask=mask_n,
+                other=1.0,
+            ).to(tl.float32)
+            w_up_factor = x_scale_k[:, None] * w_up_scale_k[None, :]
+        acc_gate += tl.dot(x_tile, w_up_tile.T) * w_up_factor
     in_bounds = mask_m[:, None] & mask_n[None, :]
     if SPLIT_K > 1:
         # Each program stores its partial sums (scales applied: they are linear); the

@@ -331,7 +331,7 @@ kernels:
     inputs:
       x: {shape: [M, K], dtype: int8, scale: per_row, zero_point: true}
       w: {shape: [N, K], dtype: int4, scale: per_tensor, zero_point: true, packing: high_first}
-      w2: {shape: [N, K], dtype: fp8_e5m2, scale: {per_block: [32, 32]}}
+      w2: {shape: [N, K], dtype: fp8_e5m2, scale: {per_block: [64, 32]}}
       b: [N]
     chain:
       - matmul: x @ w.T
@@ -366,7 +366,9 @@ def test_the_kinds_the_examples_lack_pass_their_generated_tests(write_spec, tmp_
     # points, a per-tensor scale and zero point, high_first nibbles, fp8 e5m2 weights
     # converted for a bf16/fp16 dot beside an int4 one; and on the one-row (GEMV) path,
     # signed high_first int4 with block scales, zero points constant along K (per row,
-    # per tensor), int8 groups with zero points.
+    # per tensor), int8 groups with zero points. rare_kinds' w2 blocks of 64 rows hold
+    # the interpreter's 64-column tiles (one scale a K step); gemv_int4_kinds' w blocks of
+    # 32 rows do not (a scale a column).
     out = tmp_path / "out"
     assert main(["build", str(write_spec(RARE_KINDS)), "--out", str(out)]) == 0
     env = dict(os.environ)

@@ -154,11 +154,13 @@ def lower_quant(kernel: Kernel, spec: KernelSpec, err: Callable) -> QuantChain |
     space = configs.QUANT_GATED_SPACE if gated else configs.QUANT_SPACE
     space += configs.QUANT_SPLIT_SPACE
     groups = [q.group for q in quants if q.k_varying]
+    fp8_steps = bool(groups) and all(q.dtype in FP8_NAMES for q in quants if q.k_varying)
+    default = configs.QUANT_FP8_STEP_DEFAULT if fp8_steps else configs.QUANT_DEFAULT
     qc = QuantChain(
         chain=kernel,
         quant=tuple(quants),
         configs=_fitted(space, groups),
-        default_config=_fitted((configs.QUANT_DEFAULT,), groups)[0],
+        default_config=_fitted((default,), groups)[0],
         interpreter_config=_fitted((configs.QUANT_INTERPRETER,), groups)[0],
     )
     if not qc.gemv:
