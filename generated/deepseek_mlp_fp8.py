@@ -215,7 +215,7 @@ def _deepseek_mlp_fp8_kernel(
                 + (pid_n * BLOCK_N // 128) * stride_w_gate_scale_rows
                 + (k * BLOCK_K) // 128 * stride_w_gate_scale_groups
             ).to(tl.float32)
-            w_gate_factor = (x_scale_k * w_gate_scale_k)[:, None]
+            acc += tl.dot(x_tile, w_gate_tile.T) * (x_scale_k * w_gate_scale_k)[:, None]
         else:
             w_gate_scale_k = tl.load(
                 w_gate_scale_ptr
@@ -224,15 +224,14 @@ def _deepseek_mlp_fp8_kernel(
                 mask=mask_n,
                 other=1.0,
             ).to(tl.float32)
-            w_gate_factor = x_scale_k[:, None] * w_gate_scale_k[None, :]
-        acc += tl.dot(x_tile, w_gate_tile.T) * w_gate_factor
+            acc += tl.dot(x_tile, w_gate_tile.T) * x_scale_k[:, None] * w_gate_scale_k[None, :]
         if 128 % BLOCK_N == 0:  # the tile's columns share one scale a step
             w_up_scale_k = tl.load(
                 w_up_scale_ptr
                 + (pid_n * BLOCK_N // 128) * stride_w_up_scale_rows
                 + (k * BLOCK_K) // 128 * stride_w_up_scale_groups
             ).to(tl.float32)
-            w_up_factor = (x_scale_k * w_up_scale_k)[:, None]
+            acc_gate += tl.dot(x_tile, w_up_tile.T) * (x_scale_k * w_up_scale_k)[:, None]
         else:
             w_up_scale_k = tl.load(
                 w_up_scale_ptr
@@ -241,8 +240,7 @@ def _deepseek_mlp_fp8_kernel(
                 mask=mask_n,
                 other=1.0,
             ).to(tl.float32)
-            w_up_factor = x_scale_k[:, None] * w_up_scale_k[None, :]
-        acc_gate += tl.dot(x_tile, w_up_tile.T) * w_up_factor
+            acc_gate += tl.dot(x_tile, w_up_tile.T) * x_scale_k[:, None] * w_up_scale_k[None, :]
     in_bounds = mask_m[:, None] & mask_n[None, :]
     if SPLIT_K > 1:
         # Each program stores its partial sums (scales applied: they are linear); the

@@ -211,10 +211,12 @@ def _block_scale_lines(a: Quant | None, b: Quant, n: str, acc: str, dot: str) ->
     """A K step of weights scaled per block of rows: where BLOCK_N divides the block, the
     tile's columns share one scale, and the step's factor is a [BLOCK_M] vector, so the
     scales cost one multiply-add an accumulator element, not two (the tensor cores wait
-    on them: a block-scaled fp8 SwiGLU ran 2.3x faster so at 128 x 64 tiles, 1% at the
-    fastest, in benchmarks/experiments/fp8_block_scale_fma.py)."""
+    on them: a block-scaled fp8 SwiGLU ran 2.3x faster so at 128 x 64 tiles and 8% at the
+    fastest, benchmarks/experiments/fp8_block_scale_fma.py). Else a scale a column,
+    multiplied in turn: a [BLOCK_M, BLOCK_N] product of the two scales formed first ran
+    2.5x slower (its layout is not the dot's)."""
     group_index = f"(k * BLOCK_K) // {b.group}"
-    scale, factor = f"{b.name}_scale_k", f"{b.name}_factor"
+    scale = f"{b.name}_scale_k"
     row_scale = f"{a.name}_scale_k" if a is not None and a.k_varying else None
     ptr, rows, groups = (
         naming.ptr(b.scale_name),
@@ -222,14 +224,15 @@ def _block_scale_lines(a: Quant | None, b: Quant, n: str, acc: str, dot: str) ->
         naming.stride(b.scale_name, "groups"),
     )
     one = f"tl.load({ptr} + (pid_n * BLOCK_N // {b.rows_per}) * {rows} + {group_index} * {groups})"
+    shared = f"({row_scale} * {scale})[:, None]" if row_scale else scale
+    columns = f"{row_scale}[:, None] * {scale}[None, :]" if row_scale else f"{scale}[None, :]"
     return [
         f"if {b.rows_per} % BLOCK_N == 0:  # the tile's columns share one scale a step",
         f"    {scale} = {one}.to(tl.float32)",
-        f"    {factor} = {f'({row_scale} * {scale})[:, None]' if row_scale else scale}",
+        f"    {acc} += {dot}) * {shared}",
         "else:",
         f"    {_vector_load(b, 'scale', n, group_index)}",
-        f"    {factor} = {f'{row_scale}[:, None] * ' if row_scale else ''}{scale}[None, :]",
-        f"{acc} += {dot}) * {factor}",
+        f"    {acc} += {dot}) * {columns}",
     ]
 
 
