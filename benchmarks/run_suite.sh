@@ -51,8 +51,9 @@
 #   attention-configs  the attention kernels over a grid of launch configs (forward at each
 #                      case, the backward's dk/dv and dq kernels): what attention_text.py's CONFIGS hold
 #   attention-variants code variants of the attention kernels (benchmarks/experiments/
-#                      attention_variants.py: heaviest blocks first, TMA loads, warp
-#                      specialization), checked and timed before the generator takes one
+#                      attention_variants.py: heaviest blocks first, pointer loads, warp
+#                      specialization, a lazy rescale), checked and timed before the
+#                      generator takes one
 #   attention-bench    `fusegen bench` and `fusegen inspect` of specs/fused_attention.yaml's
 #                      kernels at a prefill and a decode shape, against SDPA and FlexAttention
 #   llama-compiled     the same model's decode, prefill and training step, eager, compiled and

@@ -1,8 +1,11 @@
 """`fusegen bench` without a GPU: it refuses clearly, and with a fake timer its logic
-and every output format work (on the Triton interpreter)."""
+and every output format work (on the Triton interpreter). And the experiments' edits of
+generated kernels still apply."""
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -405,3 +408,35 @@ runs:
         ("bench_layernorm", "fusegen", True),
         ("bench_layernorm", "eager", True),
     ]
+
+
+# -- benchmarks/experiments: edits of the generated kernels' text -----------------------
+
+
+def test_the_attention_variants_still_apply_and_compute_right():
+    # Each variant is a text edit of a generated module: one that no longer applies (the
+    # generator moved on) or computes wrong fails here, on the CPU, not in a GPU call.
+    script = ROOT / "benchmarks" / "experiments" / "attention_variants.py"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run(
+        [sys.executable, str(script), "--check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0 and "PASS" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+def test_the_fp8_block_experiment_edits_the_generated_module():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks" / "experiments"))
+    try:
+        from fp8_block_scale_fma import two_multiply_source
+    finally:
+        del sys.path[:2]
+    text = (ROOT / "generated" / "deepseek_mlp_fp8.py").read_text()
+    edited = two_multiply_source(text)
+    assert edited.count("if False:") == 2
+    compile(edited, "deepseek_mlp_fp8.py", "exec")

@@ -220,6 +220,12 @@ kernels:
     dtypes: [fp16]
     attention: {layout: bhsd, heads: 3, head_dim: 32}
 
+  - name: att_learned_bias
+    doc: No mask, unscaled, a learned bias (T5's), whose gradient's buffer is not zeroed
+      (every query sees every key; key lengths zero it).
+    dtypes: [fp16]
+    attention: {layout: bhsd, heads: 2, head_dim: 16, scale: 1.0, bias: true}
+
   - name: att_mla
     doc: v and out narrower than q and k (MLA's 192 and 128, scaled down; q and k's dim
       padded), grouped heads, causal.
