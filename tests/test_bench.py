@@ -440,3 +440,33 @@ def test_the_fp8_block_experiment_edits_the_generated_module():
     edited = two_multiply_source(text)
     assert edited.count("if False:") == 2
     compile(edited, "deepseek_mlp_fp8.py", "exec")
+
+
+def test_dot_waits_reads_which_dots_triton_leaves_in_flight():
+    # Compiled for sm_90 without a GPU (so not under the interpreter): the block-scaled
+    # fp8 K step multiplies each dot by its scales, so Triton 3.6 waits on it at once; a
+    # row-wise scaled chain's dot stays in flight (its wait leaves one pending). A Triton
+    # that changes this changes what the block-scaled kernel can reach (RESULTS, issue 31).
+    script = ROOT / "benchmarks" / "experiments" / "dot_waits.py"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+
+    def waits(module):
+        done = subprocess.run(
+            [sys.executable, str(script), "quantized", f"generated/{module}.py"]
+            + ["--config", "128,128,128,8,3"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return [line.strip() for line in done.stdout.splitlines()[1:]]
+
+    assert waits("deepseek_mlp_fp8") == [
+        "dot 1 (A from shared memory): waited at once (its wait: pendings 0)",
+        "dot 2 (A from shared memory): waited at once (its wait: pendings 0)",
+    ]
+    assert waits("gelu_fp8_rowwise") == [
+        "dot 1 (A from shared memory): in flight (its wait: pendings 1)"
+    ]

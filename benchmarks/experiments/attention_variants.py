@@ -14,10 +14,9 @@ Variants (combinations are joined with "+"):
                  (tl.range(..., warp_specialize=True))
   lazy-rescale   the forward rescales its accumulator only when some row's running max
                  grew by more than 8 (base 2; FA4's trick): probabilities then reach at
-                 most 2**8 against a stale max, which bf16 and the fp32 sums hold. Also
-                 the accumulator's one reader besides the PV dot sits under an `if`, which
-                 Triton 3.6's WGMMAPipeline asks of a dot it leaves asynchronous; without
-                 it (any op of the loop reading the dot's result) the dot is synchronous
+                 most 2**8 against a stale max, which bf16 and the fp32 sums hold. It
+                 saves the accumulator's multiply a step and adds a block-wide max; the PV
+                 dot stays in flight into the next step either way (dot_waits.py)
   rescale-if-grown  the same `if` at threshold 0: the generated arithmetic (a rescale
                  whenever some row's max grew), to tell the `if`'s part from the skipped
                  multiplies' (on the CPU it runs the rescale branch with a nonzero state)

@@ -1,0 +1,151 @@
+"""Which of a generated kernel's dots Triton leaves in flight on Hopper: the kernel
+compiled for sm_90 ahead of time (no GPU), each `ttng.warp_group_dot` of its TTGIR with
+the wait that follows it. A dot waited on right after its issue ("waited at once") keeps
+the tensor cores idle while the code after it runs; one whose wait comes later ("in
+flight") overlaps what comes between.
+
+Triton 3.6's WGMMAPipeline leaves a dot in flight only where, until the loop's first
+`wait {pendings = 0}`, its result feeds other dots alone (or ops under an `if`, which
+then wait for every dot). So a block-scaled fp8 K step (`acc += dot * scales`) waits at
+once; attention's PV dot stays in flight into the next step, until its QK dot's wait.
+
+    python3 benchmarks/experiments/dot_waits.py attention FOLDER MODULE [--variant V]
+        [--config BLOCK_M,BLOCK_N,WARPS,STAGES]
+    python3 benchmarks/experiments/dot_waits.py quantized MODULE.py [--config ...]
+
+attention: FOLDER holds benchmarks/specs/attention_anchors.yaml built, MODULE one of its
+modules, V an attention_variants.py variant (the forward kernel, bf16, TMA loads);
+quantized: a generated quantized chain (its tile kernel at each CONFIGS entry with
+BLOCK_M > 1, or --config BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+DOT = re.compile(r"(%[\w.]+) = ttng\.warp_group_dot (?!_wait)")
+WAIT = re.compile(r"ttng\.warp_group_dot_wait ([^{]*)\{pendings = (\d+)")
+
+
+def dot_waits(ttgir: str) -> list[str]:
+    """One line per dot: "waited at once" when the next op waits for it with no dot
+    left pending, else "in flight"; and the pendings of the first wait naming it."""
+    lines = ttgir.splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        found = DOT.search(line)
+        if not found:
+            continue
+        result = found[1]
+        kind = "in flight"
+        for later in lines[i + 1 :]:
+            wait = WAIT.search(later)
+            if wait and re.search(rf"{re.escape(result)}\b", wait[1]):
+                at_once = later is lines[i + 1] and wait[2] == "0"
+                kind = (
+                    f"{'waited at once' if at_once else 'in flight'} (its wait: pendings {wait[2]})"
+                )
+                break
+        operand = "registers" if "dot_op<" in line.split("*")[0] else "shared memory"
+        out.append(f"dot {len(out) + 1} (A from {operand}): {kind}")
+    return out
+
+
+def compile_sm90(kernel, types: dict, constexprs: dict, options: dict, attrs=None) -> str:
+    source = ASTSource(fn=kernel, signature=types, constexprs=constexprs, attrs=attrs or {})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    return compiled.asm["ttgir"]
+
+
+def attention(folder: Path, name: str, variant: str, config: tuple[int, ...]) -> str:
+    from attention_variants import variant_module
+
+    module = variant_module(folder, name, variant)
+    kernel = getattr(module, f"_{name}_forward")
+    block_m, block_n, warps, stages = config
+    meta = {
+        "BLOCK_M": block_m,
+        "BLOCK_N": block_n,
+        "BLOCK_D": triton.next_power_of_2(module.HEAD_DIM),
+        "BLOCK_DV": triton.next_power_of_2(module.V_HEAD_DIM),
+        "DOT_UPCAST": False,
+        "PRECISION": "tf32",
+        "LENGTHS": False,
+        "RANGES": False,
+        "SPLIT": False,
+        "TMA": bool(getattr(module, "TMA_LOADS", False)),
+        "PACKED": False,
+        "BIAS_ROW": False,
+        "FAST_TANH": True,
+    }
+    floats = {"lse_ptr", "part_ptr", "part_lse_ptr"}
+    types, constexprs = {}, {}
+    for i, p in enumerate(kernel.params):
+        if p.is_constexpr:
+            types[p.name] = "constexpr"
+            constexprs[(i,)] = meta[p.name]
+        elif p.name.endswith("_ptr"):
+            types[p.name] = (
+                "*fp32" if p.name in floats else "*i32" if "lengths" in p.name else "*bf16"
+            )
+        else:
+            types[p.name] = "i32"
+    options = {"num_warps": warps, "num_stages": stages}
+    return compile_sm90(kernel, types, constexprs, options)
+
+
+def quantized(path: Path, config: dict) -> str:
+    from quant_registers import load, signature
+
+    module = load(path)
+    kernel = getattr(module, f"_{path.stem}_kernel")
+    types, fixed, hints = signature(module, kernel, module.ROW, 4096)
+    names = [p.name for p in kernel.params]
+    meta = {"SPLIT_K": 1, **{k: v for k, v in config.items() if k.isupper()}, **fixed}
+    options = {k: v for k, v in config.items() if not k.isupper()}
+    constexprs = {(names.index(n),): v for n, v in meta.items() if n in names}
+    return compile_sm90(kernel, types, constexprs, options, hints)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("kind", choices=["attention", "quantized"])
+    parser.add_argument("paths", nargs="+", type=Path)
+    parser.add_argument("--variant", default="base")
+    parser.add_argument("--config")
+    args = parser.parse_args()
+    given = tuple(int(x) for x in args.config.split(",")) if args.config else None
+    if args.kind == "attention":
+        folder, name = args.paths[0], str(args.paths[1])
+        config = given or (128, 128, 8, 3)
+        print(f"{name} {args.variant} forward at {config}:")
+        for line in dot_waits(attention(folder, name, args.variant, config)):
+            print(f"  {line}")
+        return
+    from quant_registers import load
+
+    module = load(args.paths[0])
+    settings = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
+    configs = (
+        [dict(zip(settings, given, strict=True), GROUP_M=8)]
+        if given
+        else [c for c in module.CONFIGS if c["BLOCK_M"] > 1 and c.get("SPLIT_K", 1) == 1]
+    )
+    for config in configs:
+        print(f"{args.paths[0].stem} at {config}:")
+        for line in dot_waits(quantized(args.paths[0], config)):
+            print(f"  {line}")
+
+
+if __name__ == "__main__":
+    main()
