@@ -433,12 +433,15 @@ def test_the_fp8_block_experiment_edits_the_generated_module():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     sys.path.insert(0, str(ROOT / "benchmarks" / "experiments"))
     try:
-        from fp8_block_scale_fma import two_multiply_source
+        from fp8_block_scale_fma import tma_source, two_multiply_source
     finally:
         del sys.path[:2]
     text = (ROOT / "generated" / "deepseek_mlp_fp8.py").read_text()
     edited = two_multiply_source(text)
     assert edited.count("if False:") == 2
+    compile(edited, "deepseek_mlp_fp8.py", "exec")
+    edited = tma_source(text)
+    assert edited.count("_desc.load(") == 3 and "tl.load(\n            x_ptr" not in edited
     compile(edited, "deepseek_mlp_fp8.py", "exec")
 
 

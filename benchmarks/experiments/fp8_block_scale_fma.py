@@ -1,18 +1,27 @@
 """The block-scaled fp8 SwiGLU (DeepSeek-V3's recipe, generated/deepseek_mlp_fp8.py) with
-its per-K-step scales applied in one multiply-add an element, as generated, against two.
+its per-K-step scales applied in one multiply-add an element, as generated, against two;
+and with its tiles loaded through tensor descriptors (TMA).
 
-Triton 3.6 keeps a dot synchronous when another op of the loop reads its result, so the
-tensor cores wait while a K step's scales multiply the step's dot. Where BLOCK_N divides
-the weights' 128-row scale blocks, a tile's columns share one weight scale a K step: the
-generated kernel forms `s = x_scale * w_scale` as a [BLOCK_M] vector, and `acc += dot *
-s[:, None]` is one FMA an element ("one-fma"). "two-multiply" is the same module with
-that branch turned off: `acc += dot * (x_scale[:, None] * w_scale[None, :])`, a scale a
-column, as the generator wrote it before. Each variant runs at a few explicit configs,
-in alternating rounds (GPU time of a CUDA graph of 20 calls), each checked against
-float64 on 128 rows, beside torch's block-wise `scaled_mm` (cuBLASLt) with the scales
-laid out as it asks ([M, K/128] column-major for x, [K/128, N/128] for w).
+Triton 3.6 keeps a dot synchronous when another op of the loop reads its result
+(dot_waits.py), so the tensor cores wait while a K step's scales multiply the step's
+dot; only another program on the same SM can use them meanwhile. Variants:
+  one-fma       the module as generated: where BLOCK_N divides the weights' 128-row
+                scale blocks, a tile's columns share one weight scale a K step, `s =
+                x_scale * w_scale` is a [BLOCK_M] vector and `acc += dot * s[:, None]`
+                one FMA an element
+  two-multiply  that branch turned off: `acc += dot * x_scale[:, None] * w_scale[None,
+                :]`, as the generator wrote it before
+  one-fma+tma   one-fma with x's and the weights' tiles loaded through tensor descriptors
+                made in the kernel: no pointer tiles in registers (at 64 x 64 x 128 on 4
+                warps, 129 registers against 190: three programs an SM, not two)
+Each runs at a few explicit configs, in alternating rounds (GPU time of a CUDA graph of
+20 calls), each checked against float64 on 128 rows, beside torch's block-wise
+`scaled_mm` (cuBLASLt) with the scales laid out as it asks ([M, K/128] column-major for
+x, [K/128, N/128] for w).
 
     python3 benchmarks/experiments/fp8_block_scale_fma.py --built FOLDER [--rounds 3]
+    python3 benchmarks/experiments/fp8_block_scale_fma.py --built FOLDER --registers
+        (no GPU: each variant and config compiled for sm_90, ptxas's registers and spills)
 
 FOLDER: `fusegen build specs/quantized.yaml --out FOLDER`.
 """
@@ -21,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
 import statistics
 import sys
 import tempfile
@@ -30,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from quantized_chains import graph_ms, load, max_error  # noqa: E402
 
 CONFIGS = [
@@ -48,6 +59,38 @@ def two_multiply_source(text: str) -> str:
     return text.replace(branch, "if False:")
 
 
+TILE_LOAD = re.compile(
+    r"        (\w+)_tile = tl\.load\(\n"
+    r"            \1_ptr \+ offs_(\w)\[:, None\] \* (stride_\w+)"
+    r" \+ offs_k\[None, :\] \* stride_\w+,\n"
+    r"            mask=[^\n]+,\n"
+    r"            other=0\.0,\n"
+    r"        \)\n"
+)
+
+
+def tma_source(text: str) -> str:
+    """The generated module with x's and the weights' tiles loaded through tensor
+    descriptors (TMA) made in the kernel: no pointer tiles in registers, rows past the
+    ends read as zeros. Contiguous operands only (the experiment's)."""
+    descriptors = []
+
+    def load(match: re.Match) -> str:
+        name, dim, stride = match[1], match[2], match[3]
+        rows = "M" if dim == "m" else "N"
+        descriptors.append(
+            f"    {name}_desc = tl.make_tensor_descriptor({name}_ptr, shape=[{rows}, K],"
+            f" strides=[{stride}, 1], block_shape=[BLOCK_{rows}, BLOCK_K])\n"
+        )
+        return f"        {name}_tile = {name}_desc.load([pid_{dim} * BLOCK_{rows}, k * BLOCK_K])\n"
+
+    text, count = TILE_LOAD.subn(load, text)
+    assert count == 3, count
+    loop = "    for k in range(k_first, k_last):\n"
+    assert text.count(loop) == 1
+    return text.replace(loop, "".join(descriptors) + loop)
+
+
 def module_from(text: str, name: str, folder: Path):
     path = folder / f"{name}.py"
     path.write_text(text)
@@ -58,18 +101,66 @@ def module_from(text: str, name: str, folder: Path):
     return module
 
 
+def variant_modules(built: Path) -> dict:
+    """name -> module: the module as generated ("one-fma") and its edits."""
+    text = (built / "deepseek_mlp_fp8.py").read_text()
+    folder = Path(tempfile.mkdtemp(dir=built))
+    return {
+        "one-fma": load(built, "deepseek_mlp_fp8"),
+        "two-multiply": module_from(two_multiply_source(text), "deepseek_mlp_fp8_two", folder),
+        "one-fma+tma": module_from(tma_source(text), "deepseek_mlp_fp8_tma", folder),
+    }
+
+
+def config_of(cfg: tuple) -> dict:
+    block_m, block_n, block_k, warps, stages = cfg
+    tiles = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8}
+    return {**tiles, "num_warps": warps, "num_stages": stages}
+
+
+def registers(built: Path) -> None:
+    """Each variant at each config compiled for sm_90 (no GPU): ptxas's registers and
+    spills, and the programs an SM holds by registers (65,536 a SM)."""
+    from backward_registers import ptxas_report
+    from quant_registers import signature
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    import triton
+
+    for name, module in variant_modules(built).items():
+        kernel = module._deepseek_mlp_fp8_kernel
+        types, fixed, hints = signature(module, kernel, module.ROW, M)
+        names = [p.name for p in kernel.params]
+        for cfg in CONFIGS:
+            config = config_of(cfg)
+            meta = {"SPLIT_K": 1, **{k: v for k, v in config.items() if k.isupper()}, **fixed}
+            options = {k: v for k, v in config.items() if not k.isupper()}
+            constexprs = {(names.index(n),): v for n, v in meta.items() if n in names}
+            source = ASTSource(fn=kernel, signature=types, constexprs=constexprs, attrs=hints)
+            compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+            report = ptxas_report(compiled.asm["ptx"])
+            used = int(report.split("Used ")[1].split(" registers")[0])
+            per_program = -(-used // 8) * 8 * 32 * options["num_warps"]
+            print(f"{name:14s} {cfg}: {report} | {65536 // per_program} programs an SM")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--built", type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--registers", action="store_true", help="ptxas's, no GPU")
     args = parser.parse_args()
-    base = load(args.built, "deepseek_mlp_fp8")
-    text = (args.built / "deepseek_mlp_fp8.py").read_text()
-    edited = module_from(
-        two_multiply_source(text),
-        "deepseek_mlp_fp8_two_multiply",
-        Path(tempfile.mkdtemp(dir=args.built)),
+    if args.registers:
+        registers(args.built)
+        return
+    import triton
+
+    triton.set_allocator(
+        lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda")
     )
+    modules = variant_modules(args.built)
+    base = modules["one-fma"]
     dev = "cuda"
     torch.manual_seed(0)
     x8 = torch.randn(M, K, device=dev).to(torch.float8_e4m3fn)
@@ -84,17 +175,9 @@ def main() -> None:
     )
     variants = {}
     for cfg in CONFIGS:
-        bm, bn, bk, warps, stages = cfg
-        config = {
-            "BLOCK_M": bm,
-            "BLOCK_N": bn,
-            "BLOCK_K": bk,
-            "GROUP_M": 8,
-            "num_warps": warps,
-            "num_stages": stages,
-        }
-        label = f"{bm}x{bn}x{bk} w{warps} s{stages}"
-        for name, mod in (("one-fma", base), ("two-multiply", edited)):
+        config = config_of(cfg)
+        label = "{}x{}x{} w{} s{}".format(*cfg)
+        for name, mod in modules.items():
             fn = mod.deepseek_mlp_fp8
 
             def call(i, fn=fn, config=config):
