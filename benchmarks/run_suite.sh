@@ -54,6 +54,10 @@
 #                      attention_variants.py: heaviest blocks first, pointer loads, warp
 #                      specialization, a lazy rescale), checked and timed before the
 #                      generator takes one
+#   quantized-chains   issue 31's table: the fp8, int8 and int4 chains of specs/quantized.yaml
+#                      against torch._scaled_mm (row-wise, block-wise), tinygemm and bf16
+#   fp8-block-scales   the block-scaled fp8 SwiGLU's code variants (one multiply-add a step,
+#                      TMA loads) at explicit tiles, beside cuBLASLt's block-wise scaled_mm
 #   attention-bench    `fusegen bench` and `fusegen inspect` of specs/fused_attention.yaml's
 #                      kernels at a prefill and a decode shape, against SDPA and FlexAttention
 #   llama-compiled     the same model's decode, prefill and training step, eager, compiled and
@@ -76,7 +80,7 @@ SUITE=benchmarks/suite.yaml
 STEPS="generated-tests tune-tables tuning-repeat config-space first-calls row-layouts
 launch-cost call-cost split-k inspect tanh-approx launcher-tuning training-chains llama-training-step
 backward-configs llama-compiled llama-attention llama-decode attention-zoo attention-anchors attention-configs
-attention-variants attention-bench"
+attention-variants attention-bench quantized-chains fp8-block-scales"
 ANCHOR_SHAPES="8192,4096,14336 4096,1024,4096 16,4096,14336 1000,1000,1000"
 
 listing=$($PYTHON -m fusegen bench --suite "$SUITE" --list) || {
@@ -192,6 +196,14 @@ open('$out/attention-zoo/attention.yaml', 'w').write(t.ATTENTION_SPECS)"
             1,1,8192 --compare sdpa,flex --out "$out/attention-bench"
         run $PYTHON -m fusegen inspect specs/fused_attention.yaml --attention-shapes 4,2048,2048 \
             1,1,8192 ;;
+    quantized-chains)
+        run $PYTHON -m fusegen build specs/quantized.yaml benchmarks/specs/anchors.yaml \
+            --out "$out/quantized-build"
+        run $PYTHON benchmarks/quantized_chains.py --built "$out/quantized-build" \
+            --out "$out/quantized_chains.json" ;;
+    fp8-block-scales)
+        run $PYTHON -m fusegen build specs/quantized.yaml --out "$out/fp8-block-build"
+        run $PYTHON benchmarks/experiments/fp8_block_scale_fma.py --built "$out/fp8-block-build" ;;
     llama-compiled)
         run $PYTHON benchmarks/llama_compiled.py --out "$out/llama_compiled_triton_op.json"
         FUSEGEN_TRITON_OP=0 run $PYTHON benchmarks/llama_compiled.py \
