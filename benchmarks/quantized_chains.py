@@ -165,16 +165,23 @@ def fp8_gelu(built: Path) -> tuple[dict, dict]:
     return variants, facts
 
 
-def fp8_block(built: Path) -> tuple[dict, dict]:
-    m, k, n = 4096, 7168, 18432
-    mod = load(built, "deepseek_mlp_fp8")
-    dev = "cuda"
+def fp8_block_inputs(m: int, k: int, n: int, dev: str = "cuda") -> tuple:
+    """(x8, x_scale, w_gate8, w_up8, w_gate_scale, w_up_scale): DeepSeek-V3's layout, x
+    scaled per 1 x 128 group, the weights per 128 x 128 block (row-major scales)."""
     x8 = torch.randn(m, k, device=dev).to(torch.float8_e4m3fn)
     xs = torch.rand(m, k // 128, device=dev) + 0.5
     wg8 = torch.randn(n, k, device=dev).to(torch.float8_e4m3fn)
     wu8 = torch.randn(n, k, device=dev).to(torch.float8_e4m3fn)
     wgs = (torch.rand(n // 128, k // 128, device=dev) + 0.5) / k**0.5
     wus = (torch.rand(n // 128, k // 128, device=dev) + 0.5) / k**0.5
+    return x8, xs, wg8, wu8, wgs, wus
+
+
+def fp8_block(built: Path) -> tuple[dict, dict]:
+    m, k, n = 4096, 7168, 18432
+    mod = load(built, "deepseek_mlp_fp8")
+    dev = "cuda"
+    x8, xs, wg8, wu8, wgs, wus = fp8_block_inputs(m, k, n, dev)
 
     def deq_block(w8, s):
         return (w8.float() * s.repeat_interleave(128, 0).repeat_interleave(128, 1)).bfloat16()

@@ -105,16 +105,11 @@ def attention(folder: Path, name: str, variant: str, config: tuple[int, ...]) ->
 
 
 def quantized(path: Path, config: dict) -> str:
-    from quant_registers import load, signature
+    from quant_registers import compile_config, load
 
     module = load(path)
     kernel = getattr(module, f"_{path.stem}_kernel")
-    types, fixed, hints = signature(module, kernel, module.ROW, 4096)
-    names = [p.name for p in kernel.params]
-    meta = {"SPLIT_K": 1, **{k: v for k, v in config.items() if k.isupper()}, **fixed}
-    options = {k: v for k, v in config.items() if not k.isupper()}
-    constexprs = {(names.index(n),): v for n, v in meta.items() if n in names}
-    return compile_sm90(kernel, types, constexprs, options, hints)
+    return compile_config(module, kernel, config, 4096).asm["ttgir"]
 
 
 def main() -> None:

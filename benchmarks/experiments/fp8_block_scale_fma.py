@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from quantized_chains import graph_ms, load, max_error  # noqa: E402
+from quantized_chains import fp8_block_inputs, graph_ms, load, max_error  # noqa: E402
 
 CONFIGS = [
     (128, 128, 128, 8, 3),
@@ -120,29 +120,14 @@ def config_of(cfg: tuple) -> dict:
 
 def registers(built: Path) -> None:
     """Each variant at each config compiled for sm_90 (no GPU): ptxas's registers and
-    spills, and the programs an SM holds by registers (65,536 a SM)."""
-    from backward_registers import ptxas_report
-    from quant_registers import signature
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    import triton
+    spills, and the programs an SM holds by registers."""
+    from quant_registers import compile_config, register_line
 
     for name, module in variant_modules(built).items():
-        kernel = module._deepseek_mlp_fp8_kernel
-        types, fixed, hints = signature(module, kernel, module.ROW, M)
-        names = [p.name for p in kernel.params]
         for cfg in CONFIGS:
             config = config_of(cfg)
-            meta = {"SPLIT_K": 1, **{k: v for k, v in config.items() if k.isupper()}, **fixed}
-            options = {k: v for k, v in config.items() if not k.isupper()}
-            constexprs = {(names.index(n),): v for n, v in meta.items() if n in names}
-            source = ASTSource(fn=kernel, signature=types, constexprs=constexprs, attrs=hints)
-            compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
-            report = ptxas_report(compiled.asm["ptx"])
-            used = int(report.split("Used ")[1].split(" registers")[0])
-            per_program = -(-used // 8) * 8 * 32 * options["num_warps"]
-            print(f"{name:14s} {cfg}: {report} | {65536 // per_program} programs an SM")
+            compiled = compile_config(module, module._deepseek_mlp_fp8_kernel, config, M)
+            print(f"{name:14s} {cfg}: {register_line(compiled, config['num_warps'])}")
 
 
 def main() -> None:
@@ -161,14 +146,8 @@ def main() -> None:
     )
     modules = variant_modules(args.built)
     base = modules["one-fma"]
-    dev = "cuda"
     torch.manual_seed(0)
-    x8 = torch.randn(M, K, device=dev).to(torch.float8_e4m3fn)
-    xs = torch.rand(M, K // 128, device=dev) + 0.5
-    wg8 = torch.randn(N, K, device=dev).to(torch.float8_e4m3fn)
-    wu8 = torch.randn(N, K, device=dev).to(torch.float8_e4m3fn)
-    wgs = (torch.rand(N // 128, K // 128, device=dev) + 0.5) / K**0.5
-    wus = (torch.rand(N // 128, K // 128, device=dev) + 0.5) / K**0.5
+    x8, xs, wg8, wu8, wgs, wus = fp8_block_inputs(M, K, N)
     rows = slice(0, 128)
     want = base.reference(
         x8[rows], xs[rows].double(), wg8, wgs.double(), wu8, wus.double(), out_dtype=torch.float64

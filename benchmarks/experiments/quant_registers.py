@@ -97,6 +97,27 @@ def instruction_mix(cubin: bytes, most: int = 10) -> str:
     return f"{len(ops)} instructions: " + ", ".join(f"{n} {op}" for op, n in common)
 
 
+def compile_config(module, kernel, config: dict, rows: int):
+    """The kernel compiled for sm_90 at `config` (the launch of a contiguous call of
+    `rows` rows, as signature() says)."""
+    types, fixed, hints = signature(module, kernel, module.ROW, rows)
+    names = [p.name for p in kernel.params]
+    meta = {"SPLIT_K": 1, **{k: v for k, v in config.items() if k.isupper()}, **fixed}
+    options = {k: v for k, v in config.items() if not k.isupper()}
+    constexprs = {(names.index(n),): v for n, v in meta.items() if n in names}
+    source = ASTSource(fn=kernel, signature=types, constexprs=constexprs, attrs=hints)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def register_line(compiled, warps: int) -> str:
+    """ptxas's report of a compiled kernel and the programs an SM holds by registers."""
+    report = ptxas_report(compiled.asm["ptx"])
+    registers = int(report.split("Used ")[1].split(" registers")[0])
+    # Registers are allocated per warp in units of 256 (8 a thread), 65,536 a SM.
+    per_program = -(-registers // 8) * 8 * 32 * warps
+    return f"{report} | {65536 // per_program} programs an SM by registers"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("module", type=Path)
@@ -106,24 +127,11 @@ def main() -> None:
     args = parser.parse_args()
     module = load(args.module)
     kernel = getattr(module, f"_{args.module.stem}_kernel")
-    types, fixed, hints = signature(module, kernel, module.ROW, args.rows)
-    names = [p.name for p in kernel.params]
     for config in module.CONFIGS:
         if args.gemv_only and config["BLOCK_M"] != 1:
             continue
-        meta = {"SPLIT_K": 1, **{k: v for k, v in config.items() if k.isupper()}, **fixed}
-        options = {k: v for k, v in config.items() if not k.isupper()}
-        constexprs = {(names.index(n),): v for n, v in meta.items() if n in names}
-        source = ASTSource(fn=kernel, signature=types, constexprs=constexprs, attrs=hints)
-        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
-        report = ptxas_report(compiled.asm["ptx"])
-        registers = int(report.split("Used ")[1].split(" registers")[0])
-        # Registers are allocated per warp in units of 256 (8 a thread).
-        per_program = -(-registers // 8) * 8 * 32 * options["num_warps"]
-        print(
-            f"{config}: {report} | {65536 // per_program} programs an SM by registers",
-            flush=True,
-        )
+        compiled = compile_config(module, kernel, config, args.rows)
+        print(f"{config}: {register_line(compiled, config['num_warps'])}", flush=True)
         if args.mix:
             print(f"    {instruction_mix(compiled.asm['cubin'])}", flush=True)
 
