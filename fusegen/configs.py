@@ -212,9 +212,7 @@ QUANT_SPACE = (
     _mm(16, 64, 256, 1, 4, 3),
     _mm(32, 64, 128, 4, 4, 4),
     _mm(64, 64, 128, 8, 4, 4),
-    # DeepSeek's block-scaled fp8 SwiGLU at 4096 x 7168 -> 18432: 3.06 ms, the fastest
-    # tile measured (H200, experiments/fp8_block_scale_fma.py).
-    _mm(64, 64, 128, 8, 4, 3),
+    _mm(64, 64, 128, 8, 4, 3),  # QUANT_FP8_STEP_DEFAULT
     _mm(64, 128, 64, 8, 4, 4),
     _mm(128, 128, 64, 8, 8, 3),
     _mm(128, 128, 128, 8, 8, 3),
@@ -234,8 +232,9 @@ QUANT_SPLIT_SPACE = (
 QUANT_DEFAULT = _mm(64, 128, 64, 8, 4, 3)
 # fp8 dots whose scales change along K: one scale group a K step (a dot the scales wait
 # on: half-group steps ran 2-4x slower), within the 99 KB of shared memory sm_89 gives.
-# DeepSeek-V3's SwiGLU at 4096 x 7168 -> 18432, H200: 3.34 ms, the fastest tile 3.24.
-QUANT_FP8_STEP_DEFAULT = _mm(64, 128, 128, 8, 4, 2)
+# DeepSeek-V3's SwiGLU at 4096 x 7168 -> 18432, H200: 3.06 ms, the fastest tile measured
+# (64 x 128 x 128 at 2 stages 3.35, 128 x 128 x 128 at 3 stages 3.30, in the same run).
+QUANT_FP8_STEP_DEFAULT = _mm(64, 64, 128, 8, 4, 3)
 # One row of x against int8 / int4 weights, on the CUDA cores (BLOCK_M 1: QuantChain.gemv);
 # the fastest of a 36-config sweep at 1 x 4096 -> 14336 int4 (H200), split-K for short N.
 QUANT_GEMV_SPACE = (

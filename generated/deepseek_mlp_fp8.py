@@ -94,11 +94,11 @@ CONFIGS = [
 # fmt: on
 DEFAULT_CONFIG = {
     "BLOCK_M": 64,
-    "BLOCK_N": 128,
+    "BLOCK_N": 64,
     "BLOCK_K": 128,
     "GROUP_M": 8,
     "num_warps": 4,
-    "num_stages": 2,
+    "num_stages": 3,
 }
 INTERPRETER_CONFIG = {
     "BLOCK_M": 32,

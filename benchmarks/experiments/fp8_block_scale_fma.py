@@ -45,9 +45,9 @@ from quantized_chains import fp8_block_inputs, graph_ms, load, max_error  # noqa
 
 CONFIGS = [
     (128, 128, 128, 8, 3),
-    (64, 128, 128, 4, 2),  # QUANT_FP8_STEP_DEFAULT
+    (64, 128, 128, 4, 2),
     (128, 64, 128, 4, 4),
-    (64, 64, 128, 4, 3),
+    (64, 64, 128, 4, 3),  # QUANT_FP8_STEP_DEFAULT
 ]
 M, K, N = 4096, 7168, 18432
 
