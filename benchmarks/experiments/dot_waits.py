@@ -10,11 +10,12 @@ then wait for every dot). So a block-scaled fp8 K step (`acc += dot * scales`) w
 once; attention's PV dot stays in flight into the next step, until its QK dot's wait.
 
     python3 benchmarks/experiments/dot_waits.py attention FOLDER MODULE [--variant V]
-        [--config BLOCK_M,BLOCK_N,WARPS,STAGES]
+        [--kernel forward|kv|q] [--config BLOCK_M,BLOCK_N,WARPS,STAGES]
     python3 benchmarks/experiments/dot_waits.py quantized MODULE.py [--config ...]
 
 attention: FOLDER holds benchmarks/specs/attention_anchors.yaml built, MODULE one of its
-modules, V an attention_variants.py variant (the forward kernel, bf16, TMA loads);
+modules, V an attention_variants.py variant (the forward, or the backward's dk/dv or dq
+kernel; bf16, TMA loads);
 quantized: a generated quantized chain (its tile kernel at each CONFIGS entry with
 BLOCK_M > 1, or --config BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES).
 """
@@ -67,11 +68,14 @@ def compile_sm90(kernel, types: dict, constexprs: dict, options: dict, attrs=Non
     return compiled.asm["ttgir"]
 
 
-def attention(folder: Path, name: str, variant: str, config: tuple[int, ...]) -> str:
+KERNELS = {"forward": "forward", "kv": "backward_kv", "q": "backward_q"}
+
+
+def attention(folder: Path, name: str, variant: str, config: tuple[int, ...], kind: str) -> str:
     from attention_variants import variant_module
 
     module = variant_module(folder, name, variant)
-    kernel = getattr(module, f"_{name}_forward")
+    kernel = getattr(module, f"_{name}_{KERNELS[kind]}")
     block_m, block_n, warps, stages = config
     meta = {
         "BLOCK_M": block_m,
@@ -88,7 +92,7 @@ def attention(folder: Path, name: str, variant: str, config: tuple[int, ...]) ->
         "BIAS_ROW": False,
         "FAST_TANH": True,
     }
-    floats = {"lse_ptr", "part_ptr", "part_lse_ptr"}
+    floats = {"lse_ptr", "part_ptr", "part_lse_ptr", "delta_ptr"}
     types, constexprs = {}, {}
     for i, p in enumerate(kernel.params):
         if p.is_constexpr:
@@ -117,14 +121,15 @@ def main() -> None:
     parser.add_argument("kind", choices=["attention", "quantized"])
     parser.add_argument("paths", nargs="+", type=Path)
     parser.add_argument("--variant", default="base")
+    parser.add_argument("--kernel", choices=list(KERNELS), default="forward", help="attention's")
     parser.add_argument("--config")
     args = parser.parse_args()
     given = tuple(int(x) for x in args.config.split(",")) if args.config else None
     if args.kind == "attention":
         folder, name = args.paths[0], str(args.paths[1])
         config = given or (128, 128, 8, 3)
-        print(f"{name} {args.variant} forward at {config}:")
-        for line in dot_waits(attention(folder, name, args.variant, config)):
+        print(f"{name} {args.variant} {args.kernel} at {config}:")
+        for line in dot_waits(attention(folder, name, args.variant, config, args.kernel)):
             print(f"  {line}")
         return
     from quant_registers import load
