@@ -211,8 +211,9 @@ def _block_scale_lines(a: Quant | None, b: Quant, n: str, acc: str, dot: str) ->
     """A K step of weights scaled per block of rows: where BLOCK_N divides the block, the
     tile's columns share one scale, and the step's factor is a [BLOCK_M] vector, so the
     scales cost one multiply-add an accumulator element, not two (the tensor cores wait
-    on them: a block-scaled fp8 SwiGLU ran 2.3x faster so at 128 x 64 tiles and 8% at the
-    fastest, benchmarks/experiments/fp8_block_scale_fma.py). Else a scale a column,
+    on them: a block-scaled fp8 SwiGLU ran 2.3x faster so at 128 x 64 tiles, 1% at the
+    tuned 128 x 128, and 3.06 ms at its fastest tile against the two multiplies' best
+    3.33; benchmarks/experiments/fp8_block_scale_fma.py). Else a scale a column,
     multiplied in turn: a [BLOCK_M, BLOCK_N] product of the two scales formed first ran
     2.5x slower (its layout is not the dot's)."""
     group_index = f"(k * BLOCK_K) // {b.group}"
