@@ -464,7 +464,9 @@ def test_dot_waits_reads_which_dots_triton_leaves_in_flight():
             timeout=600,
         )
         assert done.returncode == 0, done.stderr[-3000:]
-        return [line.strip() for line in done.stdout.splitlines()[1:]]
+        lines = [line.strip() for line in done.stdout.splitlines()[1:]]
+        assert "registers" in lines[-1] and "programs an SM" in lines[-1], lines
+        return lines[:-1]
 
     assert waits("deepseek_mlp_fp8") == [
         "dot 1 (A from shared memory): waited at once (its wait: pendings 0)",

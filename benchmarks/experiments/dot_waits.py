@@ -10,8 +10,11 @@ then wait for every dot). So a block-scaled fp8 K step (`acc += dot * scales`) w
 once; attention's PV dot stays in flight into the next step, until its QK dot's wait.
 
     python3 benchmarks/experiments/dot_waits.py attention FOLDER MODULE [--variant V]
-        [--kernel forward|kv|q] [--config BLOCK_M,BLOCK_N,WARPS,STAGES]
+        [--kernel forward|kv|q] [--config BLOCK_M,BLOCK_N,WARPS,STAGES ...]
     python3 benchmarks/experiments/dot_waits.py quantized MODULE.py [--config ...]
+
+Each compiled kernel's lines end with ptxas's registers and spills (sm_90a) and the
+programs an SM holds by registers.
 
 attention: FOLDER holds benchmarks/specs/attention_anchors.yaml built, MODULE one of its
 modules, V an attention_variants.py variant (the forward, or the backward's dk/dv or dq
@@ -62,16 +65,16 @@ def dot_waits(ttgir: str) -> list[str]:
     return out
 
 
-def compile_sm90(kernel, types: dict, constexprs: dict, options: dict, attrs=None) -> str:
+def compile_sm90(kernel, types: dict, constexprs: dict, options: dict, attrs=None):
     source = ASTSource(fn=kernel, signature=types, constexprs=constexprs, attrs=attrs or {})
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
-    return compiled.asm["ttgir"]
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 KERNELS = {"forward": "forward", "kv": "backward_kv", "q": "backward_q"}
 
 
-def attention(folder: Path, name: str, variant: str, config: tuple[int, ...], kind: str) -> str:
+def attention(folder: Path, name: str, variant: str, config: tuple[int, ...], kind: str):
+    """The attention kernel `kind` of module `name` (as `variant` edits it) compiled."""
     from attention_variants import variant_module
 
     module = variant_module(folder, name, variant)
@@ -93,27 +96,39 @@ def attention(folder: Path, name: str, variant: str, config: tuple[int, ...], ki
         "FAST_TANH": True,
     }
     floats = {"lse_ptr", "part_ptr", "part_lse_ptr", "delta_ptr"}
-    types, constexprs = {}, {}
+    types, constexprs, hints = {}, {}, {}
     for i, p in enumerate(kernel.params):
         if p.is_constexpr:
             types[p.name] = "constexpr"
             constexprs[(i,)] = meta[p.name]
-        elif p.name.endswith("_ptr"):
-            types[p.name] = (
-                "*fp32" if p.name in floats else "*i32" if "lengths" in p.name else "*bf16"
-            )
+            continue
+        if p.name.endswith("_ptr"):
+            pointee = "fp32" if p.name in floats else "i32" if "lengths" in p.name else "bf16"
+            types[p.name] = f"*{pointee}"
         else:
             types[p.name] = "i32"
+        # As a call at the bench's shapes specializes it: every pointer, length and
+        # stride a multiple of 16 (without, loads lose their vector width).
+        hints[(i,)] = [["tt.divisibility", 16]]
     options = {"num_warps": warps, "num_stages": stages}
-    return compile_sm90(kernel, types, constexprs, options)
+    return compile_sm90(kernel, types, constexprs, options, hints)
 
 
-def quantized(path: Path, config: dict) -> str:
+def quantized(path: Path, config: dict):
+    """The quantized chain's tile kernel compiled at `config`."""
     from quant_registers import compile_config, load
 
     module = load(path)
     kernel = getattr(module, f"_{path.stem}_kernel")
-    return compile_config(module, kernel, config, 4096).asm["ttgir"]
+    return compile_config(module, kernel, config, 4096)
+
+
+def report(compiled, warps: int) -> list[str]:
+    """The dots' waits, then ptxas's registers and spills."""
+    from quant_registers import register_line
+
+    lines = dot_waits(compiled.asm["ttgir"])
+    return [*lines, register_line(compiled, warps)]
 
 
 def main() -> None:
@@ -122,28 +137,31 @@ def main() -> None:
     parser.add_argument("paths", nargs="+", type=Path)
     parser.add_argument("--variant", default="base")
     parser.add_argument("--kernel", choices=list(KERNELS), default="forward", help="attention's")
-    parser.add_argument("--config")
+    parser.add_argument("--config", nargs="+", help="one or more, comma-separated")
     args = parser.parse_args()
-    given = tuple(int(x) for x in args.config.split(",")) if args.config else None
+    given = [tuple(int(x) for x in c.split(",")) for c in args.config or []]
     if args.kind == "attention":
         folder, name = args.paths[0], str(args.paths[1])
-        config = given or (128, 128, 8, 3)
-        print(f"{name} {args.variant} {args.kernel} at {config}:")
-        for line in dot_waits(attention(folder, name, args.variant, config, args.kernel)):
-            print(f"  {line}")
+        for config in given or [(128, 128, 8, 3)]:
+            print(f"{name} {args.variant} {args.kernel} at {config}:")
+            try:
+                compiled = attention(folder, name, args.variant, config, args.kernel)
+            except Exception as exc:  # noqa: BLE001 - a config the compiler refuses is a result
+                print(f"  does not compile: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+                continue
+            for line in report(compiled, config[2]):
+                print(f"  {line}")
         return
     from quant_registers import load
 
     module = load(args.paths[0])
     settings = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
-    configs = (
-        [dict(zip(settings, given, strict=True), GROUP_M=8)]
-        if given
-        else [c for c in module.CONFIGS if c["BLOCK_M"] > 1 and c.get("SPLIT_K", 1) == 1]
-    )
+    configs = [dict(zip(settings, c, strict=True), GROUP_M=8) for c in given] or [
+        c for c in module.CONFIGS if c["BLOCK_M"] > 1 and c.get("SPLIT_K", 1) == 1
+    ]
     for config in configs:
         print(f"{args.paths[0].stem} at {config}:")
-        for line in dot_waits(quantized(args.paths[0], config)):
+        for line in report(quantized(args.paths[0], config), config["num_warps"]):
             print(f"  {line}")
 
 
