@@ -27,8 +27,9 @@ from fusegen.writer import Planned, write_all
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) tried per kernel; the forward of a call of up
 # to DECODE_ROWS queries tries DECODE. The dk/dv kernel's 64 x 64 tiles on 4 warps spill
 # at head dims 96 and up (448 bytes at 96, compiled for sm_90): 8 warps share them out
-# without (benchmarks/results/2026-12-04-cpu-sm90-compiles/attention_registers.log). A config that does not fit (shared memory, a head
-# dim too wide for it) is rejected with the reason, not timed.
+# without (benchmarks/results/2026-12-04-cpu-sm90-compiles/attention_registers.log).
+# A config that does not fit (shared memory, a head dim too wide for it) is rejected with
+# the reason, not timed.
 SPACES = {
     "forward": [(64, 64, 4, 3), (64, 64, 4, 4), (128, 64, 8, 3), (128, 128, 8, 3),
                 (128, 128, 8, 2), (64, 128, 4, 2), (64, 32, 4, 3)],
