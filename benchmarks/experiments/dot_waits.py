@@ -31,11 +31,10 @@ import sys
 from pathlib import Path
 
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from quant_registers import compile_config, compile_sm90, load, register_line  # noqa: E402
 
 DOT = re.compile(r"(%[\w.]+) = ttng\.warp_group_dot (?!_wait)")
 WAIT = re.compile(r"ttng\.warp_group_dot_wait ([^{]*)\{pendings = (\d+)")
@@ -63,11 +62,6 @@ def dot_waits(ttgir: str) -> list[str]:
         operand = "registers" if "dot_op<" in line.split("*")[0] else "shared memory"
         out.append(f"dot {len(out) + 1} (A from {operand}): {kind}")
     return out
-
-
-def compile_sm90(kernel, types: dict, constexprs: dict, options: dict, attrs=None):
-    source = ASTSource(fn=kernel, signature=types, constexprs=constexprs, attrs=attrs or {})
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 KERNELS = {"forward": "forward", "kv": "backward_kv", "q": "backward_q"}
@@ -116,8 +110,6 @@ def attention(folder: Path, name: str, variant: str, config: tuple[int, ...], ki
 
 def quantized(path: Path, config: dict):
     """The quantized chain's tile kernel compiled at `config`."""
-    from quant_registers import compile_config, load
-
     module = load(path)
     kernel = getattr(module, f"_{path.stem}_kernel")
     return compile_config(module, kernel, config, 4096)
@@ -125,8 +117,6 @@ def quantized(path: Path, config: dict):
 
 def report(compiled, warps: int) -> list[str]:
     """The dots' waits, then ptxas's registers and spills."""
-    from quant_registers import register_line
-
     lines = dot_waits(compiled.asm["ttgir"])
     return [*lines, register_line(compiled, warps)]
 
@@ -152,8 +142,6 @@ def main() -> None:
             for line in report(compiled, config[2]):
                 print(f"  {line}")
         return
-    from quant_registers import load
-
     module = load(args.paths[0])
     settings = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
     configs = [dict(zip(settings, c, strict=True), GROUP_M=8) for c in given] or [

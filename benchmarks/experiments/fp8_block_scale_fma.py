@@ -17,7 +17,7 @@ dot; only another program on the same SM can use them meanwhile. Variants:
 Each runs at a few explicit configs, in alternating rounds (GPU time of a CUDA graph of
 20 calls), each checked against float64 on 128 rows, beside torch's block-wise
 `scaled_mm` (cuBLASLt) with the scales laid out as it asks ([M, K/128] column-major for
-x, [K/128, N/128] for w).
+x, [K/128, N/128] for w); quantized_chains.py times them and prints the table.
 
     python3 benchmarks/experiments/fp8_block_scale_fma.py --built FOLDER [--rounds 3]
     python3 benchmarks/experiments/fp8_block_scale_fma.py --built FOLDER --registers
@@ -29,19 +29,23 @@ FOLDER: `fusegen build specs/quantized.yaml --out FOLDER`.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import re
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from quantized_chains import fp8_block_inputs, graph_ms, load, max_error  # noqa: E402
+from quantized_chains import (  # noqa: E402
+    blockwise_swiglu,
+    fp8_block_inputs,
+    load,
+    max_error,
+    table,
+    timed,
+)
 
 CONFIGS = [
     (128, 128, 128, 8, 3),
@@ -92,13 +96,8 @@ def tma_source(text: str) -> str:
 
 
 def module_from(text: str, name: str, folder: Path):
-    path = folder / f"{name}.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    (folder / f"{name}.py").write_text(text)
+    return load(folder, name)
 
 
 def variant_modules(built: Path) -> dict:
@@ -145,68 +144,36 @@ def main() -> None:
         lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda")
     )
     modules = variant_modules(args.built)
-    base = modules["one-fma"]
     torch.manual_seed(0)
     x8, xs, wg8, wu8, wgs, wus = fp8_block_inputs(M, K, N)
     rows = slice(0, 128)
-    want = base.reference(
+    want = modules["one-fma"].reference(
         x8[rows], xs[rows].double(), wg8, wgs.double(), wu8, wus.double(), out_dtype=torch.float64
     )
-    variants = {}
+    variants, errors, notes = {}, {}, []
     for cfg in CONFIGS:
         config = config_of(cfg)
-        label = "{}x{}x{} w{} s{}".format(*cfg)
         for name, mod in modules.items():
-            fn = mod.deepseek_mlp_fp8
+            # "fusegen ...": table() sets these against the variants that are not ours.
+            label = "fusegen {} {}x{}x{} w{} s{}".format(name, *cfg)
 
-            def call(i, fn=fn, config=config):
+            def call(i, fn=mod.deepseek_mlp_fp8, config=config):
                 return fn(x8, xs, wg8, wgs, wu8, wus, config=config)
 
             try:
-                got = call(0)
-                got = got[rows]
-                error = max_error(got, want)
+                errors[label] = max_error(call(0)[rows], want)
             except Exception as exc:  # noqa: BLE001 - a config the GPU refuses is listed
-                print(f"{name} {label}: {type(exc).__name__}: {str(exc)[:160]}")
+                notes.append(f"{label}: {type(exc).__name__}: {str(exc)[:160]}")
                 continue
-            variants[f"{name} {label}"] = (call, error)
+            variants[label] = call
     try:
-        from torch.nn.functional import ScalingType, scaled_mm
-
-        xs_cols = xs.t().contiguous().t()  # [M, K/128] with strides (1, M), as cuBLASLt asks
-
-        def blockwise(w8, ws):
-            ws = ws.t()  # [K/128, N/128]: the orientation of w8.t()
-            return scaled_mm(
-                x8,
-                w8.t(),
-                xs_cols,
-                ScalingType.BlockWise1x128,
-                ws,
-                ScalingType.BlockWise128x128,
-                output_dtype=torch.bfloat16,
-            )
-
-        def cublas(i):
-            return F.silu(blockwise(wg8, wgs)) * blockwise(wu8, wus)
-
-        variants["scaled_mm block-wise + eager"] = (cublas, max_error(cublas(0)[rows], want))
+        cublas = blockwise_swiglu(x8, xs, wg8, wgs, wu8, wus)
+        errors["scaled_mm block-wise + eager"] = max_error(cublas(0)[rows], want)
+        variants["scaled_mm block-wise + eager"] = cublas
     except Exception as exc:  # noqa: BLE001 - recorded: why the anchor does not run
-        print(f"block-wise scaled_mm: {type(exc).__name__}: {str(exc)[:300]}")
-    times = {name: [] for name in variants}
-    for r in range(args.rounds):
-        names = list(variants)
-        names = names[r % len(names) :] + names[: r % len(names)]
-        for name in names:
-            times[name].append(graph_ms(variants[name][0]))
-    flop = 4 * M * K * N
-    print(f"fp8 block-scaled SwiGLU {M}x{K}->{N}, GPU ms (median [min-max] of {args.rounds})")
-    for name, ms in times.items():
-        med = statistics.median(ms)
-        print(
-            f"  {name:32s} {med:.4f} [{min(ms):.4f}-{max(ms):.4f}]"
-            f" {flop / med / 1e9:6.0f} TFLOP/s  err {variants[name][1]:.2e}"
-        )
+        notes.append(f"block-wise scaled_mm: {type(exc).__name__}: {str(exc)[:300]}")
+    facts = {"flop": 4 * M * K * N, "shape": f"{M}x{K}->{N}", "errors": errors, "notes": notes}
+    print(table({"row": "fp8 block-scaled SwiGLU", **timed(variants, facts, args.rounds)}))
 
 
 if __name__ == "__main__":

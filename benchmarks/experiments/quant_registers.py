@@ -97,6 +97,12 @@ def instruction_mix(cubin: bytes, most: int = 10) -> str:
     return f"{len(ops)} instructions: " + ", ".join(f"{n} {op}" for op, n in common)
 
 
+def compile_sm90(kernel, types: dict, constexprs: dict, options: dict, attrs=None):
+    """A @triton.jit kernel compiled ahead of time for sm_90 (no GPU needed)."""
+    source = ASTSource(fn=kernel, signature=types, constexprs=constexprs, attrs=attrs or {})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
 def compile_config(module, kernel, config: dict, rows: int):
     """The kernel compiled for sm_90 at `config` (the launch of a contiguous call of
     `rows` rows, as signature() says)."""
@@ -105,8 +111,7 @@ def compile_config(module, kernel, config: dict, rows: int):
     meta = {"SPLIT_K": 1, **{k: v for k, v in config.items() if k.isupper()}, **fixed}
     options = {k: v for k, v in config.items() if not k.isupper()}
     constexprs = {(names.index(n),): v for n, v in meta.items() if n in names}
-    source = ASTSource(fn=kernel, signature=types, constexprs=constexprs, attrs=hints)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    return compile_sm90(kernel, types, constexprs, options, hints)
 
 
 def register_line(compiled, warps: int) -> str:

@@ -731,13 +731,11 @@ class Kernels:
                 if best is None or estimate < best[0]:
                     best = (estimate, candidate, config)
         if best is None:  # no tile suits so small a shape: the smallest, as prune keeps
-            tma = path == "tma"
             space = [self.complete(path, c) for c in self.paths[path][1]]
-            smem = [
-                self.config_smem(c, c.get("num_stages", 1), first.element_size(), tma)
-                for c in space
-            ]
-            return path, space[smem.index(min(smem))]
+            size, tma = first.element_size(), path == "tma"
+            return path, min(
+                space, key=lambda c: self.config_smem(c, c.get("num_stages", 1), size, tma)
+            )
         return best[1], best[2]
 
     # Choosing a launch's config: the caller's; the interpreter's; a tuned table's entry
