@@ -45,7 +45,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("b0c12bc501bce5bc", "quant")
+_rt = _runtime("5ec41207a6090c17", "quant")
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
 DIMS = {"M": None, "K": None, "N": None}
@@ -191,7 +191,12 @@ def _linear_int8_kernel(
         k_per_split = tl.cdiv(k_last, SPLIT_K)
         k_first = split * k_per_split
         k_last = tl.minimum(k_first + k_per_split, k_last)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # Decode tiles run transposed, out.T = w @ x.T: the dequantized weight tile is then
+    # the dot's first operand, which Hopper's wgmma reads from registers, and its M
+    # (64 a warpgroup) is BLOCK_N, not the few rows of x.
+    SWAP_AB: tl.constexpr = BLOCK_M > 1 and BLOCK_M < 64 and BLOCK_N >= 64
+    ACC_SHAPE: tl.constexpr = (BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N)
+    acc = tl.zeros(ACC_SHAPE, dtype=tl.float32)
     if BLOCK_M == 1:
         # One row: a dot takes 16, so the weights meet x on the CUDA cores, whole
         # groups of scales a K step.
@@ -235,7 +240,12 @@ def _linear_int8_kernel(
                 other=0,
             )
             w_tile = w_tile.to(DOT_DTYPE)
-            acc = tl.dot(x_tile, w_tile.T, acc)
+            if SWAP_AB:
+                acc = tl.dot(w_tile, x_tile.T, acc)
+            else:
+                acc = tl.dot(x_tile, w_tile.T, acc)
+        if SWAP_AB:
+            acc = acc.T
         w_scale_all = tl.load(
             w_scale_ptr + offs_n * stride_w_scale_rows, mask=mask_n, other=1.0
         ).to(tl.float32)

@@ -194,6 +194,9 @@ def test_module_text_is_deterministic_and_standalone(write_spec):
     # applied to each K step's partial sums.
     assert "tl.join(w_bytes & 15, w_bytes >> 4)" in module
     assert "acc += tl.dot(x_tile, w_tile.T) * w_scale_k[None, :]" in module
+    # Decode tiles run transposed (SWAP_AB), the nibbles' offsets off after the dot.
+    assert "acc += (\n" in module and "tl.dot(w_tile, x_tile.T)" in module
+    assert "- (NIBBLE_BASE + 8.0) * x_sum[None, :]" in module  # signed nibbles
 
 
 def test_fp8_chains_dot_as_stored(write_spec):
@@ -348,6 +351,16 @@ kernels:
       - matmul: x @ w.T
       - silu
       - gate: x @ w2.T
+  - name: swap_int4_kinds
+    dims: {M: dynamic, K: dynamic, N: dynamic}
+    inputs:
+      x: [M, K]
+      w: {shape: [N, K], dtype: int4, scale: per_row, packing: high_first}
+      w2: {shape: [N, K], dtype: int4, scale: per_tensor, zero_point: true}
+    chain:
+      - matmul: x @ w.T
+      - silu
+      - gate: x @ w2.T
   - name: gemv_int8_kinds
     dims: {M: dynamic, K: dynamic, N: dynamic}
     inputs:
@@ -368,15 +381,19 @@ def test_the_kinds_the_examples_lack_pass_their_generated_tests(write_spec, tmp_
     # signed high_first int4 with block scales, zero points constant along K (per row,
     # per tensor), int8 groups with zero points. rare_kinds' w2 blocks of 64 rows hold
     # the interpreter's 64-column tiles (one scale a K step); gemv_int4_kinds' w blocks of
-    # 32 rows do not (a scale a column).
+    # 32 rows do not (a scale a column). swap_int4_kinds runs the transposed tiles'
+    # (SWAP_AB: the interpreter's 32 x 64) offsets that are not a group's zero point:
+    # signed nibbles' 8, a per-tensor zero point, with scales constant along K.
     out = tmp_path / "out"
     assert main(["build", str(write_spec(RARE_KINDS)), "--out", str(out)]) == 0
+    assert "SWAP_AB" in (out / "swap_int4_kinds.py").read_text()
+    assert "SWAP_AB" not in (out / "gemv_int4_kinds.py").read_text()  # block scales
     env = dict(os.environ)
     if not torch.cuda.is_available():
         env.setdefault("TRITON_INTERPRET", "1")
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_rare_kinds.py"]
-        + ["test_gemv_int4_kinds.py", "test_gemv_int8_kinds.py"],
+        + ["test_gemv_int4_kinds.py", "test_gemv_int8_kinds.py", "test_swap_int4_kinds.py"],
         cwd=out,
         env=env,
         capture_output=True,
@@ -385,7 +402,7 @@ def test_the_kinds_the_examples_lack_pass_their_generated_tests(write_spec, tmp_
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert " passed" in result.stdout
-    names = ["gemv_int4_kinds", "gemv_int8_kinds"]
+    names = ["gemv_int4_kinds", "gemv_int8_kinds", "swap_int4_kinds"]
     env.pop("TRITON_INTERPRET", None)
     result = subprocess.run(
         [sys.executable, "-c", SM90_COMPILE, str(out), *names],

@@ -130,31 +130,78 @@ def operand_lines(qc: QuantChain, name: str, k: str) -> list[str]:
         if q is not None and q.zero_point:
             lines.append(f"{tile} = {tile}.to(tl.int32)")
     else:
-        addr = (
-            f"{naming.ptr(name)} + {offs_r}[:, None] * {stride_r}"
-            f" + offs_packed[None, :] * {stride_k}"
-        )
-        low, high = f"{name}_bytes & 15", f"{name}_bytes >> 4"
-        first, second = (low, high) if q.packing == "low_first" else (high, low)
-        mask = f"{mask_r}[:, None] & mask_packed[None, :]"
-        lines = [
-            f"{name}_bytes = tl.load({addr}, mask={mask}, other=0)",
-            f"# Two values a byte along {k}, the even index in the "
-            f"{'low' if q.packing == 'low_first' else 'high'} nibble.",
-            f"{tile} = tl.reshape(tl.join({first}, {second}), (BLOCK_{_block(qc, rows)}, BLOCK_K))",
-            f"{tile} = {tile}.to(tl.int32)",
-        ]
-        if not q.zero_point:
-            lines.append(f"{tile} = ({tile} ^ 8) - 8  # two's complement nibbles")
+        return _int4_lines(qc, name, k)
     if q is not None and q.zero_point:
-        group_index = f"(k * BLOCK_K) // {q.group}" if q.k_varying else ""
-        if q.k_varying:
-            lines.append(_vector_load(q, "zero", rows, group_index))
+        lines += _zero_lines(q, rows)
         zero = f"{q.name}_zero_{'k' if q.k_varying else 'all'}"
         lines.append(f"{tile} = {tile} - {_broadcast(zero, 'a', q)}")
     if not qc.fp8_dot:
         lines.append(f"{tile} = {tile}.to(DOT_DTYPE)")
     return lines
+
+
+def _zero_lines(q: Quant, rows: str) -> list[str]:
+    if not q.k_varying:
+        return []  # loaded once, before the loop
+    return [_vector_load(q, "zero", rows, f"(k * BLOCK_K) // {q.group}")]
+
+
+def _int4_lines(qc: QuantChain, name: str, k: str) -> list[str]:
+    """The K step's lines that unpack an int4 operand's bytes into `<name>_tile`: as
+    integers less the zero point, converted; in a transposed tile (SWAP_AB) as
+    _nibble_floats, whose offsets come off after the dot (_swapped_step)."""
+    q = qc.quant_of(name)
+    rows = _rows(qc, name)
+    tile, block = naming.tile(name), f"BLOCK_{_block(qc, rows)}"
+    addr = (
+        f"{naming.ptr(name)} + {naming.offs(rows)}[:, None] * {naming.stride(name, rows)}"
+        f" + offs_packed[None, :] * {naming.stride(name, k)}"
+    )
+    mask = f"{naming.mask(rows)}[:, None] & mask_packed[None, :]"
+    low, high = f"{name}_bytes & 15", f"{name}_bytes >> 4"
+    first, second = (low, high) if q.packing == "low_first" else (high, low)
+    lines = [f"{name}_bytes = tl.load({addr}, mask={mask}, other=0)"]
+    if q.zero_point:
+        lines += _zero_lines(q, rows)
+    plain = [
+        f"# Two values a byte along {k}, the even index in the "
+        f"{'low' if q.packing == 'low_first' else 'high'} nibble.",
+        f"{tile} = tl.reshape(tl.join({first}, {second}), ({block}, BLOCK_K))",
+        f"{tile} = {tile}.to(tl.int32)",
+    ]
+    if q.zero_point:
+        zero = f"{q.name}_zero_{'k' if q.k_varying else 'all'}"
+        plain.append(f"{tile} = {tile} - {_broadcast(zero, 'a', q)}")
+    else:
+        plain.append(f"{tile} = ({tile} ^ 8) - 8  # two's complement nibbles")
+    plain.append(f"{tile} = {tile}.to(DOT_DTYPE)")
+    if not swaps(qc):
+        return lines + plain
+    low_first, signed = q.packing == "low_first", not q.zero_point
+    floats = f"_nibble_floats({name}_bytes, {block}, BLOCK_K, {low_first}, {signed}, DOT_DTYPE)"
+    return lines + ["if SWAP_AB:", f"    {tile} = {floats}", "else:"] + ["    " + x for x in plain]
+
+
+def _swapped_step(qc: QuantChain, acc: str, b_name: str, factors: list[str]) -> list[str]:
+    """A transposed tile's K step (SWAP_AB): out.T's sums, w @ x.T, less what an int4
+    weight's nibbles carry beyond their values (NIBBLE_BASE and the zero point, or 8
+    for signed nibbles), one product an accumulator element: (offset) * sum(x)."""
+    mm = qc.chain.matmul
+    b = qc.quant_of(b_name)
+    a_tile, b_tile = naming.tile(mm.a), naming.tile(b_name)
+    turned = [f.replace("[None, :]", "[:, None]") for f in factors]
+    if b.dtype != "int4":
+        return _dot_step(acc, f"tl.dot({b_tile}, {a_tile}.T", turned)
+    if b.zero_point:
+        zero = f"{b.name}_zero_{'k' if b.k_varying else 'all'}"
+        offset = f"(NIBBLE_BASE + {zero}.to(tl.float32))"
+        offset += "" if b.scale == "tensor" else "[:, None]"
+    else:
+        offset = "(NIBBLE_BASE + 8.0)"
+    less = f"{offset} * x_sum[None, :]"
+    if turned:
+        return [f"{acc} += (tl.dot({b_tile}, {a_tile}.T) - {less}) * {' * '.join(turned)}"]
+    return [f"{acc} = tl.dot({b_tile}, {a_tile}.T, {acc}) - {less}"]
 
 
 def _block(qc: QuantChain, rows: str) -> str:
@@ -177,6 +224,7 @@ def mainloop(qc: QuantChain) -> dict:
             "offs_packed = k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)",
             f"mask_packed = offs_packed < {k} // 2",
         ]
+    swap = swaps(qc)
     names = [mm.a] + [b for _, b in weights(chain)]
     for name in names:
         q = qc.quant_of(name)
@@ -187,6 +235,12 @@ def mainloop(qc: QuantChain) -> dict:
     a = qc.quant_of(mm.a)
     if a is not None and a.k_varying:
         loop.append(_vector_load(a, "scale", mm.m, f"(k * BLOCK_K) // {a.group}"))
+    if swap and nibbles(qc):
+        x_sum = f"x_sum = tl.sum({naming.tile(mm.a)}.to(tl.float32), axis=1)"
+        loop += [
+            "if SWAP_AB:  # x's row sums: what a nibble's offset adds to each dot",
+            f"    {x_sum}",
+        ]
     for acc, b_name in weights(chain):
         b = qc.quant_of(b_name)
         dot = f"tl.dot({naming.tile(mm.a)}, {naming.tile(b_name)}.T"
@@ -200,11 +254,43 @@ def mainloop(qc: QuantChain) -> dict:
             for q, side in ((a, "a"), (b, "b"))
             if q is not None and q.k_varying
         ]
-        if factors:
-            loop.append(f"{acc} += {dot}) * {' * '.join(factors)}")
-        else:
-            loop.append(f"{acc} = {dot}, {acc})")
-    return {"before": before, "loop": loop, "after": constant_scales(qc)}
+        step = _dot_step(acc, dot, factors)
+        if swap:
+            swapped = ["    " + line for line in _swapped_step(qc, acc, b_name, factors)]
+            step = ["if SWAP_AB:", *swapped, "else:"] + ["    " + line for line in step]
+        loop += step
+    after = [f"{acc} = {acc}.T" for acc, _ in weights(chain)]
+    after = ["if SWAP_AB:", *("    " + line for line in after)] if swap else []
+    return {
+        "before": before,
+        "loop": loop,
+        "after": after + constant_scales(qc),
+        "swap": swap,
+        "nibbles": swap and nibbles(qc),
+    }
+
+
+def swaps(qc: QuantChain) -> bool:
+    """Whether the kernel may compute a decode tile transposed (SWAP_AB): for weights
+    that are dequantized in registers (the activations not quantized) and scaled along
+    rows or not at all, never per block of rows."""
+    if qc.quant_of(qc.chain.matmul.a) is not None:
+        return False
+    found = [qc.quant_of(b) for _, b in weights(qc.chain)]
+    return all(b is not None and not (b.k_varying and b.rows_per > 1) for b in found)
+
+
+def nibbles(qc: QuantChain) -> bool:
+    """Whether any weight is int4 (the kernel then has _nibble_floats)."""
+    return any(
+        qc.quant_of(b) is not None and qc.quant_of(b).dtype == "int4" for _, b in weights(qc.chain)
+    )
+
+
+def _dot_step(acc: str, dot: str, factors: list[str]) -> list[str]:
+    if factors:
+        return [f"{acc} += {dot}) * {' * '.join(factors)}"]
+    return [f"{acc} = {dot}, {acc})"]
 
 
 def _block_scale_lines(a: Quant | None, b: Quant, n: str, acc: str, dot: str) -> list[str]:

@@ -337,13 +337,15 @@ def launcher_tests(suite):
             suite.launcher(**inputs)
 
     def test_every_config():
-        # The interpreter runs the default config beside its own, and the first split-K
-        # config of each path; a GPU every config.
+        # The interpreter runs the default config beside its own, and the first and last
+        # split-K configs of each path (the last tile a transposed one, SWAP_AB, where
+        # the module has it); a GPU every config.
         seed, sizes, inputs = small()
         words = suite.word_sizes(sizes)  # the GEMV path's K
         word_inputs = suite.make_inputs(words, suite.dtypes[0], seed)
         split = [c for c in kernel.CONFIGS if c.get("SPLIT_K", 1) > 1]
-        tiles = [c for c in split if c["BLOCK_M"] > 1][:1]
+        tiles = [c for c in split if c["BLOCK_M"] > 1]
+        tiles = tiles[:1] + tiles[1:][-1:]
         gemv = [c for c in split if c["BLOCK_M"] == 1][:1]
         configs = kernel.CONFIGS if ON_GPU else [kernel.DEFAULT_CONFIG, *tiles, *gemv]
         for config in configs:
