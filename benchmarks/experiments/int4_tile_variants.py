@@ -15,6 +15,8 @@ then bf16. Variants of one kernel, flags as constexprs:
   lies within one group), one product an output a step, not one a weight;
 - magic: zero-out, and each nibble made a bf16 by OR-ing it into 128.0's bits (0x4300:
   128 + q exactly, no conversion instruction), the 128 joining the zero point;
+- swap-split: swap with the bytes' low and high nibbles not interleaved: two dots of
+  BLOCK_K / 2, against x's even and odd columns (split in registers);
 - swap (with magic; swap-int, swap-zero-out with those): out.T = w @ x.T, the
   dequantized weight tile the dot's first operand, which Hopper's wgmma reads from
   registers (no shared-memory round trip) at M = BLOCK_N; at 16 rows the plain order is
@@ -51,6 +53,7 @@ VARIANTS = {  # name: (ZERO_OUT, MAGIC, SWAP)
     "swap": (1, 1, 1),
     "swap-int": (0, 0, 1),
     "swap-zero-out": (1, 0, 1),
+    "swap-split": (1, 1, 2),
 }
 
 
@@ -76,7 +79,16 @@ def _weight_step(acc, x, x_sum, w_ptr, s_ptr, z_ptr, offs_n, mask_n, k,
             w = w - z.to(tl.int32)[:, None]
         w = w.to(tl.bfloat16)
         z_f = z.to(tl.float32)
-    if SWAP:
+    if SWAP == 2:  # no interleave: the low nibbles meet x's even columns, the high its odd
+        low = ((b.to(tl.int16) & 15) | 0x4300).to(tl.bfloat16, bitcast=True)
+        high = ((b.to(tl.int16) >> 4) | 0x4300).to(tl.bfloat16, bitcast=True)
+        x_pairs = tl.reshape(x, (x.shape[0], BLOCK_K // 2, 2))
+        x_even, x_odd = tl.split(x_pairs)
+        d = tl.dot(low, tl.trans(x_even))
+        d = tl.dot(high, tl.trans(x_odd), d)
+        d = d - z_f[:, None] * x_sum[None, :]
+        acc += d * s[:, None]
+    elif SWAP:
         d = tl.dot(w, tl.trans(x))  # [BLOCK_N, BLOCK_M]
         if ZERO_OUT:
             d = d - z_f[:, None] * x_sum[None, :]
