@@ -584,3 +584,30 @@ def test_quantize_errors_name_the_place(write_spec, steps, k, path, message):
     assert any(
         p[: len(where)] == where and message in m and line > 0 for p, m, line in found
     ), found
+
+
+def test_transposed_int4_tiles_bound_what_their_sums_carry():
+    # On a GPU a transposed decode tile (SWAP_AB) sums x * (NIBBLE_BASE + q) in fp32, the
+    # offset and zero point off after: the bound's p_in covers those magnitudes (42 times
+    # |q - z|'s at most here in bf16, 293 in fp16), for such launches only.
+    sys.path.insert(0, str(ROOT / "generated"))
+    try:
+        tests = importlib.import_module("test_llama_mlp_int4")
+    finally:
+        sys.path.remove(str(ROOT / "generated"))
+    suite = tests.harness.Suite(vars(tests))
+    sizes = {"M": 16, "K": 256, "N": 64}
+    inputs = suite.make_inputs(sizes, torch.bfloat16, 5)
+    exact = suite.logical(inputs)
+    tile = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1}
+    unit = 2 * sizes["K"] * tests.U_ACC
+
+    def extra(config, dot):
+        return suite.carried_error(inputs, exact, {"config": config, "dot": dot}) / unit
+
+    assert 15 < extra(tile, "bfloat16") < 60
+    assert 150 < extra(tile, "float16") < 400
+    assert extra(tile, "fp32") == 0  # the interpreter's dot: the values converted
+    assert extra({**tile, "BLOCK_M": 64}, "bfloat16") == 0
+    assert extra({**tile, "BLOCK_N": 32}, "bfloat16") == 0
+    assert extra({**tile, "BLOCK_M": 1}, "bfloat16") == 0  # the GEMV path

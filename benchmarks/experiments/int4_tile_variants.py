@@ -17,6 +17,9 @@ then bf16. Variants of one kernel, flags as constexprs:
   128 + q exactly, no conversion instruction), the 128 joining the zero point;
 - swap-split: swap with the bytes' low and high nibbles not interleaved: two dots of
   BLOCK_K / 2, against x's even and odd columns (split in registers);
+- swap-words: swap with the weights read as 32-bit words, two nibbles (j and j + 4 of a
+  word) made bf16 by one AND-OR of the shifted word, eight dots of K 16 a step against
+  x's columns in that order (x padded to 16 rows: the timing runs 16);
 - swap (with magic; swap-int, swap-zero-out with those): out.T = w @ x.T, the
   dequantized weight tile the dot's first operand, which Hopper's wgmma reads from
   registers (no shared-memory round trip) at M = BLOCK_N; at 16 rows the plain order is
@@ -54,15 +57,51 @@ VARIANTS = {  # name: (ZERO_OUT, MAGIC, SWAP)
     "swap-int": (0, 0, 1),
     "swap-zero-out": (1, 0, 1),
     "swap-split": (1, 1, 2),
+    "swap-words": (1, 1, 3),
 }
 
 
 @triton.jit
-def _weight_step(acc, x, x_sum, w_ptr, s_ptr, z_ptr, offs_n, mask_n, k,
+def _bf16_halves(v):
+    """An int32 tensor's two 16-bit halves as bf16 (register moves, no arithmetic)."""
+    return tl.inline_asm_elementwise(
+        "mov.b32 {$0, $1}, $2;", "=h,=h,r", [v], dtype=(tl.bfloat16, tl.bfloat16),
+        is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _words_step(acc, x_sum, x_row_ptr, w_ptr, s_ptr, z_ptr, offs_n, mask_n, k,
+                K: tl.constexpr, GROUP: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """swap-words: the weights read as 32-bit words of 8 nibbles (K index 8w + i at bit
+    4i); one AND-OR (LOP3) of a shifted word makes two bf16 128 + q at once, nibbles j
+    and j + 4; eight dots of K 16 a step meet them with x's matching columns."""
+    offs_w = k * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
+    words = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + offs_n[:, None] * (K // 8)
+                    + offs_w[None, :], mask=mask_n[:, None], other=0)  # fmt: skip
+    at = offs_n * (K // GROUP) + (k * BLOCK_K) // GROUP
+    z = tl.load(z_ptr + at, mask=mask_n, other=0).to(tl.float32) + 128.0
+    s = tl.load(s_ptr + at, mask=mask_n, other=0.0).to(tl.float32)
+    d = tl.zeros(acc.shape, dtype=tl.float32)
+    for j in tl.static_range(4):
+        low, high = _bf16_halves(((words >> (4 * j)) & 0x000F000F) | 0x43004300)
+        x_low = tl.load(x_row_ptr + 8 * offs_w[None, :] + j)
+        x_high = tl.load(x_row_ptr + 8 * offs_w[None, :] + j + 4)
+        d = tl.dot(low, tl.trans(x_low), d)
+        d = tl.dot(high, tl.trans(x_high), d)
+    acc += (d - z[:, None] * x_sum[None, :]) * s[:, None]
+    return acc
+
+
+@triton.jit
+def _weight_step(acc, x, x_sum, x_row_ptr, w_ptr, s_ptr, z_ptr, offs_n, mask_n, k,
                  K: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, ZERO_OUT: tl.constexpr, MAGIC: tl.constexpr,
                  SWAP: tl.constexpr):  # fmt: skip
     """acc plus one K step of x @ w.T, w = (q - z) * s for this step's group."""
+    if SWAP == 3:
+        return _words_step(acc, x_sum, x_row_ptr, w_ptr, s_ptr, z_ptr, offs_n, mask_n, k,
+                           K, GROUP, BLOCK_K)  # fmt: skip
     offs_b = k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
     b = tl.load(w_ptr + offs_n[:, None] * (K // 2) + offs_b[None, :], mask=mask_n[:, None], other=0)
     at = offs_n * (K // GROUP) + (k * BLOCK_K) // GROUP
@@ -114,6 +153,7 @@ def _swiglu_int4_tile(x_ptr, wg_ptr, sg_ptr, zg_ptr, wu_ptr, su_ptr, zu_ptr, out
     mask_m = offs_m < M
     mask_n = offs_n < N
     shape: tl.constexpr = (BLOCK_N, BLOCK_M) if SWAP else (BLOCK_M, BLOCK_N)
+    x_row_ptr = x_ptr + offs_m[:, None] * K  # rows past M: x is padded to BLOCK_M rows
     acc_g = tl.zeros(shape, dtype=tl.float32)
     acc_u = tl.zeros(shape, dtype=tl.float32)
     steps: tl.constexpr = K // BLOCK_K // SPLIT_K
@@ -121,9 +161,9 @@ def _swiglu_int4_tile(x_ptr, wg_ptr, sg_ptr, zg_ptr, wu_ptr, su_ptr, zu_ptr, out
         offs_k = k * BLOCK_K + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=mask_m[:, None], other=0.0)
         x_sum = tl.sum(x.to(tl.float32), axis=1)
-        acc_g = _weight_step(acc_g, x, x_sum, wg_ptr, sg_ptr, zg_ptr, offs_n, mask_n, k,
+        acc_g = _weight_step(acc_g, x, x_sum, x_row_ptr, wg_ptr, sg_ptr, zg_ptr, offs_n, mask_n, k,
                              K, GROUP, BLOCK_N, BLOCK_K, ZERO_OUT, MAGIC, SWAP)  # fmt: skip
-        acc_u = _weight_step(acc_u, x, x_sum, wu_ptr, su_ptr, zu_ptr, offs_n, mask_n, k,
+        acc_u = _weight_step(acc_u, x, x_sum, x_row_ptr, wu_ptr, su_ptr, zu_ptr, offs_n, mask_n, k,
                              K, GROUP, BLOCK_N, BLOCK_K, ZERO_OUT, MAGIC, SWAP)  # fmt: skip
     if SWAP:
         acc_g = tl.trans(acc_g)
@@ -163,7 +203,10 @@ GENERATED_CONFIGS = [
 
 
 def usable(variant: str, config: dict) -> bool:
-    # wgmma's M is 64 a warpgroup: the swapped dot needs BLOCK_N 64 and up.
+    # wgmma's M is 64 a warpgroup: the swapped dot needs BLOCK_N 64 and up; swap-words'
+    # dots take an eighth of BLOCK_K, 16 at least.
+    if variant == "swap-words" and config["BLOCK_K"] < 128:
+        return False
     return not variant.startswith("swap") or config["BLOCK_N"] >= 64
 
 

@@ -153,7 +153,7 @@ def checkpoint_converters(packing):
     )
 
 
-def _spread(factors, quant, rows, k):
+def spread(factors, quant, rows, k):
     """Scales or zero points as [rows, k] (or a scalar), each value over what it covers."""
     if quant.scale == "tensor":
         return factors.reshape(())
@@ -178,8 +178,8 @@ def dequantize(stored, scale, zero, quant, dtype):
     wide = torch.float64
     values = values.to(wide)
     if zero is not None:
-        values = values - _spread(zero.to(wide), quant, rows, k)
-    values = values * _spread(scale.to(wide), quant, rows, k)
+        values = values - spread(zero.to(wide), quant, rows, k)
+    values = values * spread(scale.to(wide), quant, rows, k)
     return values.reshape(shape).to(dtype)
 
 
