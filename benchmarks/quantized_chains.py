@@ -91,6 +91,15 @@ def int4_pack(q: torch.Tensor) -> torch.Tensor:
     return q[:, 0::2] | (q[:, 1::2] << 4)
 
 
+def int4_weights(n: int, k: int, group: int, dev: str = "cuda") -> tuple:
+    """AWQ-style int4 weights drawn at random: values 0..15 [n, k], their packing, bf16
+    scales a group (outputs O(1) for x of O(1)), uint8 zero points."""
+    q = torch.randint(0, 16, (n, k), device=dev)
+    scale = ((torch.rand(n, k // group, device=dev) + 0.5) / (6 * k**0.5)).bfloat16()
+    zero = torch.randint(0, 16, (n, k // group), device=dev, dtype=torch.uint8)
+    return q, int4_pack(q), scale, zero
+
+
 def tinygemm_weight(q: torch.Tensor, scale: torch.Tensor) -> tuple:
     """[N, K] values 0..15 and [N, K / group] scales in tinygemm's own layout: its int4
     pack and [K / group, N, 2] scales and zeros (its zero is a float offset: w = (q - 8)
@@ -262,16 +271,10 @@ def int4_decode(built: Path, m: int) -> tuple[dict, dict]:
     int4_bytes = 2 * (n * k // 2 + 2 * n * (k // group) * 2 + n * (k // group))
     copies = copies_for(int4_bytes)
 
-    def weights():
-        q = torch.randint(0, 16, (n, k), device=dev)
-        scale = ((torch.rand(n, k // group, device=dev) + 0.5) / (6 * k**0.5)).bfloat16()
-        zero = torch.randint(0, 16, (n, k // group), device=dev, dtype=torch.uint8)
-        return q, int4_pack(q), scale, zero
-
     sets = []
     for _ in range(copies):
-        qg, pg, sg, zg = weights()
-        qu, pu, su, zu = weights()
+        qg, pg, sg, zg = int4_weights(n, k, group, dev)
+        qu, pu, su, zu = int4_weights(n, k, group, dev)
         sets.append((qg, pg, sg, zg, qu, pu, su, zu))
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
 

@@ -248,14 +248,19 @@ def test_awq_checkpoints_convert_to_the_int4_layout(packing):
         quant.from_awq(qweight, qzeros.to(torch.int64), scale.T.contiguous())
 
 
+def generated(name):
+    """A module of the committed generated/ folder, imported."""
+    sys.path.insert(0, str(ROOT / "generated"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "generated"))
+
+
 def test_a_generated_module_runs_an_awq_checkpoint():
     # llama_mlp_int4's own from_awq, its tensors through the launcher's checks and kernel
     # (the interpreter here), against the chain on the AWQ weights in float64.
-    sys.path.insert(0, str(ROOT / "generated"))
-    try:
-        module = importlib.import_module("llama_mlp_int4")
-    finally:
-        sys.path.remove(str(ROOT / "generated"))
+    module = generated("llama_mlp_int4")
     order = [0, 2, 4, 6, 1, 3, 5, 7]
     args, weights = [], []
     for seed in (2, 3):
@@ -590,11 +595,7 @@ def test_transposed_int4_tiles_bound_what_their_sums_carry():
     # On a GPU a transposed decode tile (SWAP_AB) sums x * (NIBBLE_BASE + q) in fp32, the
     # offset and zero point off after: the bound's p_in covers those magnitudes (42 times
     # |q - z|'s at most here in bf16, 293 in fp16), for such launches only.
-    sys.path.insert(0, str(ROOT / "generated"))
-    try:
-        tests = importlib.import_module("test_llama_mlp_int4")
-    finally:
-        sys.path.remove(str(ROOT / "generated"))
+    tests = generated("test_llama_mlp_int4")
     suite = tests.harness.Suite(vars(tests))
     sizes = {"M": 16, "K": 256, "N": 64}
     inputs = suite.make_inputs(sizes, torch.bfloat16, 5)

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from quantized_chains import (  # noqa: E402
     copies_for,
     graph_ms,
-    int4_pack,
+    int4_weights,
     load,
     max_error,
     tinygemm_weight,
@@ -207,13 +207,7 @@ def row(built: Path, m: int, rounds: int) -> dict:
     int4_bytes = 2 * (N * K // 2 + 2 * N * (K // GROUP) * 2 + N * (K // GROUP))
     copies = copies_for(int4_bytes)
 
-    def weights():
-        q = torch.randint(0, 16, (N, K), device=dev)
-        scale = ((torch.rand(N, K // GROUP, device=dev) + 0.5) / (6 * K**0.5)).bfloat16()
-        zero = torch.randint(0, 16, (N, K // GROUP), device=dev, dtype=torch.uint8)
-        return q, int4_pack(q), scale, zero
-
-    sets = [weights() + weights() for _ in range(copies)]
+    sets = [int4_weights(N, K, GROUP, dev) + int4_weights(N, K, GROUP, dev) for _ in range(copies)]
     x = torch.randn(m, K, device=dev, dtype=torch.bfloat16)
     s0 = sets[0]
     want = mod.reference(

@@ -264,7 +264,7 @@ def registers() -> None:
 
 
 def row(built: Path, m: int, rounds: int, variants: list[str]) -> dict:
-    from quantized_chains import copies_for, graph_ms, int4_pack, load, max_error
+    from quantized_chains import copies_for, graph_ms, int4_weights, load, max_error, timed
 
     mod = load(built, "llama_mlp_int4")
     bf16 = load(built, "anchor_swiglu")
@@ -272,13 +272,8 @@ def row(built: Path, m: int, rounds: int, variants: list[str]) -> dict:
     int4_bytes = 2 * (N * K // 2 + 2 * N * (K // GROUP) * 2 + N * (K // GROUP))
     copies = copies_for(int4_bytes)
 
-    def weights():
-        q = torch.randint(0, 16, (N, K), device=dev)
-        scale = ((torch.rand(N, K // GROUP, device=dev) + 0.5) / (6 * K**0.5)).bfloat16()
-        zero = torch.randint(0, 16, (N, K // GROUP), device=dev, dtype=torch.uint8)
-        return int4_pack(q), scale, zero
-
-    sets = [weights() + weights() for _ in range(copies)]
+    sets = [int4_weights(N, K, GROUP, dev)[1:] + int4_weights(N, K, GROUP, dev)[1:]
+            for _ in range(copies)]  # fmt: skip
     x = torch.randn(m, K, device=dev, dtype=torch.bfloat16)
     want = mod.reference(x.double(), sets[0][0], sets[0][1].double(), sets[0][2], sets[0][3],
                          sets[0][4].double(), sets[0][5], out_dtype=torch.float64)  # fmt: skip
@@ -327,11 +322,7 @@ def row(built: Path, m: int, rounds: int, variants: list[str]) -> dict:
     candidates["bf16 eager"] = lambda i: F.silu(F.linear(x, dense[i % bf16_copies][0])) * F.linear(
         x, dense[i % bf16_copies][1]
     )
-    times = {key: [] for key in candidates}
-    order = list(candidates)
-    for r in range(rounds):
-        for key in order[r % len(order) :] + order[: r % len(order)]:
-            times[key].append(graph_ms(candidates[key]))
+    times = timed(candidates, {}, rounds)["ms"]
     print(f"\n{m} x {K} -> {N} x2, int4 group {GROUP} + zero points (GPU us per call)")
     for key, t in times.items():
         med = statistics.median(t)
