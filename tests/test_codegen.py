@@ -310,10 +310,11 @@ def test_attention_test_modules_are_short(path):
 @pytest.mark.parametrize("path", QUANTIZED, ids=lambda p: p.name)
 def test_quantized_modules_are_short(path):
     """A quantized chain's module is its kernel (two mainloops where it has the one-row
-    GEMV path, split-K's partial sums), constants, launcher and reference (the checks and
-    tuning are the runtime's QuantChain); its tests state inputs, cases and the bound, and
-    come from the quantized harness."""
-    assert len(path.read_text().splitlines()) <= 470
+    GEMV path, each int4 weight unpacked two ways where decode tiles run transposed,
+    split-K's partial sums), constants, launcher and reference (the checks and tuning are
+    the runtime's QuantChain); its tests state inputs, cases and the bound, and come from
+    the quantized harness."""
+    assert len(path.read_text().splitlines()) <= 540
     tests = (path.parent / f"test_{path.name}").read_text()
     assert len(tests.splitlines()) <= 120
     assert (
