@@ -52,7 +52,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("00cd279f309346d1", "quant")
+_rt = _runtime("42be7de1fef715da", "quant")
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
 DIMS = {"M": None, "K": None, "N": None}
@@ -138,6 +138,8 @@ ROW, COL, K = "M", "N", "K"  # the output's dims, the reduction dim
 FP8_DOT = False
 # Activations may run on tanh.approx (16-bit outputs on NVIDIA GPUs).
 FAST_TANH_USED = True
+# Transposed decode tiles (SWAP_AB) take int4 weights as NIBBLE_BASE + q.
+NIBBLE_FLOATS = True
 NO_GPU = "reference"  # no GPU and the interpreter off: "reference" runs, or "error"
 
 

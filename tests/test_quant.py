@@ -604,7 +604,8 @@ def test_transposed_int4_tiles_bound_what_their_sums_carry():
     unit = 2 * sizes["K"] * tests.U_ACC
 
     def extra(config, dot):
-        return suite.carried_error(inputs, exact, {"config": config, "dot": dot}) / unit
+        launch = {"nibble_base": tests.kernel._CHAIN.nibble_base(config, dot)}
+        return suite.carried_error(inputs, exact, launch) / unit
 
     assert 15 < extra(tile, "bfloat16") < 60
     assert 150 < extra(tile, "float16") < 400

@@ -155,6 +155,10 @@ def checkpoint_converters(packing):
     )
 
 
+# The exact float an int4 nibble is OR-ed into for a 16-bit dot (the kernels' NIBBLE_BASE).
+NIBBLE_BASES = {"bfloat16": 128.0, "float16": 1024.0}
+
+
 def spread(factors, quant, rows, k):
     """Scales or zero points as [rows, k] (or a scalar), each value over what it covers."""
     if quant.scale == "tensor":
@@ -262,8 +266,18 @@ class QuantChain:
             "config": dict(config),
             "dot": plan["dot"],
             "fast_tanh": plan["consts"].get("FAST_TANH", False),
+            "nibble_base": self.nibble_base(config, plan["dot"]),
         }
         return out
+
+    def nibble_base(self, config, dot):
+        """What each int4 weight carried into the launch's dot beyond its value: the
+        kernel's NIBBLE_BASE where the tile ran transposed (its SWAP_AB: BLOCK_M from 2
+        to 63, BLOCK_N 64 and up) on a 16-bit dot, else 0."""
+        transposed = 1 < config["BLOCK_M"] < 64 <= config["BLOCK_N"]
+        if not (self.module.get("NIBBLE_FLOATS") and transposed):
+            return 0.0
+        return NIBBLE_BASES.get(dot, 0.0)
 
     def check_config(self, config, plan):
         """A caller's config, refused where it would not compile (its keys, powers of two,

@@ -10,8 +10,6 @@ A test module states: kernel, LAUNCHER, DTYPES, ROW, COL, K, CASES, INPUTS (name
 (pinned dtype or None, "quantized" / "weight" / "normal" / "nonzero")), MATMUL (operand:
 "a" or "b") and reference_and_bound(p_in, depth, fast_tanh, **float64 inputs)."""
 
-import inspect
-
 import pytest
 import torch
 
@@ -34,8 +32,6 @@ SCALE_PRODUCTS = 8 * U32
 # On the CPU, dynamo's tracing of a launcher (its custom op and fake) is tested once for
 # every quantized module, in fusegen's tests/test_quant.py: it costs seconds a module.
 COMPILED_ON_CPU = "traced on the CPU by fusegen's tests/test_quant.py; here on a GPU"
-# What a transposed decode tile's int4 values carry into its 16-bit dot (NIBBLE_BASE).
-NIBBLE_BASES = {"bfloat16": 128.0, "float16": 1024.0}
 # The spread of the stored values, to draw scales that make the dequantized values O(1).
 VALUE_SPREAD = {"int8": 74.0, "int4": 4.6, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0}
 
@@ -71,7 +67,6 @@ class Suite:
         chain = self.kernel._CHAIN
         self.interpreted = type(chain.kernel).__name__ == "InterpretedFunction"
         self.out_rounding = INTERPRETER_OUT_ROUNDING if self.interpreted else OUT_ROUNDING
-        self.carries_nibbles = "NIBBLE_BASE" in inspect.getsource(chain.kernel.fn)
 
     def sizes_of(self, case):
         return {**self.sizes, **case}
@@ -176,16 +171,14 @@ class Suite:
         return value, bound
 
     def carried_error(self, inputs, exact, launch):
-        """What a transposed decode tile (SWAP_AB) adds to each dot's relative error where
-        its int4 weights reach a 16-bit dot as NIBBLE_BASE + q: its fp32 sums carry those
-        values (and the offset and zero point, (NIBBLE_BASE + z) * sum(x), come off after
-        them), so their rounding is bounded by K * U_ACC of |x| @ (NIBBLE_BASE + 15 +
-        z) * s, twice over for the row sums and the subtraction, not of |x| @ |w|: the
-        ratio of the two, at its largest, times that. 0 for any other launch."""
-        config = launch.get("config") or {}
-        base = NIBBLE_BASES.get(launch.get("dot"))
-        transposed = 1 < config.get("BLOCK_M", 0) < 64 <= config.get("BLOCK_N", 0)
-        if base is None or not transposed or not self.carries_nibbles:
+        """What a launch whose int4 weights reached the dot as NIBBLE_BASE + q (its
+        `nibble_base`: a transposed decode tile's) adds to each dot's relative error: its
+        fp32 sums carry those values (and the offset and zero point, (NIBBLE_BASE + z) *
+        sum(x), come off after them), so their rounding is bounded by K * U_ACC of |x| @
+        (NIBBLE_BASE + 15 + z) * s, twice over for the row sums and the subtraction, not of
+        |x| @ |w|: the ratio of the two, at its largest, times that. 0 for any other."""
+        base = launch.get("nibble_base", 0.0)
+        if not base:
             return 0.0
         a = next(exact[n] for n, role in self.matmul.items() if role == "a").abs()
         a = a.reshape(-1, a.shape[-1])
