@@ -376,7 +376,8 @@ def plan(variant: str, causal: bool) -> tuple[int, int, dict]:
     block_n, stages = [int(x) for x in rest] + [128, 2][len(rest) :]
     overlap, producer, parts, turns, late_v, pairs = VARIANTS[name]
     meta = {"CAUSAL": causal, "OVERLAP": overlap, "PRODUCER": producer, "PARTS": parts,
-            "TURNS": turns, "LATE_V": late_v, "PAIRS": pairs, "STAGES": stages, "num_warps": 8 // parts}  # fmt: skip
+            "TURNS": turns, "LATE_V": late_v, "PAIRS": pairs, "STAGES": stages,
+            "num_warps": 8 // parts}  # fmt: skip
     return 128 // parts, block_n, meta
 
 
@@ -403,7 +404,7 @@ def compile_sm90(variant, causal=True, dim=128):
     q = torch.empty(1, 1, 256, dim, dtype=torch.bfloat16)
     names = [p.name for p in _attention_forward.params]
     descs = descriptors(q, q, q, q, block_m, block_n)
-    types = dict(zip(names[:4], map(triton.runtime.jit.mangle_type, descs)))
+    types = dict(zip(names[:4], map(triton.runtime.jit.mangle_type, descs), strict=True))
     types |= {"seq": "i32", "qk_scale": "fp32"} | {n: "constexpr" for n in meta}
     constexprs = {(names.index(n),): v for n, v in meta.items() if n in names}
     source = GluonASTSource(_attention_forward, types, constexprs)
@@ -472,7 +473,7 @@ def main() -> int:
                 return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
         calls = {
-            name: (lambda q=q, k=k, v=v, name=name: attention(q, k, v, causal, name))
+            name: (lambda q=q, k=k, v=v, c=causal, name=name: attention(q, k, v, c, name))
             for name in args.variants
         }
         calls["cudnn"] = cudnn
