@@ -97,11 +97,11 @@ def _take_turn(turn, PART: gl.constexpr, t):
 @gluon.jit
 def _step(descs, bufs, bars, q_smem, s_zero, acc, p, m_i, l_i, j, kv_row, row0, n_blocks,
           qk_scale, PRODUCER: gl.constexpr, OVERLAP: gl.constexpr, CAUSAL: gl.constexpr,
-          TURNS: gl.constexpr, LATE_V: gl.constexpr, PART: gl.constexpr,
+          TURNS: gl.constexpr, PSMEM: gl.constexpr, PART: gl.constexpr,
           num_warps: gl.constexpr):
     """Key block j's scores and softmax, and block j - 1's PV (p: its probabilities)."""
     q_desc, k_desc, v_desc, o_desc = descs
-    q_bufs, k_bufs, v_bufs = bufs
+    q_bufs, k_bufs, v_bufs, p_bufs = bufs
     q_bar, k_ready, v_ready, k_empty, v_empty, turn = bars
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -124,51 +124,59 @@ def _step(descs, bufs, bars, q_smem, s_zero, acc, p, m_i, l_i, j, kv_row, row0, 
             _take_turn(turn, PART, j)
         s_tok = warpgroup_mma(q_smem, k_bufs.index(stage).permute((1, 0)), s_zero,
                               use_acc=False, is_async=True)
-        acc_tok = warpgroup_mma(p, v_bufs.index(prev), acc, is_async=True)
+        if PSMEM:
+            p_prev = p_bufs.index(PART * 2 + (j - 1) % 2)
+            acc_tok = warpgroup_mma(p_prev, v_bufs.index(prev), acc, is_async=True)
+        else:
+            acc_tok = warpgroup_mma(p, v_bufs.index(prev), acc, is_async=True)
         if TURNS:
             mbarrier.arrive(turn.index(1 - PART))
         s = warpgroup_mma_wait(1, deps=(s_tok,))
     else:
         acc = warpgroup_mma(p, v_bufs.index(prev), acc)
         s = warpgroup_mma(q_smem, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False)
-    # K of block j is read: its stage may take block j + STAGES. LATE_V: V of block
-    # j - 2 (read since the last step) is released here too, not after this step's
-    # PV wait.
+    # K of block j is read: its stage may take block j + STAGES.
     if PRODUCER:
         mbarrier.arrive(k_empty.index(stage))
-        if LATE_V:
-            if j >= 2:
-                mbarrier.arrive(v_empty.index((j - 2) % STAGES))
     elif j + STAGES < n_blocks:
         _load(k_desc, k_bufs.index(stage), k_ready.index(stage), kv_row + (j + STAGES) * BLOCK_N)
     p_next, m_i, l_i, alpha = _scores_to_probs(s, m_i, l_i, j * BLOCK_N, row0, qk_scale,
                                                CAUSAL, s_layout, BLOCK_M, BLOCK_N)
+    if PSMEM:
+        # Block j's probabilities into the other buffer while PV reads block j - 1's.
+        p_bufs.index(PART * 2 + j % 2).store(p_next.to(dtype))
+        fence_async_shared()
     if OVERLAP:
-        acc, p = warpgroup_mma_wait(0, deps=(acc_tok, p))
+        if PSMEM:
+            acc = warpgroup_mma_wait(0, deps=(acc_tok,))
+        else:
+            acc, p = warpgroup_mma_wait(0, deps=(acc_tok, p))
     # V of block j - 1 is read.
     if PRODUCER:
-        if not LATE_V:
-            mbarrier.arrive(v_empty.index(prev))
+        mbarrier.arrive(v_empty.index(prev))
     elif j - 1 + STAGES < n_blocks:
         _load(v_desc, v_bufs.index(prev), v_ready.index(prev),
               kv_row + (j - 1 + STAGES) * BLOCK_N)
     alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
     acc = acc * alpha_o[:, None]
-    p = gl.convert_layout(p_next.to(dtype), p_layout)
+    if PSMEM:
+        gl.thread_barrier()
+    else:
+        p = gl.convert_layout(p_next.to(dtype), p_layout)
     return acc, p, m_i, l_i
 
 
 @gluon.jit
 def _consume(descs, bufs, bars, q_row, kv_row, row0, n_blocks, qk_scale,
              PRODUCER: gl.constexpr, OVERLAP: gl.constexpr, CAUSAL: gl.constexpr,
-             TURNS: gl.constexpr, LATE_V: gl.constexpr, PAIRS: gl.constexpr, PART: gl.constexpr,
+             TURNS: gl.constexpr, PSMEM: gl.constexpr, PART: gl.constexpr,
              num_warps: gl.constexpr):
     """One consumer's loop over the key blocks, then its rows of the output. PRODUCER:
     another partition loads the stages (this one releases K once its QK is done and V once
     its PV is); else this one refills a stage as soon as it is free. PART: which query
     tile of the program (ping-pong: two consumers, one tile each)."""
     q_desc, k_desc, v_desc, o_desc = descs
-    q_bufs, k_bufs, v_bufs = bufs
+    q_bufs, k_bufs, v_bufs, p_bufs = bufs
     q_bar, k_ready, v_ready, k_empty, v_empty, turn = bars
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -202,39 +210,30 @@ def _consume(descs, bufs, bars, q_row, kv_row, row0, n_blocks, qk_scale,
         _load(k_desc, k_bufs.index(0), k_ready.index(0), kv_row + STAGES * BLOCK_N)
     p, m_i, l_i, alpha = _scores_to_probs(s, m_i, l_i, 0, row0, qk_scale, CAUSAL, s_layout,
                                           BLOCK_M, BLOCK_N)
-    p = gl.convert_layout(p.to(dtype), p_layout)
-    if PAIRS:
-        # Two blocks a trip, the probabilities alternating between two variables: a
-        # block's new probabilities never share registers with the ones its PV dot is
-        # still reading, so ptxas need not wait for that dot before the softmax.
-        for j in range(1, n_blocks - 1, 2):
-            acc, p_b, m_i, l_i = _step(descs, bufs, bars, q_smem, s_zero, acc, p, m_i, l_i, j,
-                                       kv_row, row0, n_blocks, qk_scale, PRODUCER, OVERLAP,
-                                       CAUSAL, TURNS, LATE_V, PART, num_warps)
-            acc, p, m_i, l_i = _step(descs, bufs, bars, q_smem, s_zero, acc, p_b, m_i, l_i,
-                                     j + 1, kv_row, row0, n_blocks, qk_scale, PRODUCER,
-                                     OVERLAP, CAUSAL, TURNS, LATE_V, PART, num_warps)
-        if (n_blocks - 1) % 2 == 1:
-            acc, p, m_i, l_i = _step(descs, bufs, bars, q_smem, s_zero, acc, p, m_i, l_i,
-                                     n_blocks - 1, kv_row, row0, n_blocks, qk_scale, PRODUCER,
-                                     OVERLAP, CAUSAL, TURNS, LATE_V, PART, num_warps)
+    if PSMEM:
+        p_bufs.index(PART * 2).store(p.to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        p = 0
     else:
-        for j in range(1, n_blocks):
-            acc, p, m_i, l_i = _step(descs, bufs, bars, q_smem, s_zero, acc, p, m_i, l_i, j,
-                                     kv_row, row0, n_blocks, qk_scale, PRODUCER, OVERLAP,
-                                     CAUSAL, TURNS, LATE_V, PART, num_warps)
+        p = gl.convert_layout(p.to(dtype), p_layout)
+    for j in range(1, n_blocks):
+        acc, p, m_i, l_i = _step(descs, bufs, bars, q_smem, s_zero, acc, p, m_i, l_i, j,
+                                 kv_row, row0, n_blocks, qk_scale, PRODUCER, OVERLAP,
+                                 CAUSAL, TURNS, PSMEM, PART, num_warps)
     last = (n_blocks - 1) % STAGES
     mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
     if TURNS:
         _take_turn(turn, PART, n_blocks)
-    acc_tok = warpgroup_mma(p, v_bufs.index(last), acc, is_async=True)
+    if PSMEM:
+        acc_tok = warpgroup_mma(p_bufs.index(PART * 2 + (n_blocks - 1) % 2), v_bufs.index(last),
+                                acc, is_async=True)
+    else:
+        acc_tok = warpgroup_mma(p, v_bufs.index(last), acc, is_async=True)
     if TURNS:
         mbarrier.arrive(turn.index(1 - PART))
     acc = warpgroup_mma_wait(0, deps=(acc_tok,))
     if PRODUCER:
-        if LATE_V:
-            if n_blocks >= 2:
-                mbarrier.arrive(v_empty.index((n_blocks - 2) % STAGES))
         mbarrier.arrive(v_empty.index(last))
 
     # out = acc / l through this tile's shared memory (free once its dots are done).
@@ -248,12 +247,12 @@ def _consume(descs, bufs, bars, q_row, kv_row, row0, n_blocks, qk_scale,
 @gluon.jit
 def _produce(descs, bufs, bars, q_row, kv_row, row0, n_blocks, qk_scale,
              PRODUCER: gl.constexpr, OVERLAP: gl.constexpr, CAUSAL: gl.constexpr,
-             TURNS: gl.constexpr, LATE_V: gl.constexpr, PAIRS: gl.constexpr, PARTS: gl.constexpr,
+             TURNS: gl.constexpr, PSMEM: gl.constexpr, PARTS: gl.constexpr,
              num_warps: gl.constexpr):
     """The producer partition (one warp): the query tiles, then each key block's K and V
     into the ring, each into its stage once every consumer has released it."""
     q_desc, k_desc, v_desc, o_desc = descs
-    q_bufs, k_bufs, v_bufs = bufs
+    q_bufs, k_bufs, v_bufs, p_bufs = bufs
     q_bar, k_ready, v_ready, k_empty, v_empty, turn = bars
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -273,8 +272,8 @@ def _produce(descs, bufs, bars, q_row, kv_row, row0, n_blocks, qk_scale,
 @gluon.jit
 def _attention_forward(q_desc, k_desc, v_desc, o_desc, seq, qk_scale,
                        CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PRODUCER: gl.constexpr,
-                       PARTS: gl.constexpr, TURNS: gl.constexpr, LATE_V: gl.constexpr,
-                       PAIRS: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+                       PARTS: gl.constexpr, TURNS: gl.constexpr, PSMEM: gl.constexpr,
+                       STAGES: gl.constexpr, num_warps: gl.constexpr):
     """PARTS query tiles of q_desc's block rows a program, each its own consumer (PARTS
     2: ping-pong, the second a worker partition of num_warps warps)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
@@ -291,6 +290,11 @@ def _attention_forward(q_desc, k_desc, v_desc, o_desc, seq, qk_scale,
                                        k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape,
                                        v_desc.layout)
+    # PSMEM: each consumer's probabilities in two buffers, PV's first operand from
+    # shared memory (else from registers; one unused buffer).
+    P_BUFS: gl.constexpr = 2 * PARTS if PSMEM else 1
+    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], q_desc.dtype)
+    p_bufs = gl.allocate_shared_memory(q_desc.dtype, [P_BUFS, BLOCK_M, BLOCK_N], p_layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [PARTS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -307,24 +311,24 @@ def _attention_forward(q_desc, k_desc, v_desc, o_desc, seq, qk_scale,
         mbarrier.init(k_empty.index(i), count=PARTS)
         mbarrier.init(v_empty.index(i), count=PARTS)
     descs = (q_desc, k_desc, v_desc, o_desc)
-    bufs = (q_bufs, k_bufs, v_bufs)
+    bufs = (q_bufs, k_bufs, v_bufs, p_bufs)
     bars = (q_bar, k_ready, v_ready, k_empty, v_empty, turn)
 
     if PARTS == 2:
         gl.warp_specialize([
             (_consume, (descs, bufs, bars, q_row, kv_row, row0, n_blocks, qk_scale, PRODUCER,
-                        OVERLAP, CAUSAL, TURNS, LATE_V, PAIRS, 0, num_warps)),
+                        OVERLAP, CAUSAL, TURNS, PSMEM, 0, num_warps)),
             (_consume, (descs, bufs, bars, q_row, kv_row, row0, n_blocks, qk_scale, PRODUCER,
-                        OVERLAP, CAUSAL, TURNS, LATE_V, PAIRS, 1, num_warps)),
+                        OVERLAP, CAUSAL, TURNS, PSMEM, 1, num_warps)),
             (_produce, (descs, bufs, bars, q_row, kv_row, row0, n_blocks, qk_scale, PRODUCER,
-                        OVERLAP, CAUSAL, TURNS, LATE_V, PAIRS, 2, num_warps)),
+                        OVERLAP, CAUSAL, TURNS, PSMEM, 2, num_warps)),
         ], [num_warps, 1], [240, 24])
     elif PRODUCER:
         gl.warp_specialize([
             (_consume, (descs, bufs, bars, q_row, kv_row, row0, n_blocks, qk_scale, PRODUCER,
-                        OVERLAP, CAUSAL, TURNS, LATE_V, PAIRS, 0, num_warps)),
+                        OVERLAP, CAUSAL, TURNS, PSMEM, 0, num_warps)),
             (_produce, (descs, bufs, bars, q_row, kv_row, row0, n_blocks, qk_scale, PRODUCER,
-                        OVERLAP, CAUSAL, TURNS, LATE_V, PAIRS, 1, num_warps)),
+                        OVERLAP, CAUSAL, TURNS, PSMEM, 1, num_warps)),
         ], [1], [24])
     else:
         _load(q_desc, q_bufs.index(0), q_bar.index(0), q_row)
@@ -333,21 +337,19 @@ def _attention_forward(q_desc, k_desc, v_desc, o_desc, seq, qk_scale,
                 _load(k_desc, k_bufs.index(i), k_ready.index(i), kv_row + i * BLOCK_N)
                 _load(v_desc, v_bufs.index(i), v_ready.index(i), kv_row + i * BLOCK_N)
         _consume(descs, bufs, bars, q_row, kv_row, row0, n_blocks, qk_scale, PRODUCER, OVERLAP,
-                 CAUSAL, TURNS, LATE_V, PAIRS, 0, num_warps)
+                 CAUSAL, TURNS, PSMEM, 0, num_warps)
 # fmt: on
 
 
-VARIANTS = {  # name: (OVERLAP, PRODUCER, PARTS, TURNS, LATE_V, PAIRS)
-    "sync": (False, False, 1, False, False, False),
-    "overlap": (True, False, 1, False, False, False),
-    "ws": (True, True, 1, False, False, False),
-    "ws-pairs": (True, True, 1, False, False, True),
-    "pingpong": (True, True, 2, False, False, False),
-    "pingpong-late-v": (True, True, 2, False, True, False),
-    "pingpong-pairs": (True, True, 2, False, False, True),
-    "pingpong-late-v-pairs": (True, True, 2, False, True, True),
-    "turns": (True, True, 2, True, False, False),
-    "turns-pairs": (True, True, 2, True, False, True),
+VARIANTS = {  # name: (OVERLAP, PRODUCER, PARTS, TURNS, PSMEM)
+    "sync": (False, False, 1, False, False),
+    "overlap": (True, False, 1, False, False),
+    "ws": (True, True, 1, False, False),
+    "ws-smem-p": (True, True, 1, False, True),
+    "pingpong": (True, True, 2, False, False),
+    "pingpong-smem-p": (True, True, 2, False, True),
+    "turns": (True, True, 2, True, False),
+    "turns-smem-p": (True, True, 2, True, True),
 }
 
 
@@ -374,9 +376,9 @@ def plan(variant: str, causal: bool) -> tuple[int, int, dict]:
     if name not in VARIANTS:
         raise ValueError(f"variant {name!r}: one of {', '.join(VARIANTS)}")
     block_n, stages = [int(x) for x in rest] + [128, 2][len(rest) :]
-    overlap, producer, parts, turns, late_v, pairs = VARIANTS[name]
+    overlap, producer, parts, turns, psmem = VARIANTS[name]
     meta = {"CAUSAL": causal, "OVERLAP": overlap, "PRODUCER": producer, "PARTS": parts,
-            "TURNS": turns, "LATE_V": late_v, "PAIRS": pairs, "STAGES": stages,
+            "TURNS": turns, "PSMEM": psmem, "STAGES": stages,
             "num_warps": 8 // parts}  # fmt: skip
     return 128 // parts, block_n, meta
 
