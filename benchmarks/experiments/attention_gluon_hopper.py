@@ -18,6 +18,8 @@ a prototype, to say whether the schedule is worth a generator change.
 
     python3 benchmarks/experiments/attention_gluon_hopper.py [--built FOLDER]
         [--cases causal full] [--variants sync overlap ws] [--rounds 5] [--out FILE.json]
+    ncu --profile-from-start off ... python3 benchmarks/experiments/attention_gluon_hopper.py
+        --profile --variants pingpong (one call of each variant and cuDNN, profiled)
     python3 benchmarks/experiments/attention_gluon_hopper.py --compile
         (CPU: each variant compiled for sm_90; registers, spills and shared memory)
 """
@@ -66,17 +68,26 @@ def _scores_to_probs(s, m_i, l_i, key0, row0, qk_scale, CAUSAL: gl.constexpr,
 
 
 @gluon.jit
-def _block_range(pid, seq, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """This program's first query row and its number of key blocks (causal: the query
-    blocks run longest first)."""
-    if CAUSAL:
-        m_block = gl.cdiv(seq, BLOCK_M) - 1 - pid
-        row0 = m_block * BLOCK_M
-        n_blocks = gl.cdiv(row0 + BLOCK_M, BLOCK_N)
+def _tile(t, heads, seq, CAUSAL: gl.constexpr, HEAD_MAJOR: gl.constexpr, TILE_M: gl.constexpr,
+          BLOCK_N: gl.constexpr):
+    """Tile t: its first query row within its head, its key blocks, and the rows of its
+    queries and of its head's keys in the [batch * heads * seq, dim] views. HEAD_MAJOR:
+    a head's query blocks one after another (last first), so the programs running at
+    once share a few heads' keys in L2; else every head's last query block first, then
+    the ones before (longest first over all heads; the keys of as many heads as there
+    are programs in flight)."""
+    if HEAD_MAJOR:
+        m_blocks = gl.cdiv(seq, TILE_M)
+        row0 = (m_blocks - 1 - t % m_blocks) * TILE_M
+        head = t // m_blocks
     else:
-        row0 = pid * BLOCK_M
+        row0 = (gl.cdiv(seq, TILE_M) - 1 - t // heads) * TILE_M
+        head = t % heads
+    if CAUSAL:
+        n_blocks = gl.cdiv(row0 + TILE_M, BLOCK_N)
+    else:
         n_blocks = gl.cdiv(seq, BLOCK_N)
-    return row0, n_blocks
+    return row0, n_blocks, head * seq + row0, head * seq
 
 
 @gluon.jit
@@ -86,98 +97,50 @@ def _load(desc, smem, bar, row):
 
 
 @gluon.jit
-def _take_turn(turn, PART: gl.constexpr, t):
-    """Ping-pong (FA3's): consumer PART waits for the other to have issued its dots of
-    step t - 1 + PART before issuing its own of step t, so that one's softmax runs while
-    the other's dots do. A fresh mbarrier counts as having completed the phase before 0:
-    consumer 0 goes first."""
-    mbarrier.wait(turn.index(PART), (t & 1) ^ (1 - PART))
-
-
-@gluon.jit
-def _step(descs, bufs, bars, q_smem, s_zero, acc, p, m_i, l_i, j, kv_row, row0, n_blocks,
-          qk_scale, PRODUCER: gl.constexpr, OVERLAP: gl.constexpr, CAUSAL: gl.constexpr,
-          TURNS: gl.constexpr, PSMEM: gl.constexpr, PART: gl.constexpr,
-          num_warps: gl.constexpr):
-    """Key block j's scores and softmax, and block j - 1's PV (p: its probabilities)."""
-    q_desc, k_desc, v_desc, o_desc = descs
-    q_bufs, k_bufs, v_bufs, p_bufs = bufs
-    q_bar, k_ready, v_ready, k_empty, v_empty, turn = bars
-    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+def _step(bufs, bars, q_smem, s_zero, acc, p, m_i, l_i, j, ring, row0, qk_scale,
+          CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    """Key block j (the ring's block `ring`): its QK and block j - 1's PV issued together,
+    the softmax of block j while PV runs (p: block j - 1's probabilities)."""
+    q_bufs, k_bufs, v_bufs, o_bufs = bufs
+    q_ready, q_empty, k_ready, v_ready, k_empty, v_empty = bars
+    BLOCK_M: gl.constexpr = q_smem.type.shape[0]
+    HEAD_DIM: gl.constexpr = q_smem.type.shape[1]
+    BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
     STAGES: gl.constexpr = k_bufs.type.shape[0]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    dtype: gl.constexpr = q_desc.dtype
-    stage = j % STAGES
-    prev = (j - 1) % STAGES
-    mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
-    mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-    if OVERLAP:
-        # QK of block j and PV of block j - 1 both in flight; the softmax of block j
-        # runs while PV does.
-        if TURNS:
-            _take_turn(turn, PART, j)
-        s_tok = warpgroup_mma(q_smem, k_bufs.index(stage).permute((1, 0)), s_zero,
-                              use_acc=False, is_async=True)
-        if PSMEM:
-            p_prev = p_bufs.index(PART * 2 + (j - 1) % 2)
-            acc_tok = warpgroup_mma(p_prev, v_bufs.index(prev), acc, is_async=True)
-        else:
-            acc_tok = warpgroup_mma(p, v_bufs.index(prev), acc, is_async=True)
-        if TURNS:
-            mbarrier.arrive(turn.index(1 - PART))
-        s = warpgroup_mma_wait(1, deps=(s_tok,))
-    else:
-        acc = warpgroup_mma(p, v_bufs.index(prev), acc)
-        s = warpgroup_mma(q_smem, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False)
-    # K of block j is read: its stage may take block j + STAGES.
-    if PRODUCER:
-        mbarrier.arrive(k_empty.index(stage))
-    elif j + STAGES < n_blocks:
-        _load(k_desc, k_bufs.index(stage), k_ready.index(stage), kv_row + (j + STAGES) * BLOCK_N)
-    p_next, m_i, l_i, alpha = _scores_to_probs(s, m_i, l_i, j * BLOCK_N, row0, qk_scale,
-                                               CAUSAL, s_layout, BLOCK_M, BLOCK_N)
-    if PSMEM:
-        # Block j's probabilities into the other buffer while PV reads block j - 1's.
-        p_bufs.index(PART * 2 + j % 2).store(p_next.to(dtype))
-        fence_async_shared()
-    if OVERLAP:
-        if PSMEM:
-            acc = warpgroup_mma_wait(0, deps=(acc_tok,))
-        else:
-            acc, p = warpgroup_mma_wait(0, deps=(acc_tok, p))
-    # V of block j - 1 is read.
-    if PRODUCER:
-        mbarrier.arrive(v_empty.index(prev))
-    elif j - 1 + STAGES < n_blocks:
-        _load(v_desc, v_bufs.index(prev), v_ready.index(prev),
-              kv_row + (j - 1 + STAGES) * BLOCK_N)
-    alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
-    acc = acc * alpha_o[:, None]
-    if PSMEM:
-        gl.thread_barrier()
-    else:
-        p = gl.convert_layout(p_next.to(dtype), p_layout)
+    stage = ring % STAGES
+    prev = (ring - 1) % STAGES
+    mbarrier.wait(k_ready.index(stage), (ring // STAGES) & 1)
+    s_tok = warpgroup_mma(q_smem, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False,
+                          is_async=True)
+    mbarrier.wait(v_ready.index(prev), ((ring - 1) // STAGES) & 1)
+    acc_tok = warpgroup_mma(p, v_bufs.index(prev), acc, is_async=True)
+    s = warpgroup_mma_wait(1, deps=(s_tok,))
+    mbarrier.arrive(k_empty.index(stage))
+    p_next, m_i, l_i, alpha = _scores_to_probs(s, m_i, l_i, j * BLOCK_N, row0, qk_scale, CAUSAL,
+                                               s_layout, BLOCK_M, BLOCK_N)
+    acc, p = warpgroup_mma_wait(0, deps=(acc_tok, p))
+    mbarrier.arrive(v_empty.index(prev))
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    p = gl.convert_layout(p_next.to(q_smem.dtype), p_layout)
     return acc, p, m_i, l_i
 
 
 @gluon.jit
-def _consume(descs, bufs, bars, q_row, kv_row, row0, n_blocks, qk_scale,
-             PRODUCER: gl.constexpr, OVERLAP: gl.constexpr, CAUSAL: gl.constexpr,
-             TURNS: gl.constexpr, PSMEM: gl.constexpr, PART: gl.constexpr,
+def _consume(descs, bufs, bars, seq, heads, qk_scale, CAUSAL: gl.constexpr,
+             PAIRS: gl.constexpr, HEAD_MAJOR: gl.constexpr, PARTS: gl.constexpr,
+             PART: gl.constexpr,
              num_warps: gl.constexpr):
-    """One consumer's loop over the key blocks, then its rows of the output. PRODUCER:
-    another partition loads the stages (this one releases K once its QK is done and V once
-    its PV is); else this one refills a stage as soon as it is free. PART: which query
-    tile of the program (ping-pong: two consumers, one tile each)."""
+    """Consumer PART (of PARTS): for each of this program's tiles, its BLOCK_M query rows
+    over the key blocks the producer streams through the ring, then its rows of the
+    output (through its own buffer, stored while the next tile runs)."""
     q_desc, k_desc, v_desc, o_desc = descs
-    q_bufs, k_bufs, v_bufs, p_bufs = bufs
-    q_bar, k_ready, v_ready, k_empty, v_empty, turn = bars
+    q_bufs, k_bufs, v_bufs, o_bufs = bufs
+    q_ready, q_empty, k_ready, v_ready, k_empty, v_empty = bars
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -188,168 +151,163 @@ def _consume(descs, bufs, bars, q_row, kv_row, row0, n_blocks, qk_scale,
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     dtype: gl.constexpr = q_desc.dtype
-    q_smem = q_bufs.index(PART)
-    row0 = row0 + PART * BLOCK_M
-
-    m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-    l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=gl.SliceLayout(1, s_layout))
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+    o_smem = o_bufs.index(PART)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    mbarrier.wait(q_bar.index(PART), 0)
+    n_tiles = gl.cdiv(seq, PARTS * BLOCK_M) * heads
+    ring = 0
+    count = 0
+    for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+        row0, n_blocks, q_row, kv_row = _tile(t, heads, seq, CAUSAL, HEAD_MAJOR, PARTS * BLOCK_M,
+                                                 BLOCK_N)
+        row0 = row0 + PART * BLOCK_M
+        q_index = PART * 2 + count % 2
+        q_smem = q_bufs.index(q_index)
+        m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+        l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=gl.SliceLayout(1, s_layout))
+        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+        mbarrier.wait(q_ready.index(q_index), (count // 2) & 1)
 
-    # Block 0's scores and probabilities: the loop below starts one block ahead.
-    mbarrier.wait(k_ready.index(0), 0)
-    if TURNS:
-        _take_turn(turn, PART, 0)
-    s = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False)
-    if TURNS:
-        mbarrier.arrive(turn.index(1 - PART))
-    if PRODUCER:
-        mbarrier.arrive(k_empty.index(0))
-    elif STAGES < n_blocks:
-        _load(k_desc, k_bufs.index(0), k_ready.index(0), kv_row + STAGES * BLOCK_N)
-    p, m_i, l_i, alpha = _scores_to_probs(s, m_i, l_i, 0, row0, qk_scale, CAUSAL, s_layout,
-                                          BLOCK_M, BLOCK_N)
-    if PSMEM:
-        p_bufs.index(PART * 2).store(p.to(dtype))
-        fence_async_shared()
-        gl.thread_barrier()
-        p = 0
-    else:
+        # Block 0's scores and probabilities: the loop starts one block ahead.
+        stage = ring % STAGES
+        mbarrier.wait(k_ready.index(stage), (ring // STAGES) & 1)
+        s = warpgroup_mma(q_smem, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False)
+        mbarrier.arrive(k_empty.index(stage))
+        p, m_i, l_i, alpha = _scores_to_probs(s, m_i, l_i, 0, row0, qk_scale, CAUSAL, s_layout,
+                                              BLOCK_M, BLOCK_N)
         p = gl.convert_layout(p.to(dtype), p_layout)
-    for j in range(1, n_blocks):
-        acc, p, m_i, l_i = _step(descs, bufs, bars, q_smem, s_zero, acc, p, m_i, l_i, j,
-                                 kv_row, row0, n_blocks, qk_scale, PRODUCER, OVERLAP,
-                                 CAUSAL, TURNS, PSMEM, PART, num_warps)
-    last = (n_blocks - 1) % STAGES
-    mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
-    if TURNS:
-        _take_turn(turn, PART, n_blocks)
-    if PSMEM:
-        acc_tok = warpgroup_mma(p_bufs.index(PART * 2 + (n_blocks - 1) % 2), v_bufs.index(last),
-                                acc, is_async=True)
-    else:
-        acc_tok = warpgroup_mma(p, v_bufs.index(last), acc, is_async=True)
-    if TURNS:
-        mbarrier.arrive(turn.index(1 - PART))
-    acc = warpgroup_mma_wait(0, deps=(acc_tok,))
-    if PRODUCER:
-        mbarrier.arrive(v_empty.index(last))
+        if PAIRS:
+            # Two blocks a trip, the probabilities alternating between two variables: the
+            # ones a step packs never share registers with the ones its PV dot still
+            # reads, so ptxas need not wait for that dot before the softmax.
+            for j in range(1, n_blocks - 1, 2):
+                acc, p_b, m_i, l_i = _step(bufs, bars, q_smem, s_zero, acc, p, m_i, l_i, j,
+                                           ring + j, row0, qk_scale, CAUSAL, num_warps)
+                acc, p, m_i, l_i = _step(bufs, bars, q_smem, s_zero, acc, p_b, m_i, l_i, j + 1,
+                                         ring + j + 1, row0, qk_scale, CAUSAL, num_warps)
+            if n_blocks % 2 == 0:
+                acc, p, m_i, l_i = _step(bufs, bars, q_smem, s_zero, acc, p, m_i, l_i,
+                                         n_blocks - 1, ring + n_blocks - 1, row0, qk_scale,
+                                         CAUSAL, num_warps)
+        else:
+            for j in range(1, n_blocks):
+                acc, p, m_i, l_i = _step(bufs, bars, q_smem, s_zero, acc, p, m_i, l_i, j,
+                                         ring + j, row0, qk_scale, CAUSAL, num_warps)
+        mbarrier.arrive(q_empty.index(q_index))
+        last = ring + n_blocks - 1
+        mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+        acc = warpgroup_mma(p, v_bufs.index(last % STAGES), acc)
+        mbarrier.arrive(v_empty.index(last % STAGES))
 
-    # out = acc / l through this tile's shared memory (free once its dots are done).
-    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
-    q_smem.store((acc / l_o[:, None]).to(dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [q_row + PART * BLOCK_M, 0], q_smem)
+        # The last tile's store has read the output buffer by now, or is waited for.
+        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+        tma.store_wait(pendings=0)
+        o_smem.store((acc / l_o[:, None]).to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [q_row + PART * BLOCK_M, 0], o_smem)
+        ring += n_blocks
+        count += 1
     tma.store_wait(pendings=0)
 
 
 @gluon.jit
-def _produce(descs, bufs, bars, q_row, kv_row, row0, n_blocks, qk_scale,
-             PRODUCER: gl.constexpr, OVERLAP: gl.constexpr, CAUSAL: gl.constexpr,
-             TURNS: gl.constexpr, PSMEM: gl.constexpr, PARTS: gl.constexpr,
+def _produce(descs, bufs, bars, seq, heads, qk_scale, CAUSAL: gl.constexpr,
+             PAIRS: gl.constexpr, HEAD_MAJOR: gl.constexpr, PARTS: gl.constexpr,
+             PART: gl.constexpr,
              num_warps: gl.constexpr):
-    """The producer partition (one warp): the query tiles, then each key block's K and V
-    into the ring, each into its stage once every consumer has released it."""
+    """The producer partition (one warp): for each tile, its query rows into a free query
+    buffer, then each key block's K and V into the ring, each into its stage once every
+    consumer has released it (a fresh mbarrier counts as having completed the phase
+    before 0, so the first pass does not wait)."""
     q_desc, k_desc, v_desc, o_desc = descs
-    q_bufs, k_bufs, v_bufs, p_bufs = bufs
-    q_bar, k_ready, v_ready, k_empty, v_empty, turn = bars
+    q_bufs, k_bufs, v_bufs, o_bufs = bufs
+    q_ready, q_empty, k_ready, v_ready, k_empty, v_empty = bars
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     STAGES: gl.constexpr = k_bufs.type.shape[0]
-    for part in gl.static_range(PARTS):
-        _load(q_desc, q_bufs.index(part), q_bar.index(part), q_row + part * BLOCK_M)
-    for j in range(n_blocks):
-        stage = j % STAGES
-        # A fresh mbarrier counts as having completed the phase before 0.
-        empty_phase = ((j // STAGES) & 1) ^ 1
-        mbarrier.wait(k_empty.index(stage), empty_phase)
-        _load(k_desc, k_bufs.index(stage), k_ready.index(stage), kv_row + j * BLOCK_N)
-        mbarrier.wait(v_empty.index(stage), empty_phase)
-        _load(v_desc, v_bufs.index(stage), v_ready.index(stage), kv_row + j * BLOCK_N)
+    n_tiles = gl.cdiv(seq, PARTS * BLOCK_M) * heads
+    ring = 0
+    count = 0
+    for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+        row0, n_blocks, q_row, kv_row = _tile(t, heads, seq, CAUSAL, HEAD_MAJOR, PARTS * BLOCK_M,
+                                                 BLOCK_N)
+        for part in gl.static_range(PARTS):
+            q_index = part * 2 + count % 2
+            mbarrier.wait(q_empty.index(q_index), ((count // 2) & 1) ^ 1)
+            _load(q_desc, q_bufs.index(q_index), q_ready.index(q_index), q_row + part * BLOCK_M)
+        for j in range(n_blocks):
+            stage = (ring + j) % STAGES
+            empty_phase = (((ring + j) // STAGES) & 1) ^ 1
+            mbarrier.wait(k_empty.index(stage), empty_phase)
+            _load(k_desc, k_bufs.index(stage), k_ready.index(stage), kv_row + j * BLOCK_N)
+            mbarrier.wait(v_empty.index(stage), empty_phase)
+            _load(v_desc, v_bufs.index(stage), v_ready.index(stage), kv_row + j * BLOCK_N)
+        ring += n_blocks
+        count += 1
 
 
 @gluon.jit
-def _attention_forward(q_desc, k_desc, v_desc, o_desc, seq, qk_scale,
-                       CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PRODUCER: gl.constexpr,
-                       PARTS: gl.constexpr, TURNS: gl.constexpr, PSMEM: gl.constexpr,
+def _attention_forward(q_desc, k_desc, v_desc, o_desc, seq, heads, qk_scale,
+                       CAUSAL: gl.constexpr, PAIRS: gl.constexpr, HEAD_MAJOR: gl.constexpr,
+                       PARTS: gl.constexpr,
                        STAGES: gl.constexpr, num_warps: gl.constexpr):
-    """PARTS query tiles of q_desc's block rows a program, each its own consumer (PARTS
-    2: ping-pong, the second a worker partition of num_warps warps)."""
-    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-
-    # Query blocks on the grid's second axis: every head's longest block launches first.
-    row0, n_blocks = _block_range(gl.program_id(1), seq, CAUSAL, PARTS * BLOCK_M, BLOCK_N)
-    q_row = gl.program_id(0) * seq + row0
-    kv_row = gl.program_id(0) * seq
-
-    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [PARTS] + q_desc.block_type.shape,
+    """Tiles of PARTS * BLOCK_M query rows (q_desc's block rows), the program's tiles
+    from its id in steps of the grid (a grid of every tile, or one program an SM:
+    persistent). PARTS consumers of num_warps warps (2: ping-pong) and a producer warp."""
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [2 * PARTS] + q_desc.block_type.shape,
                                        q_desc.layout)
+    o_bufs = gl.allocate_shared_memory(o_desc.dtype, [PARTS] + o_desc.block_type.shape,
+                                       o_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape,
                                        k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape,
                                        v_desc.layout)
-    # PSMEM: each consumer's probabilities in two buffers, PV's first operand from
-    # shared memory (else from registers; one unused buffer).
-    P_BUFS: gl.constexpr = 2 * PARTS if PSMEM else 1
-    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], q_desc.dtype)
-    p_bufs = gl.allocate_shared_memory(q_desc.dtype, [P_BUFS, BLOCK_M, BLOCK_N], p_layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [PARTS, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [2 * PARTS, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [2 * PARTS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(PARTS):
-        mbarrier.init(q_bar.index(i), count=1)
-    for i in gl.static_range(2):
-        mbarrier.init(turn.index(i), count=1)
+    for i in gl.static_range(2 * PARTS):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=PARTS)
         mbarrier.init(v_empty.index(i), count=PARTS)
     descs = (q_desc, k_desc, v_desc, o_desc)
-    bufs = (q_bufs, k_bufs, v_bufs, p_bufs)
-    bars = (q_bar, k_ready, v_ready, k_empty, v_empty, turn)
-
+    bufs = (q_bufs, k_bufs, v_bufs, o_bufs)
+    bars = (q_ready, q_empty, k_ready, v_ready, k_empty, v_empty)
+    # (Constexprs keep their kind only when written out in each tuple, not concatenated.)
     if PARTS == 2:
         gl.warp_specialize([
-            (_consume, (descs, bufs, bars, q_row, kv_row, row0, n_blocks, qk_scale, PRODUCER,
-                        OVERLAP, CAUSAL, TURNS, PSMEM, 0, num_warps)),
-            (_consume, (descs, bufs, bars, q_row, kv_row, row0, n_blocks, qk_scale, PRODUCER,
-                        OVERLAP, CAUSAL, TURNS, PSMEM, 1, num_warps)),
-            (_produce, (descs, bufs, bars, q_row, kv_row, row0, n_blocks, qk_scale, PRODUCER,
-                        OVERLAP, CAUSAL, TURNS, PSMEM, 2, num_warps)),
+            (_consume, (descs, bufs, bars, seq, heads, qk_scale,
+                        CAUSAL, PAIRS, HEAD_MAJOR, PARTS, 0, num_warps)),
+            (_consume, (descs, bufs, bars, seq, heads, qk_scale,
+                        CAUSAL, PAIRS, HEAD_MAJOR, PARTS, 1, num_warps)),
+            (_produce, (descs, bufs, bars, seq, heads, qk_scale,
+                        CAUSAL, PAIRS, HEAD_MAJOR, PARTS, 0, num_warps)),
         ], [num_warps, 1], [240, 24])
-    elif PRODUCER:
-        gl.warp_specialize([
-            (_consume, (descs, bufs, bars, q_row, kv_row, row0, n_blocks, qk_scale, PRODUCER,
-                        OVERLAP, CAUSAL, TURNS, PSMEM, 0, num_warps)),
-            (_produce, (descs, bufs, bars, q_row, kv_row, row0, n_blocks, qk_scale, PRODUCER,
-                        OVERLAP, CAUSAL, TURNS, PSMEM, 1, num_warps)),
-        ], [1], [24])
     else:
-        _load(q_desc, q_bufs.index(0), q_bar.index(0), q_row)
-        for i in gl.static_range(STAGES):
-            if i < n_blocks:
-                _load(k_desc, k_bufs.index(i), k_ready.index(i), kv_row + i * BLOCK_N)
-                _load(v_desc, v_bufs.index(i), v_ready.index(i), kv_row + i * BLOCK_N)
-        _consume(descs, bufs, bars, q_row, kv_row, row0, n_blocks, qk_scale, PRODUCER, OVERLAP,
-                 CAUSAL, TURNS, PSMEM, 0, num_warps)
+        gl.warp_specialize([
+            (_consume, (descs, bufs, bars, seq, heads, qk_scale,
+                        CAUSAL, PAIRS, HEAD_MAJOR, PARTS, 0, num_warps)),
+            (_produce, (descs, bufs, bars, seq, heads, qk_scale,
+                        CAUSAL, PAIRS, HEAD_MAJOR, PARTS, 0, num_warps)),
+        ], [1], [24])
 # fmt: on
 
 
-VARIANTS = {  # name: (OVERLAP, PRODUCER, PARTS, TURNS, PSMEM)
-    "sync": (False, False, 1, False, False),
-    "overlap": (True, False, 1, False, False),
-    "ws": (True, True, 1, False, False),
-    "ws-smem-p": (True, True, 1, False, True),
-    "pingpong": (True, True, 2, False, False),
-    "pingpong-smem-p": (True, True, 2, False, True),
-    "turns": (True, True, 2, True, False),
-    "turns-smem-p": (True, True, 2, True, True),
+VARIANTS = {  # name: (consumers, persistent, pairs, head-major tile order)
+    "ws": (1, False, False, False),
+    "pingpong": (2, False, False, False),
+    "ws-persistent": (1, True, False, False),
+    "pingpong-persistent": (2, True, False, False),
+    "pingpong-pairs": (2, False, True, False),
+    "pingpong-heads": (2, False, False, True),
+    "pingpong-persistent-heads": (2, True, False, True),
+    "pingpong-pairs-heads": (2, False, True, True),
+    "ws-heads": (1, False, False, True),
 }
 
 
@@ -368,31 +326,37 @@ def descriptors(q, k, v, out, block_m, block_n):
     )
 
 
-def plan(variant: str, causal: bool) -> tuple[int, int, dict]:
+def plan(variant: str, causal: bool) -> tuple[int, int, bool, dict]:
     """'NAME[:BLOCK_N[:STAGES]]' (128 keys and 2 stages by default) -> (query rows a
-    consumer, keys a block, the kernel's constexprs and warps). One consumer: 128 rows on
-    8 warps; ping-pong: two of 64 rows on 4 warps each."""
+    consumer, keys a block, persistent, the kernel's constexprs and warps). One consumer:
+    128 rows on 8 warps; ping-pong: two of 64 rows on 4 warps each."""
     name, *rest = variant.split(":")
     if name not in VARIANTS:
         raise ValueError(f"variant {name!r}: one of {', '.join(VARIANTS)}")
     block_n, stages = [int(x) for x in rest] + [128, 2][len(rest) :]
-    overlap, producer, parts, turns, psmem = VARIANTS[name]
-    meta = {"CAUSAL": causal, "OVERLAP": overlap, "PRODUCER": producer, "PARTS": parts,
-            "TURNS": turns, "PSMEM": psmem, "STAGES": stages,
+    parts, persistent, pairs, head_major = VARIANTS[name]
+    meta = {"CAUSAL": causal, "PAIRS": pairs, "HEAD_MAJOR": head_major, "PARTS": parts,
+            "STAGES": stages,
             "num_warps": 8 // parts}  # fmt: skip
-    return 128 // parts, block_n, meta
+    return 128 // parts, block_n, persistent, meta
 
 
 def attention(q, k, v, causal, variant, out=None):
     """softmax(q @ k.T / sqrt(d)) @ v for q, k, v [batch, heads, seq, dim] contiguous."""
-    block_m, block_n, meta = plan(variant, causal)
+    block_m, block_n, persistent, meta = plan(variant, causal)
     batch, heads, seq, dim = q.shape
     if seq % 128 or seq % block_n:
         raise ValueError(f"seq {seq}: a multiple of 128 and {block_n} only")
     out = torch.empty_like(q) if out is None else out
-    grid = (batch * heads, seq // 128)
-    _attention_forward[grid](
-        *descriptors(q, k, v, out, block_m, block_n), seq, dim**-0.5 * LOG2E, **meta
+    tiles = seq // 128 * batch * heads
+    if persistent:
+        tiles = min(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count)
+    _attention_forward[(tiles,)](
+        *descriptors(q, k, v, out, block_m, block_n),
+        seq,
+        batch * heads,
+        dim**-0.5 * LOG2E,
+        **meta,
     )
     return out
 
@@ -402,12 +366,13 @@ def compile_sm90(variant, causal=True, dim=128):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    block_m, block_n, meta = plan(variant, causal)
+    block_m, block_n, _, meta = plan(variant, causal)
     q = torch.empty(1, 1, 256, dim, dtype=torch.bfloat16)
     names = [p.name for p in _attention_forward.params]
     descs = descriptors(q, q, q, q, block_m, block_n)
     types = dict(zip(names[:4], map(triton.runtime.jit.mangle_type, descs), strict=True))
-    types |= {"seq": "i32", "qk_scale": "fp32"} | {n: "constexpr" for n in meta}
+    types |= {"seq": "i32", "heads": "i32", "qk_scale": "fp32"}
+    types |= {n: "constexpr" for n in meta}
     constexprs = {(names.index(n),): v for n, v in meta.items() if n in names}
     source = GluonASTSource(_attention_forward, types, constexprs)
     options = {"num_warps": meta["num_warps"]}
@@ -437,6 +402,9 @@ def reference(q, k, v, causal):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument(
+        "--profile", action="store_true", help="one call of each, under the CUDA profiler only"
+    )
     parser.add_argument("--built", help="benchmarks/specs/attention_anchors.yaml built here")
     parser.add_argument("--cases", nargs="+", default=["causal", "full"])
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
@@ -497,6 +465,14 @@ def main() -> int:
             print(f"{case} {name}: max error {error:.2e} of max |out| {'ok' if ok else 'FAIL'}")
         pairs = seq * seq / 2 if causal else seq * seq
         flops = 4 * batch * heads * pairs * dim
+        if args.profile:  # ncu --profile-from-start off: these calls alone
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStart()
+            for call in calls.values():
+                call()
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStop()
+            continue
         times = {name: [] for name in calls}
         names = list(calls)
         for r in range(args.rounds):
