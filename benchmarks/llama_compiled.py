@@ -72,7 +72,7 @@ def run(args) -> dict:
     report = {"setup": {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__,
         "triton_ops": {
-            n: m._KERNELS.triton_ops() if hasattr(m, "_KERNELS") else m._triton_ops()
+            n: (m._KERNELS if hasattr(m, "_KERNELS") else m._ATTENTION).triton_ops()
             for n, m in modules.items()
         },
         "FUSEGEN_TRITON_OP": os.environ.get("FUSEGEN_TRITON_OP"),

@@ -41,7 +41,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("42be7de1fef715da", "attention")
+_rt = _runtime("f2158cdd5d25ef32", "attention")
 # [batch, k_len] padding mask (1 where a key is real) -> key_ranges: see its docstring.
 key_ranges_from_mask = _rt.key_ranges_from_mask
 
@@ -675,6 +675,7 @@ _ATTENTION = _rt.Attention(
     op_name="llama3_attention_27b6f51f844e",
     packed=True,
     tma=True,
+    hopper="causal",
 )
 _ATTENTION.registered()  # the ops torch.compile sees, at import, outside any tracing
 # use_in_transformers(name="llama3_attention") -> name: this attention as transformers'

@@ -87,6 +87,23 @@ def tma_loads(att: Attention) -> bool:
     return att.head_dim in TMA_HEAD_DIMS and att.dv == att.head_dim
 
 
+# Head dims the Hopper forward (runtime/attention_hopper.py) takes: 128, where it ran
+# 1.16-1.20x the `tl` forward on an H200; at 64 (16 x 16 x 1024 causal) it ran 0.207 ms
+# against the `tl` forward's 0.121: its 64 x 128 tiles are softmax-bound there.
+HOPPER_HEAD_DIMS = (128,)
+
+
+def hopper_mask(att: Attention) -> str | None:
+    """The mask the runtime's Hopper forward runs this module's calls with ("causal" or
+    "none"), or None where the attention is more than that forward does: a softcap,
+    window, ALiBi or bias, or head dims other than 128 for q, k and v."""
+    if att.softcap or att.window or att.alibi or att.bias:
+        return None
+    if att.head_dim not in HOPPER_HEAD_DIMS or att.dv != att.head_dim:
+        return None
+    return "causal" if att.causal else "none"
+
+
 def decode_config(att: Attention) -> tuple[int, int, int, int]:
     return _for_dim(PACKED_DECODE_CONFIGS if _packs(att) else DECODE_CONFIGS, att)
 
@@ -296,6 +313,7 @@ def module_context(att: Attention, header: list[str], op_name: str, doc_width: i
         "split_programs_per_sm": split_programs_per_sm(att),
         "config_source": CONFIG_SOURCE,
         "tma": tma_loads(att),
+        "hopper": hopper_mask(att),
         "tma_source": TMA_SOURCE,
         "log2e": _number(LOG2E),
         "score_lines": forward_score_lines(att),

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import launch, ops, tables
+from . import attention_hopper, launch, ops, tables
 from .checks import bucket, fp32_dot, fp32_matmul
 from .device import device_facts, ensure_allocator
 from .ops import typed
@@ -150,6 +150,21 @@ class _Launch:
             self.direct = launch.direct(compiled, self.kernel, self.grid, args, self.kwargs)
 
 
+class _HopperLaunch:
+    """A forward plan's launch of attention_hopper's kernel, with the `tl` forward's
+    arguments (those it needs: q, k, v, out, lse)."""
+
+    __slots__ = ("layout", "causal", "scale")
+
+    def __init__(self, layout, causal, scale):
+        self.layout, self.causal, self.scale = layout, causal, scale
+
+    def __call__(self, q, k, v, out, lse, *unused):
+        attention_hopper.forward(
+            q, k, v, out, lse, layout=self.layout, causal=self.causal, scale=self.scale
+        )
+
+
 class _Trained(torch.autograd.Function):
     """A call with autograd, eagerly: the forward keeps lse, the backward recomputes."""
 
@@ -182,11 +197,15 @@ class Attention:
     bias: the call takes a bias after v; softcap: the kernels take FAST_TANH; split_v:
         v's head dim is its own (BLOCK_DV); packed: query heads share kv heads, and a
         decode call packs a group's into one block; tma: the kernels take TMA.
+    hopper: "causal" or "none" where the module's attention is plain (no softcap,
+        window, ALiBi or bias; head dim 128 for q, k and v) with that mask: a forward
+        call that fits (hopper_fits) runs attention_hopper's kernel on an H100/H200.
     """
 
     def __init__(
         self, module, name, *, forward, backward_kv, backward_q, op_name,
         bias=False, softcap=False, split_v=False, packed=False, tma=False, all_keys=False,
+        hopper=None,
     ):  # fmt: skip
         self.module, self.name, self.op_name = module, name, op_name
         # No causal mask or window: each query sees every key a call does not cut off by
@@ -194,7 +213,7 @@ class Attention:
         self.all_keys = all_keys
         self.kernels = {"forward": forward, "kv": backward_kv, "q": backward_q}
         self.bias, self.softcap, self.split_v = bias, softcap, split_v
-        self.packs, self.tma = packed, tma
+        self.packs, self.tma, self.hopper = packed, tma, hopper
         self.inputs = ("q", "k", "v", "bias") if bias else ("q", "k", "v")
         axes = ("batch", "seq", "heads", "dim")
         if module["LAYOUT"] != "bshd":
@@ -331,6 +350,10 @@ class Attention:
         if not plan.runs or plan.empty:
             return plan
         m = self.module
+        if self.hopper_fits(inputs, key_lengths, sq, skv):
+            plan.forward = _HopperLaunch(m["LAYOUT"], self.hopper == "causal", m["SCALE"])
+            plan.tail = plan.bias_tail = ()
+            return plan
         heads, v_dim = m["HEADS"], m["V_HEAD_DIM"]
         # What the kernels read: the inputs, or the copies of those without a unit stride.
         strides = [
@@ -618,6 +641,26 @@ class Attention:
         return all(
             t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1])
             for t in tensors
+        )
+
+    def hopper_fits(self, inputs, key_lengths, sq, skv):
+        """Whether a forward call runs attention_hopper's kernel: a module that has it
+        (hopper), Gluon in this Triton, a GPU of compute capability 9.0 (its wgmma), no
+        key lengths or ranges, bf16 or fp16, q, k, v contiguous and 16-byte aligned, at
+        least 128 queries (fewer: the decode paths) and, causal, as many keys. Not while
+        traced (Inductor launches the `tl` kernels of the op) or while `fusegen tune`
+        times the forward's configs."""
+        if not self.hopper or not attention_hopper.AVAILABLE or key_lengths is not None:
+            return False
+        if self.tracing or self.forced or sq < 128 or (self.hopper == "causal" and sq != skv):
+            return False
+        q = inputs[0]
+        if q.device.type != "cuda" or torch.version.hip or self.interpreted():
+            return False
+        if torch.cuda.get_device_capability(q.device) != (9, 0):
+            return False
+        return q.dtype in (torch.bfloat16, torch.float16) and all(
+            t.is_contiguous() and t.data_ptr() % 16 == 0 for t in inputs[:3]
         )
 
     def forward_plan(self, device, batch, sq, skv, dtype):

@@ -1,0 +1,275 @@
+"""Attention's forward on Hopper (compute capability 9.0), written in Gluon, Triton's
+lower-level language: the schedule Triton's compiler does not arrange from `tl` code.
+
+Each program takes 128 query rows of one (batch, head) as two tiles of 64, one per
+consumer warpgroup (4 warps); a one-warp producer streams the key and value blocks (128
+keys) through two shared-memory stages with TMA. A consumer issues block j's QK and block
+j - 1's PV as asynchronous wgmma and runs block j's softmax while PV is in flight; the two
+consumers drift apart, so one's softmax runs while the other's dots use the tensor cores
+(FA3's ping-pong, left to the warp schedulers). Programs are ordered head by head, last
+query block first, so that those running at once share a few heads' keys in L2.
+
+Measured against cuDNN and the `tl` kernels on an H200 by
+benchmarks/experiments/attention_gluon_hopper.py (the variants that led here).
+
+What it takes (Attention.hopper_forward checks): q, k, v and out in the module's layout
+with contiguous rows (a [rows, dim] view of each), bf16 or fp16, head dim 64 or 128 for
+q, k and v alike, no key lengths, and, when causal, as many queries as keys. The output
+and the log-sum-exp (natural log) match the `tl` forward's. Without Gluon (an older
+Triton) AVAILABLE is False and the `tl` kernels run.
+"""
+
+import torch
+import triton
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    AVAILABLE = True
+except ImportError:  # a Triton without Gluon: the `tl` kernels run
+    AVAILABLE = False
+
+LOG2E = 1.4426950408889634
+HEAD_DIMS = (64, 128)  # what the kernel is written for (modules take it at 128 only)
+
+# A consumer's query rows, the keys of a block, the ring's stages (the kernels read them
+# off their descriptors and buffers).
+BLOCK_M, BLOCK_N, STAGES = 64, 128, 2
+
+if AVAILABLE:
+    # fmt: off
+    @gluon.jit
+    def _probabilities(s, m_i, l_i, key0, row0, skv, qk_scale, CAUSAL: gl.constexpr,
+                       s_layout: gl.constexpr):
+        """One key block into the online softmax (base 2): probabilities, the new max
+        and sum, and the factor the accumulator is rescaled by. Only a block that crosses
+        the diagonal or the last key is masked."""
+        BM: gl.constexpr = s.type.shape[0]
+        BN: gl.constexpr = s.type.shape[1]
+        if (CAUSAL and key0 + BN > row0) or key0 + BN > skv:
+            rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
+            keys = key0 + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
+            seen = keys[None, :] < skv
+            if CAUSAL:
+                seen = seen & (keys[None, :] <= rows[:, None])
+            s = gl.where(seen, s, -float("inf"))
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+        p = gl.exp2(s * qk_scale - m_new[:, None])
+        alpha = gl.exp2(m_i - m_new)
+        return p, m_new, l_i * alpha + gl.sum(p, axis=1), alpha
+
+    @gluon.jit
+    def _load(desc, smem, bar, row, col):
+        mbarrier.expect(bar, desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc, [row, col], bar, smem)
+
+    @gluon.jit
+    def _consume(descs, bufs, bars, out_ptr, lse_ptr, place, sq, skv, n_blocks, qk_scale,
+                 stride_o_b, stride_o_h, stride_o_s,
+                 CAUSAL: gl.constexpr, PART: gl.constexpr, num_warps: gl.constexpr):
+        """Consumer PART: its 64 query rows over every key block the producer streams,
+        then its rows of out and lse."""
+        q_desc, k_desc, v_desc = descs
+        q_bufs, k_bufs, v_bufs = bufs
+        q_ready, k_ready, v_ready, k_empty, v_empty = bars
+        batch, head, row0, heads = place
+        BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+        HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+        STAGES: gl.constexpr = k_bufs.type.shape[0]
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
+                                                     k_width=2)
+        dtype: gl.constexpr = q_desc.dtype
+        row0 = row0 + PART * BLOCK_M
+        q_smem = q_bufs.index(PART)
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+        m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+        l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=gl.SliceLayout(1, s_layout))
+        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+        mbarrier.wait(q_ready.index(PART), 0)
+
+        # Block 0's probabilities: the loop runs one block ahead of its PV.
+        mbarrier.wait(k_ready.index(0), 0)
+        s = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False)
+        mbarrier.arrive(k_empty.index(0))
+        p, m_i, l_i, alpha = _probabilities(s, m_i, l_i, 0, row0, skv, qk_scale, CAUSAL,
+                                            s_layout)
+        p = gl.convert_layout(p.to(dtype), p_layout)
+        for j in range(1, n_blocks):
+            stage = j % STAGES
+            prev = (j - 1) % STAGES
+            mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
+            s_tok = warpgroup_mma(q_smem, k_bufs.index(stage).permute((1, 0)), s_zero,
+                                  use_acc=False, is_async=True)
+            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            acc_tok = warpgroup_mma(p, v_bufs.index(prev), acc, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s_tok,))
+            mbarrier.arrive(k_empty.index(stage))
+            p_next, m_i, l_i, alpha = _probabilities(s, m_i, l_i, j * BLOCK_N, row0, skv,
+                                                     qk_scale, CAUSAL, s_layout)
+            acc, p = warpgroup_mma_wait(0, deps=(acc_tok, p))
+            mbarrier.arrive(v_empty.index(prev))
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            p = gl.convert_layout(p_next.to(dtype), p_layout)
+        last = (n_blocks - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p, v_bufs.index(last), acc)
+        mbarrier.arrive(v_empty.index(last))
+
+        # Rows past the queries (the last tile's) are computed on what the view holds
+        # there, and not stored.
+        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+        out = (acc / l_o[:, None]).to(dtype)
+        rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        base = batch.to(gl.int64) * stride_o_b + head * stride_o_h
+        offsets = base + rows.to(gl.int64)[:, None] * stride_o_s + cols[None, :]
+        gl.store(out_ptr + offsets, out, mask=(rows < sq)[:, None])
+        lse_rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453  # natural log
+        gl.store(lse_ptr + (batch * heads + head).to(gl.int64) * sq + lse_rows, lse,
+                 mask=lse_rows < sq)
+
+    @gluon.jit
+    def _produce(descs, bufs, bars, out_ptr, lse_ptr, place, sq, skv, n_blocks, qk_scale,
+                 stride_o_b, stride_o_h, stride_o_s,
+                 CAUSAL: gl.constexpr, PART: gl.constexpr, num_warps: gl.constexpr):
+        """The producer warp: the two query tiles, then each key block's K and V into the
+        ring, each into its stage once both consumers have released it (a fresh mbarrier
+        counts as having completed the phase before 0: the first pass does not wait)."""
+        q_desc, k_desc, v_desc = descs
+        q_bufs, k_bufs, v_bufs = bufs
+        q_ready, k_ready, v_ready, k_empty, v_empty = bars
+        q_row, q_col, kv_row, kv_col = place
+        BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+        BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+        STAGES: gl.constexpr = k_bufs.type.shape[0]
+        for part in gl.static_range(2):
+            _load(q_desc, q_bufs.index(part), q_ready.index(part), q_row + part * BLOCK_M,
+                  q_col)
+        for j in range(n_blocks):
+            stage = j % STAGES
+            empty_phase = ((j // STAGES) & 1) ^ 1
+            mbarrier.wait(k_empty.index(stage), empty_phase)
+            _load(k_desc, k_bufs.index(stage), k_ready.index(stage), kv_row + j * BLOCK_N,
+                  kv_col)
+            mbarrier.wait(v_empty.index(stage), empty_phase)
+            _load(v_desc, v_bufs.index(stage), v_ready.index(stage), kv_row + j * BLOCK_N,
+                  kv_col)
+
+    @gluon.jit
+    def _attention_forward(q_desc, k_desc, v_desc, out_ptr, lse_ptr, sq, skv, heads, qk_scale,
+                           q_rows_b, q_rows_h, q_cols_h, kv_rows_b, kv_rows_h, kv_cols_h,
+                           stride_o_b, stride_o_h, stride_o_s,
+                           GROUP: gl.constexpr, CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+        """One program: 128 query rows of one (batch, head). A tile's place in the [rows,
+        dim] views: row batch * rows_b + head * rows_h + position, column head * cols_h
+        (bshd: rows_b = seq, rows_h = 0, cols_h = dim; bhsd: rows_b = heads * seq, rows_h
+        = seq, cols_h = 0), k and v by kv head = head // GROUP."""
+        BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+        BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+        STAGES: gl.constexpr = 2
+        m_blocks = gl.cdiv(sq, 2 * BLOCK_M)
+        pid = gl.program_id(0)
+        row0 = (m_blocks - 1 - pid % m_blocks) * (2 * BLOCK_M)  # last query block first
+        batch = pid // m_blocks // heads
+        head = pid // m_blocks % heads
+        kv_head = head // GROUP
+        if CAUSAL:
+            n_blocks = gl.cdiv(gl.minimum(row0 + 2 * BLOCK_M, skv), BLOCK_N)
+        else:
+            n_blocks = gl.cdiv(skv, BLOCK_N)
+        q_row = batch * q_rows_b + head * q_rows_h + row0
+        kv_row = batch * kv_rows_b + kv_head * kv_rows_h
+
+        q_bufs = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape,
+                                           q_desc.layout)
+        k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape,
+                                           k_desc.layout)
+        v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape,
+                                           v_desc.layout)
+        q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(q_ready.index(i), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)
+            mbarrier.init(v_empty.index(i), count=2)
+        descs = (q_desc, k_desc, v_desc)
+        bufs = (q_bufs, k_bufs, v_bufs)
+        bars = (q_ready, k_ready, v_ready, k_empty, v_empty)
+        at = (batch, head, row0, heads)
+        loads = (q_row, head * q_cols_h, kv_row, kv_head * kv_cols_h)
+        # (Constexprs keep their kind only written out in each partition's tuple.)
+        gl.warp_specialize([
+            (_consume, (descs, bufs, bars, out_ptr, lse_ptr, at, sq, skv, n_blocks, qk_scale,
+                        stride_o_b, stride_o_h, stride_o_s, CAUSAL, 0, num_warps)),
+            (_consume, (descs, bufs, bars, out_ptr, lse_ptr, at, sq, skv, n_blocks, qk_scale,
+                        stride_o_b, stride_o_h, stride_o_s, CAUSAL, 1, num_warps)),
+            (_produce, (descs, bufs, bars, out_ptr, lse_ptr, loads, sq, skv, n_blocks,
+                        qk_scale, stride_o_b, stride_o_h, stride_o_s, CAUSAL, 0, num_warps)),
+        ], [num_warps, 1], [240, 24])
+    # fmt: on
+
+
+def _descriptor(t, rows, block_rows, dtype):
+    """A TMA descriptor over t viewed as [rows, t.numel() // rows], tiles of block_rows
+    rows and one head's dim."""
+    dim = t.shape[-1]
+    view = t.view(rows, t.numel() // rows)
+    layout = gl.NVMMASharedLayout.get_default_for([block_rows, dim], dtype)
+    return TensorDescriptor.from_tensor(view, [block_rows, dim], layout)
+
+
+def forward(q, k, v, out, lse, *, layout, causal, scale):
+    """out and lse of attention over q, k, v: [batch, seq, heads, dim] ("bshd") or [batch,
+    heads, seq, dim] ("bhsd"), contiguous, 16-byte aligned, bf16 or fp16, dim in
+    HEAD_DIMS; out likewise; lse [batch, heads, q_len] fp32."""
+    if layout == "bshd":
+        batch, sq, heads, dim = q.shape
+        skv, kv_heads = k.shape[1], k.shape[2]
+        q_place, kv_place = (sq, 0, dim), (skv, 0, dim)
+        out_strides = (out.stride(0), out.stride(2), out.stride(1))
+    else:
+        batch, heads, sq, dim = q.shape
+        kv_heads, skv = k.shape[1], k.shape[2]
+        q_place, kv_place = (heads * sq, sq, 0), (kv_heads * skv, skv, 0)
+        out_strides = (out.stride(0), out.stride(1), out.stride(2))
+    dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    q_rows = q.numel() // q.shape[-1] if layout == "bhsd" else batch * sq
+    kv_rows = k.numel() // k.shape[-1] if layout == "bhsd" else batch * skv
+    grid = (triton.cdiv(sq, 2 * BLOCK_M) * batch * heads,)
+    _attention_forward[grid](
+        _descriptor(q, q_rows, BLOCK_M, dtype),
+        _descriptor(k, kv_rows, BLOCK_N, dtype),
+        _descriptor(v, kv_rows, BLOCK_N, dtype),
+        out,
+        lse,
+        sq,
+        skv,
+        heads,
+        scale * LOG2E,
+        *q_place,
+        *kv_place,
+        *out_strides,
+        GROUP=heads // kv_heads,
+        CAUSAL=causal,
+        num_warps=4,
+    )

@@ -1,0 +1,197 @@
+"""The runtime's Hopper attention forward (fusegen/runtime/attention_hopper.py): compiled
+for sm_90 on any machine (no GPU needed), checked against float64 on an H100/H200, and
+which modules and calls take it."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fusegen.codegen.attention_text import hopper_mask
+from fusegen.ir import Attention as AttentionIR
+from fusegen.runtime import attention_hopper
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_gluon = pytest.mark.skipif(not attention_hopper.AVAILABLE, reason="Triton without Gluon")
+on_hopper = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+    reason="needs a GPU of compute capability 9.0 (H100, H200)",
+)
+
+
+# Compiled in a process of its own: the tests' Triton runs the interpreter without a GPU,
+# and an interpreted function cannot be compiled.
+SM90_COMPILE = """
+import json, sys
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from fusegen.runtime import attention_hopper as ah
+
+dim, causal, group, dtype = int(sys.argv[1]), sys.argv[2] == "1", int(sys.argv[3]), sys.argv[4]
+torch_dtype = getattr(torch, dtype)
+gl_dtype = getattr(ah.gl, dtype)
+flat = torch.empty(256, dim, dtype=torch_dtype)
+q_desc = ah._descriptor(flat, 256, ah.BLOCK_M, gl_dtype)
+kv_desc = ah._descriptor(flat, 256, ah.BLOCK_N, gl_dtype)
+names = [p.name for p in ah._attention_forward.params]
+meta = {"GROUP": group, "CAUSAL": causal, "num_warps": 4}
+types = {name: "i32" for name in names}
+for name, desc in zip(names[:3], (q_desc, kv_desc, kv_desc)):
+    types[name] = triton.runtime.jit.mangle_type(desc)
+types |= {"out_ptr": "*bf16" if dtype == "bfloat16" else "*fp16"}
+types |= {"lse_ptr": "*fp32", "qk_scale": "fp32"} | {name: "constexpr" for name in meta}
+constants = {(names.index(name),): value for name, value in meta.items()}
+source = GluonASTSource(ah._attention_forward, types, constants)
+compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+print(json.dumps({"shared": compiled.metadata.shared,
+                  "wgmma": "wgmma.mma_async" in compiled.asm["ptx"]}))
+"""
+
+
+def _compiled(dim, causal, group, dtype):
+    """(shared memory bytes, whether the PTX has wgmma) of the kernel compiled for sm_90
+    as a call with these constants launches it."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run(
+        [sys.executable, "-c", SM90_COMPILE, str(dim), str(int(causal)), str(group), dtype],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    facts = json.loads(result.stdout.strip().splitlines()[-1])
+    return facts["shared"], facts["wgmma"]
+
+
+@needs_gluon
+@pytest.mark.parametrize(
+    "dim, causal, group, dtype", [(128, True, 4, "bfloat16"), (64, False, 1, "float16")]
+)
+def test_the_kernel_compiles_for_sm90_within_shared_memory(dim, causal, group, dtype):
+    shared, wgmma = _compiled(dim, causal, group, dtype)
+    # Two query tiles of 64 rows and two stages of K and V tiles of 128 keys, + barriers.
+    tiles = 2 * 64 * dim * 2 + 2 * 2 * 128 * dim * 2
+    assert tiles <= shared < tiles + 1024
+    assert shared <= 232_448  # an H100's / H200's per-block limit
+    assert wgmma
+
+
+def _attention(*, causal=True, window=None, softcap=None, alibi=False, bias=False, dv=0,
+               head_dim=128):  # fmt: skip
+    return AttentionIR(
+        name="a", doc="", spec_display="s", spec_sha256="0" * 64, dtypes=("bf16",),
+        layout="bshd", heads=8, kv_heads=2, head_dim=head_dim, scale=head_dim**-0.5,
+        scale_given=False, softcap=softcap, causal=causal, window=window, alibi=alibi,
+        bias=bias, v_head_dim=dv,
+    )  # fmt: skip
+
+
+def test_only_plain_attention_at_head_dim_128_takes_the_hopper_forward():
+    assert hopper_mask(_attention()) == "causal"
+    assert hopper_mask(_attention(causal=False)) == "none"
+    for other in (
+        _attention(window=1024),
+        _attention(softcap=50.0),
+        _attention(alibi=True),
+        _attention(bias=True),
+        _attention(dv=64),
+        _attention(head_dim=64),  # measured slower than the `tl` forward
+        _attention(head_dim=96),
+        _attention(head_dim=256),
+    ):
+        assert hopper_mask(other) is None
+
+
+def test_a_generated_module_names_its_mask_to_the_runtime():
+    text = (ROOT / "generated" / "llama3_attention.py").read_text()
+    assert 'hopper="causal",' in text
+    text = (ROOT / "generated" / "gemma2_attention.py").read_text()
+    assert "hopper=" not in text  # a softcap
+
+
+def _reference(q, k, v, causal, layout):
+    """float64 attention of [batch, seq, heads, dim] or [batch, heads, seq, dim] inputs."""
+    if layout == "bshd":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    q, k, v = q.double(), k.double().repeat_interleave(group, 1), v.double()
+    v = v.repeat_interleave(group, 1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        sq, skv = scores.shape[-2:]
+        seen = (
+            torch.arange(skv, device=q.device)[None] <= torch.arange(sq, device=q.device)[:, None]
+        )
+        scores = scores.masked_fill(~seen, float("-inf"))
+    lse = torch.logsumexp(scores, -1)
+    out = torch.softmax(scores, -1) @ v
+    return (out.transpose(1, 2) if layout == "bshd" else out), lse
+
+
+@on_hopper
+@needs_gluon
+@pytest.mark.parametrize(
+    "layout, causal, batch, heads, kv_heads, sq, skv, dim, dtype",
+    [
+        ("bhsd", True, 2, 4, 4, 512, 512, 128, torch.bfloat16),
+        ("bshd", True, 2, 8, 2, 300, 300, 128, torch.bfloat16),  # GQA, a ragged last tile
+        ("bshd", False, 1, 4, 1, 200, 333, 64, torch.float16),  # MQA, more keys than queries
+        ("bhsd", False, 3, 2, 2, 129, 130, 64, torch.bfloat16),
+        ("bshd", True, 1, 2, 2, 1024, 1024, 64, torch.float16),
+    ],
+)
+def test_out_and_lse_match_float64(layout, causal, batch, heads, kv_heads, sq, skv, dim, dtype):
+    torch.manual_seed(sq + skv)
+    if layout == "bshd":
+        shapes = ((batch, sq, heads, dim), (batch, skv, kv_heads, dim))
+    else:
+        shapes = ((batch, heads, sq, dim), (batch, kv_heads, skv, dim))
+    q = torch.randn(shapes[0], device="cuda", dtype=dtype)
+    k, v = (torch.randn(shapes[1], device="cuda", dtype=dtype) for _ in range(2))
+    out = torch.full_like(q, float("nan"))  # poisoned: every element must be written
+    lse = torch.full((batch, heads, sq), float("nan"), device="cuda")
+    attention_hopper.forward(q, k, v, out, lse, layout=layout, causal=causal, scale=dim**-0.5)
+    want, want_lse = _reference(q, k, v, causal, layout)
+    # bf16/fp16 probabilities and output, fp32 sums: a few units of the output's rounding.
+    unit = 2**-8 if dtype == torch.bfloat16 else 2**-11
+    assert (out.double() - want).abs().max().item() <= 4 * unit * want.abs().max().item()
+    assert (lse.double() - want_lse).abs().max().item() < 1e-3
+
+
+@on_hopper
+@needs_gluon
+def test_a_causal_module_call_runs_it_and_training_still_differentiates():
+    """A generated module's eager call takes the Hopper forward (its plan says so), and
+    its gradients (the `tl` backward on the Hopper forward's lse) match float64."""
+    import importlib.util
+
+    path = ROOT / "generated" / "llama3_attention.py"
+    spec = importlib.util.spec_from_file_location("llama3_attention_hopper_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch.manual_seed(0)
+    q = torch.randn(1, 256, 32, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (
+        torch.randn(1, 256, 8, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(2)
+    )
+    out = module.llama3_attention(q, k, v)
+    plans = list(module._ATTENTION.plans.values())
+    assert any(type(plan.forward).__name__ == "_HopperLaunch" for plan in plans)
+    d_out = torch.randn_like(out)
+    out.backward(d_out)
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    want = module.reference(*leaves)
+    want.backward(d_out.double())
+    unit = 2**-8
+    assert (out.double() - want).abs().max() <= 4 * unit * want.abs().max()
+    for got, ref in zip((q.grad, k.grad, v.grad), leaves, strict=True):
+        assert (got.double() - ref.grad).abs().max() <= 16 * unit * ref.grad.abs().max()
