@@ -42,7 +42,7 @@ kv_desc = ah._descriptor(flat, 256, ah.BLOCK_N, gl_dtype)
 names = [p.name for p in ah._attention_forward.params]
 meta = {"GROUP": group, "CAUSAL": causal, "num_warps": 4}
 types = {name: "i32" for name in names}
-for name, desc in zip(names[:3], (q_desc, kv_desc, kv_desc)):
+for name, desc in zip(names[:4], (q_desc, kv_desc, kv_desc, q_desc)):
     types[name] = triton.runtime.jit.mangle_type(desc)
 types |= {"out_ptr": "*bf16" if dtype == "bfloat16" else "*fp16"}
 types |= {"lse_ptr": "*fp32", "qk_scale": "fp32"} | {name: "constexpr" for name in meta}

@@ -429,6 +429,24 @@ def test_the_attention_variants_still_apply_and_compute_right():
     assert done.returncode == 0 and "PASS" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
 
 
+def test_the_gluon_attention_experiment_compiles_for_sm90():
+    # Gluon has no interpreter: the variants are compiled for sm_90 (no GPU needed), so a
+    # Triton update that breaks them fails here, not in a GPU call.
+    script = ROOT / "benchmarks" / "experiments" / "attention_gluon_hopper.py"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, str(script), "--compile", "--variants", "pingpong-heads", "ws"],
+        cwd=ROOT,
+        env={**env, "PYTHONDONTWRITEBYTECODE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    reports = [line for line in done.stdout.splitlines() if "registers" in line]
+    assert len(reports) == 4 and all("0 bytes spill stores" in r for r in reports), done.stdout
+
+
 def test_the_fp8_block_experiment_edits_the_generated_module():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     sys.path.insert(0, str(ROOT / "benchmarks" / "experiments"))

@@ -4,20 +4,27 @@ In `tl`, Triton 3.6 waits on the QK dot at once and keeps the PV dot in flight o
 the next step's wait (benchmarks/experiments/dot_waits.py), so the softmax runs while the
 tensor cores idle. Gluon issues each wgmma asynchronously and waits where the kernel says.
 
-Variants, each a step over the one before, timed in interleaved rounds with cuDNN and the
-generated kernel (benchmarks/specs/attention_anchors.yaml):
-    sync      TMA loads two key blocks ahead, every wgmma waited on at once
-    overlap   FA3's in-warpgroup overlap: the next block's QK issued before this block's
-              softmax, the PV accumulation left in flight across it
-    ws        overlap, with the TMA loads in a one-warp producer partition
-              (gl.warp_specialize) that runs ahead on a ring of key/value stages
+Every variant: a one-warp producer partition (gl.warp_specialize) streams K and V
+through a ring of shared-memory stages with TMA; a consumer issues block j's QK and
+block j - 1's PV as asynchronous wgmma and runs block j's softmax while PV is in flight.
+    ws          one consumer of 8 warps, 128 query rows
+    pingpong    two consumers of 4 warps, 64 rows each, drifting apart on the tensor cores
+    -persistent one program an SM, each over tiles in steps of the grid
+    -pairs      two key blocks a trip, the probabilities in alternating variables
+    -heads      a head's tiles one after another (else every head's last query block first)
+NAME:BLOCK_N:STAGES sets the key block and the ring's depth (128 and 2 by default).
+"runtime" (always timed) is the product's kernel, fusegen/runtime/attention_hopper.py,
+which took pingpong-heads. The variants measured and dropped on the way (all waits at
+once, the loads issued by the consumers, FA3's explicit turns, the probabilities through
+shared memory, O rescaled during QK, V released a step late) are in this file's git
+history and in benchmarks/RESULTS.md with their logs.
 
-Causal (query blocks longest-first) or no mask; [batch, heads, seq, dim] contiguous,
-seq a multiple of the tiles; bf16; the softmax in base 2. Not part of the generated code:
-a prototype, to say whether the schedule is worth a generator change.
+Timed in interleaved rounds with cuDNN and the generated kernel
+(benchmarks/specs/attention_anchors.yaml). Causal or no mask; [batch, heads, seq, dim]
+contiguous, seq a multiple of the tiles; bf16; the softmax in base 2.
 
     python3 benchmarks/experiments/attention_gluon_hopper.py [--built FOLDER]
-        [--cases causal full] [--variants sync overlap ws] [--rounds 5] [--out FILE.json]
+        [--cases causal full] [--variants pingpong-heads ws] [--rounds 5] [--out FILE.json]
     ncu --profile-from-start off ... python3 benchmarks/experiments/attention_gluon_hopper.py
         --profile --variants pingpong (one call of each variant and cuDNN, profiled)
     python3 benchmarks/experiments/attention_gluon_hopper.py --compile

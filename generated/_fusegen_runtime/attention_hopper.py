@@ -28,6 +28,7 @@ try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
         mbarrier,
         tma,
         warpgroup_mma,
@@ -79,10 +80,10 @@ if AVAILABLE:
                  CAUSAL: gl.constexpr, PART: gl.constexpr, num_warps: gl.constexpr):
         """Consumer PART: its 64 query rows over every key block the producer streams,
         then its rows of out and lse."""
-        q_desc, k_desc, v_desc = descs
+        q_desc, k_desc, v_desc, o_desc = descs
         q_bufs, k_bufs, v_bufs = bufs
         q_ready, k_ready, v_ready, k_empty, v_empty = bars
-        batch, head, row0, heads = place
+        batch, head, heads, row0, q_row, q_col, kv_row, kv_col = place
         BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -130,15 +131,23 @@ if AVAILABLE:
         acc = warpgroup_mma(p, v_bufs.index(last), acc)
         mbarrier.arrive(v_empty.index(last))
 
-        # Rows past the queries (the last tile's) are computed on what the view holds
-        # there, and not stored.
         l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
         out = (acc / l_o[:, None]).to(dtype)
-        rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
-        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-        base = batch.to(gl.int64) * stride_o_b + head * stride_o_h
-        offsets = base + rows.to(gl.int64)[:, None] * stride_o_s + cols[None, :]
-        gl.store(out_ptr + offsets, out, mask=(rows < sq)[:, None])
+        if row0 + BLOCK_M <= sq:
+            # A whole tile: through the query tile's shared memory (every QK is done)
+            # and a TMA store, out having q's layout.
+            q_smem.store(out)
+            fence_async_shared()
+            tma.async_copy_shared_to_global(o_desc, [q_row + PART * BLOCK_M, q_col], q_smem)
+            tma.store_wait(pendings=0)
+        else:
+            # The last tile's rows past the queries are computed on what the view holds
+            # there (another head's or batch entry's rows), and not stored.
+            rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+            cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+            base = batch.to(gl.int64) * stride_o_b + head * stride_o_h
+            offsets = base + rows.to(gl.int64)[:, None] * stride_o_s + cols[None, :]
+            gl.store(out_ptr + offsets, out, mask=(rows < sq)[:, None])
         lse_rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         lse = (m_i + gl.log2(l_i)) * 0.6931471805599453  # natural log
         gl.store(lse_ptr + (batch * heads + head).to(gl.int64) * sq + lse_rows, lse,
@@ -151,10 +160,10 @@ if AVAILABLE:
         """The producer warp: the two query tiles, then each key block's K and V into the
         ring, each into its stage once both consumers have released it (a fresh mbarrier
         counts as having completed the phase before 0: the first pass does not wait)."""
-        q_desc, k_desc, v_desc = descs
+        q_desc, k_desc, v_desc, o_desc = descs
         q_bufs, k_bufs, v_bufs = bufs
         q_ready, k_ready, v_ready, k_empty, v_empty = bars
-        q_row, q_col, kv_row, kv_col = place
+        batch, head, heads, row0, q_row, q_col, kv_row, kv_col = place
         BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
         STAGES: gl.constexpr = k_bufs.type.shape[0]
@@ -172,7 +181,8 @@ if AVAILABLE:
                   kv_col)
 
     @gluon.jit
-    def _attention_forward(q_desc, k_desc, v_desc, out_ptr, lse_ptr, sq, skv, heads, qk_scale,
+    def _attention_forward(q_desc, k_desc, v_desc, o_desc, out_ptr, lse_ptr, sq, skv, heads,
+                           qk_scale,
                            q_rows_b, q_rows_h, q_cols_h, kv_rows_b, kv_rows_h, kv_cols_h,
                            stride_o_b, stride_o_h, stride_o_s,
                            GROUP: gl.constexpr, CAUSAL: gl.constexpr, num_warps: gl.constexpr):
@@ -214,18 +224,17 @@ if AVAILABLE:
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=2)
             mbarrier.init(v_empty.index(i), count=2)
-        descs = (q_desc, k_desc, v_desc)
+        descs = (q_desc, k_desc, v_desc, o_desc)
         bufs = (q_bufs, k_bufs, v_bufs)
         bars = (q_ready, k_ready, v_ready, k_empty, v_empty)
-        at = (batch, head, row0, heads)
-        loads = (q_row, head * q_cols_h, kv_row, kv_head * kv_cols_h)
+        at = (batch, head, heads, row0, q_row, head * q_cols_h, kv_row, kv_head * kv_cols_h)
         # (Constexprs keep their kind only written out in each partition's tuple.)
         gl.warp_specialize([
             (_consume, (descs, bufs, bars, out_ptr, lse_ptr, at, sq, skv, n_blocks, qk_scale,
                         stride_o_b, stride_o_h, stride_o_s, CAUSAL, 0, num_warps)),
             (_consume, (descs, bufs, bars, out_ptr, lse_ptr, at, sq, skv, n_blocks, qk_scale,
                         stride_o_b, stride_o_h, stride_o_s, CAUSAL, 1, num_warps)),
-            (_produce, (descs, bufs, bars, out_ptr, lse_ptr, loads, sq, skv, n_blocks,
+            (_produce, (descs, bufs, bars, out_ptr, lse_ptr, at, sq, skv, n_blocks,
                         qk_scale, stride_o_b, stride_o_h, stride_o_s, CAUSAL, 0, num_warps)),
         ], [num_warps, 1], [240, 24])
     # fmt: on
@@ -262,6 +271,7 @@ def forward(q, k, v, out, lse, *, layout, causal, scale):
         _descriptor(q, q_rows, BLOCK_M, dtype),
         _descriptor(k, kv_rows, BLOCK_N, dtype),
         _descriptor(v, kv_rows, BLOCK_N, dtype),
+        _descriptor(out, q_rows, BLOCK_M, dtype),
         out,
         lse,
         sq,
