@@ -14,11 +14,12 @@ query block first, so that those running at once share a few heads' keys in L2.
 Measured against cuDNN and the `tl` kernels on an H200 by
 benchmarks/experiments/attention_gluon_hopper.py (the variants that led here).
 
-What it takes (Attention.hopper_forward checks): q, k, v and out in the module's layout
-with contiguous rows (a [rows, dim] view of each), bf16 or fp16, head dim 64 or 128 for
-q, k and v alike, no key lengths, and, when causal, as many queries as keys. The output
-and the log-sum-exp (natural log) match the `tl` forward's. Without Gluon (an older
-Triton) AVAILABLE is False and the `tl` kernels run.
+What it takes (Attention.hopper_fits checks): q, k, v and out contiguous in the module's
+layout (a [rows, dim] view of each), 16-byte aligned, bf16 or fp16, one head dim for q, k
+and v (64 or 128 here; modules take it at 128, where it was measured faster), no key
+lengths, and, when causal, as many queries as keys. It writes the same out and
+log-sum-exp (natural log) as the `tl` forward, rounded its own way. Without Gluon (an
+older Triton) AVAILABLE is False and the `tl` kernels run.
 """
 
 import torch
@@ -267,21 +268,22 @@ def forward(q, k, v, out, lse, *, layout, causal, scale):
     q_rows = q.numel() // q.shape[-1] if layout == "bhsd" else batch * sq
     kv_rows = k.numel() // k.shape[-1] if layout == "bhsd" else batch * skv
     grid = (triton.cdiv(sq, 2 * BLOCK_M) * batch * heads,)
-    _attention_forward[grid](
-        _descriptor(q, q_rows, BLOCK_M, dtype),
-        _descriptor(k, kv_rows, BLOCK_N, dtype),
-        _descriptor(v, kv_rows, BLOCK_N, dtype),
-        _descriptor(out, q_rows, BLOCK_M, dtype),
-        out,
-        lse,
-        sq,
-        skv,
-        heads,
-        scale * LOG2E,
-        *q_place,
-        *kv_place,
-        *out_strides,
-        GROUP=heads // kv_heads,
-        CAUSAL=causal,
-        num_warps=4,
-    )
+    with torch.cuda.device(q.device):  # Triton launches on the current device
+        _attention_forward[grid](
+            _descriptor(q, q_rows, BLOCK_M, dtype),
+            _descriptor(k, kv_rows, BLOCK_N, dtype),
+            _descriptor(v, kv_rows, BLOCK_N, dtype),
+            _descriptor(out, q_rows, BLOCK_M, dtype),
+            out,
+            lse,
+            sq,
+            skv,
+            heads,
+            scale * LOG2E,
+            *q_place,
+            *kv_place,
+            *out_strides,
+            GROUP=heads // kv_heads,
+            CAUSAL=causal,
+            num_warps=4,
+        )
