@@ -178,9 +178,11 @@ def test_a_causal_module_call_runs_it_and_training_still_differentiates():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     torch.manual_seed(0)
-    q = torch.randn(1, 256, 32, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    # 2 x 4 query blocks x 32 heads: 256 programs, over a wave of an H100's / H200's
+    # 132 multiprocessors (a smaller call runs the `tl` forward: hopper_fits).
+    q = torch.randn(2, 512, 32, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k, v = (
-        torch.randn(1, 256, 8, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        torch.randn(2, 512, 8, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         for _ in range(2)
     )
     out = module.llama3_attention(q, k, v)

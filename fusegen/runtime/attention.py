@@ -350,7 +350,7 @@ class Attention:
         if not plan.runs or plan.empty:
             return plan
         m = self.module
-        if self.hopper_fits(inputs, key_lengths, sq, skv):
+        if self.hopper_fits(inputs, key_lengths, batch, sq, skv):
             plan.forward = _HopperLaunch(m["LAYOUT"], self.hopper == "causal", m["SCALE"])
             plan.tail = plan.bias_tail = ()
             return plan
@@ -643,13 +643,15 @@ class Attention:
             for t in tensors
         )
 
-    def hopper_fits(self, inputs, key_lengths, sq, skv):
+    def hopper_fits(self, inputs, key_lengths, batch, sq, skv):
         """Whether a forward call runs attention_hopper's kernel: a module that has it
         (hopper), Gluon in this Triton, a GPU of compute capability 9.0 (its wgmma), no
         key lengths or ranges, bf16 or fp16, q, k, v contiguous and 16-byte aligned, at
-        least 128 queries (fewer: the decode paths) and, causal, as many keys. Not while
-        traced (Inductor launches the `tl` kernels of the op) or while `fusegen tune`
-        times the forward's configs."""
+        least 128 queries (fewer: the decode paths) and, causal, as many keys, and a wave
+        of programs at least (128 query rows of a head each, one an SM): a smaller call
+        is bound by its launch, which the `tl` forward's direct launch makes cheaper. Not
+        while traced (Inductor launches the `tl` kernels of the op) or while `fusegen
+        tune` times the forward's configs."""
         if not self.hopper or not attention_hopper.AVAILABLE or key_lengths is not None:
             return False
         if self.tracing or self.forced or sq < 128 or (self.hopper == "causal" and sq != skv):
@@ -658,6 +660,8 @@ class Attention:
         if q.device.type != "cuda" or torch.version.hip or self.interpreted():
             return False
         if torch.cuda.get_device_capability(q.device) != (9, 0):
+            return False
+        if cdiv(sq, 128) * batch * self.module["HEADS"] < self.sm_count(q.device):
             return False
         return q.dtype in (torch.bfloat16, torch.float16) and all(
             t.is_contiguous() and t.data_ptr() % 16 == 0 for t in inputs[:3]
