@@ -1,0 +1,134 @@
+"""A LLaMA prefill with only its attention swapped (issue 29's "done when"): transformers'
+LlamaModel (LLaMA-3-8B dims, random init, bf16, no LM head: the decoder layers are what
+the attention is part of) on SDPA, on each SDPA backend forced, and with
+generated/llama3_attention through its use_in_transformers (no padding: no mask, so the
+calls take the Hopper forward on an H100/H200 where they fit).
+
+One unpadded batch of PROMPT tokens per sequence. The variants' last hidden states are
+checked against an fp32 SDPA run (max error over the largest value, beside SDPA bf16's
+own), then timed in rounds that alternate them (the order rotated each round), median and
+spread, the ratio to each SDPA variant printed.
+
+    python3 benchmarks/llama_prefill_attention.py [--batch 2] [--prompt 8192] [--layers 4]
+        [--rounds 7] [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "generated"))
+
+
+def build(layers):
+    """(SDPA's model, the same weights with the generated attention)."""
+    from transformers import LlamaConfig, LlamaModel
+
+    config = LlamaConfig(
+        hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+        num_key_value_heads=8, num_hidden_layers=layers, vocab_size=32000,
+        rms_norm_eps=1e-5, max_position_embeddings=16384,
+    )  # fmt: skip
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    sdpa = LlamaModel(copy.deepcopy(config)).to("cuda", torch.bfloat16).eval()
+    fused = LlamaModel(copy.deepcopy(config)).to("cuda", torch.bfloat16).eval()
+    fused.load_state_dict(sdpa.state_dict())
+    import llama3_attention
+
+    fused.set_attn_implementation(llama3_attention.use_in_transformers())
+    return sdpa, fused
+
+
+def timed(fn):
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e3, out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--prompt", type=int, default=8192)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    import transformers
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
+          f"{torch.cuda.get_device_name()}")  # fmt: skip
+    sdpa, fused = build(args.layers)
+    ids = torch.randint(3, 32000, (args.batch, args.prompt), device="cuda")
+
+    def prefill(model, backend=None):
+        context = sdpa_kernel(backend) if backend is not None else nullcontext()
+        with torch.no_grad(), context:
+            return model(input_ids=ids, use_cache=False).last_hidden_state
+
+    variants = {
+        "sdpa": lambda: prefill(sdpa),
+        "sdpa cudnn": lambda: prefill(sdpa, SDPBackend.CUDNN_ATTENTION),
+        "sdpa flash": lambda: prefill(sdpa, SDPBackend.FLASH_ATTENTION),
+        "fusegen": lambda: prefill(fused),
+    }
+    outputs = {key: fn() for key, fn in variants.items()}  # warm-up: compiles
+    plans = llama3_attention_plans()
+    print(f"  fusegen's attention calls: {plans}")
+
+    fp32 = copy.deepcopy(sdpa).float()
+    with torch.no_grad():
+        want = fp32(input_ids=ids, use_cache=False).last_hidden_state
+    del fp32
+    scale = want.abs().max().item()
+    result = {"args": vars(args), "plans": plans, "error": {}, "ms": {}}
+    for key, out in outputs.items():
+        result["error"][key] = (out.float() - want).abs().max().item() / scale
+        print(f"  {key}: max error / max |hidden| vs fp32 SDPA {result['error'][key]:.2e}")
+
+    times = {key: [] for key in variants}
+    keys = list(variants)
+    for r in range(args.rounds):
+        for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
+            times[key].append(timed(variants[key])[0])
+    print(f"\n{args.batch} x {args.prompt} tokens, {args.layers} layers; ms, median "
+          f"[min-max] of {args.rounds} rounds")  # fmt: skip
+    medians = {key: statistics.median(ms) for key, ms in times.items()}
+    for key in keys:
+        ms = times[key]
+        result["ms"][key] = ms
+        ratios = ", ".join(
+            f"{other} / this {medians[other] / medians[key]:.3f}" for other in keys if other != key
+        )
+        print(f"  {key:12s} {medians[key]:9.2f} [{min(ms):.2f}-{max(ms):.2f}]  {ratios}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def llama3_attention_plans():
+    """{launch kind: calls planned} of the generated attention: whether the Hopper forward
+    served the prefill (_HopperLaunch) or the `tl` forward did (_Launch)."""
+    import llama3_attention
+
+    kinds = {}
+    for plan in llama3_attention._ATTENTION.plans.values():
+        kind = type(plan.forward).__name__
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return kinds
+
+
+if __name__ == "__main__":
+    sys.exit(main())
