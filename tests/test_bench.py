@@ -429,7 +429,7 @@ def test_the_attention_variants_still_apply_and_compute_right():
     assert done.returncode == 0 and "PASS" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
 
 
-def test_the_gluon_attention_experiment_compiles_for_sm90():
+def test_the_gluon_attention_experiments_compile_for_sm90():
     # Gluon has no interpreter: the variants are compiled for sm_90 (no GPU needed), so a
     # Triton update that breaks them fails here, not in a GPU call.
     script = ROOT / "benchmarks" / "experiments" / "attention_gluon_hopper.py"
@@ -445,6 +445,17 @@ def test_the_gluon_attention_experiment_compiles_for_sm90():
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     reports = [line for line in done.stdout.splitlines() if "registers" in line]
     assert len(reports) == 4 and all("0 bytes spill stores" in r for r in reports), done.stdout
+    script = ROOT / "benchmarks" / "experiments" / "attention_gluon_backward.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--compile"],
+        cwd=ROOT,
+        env={**env, "PYTHONDONTWRITEBYTECODE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert done.stdout.count("registers") == 2, done.stdout
 
 
 def test_the_fp8_block_experiment_edits_the_generated_module():
