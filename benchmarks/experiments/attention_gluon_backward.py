@@ -1,4 +1,4 @@
-"""Attention's dk/dv backward written in Gluon, the forward's schedule carried over
+"""Attention's backward written in Gluon, the forward's schedule carried over
 (benchmarks/experiments/attention_gluon_hopper.py, fusegen/runtime/attention_hopper.py):
 two consumer warpgroups of 64 keys each, ping-ponging on the tensor cores, a one-warp
 producer streaming each query block's q and d_out through two shared-memory stages with
@@ -7,14 +7,18 @@ TMA, programs ordered head by head. Keys-major (FA2/FA3's dk/dv): for each query
     S^T = K q^T, P^T = exp2(S^T * scale * log2(e) - lse * log2(e)), dP^T = V d_out^T,
     dS^T = P^T * (dP^T - delta), dV += P^T d_out, dK += dS^T q (times scale at the end)
 
-with lse and delta ([batch, heads, seq] fp32) read by pointer. dq stays the `tl` kernel's
-(deterministic, no atomics). Written on the CPU (it compiles for sm_90 there: --compile)
-after the forward's last GPU call: not yet checked or timed on a GPU.
+with lse and delta ([batch, heads, seq] fp32) read by pointer; and a dq kernel of its own
+(queries-major, 64 rows a consumer, key blocks of 64 streamed: S = q K^T, dP = d_out V^T,
+dS, dq += dS K), so both stay deterministic (no atomics). Written on the CPU (both compile
+for sm_90 there: --compile) after the forward's last GPU call: not yet checked or timed
+on a GPU. The timing compares the kernels alone (delta given) with the generated
+module's backward kernels, which also compute delta (a small row-sum kernel).
 
     python3 benchmarks/experiments/attention_gluon_backward.py [--built FOLDER]
         [--cases causal full] [--rounds 5]
-        (on an H100/H200: dk and dv against float64, then timed against the generated
-        module's dk/dv kernel, FOLDER: benchmarks/specs/attention_anchors.yaml built)
+        (on an H100/H200: dq, dk and dv against float64, then timed against the
+        generated module's backward kernels, FOLDER: benchmarks/specs/attention_anchors.yaml
+        built)
     python3 benchmarks/experiments/attention_gluon_backward.py --compile
         (CPU: compiled for sm_90; registers, spills and shared memory)
 
@@ -188,6 +192,136 @@ def _attention_dkdv(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, lse_ptr, de
         (_produce, (descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, place, seq,
                     qk_scale, scale, CAUSAL, 0, num_warps)),
     ], [num_warps, 1], [240, 24])
+
+@gluon.jit
+def _dq_consume(descs, bufs, bars, dq_ptr, lse_ptr, delta_ptr, place, seq, qk_scale, scale,
+                CAUSAL: gl.constexpr, PART: gl.constexpr, num_warps: gl.constexpr):
+    """Consumer PART of the dq kernel: its 64 query rows over every key block the
+    producer streams (S = q K^T, P, dP = d_out V^T, dS, dq += dS K); then its dq."""
+    q_desc, k_desc, v_desc, do_desc = descs
+    q_bufs, do_bufs, k_bufs, v_bufs = bufs
+    qdo_ready, ready, empty = bars
+    row0, n_blocks, bh, bh_row = place
+    BM: gl.constexpr = q_desc.block_type.shape[0]
+    BN: gl.constexpr = k_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    STAGES: gl.constexpr = k_bufs.type.shape[0]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BN, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    dtype: gl.constexpr = q_desc.dtype
+    row0 = row0 + PART * BM
+    q_smem = q_bufs.index(PART)
+    do_smem = do_bufs.index(PART)
+    s_zero = gl.zeros([BM, BN], gl.float32, layout=s_layout)
+    dq = gl.zeros([BM, HEAD_DIM], gl.float32, layout=acc_layout)
+    rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
+    lse = gl.load(lse_ptr + bh_row + rows) * 1.4426950408889634  # in base 2
+    delta = gl.load(delta_ptr + bh_row + rows)
+    mbarrier.wait(qdo_ready.index(PART), 0)
+    for j in range(n_blocks):
+        stage = j % STAGES
+        k_smem = k_bufs.index(stage)
+        v_smem = v_bufs.index(stage)
+        key0 = j * BN
+        mbarrier.wait(ready.index(stage), (j // STAGES) & 1)
+        s_tok = warpgroup_mma(q_smem, k_smem.permute((1, 0)), s_zero, use_acc=False,
+                              is_async=True)
+        dp_tok = warpgroup_mma(do_smem, v_smem.permute((1, 0)), s_zero, use_acc=False,
+                               is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s_tok,))
+        p = gl.exp2(s * qk_scale - lse[:, None])
+        if CAUSAL:
+            if key0 + BN > row0:  # a block on the diagonal: keys after a query unseen
+                keys = key0 + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
+                p = gl.where(keys[None, :] <= rows[:, None], p, 0.0)
+        dp = warpgroup_mma_wait(0, deps=(dp_tok,))
+        ds_a = gl.convert_layout((p * (dp - delta[:, None])).to(dtype), a_layout)
+        dq = warpgroup_mma(ds_a, k_smem, dq)
+        mbarrier.arrive(empty.index(stage))
+
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+    out_rows = bh_row + row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, acc_layout))
+    offsets = out_rows.to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]
+    gl.store(dq_ptr + offsets, (dq * scale).to(dtype))
+
+
+@gluon.jit
+def _dq_produce(descs, bufs, bars, dq_ptr, lse_ptr, delta_ptr, place, seq, qk_scale, scale,
+                CAUSAL: gl.constexpr, PART: gl.constexpr, num_warps: gl.constexpr):
+    """The dq kernel's producer warp: both consumers' q and d_out, then each key block's
+    K and V into the ring once both consumers have released its stage."""
+    q_desc, k_desc, v_desc, do_desc = descs
+    q_bufs, do_bufs, k_bufs, v_bufs = bufs
+    qdo_ready, ready, empty = bars
+    row0, n_blocks, bh, bh_row = place
+    BM: gl.constexpr = q_desc.block_type.shape[0]
+    BN: gl.constexpr = k_desc.block_type.shape[0]
+    STAGES: gl.constexpr = k_bufs.type.shape[0]
+    for part in gl.static_range(2):
+        bar = qdo_ready.index(part)
+        mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [bh_row + row0 + part * BM, 0], bar,
+                                        q_bufs.index(part))
+        tma.async_copy_global_to_shared(do_desc, [bh_row + row0 + part * BM, 0], bar,
+                                        do_bufs.index(part))
+    for j in range(n_blocks):
+        stage = j % STAGES
+        mbarrier.wait(empty.index(stage), ((j // STAGES) & 1) ^ 1)
+        bar = ready.index(stage)
+        mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [bh_row + j * BN, 0], bar, k_bufs.index(stage))
+        tma.async_copy_global_to_shared(v_desc, [bh_row + j * BN, 0], bar, v_bufs.index(stage))
+
+
+@gluon.jit
+def _attention_dq(q_desc, k_desc, v_desc, do_desc, dq_ptr, lse_ptr, delta_ptr, seq, heads,
+                  qk_scale, scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+                  num_warps: gl.constexpr):
+    """One program: 2 x BLOCK_M query rows of one (batch, head), programs head by head,
+    the last query block (causal: the longest) first."""
+    BM: gl.constexpr = q_desc.block_type.shape[0]
+    BN: gl.constexpr = k_desc.block_type.shape[0]
+    m_blocks = gl.cdiv(seq, 2 * BM)
+    pid = gl.program_id(0)
+    bh = pid // m_blocks
+    row0 = (m_blocks - 1 - pid % m_blocks) * (2 * BM)
+    if CAUSAL:
+        n_blocks = gl.cdiv(row0 + 2 * BM, BN)
+    else:
+        n_blocks = gl.cdiv(seq, BN)
+    bh_row = bh * seq
+
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape,
+                                       q_desc.layout)
+    do_bufs = gl.allocate_shared_memory(do_desc.dtype, [2] + do_desc.block_type.shape,
+                                        do_desc.layout)
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape,
+                                       k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape,
+                                       v_desc.layout)
+    qdo_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(qdo_ready.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    descs = (q_desc, k_desc, v_desc, do_desc)
+    bufs = (q_bufs, do_bufs, k_bufs, v_bufs)
+    bars = (qdo_ready, ready, empty)
+    place = (row0, n_blocks, bh, bh_row)
+    gl.warp_specialize([
+        (_dq_consume, (descs, bufs, bars, dq_ptr, lse_ptr, delta_ptr, place, seq, qk_scale,
+                       scale, CAUSAL, 0, num_warps)),
+        (_dq_consume, (descs, bufs, bars, dq_ptr, lse_ptr, delta_ptr, place, seq, qk_scale,
+                       scale, CAUSAL, 1, num_warps)),
+        (_dq_produce, (descs, bufs, bars, dq_ptr, lse_ptr, delta_ptr, place, seq, qk_scale,
+                       scale, CAUSAL, 0, num_warps)),
+    ], [num_warps, 1], [240, 24])
 # fmt: on
 
 
@@ -229,6 +363,32 @@ def dk_dv(q, k, v, d_out, lse, delta, causal, stages=2):
     return d_k, d_v
 
 
+def dq(q, k, v, d_out, lse, delta, causal, stages=2):
+    """dq of the same attention (BLOCK_M query rows a consumer, two a program, key blocks
+    of BLOCK_N)."""
+    batch, heads, seq, dim = q.shape
+    d_q = torch.empty_like(q)
+    scale = dim**-0.5
+    grid = (seq // (2 * BLOCK_M) * batch * heads,)
+    _attention_dq[grid](
+        _descriptor(q, BLOCK_M),
+        _descriptor(k, BLOCK_N),
+        _descriptor(v, BLOCK_N),
+        _descriptor(d_out, BLOCK_M),
+        d_q,
+        lse,
+        delta,
+        seq,
+        heads,
+        scale * LOG2E,
+        scale,
+        CAUSAL=causal,
+        STAGES=stages,
+        num_warps=4,
+    )
+    return d_q
+
+
 def compile_report(causal=True, dim=128):
     """Registers, spills and shared memory of the kernel compiled for sm_90 (CPU)."""
     from triton.backends.compiler import GPUTarget
@@ -238,24 +398,27 @@ def compile_report(causal=True, dim=128):
     from quant_registers import ptxas_report
 
     t = torch.empty(1, 1, 256, dim, dtype=torch.bfloat16)
-    names = [p.name for p in _attention_dkdv.params]
     descs = (_descriptor(t, BLOCK_M), _descriptor(t, BLOCK_N), _descriptor(t, BLOCK_N),
              _descriptor(t, BLOCK_M))  # fmt: skip
-    types = {name: "i32" for name in names}
-    for name, desc in zip(names[:4], descs, strict=True):
-        types[name] = triton.runtime.jit.mangle_type(desc)
-    types |= {"dk_ptr": "*bf16", "dv_ptr": "*bf16", "lse_ptr": "*fp32", "delta_ptr": "*fp32"}
-    meta = {"CAUSAL": causal, "STAGES": 2, "num_warps": 4}
-    types |= {"qk_scale": "fp32", "scale": "fp32"} | {name: "constexpr" for name in meta}
-    constants = {(names.index(name),): value for name, value in meta.items()}
-    source = GluonASTSource(_attention_dkdv, types, constants)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-    print(f"causal={causal}: {ptxas_report(compiled.asm['ptx'])} | shared "
-          f"{compiled.metadata.shared} bytes", flush=True)  # fmt: skip
+    for kernel in (_attention_dkdv, _attention_dq):
+        names = [p.name for p in kernel.params]
+        types = {name: "i32" for name in names}
+        for name, desc in zip(names[:4], descs, strict=True):
+            types[name] = triton.runtime.jit.mangle_type(desc)
+        types |= {n: "*bf16" for n in ("dk_ptr", "dv_ptr", "dq_ptr") if n in names}
+        types |= {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "qk_scale": "fp32", "scale": "fp32"}
+        meta = {"CAUSAL": causal, "STAGES": 2, "num_warps": 4}
+        types |= {name: "constexpr" for name in meta}
+        constants = {(names.index(name),): value for name, value in meta.items()}
+        source = GluonASTSource(kernel, types, constants)
+        options = {"num_warps": 4}
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+        print(f"{kernel.__name__} causal={causal}: {ptxas_report(compiled.asm['ptx'])} | "
+              f"shared {compiled.metadata.shared} bytes", flush=True)  # fmt: skip
 
 
 def reference_grads(q, k, v, d_out, causal):
-    """(dk, dv) in float64."""
+    """(dq, dk, dv) in float64."""
     q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     if causal:
@@ -264,7 +427,7 @@ def reference_grads(q, k, v, d_out, causal):
         scores = scores.masked_fill(~seen, float("-inf"))
     out = torch.softmax(scores, -1) @ v
     out.backward(d_out.double())
-    return k.grad, v.grad
+    return q.grad, k.grad, v.grad
 
 
 def main() -> int:
@@ -295,15 +458,24 @@ def run_case(case, shape, rounds, built) -> int:
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal)[:2]
     delta = (out.float() * d_out.float()).sum(-1)
     got_k, got_v = dk_dv(q, k, v, d_out, lse, delta, causal)
+    got_q = dq(q, k, v, d_out, lse, delta, causal)
     small = (slice(0, 1), slice(0, 2))
-    want_k, want_v = reference_grads(*(t[small] for t in (q, k, v, d_out)), causal)
+    wants = reference_grads(*(t[small] for t in (q, k, v, d_out)), causal)
     failed = 0
-    for name, got, want in (("dk", got_k[small], want_k), ("dv", got_v[small], want_v)):
+    for name, got, want in zip(("dq", "dk", "dv"), (got_q, got_k, got_v), wants, strict=True):
+        got = got[small]
         error = (got.double() - want).abs().max().item() / want.abs().max().item()
         ok = error < 2e-2
         failed += not ok
         print(f"{case} {name}: max error {error:.2e} of max |grad| {'ok' if ok else 'FAIL'}")
-    calls = {"gluon dk/dv": lambda: dk_dv(q, k, v, d_out, lse, delta, causal)}
+    calls = {
+        "gluon dk/dv": lambda: dk_dv(q, k, v, d_out, lse, delta, causal),
+        "gluon dq": lambda: dq(q, k, v, d_out, lse, delta, causal),
+        "gluon dk/dv + dq": lambda: (
+            dk_dv(q, k, v, d_out, lse, delta, causal),
+            dq(q, k, v, d_out, lse, delta, causal),
+        ),
+    }
     if built:
         name = f"anchor_attention_{case}"
         module = attention_anchors.load(Path(built), name)
@@ -313,6 +485,9 @@ def run_case(case, shape, rounds, built) -> int:
         o = out.transpose(1, 2) if bshd else out
         calls["tl dk/dv (with delta)"] = lambda: module._ATTENTION.backward(
             inputs, o, lse, grad, (False, True, True)
+        )
+        calls["tl backward (with delta)"] = lambda: module._ATTENTION.backward(
+            inputs, o, lse, grad, (True, True, True)
         )
     times = {name: [] for name in calls}
     names = list(calls)
