@@ -168,3 +168,17 @@ def test_inspect_attention_runs_every_kernel(kernels, tmp_path):
     assert all(item.shape == (1, 5, 40) and item.source == "interpreter" for item in found)
     assert found[0].config == {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
     assert "att_causal_gqa_alibi 1x5x40 fp32" in lines[0]
+
+
+def test_inspect_names_the_hopper_forward_s_one_config(kernels, tmp_path):
+    # On an H100/H200 a plain attention's forward is the runtime's Gluon kernel, kept in
+    # last_compiled as "hopper_forward": its config is the kernel's own, not a table's.
+    from fusegen.runtime import attention_hopper
+    from fusegen.tools import inspect_kernels
+
+    module = bench.load_module(kernels["att_causal_gqa_alibi"], tmp_path)
+    source, config = inspect_kernels.attention_config(
+        torch, module, "hopper_forward", 256, 256, torch.bfloat16, "cpu"
+    )
+    assert (source, config) == ("hopper", attention_hopper.CONFIG)
+    assert config == {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 9, "num_stages": 2}

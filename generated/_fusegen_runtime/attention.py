@@ -154,17 +154,19 @@ class _Launch:
 
 class _HopperLaunch:
     """A forward plan's launch of attention_hopper's kernel, with the `tl` forward's
-    arguments (those it needs: q, k, v, out, lse)."""
+    arguments (those it needs: q, k, v, out, lse); the compiled kernel kept as
+    `hopper_forward` in the owner's last_compiled (`fusegen inspect`)."""
 
-    __slots__ = ("layout", "causal", "scale")
+    __slots__ = ("owner", "layout", "causal", "scale")
 
-    def __init__(self, layout, causal, scale):
-        self.layout, self.causal, self.scale = layout, causal, scale
+    def __init__(self, owner, layout, causal, scale):
+        self.owner, self.layout, self.causal, self.scale = owner, layout, causal, scale
 
     def __call__(self, q, k, v, out, lse, *unused):
-        attention_hopper.forward(
+        compiled = attention_hopper.forward(
             q, k, v, out, lse, layout=self.layout, causal=self.causal, scale=self.scale
         )
+        self.owner.last_compiled["hopper_forward"] = compiled
 
 
 class _Trained(torch.autograd.Function):
@@ -353,7 +355,8 @@ class Attention:
             return plan
         m = self.module
         if self.hopper_fits(inputs, key_lengths, batch, sq, skv):
-            plan.forward = _HopperLaunch(m["LAYOUT"], self.hopper == "causal", m["SCALE"])
+            causal = self.hopper == "causal"
+            plan.forward = _HopperLaunch(self, m["LAYOUT"], causal, m["SCALE"])
             plan.tail = plan.bias_tail = ()
             return plan
         heads, v_dim = m["HEADS"], m["V_HEAD_DIM"]

@@ -250,10 +250,16 @@ def _descriptor(t, rows, block_rows, dtype):
     return TensorDescriptor.from_tensor(view, [block_rows, dim], layout)
 
 
+# What `fusegen inspect` shows as the kernel's config: query rows and keys a program's
+# step, warps (two consumers of 4 and the producer's 1), stages.
+CONFIG = {"BLOCK_M": 2 * BLOCK_M, "BLOCK_N": BLOCK_N, "num_warps": 9, "num_stages": STAGES}
+
+
 def forward(q, k, v, out, lse, *, layout, causal, scale):
     """out and lse of attention over q, k, v: [batch, seq, heads, dim] ("bshd") or [batch,
     heads, seq, dim] ("bhsd"), contiguous, 16-byte aligned, bf16 or fp16, dim in
-    HEAD_DIMS; out likewise; lse [batch, heads, q_len] fp32."""
+    HEAD_DIMS; out likewise; lse [batch, heads, q_len] fp32. Returns the compiled kernel
+    (`fusegen inspect` reads its registers and shared memory)."""
     if layout == "bshd":
         batch, sq, heads, dim = q.shape
         skv, kv_heads = k.shape[1], k.shape[2]
@@ -269,7 +275,7 @@ def forward(q, k, v, out, lse, *, layout, causal, scale):
     kv_rows = k.numel() // k.shape[-1] if layout == "bhsd" else batch * skv
     grid = (triton.cdiv(sq, 2 * BLOCK_M) * batch * heads,)
     with torch.cuda.device(q.device):  # Triton launches on the current device
-        _attention_forward[grid](
+        return _attention_forward[grid](
             _descriptor(q, q_rows, BLOCK_M, dtype),
             _descriptor(k, kv_rows, BLOCK_N, dtype),
             _descriptor(v, kv_rows, BLOCK_N, dtype),
