@@ -20,41 +20,28 @@ import copy
 import json
 import statistics
 import sys
-import time
 from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "generated"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from llama_training_step import build_model  # noqa: E402
+from padded_generate import timed  # noqa: E402
 
 
-def build(layers):
-    """(SDPA's model, the same weights with the generated attention)."""
-    from transformers import LlamaConfig, LlamaModel
-
-    config = LlamaConfig(
-        hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
-        num_key_value_heads=8, num_hidden_layers=layers, vocab_size=32000,
-        rms_norm_eps=1e-5, max_position_embeddings=16384,
-    )  # fmt: skip
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    sdpa = LlamaModel(copy.deepcopy(config)).to("cuda", torch.bfloat16).eval()
-    fused = LlamaModel(copy.deepcopy(config)).to("cuda", torch.bfloat16).eval()
-    fused.load_state_dict(sdpa.state_dict())
+def build(args):
+    """(SDPA's decoder, the same weights with the generated attention): the models of
+    llama_training_step.build_model (LLaMA-3-8B dims) without their LM head."""
     import llama3_attention
 
+    shape = argparse.Namespace(layers=args.layers, vocab=32000, seq=args.prompt, device="cuda")
+    sdpa = build_model(shape).eval()
+    sdpa.set_attn_implementation("sdpa")
+    fused = copy.deepcopy(sdpa)
     fused.set_attn_implementation(llama3_attention.use_in_transformers())
-    return sdpa, fused
-
-
-def timed(fn):
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    out = fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) * 1e3, out
+    return sdpa.model, fused.model
 
 
 def main() -> int:
@@ -70,7 +57,7 @@ def main() -> int:
 
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
           f"{torch.cuda.get_device_name()}")  # fmt: skip
-    sdpa, fused = build(args.layers)
+    sdpa, fused = build(args)
     ids = torch.randint(3, 32000, (args.batch, args.prompt), device="cuda")
 
     def prefill(model, backend=None):
