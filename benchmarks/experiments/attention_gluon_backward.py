@@ -43,7 +43,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 LOG2E = 1.4426950408889634
 BLOCK_M, BLOCK_N = 64, 64  # query rows a step; keys a consumer (two consumers a program)
@@ -326,11 +325,11 @@ def _attention_dq(q_desc, k_desc, v_desc, do_desc, dq_ptr, lse_ptr, delta_ptr, s
 
 
 def _descriptor(t, block_rows):
-    dim = t.shape[-1]
-    flat = t.reshape(-1, dim)
+    """The runtime's descriptor over t as [batch * heads * seq, dim]."""
+    from fusegen.runtime import attention_hopper
+
     dtype = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
-    layout = gl.NVMMASharedLayout.get_default_for([block_rows, dim], dtype)
-    return TensorDescriptor.from_tensor(flat, [block_rows, dim], layout)
+    return attention_hopper._descriptor(t, t.numel() // t.shape[-1], block_rows, dtype)
 
 
 def dk_dv(q, k, v, d_out, lse, delta, causal, stages=2):
@@ -391,11 +390,8 @@ def dq(q, k, v, d_out, lse, delta, causal, stages=2):
 
 def compile_report(causal=True, dim=128):
     """Registers, spills and shared memory of the kernel compiled for sm_90 (CPU)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from quant_registers import ptxas_report
+    from quant_registers import compile_sm90, ptxas_report
 
     t = torch.empty(1, 1, 256, dim, dtype=torch.bfloat16)
     descs = (_descriptor(t, BLOCK_M), _descriptor(t, BLOCK_N), _descriptor(t, BLOCK_N),
@@ -410,9 +406,7 @@ def compile_report(causal=True, dim=128):
         meta = {"CAUSAL": causal, "STAGES": 2, "num_warps": 4}
         types |= {name: "constexpr" for name in meta}
         constants = {(names.index(name),): value for name, value in meta.items()}
-        source = GluonASTSource(kernel, types, constants)
-        options = {"num_warps": 4}
-        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+        compiled = compile_sm90(kernel, types, constants, {"num_warps": 4})
         print(f"{kernel.__name__} causal={causal}: {ptxas_report(compiled.asm['ptx'])} | "
               f"shared {compiled.metadata.shared} bytes", flush=True)  # fmt: skip
 

@@ -50,7 +50,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 LOG2E = 1.4426950408889634
 
@@ -319,17 +318,14 @@ VARIANTS = {  # name: (consumers, persistent, pairs, head-major tile order)
 
 
 def descriptors(q, k, v, out, block_m, block_n):
-    """TMA descriptors over [batch * heads * seq, dim] views."""
-    dim = q.shape[-1]
+    """TMA descriptors over [batch * heads * seq, dim] views (the runtime's)."""
+    from fusegen.runtime.attention_hopper import _descriptor
+
     gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[q.dtype]
-    q_layout = gl.NVMMASharedLayout.get_default_for([block_m, dim], gl_dtype)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, dim], gl_dtype)
-    flat = [t.reshape(-1, dim) for t in (q, k, v, out)]
-    return (
-        TensorDescriptor.from_tensor(flat[0], [block_m, dim], q_layout),
-        TensorDescriptor.from_tensor(flat[1], [block_n, dim], kv_layout),
-        TensorDescriptor.from_tensor(flat[2], [block_n, dim], kv_layout),
-        TensorDescriptor.from_tensor(flat[3], [block_m, dim], q_layout),
+    rows = q.numel() // q.shape[-1]
+    return tuple(
+        _descriptor(t, rows, block, gl_dtype)
+        for t, block in ((q, block_m), (k, block_n), (v, block_n), (out, block_m))
     )
 
 
@@ -370,8 +366,8 @@ def attention(q, k, v, causal, variant, out=None):
 
 def compile_sm90(variant, causal=True, dim=128):
     """The kernel compiled for sm_90 on the CPU (no GPU needed)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import quant_registers
 
     block_m, block_n, _, meta = plan(variant, causal)
     q = torch.empty(1, 1, 256, dim, dtype=torch.bfloat16)
@@ -381,9 +377,8 @@ def compile_sm90(variant, causal=True, dim=128):
     types |= {"seq": "i32", "heads": "i32", "qk_scale": "fp32"}
     types |= {n: "constexpr" for n in meta}
     constexprs = {(names.index(n),): v for n, v in meta.items() if n in names}
-    source = GluonASTSource(_attention_forward, types, constexprs)
     options = {"num_warps": meta["num_warps"]}
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    return quant_registers.compile_sm90(_attention_forward, types, constexprs, options)
 
 
 def compile_report(variants, causal=True):

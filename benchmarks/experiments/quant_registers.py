@@ -98,8 +98,12 @@ def instruction_mix(cubin: bytes, most: int = 10) -> str:
 
 
 def compile_sm90(kernel, types: dict, constexprs: dict, options: dict, attrs=None):
-    """A @triton.jit kernel compiled ahead of time for sm_90 (no GPU needed)."""
-    source = ASTSource(fn=kernel, signature=types, constexprs=constexprs, attrs=attrs or {})
+    """A @triton.jit or @gluon.jit kernel compiled ahead of time for sm_90 (no GPU
+    needed)."""
+    source_type = ASTSource
+    if type(kernel).__name__ == "GluonJITFunction":
+        from triton.experimental.gluon._runtime import GluonASTSource as source_type
+    source = source_type(kernel, types, constexprs, attrs or {})
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
