@@ -7,10 +7,13 @@ calls take the Hopper forward on an H100/H200 where they fit).
 One unpadded batch of PROMPT tokens per sequence. The variants' last hidden states are
 checked against an fp32 SDPA run (max error over the largest value, beside SDPA bf16's
 own), then timed in rounds that alternate them (the order rotated each round), median and
-spread, the ratio to each SDPA variant printed.
+spread, the ratio to each SDPA variant printed. --train times a training step's forward
+and backward instead (the backward from a fixed random gradient of the last hidden
+state), checking the first layer's q_proj gradient against fp32 likewise: the Hopper
+backward where the forward took the Hopper kernel.
 
     python3 benchmarks/llama_prefill_attention.py [--batch 2] [--prompt 8192] [--layers 4]
-        [--rounds 7] [--out FILE.json]
+        [--rounds 7] [--train] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ def main() -> int:
     parser.add_argument("--prompt", type=int, default=8192)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--train", action="store_true", help="forward + backward")
     parser.add_argument("--out")
     args = parser.parse_args()
     import transformers
@@ -60,10 +64,23 @@ def main() -> int:
     sdpa, fused = build(args)
     ids = torch.randint(3, 32000, (args.batch, args.prompt), device="cuda")
 
+    shape = (args.batch, args.prompt, sdpa.config.hidden_size)
+    d_hidden = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+
     def prefill(model, backend=None):
+        """The last hidden state (--train: the first layer's q_proj gradient after the
+        backward)."""
         context = sdpa_kernel(backend) if backend is not None else nullcontext()
-        with torch.no_grad(), context:
-            return model(input_ids=ids, use_cache=False).last_hidden_state
+        grad_mode = torch.enable_grad() if args.train else torch.no_grad()
+        with grad_mode, context:
+            hidden = model(input_ids=ids, use_cache=False).last_hidden_state
+            if not args.train:
+                return hidden
+            hidden.backward(d_hidden.to(hidden.dtype))
+        weight = model.layers[0].self_attn.q_proj.weight
+        grad, weight.grad = weight.grad, None
+        model.zero_grad(set_to_none=True)
+        return grad
 
     variants = {
         "sdpa": lambda: prefill(sdpa),
@@ -74,23 +91,29 @@ def main() -> int:
     outputs = {key: fn() for key, fn in variants.items()}  # warm-up: compiles
     plans = llama3_attention_plans()
     print(f"  fusegen's attention calls: {plans}")
+    if args.train:
+        import llama3_attention
+
+        backward = sorted(k for k in llama3_attention._ATTENTION.last_compiled if "hopper_d" in k)
+        print(f"  fusegen's Hopper backward kernels: {backward or 'none (the tl kernels)'}")
 
     fp32 = copy.deepcopy(sdpa).float()
-    with torch.no_grad():
-        want = fp32(input_ids=ids, use_cache=False).last_hidden_state
+    want = prefill(fp32)
     del fp32
+    what = "q_proj gradient of layer 0" if args.train else "hidden"
     scale = want.abs().max().item()
     result = {"args": vars(args), "plans": plans, "error": {}, "ms": {}}
     for key, out in outputs.items():
         result["error"][key] = (out.float() - want).abs().max().item() / scale
-        print(f"  {key}: max error / max |hidden| vs fp32 SDPA {result['error'][key]:.2e}")
+        print(f"  {key}: max error / max |{what}| vs fp32 SDPA {result['error'][key]:.2e}")
 
     times = {key: [] for key in variants}
     keys = list(variants)
     for r in range(args.rounds):
         for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
             times[key].append(timed(variants[key])[0])
-    print(f"\n{args.batch} x {args.prompt} tokens, {args.layers} layers; ms, median "
+    step = "forward + backward" if args.train else "prefill"
+    print(f"\n{step}, {args.batch} x {args.prompt} tokens, {args.layers} layers; ms, median "
           f"[min-max] of {args.rounds} rounds")  # fmt: skip
     medians = {key: statistics.median(ms) for key, ms in times.items()}
     for key in keys:

@@ -169,8 +169,8 @@ def test_out_and_lse_match_float64(layout, causal, batch, heads, kv_heads, sq, s
 @on_hopper
 @needs_gluon
 def test_a_causal_module_call_runs_it_and_training_still_differentiates():
-    """A generated module's eager call takes the Hopper forward (its plan says so), and
-    its gradients (the `tl` backward on the Hopper forward's lse) match float64."""
+    """A generated module's eager call takes the Hopper forward (its plan says so) and the
+    Hopper backward (its compiled kernels say so), and its gradients match float64."""
     import importlib.util
 
     path = ROOT / "generated" / "llama3_attention.py"
@@ -190,6 +190,7 @@ def test_a_causal_module_call_runs_it_and_training_still_differentiates():
     assert any(type(plan.forward).__name__ == "_HopperLaunch" for plan in plans)
     d_out = torch.randn_like(out)
     out.backward(d_out)
+    assert {"hopper_dkdv", "hopper_dq"} <= set(module._ATTENTION.last_compiled)
     leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
     want = module.reference(*leaves)
     want.backward(d_out.double())

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import attention_hopper, launch, ops, tables
+from . import attention_hopper, attention_hopper_backward, launch, ops, tables
 from .checks import bucket, fp32_dot, fp32_matmul
 from .device import device_facts, ensure_allocator
 from .ops import typed
@@ -200,8 +200,9 @@ class Attention:
         v's head dim is its own (BLOCK_DV); packed: query heads share kv heads, and a
         decode call packs a group's into one block; tma: the kernels take TMA.
     hopper: "causal" or "none" where the module's attention is plain (no softcap,
-        window, ALiBi or bias; head dim 128 for q, k and v) with that mask: a forward
-        call that fits (hopper_fits) runs attention_hopper's kernel on an H100/H200.
+        window, ALiBi or bias; head dim 128 for q, k and v) with that mask: a call that
+        fits (hopper_fits) runs the Gluon kernels of attention_hopper (forward) and
+        attention_hopper_backward on an H100/H200.
     """
 
     def __init__(
@@ -400,7 +401,8 @@ class Attention:
     def backward(self, inputs, out, lse, d_out, needs, key_lengths=None):
         """(dq, dk, dv[, d bias]) from the forward's out and lse: delta = rowsum(d_out *
         out), then one kernel for dk and dv (per kv block, over its query heads) and one
-        for dq (and d bias)."""
+        for dq (and d bias): attention_hopper_backward's where the call fits the Hopper
+        kernels (hopper_fits), the `tl` kernels otherwise."""
         needs = tuple(needs)
         batch, sq, skv = self.checked(inputs, key_lengths)
         q = inputs[0]
@@ -421,6 +423,13 @@ class Attention:
         _Launch(self, backward_delta, (cdiv(sq, 64), batch * heads), meta)(
             out, d_out, delta, sq, *strides(out), *strides(d_out)
         )
+        if self.hopper_fits(inputs, key_lengths, batch, sq, skv):
+            grads, compiled = attention_hopper_backward.backward(
+                q, k, v, d_out.contiguous(), lse, delta, needs,
+                layout=m["LAYOUT"], causal=self.hopper == "causal", scale=m["SCALE"],
+            )  # fmt: skip
+            self.last_compiled.update(compiled)
+            return grads
         reads = (sq, skv, *strides(q), *strides(k), *strides(v), *strides(d_out))
         bias = (inputs[3], *self.bias_strides(inputs[3], batch, sq, skv)) if self.bias else ()
         common = {
@@ -647,14 +656,15 @@ class Attention:
         )
 
     def hopper_fits(self, inputs, key_lengths, batch, sq, skv):
-        """Whether a forward call runs attention_hopper's kernel: a module that has it
-        (hopper), Gluon in this Triton, a GPU of compute capability 9.0 (its wgmma), no
+        """Whether a call runs the Gluon kernels (attention_hopper's forward,
+        attention_hopper_backward's): a module that has them (hopper), Gluon in this
+        Triton, a GPU of compute capability 9.0 (its wgmma), no
         key lengths or ranges, bf16 or fp16, q, k, v contiguous and 16-byte aligned, at
         least 128 queries (fewer: the decode paths) and, causal, as many keys, and a wave
         of programs at least (128 query rows of a head each, one an SM): a smaller call
         is bound by its launch, which the `tl` forward's direct launch makes cheaper. Not
         while traced (Inductor launches the `tl` kernels of the op) or while `fusegen
-        tune` times the forward's configs."""
+        tune` times the `tl` kernels' configs."""
         if not self.hopper or not attention_hopper.AVAILABLE or key_lengths is not None:
             return False
         if self.tracing or self.forced or sq < 128 or (self.hopper == "causal" and sq != skv):

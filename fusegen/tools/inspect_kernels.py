@@ -175,15 +175,19 @@ def inspect_attention(torch, module, att, shape, dtype_name, device="cuda") -> l
 def attention_config(torch, module, kernel, sq, skv, dtype, device) -> tuple[str, dict]:
     """(where the launcher's config came from, the config) for one kernel of a call, as
     the launcher's `config` picks it: forced, table, default or interpreter; "hopper" for
-    the runtime's Gluon forward on an H100/H200. A decode
+    the runtime's Gluon kernels on an H100/H200. A decode
     call's forward is asked at its own q_len; the stages are those asked (the compiled
     kernel's own column shows fewer where shared memory did not fit them)."""
     dev = torch.device(device)
     attention = module._ATTENTION
-    if kernel == "hopper_forward":  # the runtime's Gluon forward: one config
+    if kernel == "hopper_forward":  # the runtime's Gluon kernels: one config each
         from fusegen.runtime import attention_hopper
 
         return "hopper", dict(attention_hopper.CONFIG)
+    if kernel.startswith("hopper_"):
+        from fusegen.runtime import attention_hopper_backward
+
+        return "hopper", dict(attention_hopper_backward.CONFIGS[kernel])
     chosen = attention.config(dev, kernel, sq, skv, dtype)
     if kernel in module.FORCED:
         source = "forced"
