@@ -368,29 +368,23 @@ CONFIGS = {
 
 
 def places(q, k, layout):
-    """(batch, heads, kv_heads, sq, skv, the [rows, dim] views' row counts, the q and kv
-    tiles' places (rows a batch entry, rows a head, columns a head), and the strides
-    (batch, head, position) of a contiguous q-shaped and k-shaped tensor)."""
-    if layout == "bshd":
+    """(batch, heads, kv_heads, sq, skv, the row counts of q's and k's [rows, dim] views,
+    q's and k's tile places in them (rows a batch entry, rows a head, columns a head),
+    and q's and k's strides (batch, head, position))."""
+    if layout == "bshd":  # views [batch * seq, heads * dim]
         batch, sq, heads, dim = q.shape
         skv, kv_heads = k.shape[1], k.shape[2]
+        rows = (batch * sq, batch * skv)
         q_place, kv_place = (sq, 0, dim), (skv, 0, dim)
-        q_strides, kv_strides = (sq * heads * dim, dim, heads * dim), (
-            skv * kv_heads * dim,
-            dim,
-            kv_heads * dim,
-        )
-    else:
+        axes = (0, 2, 1)
+    else:  # views [batch * heads * seq, dim]
         batch, heads, sq, dim = q.shape
         kv_heads, skv = k.shape[1], k.shape[2]
+        rows = (batch * heads * sq, batch * kv_heads * skv)
         q_place, kv_place = (heads * sq, sq, 0), (kv_heads * skv, skv, 0)
-        q_strides, kv_strides = (heads * sq * dim, sq * dim, dim), (
-            kv_heads * skv * dim,
-            skv * dim,
-            dim,
-        )
-    rows = (q.numel() // dim, k.numel() // dim)
-    return batch, heads, kv_heads, sq, skv, rows, q_place, kv_place, q_strides, kv_strides
+        axes = (0, 1, 2)
+    strides = tuple(tuple(t.stride(axis) for axis in axes) for t in (q, k))
+    return batch, heads, kv_heads, sq, skv, rows, q_place, kv_place, *strides
 
 
 def backward(q, k, v, d_out, lse, delta, needs, *, layout, causal, scale):
