@@ -3,8 +3,10 @@ forward's schedule carried over: two 64-key consumer warpgroups ping-ponging ove
 query blocks a one-warp TMA producer streams, for dk and dv; a queries-major kernel of its
 own for dq, so both stay deterministic) checked against float64 and timed against the
 `tl` backward kernels of the generated module (the same module with its Hopper kernels
-turned off), both given the forward's lse. The Gluon timing leaves out delta (the `tl`
-rows include it: a row-sum kernel, about 2% of the backward at the default shape).
+turned off), both given the forward's lse; beside the runtime's kernels, dk/dv's programs
+in the other order (causal: the longest last) and three stages for each kernel's ring.
+The Gluon timing leaves out delta (the `tl` rows include it: a row-sum kernel, about 2%
+of the backward at the default shape).
 
     python3 benchmarks/experiments/attention_gluon_backward.py [--built FOLDER]
         [--cases causal full] [--shape B H S D] [--kv-heads N] [--rounds 5]
@@ -49,7 +51,8 @@ def compile_report(causal=True, dim=128, group=1):
             types[name] = triton.runtime.jit.mangle_type(desc)
         types |= {n: "*bf16" for n in ("dk_ptr", "dv_ptr", "dq_ptr") if n in names}
         types |= {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "qk_scale": "fp32", "scale": "fp32"}
-        meta = {"GROUP": group, "CAUSAL": causal, "num_warps": 4}
+        meta = {"GROUP": group, "CAUSAL": causal, "STAGES": 2, "num_warps": 4}
+        meta |= {"LONGEST_FIRST": True} if "LONGEST_FIRST" in names else {}
         types |= {name: "constexpr" for name in meta}
         constants = {(names.index(name),): value for name, value in meta.items()}
         compiled = compile_sm90(kernel, types, constants, {"num_warps": 4})
@@ -111,10 +114,11 @@ def run_case(case, shape, kv_heads, rounds, built) -> int:
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, keys, values, 0.0, causal)[:2]
     delta = (out.float() * d_out.float()).sum(-1)
 
-    def gluon(needs):
+    def gluon(needs, **variant):
         return attention_hopper_backward.backward(
-            q, k, v, d_out, lse, delta, needs, layout="bhsd", causal=causal, scale=dim**-0.5
-        )[0]
+            q, k, v, d_out, lse, delta, needs, layout="bhsd", causal=causal, scale=dim**-0.5,
+            **variant,
+        )[0]  # fmt: skip
 
     grads = gluon((True, True, True))
     # The first batch entry's first kv head and its query heads, in float64.
@@ -127,9 +131,13 @@ def run_case(case, shape, kv_heads, rounds, built) -> int:
         ok = error < 2e-2
         failed += not ok
         print(f"{case} {name}: max error {error:.2e} of max |grad| {'ok' if ok else 'FAIL'}")
+    kv, q_only = (False, True, True), (True, False, False)
     calls = {
-        "gluon dk/dv": lambda: gluon((False, True, True)),
-        "gluon dq": lambda: gluon((True, False, False)),
+        "gluon dk/dv": lambda: gluon(kv),
+        "gluon dk/dv longest last": lambda: gluon(kv, longest_first=False),
+        "gluon dk/dv 3 stages": lambda: gluon(kv, stages=3),
+        "gluon dq": lambda: gluon(q_only),
+        "gluon dq 3 stages": lambda: gluon(q_only, stages=3),
         "gluon dk/dv + dq": lambda: gluon((True, True, True)),
     }
     if built and group == 1:
@@ -156,7 +164,7 @@ def run_case(case, shape, kv_heads, rounds, built) -> int:
         for name in names[r % len(names) :] + names[: r % len(names)]:
             times[name].append(triton.testing.do_bench(calls[name]))
     for name, ms in times.items():
-        print(f"{case:7s} {name:24s} {statistics.median(ms):7.3f} ms "
+        print(f"{case:7s} {name:26s} {statistics.median(ms):7.3f} ms "
               f"[{min(ms):.3f}-{max(ms):.3f}]", flush=True)  # fmt: skip
     return failed
 

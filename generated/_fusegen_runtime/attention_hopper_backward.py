@@ -30,8 +30,10 @@ import triton
 from . import attention_hopper
 
 LOG2E = attention_hopper.LOG2E
-# Query rows a step, keys a consumer (two consumers a program), the ring's stages.
-BLOCK_M, BLOCK_N, STAGES = 64, 64, 2
+# Query rows a step, keys a consumer (two consumers a program), the ring's stages; the
+# dk/dv programs' order (causal: the first keys, which see the most query blocks, first).
+# The experiment varies the last two.
+BLOCK_M, BLOCK_N, STAGES, LONGEST_FIRST = 64, 64, 2, True
 
 if attention_hopper.AVAILABLE:
     from triton.experimental import gluon
@@ -163,18 +165,22 @@ if attention_hopper.AVAILABLE:
                         sq, skv, heads, qk_scale, scale,
                         q_rows_b, q_rows_h, q_cols_h, kv_rows_b, kv_rows_h, kv_cols_h,
                         stride_kv_b, stride_kv_h, stride_kv_s,
-                        GROUP: gl.constexpr, CAUSAL: gl.constexpr, num_warps: gl.constexpr):
-        """One program: 2 x 64 keys of one (batch, kv head), programs kv head by kv head.
-        A tile's place in the [rows, dim] views as in attention_hopper's forward."""
+                        GROUP: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+                        LONGEST_FIRST: gl.constexpr, num_warps: gl.constexpr):
+        """One program: 2 x 64 keys of one (batch, kv head), programs kv head by kv head,
+        causal, the first keys (the most query blocks) first or last. A tile's place in
+        the [rows, dim] views as in attention_hopper's forward."""
         BM: gl.constexpr = q_desc.block_type.shape[0]
         BN: gl.constexpr = k_desc.block_type.shape[0]
-        STAGES: gl.constexpr = 2
         k_blocks = gl.cdiv(skv, 2 * BN)
         pid = gl.program_id(0)
         kv_heads = heads // GROUP
         batch = pid // k_blocks // kv_heads
         kv_head = pid // k_blocks % kv_heads
-        key0 = (k_blocks - 1 - pid % k_blocks) * (2 * BN)  # causal: the longest last
+        if LONGEST_FIRST:
+            key0 = pid % k_blocks * (2 * BN)
+        else:
+            key0 = (k_blocks - 1 - pid % k_blocks) * (2 * BN)
         if CAUSAL:
             first_block = key0 // BM  # the query blocks at or after the first key
         else:
@@ -305,12 +311,12 @@ if attention_hopper.AVAILABLE:
                       sq, skv, heads, qk_scale, scale,
                       q_rows_b, q_rows_h, q_cols_h, kv_rows_b, kv_rows_h, kv_cols_h,
                       stride_q_b, stride_q_h, stride_q_s,
-                      GROUP: gl.constexpr, CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+                      GROUP: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+                      num_warps: gl.constexpr):
         """One program: 2 x 64 query rows of one (batch, head), programs head by head,
         the last query block (causal: the longest) first."""
         BM: gl.constexpr = q_desc.block_type.shape[0]
         BN: gl.constexpr = k_desc.block_type.shape[0]
-        STAGES: gl.constexpr = 2
         m_blocks = gl.cdiv(sq, 2 * BM)
         pid = gl.program_id(0)
         batch = pid // m_blocks // heads
@@ -389,11 +395,27 @@ def places(q, k, layout):
     return batch, heads, kv_heads, sq, skv, rows, q_place, kv_place, *strides
 
 
-def backward(q, k, v, d_out, lse, delta, needs, *, layout, causal, scale):
+def backward(
+    q,
+    k,
+    v,
+    d_out,
+    lse,
+    delta,
+    needs,
+    *,
+    layout,
+    causal,
+    scale,
+    stages=STAGES,
+    longest_first=LONGEST_FIRST,
+):
     """(dq, dk, dv), each None where needs says it is not wanted, of attention over q, k,
     v (contiguous, 16-byte aligned, bf16 or fp16, one head dim) given d_out (q's shape
     and layout, contiguous), the forward's lse and delta = rowsum(d_out * out), both
-    [batch, heads, q_len] fp32; and the compiled kernels by name (`fusegen inspect`)."""
+    [batch, heads, q_len] fp32; and the compiled kernels by name (`fusegen inspect`).
+    stages and longest_first: what benchmarks/experiments/attention_gluon_backward.py
+    varies."""
     batch, heads, kv_heads, sq, skv, rows, q_place, kv_place, q_strides, kv_strides = places(
         q, k, layout
     )
@@ -402,7 +424,7 @@ def backward(q, k, v, d_out, lse, delta, needs, *, layout, causal, scale):
     q_desc, do_desc = (descriptor(t, rows[0], BLOCK_M, dtype) for t in (q, d_out))
     k_desc, v_desc = (descriptor(t, rows[1], BLOCK_N, dtype) for t in (k, v))
     common = (lse, delta, sq, skv, heads, scale * LOG2E, scale, *q_place, *kv_place)
-    meta = {"GROUP": heads // kv_heads, "CAUSAL": causal, "num_warps": 4}
+    meta = {"GROUP": heads // kv_heads, "CAUSAL": causal, "STAGES": stages, "num_warps": 4}
     d_q = d_k = d_v = None
     compiled = {}
     with torch.cuda.device(q.device):  # Triton launches on the current device
@@ -410,8 +432,9 @@ def backward(q, k, v, d_out, lse, delta, needs, *, layout, causal, scale):
             d_k, d_v = torch.empty_like(k), torch.empty_like(v)
             grid = (triton.cdiv(skv, 2 * BLOCK_N) * batch * kv_heads,)
             compiled["hopper_dkdv"] = _attention_dkdv[grid](
-                q_desc, k_desc, v_desc, do_desc, d_k, d_v, *common, *kv_strides, **meta
-            )
+                q_desc, k_desc, v_desc, do_desc, d_k, d_v, *common, *kv_strides,
+                LONGEST_FIRST=longest_first, **meta,
+            )  # fmt: skip
         if needs[0]:
             d_q = torch.empty_like(q)
             grid = (triton.cdiv(sq, 2 * BLOCK_M) * batch * heads,)
