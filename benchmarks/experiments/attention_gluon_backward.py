@@ -13,6 +13,9 @@ of the backward at the default shape).
         (on an H100/H200: dq, dk and dv against float64, then timed against the
         generated module's backward kernels, FOLDER: benchmarks/specs/attention_anchors.yaml
         built)
+    ncu --profile-from-start off ... python3 benchmarks/experiments/attention_gluon_backward.py
+        --profile --cases causal (one call of each Gluon kernel and of cuDNN's forward and
+        backward, MHA only, profiled)
     python3 benchmarks/experiments/attention_gluon_backward.py --compile
         (CPU: compiled for sm_90; registers, spills and shared memory)
 
@@ -84,6 +87,9 @@ def main() -> int:
     parser.add_argument("--shape", type=int, nargs=4, default=[4, 32, 4096, 128])
     parser.add_argument("--kv-heads", type=int, help="GQA: kv heads (default: MHA)")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--profile", action="store_true", help="one call of each, under the CUDA profiler only"
+    )
     args = parser.parse_args()
     if args.compile:
         for causal, group in ((True, 1), (False, 1), (True, 7)):
@@ -91,12 +97,13 @@ def main() -> int:
         return 0
 
     failed = sum(
-        run_case(case, args.shape, args.kv_heads, args.rounds, args.built) for case in args.cases
+        run_case(case, args.shape, args.kv_heads, args.rounds, args.built, args.profile)
+        for case in args.cases
     )
     return 1 if failed else 0
 
 
-def run_case(case, shape, kv_heads, rounds, built) -> int:
+def run_case(case, shape, kv_heads, rounds, built, profile=False) -> int:
     """dq, dk and dv of one case against float64, then timed; the number of failed
     checks."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -132,6 +139,21 @@ def run_case(case, shape, kv_heads, rounds, built) -> int:
         failed += not ok
         print(f"{case} {name}: max error {error:.2e} of max |grad| {'ok' if ok else 'FAIL'}")
     kv, q_only = (False, True, True), (True, False, False)
+    if profile:  # ncu --profile-from-start off: these calls alone
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+        gluon(kv)
+        gluon(q_only)
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal).backward(
+                d_out
+            )
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+        return failed
     calls = {
         "gluon dk/dv": lambda: gluon(kv),
         "gluon dk/dv longest last": lambda: gluon(kv, longest_first=False),
