@@ -37,7 +37,7 @@ q_desc = ah._descriptor(flat, 256, hb.BLOCK_M, ah.gl.float16)
 kv_desc = ah._descriptor(flat, 256, hb.BLOCK_N, ah.gl.float16)
 names = [p.name for p in kernel.params]
 meta = {"GROUP": group, "CAUSAL": causal, "STAGES": 2, "num_warps": 4}
-meta |= {"LONGEST_FIRST": True} if "LONGEST_FIRST" in names else {}
+meta |= {"LONGEST_FIRST": True, "PAIRED_DOTS": False} if "LONGEST_FIRST" in names else {}
 types = {name: "i32" for name in names}
 for name, desc in zip(names[:4], (q_desc, kv_desc, kv_desc, q_desc)):
     types[name] = triton.runtime.jit.mangle_type(desc)

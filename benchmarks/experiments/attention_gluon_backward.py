@@ -4,7 +4,8 @@ query blocks a one-warp TMA producer streams, for dk and dv; a queries-major ker
 own for dq, so both stay deterministic) checked against float64 and timed against the
 `tl` backward kernels of the generated module (the same module with its Hopper kernels
 turned off), both given the forward's lse; beside the runtime's kernels, dk/dv's programs
-in the other order (causal: the longest last) and three stages for each kernel's ring.
+in the other order (causal: the longest last), three stages for each kernel's ring, and
+dk/dv's dots paired (S^T with dP^T, dV with dK).
 The Gluon timing leaves out delta (the `tl` rows include it: a row-sum kernel, about 2%
 of the backward at the default shape).
 
@@ -36,7 +37,7 @@ import triton
 from fusegen.runtime import attention_hopper, attention_hopper_backward
 
 
-def compile_report(causal=True, dim=128, group=1):
+def compile_report(causal=True, dim=128, group=1, paired_dots=False):
     """Registers, spills and shared memory of the runtime's kernels compiled for sm_90
     (CPU)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -55,11 +56,13 @@ def compile_report(causal=True, dim=128, group=1):
         types |= {n: "*bf16" for n in ("dk_ptr", "dv_ptr", "dq_ptr") if n in names}
         types |= {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "qk_scale": "fp32", "scale": "fp32"}
         meta = {"GROUP": group, "CAUSAL": causal, "STAGES": 2, "num_warps": 4}
-        meta |= {"LONGEST_FIRST": True} if "LONGEST_FIRST" in names else {}
+        meta |= (
+            {"LONGEST_FIRST": True, "PAIRED_DOTS": paired_dots} if "LONGEST_FIRST" in names else {}
+        )
         types |= {name: "constexpr" for name in meta}
         constants = {(names.index(name),): value for name, value in meta.items()}
         compiled = compile_sm90(kernel, types, constants, {"num_warps": 4})
-        print(f"{kernel.__name__} causal={causal} group={group}: "
+        print(f"{kernel.__name__} causal={causal} group={group} paired={paired_dots}: "
               f"{ptxas_report(compiled.asm['ptx'])} | "
               f"shared {compiled.metadata.shared} bytes", flush=True)  # fmt: skip
 
@@ -92,8 +95,9 @@ def main() -> int:
     )
     args = parser.parse_args()
     if args.compile:
-        for causal, group in ((True, 1), (False, 1), (True, 7)):
-            compile_report(causal, group=group)
+        for causal, group, paired in ((True, 1, False), (False, 1, False), (True, 7, False),
+                                      (True, 1, True), (False, 1, True)):  # fmt: skip
+            compile_report(causal, group=group, paired_dots=paired)
         return 0
 
     failed = sum(
@@ -127,17 +131,19 @@ def run_case(case, shape, kv_heads, rounds, built, profile=False) -> int:
             **variant,
         )[0]  # fmt: skip
 
-    grads = gluon((True, True, True))
     # The first batch entry's first kv head and its query heads, in float64.
     q_part, kv_part = (slice(0, 1), slice(0, group)), (slice(0, 1), slice(0, 1))
     parts = (q_part, kv_part, kv_part)
     wants = reference_grads(q[q_part], k[kv_part], v[kv_part], d_out[q_part], causal)
     failed = 0
-    for name, got, want, part in zip(("dq", "dk", "dv"), grads, wants, parts, strict=True):
-        error = (got[part].double() - want).abs().max().item() / want.abs().max().item()
-        ok = error < 2e-2
-        failed += not ok
-        print(f"{case} {name}: max error {error:.2e} of max |grad| {'ok' if ok else 'FAIL'}")
+    for variant, knobs in (("", {}), (" (paired dots)", {"paired_dots": True})):
+        grads = gluon((True, True, True), **knobs)
+        for name, got, want, part in zip(("dq", "dk", "dv"), grads, wants, parts, strict=True):
+            error = (got[part].double() - want).abs().max().item() / want.abs().max().item()
+            ok = error < 2e-2
+            failed += not ok
+            print(f"{case} {name}{variant}: max error {error:.2e} of max |grad| "
+                  f"{'ok' if ok else 'FAIL'}")  # fmt: skip
     kv, q_only = (False, True, True), (True, False, False)
     if profile:  # ncu --profile-from-start off: these calls alone
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -158,6 +164,7 @@ def run_case(case, shape, kv_heads, rounds, built, profile=False) -> int:
         "gluon dk/dv": lambda: gluon(kv),
         "gluon dk/dv longest last": lambda: gluon(kv, longest_first=False),
         "gluon dk/dv 3 stages": lambda: gluon(kv, stages=3),
+        "gluon dk/dv paired dots": lambda: gluon(kv, paired_dots=True),
         "gluon dq": lambda: gluon(q_only),
         "gluon dq 3 stages": lambda: gluon(q_only, stages=3),
         "gluon dk/dv + dq": lambda: gluon((True, True, True)),

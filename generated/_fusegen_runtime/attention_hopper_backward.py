@@ -31,9 +31,10 @@ from . import attention_hopper
 
 LOG2E = attention_hopper.LOG2E
 # Query rows a step, keys a consumer (two consumers a program), the ring's stages; the
-# dk/dv programs' order (causal: the first keys, which see the most query blocks, first).
-# The experiment varies the last two.
-BLOCK_M, BLOCK_N, STAGES, LONGEST_FIRST = 64, 64, 2, True
+# dk/dv programs' order (causal: the first keys, which see the most query blocks, first);
+# whether dk/dv issues S^T with dP^T and dV with dK (else dV with dP^T). The experiment
+# varies the last three.
+BLOCK_M, BLOCK_N, STAGES, LONGEST_FIRST, PAIRED_DOTS = 64, 64, 2, True, False
 
 if attention_hopper.AVAILABLE:
     from triton.experimental import gluon
@@ -66,7 +67,8 @@ if attention_hopper.AVAILABLE:
     @gluon.jit
     def _kv_consume(descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
                     heads, qk_scale, scale, strides, GROUP: gl.constexpr,
-                    CAUSAL: gl.constexpr, PART: gl.constexpr, num_warps: gl.constexpr):
+                    CAUSAL: gl.constexpr, PAIRED_DOTS: gl.constexpr, PART: gl.constexpr,
+                    num_warps: gl.constexpr):
         """Consumer PART: its 64 keys over every query block the producer streams (each
         query head of the kv head in turn); then its rows of dk and dv."""
         q_desc, k_desc, v_desc, do_desc = descs
@@ -102,7 +104,14 @@ if attention_hopper.AVAILABLE:
             lse, delta = _row_terms(lse_ptr, delta_ptr, (batch * heads + head).to(gl.int64) * sq,
                                     rows, sq)
             mbarrier.wait(ready.index(stage), (i // STAGES) & 1)
-            s = warpgroup_mma(k_smem, q_smem.permute((1, 0)), s_zero, use_acc=False)
+            if PAIRED_DOTS:  # S^T with dP^T, then dV with dK: two waits a block
+                s_tok = warpgroup_mma(k_smem, q_smem.permute((1, 0)), s_zero, use_acc=False,
+                                      is_async=True)
+                dp_tok = warpgroup_mma(v_smem, do_smem.permute((1, 0)), s_zero,
+                                       use_acc=False, is_async=True)
+                s = warpgroup_mma_wait(1, deps=(s_tok,))
+            else:
+                s = warpgroup_mma(k_smem, q_smem.permute((1, 0)), s_zero, use_acc=False)
             p = gl.exp2(s * qk_scale - lse[None, :])
             # Masked only where a block crosses the diagonal (queries before a key see
             # none of it) or the last key.
@@ -112,13 +121,20 @@ if attention_hopper.AVAILABLE:
                     seen = seen & (keys[:, None] <= rows[None, :])
                 p = gl.where(seen, p, 0.0)
             p_a = gl.convert_layout(p.to(dtype), a_layout)
-            dv_tok = warpgroup_mma(p_a, do_smem, dv, is_async=True)
-            dp_tok = warpgroup_mma(v_smem, do_smem.permute((1, 0)), s_zero, use_acc=False,
-                                   is_async=True)
-            dp = warpgroup_mma_wait(0, deps=(dp_tok,))
-            dv = warpgroup_mma_wait(0, deps=(dv_tok,))
-            ds_a = gl.convert_layout((p * (dp - delta[None, :])).to(dtype), a_layout)
-            dk = warpgroup_mma(ds_a, q_smem, dk)
+            if PAIRED_DOTS:
+                dp = warpgroup_mma_wait(0, deps=(dp_tok,))
+                ds_a = gl.convert_layout((p * (dp - delta[None, :])).to(dtype), a_layout)
+                dv_tok = warpgroup_mma(p_a, do_smem, dv, is_async=True)
+                dk_tok = warpgroup_mma(ds_a, q_smem, dk, is_async=True)
+                dv, dk, p_a, ds_a = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_a, ds_a))
+            else:
+                dv_tok = warpgroup_mma(p_a, do_smem, dv, is_async=True)
+                dp_tok = warpgroup_mma(v_smem, do_smem.permute((1, 0)), s_zero,
+                                       use_acc=False, is_async=True)
+                dp = warpgroup_mma_wait(0, deps=(dp_tok,))
+                dv = warpgroup_mma_wait(0, deps=(dv_tok,))
+                ds_a = gl.convert_layout((p * (dp - delta[None, :])).to(dtype), a_layout)
+                dk = warpgroup_mma(ds_a, q_smem, dk)
             mbarrier.arrive(empty.index(stage))
 
         stride_b, stride_h, stride_s = strides
@@ -130,7 +146,8 @@ if attention_hopper.AVAILABLE:
     @gluon.jit
     def _kv_produce(descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
                     heads, qk_scale, scale, q_place, GROUP: gl.constexpr,
-                    CAUSAL: gl.constexpr, PART: gl.constexpr, num_warps: gl.constexpr):
+                    CAUSAL: gl.constexpr, PAIRED_DOTS: gl.constexpr, PART: gl.constexpr,
+                    num_warps: gl.constexpr):
         """The producer warp: both consumers' K and V, then each query block's q and
         d_out into the ring once both consumers have released its stage (a fresh
         mbarrier counts as having completed the phase before 0)."""
@@ -166,7 +183,8 @@ if attention_hopper.AVAILABLE:
                         q_rows_b, q_rows_h, q_cols_h, kv_rows_b, kv_rows_h, kv_cols_h,
                         stride_kv_b, stride_kv_h, stride_kv_s,
                         GROUP: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                        LONGEST_FIRST: gl.constexpr, num_warps: gl.constexpr):
+                        LONGEST_FIRST: gl.constexpr, PAIRED_DOTS: gl.constexpr,
+                        num_warps: gl.constexpr):
         """One program: 2 x 64 keys of one (batch, kv head), programs kv head by kv head,
         causal, the first keys (the most query blocks) first or last. A tile's place in
         the [rows, dim] views as in attention_hopper's forward."""
@@ -213,11 +231,14 @@ if attention_hopper.AVAILABLE:
         # (Constexprs keep their kind only written out in each partition's tuple.)
         gl.warp_specialize([
             (_kv_consume, (descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
-                           heads, qk_scale, scale, out_strides, GROUP, CAUSAL, 0, num_warps)),
+                           heads, qk_scale, scale, out_strides, GROUP, CAUSAL, PAIRED_DOTS, 0,
+                           num_warps)),
             (_kv_consume, (descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
-                           heads, qk_scale, scale, out_strides, GROUP, CAUSAL, 1, num_warps)),
+                           heads, qk_scale, scale, out_strides, GROUP, CAUSAL, PAIRED_DOTS, 1,
+                           num_warps)),
             (_kv_produce, (descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
-                           heads, qk_scale, scale, q_place, GROUP, CAUSAL, 0, num_warps)),
+                           heads, qk_scale, scale, q_place, GROUP, CAUSAL, PAIRED_DOTS, 0,
+                           num_warps)),
         ], [num_warps, 1], [240, 24])
 
     @gluon.jit
@@ -409,13 +430,14 @@ def backward(
     scale,
     stages=STAGES,
     longest_first=LONGEST_FIRST,
+    paired_dots=PAIRED_DOTS,
 ):
     """(dq, dk, dv), each None where needs says it is not wanted, of attention over q, k,
     v (contiguous, 16-byte aligned, bf16 or fp16, one head dim) given d_out (q's shape
     and layout, contiguous), the forward's lse and delta = rowsum(d_out * out), both
     [batch, heads, q_len] fp32; and the compiled kernels by name (`fusegen inspect`).
-    stages and longest_first: what benchmarks/experiments/attention_gluon_backward.py
-    varies."""
+    stages, longest_first and paired_dots: what
+    benchmarks/experiments/attention_gluon_backward.py varies."""
     batch, heads, kv_heads, sq, skv, rows, q_place, kv_place, q_strides, kv_strides = places(
         q, k, layout
     )
@@ -433,7 +455,7 @@ def backward(
             grid = (triton.cdiv(skv, 2 * BLOCK_N) * batch * kv_heads,)
             compiled["hopper_dkdv"] = _attention_dkdv[grid](
                 q_desc, k_desc, v_desc, do_desc, d_k, d_v, *common, *kv_strides,
-                LONGEST_FIRST=longest_first, **meta,
+                LONGEST_FIRST=longest_first, PAIRED_DOTS=paired_dots, **meta,
             )  # fmt: skip
         if needs[0]:
             d_q = torch.empty_like(q)
