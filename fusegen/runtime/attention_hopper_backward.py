@@ -202,9 +202,9 @@ if attention_hopper.AVAILABLE:
     def _attention_dkdv(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr,
                         sq, skv, heads, qk_scale, scale,
                         q_rows_b, q_rows_h, q_cols_h, kv_rows_b, kv_rows_h, kv_cols_h,
-                        stride_kv_b, stride_kv_h, stride_kv_s,
+                        stride_kv_b, stride_kv_h, stride_kv_s, dq_ptr,
                         GROUP: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                        dq_ptr, LONGEST_FIRST: gl.constexpr, PAIRED_DOTS: gl.constexpr,
+                        LONGEST_FIRST: gl.constexpr, PAIRED_DOTS: gl.constexpr,
                         FUSED_DQ: gl.constexpr, num_warps: gl.constexpr):
         """One program: 2 x 64 keys of one (batch, kv head), programs kv head by kv head,
         causal, the first keys (the most query blocks) first or last. A tile's place in
