@@ -38,12 +38,11 @@ kv_desc = ah._descriptor(flat, 256, hb.BLOCK_N, ah.gl.float16)
 names = [p.name for p in kernel.params]
 meta = {"GROUP": group, "CAUSAL": causal, "STAGES": 2, "num_warps": 4}
 if "LONGEST_FIRST" in names:
-    meta |= {"LONGEST_FIRST": True, "PAIRED_DOTS": False, "FUSED_DQ": False}
+    meta |= {"LONGEST_FIRST": True, "PAIRED_DOTS": True}
 types = {name: "i32" for name in names}
 for name, desc in zip(names[:4], (q_desc, kv_desc, kv_desc, q_desc)):
     types[name] = triton.runtime.jit.mangle_type(desc)
 types |= {n: "*fp16" for n in ("dq_ptr", "dk_ptr", "dv_ptr") if n in names}
-types |= {"dq_ptr": "*fp32"} if "dk_ptr" in names else {}
 types |= {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "qk_scale": "fp32", "scale": "fp32"}
 types |= {name: "constexpr" for name in meta}
 constants = {(names.index(name),): value for name, value in meta.items()}

@@ -5,9 +5,10 @@ own for dq, so both stay deterministic) checked against float64 and timed agains
 `tl` backward kernels of the generated module (the same module with its Hopper kernels
 turned off), both given the forward's lse; beside the runtime's kernels, dk/dv's programs
 in the other order (causal: the longest last), three stages for each kernel's ring, and
-dk/dv's dots paired (S^T with dP^T, dV with dK) or not (dV with dP^T): the runtime pairs
-them without a mask only; and dq fused into the dk/dv kernel by fp32 atomics (FA3's way;
-the dq kernel recomputes S and dP: 7 dots where a fused backward has 5).
+dk/dv's unmasked blocks' dots paired (S^T with dP^T, dV with dK, the runtime's) or not
+(dV with dP^T). dq fused into the dk/dv kernel by fp32 atomics (FA3's way: the dq kernel
+recomputes S and dP, 7 dots where a fused backward has 5) ran 46-51% slower and was
+removed: commit 766cccd has it (`fused_dq=True`).
 The Gluon timing leaves out delta (the `tl` rows include it: a row-sum kernel, about 2%
 of the backward at the default shape).
 
@@ -39,7 +40,7 @@ import triton
 from fusegen.runtime import attention_hopper, attention_hopper_backward
 
 
-def compile_report(causal=True, dim=128, group=1, paired_dots=False, fused_dq=False):
+def compile_report(causal=True, dim=128, group=1, paired_dots=True):
     """Registers, spills and shared memory of the runtime's kernels compiled for sm_90
     (CPU)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -56,20 +57,16 @@ def compile_report(causal=True, dim=128, group=1, paired_dots=False, fused_dq=Fa
         for name, desc in zip(names[:4], (q_desc, kv_desc, kv_desc, q_desc), strict=True):
             types[name] = triton.runtime.jit.mangle_type(desc)
         types |= {n: "*bf16" for n in ("dk_ptr", "dv_ptr", "dq_ptr") if n in names}
-        if "dk_ptr" in names:
-            types["dq_ptr"] = "*fp32"
         types |= {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "qk_scale": "fp32", "scale": "fp32"}
         meta = {"GROUP": group, "CAUSAL": causal, "STAGES": 2, "num_warps": 4}
         meta |= (
-            {"LONGEST_FIRST": True, "PAIRED_DOTS": paired_dots, "FUSED_DQ": fused_dq}
-            if "LONGEST_FIRST" in names
-            else {}
+            {"LONGEST_FIRST": True, "PAIRED_DOTS": paired_dots} if "LONGEST_FIRST" in names else {}
         )
         types |= {name: "constexpr" for name in meta}
         constants = {(names.index(name),): value for name, value in meta.items()}
         compiled = compile_sm90(kernel, types, constants, {"num_warps": 4})
         print(f"{kernel.__name__} causal={causal} group={group} paired={paired_dots} "
-              f"fused dq={fused_dq}: "
+              ": "
               f"{ptxas_report(compiled.asm['ptx'])} | "
               f"shared {compiled.metadata.shared} bytes", flush=True)  # fmt: skip
 
@@ -102,12 +99,10 @@ def main() -> int:
     )
     args = parser.parse_args()
     if args.compile:
-        for causal, group, paired, fused in (
-            (True, 1, False, False), (False, 1, False, False), (True, 7, False, False),
-            (True, 1, True, False), (False, 1, True, False),
-            (True, 1, False, True), (False, 1, False, True),
+        for causal, group, paired in (
+            (True, 1, True), (False, 1, True), (True, 7, True), (True, 1, False),
         ):  # fmt: skip
-            compile_report(causal, group=group, paired_dots=paired, fused_dq=fused)
+            compile_report(causal, group=group, paired_dots=paired)
         return 0
 
     failed = sum(
@@ -146,11 +141,7 @@ def run_case(case, shape, kv_heads, rounds, built, profile=False) -> int:
     parts = (q_part, kv_part, kv_part)
     wants = reference_grads(q[q_part], k[kv_part], v[kv_part], d_out[q_part], causal)
     failed = 0
-    checked = {
-        "": {"paired_dots": False},
-        " (paired dots)": {"paired_dots": True},
-        " (fused dq)": {"fused_dq": True},
-    }
+    checked = {"": {}, " (unpaired dots)": {"paired_dots": False}}
     for variant, knobs in checked.items():
         grads = gluon((True, True, True), **knobs)
         for name, got, want, part in zip(("dq", "dk", "dv"), grads, wants, parts, strict=True):
@@ -184,7 +175,6 @@ def run_case(case, shape, kv_heads, rounds, built, profile=False) -> int:
         "gluon dq": lambda: gluon(q_only),
         "gluon dq 3 stages": lambda: gluon(q_only, stages=3),
         "gluon dk/dv + dq": lambda: gluon((True, True, True)),
-        "gluon dk/dv + fused dq": lambda: gluon((True, True, True), fused_dq=True),
     }
     if built and group == 1:
         name = f"anchor_attention_{case}"

@@ -31,17 +31,15 @@ from . import attention_hopper
 
 LOG2E = attention_hopper.LOG2E
 # Query rows a step, keys a consumer (two consumers a program), the ring's stages; the
-# dk/dv programs' order (causal: the first keys, which see the most query blocks, first).
-# The experiment varies the last two, and whether dk/dv issues S^T with dP^T and dV with
-# dK (paired_dots; else dV with dP^T): paired without a mask, where it ran 6% faster, not
-# causal, where its spills (292 bytes against 60) made it 11% slower.
-BLOCK_M, BLOCK_N, STAGES, LONGEST_FIRST = 64, 64, 2, True
+# dk/dv programs' order (causal: the first keys, which see the most query blocks, first);
+# whether dk/dv's unmasked blocks issue S^T with dP^T and dV with dK (else dV with dP^T;
+# the masked blocks do, where the pairing spilled). The experiment varies the last three.
+BLOCK_M, BLOCK_N, STAGES, LONGEST_FIRST, PAIRED_DOTS = 64, 64, 2, True, True
 
 if attention_hopper.AVAILABLE:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared,
         mbarrier,
         tma,
         warpgroup_mma,
@@ -67,98 +65,122 @@ if attention_hopper.AVAILABLE:
         gl.store(ptr + offsets, tile, mask=(rows < n_rows)[:, None])
 
     @gluon.jit
-    def _kv_consume(descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
-                    heads, qk_scale, scale, strides, dq_ptr, GROUP: gl.constexpr,
-                    CAUSAL: gl.constexpr, PAIRED_DOTS: gl.constexpr, FUSED_DQ: gl.constexpr,
-                    PART: gl.constexpr, num_warps: gl.constexpr):
-        """Consumer PART: its 64 keys over every query block the producer streams (each
-        query head of the kv head in turn); then its rows of dk and dv."""
-        q_desc, k_desc, v_desc, do_desc = descs
-        q_bufs, do_bufs, k_bufs, v_bufs, ds_bufs = bufs
-        kv_ready, ready, empty = bars
-        batch, kv_head, key0, first_block, n_blocks, kv_row, kv_col = at
-        BM: gl.constexpr = q_desc.block_type.shape[0]
-        BN: gl.constexpr = k_desc.block_type.shape[0]
-        DIM: gl.constexpr = q_desc.block_type.shape[1]
-        STAGES: gl.constexpr = q_bufs.type.shape[0]
+    def _kv_step(q_smem, do_smem, k_smem, v_smem, dk, dv, lse, delta, keys, rows, skv,
+                 qk_scale, CAUSAL: gl.constexpr, MASKED: gl.constexpr, PAIRED: gl.constexpr,
+                 num_warps: gl.constexpr):
+        """One query block into a consumer's dK and dV. PAIRED: S^T issued with dP^T,
+        then dV with dK (two waits a block); else dV with dP^T (three)."""
+        BN: gl.constexpr = k_smem.type.shape[0]
+        BM: gl.constexpr = q_smem.type.shape[0]
+        DIM: gl.constexpr = q_smem.type.shape[1]
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BM, 16])
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, DIM, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout,
                                                      k_width=2)
+        dtype: gl.constexpr = q_smem.dtype
+        s_zero = gl.zeros([BN, BM], gl.float32, layout=s_layout)
+        if PAIRED:
+            s_tok = warpgroup_mma(k_smem, q_smem.permute((1, 0)), s_zero, use_acc=False,
+                                  is_async=True)
+            dp_tok = warpgroup_mma(v_smem, do_smem.permute((1, 0)), s_zero, use_acc=False,
+                                   is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s_tok,))
+        else:
+            s = warpgroup_mma(k_smem, q_smem.permute((1, 0)), s_zero, use_acc=False)
+        p = gl.exp2(s * qk_scale - lse[None, :])
+        if MASKED:  # the diagonal (queries before a key see none of it), the last key
+            seen = keys[:, None] < skv
+            if CAUSAL:
+                seen = seen & (keys[:, None] <= rows[None, :])
+            p = gl.where(seen, p, 0.0)
+        p_a = gl.convert_layout(p.to(dtype), a_layout)
+        if PAIRED:
+            dp = warpgroup_mma_wait(0, deps=(dp_tok,))
+            ds_a = gl.convert_layout((p * (dp - delta[None, :])).to(dtype), a_layout)
+            dv_tok = warpgroup_mma(p_a, do_smem, dv, is_async=True)
+            dk_tok = warpgroup_mma(ds_a, q_smem, dk, is_async=True)
+            dv, dk, p_a, ds_a = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_a, ds_a))
+        else:
+            dv_tok = warpgroup_mma(p_a, do_smem, dv, is_async=True)
+            dp_tok = warpgroup_mma(v_smem, do_smem.permute((1, 0)), s_zero, use_acc=False,
+                                   is_async=True)
+            dp = warpgroup_mma_wait(0, deps=(dp_tok,))
+            dv = warpgroup_mma_wait(0, deps=(dv_tok,))
+            ds_a = gl.convert_layout((p * (dp - delta[None, :])).to(dtype), a_layout)
+            dk = warpgroup_mma(ds_a, q_smem, dk)
+        return dk, dv
+
+    @gluon.jit
+    def _kv_blocks(bufs, bars, dk, dv, lse_ptr, delta_ptr, row_base, keys, i, row0, end,
+                   sq, skv, qk_scale, CAUSAL: gl.constexpr, MASKED: gl.constexpr,
+                   PAIRED: gl.constexpr, num_warps: gl.constexpr):
+        """Query blocks from row0 to end (one head's) into dK and dV, i: the ring's count
+        so far; returns dk, dv and the count."""
+        q_bufs, do_bufs, k_smem, v_smem = bufs
+        ready, empty = bars
+        BM: gl.constexpr = q_bufs.type.shape[1]
+        STAGES: gl.constexpr = q_bufs.type.shape[0]
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BM, 16])
+        for start in range(row0, end, BM):
+            stage = i % STAGES
+            rows = start + gl.arange(0, BM, layout=gl.SliceLayout(0, s_layout))
+            lse, delta = _row_terms(lse_ptr, delta_ptr, row_base, rows, sq)
+            mbarrier.wait(ready.index(stage), (i // STAGES) & 1)
+            dk, dv = _kv_step(q_bufs.index(stage), do_bufs.index(stage), k_smem, v_smem, dk,
+                              dv, lse, delta, keys, rows, skv, qk_scale, CAUSAL, MASKED,
+                              PAIRED and not MASKED, num_warps)
+            mbarrier.arrive(empty.index(stage))
+            i += 1
+        return dk, dv, i
+
+    @gluon.jit
+    def _kv_consume(descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
+                    heads, qk_scale, scale, strides, GROUP: gl.constexpr,
+                    CAUSAL: gl.constexpr, PAIRED_DOTS: gl.constexpr, PART: gl.constexpr,
+                    num_warps: gl.constexpr):
+        """Consumer PART: its 64 keys over every query block the producer streams (each
+        query head of the kv head in turn): a head's blocks that need a mask (causal: those
+        that cross the diagonal; all, where the keys run past the last) by one loop, the
+        rest by another without the mask's code; then its rows of dk and dv."""
+        q_desc, k_desc, v_desc, do_desc = descs
+        q_bufs, do_bufs, k_bufs, v_bufs = bufs
+        kv_ready, ready, empty = bars
+        batch, kv_head, key0, first_block, n_blocks, kv_row, kv_col = at
+        BM: gl.constexpr = q_desc.block_type.shape[0]
+        BN: gl.constexpr = k_desc.block_type.shape[0]
+        DIM: gl.constexpr = q_desc.block_type.shape[1]
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BM, 16])
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, DIM, 16])
         dtype: gl.constexpr = q_desc.dtype
         key0 = key0 + PART * BN
-        k_smem = k_bufs.index(PART)
-        v_smem = v_bufs.index(PART)
-        s_zero = gl.zeros([BN, BM], gl.float32, layout=s_layout)
         dk = gl.zeros([BN, DIM], gl.float32, layout=acc_layout)
         dv = gl.zeros([BN, DIM], gl.float32, layout=acc_layout)
         keys = key0 + gl.arange(0, BN, layout=gl.SliceLayout(1, s_layout))
-        ds_smem = ds_bufs.index(PART)
-        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, DIM // 2, 16])
-        dq_zero = gl.zeros([BM, DIM // 2], gl.float32, layout=dq_layout)
-        dq_cols = gl.arange(0, DIM // 2, layout=gl.SliceLayout(0, dq_layout))
+        row0 = first_block * BM
+        end = (first_block + n_blocks) * BM
+        if key0 + BN > skv:
+            split = end
+        elif CAUSAL:  # the blocks that start before this consumer's last key
+            split = gl.minimum(gl.cdiv(key0 + BN, BM) * BM, end)
+        else:
+            split = row0
+        step_bufs = (q_bufs, do_bufs, k_bufs.index(PART), v_bufs.index(PART))
+        step_bars = (ready, empty)
         mbarrier.wait(kv_ready.index(PART), 0)
-        for i in range(GROUP * n_blocks):
-            stage = i % STAGES
-            q_smem = q_bufs.index(stage)
-            do_smem = do_bufs.index(stage)
-            head = kv_head * GROUP + i // n_blocks
-            row0 = (first_block + i % n_blocks) * BM
-            rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(0, s_layout))
-            row_base = (batch * heads + head).to(gl.int64) * sq
-            lse, delta = _row_terms(lse_ptr, delta_ptr, row_base, rows, sq)
-            mbarrier.wait(ready.index(stage), (i // STAGES) & 1)
-            if PAIRED_DOTS:  # S^T with dP^T, then dV with dK: two waits a block
-                s_tok = warpgroup_mma(k_smem, q_smem.permute((1, 0)), s_zero, use_acc=False,
-                                      is_async=True)
-                dp_tok = warpgroup_mma(v_smem, do_smem.permute((1, 0)), s_zero,
-                                       use_acc=False, is_async=True)
-                s = warpgroup_mma_wait(1, deps=(s_tok,))
-            else:
-                s = warpgroup_mma(k_smem, q_smem.permute((1, 0)), s_zero, use_acc=False)
-            p = gl.exp2(s * qk_scale - lse[None, :])
-            # Masked only where a block crosses the diagonal (queries before a key see
-            # none of it) or the last key.
-            if (CAUSAL and row0 < key0 + BN) or key0 + BN > skv:
-                seen = keys[:, None] < skv
-                if CAUSAL:
-                    seen = seen & (keys[:, None] <= rows[None, :])
-                p = gl.where(seen, p, 0.0)
-            p_a = gl.convert_layout(p.to(dtype), a_layout)
-            if PAIRED_DOTS:
-                dp = warpgroup_mma_wait(0, deps=(dp_tok,))
-                ds_a = gl.convert_layout((p * (dp - delta[None, :])).to(dtype), a_layout)
-                dv_tok = warpgroup_mma(p_a, do_smem, dv, is_async=True)
-                dk_tok = warpgroup_mma(ds_a, q_smem, dk, is_async=True)
-                dv, dk, p_a, ds_a = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_a, ds_a))
-            else:
-                dv_tok = warpgroup_mma(p_a, do_smem, dv, is_async=True)
-                dp_tok = warpgroup_mma(v_smem, do_smem.permute((1, 0)), s_zero,
-                                       use_acc=False, is_async=True)
-                dp = warpgroup_mma_wait(0, deps=(dp_tok,))
-                dv = warpgroup_mma_wait(0, deps=(dv_tok,))
-                if FUSED_DQ:
-                    # dS^T through shared memory: dK's A as it is, dq's transposed.
-                    ds_smem.store((p * (dp - delta[None, :])).to(dtype))
-                    fence_async_shared()
-                    dk = warpgroup_mma(ds_smem, q_smem, dk)
-                    # dq's rows in two halves of the head dim: 32 registers a thread
-                    # at a time beside dK's and dV's 128.
-                    q_rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, dq_layout))
-                    at_rows = (row_base + q_rows)[:, None] * DIM + dq_cols[None, :]
-                    for half in gl.static_range(2):
-                        dq = warpgroup_mma(ds_smem.permute((1, 0)),
-                                           k_smem.slice(half * (DIM // 2), DIM // 2, dim=1),
-                                           dq_zero, use_acc=False)
-                        gl.atomic_add(dq_ptr + at_rows + half * (DIM // 2), dq,
-                                      mask=(q_rows < sq)[:, None], sem="relaxed")
-                else:
-                    ds_a = gl.convert_layout((p * (dp - delta[None, :])).to(dtype), a_layout)
-                    dk = warpgroup_mma(ds_a, q_smem, dk)
-            mbarrier.arrive(empty.index(stage))
+        i = 0
+        for h in range(GROUP):
+            row_base = (batch * heads + kv_head * GROUP + h).to(gl.int64) * sq
+            dk, dv, i = _kv_blocks(step_bufs, step_bars, dk, dv, lse_ptr, delta_ptr, row_base,
+                                   keys, i, row0, split, sq, skv, qk_scale, CAUSAL, True,
+                                   PAIRED_DOTS, num_warps)
+            dk, dv, i = _kv_blocks(step_bufs, step_bars, dk, dv, lse_ptr, delta_ptr, row_base,
+                                   keys, i, split, end, sq, skv, qk_scale, CAUSAL, False,
+                                   PAIRED_DOTS, num_warps)
 
         stride_b, stride_h, stride_s = strides
         base = batch.to(gl.int64) * stride_b + kv_head * stride_h
@@ -168,14 +190,14 @@ if attention_hopper.AVAILABLE:
 
     @gluon.jit
     def _kv_produce(descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
-                    heads, qk_scale, scale, q_place, dq_ptr, GROUP: gl.constexpr,
-                    CAUSAL: gl.constexpr, PAIRED_DOTS: gl.constexpr, FUSED_DQ: gl.constexpr,
-                    PART: gl.constexpr, num_warps: gl.constexpr):
+                    heads, qk_scale, scale, q_place, GROUP: gl.constexpr,
+                    CAUSAL: gl.constexpr, PAIRED_DOTS: gl.constexpr, PART: gl.constexpr,
+                    num_warps: gl.constexpr):
         """The producer warp: both consumers' K and V, then each query block's q and
         d_out into the ring once both consumers have released its stage (a fresh
         mbarrier counts as having completed the phase before 0)."""
         q_desc, k_desc, v_desc, do_desc = descs
-        q_bufs, do_bufs, k_bufs, v_bufs, ds_bufs = bufs
+        q_bufs, do_bufs, k_bufs, v_bufs = bufs
         kv_ready, ready, empty = bars
         batch, kv_head, key0, first_block, n_blocks, kv_row, kv_col = at
         q_rows_b, q_rows_h, q_cols_h = q_place
@@ -204,10 +226,10 @@ if attention_hopper.AVAILABLE:
     def _attention_dkdv(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr,
                         sq, skv, heads, qk_scale, scale,
                         q_rows_b, q_rows_h, q_cols_h, kv_rows_b, kv_rows_h, kv_cols_h,
-                        stride_kv_b, stride_kv_h, stride_kv_s, dq_ptr,
+                        stride_kv_b, stride_kv_h, stride_kv_s,
                         GROUP: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                         LONGEST_FIRST: gl.constexpr, PAIRED_DOTS: gl.constexpr,
-                        FUSED_DQ: gl.constexpr, num_warps: gl.constexpr):
+                        num_warps: gl.constexpr):
         """One program: 2 x 64 keys of one (batch, kv head), programs kv head by kv head,
         causal, the first keys (the most query blocks) first or last. A tile's place in
         the [rows, dim] views as in attention_hopper's forward."""
@@ -237,11 +259,6 @@ if attention_hopper.AVAILABLE:
                                            k_desc.layout)
         v_bufs = gl.allocate_shared_memory(v_desc.dtype, [2] + v_desc.block_type.shape,
                                            v_desc.layout)
-        if FUSED_DQ:
-            ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BM], k_desc.dtype)
-            ds_bufs = gl.allocate_shared_memory(k_desc.dtype, [2, BN, BM], ds_layout)
-        else:
-            ds_bufs = k_bufs  # unused
         kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -251,7 +268,7 @@ if attention_hopper.AVAILABLE:
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=2)
         descs = (q_desc, k_desc, v_desc, do_desc)
-        bufs = (q_bufs, do_bufs, k_bufs, v_bufs, ds_bufs)
+        bufs = (q_bufs, do_bufs, k_bufs, v_bufs)
         bars = (kv_ready, ready, empty)
         at = (batch, kv_head, key0, first_block, n_blocks, kv_row, kv_head * kv_cols_h)
         out_strides = (stride_kv_b, stride_kv_h, stride_kv_s)
@@ -259,14 +276,14 @@ if attention_hopper.AVAILABLE:
         # (Constexprs keep their kind only written out in each partition's tuple.)
         gl.warp_specialize([
             (_kv_consume, (descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
-                           heads, qk_scale, scale, out_strides, dq_ptr, GROUP, CAUSAL, PAIRED_DOTS,
-                           FUSED_DQ, 0, num_warps)),
+                           heads, qk_scale, scale, out_strides, GROUP, CAUSAL, PAIRED_DOTS, 0,
+                           num_warps)),
             (_kv_consume, (descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
-                           heads, qk_scale, scale, out_strides, dq_ptr, GROUP, CAUSAL, PAIRED_DOTS,
-                           FUSED_DQ, 1, num_warps)),
+                           heads, qk_scale, scale, out_strides, GROUP, CAUSAL, PAIRED_DOTS, 1,
+                           num_warps)),
             (_kv_produce, (descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
-                           heads, qk_scale, scale, q_place, dq_ptr, GROUP, CAUSAL, PAIRED_DOTS,
-                           FUSED_DQ, 0, num_warps)),
+                           heads, qk_scale, scale, q_place, GROUP, CAUSAL, PAIRED_DOTS, 0,
+                           num_warps)),
         ], [num_warps, 1], [240, 24])
 
     @gluon.jit
@@ -445,29 +462,15 @@ def places(q, k, layout):
 
 
 def backward(
-    q,
-    k,
-    v,
-    d_out,
-    lse,
-    delta,
-    needs,
-    *,
-    layout,
-    causal,
-    scale,
-    stages=STAGES,
-    longest_first=LONGEST_FIRST,
-    paired_dots=None,
-    fused_dq=False,
-):
+    q, k, v, d_out, lse, delta, needs, *, layout, causal, scale,
+    stages=STAGES, longest_first=LONGEST_FIRST, paired_dots=PAIRED_DOTS,
+):  # fmt: skip
     """(dq, dk, dv), each None where needs says it is not wanted, of attention over q, k,
     v (contiguous, 16-byte aligned, bf16 or fp16, one head dim) given d_out (q's shape
     and layout, contiguous), the forward's lse and delta = rowsum(d_out * out), both
     [batch, heads, q_len] fp32; and the compiled kernels by name (`fusegen inspect`).
-    stages, longest_first, paired_dots and fused_dq (dq from the dk/dv kernel by fp32
-    atomics, FA3's way): what benchmarks/experiments/attention_gluon_backward.py
-    varies."""
+    stages, longest_first and paired_dots: what
+    benchmarks/experiments/attention_gluon_backward.py varies."""
     batch, heads, kv_heads, sq, skv, rows, q_place, kv_place, q_strides, kv_strides = places(
         q, k, layout
     )
@@ -479,26 +482,15 @@ def backward(
     meta = {"GROUP": heads // kv_heads, "CAUSAL": causal, "STAGES": stages, "num_warps": 4}
     d_q = d_k = d_v = None
     compiled = {}
-    fused_dq = fused_dq and needs[0] and (needs[1] or needs[2])
-    dq_acc = (
-        torch.zeros((batch, heads, sq, q.shape[-1]), dtype=torch.float32, device=q.device)
-        if fused_dq
-        else lse
-    )
     with torch.cuda.device(q.device):  # Triton launches on the current device
         if needs[1] or needs[2]:
             d_k, d_v = torch.empty_like(k), torch.empty_like(v)
             grid = (triton.cdiv(skv, 2 * BLOCK_N) * batch * kv_heads,)
             compiled["hopper_dkdv"] = _attention_dkdv[grid](
-                q_desc, k_desc, v_desc, do_desc, d_k, d_v, *common, *kv_strides, dq_acc,
-                LONGEST_FIRST=longest_first,
-                PAIRED_DOTS=not (causal or fused_dq) if paired_dots is None else paired_dots,
-                FUSED_DQ=fused_dq, **meta,
+                q_desc, k_desc, v_desc, do_desc, d_k, d_v, *common, *kv_strides,
+                LONGEST_FIRST=longest_first, PAIRED_DOTS=paired_dots, **meta,
             )  # fmt: skip
-        if fused_dq:
-            d_q = dq_acc.mul_(scale).to(q.dtype)
-            d_q = d_q.transpose(1, 2).contiguous() if layout == "bshd" else d_q
-        elif needs[0]:
+        if needs[0]:
             d_q = torch.empty_like(q)
             grid = (triton.cdiv(sq, 2 * BLOCK_M) * batch * heads,)
             compiled["hopper_dq"] = _attention_dq[grid](
