@@ -182,3 +182,19 @@ def test_inspect_names_the_hopper_forward_s_one_config(kernels, tmp_path):
     )
     assert (source, config) == ("hopper", attention_hopper.CONFIG)
     assert config == {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 9, "num_stages": 2}
+
+
+@pytest.mark.parametrize("kernel", ["hopper_dkdv", "hopper_dq"])
+def test_inspect_names_the_hopper_backward_s_configs(kernels, tmp_path, kernel):
+    # Its backward kernels (attention_hopper_backward) are kept as hopper_dkdv and
+    # hopper_dq, each with its one config.
+    from fusegen.runtime import attention_hopper_backward
+    from fusegen.tools import inspect_kernels
+
+    module = bench.load_module(kernels["att_causal_gqa_alibi"], tmp_path)
+    source, config = inspect_kernels.attention_config(
+        torch, module, kernel, 256, 256, torch.bfloat16, "cpu"
+    )
+    assert (source, config) == ("hopper", attention_hopper_backward.CONFIGS[kernel])
+    rows, keys = (64, 128) if kernel == "hopper_dkdv" else (128, 64)
+    assert config == {"BLOCK_M": rows, "BLOCK_N": keys, "num_warps": 9, "num_stages": 2}
