@@ -48,6 +48,26 @@ if attention_hopper.AVAILABLE:
 
     # fmt: off
     @gluon.jit
+    def _tiles(desc, count: gl.constexpr):
+        """Shared memory for count of desc's tiles."""
+        return gl.allocate_shared_memory(desc.dtype, [count] + desc.block_type.shape,
+                                         desc.layout)
+
+    @gluon.jit
+    def _barriers(STAGES: gl.constexpr):
+        """A kernel's mbarriers: one for each consumer's tiles it holds (the producer's
+        one arrival), and the ring's ready (the producer's) and empty (both consumers')."""
+        held = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(held.index(i), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=2)
+        return held, ready, empty
+
+    @gluon.jit
     def _row_terms(lse_ptr, delta_ptr, row_base, rows, sq):
         """lse in base 2 and delta of the rows; rows past the queries get lse = inf (P = 0
         there: their q and d_out are another head's or batch entry's)."""
@@ -251,25 +271,10 @@ if attention_hopper.AVAILABLE:
         n_blocks = gl.cdiv(sq, BM) - first_block
         kv_row = batch * kv_rows_b + kv_head * kv_rows_h
 
-        q_bufs = gl.allocate_shared_memory(q_desc.dtype, [STAGES] + q_desc.block_type.shape,
-                                           q_desc.layout)
-        do_bufs = gl.allocate_shared_memory(do_desc.dtype, [STAGES] + do_desc.block_type.shape,
-                                            do_desc.layout)
-        k_bufs = gl.allocate_shared_memory(k_desc.dtype, [2] + k_desc.block_type.shape,
-                                           k_desc.layout)
-        v_bufs = gl.allocate_shared_memory(v_desc.dtype, [2] + v_desc.block_type.shape,
-                                           v_desc.layout)
-        kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
-            mbarrier.init(kv_ready.index(i), count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=2)
+        bufs = (_tiles(q_desc, STAGES), _tiles(do_desc, STAGES), _tiles(k_desc, 2),
+                _tiles(v_desc, 2))
+        bars = _barriers(STAGES)
         descs = (q_desc, k_desc, v_desc, do_desc)
-        bufs = (q_bufs, do_bufs, k_bufs, v_bufs)
-        bars = (kv_ready, ready, empty)
         at = (batch, kv_head, key0, first_block, n_blocks, kv_row, kv_head * kv_cols_h)
         out_strides = (stride_kv_b, stride_kv_h, stride_kv_s)
         q_place = (q_rows_b, q_rows_h, q_cols_h)
@@ -394,25 +399,10 @@ if attention_hopper.AVAILABLE:
         else:
             n_blocks = gl.cdiv(skv, BN)
 
-        q_bufs = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape,
-                                           q_desc.layout)
-        do_bufs = gl.allocate_shared_memory(do_desc.dtype, [2] + do_desc.block_type.shape,
-                                            do_desc.layout)
-        k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape,
-                                           k_desc.layout)
-        v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape,
-                                           v_desc.layout)
-        qdo_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
-            mbarrier.init(qdo_ready.index(i), count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=2)
+        bufs = (_tiles(q_desc, 2), _tiles(do_desc, 2), _tiles(k_desc, STAGES),
+                _tiles(v_desc, STAGES))
+        bars = _barriers(STAGES)
         descs = (q_desc, k_desc, v_desc, do_desc)
-        bufs = (q_bufs, do_bufs, k_bufs, v_bufs)
-        bars = (qdo_ready, ready, empty)
         at = (batch, head, row0, n_blocks, batch * q_rows_b + head * q_rows_h + row0,
               head * q_cols_h, batch * kv_rows_b + kv_head * kv_rows_h, kv_head * kv_cols_h)
         out_strides = (stride_q_b, stride_q_h, stride_q_s)
