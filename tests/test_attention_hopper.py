@@ -25,41 +25,47 @@ on_hopper = pytest.mark.skipif(
 
 
 # Compiled in a process of its own: the tests' Triton runs the interpreter without a GPU,
-# and an interpreted function cannot be compiled.
+# and an interpreted function cannot be compiled. Arguments: the runtime module and
+# kernel, head dim, dtype, the constexprs (JSON); descriptors first (q, k, v, then q's or
+# d_out's or out's), pointers to the dtype but lse and delta (fp32), scalars i32 but the
+# scales (fp32).
 SM90_COMPILE = """
-import json, sys
+import importlib, json, sys
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from fusegen.runtime import attention_hopper as ah
 
-dim, causal, group, dtype = int(sys.argv[1]), sys.argv[2] == "1", int(sys.argv[3]), sys.argv[4]
-torch_dtype = getattr(torch, dtype)
-gl_dtype = getattr(ah.gl, dtype)
-flat = torch.empty(256, dim, dtype=torch_dtype)
-q_desc = ah._descriptor(flat, 256, ah.BLOCK_M, gl_dtype)
-kv_desc = ah._descriptor(flat, 256, ah.BLOCK_N, gl_dtype)
-names = [p.name for p in ah._attention_forward.params]
-meta = {"GROUP": group, "CAUSAL": causal, "num_warps": 4}
+module = importlib.import_module("fusegen.runtime." + sys.argv[1])
+kernel = getattr(module, sys.argv[2])
+dim, dtype, meta = int(sys.argv[3]), sys.argv[4], json.loads(sys.argv[5])
+flat = torch.empty(256, dim, dtype=getattr(torch, dtype))
+q_desc = ah._descriptor(flat, 256, module.BLOCK_M)
+kv_desc = ah._descriptor(flat, 256, module.BLOCK_N)
+names = [p.name for p in kernel.params]
 types = {name: "i32" for name in names}
 for name, desc in zip(names[:4], (q_desc, kv_desc, kv_desc, q_desc)):
     types[name] = triton.runtime.jit.mangle_type(desc)
-types |= {"out_ptr": "*bf16" if dtype == "bfloat16" else "*fp16"}
-types |= {"lse_ptr": "*fp32", "qk_scale": "fp32"} | {name: "constexpr" for name in meta}
+pointer = "*bf16" if dtype == "bfloat16" else "*fp16"
+types |= {n: pointer for n in names if n.endswith("_ptr")}
+types |= {n: "*fp32" for n in ("lse_ptr", "delta_ptr") if n in names}
+types |= {n: "fp32" for n in ("qk_scale", "scale") if n in names}
+types |= {name: "constexpr" for name in meta}
 constants = {(names.index(name),): value for name, value in meta.items()}
-source = GluonASTSource(ah._attention_forward, types, constants)
+source = GluonASTSource(kernel, types, constants)
 compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 print(json.dumps({"shared": compiled.metadata.shared,
                   "wgmma": "wgmma.mma_async" in compiled.asm["ptx"]}))
 """
 
 
-def _compiled(dim, causal, group, dtype):
-    """(shared memory bytes, whether the PTX has wgmma) of the kernel compiled for sm_90
-    as a call with these constants launches it."""
+def compiled_for_sm90(module, kernel, dim, dtype, meta):
+    """(shared memory bytes, whether the PTX has wgmma) of a runtime Gluon kernel compiled
+    for sm_90 as a call with these constexprs launches it."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    args = [module, kernel, str(dim), dtype, json.dumps({**meta, "num_warps": 4})]
     result = subprocess.run(
-        [sys.executable, "-c", SM90_COMPILE, str(dim), str(int(causal)), str(group), dtype],
+        [sys.executable, "-c", SM90_COMPILE, *args],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -76,7 +82,8 @@ def _compiled(dim, causal, group, dtype):
     "dim, causal, group, dtype", [(128, True, 4, "bfloat16"), (64, False, 1, "float16")]
 )
 def test_the_kernel_compiles_for_sm90_within_shared_memory(dim, causal, group, dtype):
-    shared, wgmma = _compiled(dim, causal, group, dtype)
+    meta = {"GROUP": group, "CAUSAL": causal}
+    shared, wgmma = compiled_for_sm90("attention_hopper", "_attention_forward", dim, dtype, meta)
     # Two query tiles of 64 rows and two stages of K and V tiles of 128 keys, + barriers.
     tiles = 2 * 64 * dim * 2 + 2 * 2 * 128 * dim * 2
     assert tiles <= shared < tiles + 1024
@@ -117,7 +124,14 @@ def test_a_generated_module_names_its_mask_to_the_runtime():
     assert "hopper=" not in text  # a softcap
 
 
-def _reference(q, k, v, causal, layout):
+def shapes(layout, batch, heads, kv_heads, sq, skv, dim):
+    """q's and k's shapes in the layout."""
+    if layout == "bshd":
+        return (batch, sq, heads, dim), (batch, skv, kv_heads, dim)
+    return (batch, heads, sq, dim), (batch, kv_heads, skv, dim)
+
+
+def reference(q, k, v, causal, layout):
     """float64 attention of [batch, seq, heads, dim] or [batch, heads, seq, dim] inputs."""
     if layout == "bshd":
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
@@ -150,16 +164,13 @@ def _reference(q, k, v, causal, layout):
 )
 def test_out_and_lse_match_float64(layout, causal, batch, heads, kv_heads, sq, skv, dim, dtype):
     torch.manual_seed(sq + skv)
-    if layout == "bshd":
-        shapes = ((batch, sq, heads, dim), (batch, skv, kv_heads, dim))
-    else:
-        shapes = ((batch, heads, sq, dim), (batch, kv_heads, skv, dim))
-    q = torch.randn(shapes[0], device="cuda", dtype=dtype)
-    k, v = (torch.randn(shapes[1], device="cuda", dtype=dtype) for _ in range(2))
+    q_shape, k_shape = shapes(layout, batch, heads, kv_heads, sq, skv, dim)
+    q = torch.randn(q_shape, device="cuda", dtype=dtype)
+    k, v = (torch.randn(k_shape, device="cuda", dtype=dtype) for _ in range(2))
     out = torch.full_like(q, float("nan"))  # poisoned: every element must be written
     lse = torch.full((batch, heads, sq), float("nan"), device="cuda")
     attention_hopper.forward(q, k, v, out, lse, layout=layout, causal=causal, scale=dim**-0.5)
-    want, want_lse = _reference(q, k, v, causal, layout)
+    want, want_lse = reference(q, k, v, causal, layout)
     # bf16/fp16 probabilities and output, fp32 sums: a few units of the output's rounding.
     unit = 2**-8 if dtype == torch.bfloat16 else 2**-11
     assert (out.double() - want).abs().max().item() <= 4 * unit * want.abs().max().item()

@@ -2,55 +2,11 @@
 compiled for sm_90 on any machine (no GPU needed), its dq, dk and dv checked against
 float64 on an H100/H200, and taken by a generated module's backward."""
 
-import json
-import math
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-from fusegen.runtime import attention_hopper, attention_hopper_backward
-
-ROOT = Path(__file__).resolve().parents[1]
-needs_gluon = pytest.mark.skipif(not attention_hopper.AVAILABLE, reason="Triton without Gluon")
-on_hopper = pytest.mark.skipif(
-    not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-    reason="needs a GPU of compute capability 9.0 (H100, H200)",
-)
-
-# Compiled in a process of its own: the tests' Triton runs the interpreter without a GPU,
-# and an interpreted function cannot be compiled.
-SM90_COMPILE = """
-import json, sys
-import torch, triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
-from fusegen.runtime import attention_hopper as ah, attention_hopper_backward as hb
-
-kernel = getattr(hb, sys.argv[1])
-dim, causal, group = int(sys.argv[2]), sys.argv[3] == "1", int(sys.argv[4])
-flat = torch.empty(256, dim, dtype=torch.float16)
-q_desc = ah._descriptor(flat, 256, hb.BLOCK_M, ah.gl.float16)
-kv_desc = ah._descriptor(flat, 256, hb.BLOCK_N, ah.gl.float16)
-names = [p.name for p in kernel.params]
-meta = {"GROUP": group, "CAUSAL": causal, "STAGES": 2, "num_warps": 4}
-if "LONGEST_FIRST" in names:
-    meta |= {"LONGEST_FIRST": True, "PAIRED_DOTS": True}
-types = {name: "i32" for name in names}
-for name, desc in zip(names[:4], (q_desc, kv_desc, kv_desc, q_desc)):
-    types[name] = triton.runtime.jit.mangle_type(desc)
-types |= {n: "*fp16" for n in ("dq_ptr", "dk_ptr", "dv_ptr") if n in names}
-types |= {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "qk_scale": "fp32", "scale": "fp32"}
-types |= {name: "constexpr" for name in meta}
-constants = {(names.index(name),): value for name, value in meta.items()}
-source = GluonASTSource(kernel, types, constants)
-compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-print(json.dumps({"shared": compiled.metadata.shared,
-                  "wgmma": "wgmma.mma_async" in compiled.asm["ptx"]}))
-"""
+from fusegen.runtime import attention_hopper_backward
+from test_attention_hopper import compiled_for_sm90, needs_gluon, on_hopper, reference, shapes
 
 
 @needs_gluon
@@ -59,39 +15,21 @@ print(json.dumps({"shared": compiled.metadata.shared,
     [("_attention_dkdv", 128, True, 4), ("_attention_dq", 128, False, 1)],
 )
 def test_the_kernels_compile_for_sm90_within_shared_memory(kernel, dim, causal, group):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run(
-        [sys.executable, "-c", SM90_COMPILE, kernel, str(dim), str(int(causal)), str(group)],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    facts = json.loads(result.stdout.strip().splitlines()[-1])
+    meta = {"GROUP": group, "CAUSAL": causal, "STAGES": 2}
+    meta |= {"PAIRED_DOTS": True} if kernel == "_attention_dkdv" else {}
+    shared, wgmma = compiled_for_sm90("attention_hopper_backward", kernel, dim, "float16", meta)
     # Two streamed stages of two 64-row tiles (q and d_out, or K and V) and the two
     # consumers' own pair of tiles, + barriers.
     tiles = 2 * 2 * 64 * dim * 2 + 2 * 2 * 64 * dim * 2
-    assert tiles <= facts["shared"] < tiles + 1024
-    assert facts["wgmma"]
+    assert tiles <= shared < tiles + 1024
+    assert wgmma
 
 
 def _reference_grads(q, k, v, d_out, causal, layout):
-    """float64 (dq, dk, dv) of attention over [batch, seq, heads, dim] or [batch, heads,
-    seq, dim] inputs (k, v with kv heads)."""
+    """float64 out, lse and (dq, dk, dv) of attention over [batch, seq, heads, dim] or
+    [batch, heads, seq, dim] inputs (k, v with kv heads)."""
     leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    q64, k64, v64 = (t.transpose(1, 2) if layout == "bshd" else t for t in leaves)
-    group = q64.shape[1] // k64.shape[1]
-    k64, v64 = (t.repeat_interleave(group, 1) for t in (k64, v64))
-    scores = q64 @ k64.transpose(-1, -2) / math.sqrt(q64.shape[-1])
-    if causal:
-        sq, skv = scores.shape[-2:]
-        seen = torch.ones(sq, skv, dtype=torch.bool, device=q.device).tril()
-        scores = scores.masked_fill(~seen, float("-inf"))
-    lse = torch.logsumexp(scores, -1)
-    out = torch.softmax(scores, -1) @ v64
-    out = out.transpose(1, 2) if layout == "bshd" else out
+    out, lse = reference(*leaves, causal, layout)
     out.backward(d_out.double())
     return out.detach(), lse.detach(), [t.grad for t in leaves]
 
@@ -117,16 +55,13 @@ def _poison_cached_blocks(*shapes, dtype):
 )
 def test_dq_dk_dv_match_float64(layout, causal, batch, heads, kv_heads, sq, skv, dim, dtype):
     torch.manual_seed(sq * 7 + skv)
-    if layout == "bshd":
-        shapes = ((batch, sq, heads, dim), (batch, skv, kv_heads, dim))
-    else:
-        shapes = ((batch, heads, sq, dim), (batch, kv_heads, skv, dim))
-    q, d_out = (torch.randn(shapes[0], device="cuda", dtype=dtype) for _ in range(2))
-    k, v = (torch.randn(shapes[1], device="cuda", dtype=dtype) for _ in range(2))
+    q_shape, k_shape = shapes(layout, batch, heads, kv_heads, sq, skv, dim)
+    q, d_out = (torch.randn(q_shape, device="cuda", dtype=dtype) for _ in range(2))
+    k, v = (torch.randn(k_shape, device="cuda", dtype=dtype) for _ in range(2))
     out, lse, wants = _reference_grads(q, k, v, d_out, causal, layout)
     delta = (out * d_out.double()).sum(-1)
     delta = (delta.transpose(1, 2) if layout == "bshd" else delta).float().contiguous()
-    _poison_cached_blocks(shapes[0], shapes[1], shapes[1], dtype=dtype)
+    _poison_cached_blocks(q_shape, k_shape, k_shape, dtype=dtype)
     grads, compiled = attention_hopper_backward.backward(
         q, k, v, d_out, lse.float(), delta, (True, True, True),
         layout=layout, causal=causal, scale=dim**-0.5,

@@ -3,12 +3,13 @@ forward's schedule carried over: two 64-key consumer warpgroups ping-ponging ove
 query blocks a one-warp TMA producer streams, for dk and dv; a queries-major kernel of its
 own for dq, so both stay deterministic) checked against float64 and timed against the
 `tl` backward kernels of the generated module (the same module with its Hopper kernels
-turned off), both given the forward's lse; beside the runtime's kernels, dk/dv's programs
-in the other order (causal: the longest last), three stages for each kernel's ring, and
-dk/dv's unmasked blocks' dots paired (S^T with dP^T, dV with dK, the runtime's) or not
-(dV with dP^T). dq fused into the dk/dv kernel by fp32 atomics (FA3's way: the dq kernel
-recomputes S and dP, 7 dots where a fused backward has 5) ran 46-51% slower and was
-removed: commit 766cccd has it (`fused_dq=True`).
+turned off), both given the forward's lse; beside the runtime's kernels, three stages for
+each kernel's ring, and dk/dv's unmasked blocks' dots paired (S^T with dP^T, dV with dK,
+the runtime's) or not (dV with dP^T). Removed after their runs: dk/dv's programs in the
+other order (causal: the longest last; within 2-3% either way), and dq fused into the
+dk/dv kernel by fp32 atomics (FA3's way: the dq kernel recomputes S and dP, 7 dots where
+a fused backward has 5), 46-51% slower: commit 766cccd has both (`longest_first=False`,
+`fused_dq=True`).
 The Gluon timing leaves out delta (the `tl` rows include it: a row-sum kernel, about 2%
 of the backward at the default shape).
 
@@ -48,9 +49,8 @@ def compile_report(causal=True, dim=128, group=1, paired_dots=True):
 
     hb = attention_hopper_backward
     flat = torch.empty(256, dim, dtype=torch.bfloat16)
-    gl_dtype = attention_hopper.gl.bfloat16
-    q_desc = attention_hopper._descriptor(flat, 256, hb.BLOCK_M, gl_dtype)
-    kv_desc = attention_hopper._descriptor(flat, 256, hb.BLOCK_N, gl_dtype)
+    q_desc = attention_hopper._descriptor(flat, 256, hb.BLOCK_M)
+    kv_desc = attention_hopper._descriptor(flat, 256, hb.BLOCK_N)
     for kernel in (hb._attention_dkdv, hb._attention_dq):
         names = [p.name for p in kernel.params]
         types = {name: "i32" for name in names}
@@ -59,9 +59,7 @@ def compile_report(causal=True, dim=128, group=1, paired_dots=True):
         types |= {n: "*bf16" for n in ("dk_ptr", "dv_ptr", "dq_ptr") if n in names}
         types |= {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "qk_scale": "fp32", "scale": "fp32"}
         meta = {"GROUP": group, "CAUSAL": causal, "STAGES": 2, "num_warps": 4}
-        meta |= (
-            {"LONGEST_FIRST": True, "PAIRED_DOTS": paired_dots} if "LONGEST_FIRST" in names else {}
-        )
+        meta |= {"PAIRED_DOTS": paired_dots} if "PAIRED_DOTS" in names else {}
         types |= {name: "constexpr" for name in meta}
         constants = {(names.index(name),): value for name, value in meta.items()}
         compiled = compile_sm90(kernel, types, constants, {"num_warps": 4})
@@ -168,7 +166,6 @@ def run_case(case, shape, kv_heads, rounds, built, profile=False) -> int:
         return failed
     calls = {
         "gluon dk/dv": lambda: gluon(kv),
-        "gluon dk/dv longest last": lambda: gluon(kv, longest_first=False),
         "gluon dk/dv 3 stages": lambda: gluon(kv, stages=3),
         "gluon dk/dv paired dots": lambda: gluon(kv, paired_dots=True),
         "gluon dk/dv unpaired dots": lambda: gluon(kv, paired_dots=False),

@@ -321,10 +321,9 @@ def descriptors(q, k, v, out, block_m, block_n):
     """TMA descriptors over [batch * heads * seq, dim] views (the runtime's)."""
     from fusegen.runtime.attention_hopper import _descriptor
 
-    gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[q.dtype]
     rows = q.numel() // q.shape[-1]
     return tuple(
-        _descriptor(t, rows, block, gl_dtype)
+        _descriptor(t, rows, block)
         for t, block in ((q, block_m), (k, block_n), (v, block_n), (out, block_m))
     )
 

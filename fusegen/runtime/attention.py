@@ -658,11 +658,11 @@ class Attention:
     def hopper_fits(self, inputs, key_lengths, batch, sq, skv):
         """Whether a call runs the Gluon kernels (attention_hopper's forward,
         attention_hopper_backward's): a module that has them (hopper), Gluon in this
-        Triton, a GPU of compute capability 9.0 (its wgmma), no
-        key lengths or ranges, bf16 or fp16, q, k, v contiguous and 16-byte aligned, at
-        least 128 queries (fewer: the decode paths) and, causal, as many keys, and a wave
-        of programs at least (128 query rows of a head each, one an SM): a smaller call
-        is bound by its launch, which the `tl` forward's direct launch makes cheaper. Not
+        Triton, a GPU of compute capability 9.0 (its wgmma), no key lengths or ranges,
+        bf16 or fp16, q, k, v contiguous and 16-byte aligned, at least 128 queries (fewer:
+        the decode paths) and, causal, as many keys, and a wave of programs at least (128
+        query rows of a head each, one an SM): a smaller call is bound by its launch,
+        which the `tl` forward's direct launch makes cheaper. Not
         while traced (Inductor launches the `tl` kernels of the op) or while `fusegen
         tune` times the `tl` kernels' configs."""
         if not self.hopper or not attention_hopper.AVAILABLE or key_lengths is not None:

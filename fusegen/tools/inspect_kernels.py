@@ -180,14 +180,11 @@ def attention_config(torch, module, kernel, sq, skv, dtype, device) -> tuple[str
     kernel's own column shows fewer where shared memory did not fit them)."""
     dev = torch.device(device)
     attention = module._ATTENTION
-    if kernel == "hopper_forward":  # the runtime's Gluon kernels: one config each
-        from fusegen.runtime import attention_hopper
+    if kernel.startswith("hopper_"):  # the runtime's Gluon kernels: one config each
+        from fusegen.runtime import attention_hopper, attention_hopper_backward
 
-        return "hopper", dict(attention_hopper.CONFIG)
-    if kernel.startswith("hopper_"):
-        from fusegen.runtime import attention_hopper_backward
-
-        return "hopper", dict(attention_hopper_backward.CONFIGS[kernel])
+        configs = {"hopper_forward": attention_hopper.CONFIG, **attention_hopper_backward.CONFIGS}
+        return "hopper", dict(configs[kernel])
     chosen = attention.config(dev, kernel, sq, skv, dtype)
     if kernel in module.FORCED:
         source = "forced"

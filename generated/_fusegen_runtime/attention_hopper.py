@@ -241,13 +241,34 @@ if AVAILABLE:
     # fmt: on
 
 
-def _descriptor(t, rows, block_rows, dtype):
-    """A TMA descriptor over t viewed as [rows, t.numel() // rows], tiles of block_rows
-    rows and one head's dim."""
+def _descriptor(t, rows, block_rows):
+    """A TMA descriptor over t (bf16 or fp16) viewed as [rows, t.numel() // rows], tiles
+    of block_rows rows and one head's dim."""
     dim = t.shape[-1]
+    dtype = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
     view = t.view(rows, t.numel() // rows)
     layout = gl.NVMMASharedLayout.get_default_for([block_rows, dim], dtype)
     return TensorDescriptor.from_tensor(view, [block_rows, dim], layout)
+
+
+def places(q, k, layout):
+    """(batch, heads, kv_heads, sq, skv, the row counts of q's and k's [rows, dim] views,
+    q's and k's tile places in them: rows a batch entry, rows a head, columns a head).
+    bshd views are [batch * seq, heads * dim], bhsd ones [batch * heads * seq, dim]."""
+    if layout == "bshd":
+        batch, sq, heads, dim = q.shape
+        skv, kv_heads = k.shape[1], k.shape[2]
+        rows = (batch * sq, batch * skv)
+        return batch, heads, kv_heads, sq, skv, rows, (sq, 0, dim), (skv, 0, dim)
+    batch, heads, sq, dim = q.shape
+    kv_heads, skv = k.shape[1], k.shape[2]
+    rows = (batch * heads * sq, batch * kv_heads * skv)
+    return batch, heads, kv_heads, sq, skv, rows, (heads * sq, sq, 0), (kv_heads * skv, skv, 0)
+
+
+def strides(t, layout):
+    """t's strides along (batch, head, position)."""
+    return tuple(t.stride(axis) for axis in ((0, 2, 1) if layout == "bshd" else (0, 1, 2)))
 
 
 # What `fusegen inspect` shows as the kernel's config: query rows and keys a program's
@@ -260,26 +281,14 @@ def forward(q, k, v, out, lse, *, layout, causal, scale):
     heads, seq, dim] ("bhsd"), contiguous, 16-byte aligned, bf16 or fp16, dim in
     HEAD_DIMS; out likewise; lse [batch, heads, q_len] fp32. Returns the compiled kernel
     (`fusegen inspect` reads its registers and shared memory)."""
-    if layout == "bshd":
-        batch, sq, heads, dim = q.shape
-        skv, kv_heads = k.shape[1], k.shape[2]
-        q_place, kv_place = (sq, 0, dim), (skv, 0, dim)
-        out_strides = (out.stride(0), out.stride(2), out.stride(1))
-    else:
-        batch, heads, sq, dim = q.shape
-        kv_heads, skv = k.shape[1], k.shape[2]
-        q_place, kv_place = (heads * sq, sq, 0), (kv_heads * skv, skv, 0)
-        out_strides = (out.stride(0), out.stride(1), out.stride(2))
-    dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    q_rows = q.numel() // q.shape[-1] if layout == "bhsd" else batch * sq
-    kv_rows = k.numel() // k.shape[-1] if layout == "bhsd" else batch * skv
+    batch, heads, kv_heads, sq, skv, rows, q_place, kv_place = places(q, k, layout)
     grid = (triton.cdiv(sq, 2 * BLOCK_M) * batch * heads,)
     with torch.cuda.device(q.device):  # Triton launches on the current device
         return _attention_forward[grid](
-            _descriptor(q, q_rows, BLOCK_M, dtype),
-            _descriptor(k, kv_rows, BLOCK_N, dtype),
-            _descriptor(v, kv_rows, BLOCK_N, dtype),
-            _descriptor(out, q_rows, BLOCK_M, dtype),
+            _descriptor(q, rows[0], BLOCK_M),
+            _descriptor(k, rows[1], BLOCK_N),
+            _descriptor(v, rows[1], BLOCK_N),
+            _descriptor(out, rows[0], BLOCK_M),
             out,
             lse,
             sq,
@@ -288,7 +297,7 @@ def forward(q, k, v, out, lse, *, layout, causal, scale):
             scale * LOG2E,
             *q_place,
             *kv_place,
-            *out_strides,
+            *strides(out, layout),
             GROUP=heads // kv_heads,
             CAUSAL=causal,
             num_warps=4,

@@ -34,11 +34,10 @@ import triton
 from . import attention_hopper
 
 LOG2E = attention_hopper.LOG2E
-# Query rows a step, keys a consumer (two consumers a program), the ring's stages; the
-# dk/dv programs' order (causal: the first keys, which see the most query blocks, first);
+# Query rows a step, keys a consumer (two consumers a program), the ring's stages;
 # whether dk/dv's unmasked blocks issue S^T with dP^T and dV with dK (else dV with dP^T;
-# the masked blocks do, where the pairing spilled). The experiment varies the last three.
-BLOCK_M, BLOCK_N, STAGES, LONGEST_FIRST, PAIRED_DOTS = 64, 64, 2, True, True
+# the masked blocks do, where the pairing spilled). The experiment varies the last two.
+BLOCK_M, BLOCK_N, STAGES, PAIRED_DOTS = 64, 64, 2, True
 
 if attention_hopper.AVAILABLE:
     from triton.experimental import gluon
@@ -252,11 +251,10 @@ if attention_hopper.AVAILABLE:
                         q_rows_b, q_rows_h, q_cols_h, kv_rows_b, kv_rows_h, kv_cols_h,
                         stride_kv_b, stride_kv_h, stride_kv_s,
                         GROUP: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                        LONGEST_FIRST: gl.constexpr, PAIRED_DOTS: gl.constexpr,
-                        num_warps: gl.constexpr):
+                        PAIRED_DOTS: gl.constexpr, num_warps: gl.constexpr):
         """One program: 2 x 64 keys of one (batch, kv head), programs kv head by kv head,
-        causal, the first keys (the most query blocks) first or last. A tile's place in
-        the [rows, dim] views as in attention_hopper's forward."""
+        the first keys (causal: the most query blocks) first. A tile's place in the
+        [rows, dim] views as in attention_hopper's forward."""
         BM: gl.constexpr = q_desc.block_type.shape[0]
         BN: gl.constexpr = k_desc.block_type.shape[0]
         k_blocks = gl.cdiv(skv, 2 * BN)
@@ -264,10 +262,7 @@ if attention_hopper.AVAILABLE:
         kv_heads = heads // GROUP
         batch = pid // k_blocks // kv_heads
         kv_head = pid // k_blocks % kv_heads
-        if LONGEST_FIRST:
-            key0 = pid % k_blocks * (2 * BN)
-        else:
-            key0 = (k_blocks - 1 - pid % k_blocks) * (2 * BN)
+        key0 = pid % k_blocks * (2 * BN)
         if CAUSAL:
             first_block = key0 // BM  # the query blocks at or after the first key
         else:
@@ -435,43 +430,20 @@ CONFIGS = {
 }
 
 
-def places(q, k, layout):
-    """(batch, heads, kv_heads, sq, skv, the row counts of q's and k's [rows, dim] views,
-    q's and k's tile places in them (rows a batch entry, rows a head, columns a head),
-    and q's and k's strides (batch, head, position))."""
-    if layout == "bshd":  # views [batch * seq, heads * dim]
-        batch, sq, heads, dim = q.shape
-        skv, kv_heads = k.shape[1], k.shape[2]
-        rows = (batch * sq, batch * skv)
-        q_place, kv_place = (sq, 0, dim), (skv, 0, dim)
-        axes = (0, 2, 1)
-    else:  # views [batch * heads * seq, dim]
-        batch, heads, sq, dim = q.shape
-        kv_heads, skv = k.shape[1], k.shape[2]
-        rows = (batch * heads * sq, batch * kv_heads * skv)
-        q_place, kv_place = (heads * sq, sq, 0), (kv_heads * skv, skv, 0)
-        axes = (0, 1, 2)
-    strides = tuple(tuple(t.stride(axis) for axis in axes) for t in (q, k))
-    return batch, heads, kv_heads, sq, skv, rows, q_place, kv_place, *strides
-
-
 def backward(
     q, k, v, d_out, lse, delta, needs, *, layout, causal, scale,
-    stages=STAGES, longest_first=LONGEST_FIRST, paired_dots=PAIRED_DOTS,
+    stages=STAGES, paired_dots=PAIRED_DOTS,
 ):  # fmt: skip
     """(dq, dk, dv), each None where needs says it is not wanted, of attention over q, k,
     v (contiguous, 16-byte aligned, bf16 or fp16, one head dim) given d_out (q's shape
     and layout, contiguous), the forward's lse and delta = rowsum(d_out * out), both
     [batch, heads, q_len] fp32; and the compiled kernels by name (`fusegen inspect`).
-    stages, longest_first and paired_dots: what
-    benchmarks/experiments/attention_gluon_backward.py varies."""
-    batch, heads, kv_heads, sq, skv, rows, q_place, kv_place, q_strides, kv_strides = places(
-        q, k, layout
-    )
-    dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    stages and paired_dots: what benchmarks/experiments/attention_gluon_backward.py
+    varies."""
+    batch, heads, kv_heads, sq, skv, rows, q_place, kv_place = attention_hopper.places(q, k, layout)
     descriptor = attention_hopper._descriptor
-    q_desc, do_desc = (descriptor(t, rows[0], BLOCK_M, dtype) for t in (q, d_out))
-    k_desc, v_desc = (descriptor(t, rows[1], BLOCK_N, dtype) for t in (k, v))
+    q_desc, do_desc = (descriptor(t, rows[0], BLOCK_M) for t in (q, d_out))
+    k_desc, v_desc = (descriptor(t, rows[1], BLOCK_N) for t in (k, v))
     common = (lse, delta, sq, skv, heads, scale * LOG2E, scale, *q_place, *kv_place)
     meta = {"GROUP": heads // kv_heads, "CAUSAL": causal, "STAGES": stages, "num_warps": 4}
     d_q = d_k = d_v = None
@@ -481,13 +453,14 @@ def backward(
             d_k, d_v = torch.empty_like(k), torch.empty_like(v)
             grid = (triton.cdiv(skv, 2 * BLOCK_N) * batch * kv_heads,)
             compiled["hopper_dkdv"] = _attention_dkdv[grid](
-                q_desc, k_desc, v_desc, do_desc, d_k, d_v, *common, *kv_strides,
-                LONGEST_FIRST=longest_first, PAIRED_DOTS=paired_dots, **meta,
+                q_desc, k_desc, v_desc, do_desc, d_k, d_v, *common,
+                *attention_hopper.strides(d_k, layout), PAIRED_DOTS=paired_dots, **meta,
             )  # fmt: skip
         if needs[0]:
             d_q = torch.empty_like(q)
             grid = (triton.cdiv(sq, 2 * BLOCK_M) * batch * heads,)
             compiled["hopper_dq"] = _attention_dq[grid](
-                q_desc, k_desc, v_desc, do_desc, d_q, *common, *q_strides, **meta
-            )
+                q_desc, k_desc, v_desc, do_desc, d_q, *common,
+                *attention_hopper.strides(d_q, layout), **meta,
+            )  # fmt: skip
     return (d_q, d_k if needs[1] else None, d_v if needs[2] else None), compiled
