@@ -26,9 +26,10 @@ on_hopper = pytest.mark.skipif(
 
 # Compiled in a process of its own: the tests' Triton runs the interpreter without a GPU,
 # and an interpreted function cannot be compiled. Arguments: the runtime module and
-# kernel, head dim, dtype, the constexprs (JSON); descriptors first (q, k, v, then q's or
-# d_out's or out's), pointers to the dtype but lse and delta (fp32), scalars i32 but the
-# scales (fp32).
+# kernel, q's head dim and v's, dtype, the constexprs (JSON; Q_ROWS: q's tile rows, if
+# not BLOCK_M); descriptors first (q, k, v, then out or d_out, two of each: the head
+# dim's first and last part), pointers to the dtype but lse and delta (fp32), scalars i32
+# but the scales (fp32).
 SM90_COMPILE = """
 import importlib, json, sys
 import torch, triton
@@ -38,13 +39,16 @@ from fusegen.runtime import attention_hopper as ah
 
 module = importlib.import_module("fusegen.runtime." + sys.argv[1])
 kernel = getattr(module, sys.argv[2])
-dim, dtype, meta = int(sys.argv[3]), sys.argv[4], json.loads(sys.argv[5])
-flat = torch.empty(256, dim, dtype=getattr(torch, dtype))
-q_desc = ah._descriptor(flat, 256, module.BLOCK_M)
-kv_desc = ah._descriptor(flat, 256, module.BLOCK_N)
+dim, dv, dtype, meta = int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], json.loads(sys.argv[6])
+q, v = (torch.empty(256, d, dtype=getattr(torch, dtype)) for d in (dim, dv))
+q_rows = meta.pop("Q_ROWS", module.BLOCK_M)
+parts = [ah._descriptors(t, 256, rows) for t, rows in
+         ((q, q_rows), (q, module.BLOCK_N), (v, module.BLOCK_N), (v, q_rows))]
+descs = [d for tiles in parts for d in (tiles[0], tiles[-1])]  # first and last part
+meta |= {"SPLIT_QK": len(parts[0]) == 2, "SPLIT_V": len(parts[2]) == 2}
 names = [p.name for p in kernel.params]
 types = {name: "i32" for name in names}
-for name, desc in zip(names[:4], (q_desc, kv_desc, kv_desc, q_desc)):
+for name, desc in zip(names, descs):
     types[name] = triton.runtime.jit.mangle_type(desc)
 pointer = "*bf16" if dtype == "bfloat16" else "*fp16"
 types |= {n: pointer for n in names if n.endswith("_ptr")}
@@ -59,11 +63,12 @@ print(json.dumps({"shared": compiled.metadata.shared,
 """
 
 
-def compiled_for_sm90(module, kernel, dim, dtype, meta):
+def compiled_for_sm90(module, kernel, dim, dtype, meta, dv=None):
     """(shared memory bytes, whether the PTX has wgmma) of a runtime Gluon kernel compiled
-    for sm_90 as a call with these constexprs launches it."""
+    for sm_90 as a call with these constexprs launches it (v's head dim dv, else dim)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    args = [module, kernel, str(dim), dtype, json.dumps({**meta, "num_warps": 4})]
+    meta = json.dumps({**meta, "num_warps": 4})
+    args = [module, kernel, str(dim), str(dv or dim), dtype, meta]
     result = subprocess.run(
         [sys.executable, "-c", SM90_COMPILE, *args],
         env=env,
@@ -79,16 +84,34 @@ def compiled_for_sm90(module, kernel, dim, dtype, meta):
 
 @needs_gluon
 @pytest.mark.parametrize(
-    "dim, causal, group, dtype", [(128, True, 4, "bfloat16"), (64, False, 1, "float16")]
+    "dim, dv, causal, group, dtype",
+    [
+        (128, 128, True, 4, "bfloat16"),
+        (64, 64, False, 1, "float16"),
+        (96, 96, True, 1, "bfloat16"),  # two tiles of the head dim: 64 + 32
+        (192, 128, True, 1, "bfloat16"),  # MLA: q and k 128 + 64, v 128
+    ],
 )
-def test_the_kernel_compiles_for_sm90_within_shared_memory(dim, causal, group, dtype):
+def test_the_kernel_compiles_for_sm90_within_shared_memory(dim, dv, causal, group, dtype):
     meta = {"GROUP": group, "CAUSAL": causal}
-    shared, wgmma = compiled_for_sm90("attention_hopper", "_attention_forward", dim, dtype, meta)
+    shared, wgmma = compiled_for_sm90(
+        "attention_hopper", "_attention_forward", dim, dtype, meta, dv=dv
+    )
     # Two query tiles of 64 rows and two stages of K and V tiles of 128 keys, + barriers.
-    tiles = 2 * 64 * dim * 2 + 2 * 2 * 128 * dim * 2
+    tiles = 2 * 64 * dim * 2 + 2 * 128 * (dim + dv) * 2
     assert tiles <= shared < tiles + 1024
     assert shared <= 232_448  # an H100's / H200's per-block limit
     assert wgmma
+
+
+def test_a_head_dim_is_cut_into_tiles_of_powers_of_two():
+    assert attention_hopper.parts(128) == (128,)
+    assert attention_hopper.parts(96) == (64, 32)
+    assert attention_hopper.parts(192) == (128, 64)
+    for dim, dv in attention_hopper.HEAD_DIMS:
+        # v's tiles are q's first ones: out is stored through q's tiles.
+        q_parts, v_parts = attention_hopper.parts(dim), attention_hopper.parts(dv)
+        assert q_parts[: len(v_parts)] == v_parts
 
 
 def _attention(*, causal=True, window=None, softcap=None, alibi=False, bias=False, dv=0,
@@ -101,9 +124,11 @@ def _attention(*, causal=True, window=None, softcap=None, alibi=False, bias=Fals
     )  # fmt: skip
 
 
-def test_only_plain_attention_at_head_dim_128_takes_the_hopper_forward():
+def test_only_plain_attention_at_head_dims_it_takes_runs_the_hopper_forward():
     assert hopper_mask(_attention()) == "causal"
     assert hopper_mask(_attention(causal=False)) == "none"
+    assert hopper_mask(_attention(head_dim=96)) == "causal"
+    assert hopper_mask(_attention(head_dim=192, dv=128)) == "causal"
     for other in (
         _attention(window=1024),
         _attention(softcap=50.0),
@@ -111,8 +136,8 @@ def test_only_plain_attention_at_head_dim_128_takes_the_hopper_forward():
         _attention(bias=True),
         _attention(dv=64),
         _attention(head_dim=64),  # measured slower than the `tl` forward
-        _attention(head_dim=96),
         _attention(head_dim=256),
+        _attention(head_dim=192, dv=192),
     ):
         assert hopper_mask(other) is None
 
@@ -153,21 +178,27 @@ def reference(q, k, v, causal, layout):
 @on_hopper
 @needs_gluon
 @pytest.mark.parametrize(
-    "layout, causal, batch, heads, kv_heads, sq, skv, dim, dtype",
+    "layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype",
     [
-        ("bhsd", True, 2, 4, 4, 512, 512, 128, torch.bfloat16),
-        ("bshd", True, 2, 8, 2, 300, 300, 128, torch.bfloat16),  # GQA, a ragged last tile
-        ("bshd", False, 1, 4, 1, 200, 333, 64, torch.float16),  # MQA, more keys than queries
-        ("bhsd", False, 3, 2, 2, 129, 130, 64, torch.bfloat16),
-        ("bshd", True, 1, 2, 2, 1024, 1024, 64, torch.float16),
+        ("bhsd", True, 2, 4, 4, 512, 512, 128, 128, torch.bfloat16),
+        ("bshd", True, 2, 8, 2, 300, 300, 128, 128, torch.bfloat16),  # GQA, a ragged last tile
+        ("bshd", False, 1, 4, 1, 200, 333, 64, 64, torch.float16),  # MQA, more keys than queries
+        ("bhsd", False, 3, 2, 2, 129, 130, 64, 64, torch.bfloat16),
+        ("bshd", True, 1, 2, 2, 1024, 1024, 64, 64, torch.float16),
+        # Head dims in two tiles: 96 = 64 + 32, MLA's q and k 192 = 128 + 64 with v 128.
+        ("bshd", True, 2, 4, 2, 300, 300, 96, 96, torch.bfloat16),
+        ("bhsd", False, 1, 3, 3, 257, 400, 96, 96, torch.float16),
+        ("bshd", True, 1, 4, 4, 384, 384, 192, 128, torch.bfloat16),
+        ("bhsd", True, 2, 2, 1, 200, 200, 192, 128, torch.float16),
     ],
 )
-def test_out_and_lse_match_float64(layout, causal, batch, heads, kv_heads, sq, skv, dim, dtype):
-    torch.manual_seed(sq + skv)
+def test_out_and_lse_match_float64(layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype):
+    torch.manual_seed(sq + skv + dim)
     q_shape, k_shape = shapes(layout, batch, heads, kv_heads, sq, skv, dim)
     q = torch.randn(q_shape, device="cuda", dtype=dtype)
-    k, v = (torch.randn(k_shape, device="cuda", dtype=dtype) for _ in range(2))
-    out = torch.full_like(q, float("nan"))  # poisoned: every element must be written
+    k = torch.randn(k_shape, device="cuda", dtype=dtype)
+    v = torch.randn(k_shape[:3] + (dv,), device="cuda", dtype=dtype)
+    out = torch.full(q_shape[:3] + (dv,), float("nan"), device="cuda", dtype=dtype)  # poisoned
     lse = torch.full((batch, heads, sq), float("nan"), device="cuda")
     attention_hopper.forward(q, k, v, out, lse, layout=layout, causal=causal, scale=dim**-0.5)
     want, want_lse = reference(q, k, v, causal, layout)
@@ -177,17 +208,39 @@ def test_out_and_lse_match_float64(layout, causal, batch, heads, kv_heads, sq, s
     assert (lse.double() - want_lse).abs().max().item() < 1e-3
 
 
+def _load(path, name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _trains_like_float64(module, function, q, k, v, hopper_backward):
+    """A module's eager call takes the Hopper forward (its plan says so) and the Hopper
+    backward where hopper_backward (its compiled kernels say so; else the `tl` one), and
+    its out and gradients match float64."""
+    out = function(q, k, v)
+    plans = list(module._ATTENTION.plans.values())
+    assert any(type(plan.forward).__name__ == "_HopperLaunch" for plan in plans)
+    d_out = torch.randn_like(out)
+    out.backward(d_out)
+    taken = {"hopper_dkdv", "hopper_dq"} <= set(module._ATTENTION.last_compiled)
+    assert taken == hopper_backward
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    want = module.reference(*leaves)
+    want.backward(d_out.double())
+    unit = 2**-8
+    assert (out.double() - want).abs().max() <= 4 * unit * want.abs().max()
+    for got, ref in zip((q.grad, k.grad, v.grad), leaves, strict=True):
+        assert (got.double() - ref.grad).abs().max() <= 16 * unit * ref.grad.abs().max()
+
+
 @on_hopper
 @needs_gluon
 def test_a_causal_module_call_runs_it_and_training_still_differentiates():
-    """A generated module's eager call takes the Hopper forward (its plan says so) and the
-    Hopper backward (its compiled kernels say so), and its gradients match float64."""
-    import importlib.util
-
-    path = ROOT / "generated" / "llama3_attention.py"
-    spec = importlib.util.spec_from_file_location("llama3_attention_hopper_test", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _load(ROOT / "generated" / "llama3_attention.py", "llama3_attention_hopper_test")
     torch.manual_seed(0)
     # 2 x 4 query blocks x 32 heads: 256 programs, over a wave of an H100's / H200's
     # 132 multiprocessors (a smaller call runs the `tl` forward: hopper_fits).
@@ -196,16 +249,33 @@ def test_a_causal_module_call_runs_it_and_training_still_differentiates():
         torch.randn(2, 512, 8, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         for _ in range(2)
     )
-    out = module.llama3_attention(q, k, v)
-    plans = list(module._ATTENTION.plans.values())
-    assert any(type(plan.forward).__name__ == "_HopperLaunch" for plan in plans)
-    d_out = torch.randn_like(out)
-    out.backward(d_out)
-    assert {"hopper_dkdv", "hopper_dq"} <= set(module._ATTENTION.last_compiled)
-    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    want = module.reference(*leaves)
-    want.backward(d_out.double())
-    unit = 2**-8
-    assert (out.double() - want).abs().max() <= 4 * unit * want.abs().max()
-    for got, ref in zip((q.grad, k.grad, v.grad), leaves, strict=True):
-        assert (got.double() - ref.grad).abs().max() <= 16 * unit * ref.grad.abs().max()
+    _trains_like_float64(module, module.llama3_attention, q, k, v, hopper_backward=True)
+
+
+SPLIT_DIM_SPECS = """
+version: 1
+kernels:
+  - name: phi3_attention
+    attention: {layout: bshd, heads: 32, kv_heads: 8, head_dim: 96, causal: true}
+  - name: mla_attention
+    attention: {layout: bhsd, heads: 16, head_dim: 192, v_head_dim: 128, causal: true}
+"""
+
+
+@on_hopper
+@needs_gluon
+@pytest.mark.parametrize("name", ["phi3_attention", "mla_attention"])
+def test_modules_of_head_dims_in_two_tiles_run_it_forward_and_backward(name, tmp_path):
+    from fusegen.cli import main
+
+    (tmp_path / "specs.yaml").write_text(SPLIT_DIM_SPECS)
+    assert main(["build", str(tmp_path / "specs.yaml"), "--out", str(tmp_path / "gen")]) == 0
+    module = _load(tmp_path / "gen" / f"{name}.py", f"{name}_hopper_test")
+    torch.manual_seed(1)
+    bf16 = {"device": "cuda", "dtype": torch.bfloat16, "requires_grad": True}
+    if name == "phi3_attention":  # 2 x 4 query blocks x 32 heads: 256 programs
+        q, k, v = (torch.randn(2, 512, h, 96, **bf16) for h in (32, 8, 8))
+    else:  # 2 x 8 query blocks x 16 heads
+        q, k = (torch.randn(2, 16, 1024, 192, **bf16) for _ in range(2))
+        v = torch.randn(2, 16, 1024, 128, **bf16)
+    _trains_like_float64(module, getattr(module, name), q, k, v, hopper_backward=True)

@@ -11,16 +11,28 @@ from test_attention_hopper import compiled_for_sm90, needs_gluon, on_hopper, ref
 
 @needs_gluon
 @pytest.mark.parametrize(
-    "kernel, dim, causal, group",
-    [("_attention_dkdv", 128, True, 4), ("_attention_dq", 128, False, 1)],
+    "kernel, dim, dv, causal, group",
+    [
+        ("_attention_dkdv", 128, 128, True, 4),
+        ("_attention_dq", 128, 128, False, 1),
+        ("_attention_dkdv", 96, 96, True, 1),  # two tiles of the head dim: 64 + 32
+        ("_attention_dq", 96, 96, True, 2),
+        ("_attention_dkdv", 192, 128, True, 1),  # MLA: 32-row query blocks
+        ("_attention_dq", 192, 128, False, 1),
+    ],
 )
-def test_the_kernels_compile_for_sm90_within_shared_memory(kernel, dim, causal, group):
+def test_the_kernels_compile_for_sm90_within_shared_memory(kernel, dim, dv, causal, group):
     meta = {"GROUP": group, "CAUSAL": causal, "STAGES": 2}
-    meta |= {"PAIRED_DOTS": True} if kernel == "_attention_dkdv" else {}
-    shared, wgmma = compiled_for_sm90("attention_hopper_backward", kernel, dim, "float16", meta)
-    # Two streamed stages of two 64-row tiles (q and d_out, or K and V) and the two
+    rows = 64
+    if kernel == "_attention_dkdv":
+        rows = attention_hopper_backward.dkdv_rows(dim)
+        meta |= {"PAIRED_DOTS": True, "Q_ROWS": rows}
+    shared, wgmma = compiled_for_sm90(
+        "attention_hopper_backward", kernel, dim, "float16", meta, dv=dv
+    )
+    # Two streamed stages of a tile of q and one of d_out (or of K and V), and the two
     # consumers' own pair of tiles, + barriers.
-    tiles = 2 * 2 * 64 * dim * 2 + 2 * 2 * 64 * dim * 2
+    tiles = 2 * rows * (dim + dv) * 2 + 2 * 64 * (dim + dv) * 2
     assert tiles <= shared < tiles + 1024
     assert wgmma
 
@@ -44,24 +56,32 @@ def _poison_cached_blocks(*shapes, dtype):
 @on_hopper
 @needs_gluon
 @pytest.mark.parametrize(
-    "layout, causal, batch, heads, kv_heads, sq, skv, dim, dtype",
+    "layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype",
     [
-        ("bhsd", True, 2, 4, 4, 512, 512, 128, torch.bfloat16),
-        ("bshd", True, 2, 8, 2, 300, 300, 128, torch.bfloat16),  # GQA, a ragged last block
-        ("bshd", False, 1, 4, 1, 200, 333, 128, torch.float16),  # MQA, more keys than queries
-        ("bhsd", False, 3, 2, 2, 129, 130, 64, torch.bfloat16),
-        ("bshd", True, 1, 2, 2, 1000, 1000, 64, torch.float16),
+        ("bhsd", True, 2, 4, 4, 512, 512, 128, 128, torch.bfloat16),
+        ("bshd", True, 2, 8, 2, 300, 300, 128, 128, torch.bfloat16),  # GQA, a ragged last block
+        ("bshd", False, 1, 4, 1, 200, 333, 128, 128, torch.float16),  # MQA, more keys than queries
+        ("bhsd", False, 3, 2, 2, 129, 130, 64, 64, torch.bfloat16),
+        ("bshd", True, 1, 2, 2, 1000, 1000, 64, 64, torch.float16),
+        # Head dims in two tiles: 96 = 64 + 32, MLA's q and k 192 = 128 + 64 with v 128.
+        ("bshd", True, 2, 8, 2, 300, 300, 96, 96, torch.bfloat16),
+        ("bhsd", False, 1, 3, 3, 257, 400, 96, 96, torch.float16),
+        ("bshd", True, 1, 4, 4, 384, 384, 192, 128, torch.bfloat16),
+        ("bhsd", False, 2, 2, 1, 200, 333, 192, 128, torch.float16),
     ],
 )
-def test_dq_dk_dv_match_float64(layout, causal, batch, heads, kv_heads, sq, skv, dim, dtype):
-    torch.manual_seed(sq * 7 + skv)
+def test_dq_dk_dv_match_float64(layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype):
+    torch.manual_seed(sq * 7 + skv + dim)
     q_shape, k_shape = shapes(layout, batch, heads, kv_heads, sq, skv, dim)
-    q, d_out = (torch.randn(q_shape, device="cuda", dtype=dtype) for _ in range(2))
-    k, v = (torch.randn(k_shape, device="cuda", dtype=dtype) for _ in range(2))
+    v_shape, out_shape = k_shape[:3] + (dv,), q_shape[:3] + (dv,)
+    q = torch.randn(q_shape, device="cuda", dtype=dtype)
+    k = torch.randn(k_shape, device="cuda", dtype=dtype)
+    v = torch.randn(v_shape, device="cuda", dtype=dtype)
+    d_out = torch.randn(out_shape, device="cuda", dtype=dtype)
     out, lse, wants = _reference_grads(q, k, v, d_out, causal, layout)
     delta = (out * d_out.double()).sum(-1)
     delta = (delta.transpose(1, 2) if layout == "bshd" else delta).float().contiguous()
-    _poison_cached_blocks(q_shape, k_shape, k_shape, dtype=dtype)
+    _poison_cached_blocks(q_shape, k_shape, v_shape, dtype=dtype)
     grads, compiled = attention_hopper_backward.backward(
         q, k, v, d_out, lse.float(), delta, (True, True, True),
         layout=layout, causal=causal, scale=dim**-0.5,

@@ -3,26 +3,29 @@ forward's schedule carried over: two 64-key consumer warpgroups ping-ponging ove
 query blocks a one-warp TMA producer streams, for dk and dv; a queries-major kernel of its
 own for dq, so both stay deterministic) checked against float64 and timed against the
 `tl` backward kernels of the generated module (the same module with its Hopper kernels
-turned off), both given the forward's lse; beside the runtime's kernels, three stages for
-each kernel's ring, and dk/dv's unmasked blocks' dots paired (S^T with dP^T, dV with dK,
-the runtime's) or not (dV with dP^T). Removed after their runs: dk/dv's programs in the
-other order (causal: the longest last; within 2-3% either way), and dq fused into the
-dk/dv kernel by fp32 atomics (FA3's way: the dq kernel recomputes S and dP, 7 dots where
-a fused backward has 5), 46-51% slower: commit 766cccd has both (`longest_first=False`,
-`fused_dq=True`).
+turned off), both given the runtime forward's lse; beside the runtime's kernels, dk/dv's
+unmasked blocks' dots paired (S^T with dP^T, dV with dK, the runtime's) or not (dV with
+dP^T), and dk/dv's query blocks of 32 or 64 rows (the runtime: 32 past head dim 128).
+Removed after their runs: three stages in either kernel's ring (within the spreads),
+dk/dv's programs in the other order (causal: the longest last; within 2-3% either way),
+and dq fused into the dk/dv kernel by fp32 atomics (FA3's way: the dq kernel recomputes
+S and dP, 7 dots where a fused backward has 5), 46-51% slower: commit 766cccd has the
+last two (`longest_first=False`, `fused_dq=True`).
 The Gluon timing leaves out delta (the `tl` rows include it: a row-sum kernel, about 2%
 of the backward at the default shape).
 
     python3 benchmarks/experiments/attention_gluon_backward.py [--built FOLDER]
-        [--cases causal full] [--shape B H S D] [--kv-heads N] [--rounds 5]
-        (on an H100/H200: dq, dk and dv against float64, then timed against the
-        generated module's backward kernels, FOLDER: benchmarks/specs/attention_anchors.yaml
-        built)
+        [--cases causal full] [--shape B H S D] [--v-dim DV] [--kv-heads N]
+        [--module NAME] [--rounds 5]
+        (on an H100/H200: dq, dk and dv against float64, then timed against the `tl`
+        backward kernels of the built module NAME, else anchor_attention_CASE, FOLDER:
+        benchmarks/specs/attention_anchors.yaml built)
     ncu --profile-from-start off ... python3 benchmarks/experiments/attention_gluon_backward.py
         --profile --cases causal (one call of each Gluon kernel and of cuDNN's forward and
         backward, MHA only, profiled)
     python3 benchmarks/experiments/attention_gluon_backward.py --compile
-        (CPU: compiled for sm_90; registers, spills and shared memory)
+        (CPU: compiled for sm_90; registers, spills and shared memory, head dims 128, 96
+        and 192/128)
 
 bhsd, bf16.
 """
@@ -41,31 +44,35 @@ import triton
 from fusegen.runtime import attention_hopper, attention_hopper_backward
 
 
-def compile_report(causal=True, dim=128, group=1, paired_dots=True):
+def compile_report(causal=True, dim=128, dv=128, group=1, paired_dots=True, rows=None):
     """Registers, spills and shared memory of the runtime's kernels compiled for sm_90
-    (CPU)."""
+    (CPU); rows: the dk/dv kernel's query rows (dkdv_rows by default)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from quant_registers import compile_sm90, ptxas_report
 
     hb = attention_hopper_backward
-    flat = torch.empty(256, dim, dtype=torch.bfloat16)
-    q_desc = attention_hopper._descriptor(flat, 256, hb.BLOCK_M)
-    kv_desc = attention_hopper._descriptor(flat, 256, hb.BLOCK_N)
+    q, v = (torch.empty(256, d, dtype=torch.bfloat16) for d in (dim, dv))
     for kernel in (hb._attention_dkdv, hb._attention_dq):
+        q_rows = (rows or hb.dkdv_rows(dim)) if kernel is hb._attention_dkdv else hb.BLOCK_M
+        parts = [
+            attention_hopper._descriptors(t, 256, n)
+            for t, n in ((q, q_rows), (q, hb.BLOCK_N), (v, hb.BLOCK_N), (v, q_rows))
+        ]
+        descs = [d for tiles in parts for d in (tiles[0], tiles[-1])]
         names = [p.name for p in kernel.params]
         types = {name: "i32" for name in names}
-        for name, desc in zip(names[:4], (q_desc, kv_desc, kv_desc, q_desc), strict=True):
+        for name, desc in zip(names, descs, strict=False):
             types[name] = triton.runtime.jit.mangle_type(desc)
         types |= {n: "*bf16" for n in ("dk_ptr", "dv_ptr", "dq_ptr") if n in names}
         types |= {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "qk_scale": "fp32", "scale": "fp32"}
         meta = {"GROUP": group, "CAUSAL": causal, "STAGES": 2, "num_warps": 4}
+        meta |= {"SPLIT_QK": len(parts[0]) == 2, "SPLIT_V": len(parts[2]) == 2}
         meta |= {"PAIRED_DOTS": paired_dots} if "PAIRED_DOTS" in names else {}
         types |= {name: "constexpr" for name in meta}
         constants = {(names.index(name),): value for name, value in meta.items()}
         compiled = compile_sm90(kernel, types, constants, {"num_warps": 4})
-        print(f"{kernel.__name__} causal={causal} group={group} paired={paired_dots} "
-              ": "
-              f"{ptxas_report(compiled.asm['ptx'])} | "
+        print(f"{kernel.__name__} d={dim}/{dv} rows={q_rows} causal={causal} group={group} "
+              f"paired={paired_dots}: {ptxas_report(compiled.asm['ptx'])} | "
               f"shared {compiled.metadata.shared} bytes", flush=True)  # fmt: skip
 
 
@@ -91,6 +98,10 @@ def main() -> int:
     parser.add_argument("--cases", nargs="+", default=["causal", "full"])
     parser.add_argument("--shape", type=int, nargs=4, default=[4, 32, 4096, 128])
     parser.add_argument("--kv-heads", type=int, help="GQA: kv heads (default: MHA)")
+    parser.add_argument("--v-dim", type=int, help="v's head dim (default: D)")
+    parser.add_argument(
+        "--module", help="the built module whose `tl` kernels are timed (default: the case's)"
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument(
         "--profile", action="store_true", help="one call of each, under the CUDA profiler only"
@@ -101,16 +112,19 @@ def main() -> int:
             (True, 1, True), (False, 1, True), (True, 7, True), (True, 1, False),
         ):  # fmt: skip
             compile_report(causal, group=group, paired_dots=paired)
+        for dim, dv, rows in ((96, 96, None), (192, 128, None), (192, 128, 64)):
+            compile_report(True, dim, dv, rows=rows)
         return 0
 
     failed = sum(
-        run_case(case, args.shape, args.kv_heads, args.rounds, args.built, args.profile)
+        run_case(case, args.shape, args.kv_heads, args.rounds, args.built, args.profile,
+                 args.v_dim, args.module)
         for case in args.cases
-    )
+    )  # fmt: skip
     return 1 if failed else 0
 
 
-def run_case(case, shape, kv_heads, rounds, built, profile=False) -> int:
+def run_case(case, shape, kv_heads, rounds, built, profile=False, v_dim=None, module=None):
     """dq, dk and dv of one case against float64, then timed; the number of failed
     checks."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -118,14 +132,16 @@ def run_case(case, shape, kv_heads, rounds, built, profile=False) -> int:
 
     causal = case == "causal"
     batch, heads, seq, dim = shape
-    kv_heads = kv_heads or heads
+    kv_heads, v_dim = kv_heads or heads, v_dim or dim
     torch.manual_seed(0)
-    q, d_out = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    k, v = (torch.randn(batch, kv_heads, seq, dim, device="cuda", dtype=torch.bfloat16)
-            for _ in range(2))  # fmt: skip
+    bf16 = {"device": "cuda", "dtype": torch.bfloat16}
+    q, k = torch.randn(*shape, **bf16), torch.randn(batch, kv_heads, seq, dim, **bf16)
+    v = torch.randn(batch, kv_heads, seq, v_dim, **bf16)
+    d_out = torch.randn(batch, heads, seq, v_dim, **bf16)
     group = heads // kv_heads
-    keys, values = (t.repeat_interleave(group, 1) for t in (k, v))
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, keys, values, 0.0, causal)[:2]
+    out = torch.empty(batch, heads, seq, v_dim, **bf16)
+    lse = torch.empty(batch, heads, seq, device="cuda")
+    attention_hopper.forward(q, k, v, out, lse, layout="bhsd", causal=causal, scale=dim**-0.5)
     delta = (out.float() * d_out.float()).sum(-1)
 
     def gluon(needs, **variant):
@@ -166,15 +182,14 @@ def run_case(case, shape, kv_heads, rounds, built, profile=False) -> int:
         return failed
     calls = {
         "gluon dk/dv": lambda: gluon(kv),
-        "gluon dk/dv 3 stages": lambda: gluon(kv, stages=3),
-        "gluon dk/dv paired dots": lambda: gluon(kv, paired_dots=True),
         "gluon dk/dv unpaired dots": lambda: gluon(kv, paired_dots=False),
+        "gluon dk/dv 32-row blocks": lambda: gluon(kv, rows_dkdv=32),
+        "gluon dk/dv 64-row blocks": lambda: gluon(kv, rows_dkdv=64),
         "gluon dq": lambda: gluon(q_only),
-        "gluon dq 3 stages": lambda: gluon(q_only, stages=3),
         "gluon dk/dv + dq": lambda: gluon((True, True, True)),
     }
     if built and group == 1:
-        name = f"anchor_attention_{case}"
+        name = module or f"anchor_attention_{case}"
         module = attention_anchors.load(Path(built), name)
         attention = module._ATTENTION
         bshd = module.LAYOUT == "bshd"

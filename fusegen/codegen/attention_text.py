@@ -87,19 +87,20 @@ def tma_loads(att: Attention) -> bool:
     return att.head_dim in TMA_HEAD_DIMS and att.dv == att.head_dim
 
 
-# Head dims the Hopper forward (runtime/attention_hopper.py) takes: 128, where it ran
-# 1.16-1.20x the `tl` forward on an H200; at 64 (16 x 16 x 1024 causal) it ran 0.207 ms
-# against the `tl` forward's 0.121: its 64 x 128 tiles are softmax-bound there.
-HOPPER_HEAD_DIMS = (128,)
+# (q and k's head dim, v's) the Hopper forward (runtime/attention_hopper.py) takes: 128,
+# where it ran 1.16-1.20x the `tl` forward on an H200, and 96 and 192/128 (MLA), as two
+# tiles of the head dim each. At 64 (16 x 16 x 1024 causal) it ran 0.207 ms against the
+# `tl` forward's 0.121: its 64 x 128 tiles are softmax-bound there.
+HOPPER_HEAD_DIMS = ((128, 128), (96, 96), (192, 128))
 
 
 def hopper_mask(att: Attention) -> str | None:
     """The mask the runtime's Hopper forward runs this module's calls with ("causal" or
     "none"), or None where the attention is more than that forward does: a softcap,
-    window, ALiBi or bias, or head dims other than 128 for q, k and v."""
+    window, ALiBi or bias, or head dims it does not take (HOPPER_HEAD_DIMS)."""
     if att.softcap or att.window or att.alibi or att.bias:
         return None
-    if att.head_dim not in HOPPER_HEAD_DIMS or att.dv != att.head_dim:
+    if (att.head_dim, att.dv) not in HOPPER_HEAD_DIMS:
         return None
     return "causal" if att.causal else "none"
 

@@ -12,10 +12,14 @@ query block first, so that those running at once share a few heads' keys in L2.
 Measured against cuDNN and the `tl` kernels on an H200 by
 benchmarks/experiments/attention_gluon_hopper.py (the variants that led here).
 
+A head dim that is not a power of two is two tiles (parts: 96 = 64 + 32, MLA's 192 =
+128 + 64), their dots chained: TMA and Gluon tiles are powers of two, and padding 96 to
+128 would cost a third more dots. At 96 and MLA's 192/128 it ran 1.15x and 1.09x cuDNN.
+
 What it takes (Attention.hopper_fits checks): q, k, v and out contiguous in the module's
-layout (a [rows, dim] view of each), 16-byte aligned, bf16 or fp16, one head dim for q, k
-and v (64 or 128 here; modules take it at 128, where it was measured faster), no key
-lengths, and, when causal, as many queries as keys. It writes the same out and
+layout (a [rows, dim] view of each), 16-byte aligned, bf16 or fp16, (q's head dim, v's)
+in HEAD_DIMS (modules take 128, 96 and 192/128, where it was measured faster than the
+`tl` forward), no key lengths, and, when causal, as many queries as keys. It writes the same out and
 log-sum-exp (natural log) as the `tl` forward, rounded its own way. Without Gluon (an
 older Triton) AVAILABLE is False and the `tl` kernels run.
 """
@@ -40,7 +44,9 @@ except ImportError:  # a Triton without Gluon: the `tl` kernels run
     AVAILABLE = False
 
 LOG2E = 1.4426950408889634
-HEAD_DIMS = (64, 128)  # what the kernel is written for (modules take it at 128 only)
+# (q and k's head dim, v's) the kernel is written for: v's parts of the dim are q's first
+# ones, so that out goes through q's tiles, and the tiles fit an SM's shared memory.
+HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128))
 
 # A consumer's query rows, the keys of a block, the ring's stages (the kernels read them
 # off their descriptors and buffers).
@@ -68,43 +74,96 @@ if AVAILABLE:
         alpha = gl.exp2(m_i - m_new)
         return p, m_new, l_i * alpha + gl.sum(p, axis=1), alpha
 
+    @gluon.constexpr_function
+    def _nbytes(descs):
+        """The bytes of one tile of each descriptor (what a barrier expects)."""
+        return sum(d.block_type.nbytes for d in descs)
+
     @gluon.jit
-    def _load(desc, smem, bar, row, col):
-        mbarrier.expect(bar, desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc, [row, col], bar, smem)
+    def _parts_of(first, rest, SPLIT: gl.constexpr):
+        """A tensor's descriptors as a tuple, one a part of its head dim: (first, rest)
+        where SPLIT, else (first,). (Triton 3.6's launcher takes no descriptors inside
+        tuples: kernels take the parts as arguments of their own.)"""
+        if SPLIT:
+            parts = (first, rest)
+        else:
+            parts = (first,)
+        return parts
+
+    @gluon.jit
+    def _ring(descs, depth: gl.constexpr):
+        """Shared memory for `depth` tiles of each part of the head dim, a tuple."""
+        d = descs[0]
+        bufs = (gl.allocate_shared_memory(d.dtype, [depth] + d.block_type.shape, d.layout),)
+        if len(descs) == 2:
+            d = descs[1]
+            bufs = bufs + (gl.allocate_shared_memory(d.dtype, [depth] + d.block_type.shape,
+                                                     d.layout),)
+        return bufs
+
+    @gluon.jit
+    def _copy(descs, bufs, index, bar, row, col):
+        """Every part's tile at [row, col] into bufs' slot `index`, arriving on bar."""
+        for i in gl.static_range(len(descs)):
+            tma.async_copy_global_to_shared(descs[i], [row, col], bar, bufs[i].index(index))
+
+    @gluon.jit
+    def _load(descs, bufs, index, bar, row, col):
+        """_copy on a barrier that expects these tiles alone."""
+        mbarrier.expect(bar, _nbytes(descs))
+        _copy(descs, bufs, index, bar, row, col)
+
+    @gluon.jit
+    def _scores(q_bufs, k_bufs, part, stage, s_zero):
+        """S = Q K^T of a key block, the parts of the head dim chained as asynchronous
+        wgmma (one group each)."""
+        s = warpgroup_mma(q_bufs[0].index(part), k_bufs[0].index(stage).permute((1, 0)),
+                          s_zero, use_acc=False, is_async=True)
+        for i in gl.static_range(1, len(q_bufs)):
+            s = warpgroup_mma(q_bufs[i].index(part), k_bufs[i].index(stage).permute((1, 0)),
+                              s, is_async=True)
+        return s
 
     @gluon.jit
     def _consume(descs, bufs, bars, out_ptr, lse_ptr, place, sq, skv, n_blocks, qk_scale,
                  stride_o_b, stride_o_h, stride_o_s,
                  CAUSAL: gl.constexpr, PART: gl.constexpr, num_warps: gl.constexpr):
         """Consumer PART: its 64 query rows over every key block the producer streams,
-        then its rows of out and lse."""
-        q_desc, k_desc, v_desc, o_desc = descs
+        then its rows of out and lse. v's parts of the head dim are q's first ones (128 of
+        192, or 64 + 32 of 96): out goes through q's tiles."""
+        q_descs, k_descs, v_descs, o_descs = descs
         q_bufs, k_bufs, v_bufs = bufs
         q_ready, k_ready, v_ready, k_empty, v_empty = bars
-        batch, head, heads, row0, q_row, q_col, kv_row, kv_col = place
-        BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
-        HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-        BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-        STAGES: gl.constexpr = k_bufs.type.shape[0]
+        batch, head, heads, row0, q_row, q_col, kv_row, kv_col, v_col, o_col = place
+        BLOCK_M: gl.constexpr = q_descs[0].block_type.shape[0]
+        BLOCK_N: gl.constexpr = k_descs[0].block_type.shape[0]
+        DV0: gl.constexpr = v_descs[0].block_type.shape[1]
+        STAGES: gl.constexpr = k_bufs[0].type.shape[0]
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16])
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, DV0, 16])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
                                                      k_width=2)
-        dtype: gl.constexpr = q_desc.dtype
+        dtype: gl.constexpr = q_descs[0].dtype
         row0 = row0 + PART * BLOCK_M
-        q_smem = q_bufs.index(PART)
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
         m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
         l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=gl.SliceLayout(1, s_layout))
-        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+        acc = gl.zeros([BLOCK_M, DV0], gl.float32, layout=o_layout)
+        if len(v_descs) == 2:
+            DV1: gl.constexpr = v_descs[1].block_type.shape[1]
+            o1_layout: gl.constexpr = gl.NVMMADistributedLayout(
+                version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, DV1, 16])
+            p1_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o1_layout,
+                                                          k_width=2)
+            acc1 = gl.zeros([BLOCK_M, DV1], gl.float32, layout=o1_layout)
         mbarrier.wait(q_ready.index(PART), 0)
 
         # Block 0's probabilities: the loop runs one block ahead of its PV.
         mbarrier.wait(k_ready.index(0), 0)
-        s = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False)
+        s = _scores(q_bufs, k_bufs, PART, 0, s_zero)
+        s = warpgroup_mma_wait(0, deps=(s,))
         mbarrier.arrive(k_empty.index(0))
         p, m_i, l_i, alpha = _probabilities(s, m_i, l_i, 0, row0, skv, qk_scale, CAUSAL,
                                             s_layout)
@@ -113,44 +172,70 @@ if AVAILABLE:
             stage = j % STAGES
             prev = (j - 1) % STAGES
             mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
-            s_tok = warpgroup_mma(q_smem, k_bufs.index(stage).permute((1, 0)), s_zero,
-                                  use_acc=False, is_async=True)
+            s_tok = _scores(q_bufs, k_bufs, PART, stage, s_zero)
             mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-            acc_tok = warpgroup_mma(p, v_bufs.index(prev), acc, is_async=True)
-            s = warpgroup_mma_wait(1, deps=(s_tok,))
+            acc_tok = warpgroup_mma(p, v_bufs[0].index(prev), acc, is_async=True)
+            if len(v_descs) == 2:
+                acc1_tok = warpgroup_mma(gl.convert_layout(p, p1_layout), v_bufs[1].index(prev),
+                                         acc1, is_async=True)
+                s = warpgroup_mma_wait(2, deps=(s_tok,))
+            else:
+                s = warpgroup_mma_wait(1, deps=(s_tok,))
             mbarrier.arrive(k_empty.index(stage))
             p_next, m_i, l_i, alpha = _probabilities(s, m_i, l_i, j * BLOCK_N, row0, skv,
                                                      qk_scale, CAUSAL, s_layout)
-            acc, p = warpgroup_mma_wait(0, deps=(acc_tok, p))
+            if len(v_descs) == 2:
+                acc, acc1, p = warpgroup_mma_wait(0, deps=(acc_tok, acc1_tok, p))
+                acc1 = acc1 * gl.convert_layout(alpha, gl.SliceLayout(1, o1_layout))[:, None]
+            else:
+                acc, p = warpgroup_mma_wait(0, deps=(acc_tok, p))
             mbarrier.arrive(v_empty.index(prev))
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             p = gl.convert_layout(p_next.to(dtype), p_layout)
         last = (n_blocks - 1) % STAGES
         mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
-        acc = warpgroup_mma(p, v_bufs.index(last), acc)
+        acc = warpgroup_mma(p, v_bufs[0].index(last), acc)
+        if len(v_descs) == 2:
+            acc1 = warpgroup_mma(gl.convert_layout(p, p1_layout), v_bufs[1].index(last), acc1)
         mbarrier.arrive(v_empty.index(last))
 
+        _store_out(acc, l_i, q_bufs[0].index(PART), o_descs[0], out_ptr, place, sq,
+                   stride_o_b, stride_o_h, stride_o_s, 0, PART)
+        if len(v_descs) == 2:
+            _store_out(acc1, l_i, q_bufs[1].index(PART), o_descs[1], out_ptr, place, sq,
+                       stride_o_b, stride_o_h, stride_o_s, DV0, PART)
+        lse_rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453  # natural log
+        gl.store(lse_ptr + (batch * heads + head).to(gl.int64) * sq + lse_rows, lse,
+                 mask=lse_rows < sq)
+
+    @gluon.jit
+    def _store_out(acc, l_i, smem, o_desc, out_ptr, place, sq, stride_o_b, stride_o_h,
+                   stride_o_s, col0: gl.constexpr, PART: gl.constexpr):
+        """One part of the head dim of consumer PART's out rows (acc / l), columns col0
+        on."""
+        batch, head, heads, row0, q_row, q_col, kv_row, kv_col, v_col, o_col = place
+        BLOCK_M: gl.constexpr = acc.type.shape[0]
+        DV: gl.constexpr = acc.type.shape[1]
+        o_layout: gl.constexpr = acc.type.layout
+        row0 = row0 + PART * BLOCK_M
         l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
-        out = (acc / l_o[:, None]).to(dtype)
+        out = (acc / l_o[:, None]).to(o_desc.dtype)
         if row0 + BLOCK_M <= sq:
             # A whole tile: through the query tile's shared memory (every QK is done)
-            # and a TMA store, out having q's layout.
-            q_smem.store(out)
+            # and a TMA store.
+            smem.store(out)
             fence_async_shared()
-            tma.async_copy_shared_to_global(o_desc, [q_row + PART * BLOCK_M, q_col], q_smem)
+            tma.async_copy_shared_to_global(o_desc, [q_row + PART * BLOCK_M, o_col], smem)
             tma.store_wait(pendings=0)
         else:
             # The last tile's rows past the queries are computed on what the view holds
             # there (another head's or batch entry's rows), and not stored.
             rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
-            cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+            cols = col0 + gl.arange(0, DV, layout=gl.SliceLayout(0, o_layout))
             base = batch.to(gl.int64) * stride_o_b + head * stride_o_h
             offsets = base + rows.to(gl.int64)[:, None] * stride_o_s + cols[None, :]
             gl.store(out_ptr + offsets, out, mask=(rows < sq)[:, None])
-        lse_rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453  # natural log
-        gl.store(lse_ptr + (batch * heads + head).to(gl.int64) * sq + lse_rows, lse,
-                 mask=lse_rows < sq)
 
     @gluon.jit
     def _produce(descs, bufs, bars, out_ptr, lse_ptr, place, sq, skv, n_blocks, qk_scale,
@@ -159,38 +244,42 @@ if AVAILABLE:
         """The producer warp: the two query tiles, then each key block's K and V into the
         ring, each into its stage once both consumers have released it (a fresh mbarrier
         counts as having completed the phase before 0: the first pass does not wait)."""
-        q_desc, k_desc, v_desc, o_desc = descs
+        q_descs, k_descs, v_descs, o_descs = descs
         q_bufs, k_bufs, v_bufs = bufs
         q_ready, k_ready, v_ready, k_empty, v_empty = bars
-        batch, head, heads, row0, q_row, q_col, kv_row, kv_col = place
-        BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
-        BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-        STAGES: gl.constexpr = k_bufs.type.shape[0]
+        batch, head, heads, row0, q_row, q_col, kv_row, kv_col, v_col, o_col = place
+        BLOCK_M: gl.constexpr = q_descs[0].block_type.shape[0]
+        BLOCK_N: gl.constexpr = k_descs[0].block_type.shape[0]
+        STAGES: gl.constexpr = k_bufs[0].type.shape[0]
         for part in gl.static_range(2):
-            _load(q_desc, q_bufs.index(part), q_ready.index(part), q_row + part * BLOCK_M,
-                  q_col)
+            _load(q_descs, q_bufs, part, q_ready.index(part), q_row + part * BLOCK_M, q_col)
         for j in range(n_blocks):
             stage = j % STAGES
             empty_phase = ((j // STAGES) & 1) ^ 1
             mbarrier.wait(k_empty.index(stage), empty_phase)
-            _load(k_desc, k_bufs.index(stage), k_ready.index(stage), kv_row + j * BLOCK_N,
-                  kv_col)
+            _load(k_descs, k_bufs, stage, k_ready.index(stage), kv_row + j * BLOCK_N, kv_col)
             mbarrier.wait(v_empty.index(stage), empty_phase)
-            _load(v_desc, v_bufs.index(stage), v_ready.index(stage), kv_row + j * BLOCK_N,
-                  kv_col)
+            _load(v_descs, v_bufs, stage, v_ready.index(stage), kv_row + j * BLOCK_N, v_col)
 
     @gluon.jit
-    def _attention_forward(q_desc, k_desc, v_desc, o_desc, out_ptr, lse_ptr, sq, skv, heads,
-                           qk_scale,
+    def _attention_forward(q_desc, q_rest, k_desc, k_rest, v_desc, v_rest, o_desc, o_rest,
+                           out_ptr, lse_ptr, sq, skv, heads, qk_scale,
                            q_rows_b, q_rows_h, q_cols_h, kv_rows_b, kv_rows_h, kv_cols_h,
-                           stride_o_b, stride_o_h, stride_o_s,
-                           GROUP: gl.constexpr, CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+                           v_cols_h, stride_o_b, stride_o_h, stride_o_s,
+                           GROUP: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_QK: gl.constexpr,
+                           SPLIT_V: gl.constexpr, num_warps: gl.constexpr):
         """One program: 128 query rows of one (batch, head). A tile's place in the [rows,
         dim] views: row batch * rows_b + head * rows_h + position, column head * cols_h
         (bshd: rows_b = seq, rows_h = 0, cols_h = dim; bhsd: rows_b = heads * seq, rows_h
-        = seq, cols_h = 0), k and v by kv head = head // GROUP."""
-        BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
-        BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+        = seq, cols_h = 0; v's and out's cols_h: v's dim or 0), k and v by kv head =
+        head // GROUP. A head dim in two tiles (SPLIT_QK for q and k, SPLIT_V for v and
+        out) has the second's descriptor in *_rest (else the first again, unread)."""
+        q_descs = _parts_of(q_desc, q_rest, SPLIT_QK)
+        k_descs = _parts_of(k_desc, k_rest, SPLIT_QK)
+        v_descs = _parts_of(v_desc, v_rest, SPLIT_V)
+        o_descs = _parts_of(o_desc, o_rest, SPLIT_V)
+        BLOCK_M: gl.constexpr = q_descs[0].block_type.shape[0]
+        BLOCK_N: gl.constexpr = k_descs[0].block_type.shape[0]
         STAGES: gl.constexpr = 2
         m_blocks = gl.cdiv(sq, 2 * BLOCK_M)
         pid = gl.program_id(0)
@@ -205,12 +294,9 @@ if AVAILABLE:
         q_row = batch * q_rows_b + head * q_rows_h + row0
         kv_row = batch * kv_rows_b + kv_head * kv_rows_h
 
-        q_bufs = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape,
-                                           q_desc.layout)
-        k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape,
-                                           k_desc.layout)
-        v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape,
-                                           v_desc.layout)
+        q_bufs = _ring(q_descs, 2)
+        k_bufs = _ring(k_descs, STAGES)
+        v_bufs = _ring(v_descs, STAGES)
         q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -223,10 +309,11 @@ if AVAILABLE:
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=2)
             mbarrier.init(v_empty.index(i), count=2)
-        descs = (q_desc, k_desc, v_desc, o_desc)
+        descs = (q_descs, k_descs, v_descs, o_descs)
         bufs = (q_bufs, k_bufs, v_bufs)
         bars = (q_ready, k_ready, v_ready, k_empty, v_empty)
-        at = (batch, head, heads, row0, q_row, head * q_cols_h, kv_row, kv_head * kv_cols_h)
+        at = (batch, head, heads, row0, q_row, head * q_cols_h, kv_row, kv_head * kv_cols_h,
+              kv_head * v_cols_h, head * v_cols_h)
         # (Constexprs keep their kind only written out in each partition's tuple.)
         gl.warp_specialize([
             (_consume, (descs, bufs, bars, out_ptr, lse_ptr, at, sq, skv, n_blocks, qk_scale,
@@ -239,14 +326,30 @@ if AVAILABLE:
     # fmt: on
 
 
-def _descriptor(t, rows, block_rows):
+def parts(dim):
+    """A head dim's parts, a tile each: the dim where it is a power of two, else the
+    largest power of two under it and the rest (96 = 64 + 32, 192 = 128 + 64): TMA and
+    Gluon tiles are powers of two, and padding to the next one would cost a third more
+    dots at 96."""
+    high = 1 << (dim.bit_length() - 1)
+    return (dim,) if high == dim else (high, dim - high)
+
+
+def _descriptor(t, rows, block_rows, col=0, width=None):
     """A TMA descriptor over t (bf16 or fp16) viewed as [rows, t.numel() // rows], tiles
-    of block_rows rows and one head's dim."""
-    dim = t.shape[-1]
+    of block_rows rows and `width` columns (one head's dim) from column col of a head."""
+    width = width or t.shape[-1]
     dtype = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
-    view = t.view(rows, t.numel() // rows)
-    layout = gl.NVMMASharedLayout.get_default_for([block_rows, dim], dtype)
-    return TensorDescriptor.from_tensor(view, [block_rows, dim], layout)
+    view = t.view(rows, t.numel() // rows)[:, col:]
+    layout = gl.NVMMASharedLayout.get_default_for([block_rows, width], dtype)
+    return TensorDescriptor.from_tensor(view, [block_rows, width], layout)
+
+
+def _descriptors(t, rows, block_rows):
+    """One descriptor a part of t's head dim (parts), as a tuple."""
+    widths = parts(t.shape[-1])
+    cols = (0, *widths[:-1])
+    return tuple(_descriptor(t, rows, block_rows, c, w) for c, w in zip(cols, widths, strict=True))
 
 
 def places(q, k, layout):
@@ -276,17 +379,21 @@ CONFIG = {"BLOCK_M": 2 * BLOCK_M, "BLOCK_N": BLOCK_N, "num_warps": 9, "num_stage
 
 def forward(q, k, v, out, lse, *, layout, causal, scale):
     """out and lse of attention over q, k, v: [batch, seq, heads, dim] ("bshd") or [batch,
-    heads, seq, dim] ("bhsd"), contiguous, 16-byte aligned, bf16 or fp16, dim in
-    HEAD_DIMS; out likewise; lse [batch, heads, q_len] fp32. Returns the compiled kernel
-    (`fusegen inspect` reads its registers and shared memory)."""
+    heads, seq, dim] ("bhsd"), contiguous, 16-byte aligned, bf16 or fp16, (q's dim, v's)
+    in HEAD_DIMS; out likewise; lse [batch, heads, q_len] fp32. Returns the compiled
+    kernel (`fusegen inspect` reads its registers and shared memory)."""
     batch, heads, kv_heads, sq, skv, rows, q_place, kv_place = places(q, k, layout)
     grid = (triton.cdiv(sq, 2 * BLOCK_M) * batch * heads,)
+    v_cols = v.shape[-1] if layout == "bshd" else 0  # a head's columns in v and out
+    descs = [
+        _descriptors(q, rows[0], BLOCK_M),
+        _descriptors(k, rows[1], BLOCK_N),
+        _descriptors(v, rows[1], BLOCK_N),
+        _descriptors(out, rows[0], BLOCK_M),
+    ]
     with torch.cuda.device(q.device):  # Triton launches on the current device
         return _attention_forward[grid](
-            _descriptor(q, rows[0], BLOCK_M),
-            _descriptor(k, rows[1], BLOCK_N),
-            _descriptor(v, rows[1], BLOCK_N),
-            _descriptor(out, rows[0], BLOCK_M),
+            *(d for parts in descs for d in (parts[0], parts[-1])),
             out,
             lse,
             sq,
@@ -295,8 +402,11 @@ def forward(q, k, v, out, lse, *, layout, causal, scale):
             scale * LOG2E,
             *q_place,
             *kv_place,
+            v_cols,
             *strides(out, layout),
             GROUP=heads // kv_heads,
             CAUSAL=causal,
+            SPLIT_QK=len(descs[0]) == 2,
+            SPLIT_V=len(descs[2]) == 2,
             num_warps=4,
         )

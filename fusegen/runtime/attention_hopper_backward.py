@@ -36,24 +36,22 @@ LOG2E = attention_hopper.LOG2E
 # whether dk/dv's unmasked blocks issue S^T with dP^T and dV with dK (else dV with dP^T;
 # the masked blocks do, where the pairing spilled). The experiment varies the last two.
 BLOCK_M, BLOCK_N, STAGES, PAIRED_DOTS = 64, 64, 2, True
+# (q and k's head dim, v's) the kernels are written for: the forward's, each a tile or two
+# (attention_hopper.parts); a module of other dims runs the `tl` backward.
+HEAD_DIMS = attention_hopper.HEAD_DIMS
 
 if attention_hopper.AVAILABLE:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
         mbarrier,
-        tma,
         warpgroup_mma,
         warpgroup_mma_wait,
     )
 
-    # fmt: off
-    @gluon.jit
-    def _tiles(desc, count: gl.constexpr):
-        """Shared memory for count of desc's tiles."""
-        return gl.allocate_shared_memory(desc.dtype, [count] + desc.block_type.shape,
-                                         desc.layout)
+    from .attention_hopper import _copy, _nbytes, _parts_of, _ring
 
+    # fmt: off
     @gluon.jit
     def _barriers(STAGES: gl.constexpr):
         """A kernel's mbarriers: one for each consumer's tiles it holds (the producer's
@@ -69,6 +67,60 @@ if attention_hopper.AVAILABLE:
         return held, ready, empty
 
     @gluon.jit
+    def _slots(bufs, index):
+        """Slot `index` of each part's ring."""
+        slots = (bufs[0].index(index),)
+        if len(bufs) == 2:
+            slots = slots + (bufs[1].index(index),)
+        return slots
+
+    @gluon.jit
+    def _accumulators(descs, num_warps: gl.constexpr):
+        """fp32 zeros of each part's tile (one a part of the head dim), in wgmma's
+        accumulator layout."""
+        ROWS: gl.constexpr = descs[0].block_type.shape[0]
+        W0: gl.constexpr = descs[0].block_type.shape[1]
+        layout0: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, W0, 16])
+        accs = (gl.zeros([ROWS, W0], gl.float32, layout=layout0),)
+        if len(descs) == 2:
+            W1: gl.constexpr = descs[1].block_type.shape[1]
+            layout1: gl.constexpr = gl.NVMMADistributedLayout(
+                version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, W1, 16])
+            accs = accs + (gl.zeros([ROWS, W1], gl.float32, layout=layout1),)
+        return accs
+
+    @gluon.jit
+    def _dot_t(a_smems, b_smems, zero):
+        """sum over the parts of a_i b_i^T (shared memory both), as chained asynchronous
+        wgmma, one group a part."""
+        acc = warpgroup_mma(a_smems[0], b_smems[0].permute((1, 0)), zero, use_acc=False,
+                            is_async=True)
+        for i in gl.static_range(1, len(a_smems)):
+            acc = warpgroup_mma(a_smems[i], b_smems[i].permute((1, 0)), acc, is_async=True)
+        return acc
+
+    @gluon.jit
+    def _operands(a, accs):
+        """a (registers) in the A-operand layout of each accumulator's dot."""
+        layout0: gl.constexpr = gl.DotOperandLayout(operand_index=0,
+                                                    parent=accs[0].type.layout, k_width=2)
+        ops = (gl.convert_layout(a, layout0),)
+        if len(accs) == 2:
+            layout1: gl.constexpr = gl.DotOperandLayout(operand_index=0,
+                                                        parent=accs[1].type.layout, k_width=2)
+            ops = ops + (gl.convert_layout(a, layout1),)
+        return ops
+
+    @gluon.jit
+    def _dot_into(ops, b_smems, accs):
+        """accs[i] += ops[i] b_i as asynchronous wgmma, one group a part: the tokens."""
+        toks = (warpgroup_mma(ops[0], b_smems[0], accs[0], is_async=True),)
+        if len(accs) == 2:
+            toks = toks + (warpgroup_mma(ops[1], b_smems[1], accs[1], is_async=True),)
+        return toks
+
+    @gluon.jit
     def _row_terms(lse_ptr, delta_ptr, row_base, rows, sq):
         """lse in base 2 and delta of the rows; rows past the queries get lse = inf (P = 0
         there: their q and d_out are another head's or batch entry's)."""
@@ -78,59 +130,65 @@ if attention_hopper.AVAILABLE:
         return lse * 1.4426950408889634, delta
 
     @gluon.jit
-    def _store_rows(ptr, tile, rows, n_rows, base, stride_s, layout: gl.constexpr):
-        """A [rows, dim] tile into the rows before n_rows of a [seq, dim] slice at base."""
-        DIM: gl.constexpr = tile.type.shape[1]
-        cols = gl.arange(0, DIM, layout=gl.SliceLayout(0, layout))
+    def _store_rows(ptr, tile, row0, n_rows, base, stride_s, col0):
+        """A [rows, width] tile at rows row0 on (those before n_rows) and columns col0 on
+        of a [seq, dim] slice at base."""
+        ROWS: gl.constexpr = tile.type.shape[0]
+        WIDTH: gl.constexpr = tile.type.shape[1]
+        layout: gl.constexpr = tile.type.layout
+        rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+        cols = col0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
         offsets = base + rows.to(gl.int64)[:, None] * stride_s + cols[None, :]
         gl.store(ptr + offsets, tile, mask=(rows < n_rows)[:, None])
 
     @gluon.jit
-    def _kv_step(q_smem, do_smem, k_smem, v_smem, dk, dv, lse, delta, keys, rows, skv,
+    def _store_parts(ptr, accs, factor, row0, n_rows, base, stride_s, dtype: gl.constexpr):
+        """Each part's accumulator, times factor, into its columns of the rows."""
+        _store_rows(ptr, (accs[0] * factor).to(dtype), row0, n_rows, base, stride_s, 0)
+        if len(accs) == 2:
+            _store_rows(ptr, (accs[1] * factor).to(dtype), row0, n_rows, base, stride_s,
+                        accs[0].type.shape[1])
+
+    @gluon.jit
+    def _kv_step(q_smems, do_smems, k_smems, v_smems, dk, dv, lse, delta, keys, rows, skv,
                  qk_scale, CAUSAL: gl.constexpr, MASKED: gl.constexpr, PAIRED: gl.constexpr,
                  num_warps: gl.constexpr):
-        """One query block into a consumer's dK and dV. PAIRED: S^T issued with dP^T,
-        then dV with dK (two waits a block); else dV with dP^T (three)."""
-        BN: gl.constexpr = k_smem.type.shape[0]
-        BM: gl.constexpr = q_smem.type.shape[0]
-        DIM: gl.constexpr = q_smem.type.shape[1]
+        """One query block into a consumer's dK and dV (tuples, one a part of the head
+        dim). PAIRED: S^T issued with dP^T, then dV with dK (two waits a block); else dV
+        with dP^T (three)."""
+        BN: gl.constexpr = k_smems[0].type.shape[0]
+        BM: gl.constexpr = q_smems[0].type.shape[0]
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BM, 16])
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, DIM, 16])
-        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout,
-                                                     k_width=2)
-        dtype: gl.constexpr = q_smem.dtype
+        dtype: gl.constexpr = q_smems[0].dtype
         s_zero = gl.zeros([BN, BM], gl.float32, layout=s_layout)
         if PAIRED:
-            s_tok = warpgroup_mma(k_smem, q_smem.permute((1, 0)), s_zero, use_acc=False,
-                                  is_async=True)
-            dp_tok = warpgroup_mma(v_smem, do_smem.permute((1, 0)), s_zero, use_acc=False,
-                                   is_async=True)
-            s = warpgroup_mma_wait(1, deps=(s_tok,))
+            s_tok = _dot_t(k_smems, q_smems, s_zero)
+            dp_tok = _dot_t(v_smems, do_smems, s_zero)
+            s = warpgroup_mma_wait(len(v_smems), deps=(s_tok,))
         else:
-            s = warpgroup_mma(k_smem, q_smem.permute((1, 0)), s_zero, use_acc=False)
+            s = warpgroup_mma_wait(0, deps=(_dot_t(k_smems, q_smems, s_zero),))
         p = gl.exp2(s * qk_scale - lse[None, :])
         if MASKED:  # the diagonal (queries before a key see none of it), the last key
             seen = keys[:, None] < skv
             if CAUSAL:
                 seen = seen & (keys[:, None] <= rows[None, :])
             p = gl.where(seen, p, 0.0)
-        p_a = gl.convert_layout(p.to(dtype), a_layout)
+        p_ops = _operands(p.to(dtype), dv)
         if PAIRED:
             dp = warpgroup_mma_wait(0, deps=(dp_tok,))
-            ds_a = gl.convert_layout((p * (dp - delta[None, :])).to(dtype), a_layout)
-            dv_tok = warpgroup_mma(p_a, do_smem, dv, is_async=True)
-            dk_tok = warpgroup_mma(ds_a, q_smem, dk, is_async=True)
-            dv, dk, p_a, ds_a = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_a, ds_a))
+            ds_ops = _operands((p * (dp - delta[None, :])).to(dtype), dk)
+            toks = _dot_into(p_ops, do_smems, dv) + _dot_into(ds_ops, q_smems, dk)
+            done = warpgroup_mma_wait(0, deps=toks + p_ops + ds_ops)
+            dv = done[:len(dv)]
+            dk = done[len(dv):len(dv) + len(dk)]
         else:
-            dv_tok = warpgroup_mma(p_a, do_smem, dv, is_async=True)
-            dp_tok = warpgroup_mma(v_smem, do_smem.permute((1, 0)), s_zero, use_acc=False,
-                                   is_async=True)
+            dv_toks = _dot_into(p_ops, do_smems, dv)
+            dp_tok = _dot_t(v_smems, do_smems, s_zero)
             dp = warpgroup_mma_wait(0, deps=(dp_tok,))
-            dv = warpgroup_mma_wait(0, deps=(dv_tok,))
-            ds_a = gl.convert_layout((p * (dp - delta[None, :])).to(dtype), a_layout)
-            dk = warpgroup_mma(ds_a, q_smem, dk)
+            dv = warpgroup_mma_wait(0, deps=dv_toks + p_ops)[:len(dv)]
+            ds_ops = _operands((p * (dp - delta[None, :])).to(dtype), dk)
+            dk = warpgroup_mma_wait(0, deps=_dot_into(ds_ops, q_smems, dk) + ds_ops)[:len(dk)]
         return dk, dv
 
     @gluon.jit
@@ -139,10 +197,10 @@ if attention_hopper.AVAILABLE:
                    PAIRED: gl.constexpr, num_warps: gl.constexpr):
         """Query blocks from row0 to end (one head's) into dK and dV, i: the ring's count
         so far; returns dk, dv and the count."""
-        q_bufs, do_bufs, k_smem, v_smem = bufs
+        q_bufs, do_bufs, k_smems, v_smems = bufs
         ready, empty = bars
-        BM: gl.constexpr = q_bufs.type.shape[1]
-        STAGES: gl.constexpr = q_bufs.type.shape[0]
+        BM: gl.constexpr = q_bufs[0].type.shape[1]
+        STAGES: gl.constexpr = q_bufs[0].type.shape[0]
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BM, 16])
         for start in range(row0, end, BM):
@@ -150,9 +208,9 @@ if attention_hopper.AVAILABLE:
             rows = start + gl.arange(0, BM, layout=gl.SliceLayout(0, s_layout))
             lse, delta = _row_terms(lse_ptr, delta_ptr, row_base, rows, sq)
             mbarrier.wait(ready.index(stage), (i // STAGES) & 1)
-            dk, dv = _kv_step(q_bufs.index(stage), do_bufs.index(stage), k_smem, v_smem, dk,
-                              dv, lse, delta, keys, rows, skv, qk_scale, CAUSAL, MASKED,
-                              PAIRED and not MASKED, num_warps)
+            dk, dv = _kv_step(_slots(q_bufs, stage), _slots(do_bufs, stage), k_smems,
+                              v_smems, dk, dv, lse, delta, keys, rows, skv, qk_scale, CAUSAL,
+                              MASKED, PAIRED and not MASKED, num_warps)
             mbarrier.arrive(empty.index(stage))
             i += 1
         return dk, dv, i
@@ -166,21 +224,18 @@ if attention_hopper.AVAILABLE:
         query head of the kv head in turn): a head's blocks that need a mask (causal: those
         that cross the diagonal; all, where the keys run past the last) by one loop, the
         rest by another without the mask's code; then its rows of dk and dv."""
-        q_desc, k_desc, v_desc, do_desc = descs
+        q_descs, k_descs, v_descs, do_descs = descs
         q_bufs, do_bufs, k_bufs, v_bufs = bufs
         kv_ready, ready, empty = bars
-        batch, kv_head, key0, first_block, n_blocks, kv_row, kv_col = at
-        BM: gl.constexpr = q_desc.block_type.shape[0]
-        BN: gl.constexpr = k_desc.block_type.shape[0]
-        DIM: gl.constexpr = q_desc.block_type.shape[1]
+        batch, kv_head, key0, first_block, n_blocks, kv_row, kv_col, v_col = at
+        BM: gl.constexpr = q_descs[0].block_type.shape[0]
+        BN: gl.constexpr = k_descs[0].block_type.shape[0]
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BM, 16])
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, DIM, 16])
-        dtype: gl.constexpr = q_desc.dtype
+        dtype: gl.constexpr = q_descs[0].dtype
         key0 = key0 + PART * BN
-        dk = gl.zeros([BN, DIM], gl.float32, layout=acc_layout)
-        dv = gl.zeros([BN, DIM], gl.float32, layout=acc_layout)
+        dk = _accumulators(k_descs, num_warps)
+        dv = _accumulators(v_descs, num_warps)
         keys = key0 + gl.arange(0, BN, layout=gl.SliceLayout(1, s_layout))
         row0 = first_block * BM
         end = (first_block + n_blocks) * BM
@@ -190,7 +245,7 @@ if attention_hopper.AVAILABLE:
             split = gl.minimum(gl.cdiv(key0 + BN, BM) * BM, end)
         else:
             split = row0
-        step_bufs = (q_bufs, do_bufs, k_bufs.index(PART), v_bufs.index(PART))
+        step_bufs = (q_bufs, do_bufs, _slots(k_bufs, PART), _slots(v_bufs, PART))
         step_bars = (ready, empty)
         mbarrier.wait(kv_ready.index(PART), 0)
         i = 0
@@ -203,11 +258,11 @@ if attention_hopper.AVAILABLE:
                                    keys, i, split, end, sq, skv, qk_scale, CAUSAL, False,
                                    PAIRED_DOTS, num_warps)
 
-        stride_b, stride_h, stride_s = strides
-        base = batch.to(gl.int64) * stride_b + kv_head * stride_h
-        out_keys = key0 + gl.arange(0, BN, layout=gl.SliceLayout(1, acc_layout))
-        _store_rows(dk_ptr, (dk * scale).to(dtype), out_keys, skv, base, stride_s, acc_layout)
-        _store_rows(dv_ptr, dv.to(dtype), out_keys, skv, base, stride_s, acc_layout)
+        dk_strides, dv_strides = strides
+        base = batch.to(gl.int64) * dk_strides[0] + kv_head * dk_strides[1]
+        _store_parts(dk_ptr, dk, scale, key0, skv, base, dk_strides[2], dtype)
+        base = batch.to(gl.int64) * dv_strides[0] + kv_head * dv_strides[1]
+        _store_parts(dv_ptr, dv, 1.0, key0, skv, base, dv_strides[2], dtype)
 
     @gluon.jit
     def _kv_produce(descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
@@ -217,42 +272,46 @@ if attention_hopper.AVAILABLE:
         """The producer warp: both consumers' K and V, then each query block's q and
         d_out into the ring once both consumers have released its stage (a fresh
         mbarrier counts as having completed the phase before 0)."""
-        q_desc, k_desc, v_desc, do_desc = descs
+        q_descs, k_descs, v_descs, do_descs = descs
         q_bufs, do_bufs, k_bufs, v_bufs = bufs
         kv_ready, ready, empty = bars
-        batch, kv_head, key0, first_block, n_blocks, kv_row, kv_col = at
-        q_rows_b, q_rows_h, q_cols_h = q_place
-        BM: gl.constexpr = q_desc.block_type.shape[0]
-        BN: gl.constexpr = k_desc.block_type.shape[0]
-        STAGES: gl.constexpr = q_bufs.type.shape[0]
+        batch, kv_head, key0, first_block, n_blocks, kv_row, kv_col, v_col = at
+        q_rows_b, q_rows_h, q_cols_h, v_cols_h = q_place
+        BM: gl.constexpr = q_descs[0].block_type.shape[0]
+        BN: gl.constexpr = k_descs[0].block_type.shape[0]
+        STAGES: gl.constexpr = q_bufs[0].type.shape[0]
         for part in gl.static_range(2):
             bar = kv_ready.index(part)
-            mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+            mbarrier.expect(bar, _nbytes(k_descs) + _nbytes(v_descs))
             row = kv_row + key0 + part * BN
-            tma.async_copy_global_to_shared(k_desc, [row, kv_col], bar, k_bufs.index(part))
-            tma.async_copy_global_to_shared(v_desc, [row, kv_col], bar, v_bufs.index(part))
+            _copy(k_descs, k_bufs, part, bar, row, kv_col)
+            _copy(v_descs, v_bufs, part, bar, row, v_col)
         for i in range(GROUP * n_blocks):
             stage = i % STAGES
             head = kv_head * GROUP + i // n_blocks
             row = batch * q_rows_b + head * q_rows_h + (first_block + i % n_blocks) * BM
             mbarrier.wait(empty.index(stage), ((i // STAGES) & 1) ^ 1)
             bar = ready.index(stage)
-            mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [row, head * q_cols_h], bar,
-                                            q_bufs.index(stage))
-            tma.async_copy_global_to_shared(do_desc, [row, head * q_cols_h], bar,
-                                            do_bufs.index(stage))
+            mbarrier.expect(bar, _nbytes(q_descs) + _nbytes(do_descs))
+            _copy(q_descs, q_bufs, stage, bar, row, head * q_cols_h)
+            _copy(do_descs, do_bufs, stage, bar, row, head * v_cols_h)
 
     @gluon.jit
-    def _attention_dkdv(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr,
-                        sq, skv, heads, qk_scale, scale,
+    def _attention_dkdv(q_desc, q_rest, k_desc, k_rest, v_desc, v_rest, do_desc, do_rest,
+                        dk_ptr, dv_ptr, lse_ptr, delta_ptr, sq, skv, heads, qk_scale, scale,
                         q_rows_b, q_rows_h, q_cols_h, kv_rows_b, kv_rows_h, kv_cols_h,
-                        stride_kv_b, stride_kv_h, stride_kv_s,
+                        v_cols_h, stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b,
+                        stride_dv_h, stride_dv_s,
                         GROUP: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                        PAIRED_DOTS: gl.constexpr, num_warps: gl.constexpr):
+                        PAIRED_DOTS: gl.constexpr, SPLIT_QK: gl.constexpr,
+                        SPLIT_V: gl.constexpr, num_warps: gl.constexpr):
         """One program: 2 x 64 keys of one (batch, kv head), programs kv head by kv head,
-        the first keys (causal: the most query blocks) first. A tile's place in the
-        [rows, dim] views as in attention_hopper's forward."""
+        the first keys (causal: the most query blocks) first. Tiles' places and the parts
+        of the head dims (*_rest, SPLIT_*) as in attention_hopper's forward."""
+        q_descs = _parts_of(q_desc, q_rest, SPLIT_QK)
+        k_descs = _parts_of(k_desc, k_rest, SPLIT_QK)
+        v_descs = _parts_of(v_desc, v_rest, SPLIT_V)
+        do_descs = _parts_of(do_desc, do_rest, SPLIT_V)
         BM: gl.constexpr = q_desc.block_type.shape[0]
         BN: gl.constexpr = k_desc.block_type.shape[0]
         k_blocks = gl.cdiv(skv, 2 * BN)
@@ -268,13 +327,15 @@ if attention_hopper.AVAILABLE:
         n_blocks = gl.cdiv(sq, BM) - first_block
         kv_row = batch * kv_rows_b + kv_head * kv_rows_h
 
-        bufs = (_tiles(q_desc, STAGES), _tiles(do_desc, STAGES), _tiles(k_desc, 2),
-                _tiles(v_desc, 2))
+        bufs = (_ring(q_descs, STAGES), _ring(do_descs, STAGES), _ring(k_descs, 2),
+                _ring(v_descs, 2))
         bars = _barriers(STAGES)
-        descs = (q_desc, k_desc, v_desc, do_desc)
-        at = (batch, kv_head, key0, first_block, n_blocks, kv_row, kv_head * kv_cols_h)
-        out_strides = (stride_kv_b, stride_kv_h, stride_kv_s)
-        q_place = (q_rows_b, q_rows_h, q_cols_h)
+        descs = (q_descs, k_descs, v_descs, do_descs)
+        at = (batch, kv_head, key0, first_block, n_blocks, kv_row, kv_head * kv_cols_h,
+              kv_head * v_cols_h)
+        out_strides = ((stride_dk_b, stride_dk_h, stride_dk_s),
+                       (stride_dv_b, stride_dv_h, stride_dv_s))
+        q_place = (q_rows_b, q_rows_h, q_cols_h, v_cols_h)
         # (Constexprs keep their kind only written out in each partition's tuple.)
         gl.warp_specialize([
             (_kv_consume, (descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
@@ -294,41 +355,33 @@ if attention_hopper.AVAILABLE:
                    num_warps: gl.constexpr):
         """Consumer PART of the dq kernel: its 64 query rows over every key block the
         producer streams; then its rows of dq."""
-        q_desc, k_desc, v_desc, do_desc = descs
+        q_descs, k_descs, v_descs, do_descs = descs
         q_bufs, do_bufs, k_bufs, v_bufs = bufs
         qdo_ready, ready, empty = bars
-        batch, head, row0, n_blocks, q_row, q_col, kv_row, kv_col = at
-        BM: gl.constexpr = q_desc.block_type.shape[0]
-        BN: gl.constexpr = k_desc.block_type.shape[0]
-        DIM: gl.constexpr = q_desc.block_type.shape[1]
-        STAGES: gl.constexpr = k_bufs.type.shape[0]
+        batch, head, row0, n_blocks, q_row, q_col, do_col, kv_row, kv_col, v_col = at
+        BM: gl.constexpr = q_descs[0].block_type.shape[0]
+        BN: gl.constexpr = k_descs[0].block_type.shape[0]
+        STAGES: gl.constexpr = k_bufs[0].type.shape[0]
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BN, 16])
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, DIM, 16])
-        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout,
-                                                     k_width=2)
-        dtype: gl.constexpr = q_desc.dtype
+        dtype: gl.constexpr = q_descs[0].dtype
         row0 = row0 + PART * BM
-        q_smem = q_bufs.index(PART)
-        do_smem = do_bufs.index(PART)
+        q_smems = _slots(q_bufs, PART)
+        do_smems = _slots(do_bufs, PART)
         s_zero = gl.zeros([BM, BN], gl.float32, layout=s_layout)
-        dq = gl.zeros([BM, DIM], gl.float32, layout=acc_layout)
+        dq = _accumulators(q_descs, num_warps)
         rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
         lse, delta = _row_terms(lse_ptr, delta_ptr, (batch * heads + head).to(gl.int64) * sq,
                                 rows, sq)
         mbarrier.wait(qdo_ready.index(PART), 0)
         for j in range(n_blocks):
             stage = j % STAGES
-            k_smem = k_bufs.index(stage)
-            v_smem = v_bufs.index(stage)
+            k_smems = _slots(k_bufs, stage)
             key0 = j * BN
             mbarrier.wait(ready.index(stage), (j // STAGES) & 1)
-            s_tok = warpgroup_mma(q_smem, k_smem.permute((1, 0)), s_zero, use_acc=False,
-                                  is_async=True)
-            dp_tok = warpgroup_mma(do_smem, v_smem.permute((1, 0)), s_zero, use_acc=False,
-                                   is_async=True)
-            s = warpgroup_mma_wait(1, deps=(s_tok,))
+            s_tok = _dot_t(q_smems, k_smems, s_zero)
+            dp_tok = _dot_t(do_smems, _slots(v_bufs, stage), s_zero)
+            s = warpgroup_mma_wait(len(do_smems), deps=(s_tok,))
             p = gl.exp2(s * qk_scale - lse[:, None])
             if (CAUSAL and key0 + BN > row0) or key0 + BN > skv:
                 keys = key0 + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
@@ -337,14 +390,13 @@ if attention_hopper.AVAILABLE:
                     seen = seen & (keys[None, :] <= rows[:, None])
                 p = gl.where(seen, p, 0.0)
             dp = warpgroup_mma_wait(0, deps=(dp_tok,))
-            ds_a = gl.convert_layout((p * (dp - delta[:, None])).to(dtype), a_layout)
-            dq = warpgroup_mma(ds_a, k_smem, dq)
+            ds_ops = _operands((p * (dp - delta[:, None])).to(dtype), dq)
+            dq = warpgroup_mma_wait(0, deps=_dot_into(ds_ops, k_smems, dq) + ds_ops)[:len(dq)]
             mbarrier.arrive(empty.index(stage))
 
         stride_b, stride_h, stride_s = strides
         base = batch.to(gl.int64) * stride_b + head * stride_h
-        out_rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, acc_layout))
-        _store_rows(dq_ptr, (dq * scale).to(dtype), out_rows, sq, base, stride_s, acc_layout)
+        _store_parts(dq_ptr, dq, scale, row0, sq, base, stride_s, dtype)
 
     @gluon.jit
     def _q_produce(descs, bufs, bars, dq_ptr, lse_ptr, delta_ptr, at, sq, skv, heads,
@@ -352,37 +404,41 @@ if attention_hopper.AVAILABLE:
                    num_warps: gl.constexpr):
         """The dq kernel's producer warp: both consumers' q and d_out, then each key
         block's K and V into the ring once both consumers have released its stage."""
-        q_desc, k_desc, v_desc, do_desc = descs
+        q_descs, k_descs, v_descs, do_descs = descs
         q_bufs, do_bufs, k_bufs, v_bufs = bufs
         qdo_ready, ready, empty = bars
-        batch, head, row0, n_blocks, q_row, q_col, kv_row, kv_col = at
-        BM: gl.constexpr = q_desc.block_type.shape[0]
-        BN: gl.constexpr = k_desc.block_type.shape[0]
-        STAGES: gl.constexpr = k_bufs.type.shape[0]
+        batch, head, row0, n_blocks, q_row, q_col, do_col, kv_row, kv_col, v_col = at
+        BM: gl.constexpr = q_descs[0].block_type.shape[0]
+        BN: gl.constexpr = k_descs[0].block_type.shape[0]
+        STAGES: gl.constexpr = k_bufs[0].type.shape[0]
         for part in gl.static_range(2):
             bar = qdo_ready.index(part)
-            mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+            mbarrier.expect(bar, _nbytes(q_descs) + _nbytes(do_descs))
             row = q_row + part * BM
-            tma.async_copy_global_to_shared(q_desc, [row, q_col], bar, q_bufs.index(part))
-            tma.async_copy_global_to_shared(do_desc, [row, q_col], bar, do_bufs.index(part))
+            _copy(q_descs, q_bufs, part, bar, row, q_col)
+            _copy(do_descs, do_bufs, part, bar, row, do_col)
         for j in range(n_blocks):
             stage = j % STAGES
             mbarrier.wait(empty.index(stage), ((j // STAGES) & 1) ^ 1)
             bar = ready.index(stage)
-            mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+            mbarrier.expect(bar, _nbytes(k_descs) + _nbytes(v_descs))
             row = kv_row + j * BN
-            tma.async_copy_global_to_shared(k_desc, [row, kv_col], bar, k_bufs.index(stage))
-            tma.async_copy_global_to_shared(v_desc, [row, kv_col], bar, v_bufs.index(stage))
+            _copy(k_descs, k_bufs, stage, bar, row, kv_col)
+            _copy(v_descs, v_bufs, stage, bar, row, v_col)
 
     @gluon.jit
-    def _attention_dq(q_desc, k_desc, v_desc, do_desc, dq_ptr, lse_ptr, delta_ptr,
-                      sq, skv, heads, qk_scale, scale,
+    def _attention_dq(q_desc, q_rest, k_desc, k_rest, v_desc, v_rest, do_desc, do_rest,
+                      dq_ptr, lse_ptr, delta_ptr, sq, skv, heads, qk_scale, scale,
                       q_rows_b, q_rows_h, q_cols_h, kv_rows_b, kv_rows_h, kv_cols_h,
-                      stride_q_b, stride_q_h, stride_q_s,
+                      v_cols_h, stride_q_b, stride_q_h, stride_q_s,
                       GROUP: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                      num_warps: gl.constexpr):
+                      SPLIT_QK: gl.constexpr, SPLIT_V: gl.constexpr, num_warps: gl.constexpr):
         """One program: 2 x 64 query rows of one (batch, head), programs head by head,
         the last query block (causal: the longest) first."""
+        q_descs = _parts_of(q_desc, q_rest, SPLIT_QK)
+        k_descs = _parts_of(k_desc, k_rest, SPLIT_QK)
+        v_descs = _parts_of(v_desc, v_rest, SPLIT_V)
+        do_descs = _parts_of(do_desc, do_rest, SPLIT_V)
         BM: gl.constexpr = q_desc.block_type.shape[0]
         BN: gl.constexpr = k_desc.block_type.shape[0]
         m_blocks = gl.cdiv(sq, 2 * BM)
@@ -396,12 +452,13 @@ if attention_hopper.AVAILABLE:
         else:
             n_blocks = gl.cdiv(skv, BN)
 
-        bufs = (_tiles(q_desc, 2), _tiles(do_desc, 2), _tiles(k_desc, STAGES),
-                _tiles(v_desc, STAGES))
+        bufs = (_ring(q_descs, 2), _ring(do_descs, 2), _ring(k_descs, STAGES),
+                _ring(v_descs, STAGES))
         bars = _barriers(STAGES)
-        descs = (q_desc, k_desc, v_desc, do_desc)
+        descs = (q_descs, k_descs, v_descs, do_descs)
         at = (batch, head, row0, n_blocks, batch * q_rows_b + head * q_rows_h + row0,
-              head * q_cols_h, batch * kv_rows_b + kv_head * kv_rows_h, kv_head * kv_cols_h)
+              head * q_cols_h, head * v_cols_h, batch * kv_rows_b + kv_head * kv_rows_h,
+              kv_head * kv_cols_h, kv_head * v_cols_h)
         out_strides = (stride_q_b, stride_q_h, stride_q_s)
         gl.warp_specialize([
             (_q_consume, (descs, bufs, bars, dq_ptr, lse_ptr, delta_ptr, at, sq, skv, heads,
@@ -428,22 +485,40 @@ CONFIGS = {
 }
 
 
+def dkdv_rows(dim):
+    """Query rows of the dk/dv kernel's blocks at q's head dim: 32 past 128 (MLA's 192:
+    dk's and dv's accumulators, 192 + 128 columns, leave 64-row blocks' S^T and dP^T
+    1.2 KB of spills; 32 rows, 36 bytes), else BLOCK_M."""
+    return 32 if dim > 128 else BLOCK_M
+
+
 def backward(
     q, k, v, d_out, lse, delta, needs, *, layout, causal, scale,
-    stages=STAGES, paired_dots=PAIRED_DOTS,
+    stages=STAGES, paired_dots=PAIRED_DOTS, rows_dkdv=None,
 ):  # fmt: skip
     """(dq, dk, dv), each None where needs says it is not wanted, of attention over q, k,
-    v (contiguous, 16-byte aligned, bf16 or fp16, one head dim) given d_out (q's shape
-    and layout, contiguous), the forward's lse and delta = rowsum(d_out * out), both
+    v (contiguous, 16-byte aligned, bf16 or fp16, head dims in HEAD_DIMS) given d_out
+    (out's shape and layout, contiguous), the forward's lse and delta = rowsum(d_out * out), both
     [batch, heads, q_len] fp32; and the compiled kernels by name (`fusegen inspect`).
-    stages and paired_dots: what benchmarks/experiments/attention_gluon_backward.py
-    varies."""
+    stages, paired_dots and rows_dkdv (dkdv_rows by default): what
+    benchmarks/experiments/attention_gluon_backward.py varies."""
     batch, heads, kv_heads, sq, skv, rows, q_place, kv_place = attention_hopper.places(q, k, layout)
-    descriptor = attention_hopper._descriptor
-    q_desc, do_desc = (descriptor(t, rows[0], BLOCK_M) for t in (q, d_out))
-    k_desc, v_desc = (descriptor(t, rows[1], BLOCK_N) for t in (k, v))
-    common = (lse, delta, sq, skv, heads, scale * LOG2E, scale, *q_place, *kv_place)
-    meta = {"GROUP": heads // kv_heads, "CAUSAL": causal, "STAGES": stages, "num_warps": 4}
+    tiles, parts = attention_hopper._descriptors, attention_hopper.parts
+
+    def descriptors(q_rows):  # each tensor's first and last part of the head dim
+        by_tensor = [
+            tiles(q, rows[0], q_rows),
+            tiles(k, rows[1], BLOCK_N),
+            tiles(v, rows[1], BLOCK_N),
+            tiles(d_out, rows[0], q_rows),
+        ]
+        return [d for tensor in by_tensor for d in (tensor[0], tensor[-1])]
+
+    split = {"SPLIT_QK": len(parts(q.shape[-1])) == 2, "SPLIT_V": len(parts(v.shape[-1])) == 2}
+    v_cols = v.shape[-1] if layout == "bshd" else 0  # a head's columns in v and d_out
+    common = (lse, delta, sq, skv, heads, scale * LOG2E, scale, *q_place, *kv_place, v_cols)
+    meta = {"GROUP": heads // kv_heads, "CAUSAL": causal, "STAGES": stages, **split, "num_warps": 4}
+    strides = attention_hopper.strides
     d_q = d_k = d_v = None
     compiled = {}
     with torch.cuda.device(q.device):  # Triton launches on the current device
@@ -451,14 +526,14 @@ def backward(
             d_k, d_v = torch.empty_like(k), torch.empty_like(v)
             grid = (triton.cdiv(skv, 2 * BLOCK_N) * batch * kv_heads,)
             compiled["hopper_dkdv"] = _attention_dkdv[grid](
-                q_desc, k_desc, v_desc, do_desc, d_k, d_v, *common,
-                *attention_hopper.strides(d_k, layout), PAIRED_DOTS=paired_dots, **meta,
+                *descriptors(rows_dkdv or dkdv_rows(q.shape[-1])), d_k, d_v, *common,
+                *strides(d_k, layout), *strides(d_v, layout),
+                PAIRED_DOTS=paired_dots, **meta,
             )  # fmt: skip
         if needs[0]:
             d_q = torch.empty_like(q)
             grid = (triton.cdiv(sq, 2 * BLOCK_M) * batch * heads,)
             compiled["hopper_dq"] = _attention_dq[grid](
-                q_desc, k_desc, v_desc, do_desc, d_q, *common,
-                *attention_hopper.strides(d_q, layout), **meta,
-            )  # fmt: skip
+                *descriptors(BLOCK_M), d_q, *common, *strides(d_q, layout), **meta
+            )
     return (d_q, d_k if needs[1] else None, d_v if needs[2] else None), compiled

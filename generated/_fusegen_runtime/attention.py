@@ -425,7 +425,10 @@ class Attention:
         _Launch(self, backward_delta, (cdiv(sq, 64), batch * heads), meta)(
             out, d_out, delta, sq, *strides(out), *strides(d_out)
         )
-        if self.hopper_fits(inputs, key_lengths, batch, sq, skv):
+        dims = (m["HEAD_DIM"], m["V_HEAD_DIM"])
+        if dims in attention_hopper_backward.HEAD_DIMS and self.hopper_fits(
+            inputs, key_lengths, batch, sq, skv
+        ):
             grads, compiled = attention_hopper_backward.backward(
                 q, k, v, d_out.contiguous(), lse, delta, needs,
                 layout=m["LAYOUT"], causal=self.hopper == "causal", scale=m["SCALE"],
