@@ -10,10 +10,12 @@ own), then timed in rounds that alternate them (the order rotated each round), m
 spread, the ratio to each SDPA variant printed. --train times a training step's forward
 and backward instead (the backward from a fixed random gradient of the last hidden
 state), checking the first layer's q_proj gradient against fp32 likewise: the Hopper
-backward where the forward took the Hopper kernel.
+backward where the forward took the Hopper kernel. --compile runs each model under
+torch.compile: SDPA, fusegen (its traced calls through the module's opaque Hopper ops),
+and "fusegen tl", a copy traced with those ops off (the `tl` kernels Inductor launches).
 
     python3 benchmarks/llama_prefill_attention.py [--batch 2] [--prompt 8192] [--layers 4]
-        [--rounds 7] [--train] [--out FILE.json]
+        [--rounds 7] [--train] [--compile] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--train", action="store_true", help="forward + backward")
+    parser.add_argument("--compile", action="store_true", help="every model compiled")
     parser.add_argument("--out")
     args = parser.parse_args()
     import transformers
@@ -85,12 +88,19 @@ def main() -> int:
         model.zero_grad(set_to_none=True)
         return grad
 
-    backends = {
-        "sdpa": (sdpa, None),
-        "sdpa cudnn": (sdpa, SDPBackend.CUDNN_ATTENTION),
-        "sdpa flash": (sdpa, SDPBackend.FLASH_ATTENTION),
-        "fusegen": (fused, None),
-    }
+    if args.compile:
+        backends = {
+            "sdpa": (torch.compile(sdpa), None),
+            "fusegen": (torch.compile(fused), None),
+            "fusegen tl": (torch.compile(tl_copy(fused)), None),
+        }
+    else:
+        backends = {
+            "sdpa": (sdpa, None),
+            "sdpa cudnn": (sdpa, SDPBackend.CUDNN_ATTENTION),
+            "sdpa flash": (sdpa, SDPBackend.FLASH_ATTENTION),
+            "fusegen": (fused, None),
+        }
     variants = {
         key: (lambda model=model, backend=backend: prefill(model, backend))
         for key, (model, backend) in backends.items()
@@ -121,7 +131,7 @@ def main() -> int:
     for r in range(args.rounds):
         for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
             times[key].append(timed(variants[key])[0])
-    step = "forward + backward" if args.train else "prefill"
+    step = ("forward + backward" if args.train else "prefill") + (", compiled" * args.compile)
     print(f"\n{step}, {args.batch} x {args.prompt} tokens, {args.layers} layers; ms, median "
           f"[min-max] of {args.rounds} rounds")  # fmt: skip
     medians = {key: statistics.median(ms) for key, ms in times.items()}
@@ -135,6 +145,26 @@ def main() -> int:
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
+
+
+def tl_copy(fused):
+    """A copy of the fusegen model whose attention is a second instance of the generated
+    module with ops of their own (another name: no compiled graph or cache of the first
+    is reused) and no opaque Hopper ops: traced, its calls run the `tl` kernels."""
+    import importlib.util
+
+    import llama3_attention
+
+    spec = importlib.util.spec_from_file_location("llama3_attention_tl", llama3_attention.__file__)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # Dynamo imports the attention function's module
+    spec.loader.exec_module(module)
+    attention = module._ATTENTION
+    attention.op = attention.register(name=f"{attention.op_name}_tl")
+    attention.hopper_ops = None
+    model = copy.deepcopy(fused)
+    model.set_attn_implementation(module.use_in_transformers("fusegen_tl"))
+    return model
 
 
 def llama3_attention_plans():

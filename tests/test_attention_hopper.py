@@ -252,6 +252,40 @@ def test_a_causal_module_call_runs_it_and_training_still_differentiates():
     _trains_like_float64(module, module.llama3_attention, q, k, v, hopper_backward=True)
 
 
+@on_hopper
+@needs_gluon
+def test_a_compiled_call_runs_it_as_an_opaque_op_with_the_eager_bits():
+    """Inductor cannot launch the Gluon kernels: a traced call that fits them goes through
+    the module's opaque Hopper ops, whose eager bodies run them, so compiled and eager
+    give the same bits, forward and backward."""
+    from torch._inductor.utils import run_and_get_code
+
+    module = _load(ROOT / "generated" / "llama3_attention.py", "llama3_attention_compiled_test")
+    torch.manual_seed(3)
+    bf16 = {"device": "cuda", "dtype": torch.bfloat16, "requires_grad": True}
+    q, k, v = (torch.randn(2, 512, h, 128, **bf16) for h in (32, 8, 8))
+    d_out = torch.randn(2, 512, 32, 128, device="cuda", dtype=torch.bfloat16)
+
+    def step(attention):
+        out = attention(q, k, v)
+        out.backward(d_out)
+        grads = [t.grad for t in (q, k, v)]
+        for t in (q, k, v):
+            t.grad = None
+        return out.detach(), grads
+
+    eager, eager_grads = step(module.llama3_attention)
+    compiled = torch.compile(module.llama3_attention, fullgraph=True)
+    (out, grads), sources = run_and_get_code(step, compiled)
+    source = "\n".join(sources)
+    op = module._ATTENTION.op_name  # the ops' names carry the spec's hash
+    assert f"{op}_hopper.default(" in source
+    assert f"{op}_hopper_backward.default(" in source
+    assert torch.equal(out, eager)
+    for got, want in zip(grads, eager_grads, strict=True):
+        assert torch.equal(got, want)
+
+
 SPLIT_DIM_SPECS = """
 version: 1
 kernels:

@@ -231,6 +231,7 @@ class Attention:
         self.table = None  # (gpu, capability) -> {(kernel, dtype, q, k buckets): config}
         self.identities = {}
         self.op = None
+        self.hopper_ops = None  # (forward, backward): opaque ops of the Gluon kernels
 
     # The call.
 
@@ -423,10 +424,7 @@ class Attention:
         _Launch(self, backward_delta, (cdiv(sq, 64), batch * heads), meta)(
             out, d_out, delta, sq, *strides(out), *strides(d_out)
         )
-        dims = (m["HEAD_DIM"], m["V_HEAD_DIM"])
-        if dims in attention_hopper_backward.HEAD_DIMS and self.hopper_fits(
-            inputs, key_lengths, batch, sq, skv
-        ):
+        if self.hopper_backward_fits(inputs, key_lengths, batch, sq, skv):
             grads, compiled = attention_hopper_backward.backward(
                 q, k, v, d_out.contiguous(), lse, delta, needs,
                 layout=m["LAYOUT"], causal=self.hopper == "causal", scale=m["SCALE"],
@@ -658,19 +656,23 @@ class Attention:
             for t in tensors
         )
 
-    def hopper_fits(self, inputs, key_lengths, batch, sq, skv):
+    def hopper_fits(self, inputs, key_lengths, batch, sq, skv, traced=False):
         """Whether a call runs the Gluon kernels (attention_hopper's forward,
         attention_hopper_backward's): a module that has them (hopper), Gluon in this
         Triton, a GPU of compute capability 9.0 (its wgmma), no key lengths or ranges,
         bf16 or fp16, q, k, v contiguous and 16-byte aligned, at least 128 queries (fewer:
         the decode paths) and, causal, as many keys, and a wave of programs at least (128
         query rows of a head each, one an SM): a smaller call is bound by its launch,
-        which the `tl` forward's direct launch makes cheaper. Not
-        while traced (Inductor launches the `tl` kernels of the op) or while `fusegen
-        tune` times the `tl` kernels' configs."""
+        which the `tl` forward's direct launch makes cheaper. Not while `fusegen tune`
+        times the `tl` kernels' configs. While traced (a triton op's body, on fake
+        tensors) only with `traced`, which leaves out the alignment (fake tensors have no
+        address): the body then calls the opaque op of hopper_ops, whose eager call
+        checks again."""
         if not self.hopper or not attention_hopper.AVAILABLE or key_lengths is not None:
             return False
-        if self.tracing or self.forced or sq < 128 or (self.hopper == "causal" and sq != skv):
+        if (self.tracing and not traced) or self.forced or sq < 128:
+            return False
+        if self.hopper == "causal" and sq != skv:
             return False
         q = inputs[0]
         if q.device.type != "cuda" or torch.version.hip or self.interpreted():
@@ -679,8 +681,15 @@ class Attention:
             return False
         if cdiv(sq, 128) * batch * self.module["HEADS"] < self.sm_count(q.device):
             return False
-        return q.dtype in (torch.bfloat16, torch.float16) and all(
-            t.is_contiguous() and t.data_ptr() % 16 == 0 for t in inputs[:3]
+        if q.dtype not in (torch.bfloat16, torch.float16):
+            return False
+        return all(t.is_contiguous() and (traced or t.data_ptr() % 16 == 0) for t in inputs[:3])
+
+    def hopper_backward_fits(self, inputs, key_lengths, batch, sq, skv, traced=False):
+        """hopper_fits, and head dims the backward's kernels take."""
+        dims = (self.module["HEAD_DIM"], self.module["V_HEAD_DIM"])
+        return dims in attention_hopper_backward.HEAD_DIMS and self.hopper_fits(
+            inputs, key_lengths, batch, sq, skv, traced
         )
 
     def forward_plan(self, device, batch, sq, skv, dtype):
@@ -850,7 +859,10 @@ class Attention:
         params["key_lengths"] = Optional[torch.Tensor]
 
         def forward(*args):
-            return self.forward(args[:count], True, args[count])
+            inputs, key_lengths = args[:count], args[count]
+            if self.tracing and self.hopper_ops and self.fits_traced(inputs, key_lengths):
+                return self.hopper_ops[0](*args)
+            return self.forward(inputs, True, key_lengths)
 
         def backward(*args):
             inputs, key_lengths, (out, lse, d_out, needs) = (
@@ -858,6 +870,12 @@ class Attention:
                 args[count],
                 args[count + 1 :],
             )
+            if (
+                self.tracing
+                and self.hopper_ops
+                and self.fits_traced(inputs, key_lengths, self.hopper_backward_fits)
+            ):
+                return self.hopper_ops[1](*args)
             grads = self.backward(inputs, out, lse, d_out, needs, key_lengths)
             # An empty tensor for each gradient not asked for: the schema holds no None.
             return [t.new_empty(0) if g is None else g for g, t in zip(grads, inputs, strict=True)]
@@ -874,6 +892,37 @@ class Attention:
             typed(backward, backward_params, list[torch.Tensor]),
         )
 
+    def fits_traced(self, inputs, key_lengths, fits=None):
+        """Whether a traced call fits the Gluon kernels (hopper_fits on its shapes)."""
+        batch, sq, skv = self.checked(inputs, key_lengths)
+        return (fits or self.hopper_fits)(inputs, key_lengths, batch, sq, skv, traced=True)
+
+    def fake_forward(self, *args):
+        """(out, lse) as empty tensors of the forward op's outputs (its fake)."""
+        inputs, key_lengths = args[: len(self.inputs)], args[len(self.inputs)]
+        batch, sq, _ = self.checked(inputs, key_lengths)
+        q = inputs[0]
+        out = torch.empty((*q.shape[:3], self.module["V_HEAD_DIM"]), dtype=q.dtype, device=q.device)
+        return out, q.new_empty((batch, self.module["HEADS"], sq), dtype=torch.float32)
+
+    def fake_backward(self, *args):
+        """The backward op's gradients as empty tensors (its fake)."""
+        inputs, needs = args[: len(self.inputs)], args[-1]
+        return [
+            torch.empty_like(t, memory_format=torch.contiguous_format) if n else t.new_empty(0)
+            for t, n in zip(inputs, needs, strict=True)
+        ]
+
+    def opaque(self, name, forward, backward):
+        """forward and backward as custom ops torch.compile does not look into (the
+        module's ops without triton ops; the Gluon kernels, which Inductor cannot launch
+        itself), their fakes fake_forward and fake_backward."""
+        forward = torch.library.custom_op(f"fusegen::{name}", forward, mutates_args=())
+        backward = torch.library.custom_op(f"fusegen::{name}_backward", backward, mutates_args=())
+        forward.register_fake(self.fake_forward)
+        backward.register_fake(self.fake_backward)
+        return forward, backward
+
     def register(self, name=None, traced=None):
         """The launcher as torch.compile sees it: one op for the forward (out and lse)
         and one for the backward (fullgraph=True works), triton ops where triton_ops()
@@ -886,6 +935,15 @@ class Attention:
             traced = self.triton_ops() if traced is None else traced
             forward, backward = self.op_bodies()
             if traced:
+                if self.hopper and attention_hopper.AVAILABLE:
+                    # The bodies as they run eagerly (tracing 0: hopper_fits decides),
+                    # called by the triton ops' bodies where a traced call fits them.
+                    self.opaque(f"{name}_hopper", forward, backward)
+                    fusegen = torch.ops.fusegen
+                    self.hopper_ops = (
+                        getattr(fusegen, f"{name}_hopper").default,
+                        getattr(fusegen, f"{name}_hopper_backward").default,
+                    )
                 forward = torch.library.triton_op(
                     f"fusegen::{name}", self.as_traced(forward), mutates_args=()
                 )
@@ -893,32 +951,7 @@ class Attention:
                     f"fusegen::{name}_backward", self.as_traced(backward), mutates_args=()
                 )
             else:
-                forward = torch.library.custom_op(f"fusegen::{name}", forward, mutates_args=())
-                backward = torch.library.custom_op(
-                    f"fusegen::{name}_backward", backward, mutates_args=()
-                )
-
-                @forward.register_fake
-                def _(*args):
-                    inputs, key_lengths = args[:count], args[count]
-                    batch, sq, _ = self.checked(inputs, key_lengths)
-                    q = inputs[0]
-                    out = torch.empty(
-                        (*q.shape[:3], self.module["V_HEAD_DIM"]), dtype=q.dtype, device=q.device
-                    )
-                    return out, q.new_empty((batch, self.module["HEADS"], sq), dtype=torch.float32)
-
-                @backward.register_fake
-                def _(*args):
-                    inputs, needs = args[:count], args[-1]
-                    return [
-                        (
-                            torch.empty_like(t, memory_format=torch.contiguous_format)
-                            if n
-                            else t.new_empty(0)
-                        )
-                        for t, n in zip(inputs, needs, strict=True)
-                    ]
+                forward, backward = self.opaque(name, forward, backward)
 
             def setup(ctx, inputs, output):
                 ctx.save_for_backward(*inputs, *output)
