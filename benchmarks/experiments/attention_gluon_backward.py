@@ -5,7 +5,9 @@ own for dq, so both stay deterministic) checked against float64 and timed agains
 `tl` backward kernels of the generated module (the same module with its Hopper kernels
 turned off), both given the runtime forward's lse; beside the runtime's kernels, dk/dv's
 unmasked blocks' dots paired (S^T with dP^T, dV with dK, the runtime's) or not (dV with
-dP^T), and dk/dv's query blocks of 32 or 64 rows (the runtime: 32 past head dim 128).
+dP^T), dk/dv's query blocks of 32 or 64 rows (the runtime: 32 past head dim 128), and
+dq's key blocks of 128 (the runtime: 64; 128 compiles without spills at head dim 128, in
+197 KB of shared memory: unmeasured when added).
 Removed after their runs: three stages in either kernel's ring (within the spreads),
 dk/dv's programs in the other order (causal: the longest last; within 2-3% either way),
 and dq fused into the dk/dv kernel by fp32 atomics (FA3's way: the dq kernel recomputes
@@ -155,7 +157,9 @@ def run_case(case, shape, kv_heads, rounds, built, profile=False, v_dim=None, mo
     parts = (q_part, kv_part, kv_part)
     wants = reference_grads(q[q_part], k[kv_part], v[kv_part], d_out[q_part], causal)
     failed = 0
+    wide_dq = dim + v_dim <= 256  # 128-key dq blocks fit shared memory
     checked = {"": {}, " (unpaired dots)": {"paired_dots": False}}
+    checked |= {" (dq 128 keys)": {"keys_dq": 128}} if wide_dq else {}
     for variant, knobs in checked.items():
         grads = gluon((True, True, True), **knobs)
         for name, got, want, part in zip(("dq", "dk", "dv"), grads, wants, parts, strict=True):
@@ -188,6 +192,8 @@ def run_case(case, shape, kv_heads, rounds, built, profile=False, v_dim=None, mo
         "gluon dq": lambda: gluon(q_only),
         "gluon dk/dv + dq": lambda: gluon((True, True, True)),
     }
+    if wide_dq:
+        calls["gluon dq 128-key blocks"] = lambda: gluon(q_only, keys_dq=128)
     if built and group == 1:
         name = module or f"anchor_attention_{case}"
         module = attention_anchors.load(Path(built), name)

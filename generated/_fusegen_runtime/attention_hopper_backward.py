@@ -496,22 +496,22 @@ def dkdv_rows(dim):
 
 def backward(
     q, k, v, d_out, lse, delta, needs, *, layout, causal, scale,
-    stages=STAGES, paired_dots=PAIRED_DOTS, rows_dkdv=None,
+    stages=STAGES, paired_dots=PAIRED_DOTS, rows_dkdv=None, keys_dq=BLOCK_N,
 ):  # fmt: skip
     """(dq, dk, dv), each None where needs says it is not wanted, of attention over q, k,
     v (contiguous, 16-byte aligned, bf16 or fp16, head dims in HEAD_DIMS) given d_out
     (out's shape and layout, contiguous), the forward's lse and delta = rowsum(d_out * out), both
     [batch, heads, q_len] fp32; and the compiled kernels by name (`fusegen inspect`).
-    stages, paired_dots and rows_dkdv (dkdv_rows by default): what
-    benchmarks/experiments/attention_gluon_backward.py varies."""
+    stages, paired_dots, rows_dkdv (dkdv_rows by default) and keys_dq (the dq kernel's
+    key blocks): what benchmarks/experiments/attention_gluon_backward.py varies."""
     batch, heads, kv_heads, sq, skv, rows, q_place, kv_place = attention_hopper.places(q, k, layout)
     tiles, parts = attention_hopper._descriptors, attention_hopper.parts
 
-    def descriptors(q_rows):  # each tensor's first and last part of the head dim
+    def descriptors(q_rows, kv_rows):  # each tensor's first and last part of the head dim
         by_tensor = [
             tiles(q, rows[0], q_rows),
-            tiles(k, rows[1], BLOCK_N),
-            tiles(v, rows[1], BLOCK_N),
+            tiles(k, rows[1], kv_rows),
+            tiles(v, rows[1], kv_rows),
             tiles(d_out, rows[0], q_rows),
         ]
         return [d for tensor in by_tensor for d in (tensor[0], tensor[-1])]
@@ -528,7 +528,7 @@ def backward(
             d_k, d_v = torch.empty_like(k), torch.empty_like(v)
             grid = (triton.cdiv(skv, 2 * BLOCK_N) * batch * kv_heads,)
             compiled["hopper_dkdv"] = _attention_dkdv[grid](
-                *descriptors(rows_dkdv or dkdv_rows(q.shape[-1])), d_k, d_v, *common,
+                *descriptors(rows_dkdv or dkdv_rows(q.shape[-1]), BLOCK_N), d_k, d_v, *common,
                 *strides(d_k, layout), *strides(d_v, layout),
                 PAIRED_DOTS=paired_dots, **meta,
             )  # fmt: skip
@@ -536,6 +536,6 @@ def backward(
             d_q = torch.empty_like(q)
             grid = (triton.cdiv(sq, 2 * BLOCK_M) * batch * heads,)
             compiled["hopper_dq"] = _attention_dq[grid](
-                *descriptors(BLOCK_M), d_q, *common, *strides(d_q, layout), **meta
+                *descriptors(BLOCK_M, keys_dq), d_q, *common, *strides(d_q, layout), **meta
             )
     return (d_q, d_k if needs[1] else None, d_v if needs[2] else None), compiled
