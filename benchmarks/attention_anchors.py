@@ -86,6 +86,16 @@ CASES = {  # name: (module, (B, H, Sq, Skv, D), backward, bias kind or None, dty
     "decode-batch": ("anchor_attention_full", (16, 32, 1, 4096, 128), False, None, BF16),
     "decode-gqa": ("anchor_attention_gqa", (16, 32, 1, 4096, 128), False, None, BF16),
 }  # fmt: skip
+# Issue 29's targets: case -> (the anchors the row is held against: the best SDPA backend
+# (cuDNN where it runs) and/or compiled Flex, the ratio fusegen must reach against each).
+TARGETS = {
+    **{case: (("sdpa",), 1.0) for case in (
+        "causal", "full", "causal-d64", "gqa", "causal-backward", "gqa-backward")},
+    **{case: (("sdpa",), 0.95) for case in ("d96", "d96-backward", "mla", "mla-backward")},
+    **{case: (("sdpa", "flex"), 1.0) for case in (
+        "padding-bias", "padding-bias-backward", "learned-bias-backward")},
+    **{case: (("flex",), 1.5) for case in ("softcap", "alibi", "window")},
+}  # fmt: skip
 DEVICE = "cuda"  # --check: "cpu", under the interpreter
 CAUSAL_MODULES = {
     "anchor_attention_causal", "anchor_attention_softcap", "anchor_attention_causal_d64",
@@ -375,6 +385,20 @@ def run_case(
     return row
 
 
+def verdict(case, mine, sdpa, flex) -> str:
+    """The row's issue 29 target and whether fusegen's median meets it against each of
+    its anchors' medians (timed entries: {"ms": ...}, or None where it did not run)."""
+    if case not in TARGETS:
+        return "-"
+    anchors, ratio = TARGETS[case]
+    target = f">= {ratio:.2f}x {' and '.join(anchors)}"
+    others = [{"sdpa": sdpa, "flex": flex}[anchor] for anchor in anchors]
+    if mine is None or any(other is None for other in others):
+        return f"{target}: not measured"
+    met = min(other["ms"] / mine["ms"] for other in others) >= ratio
+    return f"{target}: {'met' if met else 'missed'}"
+
+
 def _cell(entry):
     if not entry or "ms" not in entry:
         return "-"
@@ -432,8 +456,8 @@ def main() -> int:
             report["cases"][case] = {"shape": shape, **row}
             torch.compiler.reset()  # Flex's compiles of one case do not count toward the next's
     print(
-        "\n| case | B, H, Sq, Skv, D | fusegen | best SDPA | flex (compiled) | vs SDPA | vs flex |"
-        "\n| --- | --- | ---: | ---: | ---: | ---: | ---: |"
+        "\n| case | B, H, Sq, Skv, D | fusegen | best SDPA | flex (compiled) | vs SDPA | vs flex "
+        "| issue 29 target |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"
     )
     print("ms (the rounds' spread, TFLOP/s)")
     failed = False
@@ -448,7 +472,7 @@ def main() -> int:
                 timed.get(sdpa), flex)
         ]  # fmt: skip
         cells = [_cell(mine), _cell(timed.get(sdpa)) + (f" {sdpa[5:]}" if sdpa else ""),
-                 _cell(flex), *ratios]  # fmt: skip
+                 _cell(flex), *ratios, verdict(case, mine, timed.get(sdpa), flex)]  # fmt: skip
         print(f"| {case} | {', '.join(map(str, row['shape']))} | " + " | ".join(cells) + " |")
         best = min((v["error"] for v in timed.values()), default=1)
         failed |= mine is None or mine["error"] > 2 * best + 1e-2

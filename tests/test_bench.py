@@ -506,3 +506,21 @@ def test_dot_waits_reads_which_dots_triton_leaves_in_flight():
     assert waits("gelu_fp8_rowwise") == [
         "dot 1 (A from shared memory): in flight (its wait: pendings 1)"
     ]
+
+
+def test_the_anchors_say_each_row_s_issue_29_verdict():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from attention_anchors import CASES, TARGETS, verdict
+    finally:
+        del sys.path[0]
+    assert set(TARGETS) <= set(CASES)
+    fast, slow = {"ms": 1.0}, {"ms": 2.0}
+    assert verdict("causal", fast, slow, None) == ">= 1.00x sdpa: met"
+    assert verdict("causal", slow, fast, None) == ">= 1.00x sdpa: missed"
+    assert verdict("d96", {"ms": 1.04}, {"ms": 1.0}, None) == ">= 0.95x sdpa: met"
+    # Against both anchors: the slower ratio decides; a missing anchor is said so.
+    assert verdict("padding-bias", fast, slow, {"ms": 0.9}).endswith("missed")
+    assert verdict("padding-bias", fast, slow, None) == ">= 1.00x sdpa and flex: not measured"
+    assert verdict("alibi", {"ms": 1.0}, None, {"ms": 1.6}) == ">= 1.50x flex: met"
+    assert verdict("decode", fast, slow, slow) == "-"
