@@ -114,15 +114,22 @@ if AVAILABLE:
         _copy(descs, bufs, index, bar, row, col)
 
     @gluon.jit
-    def _scores(q_bufs, k_bufs, part, stage, s_zero):
-        """S = Q K^T of a key block, the parts of the head dim chained as asynchronous
-        wgmma (one group each)."""
-        s = warpgroup_mma(q_bufs[0].index(part), k_bufs[0].index(stage).permute((1, 0)),
-                          s_zero, use_acc=False, is_async=True)
-        for i in gl.static_range(1, len(q_bufs)):
-            s = warpgroup_mma(q_bufs[i].index(part), k_bufs[i].index(stage).permute((1, 0)),
-                              s, is_async=True)
-        return s
+    def _slots(bufs, index):
+        """Slot `index` of each part's ring."""
+        slots = (bufs[0].index(index),)
+        if len(bufs) == 2:
+            slots = slots + (bufs[1].index(index),)
+        return slots
+
+    @gluon.jit
+    def _dot_t(a_smems, b_smems, zero):
+        """sum over the parts of a_i b_i^T (shared memory both), as chained asynchronous
+        wgmma, one group a part."""
+        acc = warpgroup_mma(a_smems[0], b_smems[0].permute((1, 0)), zero, use_acc=False,
+                            is_async=True)
+        for i in gl.static_range(1, len(a_smems)):
+            acc = warpgroup_mma(a_smems[i], b_smems[i].permute((1, 0)), acc, is_async=True)
+        return acc
 
     @gluon.jit
     def _consume(descs, bufs, bars, out_ptr, lse_ptr, place, sq, skv, n_blocks, qk_scale,
@@ -162,7 +169,8 @@ if AVAILABLE:
 
         # Block 0's probabilities: the loop runs one block ahead of its PV.
         mbarrier.wait(k_ready.index(0), 0)
-        s = _scores(q_bufs, k_bufs, PART, 0, s_zero)
+        q_smems = _slots(q_bufs, PART)
+        s = _dot_t(q_smems, _slots(k_bufs, 0), s_zero)
         s = warpgroup_mma_wait(0, deps=(s,))
         mbarrier.arrive(k_empty.index(0))
         p, m_i, l_i, alpha = _probabilities(s, m_i, l_i, 0, row0, skv, qk_scale, CAUSAL,
@@ -172,7 +180,7 @@ if AVAILABLE:
             stage = j % STAGES
             prev = (j - 1) % STAGES
             mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
-            s_tok = _scores(q_bufs, k_bufs, PART, stage, s_zero)
+            s_tok = _dot_t(q_smems, _slots(k_bufs, stage), s_zero)  # S = Q K^T
             mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
             acc_tok = warpgroup_mma(p, v_bufs[0].index(prev), acc, is_async=True)
             if len(v_descs) == 2:

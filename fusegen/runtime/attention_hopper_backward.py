@@ -49,7 +49,7 @@ if attention_hopper.AVAILABLE:
         warpgroup_mma_wait,
     )
 
-    from .attention_hopper import _copy, _nbytes, _parts_of, _ring
+    from .attention_hopper import _copy, _dot_t, _nbytes, _parts_of, _ring, _slots
 
     # fmt: off
     @gluon.jit
@@ -67,14 +67,6 @@ if attention_hopper.AVAILABLE:
         return held, ready, empty
 
     @gluon.jit
-    def _slots(bufs, index):
-        """Slot `index` of each part's ring."""
-        slots = (bufs[0].index(index),)
-        if len(bufs) == 2:
-            slots = slots + (bufs[1].index(index),)
-        return slots
-
-    @gluon.jit
     def _accumulators(descs, num_warps: gl.constexpr):
         """fp32 zeros of each part's tile (one a part of the head dim), in wgmma's
         accumulator layout."""
@@ -89,16 +81,6 @@ if attention_hopper.AVAILABLE:
                 version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, W1, 16])
             accs = accs + (gl.zeros([ROWS, W1], gl.float32, layout=layout1),)
         return accs
-
-    @gluon.jit
-    def _dot_t(a_smems, b_smems, zero):
-        """sum over the parts of a_i b_i^T (shared memory both), as chained asynchronous
-        wgmma, one group a part."""
-        acc = warpgroup_mma(a_smems[0], b_smems[0].permute((1, 0)), zero, use_acc=False,
-                            is_async=True)
-        for i in gl.static_range(1, len(a_smems)):
-            acc = warpgroup_mma(a_smems[i], b_smems[i].permute((1, 0)), acc, is_async=True)
-        return acc
 
     @gluon.jit
     def _operands(a, accs):
