@@ -24,8 +24,12 @@ benchmarks/experiments/attention_gluon_backward.py: 12-14% faster than the `tl` 
 forward + backward 0.91x cuDNN, whose fused kernel does 5 dots to these 7 (fp32 atomics
 to fuse dq ran 50% slower: benchmarks/RESULTS.md).
 
-What it takes (Attention.hopper_fits): what the forward takes, q, k, v, d_out
-contiguous in the module's layout, one head dim (64 or 128) for q, k and v.
+Head dims that are not powers of two are two tiles, as in the forward (96 = 64 + 32,
+MLA's 192 = 128 + 64 with v 128); at MLA's dims the dk/dv kernel takes query blocks of 32
+rows (dkdv_rows: 64 spilled). Forward + backward there: 1.05x cuDNN at 96, 0.99x at MLA.
+
+What it takes (Attention.hopper_backward_fits): what the forward takes (head dims in
+HEAD_DIMS), q, k, v, d_out contiguous in the module's layout.
 """
 
 import torch
