@@ -12,7 +12,8 @@ and backward instead (the backward from a fixed random gradient of the last hidd
 state), checking the first layer's q_proj gradient against fp32 likewise: the Hopper
 backward where the forward took the Hopper kernel. --compile runs each model under
 torch.compile: SDPA, fusegen (its traced calls through the module's opaque Hopper ops),
-and "fusegen tl", a copy traced with those ops off (the `tl` kernels Inductor launches).
+and "fusegen tl", a copy on a second instance of the module whose ops have names of their
+own and no opaque Hopper ops (the `tl` kernels, which Inductor launches).
 
     python3 benchmarks/llama_prefill_attention.py [--batch 2] [--prompt 8192] [--layers 4]
         [--rounds 7] [--train] [--compile] [--out FILE.json]
