@@ -134,6 +134,64 @@ if AVAILABLE:
         return acc
 
     @gluon.jit
+    def _accumulators(descs, num_warps: gl.constexpr):
+        """fp32 zeros of each part's tile (one a part of the head dim), in wgmma's
+        accumulator layout."""
+        ROWS: gl.constexpr = descs[0].block_type.shape[0]
+        W0: gl.constexpr = descs[0].block_type.shape[1]
+        layout0: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, W0, 16])
+        accs = (gl.zeros([ROWS, W0], gl.float32, layout=layout0),)
+        if len(descs) == 2:
+            W1: gl.constexpr = descs[1].block_type.shape[1]
+            layout1: gl.constexpr = gl.NVMMADistributedLayout(
+                version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, W1, 16])
+            accs = accs + (gl.zeros([ROWS, W1], gl.float32, layout=layout1),)
+        return accs
+
+    @gluon.jit
+    def _operands(a, accs):
+        """a (registers) in the A-operand layout of each accumulator's dot."""
+        layout0: gl.constexpr = gl.DotOperandLayout(operand_index=0,
+                                                    parent=accs[0].type.layout, k_width=2)
+        ops = (gl.convert_layout(a, layout0),)
+        if len(accs) == 2:
+            layout1: gl.constexpr = gl.DotOperandLayout(operand_index=0,
+                                                        parent=accs[1].type.layout, k_width=2)
+            ops = ops + (gl.convert_layout(a, layout1),)
+        return ops
+
+    @gluon.jit
+    def _dot_into(ops, b_smems, accs):
+        """accs[i] += ops[i] b_i as asynchronous wgmma, one group a part: the tokens."""
+        toks = (warpgroup_mma(ops[0], b_smems[0], accs[0], is_async=True),)
+        if len(accs) == 2:
+            toks = toks + (warpgroup_mma(ops[1], b_smems[1], accs[1], is_async=True),)
+        return toks
+
+    @gluon.jit
+    def _rescaled(accs, alpha):
+        """Each accumulator's rows times alpha (one factor a row)."""
+        accs0 = accs[0] * gl.convert_layout(alpha, gl.SliceLayout(1, accs[0].type.layout))[:, None]
+        scaled = (accs0,)
+        if len(accs) == 2:
+            layout1: gl.constexpr = gl.SliceLayout(1, accs[1].type.layout)
+            scaled = scaled + (accs[1] * gl.convert_layout(alpha, layout1)[:, None],)
+        return scaled
+
+    @gluon.jit
+    def _store_rows(ptr, tile, row0, n_rows, base, stride_s, col0):
+        """A [rows, width] tile at rows row0 on (those before n_rows) and columns col0 on
+        of a [seq, dim] slice at base."""
+        ROWS: gl.constexpr = tile.type.shape[0]
+        WIDTH: gl.constexpr = tile.type.shape[1]
+        layout: gl.constexpr = tile.type.layout
+        rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+        cols = col0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
+        offsets = base + rows.to(gl.int64)[:, None] * stride_s + cols[None, :]
+        gl.store(ptr + offsets, tile, mask=(rows < n_rows)[:, None])
+
+    @gluon.jit
     def _consume(descs, bufs, bars, out_ptr, lse_ptr, place, sq, skv, n_blocks, qk_scale,
                  stride_o_b, stride_o_h, stride_o_s,
                  CAUSAL: gl.constexpr, PART: gl.constexpr, num_warps: gl.constexpr):
@@ -146,27 +204,15 @@ if AVAILABLE:
         batch, head, heads, row0, q_row, q_col, kv_row, kv_col, v_col, o_col = place
         BLOCK_M: gl.constexpr = q_descs[0].block_type.shape[0]
         BLOCK_N: gl.constexpr = k_descs[0].block_type.shape[0]
-        DV0: gl.constexpr = v_descs[0].block_type.shape[1]
         STAGES: gl.constexpr = k_bufs[0].type.shape[0]
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, DV0, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
-                                                     k_width=2)
         dtype: gl.constexpr = q_descs[0].dtype
         row0 = row0 + PART * BLOCK_M
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
         m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
         l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=gl.SliceLayout(1, s_layout))
-        acc = gl.zeros([BLOCK_M, DV0], gl.float32, layout=o_layout)
-        if len(v_descs) == 2:
-            DV1: gl.constexpr = v_descs[1].block_type.shape[1]
-            o1_layout: gl.constexpr = gl.NVMMADistributedLayout(
-                version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, DV1, 16])
-            p1_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o1_layout,
-                                                          k_width=2)
-            acc1 = gl.zeros([BLOCK_M, DV1], gl.float32, layout=o1_layout)
+        acc = _accumulators(o_descs, num_warps)  # one a part of v's head dim
         mbarrier.wait(q_ready.index(PART), 0)
 
         # Block 0's probabilities: the loop runs one block ahead of its PV.
@@ -177,43 +223,33 @@ if AVAILABLE:
         mbarrier.arrive(k_empty.index(0))
         p, m_i, l_i, alpha = _probabilities(s, m_i, l_i, 0, row0, skv, qk_scale, CAUSAL,
                                             s_layout)
-        p = gl.convert_layout(p.to(dtype), p_layout)
+        p_ops = _operands(p.to(dtype), acc)
         for j in range(1, n_blocks):
             stage = j % STAGES
             prev = (j - 1) % STAGES
             mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
             s_tok = _dot_t(q_smems, _slots(k_bufs, stage), s_zero)  # S = Q K^T
             mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-            acc_tok = warpgroup_mma(p, v_bufs[0].index(prev), acc, is_async=True)
-            if len(v_descs) == 2:
-                acc1_tok = warpgroup_mma(gl.convert_layout(p, p1_layout), v_bufs[1].index(prev),
-                                         acc1, is_async=True)
-                s = warpgroup_mma_wait(2, deps=(s_tok,))
-            else:
-                s = warpgroup_mma_wait(1, deps=(s_tok,))
+            pv_toks = _dot_into(p_ops, _slots(v_bufs, prev), acc)  # O += P V, a block behind
+            s = warpgroup_mma_wait(len(acc), deps=(s_tok,))
             mbarrier.arrive(k_empty.index(stage))
             p_next, m_i, l_i, alpha = _probabilities(s, m_i, l_i, j * BLOCK_N, row0, skv,
                                                      qk_scale, CAUSAL, s_layout)
-            if len(v_descs) == 2:
-                acc, acc1, p = warpgroup_mma_wait(0, deps=(acc_tok, acc1_tok, p))
-                acc1 = acc1 * gl.convert_layout(alpha, gl.SliceLayout(1, o1_layout))[:, None]
-            else:
-                acc, p = warpgroup_mma_wait(0, deps=(acc_tok, p))
+            acc = warpgroup_mma_wait(0, deps=pv_toks + p_ops)[:len(acc)]
             mbarrier.arrive(v_empty.index(prev))
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            p = gl.convert_layout(p_next.to(dtype), p_layout)
+            acc = _rescaled(acc, alpha)
+            p_ops = _operands(p_next.to(dtype), acc)
         last = (n_blocks - 1) % STAGES
         mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
-        acc = warpgroup_mma(p, v_bufs[0].index(last), acc)
-        if len(v_descs) == 2:
-            acc1 = warpgroup_mma(gl.convert_layout(p, p1_layout), v_bufs[1].index(last), acc1)
+        pv_toks = _dot_into(p_ops, _slots(v_bufs, last), acc)
+        acc = warpgroup_mma_wait(0, deps=pv_toks + p_ops)[:len(acc)]
         mbarrier.arrive(v_empty.index(last))
 
-        _store_out(acc, l_i, q_bufs[0].index(PART), o_descs[0], out_ptr, place, sq,
+        _store_out(acc[0], l_i, q_bufs[0].index(PART), o_descs[0], out_ptr, place, sq,
                    stride_o_b, stride_o_h, stride_o_s, 0, PART)
-        if len(v_descs) == 2:
-            _store_out(acc1, l_i, q_bufs[1].index(PART), o_descs[1], out_ptr, place, sq,
-                       stride_o_b, stride_o_h, stride_o_s, DV0, PART)
+        if len(acc) == 2:
+            _store_out(acc[1], l_i, q_bufs[1].index(PART), o_descs[1], out_ptr, place, sq,
+                       stride_o_b, stride_o_h, stride_o_s, acc[0].type.shape[1], PART)
         lse_rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         lse = (m_i + gl.log2(l_i)) * 0.6931471805599453  # natural log
         gl.store(lse_ptr + (batch * heads + head).to(gl.int64) * sq + lse_rows, lse,
@@ -226,7 +262,6 @@ if AVAILABLE:
         on."""
         batch, head, heads, row0, q_row, q_col, kv_row, kv_col, v_col, o_col = place
         BLOCK_M: gl.constexpr = acc.type.shape[0]
-        DV: gl.constexpr = acc.type.shape[1]
         o_layout: gl.constexpr = acc.type.layout
         row0 = row0 + PART * BLOCK_M
         l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
@@ -241,11 +276,8 @@ if AVAILABLE:
         else:
             # The last tile's rows past the queries are computed on what the view holds
             # there (another head's or batch entry's rows), and not stored.
-            rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
-            cols = col0 + gl.arange(0, DV, layout=gl.SliceLayout(0, o_layout))
             base = batch.to(gl.int64) * stride_o_b + head * stride_o_h
-            offsets = base + rows.to(gl.int64)[:, None] * stride_o_s + cols[None, :]
-            gl.store(out_ptr + offsets, out, mask=(rows < sq)[:, None])
+            _store_rows(out_ptr, out, row0, sq, base, stride_o_s, col0)
 
     @gluon.jit
     def _produce(descs, bufs, bars, out_ptr, lse_ptr, place, sq, skv, n_blocks, qk_scale,

@@ -51,11 +51,21 @@ if attention_hopper.AVAILABLE:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
         mbarrier,
-        warpgroup_mma,
         warpgroup_mma_wait,
     )
 
-    from .attention_hopper import _copy, _dot_t, _nbytes, _parts_of, _ring, _slots
+    from .attention_hopper import (
+        _accumulators,
+        _copy,
+        _dot_into,
+        _dot_t,
+        _nbytes,
+        _operands,
+        _parts_of,
+        _ring,
+        _slots,
+        _store_rows,
+    )
 
     # fmt: off
     @gluon.jit
@@ -73,42 +83,6 @@ if attention_hopper.AVAILABLE:
         return held, ready, empty
 
     @gluon.jit
-    def _accumulators(descs, num_warps: gl.constexpr):
-        """fp32 zeros of each part's tile (one a part of the head dim), in wgmma's
-        accumulator layout."""
-        ROWS: gl.constexpr = descs[0].block_type.shape[0]
-        W0: gl.constexpr = descs[0].block_type.shape[1]
-        layout0: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, W0, 16])
-        accs = (gl.zeros([ROWS, W0], gl.float32, layout=layout0),)
-        if len(descs) == 2:
-            W1: gl.constexpr = descs[1].block_type.shape[1]
-            layout1: gl.constexpr = gl.NVMMADistributedLayout(
-                version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, W1, 16])
-            accs = accs + (gl.zeros([ROWS, W1], gl.float32, layout=layout1),)
-        return accs
-
-    @gluon.jit
-    def _operands(a, accs):
-        """a (registers) in the A-operand layout of each accumulator's dot."""
-        layout0: gl.constexpr = gl.DotOperandLayout(operand_index=0,
-                                                    parent=accs[0].type.layout, k_width=2)
-        ops = (gl.convert_layout(a, layout0),)
-        if len(accs) == 2:
-            layout1: gl.constexpr = gl.DotOperandLayout(operand_index=0,
-                                                        parent=accs[1].type.layout, k_width=2)
-            ops = ops + (gl.convert_layout(a, layout1),)
-        return ops
-
-    @gluon.jit
-    def _dot_into(ops, b_smems, accs):
-        """accs[i] += ops[i] b_i as asynchronous wgmma, one group a part: the tokens."""
-        toks = (warpgroup_mma(ops[0], b_smems[0], accs[0], is_async=True),)
-        if len(accs) == 2:
-            toks = toks + (warpgroup_mma(ops[1], b_smems[1], accs[1], is_async=True),)
-        return toks
-
-    @gluon.jit
     def _row_terms(lse_ptr, delta_ptr, row_base, rows, sq):
         """lse in base 2 and delta of the rows; rows past the queries get lse = inf (P = 0
         there: their q and d_out are another head's or batch entry's)."""
@@ -116,18 +90,6 @@ if attention_hopper.AVAILABLE:
         lse = gl.load(lse_ptr + row_base + rows, mask=inside, other=float("inf"))
         delta = gl.load(delta_ptr + row_base + rows, mask=inside, other=0.0)
         return lse * 1.4426950408889634, delta
-
-    @gluon.jit
-    def _store_rows(ptr, tile, row0, n_rows, base, stride_s, col0):
-        """A [rows, width] tile at rows row0 on (those before n_rows) and columns col0 on
-        of a [seq, dim] slice at base."""
-        ROWS: gl.constexpr = tile.type.shape[0]
-        WIDTH: gl.constexpr = tile.type.shape[1]
-        layout: gl.constexpr = tile.type.layout
-        rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-        cols = col0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
-        offsets = base + rows.to(gl.int64)[:, None] * stride_s + cols[None, :]
-        gl.store(ptr + offsets, tile, mask=(rows < n_rows)[:, None])
 
     @gluon.jit
     def _store_parts(ptr, accs, factor, row0, n_rows, base, stride_s, dtype: gl.constexpr):
