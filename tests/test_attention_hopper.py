@@ -42,10 +42,8 @@ kernel = getattr(module, sys.argv[2])
 dim, dv, dtype, meta = int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], json.loads(sys.argv[6])
 q, v = (torch.empty(256, d, dtype=getattr(torch, dtype)) for d in (dim, dv))
 q_rows = meta.pop("Q_ROWS", module.BLOCK_M)
-parts = [ah._descriptors(t, 256, rows) for t, rows in
-         ((q, q_rows), (q, module.BLOCK_N), (v, module.BLOCK_N), (v, q_rows))]
-descs = [d for tiles in parts for d in (tiles[0], tiles[-1])]  # first and last part
-meta |= {"SPLIT_QK": len(parts[0]) == 2, "SPLIT_V": len(parts[2]) == 2}
+descs, split = ah.tile_args(q, q, v, v, (256, 256), q_rows, module.BLOCK_N)
+meta |= split
 names = [p.name for p in kernel.params]
 types = {name: "i32" for name in names}
 for name, desc in zip(names, descs):

@@ -56,11 +56,7 @@ def compile_report(causal=True, dim=128, dv=128, group=1, paired_dots=True, rows
     q, v = (torch.empty(256, d, dtype=torch.bfloat16) for d in (dim, dv))
     for kernel in (hb._attention_dkdv, hb._attention_dq):
         q_rows = (rows or hb.dkdv_rows(dim)) if kernel is hb._attention_dkdv else hb.BLOCK_M
-        parts = [
-            attention_hopper._descriptors(t, 256, n)
-            for t, n in ((q, q_rows), (q, hb.BLOCK_N), (v, hb.BLOCK_N), (v, q_rows))
-        ]
-        descs = [d for tiles in parts for d in (tiles[0], tiles[-1])]
+        descs, split = attention_hopper.tile_args(q, q, v, v, (256, 256), q_rows, hb.BLOCK_N)
         names = [p.name for p in kernel.params]
         types = {name: "i32" for name in names}
         for name, desc in zip(names, descs, strict=False):
@@ -68,7 +64,7 @@ def compile_report(causal=True, dim=128, dv=128, group=1, paired_dots=True, rows
         types |= {n: "*bf16" for n in ("dk_ptr", "dv_ptr", "dq_ptr") if n in names}
         types |= {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "qk_scale": "fp32", "scale": "fp32"}
         meta = {"GROUP": group, "CAUSAL": causal, "STAGES": 2, "num_warps": 4}
-        meta |= {"SPLIT_QK": len(parts[0]) == 2, "SPLIT_V": len(parts[2]) == 2}
+        meta |= split
         meta |= {"PAIRED_DOTS": paired_dots} if "PAIRED_DOTS" in names else {}
         types |= {name: "constexpr" for name in meta}
         constants = {(names.index(name),): value for name, value in meta.items()}

@@ -392,6 +392,25 @@ def _descriptors(t, rows, block_rows):
     return tuple(_descriptor(t, rows, block_rows, c, w) for c, w in zip(cols, widths, strict=True))
 
 
+def tile_args(q, k, v, o, rows, q_rows, kv_rows):
+    """The kernels' descriptor arguments and split constexprs: for q, k, v and o (out or
+    d_out) viewed as [rows[0] or rows[1], ...] in tiles of q_rows or kv_rows rows, each
+    tensor's first and last part of the head dim (the first twice where it is one tile:
+    Triton 3.6's launcher takes no descriptors inside tuples), and SPLIT_QK, SPLIT_V."""
+    parts = [
+        _descriptors(q, rows[0], q_rows),
+        _descriptors(k, rows[1], kv_rows),
+        _descriptors(v, rows[1], kv_rows),
+        _descriptors(o, rows[0], q_rows),
+    ]
+    return [d for tiles in parts for d in (tiles[0], tiles[-1])], splits(q, v)
+
+
+def splits(q, v):
+    """The kernels' SPLIT_QK and SPLIT_V: whether q's and v's head dims are two tiles."""
+    return {"SPLIT_QK": len(parts(q.shape[-1])) == 2, "SPLIT_V": len(parts(v.shape[-1])) == 2}
+
+
 def places(q, k, layout):
     """(batch, heads, kv_heads, sq, skv, the row counts of q's and k's [rows, dim] views,
     q's and k's tile places in them: rows a batch entry, rows a head, columns a head).
@@ -425,15 +444,10 @@ def forward(q, k, v, out, lse, *, layout, causal, scale):
     batch, heads, kv_heads, sq, skv, rows, q_place, kv_place = places(q, k, layout)
     grid = (triton.cdiv(sq, 2 * BLOCK_M) * batch * heads,)
     v_cols = v.shape[-1] if layout == "bshd" else 0  # a head's columns in v and out
-    descs = [
-        _descriptors(q, rows[0], BLOCK_M),
-        _descriptors(k, rows[1], BLOCK_N),
-        _descriptors(v, rows[1], BLOCK_N),
-        _descriptors(out, rows[0], BLOCK_M),
-    ]
+    descs, split = tile_args(q, k, v, out, rows, BLOCK_M, BLOCK_N)
     with torch.cuda.device(q.device):  # Triton launches on the current device
         return _attention_forward[grid](
-            *(d for parts in descs for d in (parts[0], parts[-1])),
+            *descs,
             out,
             lse,
             sq,
@@ -446,7 +460,6 @@ def forward(q, k, v, out, lse, *, layout, causal, scale):
             *strides(out, layout),
             GROUP=heads // kv_heads,
             CAUSAL=causal,
-            SPLIT_QK=len(descs[0]) == 2,
-            SPLIT_V=len(descs[2]) == 2,
+            **split,
             num_warps=4,
         )

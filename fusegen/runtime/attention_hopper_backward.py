@@ -451,18 +451,11 @@ def backward(
     stages, paired_dots, rows_dkdv (dkdv_rows by default) and keys_dq (the dq kernel's
     key blocks): what benchmarks/experiments/attention_gluon_backward.py varies."""
     batch, heads, kv_heads, sq, skv, rows, q_place, kv_place = attention_hopper.places(q, k, layout)
-    tiles, parts = attention_hopper._descriptors, attention_hopper.parts
 
-    def descriptors(q_rows, kv_rows):  # each tensor's first and last part of the head dim
-        by_tensor = [
-            tiles(q, rows[0], q_rows),
-            tiles(k, rows[1], kv_rows),
-            tiles(v, rows[1], kv_rows),
-            tiles(d_out, rows[0], q_rows),
-        ]
-        return [d for tensor in by_tensor for d in (tensor[0], tensor[-1])]
+    def descriptors(q_rows, kv_rows):
+        return attention_hopper.tile_args(q, k, v, d_out, rows, q_rows, kv_rows)[0]
 
-    split = {"SPLIT_QK": len(parts(q.shape[-1])) == 2, "SPLIT_V": len(parts(v.shape[-1])) == 2}
+    split = attention_hopper.splits(q, v)
     v_cols = v.shape[-1] if layout == "bshd" else 0  # a head's columns in v and d_out
     common = (lse, delta, sq, skv, heads, scale * LOG2E, scale, *q_place, *kv_place, v_cols)
     meta = {"GROUP": heads // kv_heads, "CAUSAL": causal, "STAGES": stages, **split, "num_warps": 4}
