@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 GROUP = 128
 
@@ -61,7 +62,12 @@ def _sixteen_plus(words, J: tl.constexpr, sixteen):
 @triton.jit
 def _words_gemv(x_ptr, wg_ptr, sg_ptr, zg_ptr, wu_ptr, su_ptr, zu_ptr, out_ptr, N, K,
                 GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                HELD: tl.constexpr):  # fmt: skip
+                HELD: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr):  # fmt: skip
+    """TMA: wg_ptr and wu_ptr are [N, K // 8] int32 descriptors of [BLOCK_N, BLOCK_K // 8]
+    blocks. STAGES: the K loop's own num_stages; the launch's num_stages does not pipeline
+    these loads (no dot takes them), the loop's does: cp.async (LDGSTS), or TMA copies,
+    into STAGES - 1 buffers ahead of the step (sm_90, 16 x 1,024 on 4 warps: 35 KB of
+    shared memory at 3 stages, 96 registers pointers, 127 TMA; 80 and 96 at 1 stage)."""
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
@@ -72,11 +78,15 @@ def _words_gemv(x_ptr, wg_ptr, sg_ptr, zg_ptr, wu_ptr, su_ptr, zu_ptr, out_ptr, 
     # one immediate). SASS for sm_90a, 8 x 1,024 on 2 warps: 1,264 instructions, 281
     # LOP3, against 1,520 and 537.
     sixteen = 0x41800000 + (N >> 31) if HELD else 0x41800000
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         offs_w = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-        at = offs_n[:, None] * (K // 8) + offs_w[None, :]
-        wg = tl.load(wg_ptr + at, mask=mask_n[:, None], other=0)
-        wu = tl.load(wu_ptr + at, mask=mask_n[:, None], other=0)
+        if TMA:  # rows past N read as zeros
+            wg = wg_ptr.load([pid * BLOCK_N, k0 // 8])
+            wu = wu_ptr.load([pid * BLOCK_N, k0 // 8])
+        else:
+            at = offs_n[:, None] * (K // 8) + offs_w[None, :]
+            wg = tl.load(wg_ptr + at, mask=mask_n[:, None], other=0)
+            wu = tl.load(wu_ptr + at, mask=mask_n[:, None], other=0)
         pg = tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
         pu = tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
         xsum = tl.zeros((BLOCK_K // 8,), dtype=tl.float32)
@@ -213,13 +223,16 @@ def _halves_tile(x_ptr, wg_ptr, sg_ptr, zg_ptr, wu_ptr, su_ptr, zu_ptr, out_ptr,
         tl.atomic_add(part_ptr + M * N + at, acc_u, mask=mask)
 
 
-def words_gemv(x, pg, sg, zg, pu, su, zu, block_n, block_k, warps, stages, held=0):
+def words_gemv(x, pg, sg, zg, pu, su, zu, block_n, block_k, warps, stages, held=0, tma=0):
+    """stages: the K loop's num_stages (the launch's is 1)."""
     n, k = pg.shape[0], x.shape[-1]
     out = torch.empty(1, n, device=x.device, dtype=x.dtype)
+    wg, wu = pg.view(torch.int32), pu.view(torch.int32)
+    if tma:
+        wg, wu = (TensorDescriptor.from_tensor(w, [block_n, block_k // 8]) for w in (wg, wu))
     _words_gemv[(triton.cdiv(n, block_n),)](
-        x, pg.view(torch.int32), sg, zg, pu.view(torch.int32), su, zu, out, n, k,
-        GROUP=GROUP, BLOCK_N=block_n, BLOCK_K=block_k, HELD=held, num_warps=warps,
-        num_stages=stages,
+        x, wg, sg, zg, wu, su, zu, out, n, k, GROUP=GROUP, BLOCK_N=block_n, BLOCK_K=block_k,
+        HELD=held, STAGES=stages, TMA=tma, num_warps=warps,
     )  # fmt: skip
     return out
 
@@ -252,11 +265,12 @@ def halves_tile(x, pg, sg, zg, pu, su, zu, block_n, block_k, warps, stages, spli
     return out
 
 
-# 16 words a thread ran fastest (benchmarks/RESULTS.md, "The one-row plateau"); each
-# with the 16.0 held in a register and without.
+# 16 words a thread ran fastest (benchmarks/RESULTS.md, "The one-row plateau"), the 16.0
+# held in a register faster at every config; each with its loads pipelined by the loop
+# (cp.async or TMA) and not.
 WORDS_GRID = [
-    dict(block_n=bn, block_k=1024, warps=w, stages=1, held=h)
-    for bn, w, h in itertools.product((8, 16), (2, 4), (0, 1))
+    dict(block_n=bn, block_k=1024, warps=w, stages=st, held=1, tma=t)
+    for bn, w, st, t in itertools.product((8, 16), (2, 4), (1, 3, 4), (0, 1))
 ]
 ROWS_GRID = [
     dict(block_n=bn, block_k=bk, warps=w)
@@ -304,14 +318,42 @@ def check() -> None:
         x = torch.randn(m, k, dtype=torch.float16)
         want = reference(x, qg, sg, zg, qu, su, zu)
         if m == 1:
-            for held in (0, 1):
-                got = words_gemv(x, pg, sg, zg, pu, su, zu, 16, 256, 4, 1, held)
-                print(f"words  m={m} held={held}: error {error(got, want):.1e}")
+            for held, stages, tma in ((0, 1, 0), (1, 1, 0), (1, 3, 0), (1, 3, 1)):
+                got = words_gemv(x, pg, sg, zg, pu, su, zu, 16, 256, 4, stages, held, tma)
+                print(f"words  m={m} held={held} stages={stages} tma={tma}: "
+                      f"error {error(got, want):.1e}")  # fmt: skip
         got = words_rows(x, pg, sg, zg, pu, su, zu, 8, 256, 2)
         print(f"rows   m={m}: error {error(got, want):.1e}")
         for split, swap in ((1, 0), (2, 1)):
             got = halves_tile(x, pg, sg, zg, pu, su, zu, 64, 64, 4, 1, split, swap)
             print(f"halves m={m} split={split} swap={swap}: error {error(got, want):.1e}")
+
+
+def compile_words() -> None:
+    """Each WORDS_GRID config compiled for sm_90 (CPU) as the bench launches it: registers,
+    spills, shared memory and the SASS instruction mix."""
+    from backward_registers import ptxas_report
+    from quant_registers import compile_sm90, instruction_mix
+
+    names = [p.name for p in _words_gemv.params]
+    for c in WORDS_GRID:
+        types = {n: "*i32" if n in ("wg_ptr", "wu_ptr") else "i32" for n in names}
+        if c["tma"]:
+            desc = TensorDescriptor.from_tensor(
+                torch.empty(14336, 512, dtype=torch.int32), [c["block_n"], c["block_k"] // 8]
+            )
+            types |= dict.fromkeys(("wg_ptr", "wu_ptr"), triton.runtime.jit.mangle_type(desc))
+        types |= {"x_ptr": "*bf16", "out_ptr": "*bf16", "sg_ptr": "*bf16", "su_ptr": "*bf16",
+                  "zg_ptr": "*u8", "zu_ptr": "*u8"}  # fmt: skip
+        meta = dict(GROUP=GROUP, BLOCK_N=c["block_n"], BLOCK_K=c["block_k"], HELD=c["held"],
+                    STAGES=c["stages"], TMA=c["tma"])  # fmt: skip
+        types |= dict.fromkeys(meta, "constexpr")
+        hints = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n not in meta}
+        constants = {(names.index(n),): v for n, v in meta.items()}
+        compiled = compile_sm90(_words_gemv, types, constants, {"num_warps": c["warps"]}, hints)
+        print(f"{json.dumps(c)}: {ptxas_report(compiled.asm['ptx'])}, "
+              f"{compiled.metadata.shared} B shared")  # fmt: skip
+        print(f"    {instruction_mix(compiled.asm['cubin'])}", flush=True)
 
 
 def row(built: Path, m: int, rounds: int) -> dict:
@@ -394,10 +436,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--built", type=Path)
     parser.add_argument("--check", action="store_true")
+    parser.add_argument("--compile", action="store_true", help="CPU: the words configs, sm_90")
     parser.add_argument("--rows", nargs="+", type=int, default=[1, 2, 4, 16])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out")
     args = parser.parse_args()
+    if args.compile:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        compile_words()
+        return
     if args.check:
         if os.environ.get("TRITON_INTERPRET") != "1":
             parser.error("--check runs under TRITON_INTERPRET=1")
