@@ -120,12 +120,27 @@ if attention_hopper.AVAILABLE:
                         accs[0].type.shape[1])
 
     @gluon.jit
+    def _reduce_chunk(dq, dq_bufs, dq_desc, n, row, col):
+        """dq (registers, fp32) added into dq_desc's tile at [row, col] from dq_bufs' slot
+        n % 2, once the reduce that last read that slot has read it (the other slot's may
+        still run)."""
+        buf = dq_bufs.index(n % 2)
+        tma.store_wait(1)
+        buf.store(dq)
+        fence_async_shared()
+        _reduce_add(dq_desc, [row, col], buf)
+
+    @gluon.jit
     def _kv_step(q_smems, do_smems, k_smems, v_smems, dk, dv, lse, delta, keys, rows, skv,
-                 qk_scale, CAUSAL: gl.constexpr, MASKED: gl.constexpr, PAIRED: gl.constexpr,
+                 qk_scale, fused, dq_row, dq_col, n, CAUSAL: gl.constexpr,
+                 MASKED: gl.constexpr, PAIRED: gl.constexpr, FUSED: gl.constexpr,
                  num_warps: gl.constexpr):
         """One query block into a consumer's dK and dV (tuples, one a part of the head
         dim). PAIRED: S^T issued with dP^T, then dV with dK (two waits a block); else dV
-        with dP^T (three)."""
+        with dP^T (three). FUSED: dq's share of the block too, FA3's way: dS^T into shared
+        memory (dK's A operand as it is, dq's transposed), then dq = dS K in chunks of the
+        fp32 dq descriptor's width, each scaled and added into dq at [dq_row, dq_col on]
+        by a TMA reduce (atomic adds: not deterministic); n: the reduces so far."""
         BN: gl.constexpr = k_smems[0].type.shape[0]
         BM: gl.constexpr = q_smems[0].type.shape[0]
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -145,7 +160,38 @@ if attention_hopper.AVAILABLE:
                 seen = seen & (keys[:, None] <= rows[None, :])
             p = gl.where(seen, p, 0.0)
         p_ops = _operands(p.to(dtype), dv)
-        if PAIRED:
+        if FUSED:
+            ds_smem, dq_bufs, dq_desc, q_place, scale = fused
+            CH: gl.constexpr = dq_desc.block_type.shape[1]
+            dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
+                version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, CH, 16])
+            if PAIRED:
+                dp = warpgroup_mma_wait(0, deps=(dp_tok,))
+                toks = _dot_into(p_ops, do_smems, dv)
+            else:
+                toks = _dot_into(p_ops, do_smems, dv)
+                dp = warpgroup_mma_wait(0, deps=(_dot_t(v_smems, do_smems, s_zero),))
+            ds_smem.store((p * (dp - delta[None, :])).to(dtype))
+            fence_async_shared()
+            toks = toks + (warpgroup_mma(ds_smem, q_smems[0], dk[0], is_async=True),)
+            if len(dk) == 2:
+                toks = toks + (warpgroup_mma(ds_smem, q_smems[1], dk[1], is_async=True),)
+            done = warpgroup_mma_wait(0, deps=toks + p_ops)
+            dv = done[:len(dv)]
+            dk = done[len(dv):len(dv) + len(dk)]
+            dq_zero = gl.zeros([BM, CH], gl.float32, layout=dq_layout)
+            col0 = 0
+            for i in gl.static_range(len(k_smems)):
+                for c in gl.static_range(k_smems[i].type.shape[1] // CH):
+                    tok = warpgroup_mma(ds_smem.permute((1, 0)),
+                                        k_smems[i].slice(c * CH, CH, dim=1), dq_zero,
+                                        use_acc=False, is_async=True)
+                    dq = warpgroup_mma_wait(0, deps=(tok,))
+                    _reduce_chunk(dq * scale, dq_bufs, dq_desc, n, dq_row,
+                                  dq_col + col0 + c * CH)
+                    n += 1
+                col0 += k_smems[i].type.shape[1]
+        elif PAIRED:
             dp = warpgroup_mma_wait(0, deps=(dp_tok,))
             ds_ops = _operands((p * (dp - delta[None, :])).to(dtype), dk)
             toks = _dot_into(p_ops, do_smems, dv) + _dot_into(ds_ops, q_smems, dk)
@@ -159,75 +205,6 @@ if attention_hopper.AVAILABLE:
             dv = warpgroup_mma_wait(0, deps=dv_toks + p_ops)[:len(dv)]
             ds_ops = _operands((p * (dp - delta[None, :])).to(dtype), dk)
             dk = warpgroup_mma_wait(0, deps=_dot_into(ds_ops, q_smems, dk) + ds_ops)[:len(dk)]
-        return dk, dv
-
-    @gluon.jit
-    def _reduce_chunk(dq, dq_bufs, dq_desc, n, row, col):
-        """dq (registers, fp32) added into dq_desc's tile at [row, col] from dq_bufs' slot
-        n % 2, once the reduce that last read that slot has read it (the other slot's may
-        still run)."""
-        buf = dq_bufs.index(n % 2)
-        tma.store_wait(1)
-        buf.store(dq)
-        fence_async_shared()
-        _reduce_add(dq_desc, [row, col], buf)
-
-    @gluon.jit
-    def _kv_step_fused(q_smems, do_smems, k_smems, v_smems, dk, dv, lse, delta, keys, rows,
-                       skv, qk_scale, fused, dq_row, dq_col, n, CAUSAL: gl.constexpr,
-                       MASKED: gl.constexpr, PAIRED: gl.constexpr, num_warps: gl.constexpr):
-        """_kv_step with dq's share of the block too, FA3's way: dS^T into shared memory
-        (dK's A operand as it is, dq's transposed), dq = dS K in chunks of the fp32 dq
-        descriptor's width, each scaled and added into dq in global memory by a TMA reduce
-        (atomic adds: not deterministic). n: the reduces so far."""
-        ds_smem, dq_bufs, dq_desc, q_place, scale = fused
-        BN: gl.constexpr = k_smems[0].type.shape[0]
-        BM: gl.constexpr = q_smems[0].type.shape[0]
-        CH: gl.constexpr = dq_desc.block_type.shape[1]
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BM, 16])
-        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, CH, 16])
-        dtype: gl.constexpr = q_smems[0].dtype
-        s_zero = gl.zeros([BN, BM], gl.float32, layout=s_layout)
-        dq_zero = gl.zeros([BM, CH], gl.float32, layout=dq_layout)
-        if PAIRED:
-            s_tok = _dot_t(k_smems, q_smems, s_zero)
-            dp_tok = _dot_t(v_smems, do_smems, s_zero)
-            s = warpgroup_mma_wait(len(v_smems), deps=(s_tok,))
-        else:
-            s = warpgroup_mma_wait(0, deps=(_dot_t(k_smems, q_smems, s_zero),))
-        p = gl.exp2(s * qk_scale - lse[None, :])
-        if MASKED:  # the diagonal (queries before a key see none of it), the last key
-            seen = keys[:, None] < skv
-            if CAUSAL:
-                seen = seen & (keys[:, None] <= rows[None, :])
-            p = gl.where(seen, p, 0.0)
-        p_ops = _operands(p.to(dtype), dv)
-        if PAIRED:
-            dp = warpgroup_mma_wait(0, deps=(dp_tok,))
-            toks = _dot_into(p_ops, do_smems, dv)
-        else:
-            toks = _dot_into(p_ops, do_smems, dv)
-            dp = warpgroup_mma_wait(0, deps=(_dot_t(v_smems, do_smems, s_zero),))
-        ds_smem.store((p * (dp - delta[None, :])).to(dtype))
-        fence_async_shared()
-        toks = toks + (warpgroup_mma(ds_smem, q_smems[0], dk[0], is_async=True),)
-        if len(dk) == 2:
-            toks = toks + (warpgroup_mma(ds_smem, q_smems[1], dk[1], is_async=True),)
-        done = warpgroup_mma_wait(0, deps=toks + p_ops)
-        dv = done[:len(dv)]
-        dk = done[len(dv):len(dv) + len(dk)]
-        ds_t = ds_smem.permute((1, 0))
-        col0 = 0
-        for i in gl.static_range(len(k_smems)):
-            for c in gl.static_range(k_smems[i].type.shape[1] // CH):
-                tok = warpgroup_mma(ds_t, k_smems[i].slice(c * CH, CH, dim=1), dq_zero,
-                                    use_acc=False, is_async=True)
-                dq = warpgroup_mma_wait(0, deps=(tok,))
-                _reduce_chunk(dq * scale, dq_bufs, dq_desc, n, dq_row, dq_col + col0 + c * CH)
-                n += 1
-            col0 += k_smems[i].type.shape[1]
         return dk, dv, n
 
     @gluon.jit
@@ -248,18 +225,16 @@ if attention_hopper.AVAILABLE:
             rows = start + gl.arange(0, BM, layout=gl.SliceLayout(0, s_layout))
             lse, delta = _row_terms(lse_ptr, delta_ptr, row_base, rows, sq)
             mbarrier.wait(ready.index(stage), (i // STAGES) & 1)
-            if FUSED_DQ:
+            dq_row = 0
+            dq_col = 0
+            if FUSED_DQ:  # the block's place in dq's view (q's)
                 q_rows_b, q_rows_h, q_cols_h, v_cols_h = fused[3]
-                dk, dv, n = _kv_step_fused(_slots(q_bufs, stage), _slots(do_bufs, stage),
-                                           k_smems, v_smems, dk, dv, lse, delta, keys, rows,
-                                           skv, qk_scale, fused,
-                                           batch * q_rows_b + head * q_rows_h + start,
-                                           head * q_cols_h, n, CAUSAL, MASKED,
-                                           PAIRED and not MASKED, num_warps)
-            else:
-                dk, dv = _kv_step(_slots(q_bufs, stage), _slots(do_bufs, stage), k_smems,
-                                  v_smems, dk, dv, lse, delta, keys, rows, skv, qk_scale,
-                                  CAUSAL, MASKED, PAIRED and not MASKED, num_warps)
+                dq_row = batch * q_rows_b + head * q_rows_h + start
+                dq_col = head * q_cols_h
+            dk, dv, n = _kv_step(_slots(q_bufs, stage), _slots(do_bufs, stage), k_smems,
+                                 v_smems, dk, dv, lse, delta, keys, rows, skv, qk_scale, fused,
+                                 dq_row, dq_col, n, CAUSAL, MASKED, PAIRED and not MASKED,
+                                 FUSED_DQ, num_warps)
             mbarrier.arrive(empty.index(stage))
             i += 1
         return dk, dv, i, n
