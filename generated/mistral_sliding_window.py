@@ -41,7 +41,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("151b2723271e082e", "attention")
+_rt = _runtime("821dbff0447fde15", "attention")
 # [batch, k_len] padding mask (1 where a key is real) -> key_ranges: see its docstring.
 key_ranges_from_mask = _rt.key_ranges_from_mask
 

@@ -217,6 +217,9 @@ class Attention:
         self.kernels = {"forward": forward, "kv": backward_kv, "q": backward_q}
         self.bias, self.softcap, self.split_v = bias, softcap, split_v
         self.packs, self.tma, self.hopper = packed, tma, hopper
+        # Keyword arguments of attention_hopper_backward.backward (its experiments' knobs,
+        # e.g. fused_dq): a benchmark sets them to time a variant inside a real model.
+        self.hopper_backward_options = {}
         self.inputs = ("q", "k", "v", "bias") if bias else ("q", "k", "v")
         axes = ("batch", "seq", "heads", "dim")
         if module["LAYOUT"] != "bshd":
@@ -428,6 +431,7 @@ class Attention:
             grads, compiled = attention_hopper_backward.backward(
                 q, k, v, d_out.contiguous(), lse, delta, needs,
                 layout=m["LAYOUT"], causal=self.hopper == "causal", scale=m["SCALE"],
+                **self.hopper_backward_options,
             )  # fmt: skip
             self.last_compiled.update(compiled)
             return grads
