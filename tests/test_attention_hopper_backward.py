@@ -102,11 +102,12 @@ def test_dq_dk_dv_match_float64(layout, causal, batch, heads, kv_heads, sq, skv,
         ("bshd", True, 1, 2, 2, 1000, 1000, 64, torch.float16),
     ],
 )
+@pytest.mark.parametrize("fused", [True, "early"])
 def test_dq_fused_by_tma_reduces_matches_float64(
-    layout, causal, batch, heads, kv_heads, sq, skv, dim, dtype
+    layout, causal, batch, heads, kv_heads, sq, skv, dim, dtype, fused
 ):
     compiled = _check_grads(
-        layout, causal, batch, heads, kv_heads, sq, skv, dim, dim, dtype, fused_dq=True
+        layout, causal, batch, heads, kv_heads, sq, skv, dim, dim, dtype, fused_dq=fused
     )
     assert set(compiled) == {"hopper_dkdv"}
 

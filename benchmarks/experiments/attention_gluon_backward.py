@@ -11,7 +11,8 @@ dq's key blocks of 128 (the runtime: 64; 128 compiles without spills at head dim
 reduces (`fused_dq`: dS^T through shared memory, dq = dS K in 64-column chunks, each added
 into an fp32 dq by one `cp.reduce.async.bulk.tensor`; head dims 64 and 128; compiled for
 sm_90 on the CPU, d 128 causal: 780 bytes of spills against the kernel's 100, 213 KB of
-shared memory; unmeasured and unchecked on a GPU when added: the check below runs it).
+shared memory; `fused_dq="early"`: the first chunk's dot issued between dV's and dK's, 744
+bytes; both unmeasured and unchecked on a GPU when added: the check below runs them).
 Removed after their runs: three stages in either kernel's ring (within the spreads),
 dk/dv's programs in the other order (causal: the longest last; within 2-3% either way),
 and dq fused into the dk/dv kernel by scalar fp32 atomics (`gl.atomic_add`, one
@@ -72,7 +73,10 @@ def compile_report(causal=True, dim=128, dv=128, group=1, paired_dots=True, rows
         meta = {"GROUP": group, "CAUSAL": causal, "STAGES": 2, "num_warps": 4}
         meta |= split
         if kernel is hb._attention_dkdv:
-            meta |= {"PAIRED_DOTS": paired_dots, "FUSED_DQ": fused_dq}
+            meta |= {
+                "PAIRED_DOTS": paired_dots,
+                "FUSED_DQ": {False: 0, "early": 2}.get(fused_dq, 1),
+            }
             if fused_dq:
                 dq = torch.empty(256, dim, dtype=torch.float32)
                 types["dq_desc"] = triton.runtime.jit.mangle_type(hb.dq_descriptor(dq, 256, q_rows))
@@ -126,8 +130,8 @@ def main() -> int:
             compile_report(causal, group=group, paired_dots=paired)
         for dim, dv, rows in ((96, 96, None), (192, 128, None), (192, 128, 64)):
             compile_report(True, dim, dv, rows=rows)
-        for dim, group in ((128, 1), (128, 4), (64, 1)):
-            compile_report(True, dim, dim, group=group, fused_dq=True)
+        for dim, group, fused in ((128, 1, True), (128, 4, True), (64, 1, True), (128, 1, "early")):
+            compile_report(True, dim, dim, group=group, fused_dq=fused)
         return 0
 
     failed = sum(
@@ -173,7 +177,9 @@ def run_case(case, shape, kv_heads, rounds, built, profile=False, v_dim=None, mo
     checked = {"": {}, " (unpaired dots)": {"paired_dots": False}}
     checked |= {" (dq 128 keys)": {"keys_dq": 128}} if wide_dq else {}
     fused = attention_hopper_backward.fused_dq_fits(dim)
-    checked |= {" (dq fused, TMA reduces)": {"fused_dq": True}} if fused else {}
+    if fused:
+        checked |= {" (dq fused, TMA reduces)": {"fused_dq": True}}
+        checked |= {" (dq fused, first chunk early)": {"fused_dq": "early"}}
     for variant, knobs in checked.items():
         grads = gluon((True, True, True), **knobs)
         for name, got, want, part in zip(("dq", "dk", "dv"), grads, wants, parts, strict=True):
@@ -210,6 +216,7 @@ def run_case(case, shape, kv_heads, rounds, built, profile=False, v_dim=None, mo
         calls["gluon dq 128-key blocks"] = lambda: gluon(q_only, keys_dq=128)
     if fused:
         calls["gluon dk/dv + dq fused"] = lambda: gluon((True, True, True), fused_dq=True)
+        calls["gluon dk/dv + dq fused early"] = lambda: gluon((True, True, True), fused_dq="early")
     if built and group == 1:
         name = module or f"anchor_attention_{case}"
         module = attention_anchors.load(Path(built), name)

@@ -140,7 +140,9 @@ if attention_hopper.AVAILABLE:
         with dP^T (three). FUSED: dq's share of the block too, FA3's way: dS^T into shared
         memory (dK's A operand as it is, dq's transposed), then dq = dS K in chunks of the
         fp32 dq descriptor's width, each scaled and added into dq at [dq_row, dq_col on]
-        by a TMA reduce (atomic adds: not deterministic); n: the reduces so far."""
+        by a TMA reduce (atomic adds: not deterministic); n: the reduces so far. FUSED 1:
+        the chunks after dV and dK are done; 2: the first one issued between them, its
+        reduce under dK's dot."""
         BN: gl.constexpr = k_smems[0].type.shape[0]
         BM: gl.constexpr = q_smems[0].type.shape[0]
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -173,23 +175,31 @@ if attention_hopper.AVAILABLE:
                 dp = warpgroup_mma_wait(0, deps=(_dot_t(v_smems, do_smems, s_zero),))
             ds_smem.store((p * (dp - delta[None, :])).to(dtype))
             fence_async_shared()
+            dq_zero = gl.zeros([BM, CH], gl.float32, layout=dq_layout)
+            ds_t = ds_smem.permute((1, 0))
+            if FUSED == 2:
+                first = warpgroup_mma(ds_t, k_smems[0].slice(0, CH, dim=1), dq_zero,
+                                      use_acc=False, is_async=True)
             toks = toks + (warpgroup_mma(ds_smem, q_smems[0], dk[0], is_async=True),)
             if len(dk) == 2:
                 toks = toks + (warpgroup_mma(ds_smem, q_smems[1], dk[1], is_async=True),)
+            if FUSED == 2:  # dK's groups may stay in flight
+                dq = warpgroup_mma_wait(len(dk), deps=(first,))
+                _reduce_chunk(dq * scale, dq_bufs, dq_desc, n, dq_row, dq_col)
+                n += 1
             done = warpgroup_mma_wait(0, deps=toks + p_ops)
             dv = done[:len(dv)]
             dk = done[len(dv):len(dv) + len(dk)]
-            dq_zero = gl.zeros([BM, CH], gl.float32, layout=dq_layout)
             col0 = 0
             for i in gl.static_range(len(k_smems)):
                 for c in gl.static_range(k_smems[i].type.shape[1] // CH):
-                    tok = warpgroup_mma(ds_smem.permute((1, 0)),
-                                        k_smems[i].slice(c * CH, CH, dim=1), dq_zero,
-                                        use_acc=False, is_async=True)
-                    dq = warpgroup_mma_wait(0, deps=(tok,))
-                    _reduce_chunk(dq * scale, dq_bufs, dq_desc, n, dq_row,
-                                  dq_col + col0 + c * CH)
-                    n += 1
+                    if FUSED == 1 or i + c > 0:
+                        tok = warpgroup_mma(ds_t, k_smems[i].slice(c * CH, CH, dim=1),
+                                            dq_zero, use_acc=False, is_async=True)
+                        dq = warpgroup_mma_wait(0, deps=(tok,))
+                        _reduce_chunk(dq * scale, dq_bufs, dq_desc, n, dq_row,
+                                      dq_col + col0 + c * CH)
+                        n += 1
                 col0 += k_smems[i].type.shape[1]
         elif PAIRED:
             dp = warpgroup_mma_wait(0, deps=(dp_tok,))
@@ -571,8 +581,8 @@ def backward(
     stages, paired_dots, rows_dkdv (dkdv_rows by default), keys_dq (the dq kernel's
     key blocks) and fused_dq (dq added by the dk/dv kernel into an fp32 buffer by TMA
     reduces, FA3's way, where fused_dq_fits: five dots a block where the two kernels do
-    seven, not deterministic; unmeasured): what
-    benchmarks/experiments/attention_gluon_backward.py varies."""
+    seven, not deterministic; unmeasured; "early": dq's first chunk issued between dV's
+    and dK's dots): what benchmarks/experiments/attention_gluon_backward.py varies."""
     batch, heads, kv_heads, sq, skv, rows, q_place, kv_place = attention_hopper.places(q, k, layout)
 
     def descriptors(q_rows, kv_rows):
@@ -585,7 +595,7 @@ def backward(
     strides = attention_hopper.strides
     d_q = d_k = d_v = None
     compiled = {}
-    fused = fused_dq and needs[0] and fused_dq_fits(q.shape[-1])
+    fused = bool(fused_dq) and needs[0] and fused_dq_fits(q.shape[-1])
     with torch.cuda.device(q.device):  # Triton launches on the current device
         if needs[1] or needs[2] or fused:
             d_k, d_v = torch.empty_like(k), torch.empty_like(v)
@@ -595,7 +605,8 @@ def backward(
             compiled["hopper_dkdv"] = _attention_dkdv[grid](
                 *descriptors(q_rows, BLOCK_N), d_k, d_v, *common, *strides(d_k, layout),
                 *strides(d_v, layout), dq_descriptor(dq_sum, rows[0], q_rows) if fused else None,
-                PAIRED_DOTS=paired_dots, FUSED_DQ=fused, **meta,
+                PAIRED_DOTS=paired_dots, FUSED_DQ=(2 if fused_dq == "early" else 1) * fused,
+                **meta,
             )  # fmt: skip
             if fused:
                 d_q = dq_sum.to(q.dtype)
