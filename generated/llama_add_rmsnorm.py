@@ -26,18 +26,18 @@ import triton.language as tl
 def _runtime(digest, part):
     """A module of the launch support beside this one (_fusegen_runtime/), the package
     loaded by path under a name holding its hash: found however this module was imported,
-    and other fusegen versions' kept apart."""
+    and other fusegen versions' kept apart; a copy another folder loaded looks here too."""
     name = f"_fusegen_runtime_{digest}"
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fusegen_runtime")
     if name not in sys.modules:
-        folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fusegen_runtime")
         spec = importlib.util.spec_from_file_location(
             name, os.path.join(folder, "__init__.py"), submodule_search_locations=[folder]
         )
-        package = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(package)
+        spec.loader.exec_module(package := importlib.util.module_from_spec(spec))
         if getattr(package, "RUNTIME_HASH", None) != digest:
             raise ImportError(f"{folder}: not the runtime of {__name__}; run `fusegen build`")
         sys.modules[name] = package
+    sys.modules[name].__path__.append(folder)  # the other folder may be gone since
     return importlib.import_module(f"{name}.{part}")
 
 

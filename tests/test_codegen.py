@@ -3,12 +3,15 @@
 import ast
 import hashlib
 import re
+import subprocess
+import sys
 
 import black
 import pytest
 
 from conftest import ROOT
 from fusegen import __version__, build, codegen
+from fusegen.cli import main
 from fusegen.codegen import attention_text, backward_text, chain_text, kernel_text, loss_text
 
 GENERATED = sorted((ROOT / "generated").glob("*.py"))
@@ -429,3 +432,52 @@ def test_matmul_chains_have_a_training_epilogue_kernel(examples):
     assert changed != text
     assert codegen.kernel_source_hash(changed) == codegen.kernel_source_hash(text)
     assert "_epilogue" not in (ROOT / "generated" / "llama_rmsnorm.py").read_text()
+
+
+LOADER_CHECK = """
+import importlib, shutil, sys
+from pathlib import Path
+first, second = Path(sys.argv[1]), Path(sys.argv[2])
+sys.path[:0] = [str(first), str(second)]
+importlib.import_module("row_sum")  # the runtime's chains part, from the first folder
+shutil.rmtree(first)
+module = importlib.import_module("att_plain")  # its attention part: the second folder's
+print(module._rt.__file__)
+"""
+
+
+def test_a_second_folder_of_the_same_runtime_serves_parts_the_first_did_not_load(
+    write_spec, tmp_path
+):
+    """Two folders built by one fusegen hold the same runtime (one hash, one package
+    name): a module of the second finds the parts the first's modules never imported,
+    even once the first folder is gone (a build into a temporary folder, then another)."""
+    rows = write_spec(
+        """
+        kernels:
+          - name: row_sum
+            dims: {M: dynamic, N: dynamic}
+            inputs: {x: [M, N]}
+            chain: [{input: x}, sum]
+        """,
+        "rows.yaml",
+    )
+    attention = write_spec(
+        """
+        kernels:
+          - name: att_plain
+            attention: {layout: bhsd, heads: 2, head_dim: 32}
+        """,
+        "attention.yaml",
+    )
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert main(["build", str(rows), "--out", str(first)]) == 0
+    assert main(["build", str(attention), "--out", str(second)]) == 0
+    done = subprocess.run(
+        [sys.executable, "-c", LOADER_CHECK, str(first), str(second)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == str(second / "_fusegen_runtime" / "attention.py")
