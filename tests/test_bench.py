@@ -429,6 +429,25 @@ def test_the_attention_variants_still_apply_and_compute_right():
     assert done.returncode == 0 and "PASS" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
 
 
+def test_the_int4_decode_variants_match_float64():
+    # Each unpacking of the words GEMV (pipelined loads, TMA, a byte's nibbles in one shift)
+    # and the tile variants, on small odd shapes under the interpreter: a wrong one fails
+    # here, not in a GPU call. Their errors are fp16's rounding of the output (2.7e-4).
+    script = ROOT / "benchmarks" / "experiments" / "int4_unpack_variants.py"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run(
+        [sys.executable, str(script), "--check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    errors = [float(line.rsplit("error ", 1)[1]) for line in done.stdout.splitlines()]
+    assert len(errors) == 12 and max(errors) < 1e-3, done.stdout
+
+
 def test_the_gluon_attention_experiments_compile_for_sm90():
     # Gluon has no interpreter: the variants are compiled for sm_90 (no GPU needed), so a
     # Triton update that breaks them fails here, not in a GPU call.
