@@ -58,6 +58,13 @@
 #                      against torch._scaled_mm (row-wise, block-wise), tinygemm and bf16
 #   fp8-block-scales   the block-scaled fp8 SwiGLU's code variants (one multiply-add a step,
 #                      TMA loads) at explicit tiles, beside cuBLASLt's block-wise scaled_mm
+#   attention-gluon-backward
+#                      the Hopper (Gluon) backward: its tests against float64 (dq fused by TMA
+#                      reduces included), its kernels alone beside the `tl` backward (dq fused
+#                      or in its own kernel), and the causal and GQA forward + backward rows
+#                      against cuDNN with the fused variant in the same rounds
+#   int4-gemv          the one-row int4 SwiGLU's words GEMV variants (loads pipelined by the
+#                      loop, TMA, a byte's nibbles from one shift) against the generated kernel
 #   attention-bench    `fusegen bench` and `fusegen inspect` of specs/fused_attention.yaml's
 #                      kernels at a prefill and a decode shape, against SDPA and FlexAttention
 #   llama-compiled     the same model's decode, prefill and training step, eager, compiled and
@@ -80,7 +87,8 @@ SUITE=benchmarks/suite.yaml
 STEPS="generated-tests tune-tables tuning-repeat config-space first-calls row-layouts
 launch-cost call-cost split-k inspect tanh-approx launcher-tuning training-chains llama-training-step
 backward-configs llama-compiled llama-attention llama-decode attention-zoo attention-anchors attention-configs
-attention-variants attention-bench quantized-chains fp8-block-scales"
+attention-variants attention-gluon-backward attention-bench quantized-chains fp8-block-scales
+int4-gemv"
 ANCHOR_SHAPES="8192,4096,14336 4096,1024,4096 16,4096,14336 1000,1000,1000"
 
 listing=$($PYTHON -m fusegen bench --suite "$SUITE" --list) || {
@@ -191,6 +199,15 @@ open('$out/attention-zoo/attention.yaml', 'w').write(t.ATTENTION_SPECS)"
         run $PYTHON benchmarks/attention_configs.py --out "$out/attention_configs.json" ;;
     attention-variants)
         run $PYTHON benchmarks/experiments/attention_variants.py --out "$out/attention_variants.json" ;;
+    attention-gluon-backward)
+        run $PYTHON -m pytest tests/test_attention_hopper_backward.py -q -p no:cacheprovider
+        run $PYTHON -m fusegen build benchmarks/specs/attention_anchors.yaml \
+            --out "$out/attention-anchors-build"
+        run $PYTHON benchmarks/experiments/attention_gluon_backward.py \
+            --built "$out/attention-anchors-build" --cases causal full
+        run $PYTHON benchmarks/attention_anchors.py --built "$out/attention-anchors-build" \
+            --cases causal-backward gqa-backward --anchors sdpa fused-dq \
+            --out "$out/attention_gluon_backward.json" ;;
     attention-bench)
         run $PYTHON -m fusegen bench specs/fused_attention.yaml --attention-shapes 4,2048,2048 \
             1,1,8192 --compare sdpa,flex --out "$out/attention-bench"
@@ -204,6 +221,11 @@ open('$out/attention-zoo/attention.yaml', 'w').write(t.ATTENTION_SPECS)"
     fp8-block-scales)
         run $PYTHON -m fusegen build specs/quantized.yaml --out "$out/fp8-block-build"
         run $PYTHON benchmarks/experiments/fp8_block_scale_fma.py --built "$out/fp8-block-build" ;;
+    int4-gemv)
+        run $PYTHON -m fusegen build specs/quantized.yaml benchmarks/specs/anchors.yaml \
+            --out "$out/int4-gemv-build"
+        run $PYTHON benchmarks/experiments/int4_unpack_variants.py \
+            --built "$out/int4-gemv-build" --rows 1 --out "$out/int4_gemv.json" ;;
     llama-compiled)
         run $PYTHON benchmarks/llama_compiled.py --out "$out/llama_compiled_triton_op.json"
         FUSEGEN_TRITON_OP=0 run $PYTHON benchmarks/llama_compiled.py \
