@@ -595,11 +595,11 @@ def backward(
     strides = attention_hopper.strides
     d_q = d_k = d_v = None
     compiled = {}
-    fused = bool(fused_dq) and needs[0] and fused_dq_fits(q.shape[-1])
+    q_rows = rows_dkdv or dkdv_rows(q.shape[-1])  # the dk/dv kernel's query blocks
+    fused = bool(fused_dq) and needs[0] and fused_dq_fits(q.shape[-1]) and q_rows % 64 == 0
     with torch.cuda.device(q.device):  # Triton launches on the current device
         if needs[1] or needs[2] or fused:
             d_k, d_v = torch.empty_like(k), torch.empty_like(v)
-            q_rows = rows_dkdv or dkdv_rows(q.shape[-1])
             dq_sum = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if fused else None
             grid = (triton.cdiv(skv, 2 * BLOCK_N) * batch * kv_heads,)
             compiled["hopper_dkdv"] = _attention_dkdv[grid](
