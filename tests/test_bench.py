@@ -413,30 +413,15 @@ runs:
 # -- benchmarks/experiments: edits of the generated kernels' text -----------------------
 
 
-def test_the_attention_variants_still_apply_and_compute_right():
-    # Each variant is a text edit of a generated module: one that no longer applies (the
-    # generator moved on) or computes wrong fails here, on the CPU, not in a GPU call.
-    script = ROOT / "benchmarks" / "experiments" / "attention_variants.py"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+def run_experiment(name: str, *args: str, interpret: bool) -> subprocess.CompletedProcess:
+    """benchmarks/experiments/NAME.py ARGS in a process of its own, on the Triton
+    interpreter or (Gluon, which has none: compiled for sm_90) without it; fails the
+    test where it exits non-zero."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env |= {"PYTHONDONTWRITEBYTECODE": "1"} | ({"TRITON_INTERPRET": "1"} if interpret else {})
+    script = ROOT / "benchmarks" / "experiments" / f"{name}.py"
     done = subprocess.run(
-        [sys.executable, str(script), "--check"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0 and "PASS" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
-
-
-def test_the_int4_decode_variants_match_float64():
-    # Each unpacking of the words GEMV (pipelined loads, TMA, a byte's nibbles in one shift)
-    # and the tile variants, on small odd shapes under the interpreter: a wrong one fails
-    # here, not in a GPU call. Their errors are fp16's rounding of the output (2.7e-4).
-    script = ROOT / "benchmarks" / "experiments" / "int4_unpack_variants.py"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONDONTWRITEBYTECODE": "1"}
-    done = subprocess.run(
-        [sys.executable, str(script), "--check"],
+        [sys.executable, str(script), *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -444,6 +429,21 @@ def test_the_int4_decode_variants_match_float64():
         timeout=600,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    return done
+
+
+def test_the_attention_variants_still_apply_and_compute_right():
+    # Each variant is a text edit of a generated module: one that no longer applies (the
+    # generator moved on) or computes wrong fails here, on the CPU, not in a GPU call.
+    done = run_experiment("attention_variants", "--check", interpret=True)
+    assert "PASS" in done.stdout, done.stdout[-3000:]
+
+
+def test_the_int4_decode_variants_match_float64():
+    # Each unpacking of the words GEMV (pipelined loads, TMA, a byte's nibbles in one shift)
+    # and the tile variants, on small odd shapes under the interpreter: a wrong one fails
+    # here, not in a GPU call. Their errors are fp16's rounding of the output (2.7e-4).
+    done = run_experiment("int4_unpack_variants", "--check", interpret=True)
     errors = [float(line.rsplit("error ", 1)[1]) for line in done.stdout.splitlines()]
     assert len(errors) == 12 and max(errors) < 1e-3, done.stdout
 
@@ -451,29 +451,13 @@ def test_the_int4_decode_variants_match_float64():
 def test_the_gluon_attention_experiments_compile_for_sm90():
     # Gluon has no interpreter: the variants are compiled for sm_90 (no GPU needed), so a
     # Triton update that breaks them fails here, not in a GPU call.
-    script = ROOT / "benchmarks" / "experiments" / "attention_gluon_hopper.py"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run(
-        [sys.executable, str(script), "--compile", "--variants", "pingpong-heads", "ws"],
-        cwd=ROOT,
-        env={**env, "PYTHONDONTWRITEBYTECODE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    done = run_experiment(
+        "attention_gluon_hopper", "--compile", "--variants", "pingpong-heads", "ws",
+        interpret=False,
+    )  # fmt: skip
     reports = [line for line in done.stdout.splitlines() if "registers" in line]
     assert len(reports) == 4 and all("0 bytes spill stores" in r for r in reports), done.stdout
-    script = ROOT / "benchmarks" / "experiments" / "attention_gluon_backward.py"
-    done = subprocess.run(
-        [sys.executable, str(script), "--compile"],
-        cwd=ROOT,
-        env={**env, "PYTHONDONTWRITEBYTECODE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    done = run_experiment("attention_gluon_backward", "--compile", interpret=False)
     # The runtime's dk/dv and dq kernels at four of the experiment's settings at head dim
     # 128, and at 96, MLA's 192/128 and MLA's with 64-row dk/dv blocks; the dk/dv kernel
     # with dq fused at 128 (MHA and GQA, and its first chunk early) and 64, each with its
@@ -503,20 +487,12 @@ def test_dot_waits_reads_which_dots_triton_leaves_in_flight():
     # fp8 K step multiplies each dot by its scales, so Triton 3.6 waits on it at once; a
     # row-wise scaled chain's dot stays in flight (its wait leaves one pending). A Triton
     # that changes this changes what the block-scaled kernel can reach (RESULTS, issue 31).
-    script = ROOT / "benchmarks" / "experiments" / "dot_waits.py"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
 
     def waits(module):
-        done = subprocess.run(
-            [sys.executable, str(script), "quantized", f"generated/{module}.py"]
-            + ["--config", "128,128,128,8,3"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
+        done = run_experiment(
+            "dot_waits", "quantized", f"generated/{module}.py", "--config", "128,128,128,8,3",
+            interpret=False,
+        )  # fmt: skip
         lines = [line.strip() for line in done.stdout.splitlines()[1:]]
         assert "registers" in lines[-1] and "programs an SM" in lines[-1], lines
         return lines[:-1]
