@@ -613,3 +613,55 @@ def test_transposed_int4_tiles_bound_what_their_sums_carry():
     assert extra({**tile, "BLOCK_M": 64}, "bfloat16") == 0
     assert extra({**tile, "BLOCK_N": 32}, "bfloat16") == 0
     assert extra({**tile, "BLOCK_M": 1}, "bfloat16") == 0  # the GEMV path
+
+
+# generated/llama_mlp_int4.py and linear_int8.py broken the ways a dequantization goes
+# wrong, in both paths their tests run under the interpreter (37 rows: the tiles; one row:
+# the GEMV): each copy must fail its generated reference test.
+QUANT_MUTATIONS = [
+    (
+        "llama_mlp_int4",
+        "_nibble_floats(w_gate_bytes, BLOCK_N, BLOCK_K, True, False, DOT_DTYPE)",
+        "_nibble_floats(w_gate_bytes, BLOCK_N, BLOCK_K, False, False, DOT_DTYPE)",
+        "a tile's nibble order swapped",
+    ),
+    (
+        "llama_mlp_int4",
+        "_word_value(w_gate_words, 4 * j, 4, False, word_base)",
+        "_word_value(w_gate_words, 4 * (j ^ 1), 4, False, word_base)",
+        "the GEMV's nibble order swapped",
+    ),
+    (
+        "llama_mlp_int4",
+        "- (NIBBLE_BASE + w_gate_zero_k.to(tl.float32))[:, None] * x_sum[None, :]",
+        "- NIBBLE_BASE * x_sum[None, :]",
+        "a tile's zero point dropped",
+    ),
+    (
+        "llama_mlp_int4",
+        "w_gate_part -= (16.0 + w_gate_zero_k) * x_sums_128[None, :]",
+        "w_gate_part -= 16.0 * x_sums_128[None, :]",
+        "the GEMV's zero point dropped",
+    ),
+    (
+        "llama_mlp_int4",
+        "+ offs_n * stride_w_gate_scale_rows\n"
+        "                + (k * BLOCK_K) // 128 * stride_w_gate_scale_groups",
+        "+ offs_n * stride_w_gate_scale_groups\n"
+        "                + (k * BLOCK_K) // 128 * stride_w_gate_scale_rows",
+        "a tile's scales read along the wrong axis",
+    ),
+    (
+        "linear_int8",
+        "w_scale_ptr + offs_n * stride_w_scale_rows",
+        "w_scale_ptr + (N - 1 - offs_n) * stride_w_scale_rows",
+        "per-channel scales of the wrong rows (both paths)",
+    ),
+]
+
+
+def test_generated_tests_catch_broken_dequantization(tmp_path):
+    from test_kernels import run_mutants
+
+    output = run_mutants(ROOT / "generated", tmp_path, QUANT_MUTATIONS, "matches_reference")
+    assert "outside the bound" in output
