@@ -22,7 +22,10 @@ Rows (bf16 outputs):
                    1 and 16 rows x 4096 -> 14336, SwiGLU, int4 weights group 128 with
                    zero points: fusegen; fusegen's bf16 chain (anchor_swiglu); tinygemm
                    (torch._weight_int4pack_mm, torchao's int4 kernel) x 2 + silu * mul;
-                   bf16 F.linear x 2 + silu * mul
+                   gemlite's GemLiteLinear x 2 + silu * mul, where it runs (its wheel
+                   and tqdm's carried: `pip download gemlite` gives its source, `pip
+                   wheel --no-deps` a wheel; else the row says why not); bf16 F.linear x
+                   2 + silu * mul
     int8-decode    16 x 4096 -> 14336, x @ w.T + b, int8 weights per channel: fusegen;
                    torch._weight_int8pack_mm + bias; bf16 F.linear
 
@@ -263,6 +266,31 @@ def fp8_block(built: Path) -> tuple[dict, dict]:
     return variants, facts
 
 
+def gemlite_layers(sets: list, n: int, k: int, group: int) -> tuple[list | None, str | None]:
+    """Per weight copy, gemlite's (gate, up) GemLiteLinear layers of 4-bit weights, group
+    `group`, zero points (its HQQ convention, (q - zero) * scale, is this module's), bf16
+    in and out; or None and why gemlite does not run here (it is not on the machine:
+    carry its wheel and tqdm's, `pip wheel --no-deps gemlite`; or it fails on this
+    torch and triton)."""
+    try:
+        from gemlite import DType, GemLiteLinear
+
+        layers = []
+        for s in sets:
+            pair = []
+            for q, scale, zero in ((s[0], s[2], s[3]), (s[4], s[6], s[7])):
+                layer = GemLiteLinear(
+                    4, group_size=group, in_features=k, out_features=n,
+                    input_dtype=DType.BF16, output_dtype=DType.BF16,
+                )  # fmt: skip
+                layer.pack(q.to(torch.uint8), scale.to(torch.bfloat16), zero.to(torch.bfloat16))
+                pair.append(layer)
+            layers.append(pair)
+        return layers, None
+    except Exception as exc:  # noqa: BLE001 (what failed is the row's finding)
+        return None, f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
 def int4_decode(built: Path, m: int) -> tuple[dict, dict]:
     k, n, group = 4096, 14336, 128
     mod = load(built, "llama_mlp_int4")
@@ -323,6 +351,22 @@ def int4_decode(built: Path, m: int) -> tuple[dict, dict]:
         "config": mod.last_launch()["config"],
         "weight_copies": copies,
     }
+    lite, why = gemlite_layers(sets, n, k, group)
+
+    def gemlite(i):
+        gate, up = lite[i % copies]
+        return F.silu(gate(x)) * up(x)
+
+    if lite is not None:
+        try:  # its first calls tune it
+            facts["errors"]["gemlite-int4"] = max_error(gemlite(0), want)
+            variants["gemlite-int4"] = gemlite
+            facts["bytes"]["gemlite-int4"] = int4_bytes
+        except Exception as exc:  # noqa: BLE001 (what failed is the row's finding)
+            why = f"{type(exc).__name__}: {str(exc)[:200]}"
+    if why is not None:
+        facts["gemlite"] = why
+        print(f"  gemlite does not run here: {why}", flush=True)
     return variants, facts
 
 
@@ -407,6 +451,8 @@ def table(result: dict) -> str:
         lines.append(f"  fusegen's tuned config: {result['config']}")
     for note in result.get("notes", []):
         lines.append(f"  note: {note}")
+    if "gemlite" in result:
+        lines.append(f"  gemlite did not run: {result['gemlite']}")
     return "\n".join(lines)
 
 
