@@ -161,7 +161,7 @@ if attention_hopper.AVAILABLE:
             p = gl.where(seen, p, 0.0)
         p_ops = _operands(p.to(dtype), dv)
         if FUSED:
-            ds_smem, dq_bufs, dq_desc, q_place, scale = fused
+            ds_smem, dq_bufs, dq_desc, scale = fused
             CH: gl.constexpr = dq_desc.block_type.shape[1]
             dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
                 version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, CH, 16])
@@ -217,11 +217,12 @@ if attention_hopper.AVAILABLE:
 
     @gluon.jit
     def _kv_blocks(bufs, bars, dk, dv, lse_ptr, delta_ptr, row_base, keys, i, row0, end,
-                   sq, skv, qk_scale, fused, batch, head, n, CAUSAL: gl.constexpr,
+                   sq, skv, qk_scale, fused, dq_row0, dq_col, n, CAUSAL: gl.constexpr,
                    MASKED: gl.constexpr, PAIRED: gl.constexpr, FUSED_DQ: gl.constexpr,
                    num_warps: gl.constexpr):
-        """Query blocks from row0 to end (one head's) into dK and dV (FUSED_DQ: and dq; n:
-        the reduces so far), i: the ring's count so far; returns dk, dv and both counts."""
+        """Query blocks from row0 to end (one head's) into dK and dV (FUSED_DQ: and dq, the
+        head's rows from dq_row0 and columns from dq_col of its view; n: the reduces so
+        far), i: the ring's count so far; returns dk, dv and both counts."""
         q_bufs, do_bufs, k_smems, v_smems = bufs
         ready, empty = bars
         BM: gl.constexpr = q_bufs[0].type.shape[1]
@@ -233,16 +234,10 @@ if attention_hopper.AVAILABLE:
             rows = start + gl.arange(0, BM, layout=gl.SliceLayout(0, s_layout))
             lse, delta = _row_terms(lse_ptr, delta_ptr, row_base, rows, sq)
             mbarrier.wait(ready.index(stage), (i // STAGES) & 1)
-            dq_row = 0
-            dq_col = 0
-            if FUSED_DQ:  # the block's place in dq's view (q's)
-                q_rows_b, q_rows_h, q_cols_h, v_cols_h = fused[3]
-                dq_row = batch * q_rows_b + head * q_rows_h + start
-                dq_col = head * q_cols_h
             dk, dv, n = _kv_step(_slots(q_bufs, stage), _slots(do_bufs, stage), k_smems,
                                  v_smems, dk, dv, lse, delta, keys, rows, skv, qk_scale, fused,
-                                 dq_row, dq_col, n, CAUSAL, MASKED, PAIRED and not MASKED,
-                                 FUSED_DQ, num_warps)
+                                 dq_row0 + start, dq_col, n, CAUSAL, MASKED,
+                                 PAIRED and not MASKED, FUSED_DQ, num_warps)
             mbarrier.arrive(empty.index(stage))
             i += 1
         return dk, dv, i, n
@@ -283,7 +278,8 @@ if attention_hopper.AVAILABLE:
         step_bars = (ready, empty)
         if FUSED_DQ:
             ds_bufs, dq_bufs, dq_desc, q_place = dq_at
-            fused = (ds_bufs.index(PART), dq_bufs[PART], dq_desc, q_place, scale)
+            q_rows_b, q_rows_h, q_cols_h, v_cols_h = q_place
+            fused = (ds_bufs.index(PART), dq_bufs[PART], dq_desc, scale)
         else:
             fused = scale  # unused
         mbarrier.wait(kv_ready.index(PART), 0)
@@ -292,13 +288,18 @@ if attention_hopper.AVAILABLE:
         for h in range(GROUP):
             head = kv_head * GROUP + h
             row_base = (batch * heads + head).to(gl.int64) * sq
+            dq_row0 = 0
+            dq_col = 0
+            if FUSED_DQ:  # the head's place in dq's view (q's)
+                dq_row0 = batch * q_rows_b + head * q_rows_h
+                dq_col = head * q_cols_h
             dk, dv, i, n = _kv_blocks(step_bufs, step_bars, dk, dv, lse_ptr, delta_ptr,
                                       row_base, keys, i, row0, split, sq, skv, qk_scale, fused,
-                                      batch, head, n, CAUSAL, True, PAIRED_DOTS, FUSED_DQ,
+                                      dq_row0, dq_col, n, CAUSAL, True, PAIRED_DOTS, FUSED_DQ,
                                       num_warps)
             dk, dv, i, n = _kv_blocks(step_bufs, step_bars, dk, dv, lse_ptr, delta_ptr,
                                       row_base, keys, i, split, end, sq, skv, qk_scale, fused,
-                                      batch, head, n, CAUSAL, False, PAIRED_DOTS, FUSED_DQ,
+                                      dq_row0, dq_col, n, CAUSAL, False, PAIRED_DOTS, FUSED_DQ,
                                       num_warps)
         if FUSED_DQ:
             tma.store_wait(0)  # the last reduces have read their buffers
