@@ -10,8 +10,8 @@ dq's key blocks of 128 (the runtime: 64; 128 compiles without spills at head dim
 197 KB of shared memory: unmeasured when added), and dq fused into the dk/dv kernel by TMA
 reduces (`fused_dq`: dS^T through shared memory, dq = dS K in 64-column chunks, each added
 into an fp32 dq by one `cp.reduce.async.bulk.tensor`; head dims 64 and 128; compiled for
-sm_90 on the CPU, d 128 causal: 780 bytes of spills against the kernel's 100, 213 KB of
-shared memory; `fused_dq="early"`: the first chunk's dot issued between dV's and dK's, 744
+sm_90 on the CPU, d 128 causal: 788 bytes of spills against the kernel's 100, 213 KB of
+shared memory; `fused_dq="early"`: the first chunk's dot issued between dV's and dK's, 752
 bytes; both unmeasured and unchecked on a GPU when added: the check below runs them).
 Removed after their runs: three stages in either kernel's ring (within the spreads),
 dk/dv's programs in the other order (causal: the longest last; within 2-3% either way),
