@@ -82,8 +82,9 @@ def _words_gemv(x_ptr, wg_ptr, sg_ptr, zg_ptr, wu_ptr, su_ptr, zu_ptr, out_ptr, 
     """TMA: wg_ptr and wu_ptr are [N, K // 8] int32 descriptors of [BLOCK_N, BLOCK_K // 8]
     blocks. STAGES: the K loop's own num_stages; the launch's num_stages does not pipeline
     these loads (no dot takes them), the loop's does: cp.async (LDGSTS), or TMA copies,
-    into STAGES - 1 buffers ahead of the step (sm_90, 16 x 1,024 on 4 warps: 35 KB of
-    shared memory at 3 stages, 96 registers pointers, 127 TMA; 80 and 96 at 1 stage).
+    into STAGES - 1 buffers ahead of the step (sm_90, 16 x 1,024 on 4 warps, bf16 scales:
+    33 KB of shared memory at 3 stages, 96 registers with pointers, 127 with TMA; 96 and
+    96 at 1 stage, where TMA's one buffer is 8 KB).
     PAIRS: a word's nibbles by _byte_halves, x times 2 and 1/8 at their places (exact):
     (128 + n / 2) 2x = 256 x + n x, (128 + 8 n) x / 8 = 16 x + n x; the 256 and 16 come off
     each group with the zero point. sm_90, 16 x 1,024 on 4 warps: 1,152 instructions (205
