@@ -68,23 +68,24 @@ def _poison_cached_blocks(*shapes, dtype):
     del blocks
 
 
+# layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype
+CASES = [
+    ("bhsd", True, 2, 4, 4, 512, 512, 128, 128, torch.bfloat16),
+    ("bshd", True, 2, 8, 2, 300, 300, 128, 128, torch.bfloat16),  # GQA, a ragged last block
+    ("bshd", False, 1, 4, 1, 200, 333, 128, 128, torch.float16),  # MQA, more keys than queries
+    ("bhsd", False, 3, 2, 2, 129, 130, 64, 64, torch.bfloat16),
+    ("bshd", True, 1, 2, 2, 1000, 1000, 64, 64, torch.float16),
+    # Head dims in two tiles: 96 = 64 + 32, MLA's q and k 192 = 128 + 64 with v 128.
+    ("bshd", True, 2, 8, 2, 300, 300, 96, 96, torch.bfloat16),
+    ("bhsd", False, 1, 3, 3, 257, 400, 96, 96, torch.float16),
+    ("bshd", True, 1, 4, 4, 384, 384, 192, 128, torch.bfloat16),
+    ("bhsd", False, 2, 2, 1, 200, 333, 192, 128, torch.float16),
+]
+
+
 @on_hopper
 @needs_gluon
-@pytest.mark.parametrize(
-    "layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype",
-    [
-        ("bhsd", True, 2, 4, 4, 512, 512, 128, 128, torch.bfloat16),
-        ("bshd", True, 2, 8, 2, 300, 300, 128, 128, torch.bfloat16),  # GQA, a ragged last block
-        ("bshd", False, 1, 4, 1, 200, 333, 128, 128, torch.float16),  # MQA, more keys than queries
-        ("bhsd", False, 3, 2, 2, 129, 130, 64, 64, torch.bfloat16),
-        ("bshd", True, 1, 2, 2, 1000, 1000, 64, 64, torch.float16),
-        # Head dims in two tiles: 96 = 64 + 32, MLA's q and k 192 = 128 + 64 with v 128.
-        ("bshd", True, 2, 8, 2, 300, 300, 96, 96, torch.bfloat16),
-        ("bhsd", False, 1, 3, 3, 257, 400, 96, 96, torch.float16),
-        ("bshd", True, 1, 4, 4, 384, 384, 192, 128, torch.bfloat16),
-        ("bhsd", False, 2, 2, 1, 200, 333, 192, 128, torch.float16),
-    ],
-)
+@pytest.mark.parametrize("layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype", CASES)
 def test_dq_dk_dv_match_float64(layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype):
     compiled = _check_grads(layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype)
     assert set(compiled) == {"hopper_dkdv", "hopper_dq"}
@@ -93,21 +94,15 @@ def test_dq_dk_dv_match_float64(layout, causal, batch, heads, kv_heads, sq, skv,
 @on_hopper
 @needs_gluon
 @pytest.mark.parametrize(
-    "layout, causal, batch, heads, kv_heads, sq, skv, dim, dtype",
-    [
-        ("bhsd", True, 2, 4, 4, 512, 512, 128, torch.bfloat16),
-        ("bshd", True, 2, 8, 2, 300, 300, 128, torch.bfloat16),  # GQA, a ragged last block
-        ("bshd", False, 1, 4, 1, 200, 333, 128, torch.float16),  # MQA, more keys than queries
-        ("bhsd", False, 3, 2, 2, 129, 130, 64, torch.bfloat16),
-        ("bshd", True, 1, 2, 2, 1000, 1000, 64, torch.float16),
-    ],
+    "layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype",
+    [case for case in CASES if attention_hopper_backward.fused_dq_fits(case[7])],
 )
 @pytest.mark.parametrize("fused", [True, "early"])
 def test_dq_fused_by_tma_reduces_matches_float64(
-    layout, causal, batch, heads, kv_heads, sq, skv, dim, dtype, fused
+    layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype, fused
 ):
     compiled = _check_grads(
-        layout, causal, batch, heads, kv_heads, sq, skv, dim, dim, dtype, fused_dq=fused
+        layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype, fused_dq=fused
     )
     assert set(compiled) == {"hopper_dkdv"}
 
