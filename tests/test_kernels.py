@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -1187,6 +1188,40 @@ def test_attention_shared_memory_estimate_holds(zoo, name, kernel_name, dtype, c
     assert done.returncode == 0, done.stderr[-3000:]
     triton_count, estimate = json.loads(done.stdout.splitlines()[-1])
     assert triton_count <= estimate <= 1.35 * triton_count, (triton_count, estimate)
+
+
+def test_a_launch_ptxas_crashes_on_retries_with_fewer_stages():
+    """ptxas 12.8 segfaults on one config that fits: the bias kernel's dk/dv at head dim
+    128 with TMA loads and 2 stages (1 and 3 compile; an H200's bias-backward row failed
+    so). The launch takes fewer stages, as for a config Triton cannot fit, and keeps them
+    for the plan; at 1 stage the error is the caller's."""
+    from triton.runtime.errors import PTXASError
+
+    from fusegen.runtime import attention
+
+    tried = []
+
+    class Kernel:
+        __name__ = "kernel"
+
+        def __init__(self, crashing):
+            self.crashing = crashing
+
+        def __getitem__(self, grid):
+            def run(*args, num_stages):
+                tried.append(num_stages)
+                if num_stages in self.crashing:
+                    raise PTXASError("`ptxas` failed with error code -11")
+                return f"compiled at {num_stages}"
+
+            return run
+
+    owner = SimpleNamespace(tracing=0, stages={}, last_compiled={}, interpreted=lambda: True)
+    attention._Launch(owner, Kernel({3, 2}), (1,), {"num_stages": 3}, "plan")()
+    assert tried == [3, 2, 1] and owner.stages == {"plan": 1}
+    assert owner.last_compiled == {"kernel": "compiled at 1"}
+    with pytest.raises(PTXASError):
+        attention._Launch(owner, Kernel({2, 1}), (1,), {"num_stages": 2}, "plan")()
 
 
 def test_export_keeps_the_op(zoo):

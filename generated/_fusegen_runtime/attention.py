@@ -138,8 +138,10 @@ class _Launch:
             try:
                 compiled = self.kernel[self.grid](*args, **self.kwargs)
                 break
-            except triton.runtime.errors.OutOfResources:
-                # The estimate let through a config Triton could not fit: fewer stages.
+            except (triton.runtime.errors.OutOfResources, triton.runtime.errors.PTXASError):
+                # The estimate let through a config Triton could not fit, or ptxas 12.8
+                # crashed on it (the bias kernel's dk/dv at head dim 128 with TMA loads
+                # and 2 stages; 1 and 3 compile): fewer stages.
                 stages = self.kwargs["num_stages"]
                 if stages == 1:
                     raise
