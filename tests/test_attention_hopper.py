@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fusegen.codegen.attention_text import hopper_mask
+from fusegen.codegen.attention_text import alibi_slopes, hopper_mask
 from fusegen.ir import Attention as AttentionIR
 from fusegen.runtime import attention_hopper
 
@@ -89,16 +89,17 @@ def compiled_for_sm90(module, kernel, dim, dtype, meta, dv=None, facts=False):
 
 @needs_gluon
 @pytest.mark.parametrize(
-    "dim, dv, causal, group, dtype",
+    "dim, dv, causal, group, dtype, alibi",
     [
-        (128, 128, True, 4, "bfloat16"),
-        (64, 64, False, 1, "float16"),
-        (96, 96, True, 1, "bfloat16"),  # two tiles of the head dim: 64 + 32
-        (192, 128, True, 1, "bfloat16"),  # MLA: q and k 128 + 64, v 128
+        (128, 128, True, 4, "bfloat16", 0),
+        (64, 64, False, 1, "float16", 0),
+        (96, 96, True, 1, "bfloat16", 0),  # two tiles of the head dim: 64 + 32
+        (192, 128, True, 1, "bfloat16", 0),  # MLA: q and k 128 + 64, v 128
+        (128, 128, True, 1, "bfloat16", 8),  # ALiBi, the slopes of 12 heads (8 below)
     ],
 )
-def test_the_kernel_compiles_for_sm90_within_shared_memory(dim, dv, causal, group, dtype):
-    meta = {"GROUP": group, "CAUSAL": causal}
+def test_the_kernel_compiles_for_sm90_within_shared_memory(dim, dv, causal, group, dtype, alibi):
+    meta = {"GROUP": group, "CAUSAL": causal, "ALIBI": alibi}
     shared, wgmma = compiled_for_sm90(
         "attention_hopper", "_attention_forward", dim, dtype, meta, dv=dv
     )
@@ -134,10 +135,10 @@ def test_only_plain_attention_at_head_dims_it_takes_runs_the_hopper_forward():
     assert hopper_mask(_attention(causal=False)) == "none"
     assert hopper_mask(_attention(head_dim=96)) == "causal"
     assert hopper_mask(_attention(head_dim=192, dv=128)) == "causal"
+    assert hopper_mask(_attention(alibi=True)) == "causal"  # the runtime reads ALIBI_SLOPES
     for other in (
         _attention(window=1024),
         _attention(softcap=50.0),
-        _attention(alibi=True),
         _attention(bias=True),
         _attention(dv=64),
         _attention(head_dim=64),  # measured slower than the `tl` forward
@@ -161,16 +162,21 @@ def shapes(layout, batch, heads, kv_heads, sq, skv, dim):
     return (batch, heads, sq, dim), (batch, kv_heads, skv, dim)
 
 
-def reference(q, k, v, causal, layout):
-    """float64 attention of [batch, seq, heads, dim] or [batch, heads, seq, dim] inputs."""
+def reference(q, k, v, causal, layout, alibi=False):
+    """float64 attention of [batch, seq, heads, dim] or [batch, heads, seq, dim] inputs;
+    alibi: plus slope * (key - query position - (k_len - q_len)), the codegen's slopes."""
     if layout == "bshd":
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     group = q.shape[1] // k.shape[1]
     q, k, v = q.double(), k.double().repeat_interleave(group, 1), v.double()
     v = v.repeat_interleave(group, 1)
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    sq, skv = scores.shape[-2:]
+    if alibi:
+        slopes = torch.tensor(alibi_slopes(q.shape[1]), dtype=torch.float64, device=q.device)
+        keys, rows = (torch.arange(n, device=q.device) for n in (skv, sq))
+        scores = scores + slopes[:, None, None] * (keys[None, :] - rows[:, None] - (skv - sq))
     if causal:
-        sq, skv = scores.shape[-2:]
         seen = (
             torch.arange(skv, device=q.device)[None] <= torch.arange(sq, device=q.device)[:, None]
         )
@@ -183,21 +189,28 @@ def reference(q, k, v, causal, layout):
 @on_hopper
 @needs_gluon
 @pytest.mark.parametrize(
-    "layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype",
+    "layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype, alibi",
     [
-        ("bhsd", True, 2, 4, 4, 512, 512, 128, 128, torch.bfloat16),
-        ("bshd", True, 2, 8, 2, 300, 300, 128, 128, torch.bfloat16),  # GQA, a ragged last tile
-        ("bshd", False, 1, 4, 1, 200, 333, 64, 64, torch.float16),  # MQA, more keys than queries
-        ("bhsd", False, 3, 2, 2, 129, 130, 64, 64, torch.bfloat16),
-        ("bshd", True, 1, 2, 2, 1024, 1024, 64, 64, torch.float16),
+        ("bhsd", True, 2, 4, 4, 512, 512, 128, 128, torch.bfloat16, False),
+        # GQA, a ragged last tile; MQA, more keys than queries.
+        ("bshd", True, 2, 8, 2, 300, 300, 128, 128, torch.bfloat16, False),
+        ("bshd", False, 1, 4, 1, 200, 333, 64, 64, torch.float16, False),
+        ("bhsd", False, 3, 2, 2, 129, 130, 64, 64, torch.bfloat16, False),
+        ("bshd", True, 1, 2, 2, 1024, 1024, 64, 64, torch.float16, False),
         # Head dims in two tiles: 96 = 64 + 32, MLA's q and k 192 = 128 + 64 with v 128.
-        ("bshd", True, 2, 4, 2, 300, 300, 96, 96, torch.bfloat16),
-        ("bhsd", False, 1, 3, 3, 257, 400, 96, 96, torch.float16),
-        ("bshd", True, 1, 4, 4, 384, 384, 192, 128, torch.bfloat16),
-        ("bhsd", True, 2, 2, 1, 200, 200, 192, 128, torch.float16),
+        ("bshd", True, 2, 4, 2, 300, 300, 96, 96, torch.bfloat16, False),
+        ("bhsd", False, 1, 3, 3, 257, 400, 96, 96, torch.float16, False),
+        ("bshd", True, 1, 4, 4, 384, 384, 192, 128, torch.bfloat16, False),
+        ("bhsd", True, 2, 2, 1, 200, 200, 192, 128, torch.float16, False),
+        # ALiBi: 8 heads (a power of two), 12 (BLOOM's slopes past 8), 6 with a dim of 96.
+        ("bhsd", True, 2, 8, 8, 512, 512, 128, 128, torch.bfloat16, True),
+        ("bshd", False, 1, 12, 4, 200, 333, 64, 64, torch.float16, True),
+        ("bshd", True, 1, 6, 3, 300, 300, 96, 96, torch.bfloat16, True),
     ],
 )
-def test_out_and_lse_match_float64(layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype):
+def test_out_and_lse_match_float64(
+    layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype, alibi
+):
     torch.manual_seed(sq + skv + dim)
     q_shape, k_shape = shapes(layout, batch, heads, kv_heads, sq, skv, dim)
     q = torch.randn(q_shape, device="cuda", dtype=dtype)
@@ -205,8 +218,10 @@ def test_out_and_lse_match_float64(layout, causal, batch, heads, kv_heads, sq, s
     v = torch.randn(k_shape[:3] + (dv,), device="cuda", dtype=dtype)
     out = torch.full(q_shape[:3] + (dv,), float("nan"), device="cuda", dtype=dtype)  # poisoned
     lse = torch.full((batch, heads, sq), float("nan"), device="cuda")
-    attention_hopper.forward(q, k, v, out, lse, layout=layout, causal=causal, scale=dim**-0.5)
-    want, want_lse = reference(q, k, v, causal, layout)
+    attention_hopper.forward(
+        q, k, v, out, lse, layout=layout, causal=causal, scale=dim**-0.5, alibi=alibi
+    )
+    want, want_lse = reference(q, k, v, causal, layout, alibi)
     # bf16/fp16 probabilities and output, fp32 sums: a few units of the output's rounding.
     unit = 2**-8 if dtype == torch.bfloat16 else 2**-11
     assert (out.double() - want).abs().max().item() <= 4 * unit * want.abs().max().item()
@@ -291,30 +306,37 @@ def test_a_compiled_call_runs_it_as_an_opaque_op_with_the_eager_bits():
         assert torch.equal(got, want)
 
 
-SPLIT_DIM_SPECS = """
+HOPPER_MODULE_SPECS = """
 version: 1
 kernels:
   - name: phi3_attention
     attention: {layout: bshd, heads: 32, kv_heads: 8, head_dim: 96, causal: true}
   - name: mla_attention
     attention: {layout: bhsd, heads: 16, head_dim: 192, v_head_dim: 128, causal: true}
+  - name: bloom_attention
+    attention: {layout: bshd, heads: 12, head_dim: 128, causal: true, alibi: true}
 """
 
 
 @on_hopper
 @needs_gluon
-@pytest.mark.parametrize("name", ["phi3_attention", "mla_attention"])
-def test_modules_of_head_dims_in_two_tiles_run_it_forward_and_backward(name, tmp_path):
+@pytest.mark.parametrize("name", ["phi3_attention", "mla_attention", "bloom_attention"])
+def test_modules_of_head_dims_in_two_tiles_or_alibi_run_it(name, tmp_path):
+    """The Hopper forward, and its backward but for ALiBi's (the `tl` one, on the Gluon
+    forward's lse)."""
     from fusegen.cli import main
 
-    (tmp_path / "specs.yaml").write_text(SPLIT_DIM_SPECS)
+    (tmp_path / "specs.yaml").write_text(HOPPER_MODULE_SPECS)
     assert main(["build", str(tmp_path / "specs.yaml"), "--out", str(tmp_path / "gen")]) == 0
     module = _load(tmp_path / "gen" / f"{name}.py", f"{name}_hopper_test")
     torch.manual_seed(1)
     bf16 = {"device": "cuda", "dtype": torch.bfloat16, "requires_grad": True}
     if name == "phi3_attention":  # 2 x 4 query blocks x 32 heads: 256 programs
         q, k, v = (torch.randn(2, 512, h, 96, **bf16) for h in (32, 8, 8))
-    else:  # 2 x 8 query blocks x 16 heads
+    elif name == "mla_attention":  # 2 x 8 query blocks x 16 heads
         q, k = (torch.randn(2, 16, 1024, 192, **bf16) for _ in range(2))
         v = torch.randn(2, 16, 1024, 128, **bf16)
-    _trains_like_float64(module, getattr(module, name), q, k, v, hopper_backward=True)
+    else:  # 2 x 8 query blocks x 12 heads
+        q, k, v = (torch.randn(2, 1024, 12, 128, **bf16) for _ in range(3))
+    hopper_backward = name != "bloom_attention"
+    _trains_like_float64(module, getattr(module, name), q, k, v, hopper_backward)

@@ -57,11 +57,13 @@ BLOCK_M, BLOCK_N, STAGES = 64, 128, 2
 if AVAILABLE:
     # fmt: off
     @gluon.jit
-    def _probabilities(s, m_i, l_i, key0, row0, skv, qk_scale, CAUSAL: gl.constexpr,
-                       s_layout: gl.constexpr):
+    def _probabilities(s, m_i, l_i, key0, row0, skv, qk_scale, slope, CAUSAL: gl.constexpr,
+                       ALIBI: gl.constexpr, s_layout: gl.constexpr):
         """One key block into the online softmax (base 2): probabilities, the new max
         and sum, and the factor the accumulator is rescaled by. Only a block that crosses
-        the diagonal or the last key is masked."""
+        the diagonal or the last key is masked. ALIBI: the scores have slope * (key -
+        row0) added, one FFMA each; slope * (row - row0 + skv - sq), a row's own, comes
+        off its lse (_alibi_rows), since a softmax's rows do not change by a constant."""
         BM: gl.constexpr = s.type.shape[0]
         BN: gl.constexpr = s.type.shape[1]
         if (CAUSAL and key0 + BN > row0) or key0 + BN > skv:
@@ -71,10 +73,27 @@ if AVAILABLE:
             if CAUSAL:
                 seen = seen & (keys[None, :] <= rows[:, None])
             s = gl.where(seen, s, -float("inf"))
-        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-        p = gl.exp2(s * qk_scale - m_new[:, None])
+        if ALIBI:
+            keys = key0 - row0 + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
+            s = s * qk_scale + (slope * keys.to(gl.float32))[None, :]
+            m_new = gl.maximum(m_i, gl.max(s, axis=1))
+            p = gl.exp2(s - m_new[:, None])
+        else:
+            m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+            p = gl.exp2(s * qk_scale - m_new[:, None])
         alpha = gl.exp2(m_i - m_new)
         return p, m_new, l_i * alpha + gl.sum(p, axis=1), alpha
+
+    @gluon.jit
+    def _alibi_slope(head, BELOW: gl.constexpr):
+        """ALiBi's slope of query head `head` in base 2, as the `tl` kernels compute it:
+        2**(-8 (head + 1) / BELOW) for the first BELOW heads (a power of two, the heads'
+        or the one below them), then BLOOM's every other one of twice BELOW."""
+        if head < BELOW:
+            slope = gl.exp2(-8.0 * (head + 1) / BELOW)
+        else:
+            slope = gl.exp2(-4.0 * (2 * (head - BELOW) + 1) / BELOW)
+        return slope * 1.4426950408889634
 
     @gluon.constexpr_function
     def _nbytes(descs):
@@ -194,7 +213,8 @@ if AVAILABLE:
     @gluon.jit
     def _consume(descs, bufs, bars, out_ptr, lse_ptr, place, sq, skv, n_blocks, qk_scale,
                  stride_o_b, stride_o_h, stride_o_s,
-                 CAUSAL: gl.constexpr, PART: gl.constexpr, num_warps: gl.constexpr):
+                 CAUSAL: gl.constexpr, ALIBI: gl.constexpr, PART: gl.constexpr,
+                 num_warps: gl.constexpr):
         """Consumer PART: its 64 query rows over every key block the producer streams,
         then its rows of out and lse. v's parts of the head dim are q's first ones (128 of
         192, or 64 + 32 of 96): out goes through q's tiles."""
@@ -213,6 +233,9 @@ if AVAILABLE:
         m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
         l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=gl.SliceLayout(1, s_layout))
         acc = _accumulators(o_descs, num_warps)  # one a part of v's head dim
+        slope = 0.0
+        if ALIBI:
+            slope = _alibi_slope(head, ALIBI)
         mbarrier.wait(q_ready.index(PART), 0)
 
         # Block 0's probabilities: the loop runs one block ahead of its PV.
@@ -221,8 +244,8 @@ if AVAILABLE:
         s = _dot_t(q_smems, _slots(k_bufs, 0), s_zero)
         s = warpgroup_mma_wait(0, deps=(s,))
         mbarrier.arrive(k_empty.index(0))
-        p, m_i, l_i, alpha = _probabilities(s, m_i, l_i, 0, row0, skv, qk_scale, CAUSAL,
-                                            s_layout)
+        p, m_i, l_i, alpha = _probabilities(s, m_i, l_i, 0, row0, skv, qk_scale, slope, CAUSAL,
+                                            ALIBI, s_layout)
         p_ops = _operands(p.to(dtype), acc)
         for j in range(1, n_blocks):
             stage = j % STAGES
@@ -234,7 +257,7 @@ if AVAILABLE:
             s = warpgroup_mma_wait(len(acc), deps=(s_tok,))
             mbarrier.arrive(k_empty.index(stage))
             p_next, m_i, l_i, alpha = _probabilities(s, m_i, l_i, j * BLOCK_N, row0, skv,
-                                                     qk_scale, CAUSAL, s_layout)
+                                                     qk_scale, slope, CAUSAL, ALIBI, s_layout)
             acc = warpgroup_mma_wait(0, deps=pv_toks + p_ops)[:len(acc)]
             mbarrier.arrive(v_empty.index(prev))
             acc = _rescaled(acc, alpha)
@@ -251,7 +274,10 @@ if AVAILABLE:
             _store_out(acc[1], l_i, q_bufs[1].index(PART), o_descs[1], out_ptr, place, sq,
                        stride_o_b, stride_o_h, stride_o_s, acc[0].type.shape[1], PART)
         lse_rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453  # natural log
+        lse = m_i + gl.log2(l_i)
+        if ALIBI:
+            lse -= slope * (lse_rows - row0 + skv - sq).to(gl.float32)
+        lse = lse * 0.6931471805599453  # natural log
         gl.store(lse_ptr + (batch * heads + head).to(gl.int64) * sq + lse_rows, lse,
                  mask=lse_rows < sq)
 
@@ -282,7 +308,8 @@ if AVAILABLE:
     @gluon.jit
     def _produce(descs, bufs, bars, out_ptr, lse_ptr, place, sq, skv, n_blocks, qk_scale,
                  stride_o_b, stride_o_h, stride_o_s,
-                 CAUSAL: gl.constexpr, PART: gl.constexpr, num_warps: gl.constexpr):
+                 CAUSAL: gl.constexpr, ALIBI: gl.constexpr, PART: gl.constexpr,
+                 num_warps: gl.constexpr):
         """The producer warp: the two query tiles, then each key block's K and V into the
         ring, each into its stage once both consumers have released it (a fresh mbarrier
         counts as having completed the phase before 0: the first pass does not wait)."""
@@ -308,14 +335,16 @@ if AVAILABLE:
                            out_ptr, lse_ptr, sq, skv, heads, qk_scale,
                            q_rows_b, q_rows_h, q_cols_h, kv_rows_b, kv_rows_h, kv_cols_h,
                            v_cols_h, stride_o_b, stride_o_h, stride_o_s,
-                           GROUP: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_QK: gl.constexpr,
-                           SPLIT_V: gl.constexpr, num_warps: gl.constexpr):
+                           GROUP: gl.constexpr, CAUSAL: gl.constexpr, ALIBI: gl.constexpr,
+                           SPLIT_QK: gl.constexpr, SPLIT_V: gl.constexpr,
+                           num_warps: gl.constexpr):
         """One program: 128 query rows of one (batch, head). A tile's place in the [rows,
         dim] views: row batch * rows_b + head * rows_h + position, column head * cols_h
         (bshd: rows_b = seq, rows_h = 0, cols_h = dim; bhsd: rows_b = heads * seq, rows_h
         = seq, cols_h = 0; v's and out's cols_h: v's dim or 0), k and v by kv head =
         head // GROUP. A head dim in two tiles (SPLIT_QK for q and k, SPLIT_V for v and
-        out) has the second's descriptor in *_rest (else the first again, unread)."""
+        out) has the second's descriptor in *_rest (else the first again, unread). ALIBI:
+        0, or ALiBi's scores with _alibi_slope's BELOW."""
         q_descs = _parts_of(q_desc, q_rest, SPLIT_QK)
         k_descs = _parts_of(k_desc, k_rest, SPLIT_QK)
         v_descs = _parts_of(v_desc, v_rest, SPLIT_V)
@@ -359,11 +388,11 @@ if AVAILABLE:
         # (Constexprs keep their kind only written out in each partition's tuple.)
         gl.warp_specialize([
             (_consume, (descs, bufs, bars, out_ptr, lse_ptr, at, sq, skv, n_blocks, qk_scale,
-                        stride_o_b, stride_o_h, stride_o_s, CAUSAL, 0, num_warps)),
+                        stride_o_b, stride_o_h, stride_o_s, CAUSAL, ALIBI, 0, num_warps)),
             (_consume, (descs, bufs, bars, out_ptr, lse_ptr, at, sq, skv, n_blocks, qk_scale,
-                        stride_o_b, stride_o_h, stride_o_s, CAUSAL, 1, num_warps)),
+                        stride_o_b, stride_o_h, stride_o_s, CAUSAL, ALIBI, 1, num_warps)),
             (_produce, (descs, bufs, bars, out_ptr, lse_ptr, at, sq, skv, n_blocks,
-                        qk_scale, stride_o_b, stride_o_h, stride_o_s, CAUSAL, 0, num_warps)),
+                        qk_scale, stride_o_b, stride_o_h, stride_o_s, CAUSAL, ALIBI, 0, num_warps)),
         ], [num_warps, 1], [240, 24])
     # fmt: on
 
@@ -438,11 +467,12 @@ def strides(t, layout):
 CONFIG = {"BLOCK_M": 2 * BLOCK_M, "BLOCK_N": BLOCK_N, "num_warps": 9, "num_stages": STAGES}
 
 
-def forward(q, k, v, out, lse, *, layout, causal, scale):
+def forward(q, k, v, out, lse, *, layout, causal, scale, alibi=False):
     """out and lse of attention over q, k, v: [batch, seq, heads, dim] ("bshd") or [batch,
     heads, seq, dim] ("bhsd"), contiguous, 16-byte aligned, bf16 or fp16, (q's dim, v's)
-    in HEAD_DIMS; out likewise; lse [batch, heads, q_len] fp32. Returns the compiled
-    kernel (`fusegen inspect` reads its registers and shared memory)."""
+    in HEAD_DIMS; out likewise; lse [batch, heads, q_len] fp32; alibi: scores plus ALiBi's
+    slope * (key - query position - (k_len - q_len)). Returns the compiled kernel
+    (`fusegen inspect` reads its registers and shared memory)."""
     batch, heads, kv_heads, sq, skv, rows, q_place, kv_place = places(q, k, layout)
     grid = (triton.cdiv(sq, 2 * BLOCK_M) * batch * heads,)
     v_cols = v.shape[-1] if layout == "bshd" else 0  # a head's columns in v and out
@@ -462,6 +492,7 @@ def forward(q, k, v, out, lse, *, layout, causal, scale):
             *strides(out, layout),
             GROUP=heads // kv_heads,
             CAUSAL=causal,
+            ALIBI=1 << (heads.bit_length() - 1) if alibi else 0,
             **split,
             num_warps=4,
         )
