@@ -9,7 +9,7 @@ rounds, each round in a rotated order (do_bench medians; the row prints the medi
 rounds, their spread and TFLOP/s), so that a clock drift between calls cannot flip a verdict.
 
     python3 benchmarks/attention_anchors.py [--cases causal full ...] [--rounds 3]
-        [--built FOLDER] [--profile] [--anchors sdpa flex tl fused-dq] [--out FILE.json]
+        [--built FOLDER] [--profile] [--anchors sdpa flex tl] [--out FILE.json]
     TRITON_INTERPRET=1 python3 benchmarks/attention_anchors.py --check [--cases ...]
         (CPU: each case's inputs, checks and reference at small shapes, fusegen alone)
 
@@ -148,12 +148,6 @@ def variants(module, mods: Mods, anchors=("sdpa", "flex")):
         twin = load(Path(module.__file__).parent, module.__name__)
         twin._ATTENTION.hopper = None
         out["fusegen tl"] = getattr(twin, module.__name__)
-    if "fused-dq" in anchors and module._ATTENTION.hopper:
-        # The same module with the Hopper backward's dq added by its dk/dv kernel (TMA
-        # reduces into an fp32 dq: one kernel, five dots a block, not deterministic).
-        twin = load(Path(module.__file__).parent, module.__name__)
-        twin._ATTENTION.hopper_backward_options = {"fused_dq": True}
-        out["fusegen fused dq"] = getattr(twin, module.__name__)
     if mods.sdpa_can() and "sdpa" in anchors:
         for name, backend in (
             ("sdpa flash", SDPBackend.FLASH_ATTENTION),
@@ -440,11 +434,9 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="CPU, interpreter: small shapes")
     parser.add_argument("--profile", action="store_true", help="each variant's kernels")
     parser.add_argument(
-        "--anchors", nargs="*", default=["sdpa", "flex"],
-        choices=["sdpa", "flex", "tl", "fused-dq"],
+        "--anchors", nargs="*", default=["sdpa", "flex"], choices=["sdpa", "flex", "tl"],
         help="the anchors to run (FlexAttention's compiles take most of a run's time; tl:"
-        " the module's `tl` kernels where it has a Hopper path; fused-dq: its Hopper"
-        " backward with dq fused into the dk/dv kernel)",
+        " the module's `tl` kernels where it has a Hopper path)",
     )  # fmt: skip
     args = parser.parse_args()
     if args.check:

@@ -13,13 +13,10 @@ state), checking the first layer's q_proj gradient against fp32 likewise: the Ho
 backward where the forward took the Hopper kernel. --compile runs each model under
 torch.compile: SDPA, fusegen (its traced calls through the module's opaque Hopper ops),
 and "fusegen tl", a copy on a second instance of the module whose ops have names of their
-own and no opaque Hopper ops (the `tl` kernels, which Inductor launches). --fused-dq
-(with --train) adds "fusegen fused dq": fusegen's model with the Hopper backward's dq
-added by its dk/dv kernel (attention_hopper_backward's fused_dq: TMA reduces into an
-fp32 dq, one kernel where the default runs two).
+own and no opaque Hopper ops (the `tl` kernels, which Inductor launches).
 
     python3 benchmarks/llama_prefill_attention.py [--batch 2] [--prompt 8192] [--layers 4]
-        [--rounds 7] [--train [--fused-dq]] [--compile] [--out FILE.json]
+        [--rounds 7] [--train] [--compile] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -61,7 +58,6 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--train", action="store_true", help="forward + backward")
     parser.add_argument("--compile", action="store_true", help="every model compiled")
-    parser.add_argument("--fused-dq", action="store_true", help="--train: a fused-dq variant")
     parser.add_argument("--out")
     args = parser.parse_args()
     import transformers
@@ -111,21 +107,6 @@ def main() -> int:
         for key, (model, backend) in backends.items()
     }
     outputs = {key: prefill(*pair, tokens=checked) for key, pair in backends.items()}
-    if args.fused_dq:
-        import llama3_attention
-
-        def fused_dq(tokens=ids):
-            """fusegen's model, its Hopper backward's dq fused (the option read per call,
-            so the same model and compiled graph serve both variants)."""
-            attention = llama3_attention._ATTENTION
-            attention.hopper_backward_options = {"fused_dq": True}
-            try:
-                return prefill(backends["fusegen"][0], tokens=tokens)
-            finally:
-                attention.hopper_backward_options = {}
-
-        variants["fusegen fused dq"] = fused_dq
-        outputs["fusegen fused dq"] = fused_dq(checked)
     for fn in variants.values():  # warm-up: compiles
         fn()
     plans = llama3_attention_plans()

@@ -59,10 +59,9 @@
 #   fp8-block-scales   the block-scaled fp8 SwiGLU's code variants (one multiply-add a step,
 #                      TMA loads) at explicit tiles, beside cuBLASLt's block-wise scaled_mm
 #   attention-gluon-backward
-#                      the Hopper (Gluon) backward: its tests against float64 (dq fused by TMA
-#                      reduces included), its kernels alone beside the `tl` backward (dq fused
-#                      or in its own kernel), and the causal and GQA forward + backward rows
-#                      against cuDNN with the fused variant in the same rounds
+#                      the Hopper (Gluon) backward: its tests against float64, its kernels
+#                      alone beside the `tl` backward, and the causal and GQA forward +
+#                      backward rows against cuDNN
 #   int4-gemv          the one-row int4 SwiGLU's words GEMV variants (loads pipelined by the
 #                      loop, TMA, a byte's nibbles from one shift) against the generated kernel
 #   attention-bench    `fusegen bench` and `fusegen inspect` of specs/fused_attention.yaml's
@@ -206,7 +205,7 @@ open('$out/attention-zoo/attention.yaml', 'w').write(t.ATTENTION_SPECS)"
         run $PYTHON benchmarks/experiments/attention_gluon_backward.py \
             --built "$out/attention-anchors-build" --cases causal full
         run $PYTHON benchmarks/attention_anchors.py --built "$out/attention-anchors-build" \
-            --cases causal-backward gqa-backward --anchors sdpa fused-dq \
+            --cases causal-backward gqa-backward --anchors sdpa \
             --out "$out/attention_gluon_backward.json" ;;
     attention-bench)
         run $PYTHON -m fusegen bench specs/fused_attention.yaml --attention-shapes 4,2048,2048 \

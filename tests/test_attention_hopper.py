@@ -48,11 +48,6 @@ names = [p.name for p in kernel.params]
 types = {name: "i32" for name in names}
 for name, desc in zip(names, descs):
     types[name] = triton.runtime.jit.mangle_type(desc)
-if meta.get("FUSED_DQ"):
-    dq = torch.empty(256, dim, dtype=torch.float32)
-    types["dq_desc"] = triton.runtime.jit.mangle_type(module.dq_descriptor(dq, 256, q_rows))
-elif "FUSED_DQ" in names:
-    meta |= {"FUSED_DQ": False, "dq_desc": None}
 pointer = "*bf16" if dtype == "bfloat16" else "*fp16"
 types |= {n: pointer for n in names if n.endswith("_ptr")}
 types |= {n: "*fp32" for n in ("lse_ptr", "delta_ptr") if n in names}
@@ -61,16 +56,14 @@ types |= {name: "constexpr" for name in meta}
 constants = {(names.index(name),): value for name, value in meta.items()}
 source = GluonASTSource(kernel, types, constants)
 compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-ptx = compiled.asm["ptx"]
-print(json.dumps({"shared": compiled.metadata.shared, "wgmma": "wgmma.mma_async" in ptx,
-                  "reduces": ptx.count("cp.reduce.async.bulk.tensor")}))
+print(json.dumps({"shared": compiled.metadata.shared,
+                  "wgmma": "wgmma.mma_async" in compiled.asm["ptx"]}))
 """
 
 
-def compiled_for_sm90(module, kernel, dim, dtype, meta, dv=None, facts=False):
+def compiled_for_sm90(module, kernel, dim, dtype, meta, dv=None):
     """(shared memory bytes, whether the PTX has wgmma) of a runtime Gluon kernel compiled
-    for sm_90 as a call with these constexprs launches it (v's head dim dv, else dim);
-    facts: all it read, a dict (with the PTX's TMA reduces)."""
+    for sm_90 as a call with these constexprs launches it (v's head dim dv, else dim)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     meta = json.dumps({**meta, "num_warps": 4})
     args = [module, kernel, str(dim), str(dv or dim), dtype, meta]
@@ -83,8 +76,8 @@ def compiled_for_sm90(module, kernel, dim, dtype, meta, dv=None, facts=False):
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    read = json.loads(result.stdout.strip().splitlines()[-1])
-    return read if facts else (read["shared"], read["wgmma"])
+    facts = json.loads(result.stdout.strip().splitlines()[-1])
+    return facts["shared"], facts["wgmma"]
 
 
 @needs_gluon

@@ -37,21 +37,6 @@ def test_the_kernels_compile_for_sm90_within_shared_memory(kernel, dim, dv, caus
     assert wgmma
 
 
-@needs_gluon
-@pytest.mark.parametrize("dim, group", [(128, 1), (64, 4)])
-def test_the_dkdv_kernel_with_dq_fused_compiles_to_tma_reduces(dim, group):
-    meta = {"GROUP": group, "CAUSAL": True, "STAGES": 2, "PAIRED_DOTS": True, "FUSED_DQ": True}
-    facts = compiled_for_sm90(
-        "attention_hopper_backward", "_attention_dkdv", dim, "bfloat16", meta, facts=True
-    )
-    # The kernel's tiles, each consumer's dS^T (bf16) and two fp32 dq chunks of 64 columns.
-    tiles = 2 * 64 * 2 * dim * 2 + 2 * 64 * 2 * dim * 2 + 2 * 64 * 64 * 2 + 2 * 2 * 64 * 64 * 4
-    assert tiles <= facts["shared"] < tiles + 1024
-    # A chunk a reduce, in two TMA messages of 128 bytes (32 fp32 columns), in the masked
-    # and the unmasked loops.
-    assert facts["reduces"] == 2 * (dim // 64) * 2
-
-
 def _reference_grads(q, k, v, d_out, causal, layout):
     """float64 out, lse and (dq, dk, dv) of attention over [batch, seq, heads, dim] or
     [batch, heads, seq, dim] inputs (k, v with kv heads)."""
@@ -68,55 +53,24 @@ def _poison_cached_blocks(*shapes, dtype):
     del blocks
 
 
-# layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype
-CASES = [
-    ("bhsd", True, 2, 4, 4, 512, 512, 128, 128, torch.bfloat16),
-    ("bshd", True, 2, 8, 2, 300, 300, 128, 128, torch.bfloat16),  # GQA, a ragged last block
-    ("bshd", False, 1, 4, 1, 200, 333, 128, 128, torch.float16),  # MQA, more keys than queries
-    ("bhsd", False, 3, 2, 2, 129, 130, 64, 64, torch.bfloat16),
-    ("bshd", True, 1, 2, 2, 1000, 1000, 64, 64, torch.float16),
-    # Head dims in two tiles: 96 = 64 + 32, MLA's q and k 192 = 128 + 64 with v 128.
-    ("bshd", True, 2, 8, 2, 300, 300, 96, 96, torch.bfloat16),
-    ("bhsd", False, 1, 3, 3, 257, 400, 96, 96, torch.float16),
-    ("bshd", True, 1, 4, 4, 384, 384, 192, 128, torch.bfloat16),
-    ("bhsd", False, 2, 2, 1, 200, 333, 192, 128, torch.float16),
-]
-
-
-@on_hopper
-@needs_gluon
-@pytest.mark.parametrize("layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype", CASES)
-def test_dq_dk_dv_match_float64(layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype):
-    compiled = _check_grads(layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype)
-    assert set(compiled) == {"hopper_dkdv", "hopper_dq"}
-
-
 @on_hopper
 @needs_gluon
 @pytest.mark.parametrize(
     "layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype",
-    [case for case in CASES if attention_hopper_backward.fused_dq_fits(case[7])],
+    [
+        ("bhsd", True, 2, 4, 4, 512, 512, 128, 128, torch.bfloat16),
+        ("bshd", True, 2, 8, 2, 300, 300, 128, 128, torch.bfloat16),  # GQA, a ragged last block
+        ("bshd", False, 1, 4, 1, 200, 333, 128, 128, torch.float16),  # MQA, more keys than queries
+        ("bhsd", False, 3, 2, 2, 129, 130, 64, 64, torch.bfloat16),
+        ("bshd", True, 1, 2, 2, 1000, 1000, 64, 64, torch.float16),
+        # Head dims in two tiles: 96 = 64 + 32, MLA's q and k 192 = 128 + 64 with v 128.
+        ("bshd", True, 2, 8, 2, 300, 300, 96, 96, torch.bfloat16),
+        ("bhsd", False, 1, 3, 3, 257, 400, 96, 96, torch.float16),
+        ("bshd", True, 1, 4, 4, 384, 384, 192, 128, torch.bfloat16),
+        ("bhsd", False, 2, 2, 1, 200, 333, 192, 128, torch.float16),
+    ],
 )
-@pytest.mark.parametrize("fused", [True, "early"])
-def test_dq_fused_by_tma_reduces_matches_float64(
-    layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype, fused
-):
-    compiled = _check_grads(
-        layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype, fused_dq=fused
-    )
-    assert set(compiled) == {"hopper_dkdv"}
-
-
-def test_fused_dq_fits_the_head_dims_of_64_row_blocks_and_whole_chunks():
-    fits = attention_hopper_backward.fused_dq_fits
-    assert fits(64) and fits(128)
-    assert not fits(96)  # a 32-column part
-    assert not fits(192)  # MLA: 32-row query blocks, under a wgmma's M
-
-
-def _check_grads(layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype, **knobs):
-    """The kernels' dq, dk and dv against float64 from poisoned allocator blocks; the
-    compiled kernels."""
+def test_dq_dk_dv_match_float64(layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype):
     torch.manual_seed(sq * 7 + skv + dim)
     q_shape, k_shape = shapes(layout, batch, heads, kv_heads, sq, skv, dim)
     v_shape, out_shape = k_shape[:3] + (dv,), q_shape[:3] + (dv,)
@@ -130,15 +84,15 @@ def _check_grads(layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype
     _poison_cached_blocks(q_shape, k_shape, v_shape, dtype=dtype)
     grads, compiled = attention_hopper_backward.backward(
         q, k, v, d_out, lse.float(), delta, (True, True, True),
-        layout=layout, causal=causal, scale=dim**-0.5, **knobs,
+        layout=layout, causal=causal, scale=dim**-0.5,
     )  # fmt: skip
+    assert set(compiled) == {"hopper_dkdv", "hopper_dq"}
     # bf16/fp16 probabilities and dS into the dots, fp32 accumulators: a few units of the
     # operands' rounding of the largest gradient.
     unit = 2**-8 if dtype == torch.bfloat16 else 2**-11
     for name, got, want in zip(("dq", "dk", "dv"), grads, wants, strict=True):
         error = (got.double() - want).abs().max().item()
         assert error <= 8 * unit * want.abs().max().item(), (name, error)
-    return compiled
 
 
 @on_hopper

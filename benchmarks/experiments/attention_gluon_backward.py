@@ -7,17 +7,16 @@ turned off), both given the runtime forward's lse; beside the runtime's kernels,
 unmasked blocks' dots paired (S^T with dP^T, dV with dK, the runtime's) or not (dV with
 dP^T), dk/dv's query blocks of 32 or 64 rows (the runtime: 32 past head dim 128), and
 dq's key blocks of 128 (the runtime: 64; 128 compiles without spills at head dim 128, in
-197 KB of shared memory: unmeasured when added), and dq fused into the dk/dv kernel by TMA
-reduces (`fused_dq`: dS^T through shared memory, dq = dS K in 64-column chunks, each added
-into an fp32 dq by one `cp.reduce.async.bulk.tensor`; head dims 64 and 128; compiled for
-sm_90 on the CPU, d 128 causal: 788 bytes of spills against the kernel's 100, 213 KB of
-shared memory; `fused_dq="early"`: the first chunk's dot issued between dV's and dK's, 752
-bytes; both unmeasured and unchecked on a GPU when added: the check below runs them).
+197 KB of shared memory: unmeasured when added).
 Removed after their runs: three stages in either kernel's ring (within the spreads),
 dk/dv's programs in the other order (causal: the longest last; within 2-3% either way),
-and dq fused into the dk/dv kernel by scalar fp32 atomics (`gl.atomic_add`, one
-`atom.global.add.f32` an element, 552 bytes of spills), 46-51% slower than the two
-kernels: commit 766cccd has the last two (`longest_first=False`, its `fused_dq=True`).
+and dq fused into the dk/dv kernel (FA3's way: the dq kernel recomputes S and dP, 7 dots
+where a fused backward has 5): by scalar fp32 atomics 46-51% slower (commit 766cccd has
+it and the order, `longest_first=False`, `fused_dq=True`); by TMA reduces (dS^T through
+shared memory, dq = dS K in 64-column chunks, each added into an fp32 dq by one
+`cp.reduce.async.bulk.tensor`, Gluon's builder's `create_async_tma_reduce`) 56% slower at
+4 x 32 x 4096, d 128, causal (5.24 ms against 3.37; 4.77 with the first chunk's dot
+between dV's and dK's; 788 bytes of spills against 100), commit fe74470 has it.
 The Gluon timing leaves out delta (the `tl` rows include it: a row-sum kernel, about 2%
 of the backward at the default shape).
 
@@ -50,18 +49,16 @@ import triton
 
 from fusegen.runtime import attention_hopper, attention_hopper_backward
 
-def compile_report(causal=True, dim=128, dv=128, group=1, paired_dots=True, rows=None,
-                   fused_dq=False):  # fmt: skip
+
+def compile_report(causal=True, dim=128, dv=128, group=1, paired_dots=True, rows=None):
     """Registers, spills and shared memory of the runtime's kernels compiled for sm_90
-    (CPU); rows: the dk/dv kernel's query rows (dkdv_rows by default); fused_dq: the dk/dv
-    kernel that adds dq itself (then alone), with its count of TMA reduces in the PTX."""
+    (CPU); rows: the dk/dv kernel's query rows (dkdv_rows by default)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from quant_registers import compile_sm90, ptxas_report
 
     hb = attention_hopper_backward
     q, v = (torch.empty(256, d, dtype=torch.bfloat16) for d in (dim, dv))
-    kernels = (hb._attention_dkdv,) if fused_dq else (hb._attention_dkdv, hb._attention_dq)
-    for kernel in kernels:
+    for kernel in (hb._attention_dkdv, hb._attention_dq):
         q_rows = (rows or hb.dkdv_rows(dim)) if kernel is hb._attention_dkdv else hb.BLOCK_M
         descs, split = attention_hopper.tile_args(q, q, v, v, (256, 256), q_rows, hb.BLOCK_N)
         names = [p.name for p in kernel.params]
@@ -72,24 +69,13 @@ def compile_report(causal=True, dim=128, dv=128, group=1, paired_dots=True, rows
         types |= {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "qk_scale": "fp32", "scale": "fp32"}
         meta = {"GROUP": group, "CAUSAL": causal, "STAGES": 2, "num_warps": 4}
         meta |= split
-        if kernel is hb._attention_dkdv:
-            meta |= {
-                "PAIRED_DOTS": paired_dots,
-                "FUSED_DQ": {False: 0, "early": 2}.get(fused_dq, 1),
-            }
-            if fused_dq:
-                dq = torch.empty(256, dim, dtype=torch.float32)
-                types["dq_desc"] = triton.runtime.jit.mangle_type(hb.dq_descriptor(dq, 256, q_rows))
-            else:
-                meta["dq_desc"] = None
+        meta |= {"PAIRED_DOTS": paired_dots} if "PAIRED_DOTS" in names else {}
         types |= {name: "constexpr" for name in meta}
         constants = {(names.index(name),): value for name, value in meta.items()}
         compiled = compile_sm90(kernel, types, constants, {"num_warps": 4})
-        ptx = compiled.asm["ptx"]
-        reduces = f", {ptx.count('cp.reduce.async.bulk.tensor')} TMA reduces" if fused_dq else ""
         print(f"{kernel.__name__} d={dim}/{dv} rows={q_rows} causal={causal} group={group} "
-              f"paired={paired_dots} fused_dq={fused_dq}: {ptxas_report(ptx)} | "
-              f"shared {compiled.metadata.shared} bytes{reduces}", flush=True)  # fmt: skip
+              f"paired={paired_dots}: {ptxas_report(compiled.asm['ptx'])} | "
+              f"shared {compiled.metadata.shared} bytes", flush=True)  # fmt: skip
 
 
 def reference_grads(q, k, v, d_out, causal):
@@ -130,8 +116,6 @@ def main() -> int:
             compile_report(causal, group=group, paired_dots=paired)
         for dim, dv, rows in ((96, 96, None), (192, 128, None), (192, 128, 64)):
             compile_report(True, dim, dv, rows=rows)
-        for dim, group, fused in ((128, 1, True), (128, 4, True), (64, 1, True), (128, 1, "early")):
-            compile_report(True, dim, dim, group=group, fused_dq=fused)
         return 0
 
     failed = sum(
@@ -176,10 +160,6 @@ def run_case(case, shape, kv_heads, rounds, built, profile=False, v_dim=None, mo
     wide_dq = dim + v_dim <= 256  # 128-key dq blocks fit shared memory
     checked = {"": {}, " (unpaired dots)": {"paired_dots": False}}
     checked |= {" (dq 128 keys)": {"keys_dq": 128}} if wide_dq else {}
-    fused = attention_hopper_backward.fused_dq_fits(dim)
-    if fused:
-        checked |= {" (dq fused, TMA reduces)": {"fused_dq": True}}
-        checked |= {" (dq fused, first chunk early)": {"fused_dq": "early"}}
     for variant, knobs in checked.items():
         grads = gluon((True, True, True), **knobs)
         for name, got, want, part in zip(("dq", "dk", "dv"), grads, wants, parts, strict=True):
@@ -214,9 +194,6 @@ def run_case(case, shape, kv_heads, rounds, built, profile=False, v_dim=None, mo
     }
     if wide_dq:
         calls["gluon dq 128-key blocks"] = lambda: gluon(q_only, keys_dq=128)
-    if fused:
-        calls["gluon dk/dv + dq fused"] = lambda: gluon((True, True, True), fused_dq=True)
-        calls["gluon dk/dv + dq fused early"] = lambda: gluon((True, True, True), fused_dq="early")
     if built and group == 1:
         name = module or f"anchor_attention_{case}"
         module = attention_anchors.load(Path(built), name)

@@ -26,11 +26,6 @@ Head dims that are not powers of two are two tiles, as in the forward (96 = 64 +
 MLA's 192 = 128 + 64 with v 128); at MLA's dims the dk/dv kernel takes query blocks of 32
 rows (dkdv_rows: 64 spilled). Forward + backward there: 1.05x cuDNN at 96, 0.99x at MLA.
 
-FA3's way to do 5 (dq added by the dk/dv kernel into an fp32 buffer, tile by tile, with
-TMA reduces from shared memory: `fused_dq`, head dims 64 and 128) is written and compiles
-for sm_90, and no call takes it yet: it has not run on a GPU (Gluon 3.6 has no Python for
-the reduce; _reduce_add emits the builder's op).
-
 What it takes (Attention.hopper_backward_fits): what the forward takes (head dims in
 HEAD_DIMS), q, k, v, d_out contiguous in the module's layout.
 """
@@ -52,13 +47,8 @@ HEAD_DIMS = attention_hopper.HEAD_DIMS
 if attention_hopper.AVAILABLE:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton._C.libtriton import ir
-    from triton.experimental.gluon.language._core import builtin
     from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared,
         mbarrier,
-        tma,
-        warpgroup_mma,
         warpgroup_mma_wait,
     )
 
@@ -74,16 +64,6 @@ if attention_hopper.AVAILABLE:
         _slots,
         _store_rows,
     )
-
-    @builtin
-    def _reduce_add(tensor_desc, coord, src, _semantic=None):
-        """tensor_desc's tile at coord += src (shared memory), one TMA reduce
-        (cp.reduce.async.bulk.tensor) from one thread: Gluon 3.6's builder has the op,
-        its Python no wrapper."""
-        coord = _semantic._convert_to_ir_values(coord, require_i64=False)
-        _semantic.builder.create_async_tma_reduce(
-            ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle
-        )
 
     # fmt: off
     @gluon.jit
@@ -118,29 +98,12 @@ if attention_hopper.AVAILABLE:
                         accs[0].type.shape[1])
 
     @gluon.jit
-    def _reduce_chunk(dq, dq_bufs, dq_desc, n, row, col):
-        """dq (registers, fp32) added into dq_desc's tile at [row, col] from dq_bufs' slot
-        n % 2, once the reduce that last read that slot has read it (the other slot's may
-        still run)."""
-        buf = dq_bufs.index(n % 2)
-        tma.store_wait(1)
-        buf.store(dq)
-        fence_async_shared()
-        _reduce_add(dq_desc, [row, col], buf)
-
-    @gluon.jit
     def _kv_step(q_smems, do_smems, k_smems, v_smems, dk, dv, lse, delta, keys, rows, skv,
-                 qk_scale, fused, dq_row, dq_col, n, CAUSAL: gl.constexpr,
-                 MASKED: gl.constexpr, PAIRED: gl.constexpr, FUSED: gl.constexpr,
+                 qk_scale, CAUSAL: gl.constexpr, MASKED: gl.constexpr, PAIRED: gl.constexpr,
                  num_warps: gl.constexpr):
         """One query block into a consumer's dK and dV (tuples, one a part of the head
         dim). PAIRED: S^T issued with dP^T, then dV with dK (two waits a block); else dV
-        with dP^T (three). FUSED: dq's share of the block too, FA3's way: dS^T into shared
-        memory (dK's A operand as it is, dq's transposed), then dq = dS K in chunks of the
-        fp32 dq descriptor's width, each scaled and added into dq at [dq_row, dq_col on]
-        by a TMA reduce (atomic adds: not deterministic); n: the reduces so far. FUSED 1:
-        the chunks after dV and dK are done; 2: the first one issued between them, its
-        reduce under dK's dot."""
+        with dP^T (three)."""
         BN: gl.constexpr = k_smems[0].type.shape[0]
         BM: gl.constexpr = q_smems[0].type.shape[0]
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -160,46 +123,7 @@ if attention_hopper.AVAILABLE:
                 seen = seen & (keys[:, None] <= rows[None, :])
             p = gl.where(seen, p, 0.0)
         p_ops = _operands(p.to(dtype), dv)
-        if FUSED:
-            ds_smem, dq_bufs, dq_desc, scale = fused
-            CH: gl.constexpr = dq_desc.block_type.shape[1]
-            dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
-                version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, CH, 16])
-            if PAIRED:
-                dp = warpgroup_mma_wait(0, deps=(dp_tok,))
-                toks = _dot_into(p_ops, do_smems, dv)
-            else:
-                toks = _dot_into(p_ops, do_smems, dv)
-                dp = warpgroup_mma_wait(0, deps=(_dot_t(v_smems, do_smems, s_zero),))
-            ds_smem.store((p * (dp - delta[None, :])).to(dtype))
-            fence_async_shared()
-            dq_zero = gl.zeros([BM, CH], gl.float32, layout=dq_layout)
-            ds_t = ds_smem.permute((1, 0))
-            if FUSED == 2:
-                first = warpgroup_mma(ds_t, k_smems[0].slice(0, CH, dim=1), dq_zero,
-                                      use_acc=False, is_async=True)
-            toks = toks + (warpgroup_mma(ds_smem, q_smems[0], dk[0], is_async=True),)
-            if len(dk) == 2:
-                toks = toks + (warpgroup_mma(ds_smem, q_smems[1], dk[1], is_async=True),)
-            if FUSED == 2:  # dK's groups may stay in flight
-                dq = warpgroup_mma_wait(len(dk), deps=(first,))
-                _reduce_chunk(dq * scale, dq_bufs, dq_desc, n, dq_row, dq_col)
-                n += 1
-            done = warpgroup_mma_wait(0, deps=toks + p_ops)
-            dv = done[:len(dv)]
-            dk = done[len(dv):len(dv) + len(dk)]
-            col0 = 0
-            for i in gl.static_range(len(k_smems)):
-                for c in gl.static_range(k_smems[i].type.shape[1] // CH):
-                    if FUSED == 1 or i + c > 0:
-                        tok = warpgroup_mma(ds_t, k_smems[i].slice(c * CH, CH, dim=1),
-                                            dq_zero, use_acc=False, is_async=True)
-                        dq = warpgroup_mma_wait(0, deps=(tok,))
-                        _reduce_chunk(dq * scale, dq_bufs, dq_desc, n, dq_row,
-                                      dq_col + col0 + c * CH)
-                        n += 1
-                col0 += k_smems[i].type.shape[1]
-        elif PAIRED:
+        if PAIRED:
             dp = warpgroup_mma_wait(0, deps=(dp_tok,))
             ds_ops = _operands((p * (dp - delta[None, :])).to(dtype), dk)
             toks = _dot_into(p_ops, do_smems, dv) + _dot_into(ds_ops, q_smems, dk)
@@ -213,16 +137,14 @@ if attention_hopper.AVAILABLE:
             dv = warpgroup_mma_wait(0, deps=dv_toks + p_ops)[:len(dv)]
             ds_ops = _operands((p * (dp - delta[None, :])).to(dtype), dk)
             dk = warpgroup_mma_wait(0, deps=_dot_into(ds_ops, q_smems, dk) + ds_ops)[:len(dk)]
-        return dk, dv, n
+        return dk, dv
 
     @gluon.jit
     def _kv_blocks(bufs, bars, dk, dv, lse_ptr, delta_ptr, row_base, keys, i, row0, end,
-                   sq, skv, qk_scale, fused, dq_row0, dq_col, n, CAUSAL: gl.constexpr,
-                   MASKED: gl.constexpr, PAIRED: gl.constexpr, FUSED_DQ: gl.constexpr,
-                   num_warps: gl.constexpr):
-        """Query blocks from row0 to end (one head's) into dK and dV (FUSED_DQ: and dq, the
-        head's rows from dq_row0 and columns from dq_col of its view; n: the reduces so
-        far), i: the ring's count so far; returns dk, dv and both counts."""
+                   sq, skv, qk_scale, CAUSAL: gl.constexpr, MASKED: gl.constexpr,
+                   PAIRED: gl.constexpr, num_warps: gl.constexpr):
+        """Query blocks from row0 to end (one head's) into dK and dV, i: the ring's count
+        so far; returns dk, dv and the count."""
         q_bufs, do_bufs, k_smems, v_smems = bufs
         ready, empty = bars
         BM: gl.constexpr = q_bufs[0].type.shape[1]
@@ -234,25 +156,22 @@ if attention_hopper.AVAILABLE:
             rows = start + gl.arange(0, BM, layout=gl.SliceLayout(0, s_layout))
             lse, delta = _row_terms(lse_ptr, delta_ptr, row_base, rows, sq)
             mbarrier.wait(ready.index(stage), (i // STAGES) & 1)
-            dk, dv, n = _kv_step(_slots(q_bufs, stage), _slots(do_bufs, stage), k_smems,
-                                 v_smems, dk, dv, lse, delta, keys, rows, skv, qk_scale, fused,
-                                 dq_row0 + start, dq_col, n, CAUSAL, MASKED,
-                                 PAIRED and not MASKED, FUSED_DQ, num_warps)
+            dk, dv = _kv_step(_slots(q_bufs, stage), _slots(do_bufs, stage), k_smems,
+                              v_smems, dk, dv, lse, delta, keys, rows, skv, qk_scale, CAUSAL,
+                              MASKED, PAIRED and not MASKED, num_warps)
             mbarrier.arrive(empty.index(stage))
             i += 1
-        return dk, dv, i, n
+        return dk, dv, i
 
     @gluon.jit
     def _kv_consume(descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
-                    heads, qk_scale, scale, strides, dq_at, GROUP: gl.constexpr,
-                    CAUSAL: gl.constexpr, PAIRED_DOTS: gl.constexpr, FUSED_DQ: gl.constexpr,
-                    PART: gl.constexpr, num_warps: gl.constexpr):
+                    heads, qk_scale, scale, strides, GROUP: gl.constexpr,
+                    CAUSAL: gl.constexpr, PAIRED_DOTS: gl.constexpr, PART: gl.constexpr,
+                    num_warps: gl.constexpr):
         """Consumer PART: its 64 keys over every query block the producer streams (each
         query head of the kv head in turn): a head's blocks that need a mask (causal: those
         that cross the diagonal; all, where the keys run past the last) by one loop, the
-        rest by another without the mask's code; then its rows of dk and dv. FUSED_DQ:
-        dq too, into the fp32 dq by TMA reduces (dq_at: the consumers' dS^T and dq
-        buffers, the dq descriptor, q's place in its view)."""
+        rest by another without the mask's code; then its rows of dk and dv."""
         q_descs, k_descs, v_descs, do_descs = descs
         q_bufs, do_bufs, k_bufs, v_bufs = bufs
         kv_ready, ready, empty = bars
@@ -276,33 +195,16 @@ if attention_hopper.AVAILABLE:
             split = row0
         step_bufs = (q_bufs, do_bufs, _slots(k_bufs, PART), _slots(v_bufs, PART))
         step_bars = (ready, empty)
-        if FUSED_DQ:
-            ds_bufs, dq_bufs, dq_desc, q_place = dq_at
-            q_rows_b, q_rows_h, q_cols_h, v_cols_h = q_place
-            fused = (ds_bufs.index(PART), dq_bufs[PART], dq_desc, scale)
-        else:
-            fused = scale  # unused
         mbarrier.wait(kv_ready.index(PART), 0)
         i = 0
-        n = 0
         for h in range(GROUP):
-            head = kv_head * GROUP + h
-            row_base = (batch * heads + head).to(gl.int64) * sq
-            dq_row0 = 0
-            dq_col = 0
-            if FUSED_DQ:  # the head's place in dq's view (q's)
-                dq_row0 = batch * q_rows_b + head * q_rows_h
-                dq_col = head * q_cols_h
-            dk, dv, i, n = _kv_blocks(step_bufs, step_bars, dk, dv, lse_ptr, delta_ptr,
-                                      row_base, keys, i, row0, split, sq, skv, qk_scale, fused,
-                                      dq_row0, dq_col, n, CAUSAL, True, PAIRED_DOTS, FUSED_DQ,
-                                      num_warps)
-            dk, dv, i, n = _kv_blocks(step_bufs, step_bars, dk, dv, lse_ptr, delta_ptr,
-                                      row_base, keys, i, split, end, sq, skv, qk_scale, fused,
-                                      dq_row0, dq_col, n, CAUSAL, False, PAIRED_DOTS, FUSED_DQ,
-                                      num_warps)
-        if FUSED_DQ:
-            tma.store_wait(0)  # the last reduces have read their buffers
+            row_base = (batch * heads + kv_head * GROUP + h).to(gl.int64) * sq
+            dk, dv, i = _kv_blocks(step_bufs, step_bars, dk, dv, lse_ptr, delta_ptr, row_base,
+                                   keys, i, row0, split, sq, skv, qk_scale, CAUSAL, True,
+                                   PAIRED_DOTS, num_warps)
+            dk, dv, i = _kv_blocks(step_bufs, step_bars, dk, dv, lse_ptr, delta_ptr, row_base,
+                                   keys, i, split, end, sq, skv, qk_scale, CAUSAL, False,
+                                   PAIRED_DOTS, num_warps)
 
         dk_strides, dv_strides = strides
         base = batch.to(gl.int64) * dk_strides[0] + kv_head * dk_strides[1]
@@ -312,9 +214,9 @@ if attention_hopper.AVAILABLE:
 
     @gluon.jit
     def _kv_produce(descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
-                    heads, qk_scale, scale, q_place, dq_at, GROUP: gl.constexpr,
-                    CAUSAL: gl.constexpr, PAIRED_DOTS: gl.constexpr, FUSED_DQ: gl.constexpr,
-                    PART: gl.constexpr, num_warps: gl.constexpr):
+                    heads, qk_scale, scale, q_place, GROUP: gl.constexpr,
+                    CAUSAL: gl.constexpr, PAIRED_DOTS: gl.constexpr, PART: gl.constexpr,
+                    num_warps: gl.constexpr):
         """The producer warp: both consumers' K and V, then each query block's q and
         d_out into the ring once both consumers have released its stage (a fresh
         mbarrier counts as having completed the phase before 0)."""
@@ -347,15 +249,13 @@ if attention_hopper.AVAILABLE:
                         dk_ptr, dv_ptr, lse_ptr, delta_ptr, sq, skv, heads, qk_scale, scale,
                         q_rows_b, q_rows_h, q_cols_h, kv_rows_b, kv_rows_h, kv_cols_h,
                         v_cols_h, stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b,
-                        stride_dv_h, stride_dv_s, dq_desc,
+                        stride_dv_h, stride_dv_s,
                         GROUP: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                         PAIRED_DOTS: gl.constexpr, SPLIT_QK: gl.constexpr,
-                        SPLIT_V: gl.constexpr, FUSED_DQ: gl.constexpr,
-                        num_warps: gl.constexpr):
+                        SPLIT_V: gl.constexpr, num_warps: gl.constexpr):
         """One program: 2 x 64 keys of one (batch, kv head), programs kv head by kv head,
         the first keys (causal: the most query blocks) first. Tiles' places and the parts
-        of the head dims (*_rest, SPLIT_*) as in attention_hopper's forward. FUSED_DQ: dq
-        too, added into dq_desc's fp32 dq (zeros before the call)."""
+        of the head dims (*_rest, SPLIT_*) as in attention_hopper's forward."""
         q_descs = _parts_of(q_desc, q_rest, SPLIT_QK)
         k_descs = _parts_of(k_desc, k_rest, SPLIT_QK)
         v_descs = _parts_of(v_desc, v_rest, SPLIT_V)
@@ -384,25 +284,17 @@ if attention_hopper.AVAILABLE:
         out_strides = ((stride_dk_b, stride_dk_h, stride_dk_s),
                        (stride_dv_b, stride_dv_h, stride_dv_s))
         q_place = (q_rows_b, q_rows_h, q_cols_h, v_cols_h)
-        if FUSED_DQ:  # each consumer's dS^T, and two dq chunks for the reduces in flight
-            ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BM],
-                                                                          q_desc.dtype)
-            ds_bufs = gl.allocate_shared_memory(q_desc.dtype, [2, BN, BM], ds_layout)
-            dq_bufs = (_ring((dq_desc,), 2)[0], _ring((dq_desc,), 2)[0])
-            dq_at = (ds_bufs, dq_bufs, dq_desc, q_place)
-        else:
-            dq_at = q_place  # unused
         # (Constexprs keep their kind only written out in each partition's tuple.)
         gl.warp_specialize([
             (_kv_consume, (descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
-                           heads, qk_scale, scale, out_strides, dq_at, GROUP, CAUSAL,
-                           PAIRED_DOTS, FUSED_DQ, 0, num_warps)),
+                           heads, qk_scale, scale, out_strides, GROUP, CAUSAL, PAIRED_DOTS, 0,
+                           num_warps)),
             (_kv_consume, (descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
-                           heads, qk_scale, scale, out_strides, dq_at, GROUP, CAUSAL,
-                           PAIRED_DOTS, FUSED_DQ, 1, num_warps)),
+                           heads, qk_scale, scale, out_strides, GROUP, CAUSAL, PAIRED_DOTS, 1,
+                           num_warps)),
             (_kv_produce, (descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
-                           heads, qk_scale, scale, q_place, dq_at, GROUP, CAUSAL, PAIRED_DOTS,
-                           FUSED_DQ, 0, num_warps)),
+                           heads, qk_scale, scale, q_place, GROUP, CAUSAL, PAIRED_DOTS, 0,
+                           num_warps)),
         ], [num_warps, 1], [240, 24])
 
     @gluon.jit
@@ -541,27 +433,6 @@ CONFIGS = {
 }
 
 
-# dq's columns a TMA reduce where the dk/dv kernel adds dq itself (backward's fused_dq):
-# a chunk of wgmma's N, fp32 in shared memory (16 KB at 64 rows), two a consumer.
-DQ_CHUNK = 64
-
-
-def fused_dq_fits(dim):
-    """Whether the dk/dv kernel can add dq itself at q's head dim: every part of it
-    (attention_hopper.parts) whole chunks of DQ_CHUNK columns, and query blocks of 64
-    rows (a wgmma's M; MLA's are 32): 64 and 128."""
-    parts = attention_hopper.parts(dim)
-    return dkdv_rows(dim) % 64 == 0 and all(width % DQ_CHUNK == 0 for width in parts)
-
-
-def dq_descriptor(dq, rows, block_rows):
-    """A TMA descriptor over the fp32 dq (q's shape and layout) viewed as q is, [rows,
-    ...], tiles of block_rows rows and DQ_CHUNK columns."""
-    view = dq.view(rows, dq.numel() // rows)
-    layout = gl.NVMMASharedLayout.get_default_for([block_rows, DQ_CHUNK], gl.float32)
-    return attention_hopper.TensorDescriptor.from_tensor(view, [block_rows, DQ_CHUNK], layout)
-
-
 def dkdv_rows(dim):
     """Query rows of the dk/dv kernel's blocks at q's head dim: 32 past 128 (MLA's 192:
     dk's and dv's accumulators, 192 + 128 columns, leave 64-row blocks' S^T and dP^T
@@ -571,17 +442,14 @@ def dkdv_rows(dim):
 
 def backward(
     q, k, v, d_out, lse, delta, needs, *, layout, causal, scale,
-    stages=STAGES, paired_dots=PAIRED_DOTS, rows_dkdv=None, keys_dq=BLOCK_N, fused_dq=False,
+    stages=STAGES, paired_dots=PAIRED_DOTS, rows_dkdv=None, keys_dq=BLOCK_N,
 ):  # fmt: skip
     """(dq, dk, dv), each None where needs says it is not wanted, of attention over q, k,
     v (contiguous, 16-byte aligned, bf16 or fp16, head dims in HEAD_DIMS) given d_out
     (out's shape and layout, contiguous), the forward's lse and delta = rowsum(d_out * out), both
     [batch, heads, q_len] fp32; and the compiled kernels by name (`fusegen inspect`).
-    stages, paired_dots, rows_dkdv (dkdv_rows by default), keys_dq (the dq kernel's
-    key blocks) and fused_dq (dq added by the dk/dv kernel into an fp32 buffer by TMA
-    reduces, FA3's way, where fused_dq_fits: five dots a block where the two kernels do
-    seven, not deterministic; unmeasured; "early": dq's first chunk issued between dV's
-    and dK's dots): what benchmarks/experiments/attention_gluon_backward.py varies."""
+    stages, paired_dots, rows_dkdv (dkdv_rows by default) and keys_dq (the dq kernel's
+    key blocks): what benchmarks/experiments/attention_gluon_backward.py varies."""
     batch, heads, kv_heads, sq, skv, rows, q_place, kv_place = attention_hopper.places(q, k, layout)
 
     def descriptors(q_rows, kv_rows):
@@ -594,22 +462,16 @@ def backward(
     strides = attention_hopper.strides
     d_q = d_k = d_v = None
     compiled = {}
-    q_rows = rows_dkdv or dkdv_rows(q.shape[-1])  # the dk/dv kernel's query blocks
-    fused = bool(fused_dq) and needs[0] and fused_dq_fits(q.shape[-1]) and q_rows % 64 == 0
     with torch.cuda.device(q.device):  # Triton launches on the current device
-        if needs[1] or needs[2] or fused:
+        if needs[1] or needs[2]:
             d_k, d_v = torch.empty_like(k), torch.empty_like(v)
-            dq_sum = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if fused else None
             grid = (triton.cdiv(skv, 2 * BLOCK_N) * batch * kv_heads,)
             compiled["hopper_dkdv"] = _attention_dkdv[grid](
-                *descriptors(q_rows, BLOCK_N), d_k, d_v, *common, *strides(d_k, layout),
-                *strides(d_v, layout), dq_descriptor(dq_sum, rows[0], q_rows) if fused else None,
-                PAIRED_DOTS=paired_dots, FUSED_DQ=(2 if fused_dq == "early" else 1) * fused,
-                **meta,
+                *descriptors(rows_dkdv or dkdv_rows(q.shape[-1]), BLOCK_N), d_k, d_v, *common,
+                *strides(d_k, layout), *strides(d_v, layout),
+                PAIRED_DOTS=paired_dots, **meta,
             )  # fmt: skip
-            if fused:
-                d_q = dq_sum.to(q.dtype)
-        if needs[0] and not fused:
+        if needs[0]:
             d_q = torch.empty_like(q)
             grid = (triton.cdiv(sq, 2 * BLOCK_M) * batch * heads,)
             compiled["hopper_dq"] = _attention_dq[grid](

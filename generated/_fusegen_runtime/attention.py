@@ -224,7 +224,7 @@ class Attention:
         self.bias, self.softcap, self.split_v = bias, softcap, split_v
         self.packs, self.tma, self.hopper = packed, tma, hopper
         # Keyword arguments of attention_hopper_backward.backward (its experiments' knobs,
-        # e.g. fused_dq): a benchmark sets them to time a variant inside a real model.
+        # e.g. keys_dq): a benchmark sets them to time a variant inside a real model.
         self.hopper_backward_options = {}
         self.inputs = ("q", "k", "v", "bias") if bias else ("q", "k", "v")
         axes = ("batch", "seq", "heads", "dim")
