@@ -41,7 +41,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("6b857771715cff2b", "attention")
+_rt = _runtime("e7ec8b714505db6e", "attention")
 # [batch, k_len] padding mask (1 where a key is real) -> key_ranges: see its docstring.
 key_ranges_from_mask = _rt.key_ranges_from_mask
 
@@ -690,6 +690,7 @@ _ATTENTION = _rt.Attention(
     op_name="mistral_sliding_window_27b6f51f844e",
     packed=True,
     tma=True,
+    hopper="causal",
 )
 _ATTENTION.registered()  # the ops torch.compile sees, at import, outside any tracing
 # use_in_transformers(name="mistral_sliding_window") -> name: this attention as transformers'

@@ -82,17 +82,18 @@ def compiled_for_sm90(module, kernel, dim, dtype, meta, dv=None):
 
 @needs_gluon
 @pytest.mark.parametrize(
-    "dim, dv, causal, group, dtype, alibi",
+    "dim, dv, causal, group, dtype, masks",
     [
-        (128, 128, True, 4, "bfloat16", 0),
-        (64, 64, False, 1, "float16", 0),
-        (96, 96, True, 1, "bfloat16", 0),  # two tiles of the head dim: 64 + 32
-        (192, 128, True, 1, "bfloat16", 0),  # MLA: q and k 128 + 64, v 128
-        (128, 128, True, 1, "bfloat16", 8),  # ALiBi, the slopes of 12 heads (8 below)
+        (128, 128, True, 4, "bfloat16", {}),
+        (64, 64, False, 1, "float16", {}),
+        (96, 96, True, 1, "bfloat16", {}),  # two tiles of the head dim: 64 + 32
+        (192, 128, True, 1, "bfloat16", {}),  # MLA: q and k 128 + 64, v 128
+        (128, 128, True, 1, "bfloat16", {"ALIBI": 8}),  # the slopes of 12 heads (8 below)
+        (128, 128, True, 4, "bfloat16", {"WINDOW": 4096}),  # Mistral's
     ],
 )
-def test_the_kernel_compiles_for_sm90_within_shared_memory(dim, dv, causal, group, dtype, alibi):
-    meta = {"GROUP": group, "CAUSAL": causal, "ALIBI": alibi}
+def test_the_kernel_compiles_for_sm90_within_shared_memory(dim, dv, causal, group, dtype, masks):
+    meta = {"GROUP": group, "CAUSAL": causal, "ALIBI": 0, "WINDOW": 0, **masks}
     shared, wgmma = compiled_for_sm90(
         "attention_hopper", "_attention_forward", dim, dtype, meta, dv=dv
     )
@@ -129,8 +130,8 @@ def test_only_plain_attention_at_head_dims_it_takes_runs_the_hopper_forward():
     assert hopper_mask(_attention(head_dim=96)) == "causal"
     assert hopper_mask(_attention(head_dim=192, dv=128)) == "causal"
     assert hopper_mask(_attention(alibi=True)) == "causal"  # the runtime reads ALIBI_SLOPES
+    assert hopper_mask(_attention(window=1024)) == "causal"  # and WINDOW
     for other in (
-        _attention(window=1024),
         _attention(softcap=50.0),
         _attention(bias=True),
         _attention(dv=64),
@@ -155,9 +156,10 @@ def shapes(layout, batch, heads, kv_heads, sq, skv, dim):
     return (batch, heads, sq, dim), (batch, kv_heads, skv, dim)
 
 
-def reference(q, k, v, causal, layout, alibi=False):
+def reference(q, k, v, causal, layout, alibi=False, window=0):
     """float64 attention of [batch, seq, heads, dim] or [batch, heads, seq, dim] inputs;
-    alibi: plus slope * (key - query position - (k_len - q_len)), the codegen's slopes."""
+    alibi: plus slope * (key - query position - (k_len - q_len)), the codegen's slopes;
+    window (causal, as many keys as queries): a query sees its `window` latest keys."""
     if layout == "bshd":
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     group = q.shape[1] // k.shape[1]
@@ -170,9 +172,10 @@ def reference(q, k, v, causal, layout, alibi=False):
         keys, rows = (torch.arange(n, device=q.device) for n in (skv, sq))
         scores = scores + slopes[:, None, None] * (keys[None, :] - rows[:, None] - (skv - sq))
     if causal:
-        seen = (
-            torch.arange(skv, device=q.device)[None] <= torch.arange(sq, device=q.device)[:, None]
-        )
+        keys, rows = torch.arange(skv, device=q.device), torch.arange(sq, device=q.device)
+        seen = keys[None] <= rows[:, None]
+        if window:
+            seen &= keys[None] > rows[:, None] - window
         scores = scores.masked_fill(~seen, float("-inf"))
     lse = torch.logsumexp(scores, -1)
     out = torch.softmax(scores, -1) @ v
@@ -182,27 +185,31 @@ def reference(q, k, v, causal, layout, alibi=False):
 @on_hopper
 @needs_gluon
 @pytest.mark.parametrize(
-    "layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype, alibi",
+    "layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype, alibi, window",
     [
-        ("bhsd", True, 2, 4, 4, 512, 512, 128, 128, torch.bfloat16, False),
+        ("bhsd", True, 2, 4, 4, 512, 512, 128, 128, torch.bfloat16, False, 0),
         # GQA, a ragged last tile; MQA, more keys than queries.
-        ("bshd", True, 2, 8, 2, 300, 300, 128, 128, torch.bfloat16, False),
-        ("bshd", False, 1, 4, 1, 200, 333, 64, 64, torch.float16, False),
-        ("bhsd", False, 3, 2, 2, 129, 130, 64, 64, torch.bfloat16, False),
-        ("bshd", True, 1, 2, 2, 1024, 1024, 64, 64, torch.float16, False),
+        ("bshd", True, 2, 8, 2, 300, 300, 128, 128, torch.bfloat16, False, 0),
+        ("bshd", False, 1, 4, 1, 200, 333, 64, 64, torch.float16, False, 0),
+        ("bhsd", False, 3, 2, 2, 129, 130, 64, 64, torch.bfloat16, False, 0),
+        ("bshd", True, 1, 2, 2, 1024, 1024, 64, 64, torch.float16, False, 0),
         # Head dims in two tiles: 96 = 64 + 32, MLA's q and k 192 = 128 + 64 with v 128.
-        ("bshd", True, 2, 4, 2, 300, 300, 96, 96, torch.bfloat16, False),
-        ("bhsd", False, 1, 3, 3, 257, 400, 96, 96, torch.float16, False),
-        ("bshd", True, 1, 4, 4, 384, 384, 192, 128, torch.bfloat16, False),
-        ("bhsd", True, 2, 2, 1, 200, 200, 192, 128, torch.float16, False),
+        ("bshd", True, 2, 4, 2, 300, 300, 96, 96, torch.bfloat16, False, 0),
+        ("bhsd", False, 1, 3, 3, 257, 400, 96, 96, torch.float16, False, 0),
+        ("bshd", True, 1, 4, 4, 384, 384, 192, 128, torch.bfloat16, False, 0),
+        ("bhsd", True, 2, 2, 1, 200, 200, 192, 128, torch.float16, False, 0),
         # ALiBi: 8 heads (a power of two), 12 (BLOOM's slopes past 8), 6 with a dim of 96.
-        ("bhsd", True, 2, 8, 8, 512, 512, 128, 128, torch.bfloat16, True),
-        ("bshd", False, 1, 12, 4, 200, 333, 64, 64, torch.float16, True),
-        ("bshd", True, 1, 6, 3, 300, 300, 96, 96, torch.bfloat16, True),
+        ("bhsd", True, 2, 8, 8, 512, 512, 128, 128, torch.bfloat16, True, 0),
+        ("bshd", False, 1, 12, 4, 200, 333, 64, 64, torch.float16, True, 0),
+        ("bshd", True, 1, 6, 3, 300, 300, 96, 96, torch.bfloat16, True, 0),
+        # Windows: of whole key blocks, of a part of one with d 96, with ALiBi.
+        ("bhsd", True, 2, 8, 2, 1024, 1024, 128, 128, torch.bfloat16, False, 256),
+        ("bshd", True, 1, 4, 4, 700, 700, 96, 96, torch.float16, False, 300),
+        ("bshd", True, 1, 8, 8, 640, 640, 128, 128, torch.bfloat16, True, 200),
     ],
 )
 def test_out_and_lse_match_float64(
-    layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype, alibi
+    layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype, alibi, window
 ):
     torch.manual_seed(sq + skv + dim)
     q_shape, k_shape = shapes(layout, batch, heads, kv_heads, sq, skv, dim)
@@ -212,9 +219,10 @@ def test_out_and_lse_match_float64(
     out = torch.full(q_shape[:3] + (dv,), float("nan"), device="cuda", dtype=dtype)  # poisoned
     lse = torch.full((batch, heads, sq), float("nan"), device="cuda")
     attention_hopper.forward(
-        q, k, v, out, lse, layout=layout, causal=causal, scale=dim**-0.5, alibi=alibi
-    )
-    want, want_lse = reference(q, k, v, causal, layout, alibi)
+        q, k, v, out, lse, layout=layout, causal=causal, scale=dim**-0.5, alibi=alibi,
+        window=window,
+    )  # fmt: skip
+    want, want_lse = reference(q, k, v, causal, layout, alibi, window)
     # bf16/fp16 probabilities and output, fp32 sums: a few units of the output's rounding.
     unit = 2**-8 if dtype == torch.bfloat16 else 2**-11
     assert (out.double() - want).abs().max().item() <= 4 * unit * want.abs().max().item()
@@ -308,15 +316,19 @@ kernels:
     attention: {layout: bhsd, heads: 16, head_dim: 192, v_head_dim: 128, causal: true}
   - name: bloom_attention
     attention: {layout: bshd, heads: 12, head_dim: 128, causal: true, alibi: true}
+  - name: mistral_attention
+    attention: {layout: bshd, heads: 32, kv_heads: 8, head_dim: 128, causal: true, window: 256}
 """
 
 
 @on_hopper
 @needs_gluon
-@pytest.mark.parametrize("name", ["phi3_attention", "mla_attention", "bloom_attention"])
-def test_modules_of_head_dims_in_two_tiles_or_alibi_run_it(name, tmp_path):
-    """The Hopper forward, and its backward but for ALiBi's (the `tl` one, on the Gluon
-    forward's lse)."""
+@pytest.mark.parametrize(
+    "name", ["phi3_attention", "mla_attention", "bloom_attention", "mistral_attention"]
+)
+def test_modules_of_head_dims_in_two_tiles_alibi_or_a_window_run_it(name, tmp_path):
+    """The Hopper forward, and its backward but for ALiBi's and a window's (the `tl` one,
+    on the Gluon forward's lse)."""
     from fusegen.cli import main
 
     (tmp_path / "specs.yaml").write_text(HOPPER_MODULE_SPECS)
@@ -329,7 +341,9 @@ def test_modules_of_head_dims_in_two_tiles_or_alibi_run_it(name, tmp_path):
     elif name == "mla_attention":  # 2 x 8 query blocks x 16 heads
         q, k = (torch.randn(2, 16, 1024, 192, **bf16) for _ in range(2))
         v = torch.randn(2, 16, 1024, 128, **bf16)
-    else:  # 2 x 8 query blocks x 12 heads
+    elif name == "bloom_attention":  # 2 x 8 query blocks x 12 heads
         q, k, v = (torch.randn(2, 1024, 12, 128, **bf16) for _ in range(3))
-    hopper_backward = name != "bloom_attention"
+    else:  # 2 x 4 query blocks x 32 heads, a window of 256 keys
+        q, k, v = (torch.randn(2, 512, h, 128, **bf16) for h in (32, 8, 8))
+    hopper_backward = name in ("phi3_attention", "mla_attention")
     _trains_like_float64(module, getattr(module, name), q, k, v, hopper_backward)

@@ -96,10 +96,10 @@ HOPPER_HEAD_DIMS = ((128, 128), (96, 96), (192, 128))
 
 def hopper_mask(att: Attention) -> str | None:
     """The mask the runtime's Hopper forward runs this module's calls with ("causal" or
-    "none"), with ALiBi where the module has it, or None where the attention is more than
-    that forward does: a softcap, window or bias, or head dims it does not take
-    (HOPPER_HEAD_DIMS)."""
-    if att.softcap or att.window or att.bias:
+    "none"), with ALiBi or a window where the module has them, or None where the
+    attention is more than that forward does: a softcap or bias, or head dims it does not
+    take (HOPPER_HEAD_DIMS)."""
+    if att.softcap or att.bias:
         return None
     if (att.head_dim, att.dv) not in HOPPER_HEAD_DIMS:
         return None

@@ -163,10 +163,10 @@ class _HopperLaunch:
         self.owner, self.layout, self.causal, self.scale = owner, layout, causal, scale
 
     def __call__(self, q, k, v, out, lse, *unused):
-        alibi = "ALIBI_SLOPES" in self.owner.module
+        m = self.owner.module
         compiled = attention_hopper.forward(
             q, k, v, out, lse, layout=self.layout, causal=self.causal, scale=self.scale,
-            alibi=alibi,
+            alibi="ALIBI_SLOPES" in m, window=m.get("WINDOW"),
         )  # fmt: skip
         self.owner.last_compiled["hopper_forward"] = compiled
 
@@ -203,10 +203,10 @@ class Attention:
     bias: the call takes a bias after v; softcap: the kernels take FAST_TANH; split_v:
         v's head dim is its own (BLOCK_DV); packed: query heads share kv heads, and a
         decode call packs a group's into one block; tma: the kernels take TMA.
-    hopper: "causal" or "none" where the module's attention is plain or ALiBi's (no
-        softcap, window or bias) at head dims attention_hopper takes, with that mask: a
-        call that fits (hopper_fits) runs the Gluon kernels of attention_hopper (forward)
-        and attention_hopper_backward (not ALiBi's) on an H100/H200.
+    hopper: "causal" or "none" where the module's attention is plain, ALiBi's or a
+        window's (no softcap or bias) at head dims attention_hopper takes, with that mask:
+        a call that fits (hopper_fits) runs the Gluon kernels of attention_hopper (forward)
+        and attention_hopper_backward (plain attention's) on an H100/H200.
     """
 
     def __init__(
@@ -694,10 +694,10 @@ class Attention:
         return all(t.is_contiguous() and (traced or t.data_ptr() % 16 == 0) for t in inputs[:3])
 
     def hopper_backward_fits(self, inputs, key_lengths, batch, sq, skv, traced=False):
-        """hopper_fits, head dims the backward's kernels take, and no ALiBi (the `tl`
-        backward takes the Gluon forward's lse)."""
+        """hopper_fits, head dims the backward's kernels take, and no ALiBi or window (the
+        `tl` backward takes the Gluon forward's lse)."""
         dims = (self.module["HEAD_DIM"], self.module["V_HEAD_DIM"])
-        if "ALIBI_SLOPES" in self.module:
+        if "ALIBI_SLOPES" in self.module or "WINDOW" in self.module:
             return False
         return dims in attention_hopper_backward.HEAD_DIMS and self.hopper_fits(
             inputs, key_lengths, batch, sq, skv, traced

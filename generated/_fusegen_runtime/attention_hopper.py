@@ -58,21 +58,28 @@ if AVAILABLE:
     # fmt: off
     @gluon.jit
     def _probabilities(s, m_i, l_i, key0, row0, skv, qk_scale, slope, CAUSAL: gl.constexpr,
-                       ALIBI: gl.constexpr, s_layout: gl.constexpr):
+                       ALIBI: gl.constexpr, WINDOW: gl.constexpr, s_layout: gl.constexpr):
         """One key block into the online softmax (base 2): probabilities, the new max
         and sum, and the factor the accumulator is rescaled by. Only a block that crosses
-        the diagonal or the last key is masked. ALIBI: the scores have slope * (key -
-        row0) added, one FFMA each; slope * (row - row0 + skv - sq), a row's own, comes
-        off its lse (_alibi_rows), since a softmax's rows do not change by a constant."""
+        the diagonal, the last key or (WINDOW) a row's window start is masked. ALIBI: the
+        scores have slope * (key - row0) added, one FFMA each; slope * (row - row0 + skv -
+        sq), a row's own, comes off its lse (_consume), since a softmax's rows do not
+        change by a constant."""
         BM: gl.constexpr = s.type.shape[0]
         BN: gl.constexpr = s.type.shape[1]
-        if (CAUSAL and key0 + BN > row0) or key0 + BN > skv:
+        # A window's first block may hide every key from a row: a finite mask then gives it
+        # probabilities that the next block's rescale (exp2 of about -1e29) zeroes.
+        MASKED: gl.constexpr = -1.0e30 if WINDOW else -float("inf")
+        if ((CAUSAL and key0 + BN > row0) or key0 + BN > skv
+                or (WINDOW and key0 + WINDOW <= row0 + BM - 1)):
             rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
             keys = key0 + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
             seen = keys[None, :] < skv
             if CAUSAL:
                 seen = seen & (keys[None, :] <= rows[:, None])
-            s = gl.where(seen, s, -float("inf"))
+            if WINDOW:  # a row sees its WINDOW most recent keys, its own included
+                seen = seen & (keys[None, :] > rows[:, None] - WINDOW)
+            s = gl.where(seen, s, MASKED)
         if ALIBI:
             keys = key0 - row0 + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
             s = s * qk_scale + (slope * keys.to(gl.float32))[None, :]
@@ -94,6 +101,15 @@ if AVAILABLE:
         else:
             slope = gl.exp2(-4.0 * (2 * (head - BELOW) + 1) / BELOW)
         return slope * 1.4426950408889634
+
+    @gluon.jit
+    def _first_key(row0, WINDOW: gl.constexpr, BLOCK_N: gl.constexpr):
+        """The first key of the first block a program of query rows from row0 on streams:
+        0, or (WINDOW) the block of row0's window start."""
+        first = 0
+        if WINDOW:
+            first = gl.maximum(row0 - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
+        return first
 
     @gluon.constexpr_function
     def _nbytes(descs):
@@ -213,8 +229,8 @@ if AVAILABLE:
     @gluon.jit
     def _consume(descs, bufs, bars, out_ptr, lse_ptr, place, sq, skv, n_blocks, qk_scale,
                  stride_o_b, stride_o_h, stride_o_s,
-                 CAUSAL: gl.constexpr, ALIBI: gl.constexpr, PART: gl.constexpr,
-                 num_warps: gl.constexpr):
+                 CAUSAL: gl.constexpr, ALIBI: gl.constexpr, WINDOW: gl.constexpr,
+                 PART: gl.constexpr, num_warps: gl.constexpr):
         """Consumer PART: its 64 query rows over every key block the producer streams,
         then its rows of out and lse. v's parts of the head dim are q's first ones (128 of
         192, or 64 + 32 of 96): out goes through q's tiles."""
@@ -228,6 +244,7 @@ if AVAILABLE:
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])
         dtype: gl.constexpr = q_descs[0].dtype
+        key0 = _first_key(row0, WINDOW, BLOCK_N)  # the producer's first block
         row0 = row0 + PART * BLOCK_M
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
         m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
@@ -244,8 +261,8 @@ if AVAILABLE:
         s = _dot_t(q_smems, _slots(k_bufs, 0), s_zero)
         s = warpgroup_mma_wait(0, deps=(s,))
         mbarrier.arrive(k_empty.index(0))
-        p, m_i, l_i, alpha = _probabilities(s, m_i, l_i, 0, row0, skv, qk_scale, slope, CAUSAL,
-                                            ALIBI, s_layout)
+        p, m_i, l_i, alpha = _probabilities(s, m_i, l_i, key0, row0, skv, qk_scale, slope,
+                                            CAUSAL, ALIBI, WINDOW, s_layout)
         p_ops = _operands(p.to(dtype), acc)
         for j in range(1, n_blocks):
             stage = j % STAGES
@@ -256,8 +273,9 @@ if AVAILABLE:
             pv_toks = _dot_into(p_ops, _slots(v_bufs, prev), acc)  # O += P V, a block behind
             s = warpgroup_mma_wait(len(acc), deps=(s_tok,))
             mbarrier.arrive(k_empty.index(stage))
-            p_next, m_i, l_i, alpha = _probabilities(s, m_i, l_i, j * BLOCK_N, row0, skv,
-                                                     qk_scale, slope, CAUSAL, ALIBI, s_layout)
+            p_next, m_i, l_i, alpha = _probabilities(s, m_i, l_i, key0 + j * BLOCK_N, row0,
+                                                     skv, qk_scale, slope, CAUSAL, ALIBI,
+                                                     WINDOW, s_layout)
             acc = warpgroup_mma_wait(0, deps=pv_toks + p_ops)[:len(acc)]
             mbarrier.arrive(v_empty.index(prev))
             acc = _rescaled(acc, alpha)
@@ -308,8 +326,8 @@ if AVAILABLE:
     @gluon.jit
     def _produce(descs, bufs, bars, out_ptr, lse_ptr, place, sq, skv, n_blocks, qk_scale,
                  stride_o_b, stride_o_h, stride_o_s,
-                 CAUSAL: gl.constexpr, ALIBI: gl.constexpr, PART: gl.constexpr,
-                 num_warps: gl.constexpr):
+                 CAUSAL: gl.constexpr, ALIBI: gl.constexpr, WINDOW: gl.constexpr,
+                 PART: gl.constexpr, num_warps: gl.constexpr):
         """The producer warp: the two query tiles, then each key block's K and V into the
         ring, each into its stage once both consumers have released it (a fresh mbarrier
         counts as having completed the phase before 0: the first pass does not wait)."""
@@ -336,15 +354,17 @@ if AVAILABLE:
                            q_rows_b, q_rows_h, q_cols_h, kv_rows_b, kv_rows_h, kv_cols_h,
                            v_cols_h, stride_o_b, stride_o_h, stride_o_s,
                            GROUP: gl.constexpr, CAUSAL: gl.constexpr, ALIBI: gl.constexpr,
-                           SPLIT_QK: gl.constexpr, SPLIT_V: gl.constexpr,
-                           num_warps: gl.constexpr):
+                           WINDOW: gl.constexpr, SPLIT_QK: gl.constexpr,
+                           SPLIT_V: gl.constexpr, num_warps: gl.constexpr):
         """One program: 128 query rows of one (batch, head). A tile's place in the [rows,
         dim] views: row batch * rows_b + head * rows_h + position, column head * cols_h
         (bshd: rows_b = seq, rows_h = 0, cols_h = dim; bhsd: rows_b = heads * seq, rows_h
         = seq, cols_h = 0; v's and out's cols_h: v's dim or 0), k and v by kv head =
         head // GROUP. A head dim in two tiles (SPLIT_QK for q and k, SPLIT_V for v and
         out) has the second's descriptor in *_rest (else the first again, unread). ALIBI:
-        0, or ALiBi's scores with _alibi_slope's BELOW."""
+        0, or ALiBi's scores with _alibi_slope's BELOW. WINDOW: 0, or (causal) each row
+        sees its WINDOW most recent keys, and a program streams the blocks from its first
+        row's window start (_first_key) on."""
         q_descs = _parts_of(q_desc, q_rest, SPLIT_QK)
         k_descs = _parts_of(k_desc, k_rest, SPLIT_QK)
         v_descs = _parts_of(v_desc, v_rest, SPLIT_V)
@@ -358,12 +378,13 @@ if AVAILABLE:
         batch = pid // m_blocks // heads
         head = pid // m_blocks % heads
         kv_head = head // GROUP
+        key0 = _first_key(row0, WINDOW, BLOCK_N)
         if CAUSAL:
-            n_blocks = gl.cdiv(gl.minimum(row0 + 2 * BLOCK_M, skv), BLOCK_N)
+            n_blocks = gl.cdiv(gl.minimum(row0 + 2 * BLOCK_M, skv), BLOCK_N) - key0 // BLOCK_N
         else:
             n_blocks = gl.cdiv(skv, BLOCK_N)
         q_row = batch * q_rows_b + head * q_rows_h + row0
-        kv_row = batch * kv_rows_b + kv_head * kv_rows_h
+        kv_row = batch * kv_rows_b + kv_head * kv_rows_h + key0
 
         q_bufs = _ring(q_descs, 2)
         k_bufs = _ring(k_descs, STAGES)
@@ -388,11 +409,14 @@ if AVAILABLE:
         # (Constexprs keep their kind only written out in each partition's tuple.)
         gl.warp_specialize([
             (_consume, (descs, bufs, bars, out_ptr, lse_ptr, at, sq, skv, n_blocks, qk_scale,
-                        stride_o_b, stride_o_h, stride_o_s, CAUSAL, ALIBI, 0, num_warps)),
+                        stride_o_b, stride_o_h, stride_o_s, CAUSAL, ALIBI, WINDOW, 0,
+                        num_warps)),
             (_consume, (descs, bufs, bars, out_ptr, lse_ptr, at, sq, skv, n_blocks, qk_scale,
-                        stride_o_b, stride_o_h, stride_o_s, CAUSAL, ALIBI, 1, num_warps)),
+                        stride_o_b, stride_o_h, stride_o_s, CAUSAL, ALIBI, WINDOW, 1,
+                        num_warps)),
             (_produce, (descs, bufs, bars, out_ptr, lse_ptr, at, sq, skv, n_blocks,
-                        qk_scale, stride_o_b, stride_o_h, stride_o_s, CAUSAL, ALIBI, 0, num_warps)),
+                        qk_scale, stride_o_b, stride_o_h, stride_o_s, CAUSAL, ALIBI, WINDOW, 0,
+                        num_warps)),
         ], [num_warps, 1], [240, 24])
     # fmt: on
 
@@ -467,12 +491,13 @@ def strides(t, layout):
 CONFIG = {"BLOCK_M": 2 * BLOCK_M, "BLOCK_N": BLOCK_N, "num_warps": 9, "num_stages": STAGES}
 
 
-def forward(q, k, v, out, lse, *, layout, causal, scale, alibi=False):
+def forward(q, k, v, out, lse, *, layout, causal, scale, alibi=False, window=0):
     """out and lse of attention over q, k, v: [batch, seq, heads, dim] ("bshd") or [batch,
     heads, seq, dim] ("bhsd"), contiguous, 16-byte aligned, bf16 or fp16, (q's dim, v's)
     in HEAD_DIMS; out likewise; lse [batch, heads, q_len] fp32; alibi: scores plus ALiBi's
-    slope * (key - query position - (k_len - q_len)). Returns the compiled kernel
-    (`fusegen inspect` reads its registers and shared memory)."""
+    slope * (key - query position - (k_len - q_len)); window (causal): a query sees its
+    `window` most recent keys. Returns the compiled kernel (`fusegen inspect` reads its
+    registers and shared memory)."""
     batch, heads, kv_heads, sq, skv, rows, q_place, kv_place = places(q, k, layout)
     grid = (triton.cdiv(sq, 2 * BLOCK_M) * batch * heads,)
     v_cols = v.shape[-1] if layout == "bshd" else 0  # a head's columns in v and out
@@ -493,6 +518,7 @@ def forward(q, k, v, out, lse, *, layout, causal, scale, alibi=False):
             GROUP=heads // kv_heads,
             CAUSAL=causal,
             ALIBI=1 << (heads.bit_length() - 1) if alibi else 0,
+            WINDOW=window or 0,
             **split,
             num_warps=4,
         )
