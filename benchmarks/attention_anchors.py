@@ -22,6 +22,8 @@ Cases (B, H[/KV heads], Sq, Skv, D[/Dv]); "+ backward": forward + backward:
     softcap              the same, causal + softcap 30 (SDPA has none)
     causal-backward      causal, + backward
     causal-d64           16, 16, 1024, 1024, 64, causal
+    full-d64             the same, no mask
+    gqa-d64              4, 32/8, 4096, 4096, 64, causal (LLaMA-3.2-1B's heads)
     gqa, gqa-backward    4, 28/4, 4096, 4096, 128, causal (Qwen2-7B's heads)
     d96, d96-backward    4, 32, 4096, 4096, 96, causal (Phi-3-mini's head dim)
     mla, mla-backward    4, 16, 4096, 4096, 192/128, causal (DeepSeek-V2-Lite: q, k 192, v 128)
@@ -65,6 +67,8 @@ CASES = {  # name: (module, (B, H, Sq, Skv, D), backward, bias kind or None, dty
     "softcap": ("anchor_attention_softcap", (4, 32, 4096, 4096, 128), False, None, BF16),
     "causal-backward": ("anchor_attention_causal", (4, 32, 4096, 4096, 128), True, None, BF16),
     "causal-d64": ("anchor_attention_causal_d64", (16, 16, 1024, 1024, 64), False, None, BF16),
+    "full-d64": ("anchor_attention_full_d64", (16, 16, 1024, 1024, 64), False, None, BF16),
+    "gqa-d64": ("anchor_attention_gqa_d64", (4, 32, 4096, 4096, 64), False, None, BF16),
     "gqa": ("anchor_attention_gqa28", (4, 28, 4096, 4096, 128), False, None, BF16),
     "gqa-backward": ("anchor_attention_gqa28", (4, 28, 4096, 4096, 128), True, None, BF16),
     "d96": ("anchor_attention_d96", (4, 32, 4096, 4096, 96), False, None, BF16),
@@ -90,7 +94,8 @@ CASES = {  # name: (module, (B, H, Sq, Skv, D), backward, bias kind or None, dty
 # (cuDNN where it runs) and/or compiled Flex, the ratio fusegen must reach against each).
 TARGETS = {
     **{case: (("sdpa",), 1.0) for case in (
-        "causal", "full", "causal-d64", "gqa", "causal-backward", "gqa-backward")},
+        "causal", "full", "causal-d64", "full-d64", "gqa", "gqa-d64", "causal-backward",
+        "gqa-backward")},
     **{case: (("sdpa",), 0.95) for case in ("d96", "d96-backward", "mla", "mla-backward")},
     **{case: (("sdpa", "flex"), 1.0) for case in (
         "padding-bias", "padding-bias-backward", "learned-bias-backward")},
@@ -99,7 +104,8 @@ TARGETS = {
 DEVICE = "cuda"  # --check: "cpu", under the interpreter
 CAUSAL_MODULES = {
     "anchor_attention_causal", "anchor_attention_softcap", "anchor_attention_causal_d64",
-    "anchor_attention_gqa", "anchor_attention_gqa28", "anchor_attention_d96",
+    "anchor_attention_gqa", "anchor_attention_gqa28", "anchor_attention_gqa_d64",
+    "anchor_attention_d96",
     "anchor_attention_mla", "anchor_attention_alibi", "anchor_attention_window",
 }  # fmt: skip
 
