@@ -153,20 +153,20 @@ def _tanh_approx(x):
 
 
 @triton.jit
-def _word_value(words, AT: tl.constexpr, BITS: tl.constexpr, SIGNED: tl.constexpr, base):
-    """The BITS-wide integer at bit AT of each 32-bit word as the exact fp32 2**BITS plus
-    it (its sign bit flipped where SIGNED): moved to the mantissa's bits just under
-    2**BITS's exponent and OR-ed into that float's bits, `base` (full-rate integer
-    instructions, where int-to-float is quarter-rate)."""
-    TO: tl.constexpr = 23 - BITS
-    if AT <= TO:
-        moved = words << (TO - AT)
+def _byte_nibbles(words, B: tl.constexpr, SIGNED: tl.constexpr, base):
+    """Byte B of each 32-bit word as two exact fp32 values from one shift: moved to bits
+    15-22, each nibble masked and OR-ed into `base`, 128.0's bits (bit 23 is its
+    exponent's): the low nibble n is 128 + n / 2, the high one 128 + 8 n (their sign bits
+    flipped where SIGNED)."""
+    if 8 * B <= 15:
+        moved = words << (15 - 8 * B)
     else:
-        moved = words >> (AT - TO)
-    moved = moved & (((1 << BITS) - 1) << TO)
+        moved = words >> (8 * B - 15)
     if SIGNED:
-        moved = moved ^ (1 << (TO + BITS - 1))
-    return (moved | base).to(tl.float32, bitcast=True)
+        moved = moved ^ 0x440000
+    low = ((moved & 0x78000) | base).to(tl.float32, bitcast=True)
+    high = ((moved & 0x780000) | base).to(tl.float32, bitcast=True)
+    return low, high
 
 
 @triton.jit
@@ -269,7 +269,7 @@ def _llama_mlp_int4_kernel(
         # One row: a dot takes 16, so the weights meet x on the CUDA cores, whole
         # groups of scales a K step.
         x_row = x_ptr + offs_m * stride_x_m
-        word_base = ((127 + 4) << 23) + (N >> 31)  # 16.0's bits, held
+        word_base = (134 << 23) + (N >> 31)  # 128.0's bits, held
         w_gate_rows = w_gate_ptr.to(tl.pointer_type(tl.int32)) + offs_n[:, None] * (
             stride_w_gate_n // 4
         )
@@ -287,16 +287,27 @@ def _llama_mlp_int4_kernel(
             w_up_words = tl.load(w_up_rows + offs_words[None, :], mask=mask_step, other=0)
             w_up_part = tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
             x_words = tl.zeros((BLOCK_K // 8,), dtype=tl.float32)
-            for j in tl.static_range(8):  # the word's values, in K order
-                x_j = tl.load(
-                    x_row + (8 * offs_words + j) * stride_x_k, mask=mask_words, other=0.0
+            x_lows = tl.zeros((BLOCK_K // 8,), dtype=tl.float32)
+            for b in tl.static_range(4):  # the word's bytes, in K order
+                x_even = tl.load(
+                    x_row + (8 * offs_words + 2 * b) * stride_x_k, mask=mask_words, other=0.0
                 ).to(tl.float32)
-                x_words += x_j
-                w_gate_part += _word_value(w_gate_words, 4 * j, 4, False, word_base) * x_j[None, :]
-                w_up_part += _word_value(w_up_words, 4 * j, 4, False, word_base) * x_j[None, :]
+                x_odd = tl.load(
+                    x_row + (8 * offs_words + 2 * b + 1) * stride_x_k, mask=mask_words, other=0.0
+                ).to(tl.float32)
+                x_words += x_even + x_odd
+                x_lows += x_even
+                x_low, x_high = 2.0 * x_even, 0.125 * x_odd
+                w_gate_low, w_gate_high = _byte_nibbles(w_gate_words, b, False, word_base)
+                w_gate_part += w_gate_low * x_low[None, :]
+                w_gate_part += w_gate_high * x_high[None, :]
+                w_up_low, w_up_high = _byte_nibbles(w_up_words, b, False, word_base)
+                w_up_part += w_up_low * x_low[None, :]
+                w_up_part += w_up_high * x_high[None, :]
             offs_groups_128 = k * (BLOCK_K // 128) + tl.arange(0, BLOCK_K // 128)
             mask_groups_128 = mask_n[:, None] & (offs_groups_128 < K // 128)[None, :]
             x_sums_128 = tl.sum(tl.reshape(x_words, (BLOCK_K // 128, 16)), axis=1)
+            x_lows_128 = tl.sum(tl.reshape(x_lows, (BLOCK_K // 128, 16)), axis=1)
             w_gate_part = tl.sum(tl.reshape(w_gate_part, (BLOCK_N, BLOCK_K // 128, 16)), axis=2)
             w_gate_zero_k = tl.load(
                 w_gate_zero_rows + offs_groups_128[None, :] * stride_w_gate_zero_groups,
@@ -304,6 +315,7 @@ def _llama_mlp_int4_kernel(
                 other=0,
             ).to(tl.float32)
             w_gate_part -= (16.0 + w_gate_zero_k) * x_sums_128[None, :]
+            w_gate_part -= 240.0 * x_lows_128[None, :]
             w_gate_scale_k = tl.load(
                 w_gate_scale_rows + offs_groups_128[None, :] * stride_w_gate_scale_groups,
                 mask=mask_groups_128,
@@ -317,6 +329,7 @@ def _llama_mlp_int4_kernel(
                 other=0,
             ).to(tl.float32)
             w_up_part -= (16.0 + w_up_zero_k) * x_sums_128[None, :]
+            w_up_part -= 240.0 * x_lows_128[None, :]
             w_up_scale_k = tl.load(
                 w_up_scale_rows + offs_groups_128[None, :] * stride_w_up_scale_groups,
                 mask=mask_groups_128,

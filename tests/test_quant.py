@@ -356,6 +356,16 @@ kernels:
       - matmul: x @ w.T
       - silu
       - gate: x @ w2.T
+  - name: gemv_int4_pairs
+    dims: {M: dynamic, K: dynamic, N: dynamic}
+    inputs:
+      x: [M, K]
+      w: {shape: [N, K], dtype: int4, scale: {per_group: 32}, packing: high_first}
+      w2: {shape: [N, K], dtype: int4, scale: per_row, zero_point: true, packing: high_first}
+    chain:
+      - matmul: x @ w.T
+      - silu
+      - gate: x @ w2.T
   - name: swap_int4_kinds
     dims: {M: dynamic, K: dynamic, N: dynamic}
     inputs:
@@ -384,7 +394,9 @@ def test_the_kinds_the_examples_lack_pass_their_generated_tests(write_spec, tmp_
     # points, a per-tensor scale and zero point, high_first nibbles, fp8 e5m2 weights
     # converted for a bf16/fp16 dot beside an int4 one; and on the one-row (GEMV) path,
     # signed high_first int4 with block scales, zero points constant along K (per row,
-    # per tensor), int8 groups with zero points. rare_kinds' w2 blocks of 64 rows hold
+    # per tensor), int8 groups with zero points; gemv_int4_pairs, weights packed alike, a
+    # byte's nibbles from one shift: high_first, signed with group scales, a zero point
+    # with a scale constant along K. rare_kinds' w2 blocks of 64 rows hold
     # the interpreter's 64-column tiles (one scale a K step); gemv_int4_kinds' w blocks of
     # 32 rows do not (a scale a column). swap_int4_kinds runs the transposed tiles'
     # (SWAP_AB: the interpreter's 32 x 64) offsets that are not a group's zero point:
@@ -393,12 +405,15 @@ def test_the_kinds_the_examples_lack_pass_their_generated_tests(write_spec, tmp_
     assert main(["build", str(write_spec(RARE_KINDS)), "--out", str(out)]) == 0
     assert "SWAP_AB" in (out / "swap_int4_kinds.py").read_text()
     assert "SWAP_AB" not in (out / "gemv_int4_kinds.py").read_text()  # block scales
+    assert "_word_value(" in (out / "gemv_int4_kinds.py").read_text()  # packed unlike
+    assert "_byte_nibbles(" in (out / "gemv_int4_pairs.py").read_text()
     env = dict(os.environ)
     if not torch.cuda.is_available():
         env.setdefault("TRITON_INTERPRET", "1")
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_rare_kinds.py"]
-        + ["test_gemv_int4_kinds.py", "test_gemv_int8_kinds.py", "test_swap_int4_kinds.py"],
+        + ["test_gemv_int4_kinds.py", "test_gemv_int8_kinds.py", "test_swap_int4_kinds.py"]
+        + ["test_gemv_int4_pairs.py"],
         cwd=out,
         env=env,
         capture_output=True,
@@ -407,7 +422,7 @@ def test_the_kinds_the_examples_lack_pass_their_generated_tests(write_spec, tmp_
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert " passed" in result.stdout
-    names = ["gemv_int4_kinds", "gemv_int8_kinds", "swap_int4_kinds"]
+    names = ["gemv_int4_kinds", "gemv_int8_kinds", "swap_int4_kinds", "gemv_int4_pairs"]
     env.pop("TRITON_INTERPRET", None)
     result = subprocess.run(
         [sys.executable, "-c", SM90_COMPILE, str(out), *names],
@@ -627,9 +642,9 @@ QUANT_MUTATIONS = [
     ),
     (
         "llama_mlp_int4",
-        "_word_value(w_gate_words, 4 * j, 4, False, word_base)",
-        "_word_value(w_gate_words, 4 * (j ^ 1), 4, False, word_base)",
-        "the GEMV's nibble order swapped",
+        "x_lows += x_even\n                x_low, x_high = 2.0 * x_even, 0.125 * x_odd",
+        "x_lows += x_odd\n                x_low, x_high = 2.0 * x_odd, 0.125 * x_even",
+        "the GEMV's nibble order swapped (high_first's lines)",
     ),
     (
         "llama_mlp_int4",

@@ -367,6 +367,18 @@ def word_offset(q: Quant) -> float:
     return float(2**bits + (0 if q.zero_point else 2 ** (bits - 1)))
 
 
+def byte_pairs(qc: QuantChain) -> bool:
+    """Whether the GEMV path takes an int4 word's bytes whole (_byte_nibbles): int4
+    weights, packed alike."""
+    found = [qc.quant_of(name) for _, name in weights(qc.chain)]
+    return found[0].dtype == "int4" and len({q.packing for q in found}) == 1
+
+
+# What a low nibble's float holds beyond word_offset's 2**bits in the byte-pair path:
+# _byte_nibbles makes it 128 + n / 2, which meets 2 x: 256 x + n x, not 16 x + n x.
+LOW_NIBBLE_EXTRA = 240.0
+
+
 def gemv_mainloop(qc: QuantChain) -> dict:
     """The one-row path (BLOCK_M == 1), without tensor cores: lines before the K loop,
     in it, and after it. The weights are read as 32-bit words (8 int4 or 4 int8 values
@@ -374,13 +386,18 @@ def gemv_mainloop(qc: QuantChain) -> dict:
     masked OR (no int-to-float) and meets its x in an FMA. What the floats hold beyond the
     weights' values (word_offset, plus the zero point) comes off once a group, as
     (offset + zero) * (the group's sum of x), and the group's scale multiplies its sum;
-    offsets and scales constant along K come off and multiply once, after the loop."""
+    offsets and scales constant along K come off and multiply once, after the loop.
+    int4 (byte_pairs): one shift a byte for both its nibbles (_byte_nibbles), the low one
+    meeting 2 x and the high one x / 8 (exact), whose extra 240 x comes off with the
+    offset (LOW_NIBBLE_EXTRA); sm_90, 16 x 1,024 a step: 1,152 instructions, not 1,248,
+    and 27.4 us, not 28.1, for int4 SwiGLU at one row on an H200 (benchmarks/RESULTS.md)."""
     mm = qc.chain.matmul
     k, n, a = mm.k, mm.n, mm.a
     offs_n, mask_n = naming.offs(n), naming.mask(n)
     found = [(acc, qc.quant_of(name)) for acc, name in weights(qc.chain)]
     bits = dtypes.QUANT_DTYPES[found[0][1].dtype].bits  # QuantChain.gemv: weights alike
     per = 32 // bits
+    pairs = byte_pairs(qc)
     groups = sorted({q.group for _, q in found if q.k_varying})
     before = [
         f"x_row = {naming.ptr(a)} + {naming.offs(mm.m)} * {naming.stride(a, mm.m)}",
@@ -388,7 +405,9 @@ def gemv_mainloop(qc: QuantChain) -> dict:
         # register and the mask and OR of _word_value are one LOP3 (a LOP3 takes one
         # immediate): 1,664 -> 1,416 instructions at 8 rows a program; int4 SwiGLU at one
         # row (4096 -> 14336) 34.2 -> 31.0 us on an H200 (benchmarks/RESULTS.md).
-        f"word_base = ((127 + {bits}) << 23) + ({n} >> 31)  # {2**bits}.0's bits, held",
+        f"word_base = ((127 + {bits}) << 23) + ({n} >> 31)  # {2**bits}.0's bits, held"
+        if not pairs
+        else f"word_base = (134 << 23) + ({n} >> 31)  # 128.0's bits, held",
     ]
     for _, q in found:
         rows = offs_n if q.rows_per == 1 else f"({offs_n} // {q.rows_per})"
@@ -412,31 +431,25 @@ def gemv_mainloop(qc: QuantChain) -> dict:
             " other=0)",
             f"{q.name}_part = tl.zeros((BLOCK_N, BLOCK_K // {per}), dtype=tl.float32)",
         ]
-    loop += [
-        f"x_words = tl.zeros((BLOCK_K // {per},), dtype=tl.float32)",
-        f"for j in tl.static_range({per}):  # the word's values, in K order",
-        f"    x_j = tl.load(x_row + ({per} * offs_words + j) * {naming.stride(a, k)},"
-        " mask=mask_words, other=0.0).to(tl.float32)",
-        "    x_words += x_j",
-    ]
-    for _, q in found:
-        # Little-endian words: K's value j sits at bit bits * j, but for int4 packed
-        # high_first, where a byte's even index is its high nibble.
-        at = "4 * (j ^ 1)" if q.packing == "high_first" else f"{bits} * j"
-        loop.append(
-            f"    {q.name}_part += _word_value({q.name}_words, {at}, {bits},"
-            f" {not q.zero_point}, word_base) * x_j[None, :]"
-        )
+    loop.append(f"x_words = tl.zeros((BLOCK_K // {per},), dtype=tl.float32)")
+    loop += _pair_lines(found, a, k) if pairs else _value_lines(found, a, k, bits)
     for g in groups:
         loop += [
             f"offs_groups_{g} = k * (BLOCK_K // {g}) + tl.arange(0, BLOCK_K // {g})",
             f"mask_groups_{g} = {mask_n}[:, None] & (offs_groups_{g} < {k} // {g})[None, :]",
             f"x_sums_{g} = tl.sum(tl.reshape(x_words, (BLOCK_K // {g}, {g // per})), axis=1)",
         ]
+        if pairs:
+            loop.append(
+                f"x_lows_{g} = tl.sum(tl.reshape(x_lows, (BLOCK_K // {g}, {g // per})), axis=1)"
+            )
     after = []
     if any(not q.k_varying for _, q in found):
         before.append("x_total = tl.zeros((1,), dtype=tl.float32)")
         loop.append("x_total += tl.sum(x_words, axis=0)")
+        if pairs:
+            before.append("x_lows_total = tl.zeros((1,), dtype=tl.float32)")
+            loop.append("x_lows_total += tl.sum(x_lows, axis=0)")
     for acc, q in found:
         name, offset = q.name, word_offset(q)
         if not q.k_varying:
@@ -447,7 +460,8 @@ def gemv_mainloop(qc: QuantChain) -> dict:
                 if load not in after:
                     after.append(load)
                 base = f"({offset} + {_broadcast(f'{name}_zero_all', 'b', q)})"
-            after.append(f"{acc} -= {base} * x_total")
+            extra = f" + {LOW_NIBBLE_EXTRA} * x_lows_total" if pairs else ""
+            after.append(f"{acc} -= {base} * x_total{extra}")
             continue
         g = q.group
         shape = f"(BLOCK_N, BLOCK_K // {g}, {g // per})"
@@ -456,13 +470,64 @@ def gemv_mainloop(qc: QuantChain) -> dict:
         if q.zero_point:
             loop.append(_group_load(q, "zero"))
             base = f"({offset} + {name}_zero_k)"
+        loop.append(f"{name}_part -= {base} * x_sums_{g}[None, :]")
+        if pairs:
+            loop.append(f"{name}_part -= {LOW_NIBBLE_EXTRA} * x_lows_{g}[None, :]")
         loop += [
-            f"{name}_part -= {base} * x_sums_{g}[None, :]",
             _group_load(q, "scale"),
             f"{acc} += tl.sum({name}_part * {name}_scale_k, axis=1)[None, :]",
         ]
     after += constant_scales(qc)
     return {"before": before, "loop": loop, "after": after}
+
+
+def _value_lines(found, a: str, k: str, bits: int) -> list[str]:
+    """The GEMV step's inner loop over a word's values: each from its own shift
+    (_word_value) into an FMA with its x."""
+    per = 32 // bits
+    lines = [
+        f"for j in tl.static_range({per}):  # the word's values, in K order",
+        f"    x_j = tl.load(x_row + ({per} * offs_words + j) * {naming.stride(a, k)},"
+        " mask=mask_words, other=0.0).to(tl.float32)",
+        "    x_words += x_j",
+    ]
+    for _, q in found:
+        # Little-endian words: K's value j sits at bit bits * j, but for int4 packed
+        # high_first, where a byte's even index is its high nibble.
+        at = "4 * (j ^ 1)" if q.packing == "high_first" else f"{bits} * j"
+        lines.append(
+            f"    {q.name}_part += _word_value({q.name}_words, {at}, {bits},"
+            f" {not q.zero_point}, word_base) * x_j[None, :]"
+        )
+    return lines
+
+
+def _pair_lines(found, a: str, k: str) -> list[str]:
+    """The int4 GEMV step's inner loop over a word's bytes: both nibbles of a byte from
+    one shift (_byte_nibbles), the low one's float meeting 2 x, the high one's x / 8
+    (x_lows: the x the low nibbles meet, for LOW_NIBBLE_EXTRA)."""
+    stride = naming.stride(a, k)
+    # A byte holds K's values 2b and 2b + 1: the even one low (low_first) or high.
+    low, high = ("x_even", "x_odd") if found[0][1].packing == "low_first" else ("x_odd", "x_even")
+    lines = [
+        "x_lows = tl.zeros((BLOCK_K // 8,), dtype=tl.float32)",
+        "for b in tl.static_range(4):  # the word's bytes, in K order",
+        f"    x_even = tl.load(x_row + (8 * offs_words + 2 * b) * {stride}, mask=mask_words,"
+        " other=0.0).to(tl.float32)",
+        f"    x_odd = tl.load(x_row + (8 * offs_words + 2 * b + 1) * {stride}, mask=mask_words,"
+        " other=0.0).to(tl.float32)",
+        "    x_words += x_even + x_odd",
+        f"    x_lows += {low}",
+        f"    x_low, x_high = 2.0 * {low}, 0.125 * {high}",
+    ]
+    for _, q in found:
+        lines += [
+            f"    {q.name}_low, {q.name}_high = _byte_nibbles({q.name}_words, b,"
+            f" {not q.zero_point}, word_base)",
+            f"    {q.name}_part += {q.name}_low * x_low[None, :]",
+            f"    {q.name}_part += {q.name}_high * x_high[None, :]",
+        ]
+    return lines
 
 
 def split_lines(qc: QuantChain) -> tuple[list[str], list[str]]:
@@ -548,6 +613,7 @@ def context(
         "split_store": split_lines(qc)[0],
         "split_sum": split_lines(qc)[1],
         "gemv": gemv_mainloop(qc) if qc.gemv else None,
+        "byte_pairs": qc.gemv and byte_pairs(qc),
         "checkpoint_packing": checkpoint_packing(qc),
         "interpreter_gemv_config": (
             config_literal(qc.interpreter_gemv_config) if qc.gemv else None
