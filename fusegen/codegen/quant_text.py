@@ -405,9 +405,11 @@ def gemv_mainloop(qc: QuantChain) -> dict:
         # register and the mask and OR of _word_value are one LOP3 (a LOP3 takes one
         # immediate): 1,664 -> 1,416 instructions at 8 rows a program; int4 SwiGLU at one
         # row (4096 -> 14336) 34.2 -> 31.0 us on an H200 (benchmarks/RESULTS.md).
-        f"word_base = ((127 + {bits}) << 23) + ({n} >> 31)  # {2**bits}.0's bits, held"
-        if not pairs
-        else f"word_base = (134 << 23) + ({n} >> 31)  # 128.0's bits, held",
+        (
+            f"word_base = ((127 + {bits}) << 23) + ({n} >> 31)  # {2**bits}.0's bits, held"
+            if not pairs
+            else f"word_base = (134 << 23) + ({n} >> 31)  # 128.0's bits, held"
+        ),
     ]
     for _, q in found:
         rows = offs_n if q.rows_per == 1 else f"({offs_n} // {q.rows_per})"
