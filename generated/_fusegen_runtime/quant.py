@@ -572,7 +572,11 @@ class QuantChain:
                 continue  # split-K's partial sums are for decode-sized outputs
             try:
                 ms = graph_bench(lambda c=config: self.launch(plan, views, scratch, c))[0]
-            except (triton.runtime.errors.OutOfResources, RuntimeError) as exc:
+            except (
+                triton.runtime.errors.OutOfResources,
+                triton.runtime.errors.PTXASError,  # ptxas 12.8 crashes on a few configs
+                RuntimeError,
+            ) as exc:
                 _log.debug("%s: config %s does not run: %s", self.name, config, exc)
                 continue
             if ms < best_ms:
