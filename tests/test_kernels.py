@@ -1366,3 +1366,34 @@ def test_attention_tests_catch_broken_kernels(zoo, tmp_path):
     # One dtype: one bug, one failure.
     selection = "dtype0 and (matches_reference or gradients or key_lengths or key_ranges)"
     assert "norm-wise error" in run_mutants(zoo, tmp_path, ATTENTION_MUTATIONS, selection)
+
+
+def test_a_chain_launch_ptxas_crashes_on_retries_with_fewer_stages(zoo, monkeypatch):
+    """As the attention launch: a config ptxas crashes on runs with fewer stages."""
+    from triton.runtime.errors import PTXASError
+
+    kernel, chain = load_chain(zoo, "mm_broadcasts")
+    paths, tried = kernel._KERNELS.paths, []
+    real = paths["pointer"][0]
+
+    class Crashing:  # the pointer kernel, as if ptxas crashed on it past one stage
+        def __getitem__(self, grid):
+            def run(*args, num_stages, **kwargs):
+                tried.append(num_stages)
+                if num_stages > 1:
+                    raise PTXASError("`ptxas` failed with error code -11")
+                return real[grid](*args, num_stages=num_stages, **kwargs)
+
+            return run
+
+    monkeypatch.setattr(kernel._KERNELS, "interpreted", lambda: True)  # it reads the type
+    monkeypatch.setitem(paths, "pointer", (Crashing(), *paths["pointer"][1:]))
+    monkeypatch.setitem(kernel.INTERPRETER_CONFIG, "num_stages", 2)
+    kernel._CALLS.clear()
+    sizes = {**chain.sizes, "M": 7, "K": 48, "N": 40}
+    dtype, seed = chain.dtypes[0], new_seed()
+    inputs = chain.make_inputs(sizes, dtype, seed)
+    results = as_tuple(kernel.mm_broadcasts(**inputs, **chain.output_buffers(sizes, dtype)))
+    assert tried == [2, 1]
+    chain.check_outputs(results, inputs, dtype, seed, kernel.last_launch())
+    kernel._CALLS.clear()

@@ -468,11 +468,11 @@ class Kernels:
         else:
             try:
                 compiled = kernel[grid](*args, **kwargs)
-            except triton.runtime.errors.OutOfResources as exc:
+            except (triton.runtime.errors.OutOfResources, triton.runtime.errors.PTXASError) as exc:
                 # The shared-memory estimate let through a config that does not fit
                 # (Triton's count moves with the chain and the precision: tf32x3 takes
-                # more): fewer pipeline stages, then the pointer kernel, for this
-                # signature from now on.
+                # more), or ptxas 12.8 crashed on it: fewer pipeline stages, then the
+                # pointer kernel, for this signature from now on.
                 if config is not None or (ready[0] == "pointer" and kwargs["num_stages"] == 1):
                     raise
                 if kwargs["num_stages"] > 1:
