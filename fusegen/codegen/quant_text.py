@@ -389,8 +389,9 @@ def gemv_mainloop(qc: QuantChain) -> dict:
     offsets and scales constant along K come off and multiply once, after the loop.
     int4 (byte_pairs): one shift a byte for both its nibbles (_byte_nibbles), the low one
     meeting 2 x and the high one x / 8 (exact), whose extra 240 x comes off with the
-    offset (LOW_NIBBLE_EXTRA); sm_90, 16 x 1,024 a step: 1,152 instructions, not 1,248,
-    and 27.4 us, not 28.1, for int4 SwiGLU at one row on an H200 (benchmarks/RESULTS.md)."""
+    offset (LOW_NIBBLE_EXTRA): 4-8% fewer instructions in the configs compiled for sm_90;
+    in benchmarks/experiments/int4_unpack_variants.py's kernel 27.4 us, not 28.1, for
+    int4 SwiGLU at one row on an H200 (benchmarks/RESULTS.md)."""
     mm = qc.chain.matmul
     k, n, a = mm.k, mm.n, mm.a
     offs_n, mask_n = naming.offs(n), naming.mask(n)
