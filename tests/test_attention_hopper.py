@@ -202,8 +202,10 @@ def reference(q, k, v, causal, layout, alibi=False, window=0):
         ("bhsd", True, 2, 8, 8, 512, 512, 128, 128, torch.bfloat16, True, 0),
         ("bshd", False, 1, 12, 4, 200, 333, 64, 64, torch.float16, True, 0),
         ("bshd", True, 1, 6, 3, 300, 300, 96, 96, torch.bfloat16, True, 0),
-        # Windows: of whole key blocks, of a part of one with d 96, with ALiBi.
+        # Windows: of whole key blocks, of a part of one with d 96, with ALiBi, of fewer
+        # keys than a block (a consumer sees none of its program's first block).
         ("bhsd", True, 2, 8, 2, 1024, 1024, 128, 128, torch.bfloat16, False, 256),
+        ("bhsd", True, 1, 4, 4, 384, 384, 128, 128, torch.float16, False, 100),
         ("bshd", True, 1, 4, 4, 700, 700, 96, 96, torch.float16, False, 300),
         ("bshd", True, 1, 8, 8, 640, 640, 128, 128, torch.bfloat16, True, 200),
     ],
