@@ -42,7 +42,8 @@ kernel = getattr(module, sys.argv[2])
 dim, dv, dtype, meta = int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], json.loads(sys.argv[6])
 q, v = (torch.empty(256, d, dtype=getattr(torch, dtype)) for d in (dim, dv))
 q_rows = meta.pop("Q_ROWS", module.BLOCK_M)
-descs, split = ah.tile_args(q, q, v, v, (256, 256), q_rows, module.BLOCK_N)
+options = {"num_warps": 4, **({"maxnreg": meta.pop("maxnreg")} if "maxnreg" in meta else {})}
+descs, split = ah.tile_args(q, q, v, v, (256, 256), q_rows, meta.pop("KV_ROWS", module.BLOCK_N))
 meta |= split
 names = [p.name for p in kernel.params]
 types = {name: "i32" for name in names}
@@ -55,7 +56,7 @@ types |= {n: "fp32" for n in ("qk_scale", "scale") if n in names}
 types |= {name: "constexpr" for name in meta}
 constants = {(names.index(name),): value for name, value in meta.items()}
 source = GluonASTSource(kernel, types, constants)
-compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 print(json.dumps({"shared": compiled.metadata.shared,
                   "wgmma": "wgmma.mma_async" in compiled.asm["ptx"]}))
 """
@@ -90,17 +91,21 @@ def compiled_for_sm90(module, kernel, dim, dtype, meta, dv=None):
         (192, 128, True, 1, "bfloat16", {}),  # MLA: q and k 128 + 64, v 128
         (128, 128, True, 1, "bfloat16", {"ALIBI": 8}),  # the slopes of 12 heads (8 below)
         (128, 128, True, 4, "bfloat16", {"WINDOW": 4096}),  # Mistral's
+        # 64-key blocks in 120 and 112 registers: two programs an SM (an experiment's).
+        (64, 64, True, 1, "bfloat16", {"KV_ROWS": 64, "REGISTERS": 120, "maxnreg": 112}),
     ],
 )
 def test_the_kernel_compiles_for_sm90_within_shared_memory(dim, dv, causal, group, dtype, masks):
-    meta = {"GROUP": group, "CAUSAL": causal, "ALIBI": 0, "WINDOW": 0, **masks}
+    meta = {"GROUP": group, "CAUSAL": causal, "ALIBI": 0, "WINDOW": 0, "REGISTERS": 240}
     shared, wgmma = compiled_for_sm90(
-        "attention_hopper", "_attention_forward", dim, dtype, meta, dv=dv
+        "attention_hopper", "_attention_forward", dim, dtype, {**meta, **masks}, dv=dv
     )
-    # Two query tiles of 64 rows and two stages of K and V tiles of 128 keys, + barriers.
-    tiles = 2 * 64 * dim * 2 + 2 * 128 * (dim + dv) * 2
+    # Two query tiles of 64 rows and two stages of K and V tiles of 128 keys (or the
+    # case's), + barriers.
+    keys = masks.get("KV_ROWS", 128)
+    tiles = 2 * 64 * dim * 2 + 2 * keys * (dim + dv) * 2
     assert tiles <= shared < tiles + 1024
-    assert shared <= 232_448  # an H100's / H200's per-block limit
+    assert shared <= 232_448 // (2 if "maxnreg" in masks else 1)  # an H100's / H200's
     assert wgmma
 
 
@@ -228,6 +233,25 @@ def test_out_and_lse_match_float64(
     # bf16/fp16 probabilities and output, fp32 sums: a few units of the output's rounding.
     unit = 2**-8 if dtype == torch.bfloat16 else 2**-11
     assert (out.double() - want).abs().max().item() <= 4 * unit * want.abs().max().item()
+    assert (lse.double() - want_lse).abs().max().item() < 1e-3
+
+
+@on_hopper
+@needs_gluon
+@pytest.mark.parametrize("causal", [True, False])
+def test_64_key_blocks_two_programs_an_sm_match_float64(causal):
+    """The experiments' d 64 knobs (forward's block_n and registers) give the same out and
+    lse as float64, in a ragged last tile too."""
+    torch.manual_seed(11)
+    q, k, v = (torch.randn(2, 4, 300, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((2, 4, 300), float("nan"), device="cuda")
+    attention_hopper.forward(
+        q, k, v, out, lse, layout="bhsd", causal=causal, scale=0.125, block_n=64,
+        registers=(120, 112),
+    )  # fmt: skip
+    want, want_lse = reference(q, k, v, causal, "bhsd")
+    assert (out.double() - want).abs().max().item() <= 4 * 2**-8 * want.abs().max().item()
     assert (lse.double() - want_lse).abs().max().item() < 1e-3
 
 

@@ -14,17 +14,20 @@ block j - 1's PV as asynchronous wgmma and runs block j's softmax while PV is in
     -heads      a head's tiles one after another (else every head's last query block first)
 NAME:BLOCK_N:STAGES sets the key block and the ring's depth (128 and 2 by default).
 "runtime" (always timed) is the product's kernel, fusegen/runtime/attention_hopper.py,
-which took pingpong-heads. The variants measured and dropped on the way (all waits at
-once, the loads issued by the consumers, FA3's explicit turns, the probabilities through
-shared memory, O rescaled during QK, V released a step late) are in this file's git
-history and in benchmarks/RESULTS.md with their logs.
+which took pingpong-heads; at head dim 64 (--shape B H S 64) also with its knobs
+(RUNTIME_D64), for issue 29's d 64 rows, where it was slower than the `tl` forward. The
+variants measured and dropped on the way (all waits at once, the loads issued by the
+consumers, FA3's explicit turns, the probabilities through shared memory, O rescaled
+during QK, V released a step late) are in this file's git history and in
+benchmarks/RESULTS.md with their logs.
 
 Timed in interleaved rounds with cuDNN and the generated kernel
 (benchmarks/specs/attention_anchors.yaml). Causal or no mask; [batch, heads, seq, dim]
 contiguous, seq a multiple of the tiles; bf16; the softmax in base 2.
 
     python3 benchmarks/experiments/attention_gluon_hopper.py [--built FOLDER]
-        [--cases causal full] [--variants pingpong-heads ws] [--rounds 5] [--out FILE.json]
+        [--cases causal full] [--variants pingpong-heads ws] [--shape B H S D] [--rounds 5]
+        [--out FILE.json]
     ncu --profile-from-start off ... python3 benchmarks/experiments/attention_gluon_hopper.py
         --profile --variants pingpong (one call of each variant and cuDNN, profiled)
     python3 benchmarks/experiments/attention_gluon_hopper.py --compile
@@ -394,13 +397,23 @@ def compile_report(variants, causal=True):
         )
 
 
-def runtime_forward(q, k, v, causal):
+# The runtime kernel's knobs timed beside it at head dim 64, where its defaults (128-key
+# blocks, 240 registers a consumer: one program an SM) ran slower than the `tl` forward:
+# 64-key blocks, and those in 120 / 112 registers (two programs an SM; no spills, 49 KB of
+# shared memory, compiled for sm_90).
+RUNTIME_D64 = {
+    "runtime 64-key": {"block_n": 64},
+    "runtime 64-key 2/SM": {"block_n": 64, "registers": (120, 112)},
+}
+
+
+def runtime_forward(q, k, v, causal, **knobs):
     from fusegen.runtime import attention_hopper
 
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:3], device=q.device)
     attention_hopper.forward(
-        q, k, v, out, lse, layout="bhsd", causal=causal, scale=q.shape[-1] ** -0.5
+        q, k, v, out, lse, layout="bhsd", causal=causal, scale=q.shape[-1] ** -0.5, **knobs
     )
     return out
 
@@ -439,7 +452,8 @@ def main() -> int:
     generated = {}
     if args.built:
         for case in args.cases:
-            name = f"anchor_attention_{case}"
+            # At head dim 64 the d 64 anchors (16 heads: --shape B 16 S 64).
+            name = f"anchor_attention_{case}" + ("_d64" if dim == 64 else "")
             generated[case] = getattr(attention_anchors.load(Path(args.built), name), name)
     torch.manual_seed(0)
     results, failed = {}, 0
@@ -462,6 +476,10 @@ def main() -> int:
         # The product's kernel (fusegen/runtime/attention_hopper.py), what generated
         # modules launch on an H100/H200.
         calls["runtime"] = lambda q=q, k=k, v=v, c=causal: runtime_forward(q, k, v, c)
+        for name, knobs in RUNTIME_D64.items() if dim == 64 else ():
+            calls[name] = lambda q=q, k=k, v=v, c=causal, kn=knobs: runtime_forward(
+                q, k, v, c, **kn
+            )
         if case in generated:
             calls["fusegen"] = lambda q=q, k=k, v=v, f=generated[case]: f(q, k, v)
         # Checked on the first batch entry and 4 heads against float64, the output

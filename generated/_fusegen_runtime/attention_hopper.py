@@ -360,7 +360,8 @@ if AVAILABLE:
                            v_cols_h, stride_o_b, stride_o_h, stride_o_s,
                            GROUP: gl.constexpr, CAUSAL: gl.constexpr, ALIBI: gl.constexpr,
                            WINDOW: gl.constexpr, SPLIT_QK: gl.constexpr,
-                           SPLIT_V: gl.constexpr, num_warps: gl.constexpr):
+                           SPLIT_V: gl.constexpr, REGISTERS: gl.constexpr,
+                           num_warps: gl.constexpr):
         """One program: 128 query rows of one (batch, head). A tile's place in the [rows,
         dim] views: row batch * rows_b + head * rows_h + position, column head * cols_h
         (bshd: rows_b = seq, rows_h = 0, cols_h = dim; bhsd: rows_b = heads * seq, rows_h
@@ -369,7 +370,8 @@ if AVAILABLE:
         out) has the second's descriptor in *_rest (else the first again, unread). ALIBI:
         0, or ALiBi's scores with _alibi_slope's BELOW. WINDOW: 0, or (causal) each row
         sees its WINDOW most recent keys, and a program streams the blocks from its first
-        row's window start (_first_key) on."""
+        row's window start (_first_key) on. REGISTERS: the second consumer's registers a
+        thread (setmaxnreg; the producer's: 24)."""
         q_descs = _parts_of(q_desc, q_rest, SPLIT_QK)
         k_descs = _parts_of(k_desc, k_rest, SPLIT_QK)
         v_descs = _parts_of(v_desc, v_rest, SPLIT_V)
@@ -422,7 +424,7 @@ if AVAILABLE:
             (_produce, (descs, bufs, bars, out_ptr, lse_ptr, at, sq, skv, n_blocks,
                         qk_scale, stride_o_b, stride_o_h, stride_o_s, CAUSAL, ALIBI, WINDOW, 0,
                         num_warps)),
-        ], [num_warps, 1], [240, 24])
+        ], [num_warps, 1], [REGISTERS, 24])
     # fmt: on
 
 
@@ -496,17 +498,35 @@ def strides(t, layout):
 CONFIG = {"BLOCK_M": 2 * BLOCK_M, "BLOCK_N": BLOCK_N, "num_warps": 9, "num_stages": STAGES}
 
 
-def forward(q, k, v, out, lse, *, layout, causal, scale, alibi=False, window=0):
+def forward(
+    q,
+    k,
+    v,
+    out,
+    lse,
+    *,
+    layout,
+    causal,
+    scale,
+    alibi=False,
+    window=0,
+    block_n=BLOCK_N,
+    registers=(240, None),
+):
     """out and lse of attention over q, k, v: [batch, seq, heads, dim] ("bshd") or [batch,
     heads, seq, dim] ("bhsd"), contiguous, 16-byte aligned, bf16 or fp16, (q's dim, v's)
     in HEAD_DIMS; out likewise; lse [batch, heads, q_len] fp32; alibi: scores plus ALiBi's
     slope * (key - query position - (k_len - q_len)); window (causal): a query sees its
-    `window` most recent keys. Returns the compiled kernel (`fusegen inspect` reads its
-    registers and shared memory)."""
+    `window` most recent keys. block_n, registers (a consumer's registers a thread, and
+    the kernel's most, ptxas's maxnreg, or None): knobs of the experiments' (at head dim
+    64, 64-key blocks in 120 and 112 registers compile without spills in 49 KB of shared
+    memory: two programs an SM, not one). Returns the compiled kernel (`fusegen inspect`
+    reads its registers and shared memory)."""
     batch, heads, kv_heads, sq, skv, rows, q_place, kv_place = places(q, k, layout)
     grid = (triton.cdiv(sq, 2 * BLOCK_M) * batch * heads,)
     v_cols = v.shape[-1] if layout == "bshd" else 0  # a head's columns in v and out
-    descs, split = tile_args(q, k, v, out, rows, BLOCK_M, BLOCK_N)
+    descs, split = tile_args(q, k, v, out, rows, BLOCK_M, block_n)
+    options = {} if registers[1] is None else {"maxnreg": registers[1]}
     with torch.cuda.device(q.device):  # Triton launches on the current device
         return _attention_forward[grid](
             *descs,
@@ -525,5 +545,7 @@ def forward(q, k, v, out, lse, *, layout, causal, scale, alibi=False, window=0):
             ALIBI=1 << (heads.bit_length() - 1) if alibi else 0,
             WINDOW=window or 0,
             **split,
+            REGISTERS=registers[0],
             num_warps=4,
+            **options,
         )
