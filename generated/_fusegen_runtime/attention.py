@@ -165,12 +165,12 @@ class _HopperLaunch:
         self.owner, self.layout, self.causal, self.scale = owner, layout, causal, scale
 
     def __call__(self, q, k, v, out, lse, *unused):
-        m = self.owner.module
+        owner = self.owner
         compiled = attention_hopper.forward(
             q, k, v, out, lse, layout=self.layout, causal=self.causal, scale=self.scale,
-            alibi="ALIBI_SLOPES" in m, window=m.get("WINDOW"),
+            alibi=owner.alibi, window=owner.window,
         )  # fmt: skip
-        self.owner.last_compiled["hopper_forward"] = compiled
+        owner.last_compiled["hopper_forward"] = compiled
 
 
 class _Trained(torch.autograd.Function):
@@ -223,9 +223,8 @@ class Attention:
         self.kernels = {"forward": forward, "kv": backward_kv, "q": backward_q}
         self.bias, self.softcap, self.split_v = bias, softcap, split_v
         self.packs, self.tma, self.hopper = packed, tma, hopper
-        # Keyword arguments of attention_hopper_backward.backward (its experiments' knobs,
-        # e.g. keys_dq): a benchmark sets them to time a variant inside a real model.
-        self.hopper_backward_options = {}
+        # What the Hopper forward adds to plain attention, as the module states it.
+        self.alibi, self.window = "ALIBI_SLOPES" in module, module.get("WINDOW")
         self.inputs = ("q", "k", "v", "bias") if bias else ("q", "k", "v")
         axes = ("batch", "seq", "heads", "dim")
         if module["LAYOUT"] != "bshd":
@@ -437,7 +436,6 @@ class Attention:
             grads, compiled = attention_hopper_backward.backward(
                 q, k, v, d_out.contiguous(), lse, delta, needs,
                 layout=m["LAYOUT"], causal=self.hopper == "causal", scale=m["SCALE"],
-                **self.hopper_backward_options,
             )  # fmt: skip
             self.last_compiled.update(compiled)
             return grads
@@ -699,7 +697,7 @@ class Attention:
         """hopper_fits, head dims the backward's kernels take, and no ALiBi or window (the
         `tl` backward takes the Gluon forward's lse)."""
         dims = (self.module["HEAD_DIM"], self.module["V_HEAD_DIM"])
-        if "ALIBI_SLOPES" in self.module or "WINDOW" in self.module:
+        if self.alibi or self.window:
             return False
         return dims in attention_hopper_backward.HEAD_DIMS and self.hopper_fits(
             inputs, key_lengths, batch, sq, skv, traced
