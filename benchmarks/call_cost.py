@@ -1,6 +1,6 @@
 """What one call of a generated launcher costs on a GPU, against the PyTorch op it
-replaces, at the sizes where the launcher's host time decides (decode), and where fp32
-and tiny problems did: the rows of issue 27's table.
+replaces, at the sizes where the launcher's host time decides (decode, short prompts'
+attention), and where fp32 and tiny problems did: the rows of issue 27's table.
 
     fusegen build benchmarks/specs/call_cost.yaml --out BUILD
     python3 benchmarks/call_cost.py BUILD [OLD_BUILD] [--rounds 7] [--calls 1000] [--out FILE.json]
@@ -60,6 +60,14 @@ def sdpa(q, k, v):
     return out.transpose(1, 2)
 
 
+def sdpa_causal(q, k, v):
+    """transformers' SDPA path for a prompt: causal, [batch, seq, heads, dim] in and out."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+    )
+    return out.transpose(1, 2)
+
+
 def rows(args):
     """(row name, kernel name, inputs, PyTorch op, fp32) per row."""
     bf16 = {"device": DEVICE, "dtype": torch.bfloat16}
@@ -69,6 +77,10 @@ def rows(args):
         q = torch.randn(16, 1, 28, 128, **bf16)
         k, v = (torch.randn(16, keys, 4, 128, **bf16) for _ in "kv")
         out.append((f"attention 16x1, {keys} key(s)", "qwen2_attention", (q, k, v), sdpa, False))
+    for seq in (1024, 4096):  # prompts: the Gluon forward on an H100/H200 (hopper_fits)
+        q = torch.randn(1, seq, 28, 128, **bf16)
+        k, v = (torch.randn(1, seq, 4, 128, **bf16) for _ in "kv")
+        out.append((f"attention prompt 1x{seq}", "qwen2_attention", (q, k, v), sdpa_causal, False))
     x = torch.randn(16, 3584, **bf16)
     w = [torch.randn(18944, 3584, **bf16) / 60 for _ in "gu"]
     out.append(("gate/up 16x3584->18944", "qwen2_gate_up", (x, *w),

@@ -301,6 +301,32 @@ def test_a_causal_module_call_runs_it_and_training_still_differentiates():
 
 @on_hopper
 @needs_gluon
+def test_later_calls_launch_directly_with_descriptors_at_their_own_addresses():
+    """From a call signature's second call the Gluon kernels launch without triton's
+    dispatch (launch.Described), their descriptors made at the call's addresses: three
+    calls on fresh tensors (the earlier ones kept, so no address repeats) each train like
+    float64, and the forward's and both backward kernels' direct launches are in place."""
+    module = _load(ROOT / "generated" / "llama3_attention.py", "llama3_attention_direct_test")
+    kept = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        q = torch.randn(2, 512, 32, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k, v = (
+            torch.randn(2, 512, 8, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            for _ in range(2)
+        )
+        kept.append((q, k, v))
+        _trains_like_float64(module, module.llama3_attention, q, k, v, hopper_backward=True)
+    attention = module._ATTENTION
+    (plan,) = attention.plans.values()
+    assert plan.forward.launches.direct is not None
+    (launches,) = attention.hopper_backward_launches.values()
+    assert sorted(launches) == ["dkdv", "dq"]
+    assert all(described.direct is not None for described in launches.values())
+
+
+@on_hopper
+@needs_gluon
 def test_a_compiled_call_runs_it_as_an_opaque_op_with_the_eager_bits():
     """Inductor cannot launch the Gluon kernels: a traced call that fits them goes through
     the module's opaque Hopper ops, whose eager bodies run them, so compiled and eager

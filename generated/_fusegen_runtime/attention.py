@@ -157,18 +157,20 @@ class _Launch:
 class _HopperLaunch:
     """A forward plan's launch of attention_hopper's kernel, with the `tl` forward's
     arguments (those it needs: q, k, v, out, lse); the compiled kernel kept as
-    `hopper_forward` in the owner's last_compiled (`fusegen inspect`)."""
+    `hopper_forward` in the owner's last_compiled (`fusegen inspect`); from the second
+    call launched without triton's dispatch (launch.Described)."""
 
-    __slots__ = ("owner", "layout", "causal", "scale")
+    __slots__ = ("owner", "layout", "causal", "scale", "launches")
 
     def __init__(self, owner, layout, causal, scale):
         self.owner, self.layout, self.causal, self.scale = owner, layout, causal, scale
+        self.launches = launch.Described()
 
     def __call__(self, q, k, v, out, lse, *unused):
         owner = self.owner
         compiled = attention_hopper.forward(
             q, k, v, out, lse, layout=self.layout, causal=self.causal, scale=self.scale,
-            alibi=owner.alibi, window=owner.window,
+            alibi=owner.alibi, window=owner.window, launches=self.launches,
         )  # fmt: skip
         owner.last_compiled["hopper_forward"] = compiled
 
@@ -232,6 +234,8 @@ class Attention:
         self.layout_doc = ", ".join(axes)
         self.heads_axis, self.seq_axis = axes.index("heads"), axes.index("seq")
         self.plans = {}  # call signature -> _Plan (forward calls)
+        # (q's, k's and v's shapes, dtype, device) -> the Gluon backward's launches
+        self.hopper_backward_launches = {}
         self.forced = module.setdefault("FORCED", {})  # kernel -> config (`fusegen tune`)
         self.stages = {}  # (kernel, dtypes, tiles, stages asked) -> the stages that fit
         self.last_compiled = {}  # kernel name -> its last launch's compiled kernel
@@ -433,9 +437,13 @@ class Attention:
             out, d_out, delta, sq, *strides(out), *strides(d_out)
         )
         if self.hopper_backward_fits(inputs, key_lengths, batch, sq, skv):
+            launches = self.hopper_backward_launches
+            if len(launches) >= 1024:
+                launches.clear()
             grads, compiled = attention_hopper_backward.backward(
                 q, k, v, d_out.contiguous(), lse, delta, needs,
                 layout=m["LAYOUT"], causal=self.hopper == "causal", scale=m["SCALE"],
+                launches=launches.setdefault((q.shape, k.shape, v.shape, q.dtype, q.device), {}),
             )  # fmt: skip
             self.last_compiled.update(compiled)
             return grads

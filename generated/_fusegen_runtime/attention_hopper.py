@@ -34,6 +34,8 @@ older Triton) AVAILABLE is False and the `tl` kernels run.
 import torch
 import triton
 
+from . import launch
+
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -512,6 +514,7 @@ def forward(
     window=0,
     block_n=BLOCK_N,
     registers=(240, None),
+    launches=None,
 ):
     """out and lse of attention over q, k, v: [batch, seq, heads, dim] ("bshd") or [batch,
     heads, seq, dim] ("bhsd"), contiguous, 16-byte aligned, bf16 or fp16, (q's dim, v's)
@@ -520,32 +523,28 @@ def forward(
     `window` most recent keys. block_n, registers (a consumer's registers a thread, and
     the kernel's most, ptxas's maxnreg, or None): knobs of the experiments' (at head dim
     64, 64-key blocks in 120 and 112 registers compile without spills in 49 KB of shared
-    memory: two programs an SM, not one). Returns the compiled kernel (`fusegen inspect`
-    reads its registers and shared memory)."""
-    batch, heads, kv_heads, sq, skv, rows, q_place, kv_place = places(q, k, layout)
-    grid = (triton.cdiv(sq, 2 * BLOCK_M) * batch * heads,)
-    v_cols = v.shape[-1] if layout == "bshd" else 0  # a head's columns in v and out
-    descs, split = tile_args(q, k, v, out, rows, BLOCK_M, block_n)
-    options = {} if registers[1] is None else {"maxnreg": registers[1]}
-    with torch.cuda.device(q.device):  # Triton launches on the current device
-        return _attention_forward[grid](
-            *descs,
-            out,
-            lse,
-            sq,
-            skv,
-            heads,
-            scale * LOG2E,
-            *q_place,
-            *kv_place,
-            v_cols,
-            *strides(out, layout),
-            GROUP=heads // kv_heads,
-            CAUSAL=causal,
-            ALIBI=1 << (heads.bit_length() - 1) if alibi else 0,
-            WINDOW=window or 0,
+    memory: two programs an SM, not one). launches: the launch.Described its caller keeps
+    for calls like this one (the same shapes and arguments but the tensors), which
+    launches them without triton's dispatch. Returns the compiled kernel (`fusegen
+    inspect` reads its registers and shared memory)."""
+
+    def first():
+        batch, heads, kv_heads, sq, skv, rows, q_place, kv_place = places(q, k, layout)
+        grid = (triton.cdiv(sq, 2 * BLOCK_M) * batch * heads,)
+        v_cols = v.shape[-1] if layout == "bshd" else 0  # a head's columns in v and out
+        descs, split = tile_args(q, k, v, out, rows, BLOCK_M, block_n)
+        scalars = (sq, skv, heads, scale * LOG2E, *q_place, *kv_place, v_cols)
+        meta = {
+            "GROUP": heads // kv_heads,
+            "CAUSAL": causal,
+            "ALIBI": 1 << (heads.bit_length() - 1) if alibi else 0,
+            "WINDOW": window or 0,
             **split,
-            REGISTERS=registers[0],
-            num_warps=4,
-            **options,
-        )
+            "REGISTERS": registers[0],
+            "num_warps": 4,
+            **({} if registers[1] is None else {"maxnreg": registers[1]}),
+        }
+        return _attention_forward, grid, descs, (*scalars, *strides(out, layout)), meta
+
+    launches = launches or launch.Described()
+    return launches((q, q, k, k, v, v, out, out), (out, lse), first)

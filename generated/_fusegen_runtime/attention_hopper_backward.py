@@ -35,7 +35,7 @@ HEAD_DIMS), q, k, v, d_out contiguous in the module's layout.
 import torch
 import triton
 
-from . import attention_hopper
+from . import attention_hopper, launch
 
 LOG2E = attention_hopper.LOG2E
 # Query rows a step, keys a consumer (two consumers a program), the ring's stages;
@@ -444,39 +444,54 @@ def dkdv_rows(dim):
 
 def backward(
     q, k, v, d_out, lse, delta, needs, *, layout, causal, scale,
-    stages=STAGES, paired_dots=PAIRED_DOTS, rows_dkdv=None, keys_dq=BLOCK_N,
+    stages=STAGES, paired_dots=PAIRED_DOTS, rows_dkdv=None, keys_dq=BLOCK_N, launches=None,
 ):  # fmt: skip
     """(dq, dk, dv), each None where needs says it is not wanted, of attention over q, k,
     v (contiguous, 16-byte aligned, bf16 or fp16, head dims in HEAD_DIMS) given d_out
     (out's shape and layout, contiguous), the forward's lse and delta = rowsum(d_out * out), both
     [batch, heads, q_len] fp32; and the compiled kernels by name (`fusegen inspect`).
     stages, paired_dots, rows_dkdv (dkdv_rows by default) and keys_dq (the dq kernel's
-    key blocks): what benchmarks/experiments/attention_gluon_backward.py varies."""
-    batch, heads, kv_heads, sq, skv, rows, q_place, kv_place = attention_hopper.places(q, k, layout)
+    key blocks): what benchmarks/experiments/attention_gluon_backward.py varies. launches:
+    a dict its caller keeps for calls like this one (the same shapes but the tensors),
+    where each kernel's launch.Described is kept (launched without triton's dispatch)."""
+    launches = {} if launches is None else launches
+    sources = (q, q, k, k, v, v, d_out, d_out)
 
-    def descriptors(q_rows, kv_rows):
-        return attention_hopper.tile_args(q, k, v, d_out, rows, q_rows, kv_rows)[0]
+    def first(kernel, programs, q_rows, kv_rows, outs, extra):
+        """A kernel's first launch (launch.Described): programs(batch, heads, kv_heads,
+        sq, skv) its grid, q_rows and kv_rows its descriptors' tiles, outs its outputs."""
+        batch, heads, kv_heads, sq, skv, rows, q_place, kv_place = attention_hopper.places(
+            q, k, layout
+        )
+        descs = attention_hopper.tile_args(q, k, v, d_out, rows, q_rows, kv_rows)[0]
+        grid = (programs(batch, heads, kv_heads, sq, skv),)
+        v_cols = v.shape[-1] if layout == "bshd" else 0  # a head's columns in v and d_out
+        scalars = (sq, skv, heads, scale * LOG2E, scale, *q_place, *kv_place, v_cols)
+        out_strides = [s for t in outs for s in attention_hopper.strides(t, layout)]
+        meta = {"GROUP": heads // kv_heads, "CAUSAL": causal, "STAGES": stages, **extra}
+        meta.update(attention_hopper.splits(q, v), num_warps=4)
+        return kernel, grid, descs, (*scalars, *out_strides), meta
 
-    split = attention_hopper.splits(q, v)
-    v_cols = v.shape[-1] if layout == "bshd" else 0  # a head's columns in v and d_out
-    common = (lse, delta, sq, skv, heads, scale * LOG2E, scale, *q_place, *kv_place, v_cols)
-    meta = {"GROUP": heads // kv_heads, "CAUSAL": causal, "STAGES": stages, **split, "num_warps": 4}
-    strides = attention_hopper.strides
+    def key_blocks(batch, heads, kv_heads, sq, skv):  # dk/dv: a program's 2 key blocks
+        return triton.cdiv(skv, 2 * BLOCK_N) * batch * kv_heads
+
+    def query_blocks(batch, heads, kv_heads, sq, skv):  # dq: a program's 2 query blocks
+        return triton.cdiv(sq, 2 * BLOCK_M) * batch * heads
+
     d_q = d_k = d_v = None
     compiled = {}
-    with torch.cuda.device(q.device):  # Triton launches on the current device
-        if needs[1] or needs[2]:
-            d_k, d_v = torch.empty_like(k), torch.empty_like(v)
-            grid = (triton.cdiv(skv, 2 * BLOCK_N) * batch * kv_heads,)
-            compiled["hopper_dkdv"] = _attention_dkdv[grid](
-                *descriptors(rows_dkdv or dkdv_rows(q.shape[-1]), BLOCK_N), d_k, d_v, *common,
-                *strides(d_k, layout), *strides(d_v, layout),
-                PAIRED_DOTS=paired_dots, **meta,
-            )  # fmt: skip
-        if needs[0]:
-            d_q = torch.empty_like(q)
-            grid = (triton.cdiv(sq, 2 * BLOCK_M) * batch * heads,)
-            compiled["hopper_dq"] = _attention_dq[grid](
-                *descriptors(BLOCK_M, keys_dq), d_q, *common, *strides(d_q, layout), **meta
-            )
+    if needs[1] or needs[2]:
+        d_k, d_v = torch.empty_like(k), torch.empty_like(v)
+        compiled["hopper_dkdv"] = launches.setdefault("dkdv", launch.Described())(
+            sources, (d_k, d_v, lse, delta), lambda: first(
+                _attention_dkdv, key_blocks, rows_dkdv or dkdv_rows(q.shape[-1]), BLOCK_N,
+                (d_k, d_v), {"PAIRED_DOTS": paired_dots},
+            ),
+        )  # fmt: skip
+    if needs[0]:
+        d_q = torch.empty_like(q)
+        compiled["hopper_dq"] = launches.setdefault("dq", launch.Described())(
+            sources, (d_q, lse, delta),
+            lambda: first(_attention_dq, query_blocks, BLOCK_M, keys_dq, (d_q,), {}),
+        )  # fmt: skip
     return (d_q, d_k if needs[1] else None, d_v if needs[2] else None), compiled

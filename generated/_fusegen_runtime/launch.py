@@ -103,3 +103,66 @@ def compiled_device(args):
             index = arg.device.index
             return torch.cuda.current_device() if index is None else index
     return torch.cuda.current_device()
+
+
+class _Address:
+    """A descriptor's base as triton's launcher reads it (data_ptr()): an address, where a
+    TensorDescriptor keeps a tensor view."""
+
+    __slots__ = ("address",)
+
+    def __init__(self, address):
+        self.address = address
+
+    def data_ptr(self):
+        return self.address
+
+
+class _Tile:
+    """A host tensor descriptor as triton's launcher reads it at a launch (base, shape,
+    strides, padding), from which it encodes the TMA map each launch."""
+
+    __slots__ = ("base", "shape", "strides", "padding")
+
+    def __init__(self, address, shape, strides, padding):
+        self.base, self.shape, self.strides = _Address(address), shape, strides
+        self.padding = padding
+
+
+class Described:
+    """One kernel that takes host tensor descriptors, launched for one call signature (its
+    owner keeps one a signature: the same shapes, strides, dtypes, scalars and alignment
+    at each call). The first call goes through triton's dispatch, which compiles; later
+    ones straight into the compiled kernel's launcher (Direct), with descriptors made at
+    the call's addresses from the first call's shapes, strides and offsets. Triton's
+    dispatch of the Gluon attention kernels (30 arguments, 8 descriptors) and the
+    tensor views their descriptors need cost more host time than a small call's kernel."""
+
+    __slots__ = ("direct", "tiles", "scalars")
+
+    def __init__(self):
+        self.direct = None
+
+    def __call__(self, sources, tensors, first):
+        """Launches the kernel over descriptors of sources (one a descriptor: the tensor
+        it tiles), then tensors (the kernel's arguments after its descriptors) and
+        scalars; first() gives (kernel, grid, descriptors, scalars, keyword arguments),
+        called while there is no direct launch. Returns the compiled kernel."""
+        if self.direct is not None:
+            tiles = [
+                _Tile(t.data_ptr() + offset, *rest)
+                for t, (offset, *rest) in zip(sources, self.tiles, strict=True)
+            ]
+            return self.direct(*tiles, *tensors, *self.scalars)
+        kernel, grid, descriptors, scalars, kwargs = first()
+        args = (*descriptors, *tensors, *scalars)
+        with torch.cuda.device(tensors[0].device):  # triton launches on the current device
+            compiled = kernel[grid](*args, **kwargs)
+        if enabled(False):
+            self.tiles = [
+                (d.base.data_ptr() - t.data_ptr(), d.shape, d.strides, d.padding)
+                for d, t in zip(descriptors, sources, strict=True)
+            ]
+            self.scalars = scalars
+            self.direct = direct(compiled, kernel, grid, args, kwargs)
+        return compiled

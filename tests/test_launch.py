@@ -1,0 +1,79 @@
+"""fusegen.runtime.launch on the CPU, with a stand-in for a compiled kernel: what a
+direct launch passes to the compiled kernel's launcher (the GPU tests launch real ones)."""
+
+import contextlib
+from types import SimpleNamespace
+
+import torch
+
+from fusegen.runtime import launch
+
+
+class _Launcher:
+    """A compiled kernel's launcher that records each launch's arguments."""
+
+    global_scratch_size = profile_scratch_size = 0
+    launch_cooperative_grid = launch_pdl = False
+
+    def __init__(self):
+        self.calls = []
+
+    def launch(self, *args):
+        self.calls.append(args)
+
+
+class _Kernel:
+    """A kernel whose `kernel[grid](...)` records the call and gives a compiled kernel."""
+
+    def __init__(self, arg_names):
+        self.calls = []
+        self.launcher = _Launcher()
+        fn = SimpleNamespace(arg_names=arg_names)
+        self.compiled = SimpleNamespace(
+            run=self.launcher, function="f", packed_metadata="m", src=SimpleNamespace(fn=fn)
+        )
+
+    def __getitem__(self, grid):
+        def call(*args, **kwargs):
+            self.calls.append((grid, args, kwargs))
+            return self.compiled
+
+        return call
+
+
+def _descriptor(t, col, rows, width):
+    """What TensorDescriptor keeps: a view of t from column col, its shape and strides."""
+    view = t.view(rows, -1)[:, col:]
+    return SimpleNamespace(base=view, shape=[rows, width], strides=[t.shape[-1], 1], padding="zero")
+
+
+def test_a_described_launch_makes_the_descriptors_again_at_each_calls_addresses(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 7, raising=False)
+    monkeypatch.setattr(launch, "_hooked", lambda: False)
+    monkeypatch.setattr(launch, "compiled_device", lambda args: 0)
+    kernel = _Kernel(["a_desc", "b_desc", "out", "n", "BLOCK"])
+    described = launch.Described()
+
+    def call(a, out):
+        def first():
+            descs = (_descriptor(a, 0, 4, 32), _descriptor(a, 32, 4, 16))
+            return kernel, (3,), descs, (a.shape[0],), {"BLOCK": 64, "num_warps": 4}
+
+        return described((a, a), (out,), first)
+
+    a, out = torch.randn(4, 48), torch.empty(4)
+    assert call(a, out) is kernel.compiled
+    grid, args, kwargs = kernel.calls[0]
+    assert grid == (3,) and args[2:] == (out, 4) and kwargs == {"BLOCK": 64, "num_warps": 4}
+    b, out_b = torch.randn(4, 48), torch.empty(4)
+    assert call(b, out_b) is kernel.compiled
+    assert len(kernel.calls) == 1  # the second call went straight to the launcher
+    x, y, z, stream, function, _, _, _, _, meta, _, _, _, *rest = kernel.launcher.calls[0]
+    assert (x, y, z, stream, function, meta) == (3, 1, 1, 7, "f", "m")
+    first_tile, second_tile, *others = rest
+    assert others == [out_b, 4, 64]
+    assert first_tile.base.data_ptr() == b.data_ptr()
+    assert second_tile.base.data_ptr() == b.data_ptr() + 32 * b.element_size()
+    assert (second_tile.shape, second_tile.strides) == ([4, 16], [48, 1])
+    assert second_tile.padding == "zero"
