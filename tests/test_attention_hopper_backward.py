@@ -11,18 +11,25 @@ from test_attention_hopper import compiled_for_sm90, needs_gluon, on_hopper, ref
 
 @needs_gluon
 @pytest.mark.parametrize(
-    "kernel, dim, dv, causal, group",
+    "kernel, dim, dv, causal, group, masks",
     [
-        ("_attention_dkdv", 128, 128, True, 4),
-        ("_attention_dq", 128, 128, False, 1),
-        ("_attention_dkdv", 96, 96, True, 1),  # two tiles of the head dim: 64 + 32
-        ("_attention_dq", 96, 96, True, 2),
-        ("_attention_dkdv", 192, 128, True, 1),  # MLA: 32-row query blocks
-        ("_attention_dq", 192, 128, False, 1),
+        ("_attention_dkdv", 128, 128, True, 4, {}),
+        ("_attention_dq", 128, 128, False, 1, {}),
+        ("_attention_dkdv", 96, 96, True, 1, {}),  # two tiles of the head dim: 64 + 32
+        ("_attention_dq", 96, 96, True, 2, {}),
+        ("_attention_dkdv", 192, 128, True, 1, {}),  # MLA: 32-row query blocks
+        ("_attention_dq", 192, 128, False, 1, {}),
+        # ALiBi (the slopes of 12 heads: 8 below), Mistral's window, both.
+        ("_attention_dkdv", 128, 128, True, 1, {"ALIBI": 8}),
+        ("_attention_dq", 128, 128, False, 1, {"ALIBI": 8}),
+        ("_attention_dkdv", 128, 128, True, 4, {"WINDOW": 4096}),
+        ("_attention_dq", 128, 128, True, 4, {"WINDOW": 4096}),
+        ("_attention_dkdv", 96, 96, True, 1, {"ALIBI": 4, "WINDOW": 300}),
+        ("_attention_dq", 96, 96, True, 1, {"ALIBI": 4, "WINDOW": 300}),
     ],
 )
-def test_the_kernels_compile_for_sm90_within_shared_memory(kernel, dim, dv, causal, group):
-    meta = {"GROUP": group, "CAUSAL": causal, "STAGES": 2}
+def test_the_kernels_compile_for_sm90_within_shared_memory(kernel, dim, dv, causal, group, masks):
+    meta = {"GROUP": group, "CAUSAL": causal, "STAGES": 2, "ALIBI": 0, "WINDOW": 0, **masks}
     rows = 64
     if kernel == "_attention_dkdv":
         rows = attention_hopper_backward.dkdv_rows(dim)
@@ -37,11 +44,11 @@ def test_the_kernels_compile_for_sm90_within_shared_memory(kernel, dim, dv, caus
     assert wgmma
 
 
-def _reference_grads(q, k, v, d_out, causal, layout):
+def _reference_grads(q, k, v, d_out, causal, layout, alibi=False, window=0):
     """float64 out, lse and (dq, dk, dv) of attention over [batch, seq, heads, dim] or
-    [batch, heads, seq, dim] inputs (k, v with kv heads)."""
+    [batch, heads, seq, dim] inputs (k, v with kv heads), with ALiBi or a window."""
     leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    out, lse = reference(*leaves, causal, layout)
+    out, lse = reference(*leaves, causal, layout, alibi, window)
     out.backward(d_out.double())
     return out.detach(), lse.detach(), [t.grad for t in leaves]
 
@@ -56,21 +63,34 @@ def _poison_cached_blocks(*shapes, dtype):
 @on_hopper
 @needs_gluon
 @pytest.mark.parametrize(
-    "layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype",
+    "layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype, masks",
     [
-        ("bhsd", True, 2, 4, 4, 512, 512, 128, 128, torch.bfloat16),
-        ("bshd", True, 2, 8, 2, 300, 300, 128, 128, torch.bfloat16),  # GQA, a ragged last block
-        ("bshd", False, 1, 4, 1, 200, 333, 128, 128, torch.float16),  # MQA, more keys than queries
-        ("bhsd", False, 3, 2, 2, 129, 130, 64, 64, torch.bfloat16),
-        ("bshd", True, 1, 2, 2, 1000, 1000, 64, 64, torch.float16),
+        ("bhsd", True, 2, 4, 4, 512, 512, 128, 128, torch.bfloat16, {}),
+        # GQA, a ragged last block; MQA, more keys than queries.
+        ("bshd", True, 2, 8, 2, 300, 300, 128, 128, torch.bfloat16, {}),
+        ("bshd", False, 1, 4, 1, 200, 333, 128, 128, torch.float16, {}),
+        ("bhsd", False, 3, 2, 2, 129, 130, 64, 64, torch.bfloat16, {}),
+        ("bshd", True, 1, 2, 2, 1000, 1000, 64, 64, torch.float16, {}),
         # Head dims in two tiles: 96 = 64 + 32, MLA's q and k 192 = 128 + 64 with v 128.
-        ("bshd", True, 2, 8, 2, 300, 300, 96, 96, torch.bfloat16),
-        ("bhsd", False, 1, 3, 3, 257, 400, 96, 96, torch.float16),
-        ("bshd", True, 1, 4, 4, 384, 384, 192, 128, torch.bfloat16),
-        ("bhsd", False, 2, 2, 1, 200, 333, 192, 128, torch.float16),
+        ("bshd", True, 2, 8, 2, 300, 300, 96, 96, torch.bfloat16, {}),
+        ("bhsd", False, 1, 3, 3, 257, 400, 96, 96, torch.float16, {}),
+        ("bshd", True, 1, 4, 4, 384, 384, 192, 128, torch.bfloat16, {}),
+        ("bhsd", False, 2, 2, 1, 200, 333, 192, 128, torch.float16, {}),
+        # ALiBi: 8 heads, 12 (BLOOM's slopes past 8) with more keys than queries, 6 at d 96.
+        ("bhsd", True, 2, 8, 8, 512, 512, 128, 128, torch.bfloat16, {"alibi": True}),
+        ("bshd", False, 1, 12, 4, 200, 333, 64, 64, torch.float16, {"alibi": True}),
+        ("bshd", True, 1, 6, 3, 300, 300, 96, 96, torch.bfloat16, {"alibi": True}),
+        # Windows: of whole blocks (GQA), of a part of one at d 96, with ALiBi, of fewer
+        # keys than a block.
+        ("bhsd", True, 2, 8, 2, 1024, 1024, 128, 128, torch.bfloat16, {"window": 256}),
+        ("bshd", True, 1, 4, 4, 700, 700, 96, 96, torch.float16, {"window": 300}),
+        ("bshd", True, 1, 8, 8, 640, 640, 128, 128, torch.bfloat16, {"alibi": True, "window": 200}),
+        ("bhsd", True, 1, 4, 4, 384, 384, 128, 128, torch.float16, {"window": 100}),
     ],
 )
-def test_dq_dk_dv_match_float64(layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype):
+def test_dq_dk_dv_match_float64(
+    layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype, masks
+):
     torch.manual_seed(sq * 7 + skv + dim)
     q_shape, k_shape = shapes(layout, batch, heads, kv_heads, sq, skv, dim)
     v_shape, out_shape = k_shape[:3] + (dv,), q_shape[:3] + (dv,)
@@ -78,13 +98,13 @@ def test_dq_dk_dv_match_float64(layout, causal, batch, heads, kv_heads, sq, skv,
     k = torch.randn(k_shape, device="cuda", dtype=dtype)
     v = torch.randn(v_shape, device="cuda", dtype=dtype)
     d_out = torch.randn(out_shape, device="cuda", dtype=dtype)
-    out, lse, wants = _reference_grads(q, k, v, d_out, causal, layout)
+    out, lse, wants = _reference_grads(q, k, v, d_out, causal, layout, **masks)
     delta = (out * d_out.double()).sum(-1)
     delta = (delta.transpose(1, 2) if layout == "bshd" else delta).float().contiguous()
     _poison_cached_blocks(q_shape, k_shape, v_shape, dtype=dtype)
     grads, compiled = attention_hopper_backward.backward(
         q, k, v, d_out, lse.float(), delta, (True, True, True),
-        layout=layout, causal=causal, scale=dim**-0.5,
+        layout=layout, causal=causal, scale=dim**-0.5, **masks,
     )  # fmt: skip
     assert set(compiled) == {"hopper_dkdv", "hopper_dq"}
     # bf16/fp16 probabilities and dS into the dots, fp32 accumulators: a few units of the

@@ -21,7 +21,7 @@ The Gluon timing leaves out delta (the `tl` rows include it: a row-sum kernel, a
 of the backward at the default shape).
 
     python3 benchmarks/experiments/attention_gluon_backward.py [--built FOLDER]
-        [--cases causal full] [--shape B H S D] [--v-dim DV] [--kv-heads N]
+        [--cases causal full alibi window] [--shape B H S D] [--v-dim DV] [--kv-heads N]
         [--module NAME] [--rounds 5]
         (on an H100/H200: dq, dk and dv against float64, then timed against the `tl`
         backward kernels of the built module NAME, else anchor_attention_CASE, FOLDER:
@@ -47,6 +47,7 @@ from pathlib import Path
 import torch
 import triton
 
+from fusegen.codegen.attention_text import alibi_slopes
 from fusegen.runtime import attention_hopper, attention_hopper_backward
 
 
@@ -78,15 +79,32 @@ def compile_report(causal=True, dim=128, dv=128, group=1, paired_dots=True, rows
               f"shared {compiled.metadata.shared} bytes", flush=True)  # fmt: skip
 
 
-def reference_grads(q, k, v, d_out, causal):
-    """(dq, dk, dv) in float64 of bhsd q, k, v (k and v with kv heads)."""
+# case -> (causal, ALiBi, window): the masks of the anchors' modules of the same name.
+MASKS = {
+    "causal": (True, False, 0),
+    "full": (False, False, 0),
+    "alibi": (True, True, 0),
+    "window": (True, False, 1024),
+}
+
+
+def reference_grads(q, k, v, d_out, causal, slopes=None, window=0):
+    """(dq, dk, dv) in float64 of bhsd q, k, v (k and v with kv heads, as many keys as
+    queries); slopes: ALiBi's, one a query head; window: a query sees its `window` latest
+    keys."""
     q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
     group = q.shape[1] // k.shape[1]
     keys, values = (t.repeat_interleave(group, 1) for t in (k, v))
     scores = q @ keys.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    seq = q.shape[-2]
+    position = torch.arange(seq, device=q.device)
+    if slopes is not None:
+        slopes = torch.tensor(slopes, dtype=torch.float64, device=q.device)
+        scores = scores + slopes[:, None, None] * (position[None, :] - position[:, None])
     if causal:
-        seq = q.shape[-2]
-        seen = torch.ones(seq, seq, dtype=torch.bool, device=q.device).tril()
+        seen = position[None, :] <= position[:, None]
+        if window:
+            seen &= position[None, :] > position[:, None] - window
         scores = scores.masked_fill(~seen, float("-inf"))
     out = torch.softmax(scores, -1) @ values
     out.backward(d_out.double())
@@ -132,7 +150,7 @@ def run_case(case, shape, kv_heads, rounds, built, profile=False, v_dim=None, mo
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import attention_anchors
 
-    causal = case == "causal"
+    causal, alibi, window = MASKS[case]
     batch, heads, seq, dim = shape
     kv_heads, v_dim = kv_heads or heads, v_dim or dim
     torch.manual_seed(0)
@@ -143,19 +161,23 @@ def run_case(case, shape, kv_heads, rounds, built, profile=False, v_dim=None, mo
     group = heads // kv_heads
     out = torch.empty(batch, heads, seq, v_dim, **bf16)
     lse = torch.empty(batch, heads, seq, device="cuda")
-    attention_hopper.forward(q, k, v, out, lse, layout="bhsd", causal=causal, scale=dim**-0.5)
+    masks = {"causal": causal, "alibi": alibi, "window": window}
+    attention_hopper.forward(q, k, v, out, lse, layout="bhsd", scale=dim**-0.5, **masks)
     delta = (out.float() * d_out.float()).sum(-1)
 
     def gluon(needs, **variant):
         return attention_hopper_backward.backward(
-            q, k, v, d_out, lse, delta, needs, layout="bhsd", causal=causal, scale=dim**-0.5,
+            q, k, v, d_out, lse, delta, needs, layout="bhsd", scale=dim**-0.5, **masks,
             **variant,
         )[0]  # fmt: skip
 
     # The first batch entry's first kv head and its query heads, in float64.
     q_part, kv_part = (slice(0, 1), slice(0, group)), (slice(0, 1), slice(0, 1))
     parts = (q_part, kv_part, kv_part)
-    wants = reference_grads(q[q_part], k[kv_part], v[kv_part], d_out[q_part], causal)
+    slopes = alibi_slopes(heads)[:group] if alibi else None
+    wants = reference_grads(
+        q[q_part], k[kv_part], v[kv_part], d_out[q_part], causal, slopes, window
+    )
     failed = 0
     wide_dq = dim + v_dim <= 256  # 128-key dq blocks fit shared memory
     checked = {"": {}, " (unpaired dots)": {"paired_dots": False}}
@@ -194,7 +216,7 @@ def run_case(case, shape, kv_heads, rounds, built, profile=False, v_dim=None, mo
     }
     if wide_dq:
         calls["gluon dq 128-key blocks"] = lambda: gluon(q_only, keys_dq=128)
-    if built and group == 1:
+    if built and (module or group == 1):
         name = module or f"anchor_attention_{case}"
         module = attention_anchors.load(Path(built), name)
         attention = module._ATTENTION

@@ -441,6 +441,7 @@ class Attention:
             grads, compiled = attention_hopper_backward.backward(
                 q, k, v, d_out.contiguous(), lse, delta, needs,
                 layout=m["LAYOUT"], causal=self.hopper == "causal", scale=m["SCALE"],
+                alibi=self.alibi, window=self.window,
                 launches=launches.setdefault((q.shape, k.shape, v.shape, q.dtype, q.device), {}),
             )  # fmt: skip
             self.last_compiled.update(compiled)
@@ -700,11 +701,8 @@ class Attention:
         return all(t.is_contiguous() and (traced or t.data_ptr() % 16 == 0) for t in inputs[:3])
 
     def hopper_backward_fits(self, inputs, key_lengths, batch, sq, skv, traced=False):
-        """hopper_fits, head dims the backward's kernels take, and no ALiBi or window (the
-        `tl` backward takes the Gluon forward's lse)."""
+        """hopper_fits and head dims the backward's kernels take."""
         dims = (self.module["HEAD_DIM"], self.module["V_HEAD_DIM"])
-        if self.alibi or self.window:
-            return False
         return dims in attention_hopper_backward.HEAD_DIMS and self.hopper_fits(
             inputs, key_lengths, batch, sq, skv, traced
         )

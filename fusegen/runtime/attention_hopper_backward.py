@@ -54,6 +54,8 @@ if attention_hopper.AVAILABLE:
 
     from .attention_hopper import (
         _accumulators,
+        _alibi_slope,
+        _first_key,
         _copy,
         _dot_into,
         _dot_t,
@@ -99,11 +101,13 @@ if attention_hopper.AVAILABLE:
 
     @gluon.jit
     def _kv_step(q_smems, do_smems, k_smems, v_smems, dk, dv, lse, delta, keys, rows, skv,
-                 qk_scale, CAUSAL: gl.constexpr, MASKED: gl.constexpr, PAIRED: gl.constexpr,
+                 qk_scale, bias, CAUSAL: gl.constexpr, ALIBI: gl.constexpr,
+                 WINDOW: gl.constexpr, MASKED: gl.constexpr, PAIRED: gl.constexpr,
                  num_warps: gl.constexpr):
         """One query block into a consumer's dK and dV (tuples, one a part of the head
         dim). PAIRED: S^T issued with dP^T, then dV with dK (two waits a block); else dV
-        with dP^T (three)."""
+        with dP^T (three). ALIBI: the scores get bias (a key's part of ALiBi's term; the
+        row's is in lse: _kv_blocks) added."""
         BN: gl.constexpr = k_smems[0].type.shape[0]
         BM: gl.constexpr = q_smems[0].type.shape[0]
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -116,11 +120,16 @@ if attention_hopper.AVAILABLE:
             s = warpgroup_mma_wait(len(v_smems), deps=(s_tok,))
         else:
             s = warpgroup_mma_wait(0, deps=(_dot_t(k_smems, q_smems, s_zero),))
-        p = gl.exp2(s * qk_scale - lse[None, :])
+        if ALIBI:
+            p = gl.exp2(s * qk_scale + bias[:, None] - lse[None, :])
+        else:
+            p = gl.exp2(s * qk_scale - lse[None, :])
         if MASKED:  # the diagonal (queries before a key see none of it), the last key
             seen = keys[:, None] < skv
             if CAUSAL:
                 seen = seen & (keys[:, None] <= rows[None, :])
+            if WINDOW:  # a query sees its WINDOW latest keys
+                seen = seen & (keys[:, None] > rows[None, :] - WINDOW)
             p = gl.where(seen, p, 0.0)
         p_ops = _operands(p.to(dtype), dv)
         if PAIRED:
@@ -141,24 +150,32 @@ if attention_hopper.AVAILABLE:
 
     @gluon.jit
     def _kv_blocks(bufs, bars, dk, dv, lse_ptr, delta_ptr, row_base, keys, i, row0, end,
-                   sq, skv, qk_scale, CAUSAL: gl.constexpr, MASKED: gl.constexpr,
-                   PAIRED: gl.constexpr, num_warps: gl.constexpr):
+                   sq, skv, qk_scale, slope, key0, CAUSAL: gl.constexpr, ALIBI: gl.constexpr,
+                   WINDOW: gl.constexpr, MASKED: gl.constexpr, PAIRED: gl.constexpr,
+                   num_warps: gl.constexpr):
         """Query blocks from row0 to end (one head's) into dK and dV, i: the ring's count
-        so far; returns dk, dv and the count."""
+        so far; returns dk, dv and the count. ALIBI: slope * (key - key0), key0 the
+        consumer's first key, goes on the scores, and slope * (row - key0 + skv - sq) on
+        lse: ALiBi's slope * (key - row - (skv - sq)) with terms a block long."""
         q_bufs, do_bufs, k_smems, v_smems = bufs
         ready, empty = bars
         BM: gl.constexpr = q_bufs[0].type.shape[1]
         STAGES: gl.constexpr = q_bufs[0].type.shape[0]
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BM, 16])
+        bias = slope
+        if ALIBI:
+            bias = slope * (keys - key0).to(gl.float32)
         for start in range(row0, end, BM):
             stage = i % STAGES
             rows = start + gl.arange(0, BM, layout=gl.SliceLayout(0, s_layout))
             lse, delta = _row_terms(lse_ptr, delta_ptr, row_base, rows, sq)
+            if ALIBI:
+                lse = lse + slope * (rows - key0 + skv - sq).to(gl.float32)
             mbarrier.wait(ready.index(stage), (i // STAGES) & 1)
             dk, dv = _kv_step(_slots(q_bufs, stage), _slots(do_bufs, stage), k_smems,
-                              v_smems, dk, dv, lse, delta, keys, rows, skv, qk_scale, CAUSAL,
-                              MASKED, PAIRED and not MASKED, num_warps)
+                              v_smems, dk, dv, lse, delta, keys, rows, skv, qk_scale, bias,
+                              CAUSAL, ALIBI, WINDOW, MASKED, PAIRED and not MASKED, num_warps)
             mbarrier.arrive(empty.index(stage))
             i += 1
         return dk, dv, i
@@ -166,12 +183,13 @@ if attention_hopper.AVAILABLE:
     @gluon.jit
     def _kv_consume(descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
                     heads, qk_scale, scale, strides, GROUP: gl.constexpr,
-                    CAUSAL: gl.constexpr, PAIRED_DOTS: gl.constexpr, PART: gl.constexpr,
-                    num_warps: gl.constexpr):
+                    CAUSAL: gl.constexpr, ALIBI: gl.constexpr, WINDOW: gl.constexpr,
+                    PAIRED_DOTS: gl.constexpr, PART: gl.constexpr, num_warps: gl.constexpr):
         """Consumer PART: its 64 keys over every query block the producer streams (each
         query head of the kv head in turn): a head's blocks that need a mask (causal: those
-        that cross the diagonal; all, where the keys run past the last) by one loop, the
-        rest by another without the mask's code; then its rows of dk and dv."""
+        that cross the diagonal; all, where the keys run past the last; WINDOW: those
+        from the first row past its first key's window) by a loop of their own, the rest
+        by another without the mask's code; then its rows of dk and dv."""
         q_descs, k_descs, v_descs, do_descs = descs
         q_bufs, do_bufs, k_bufs, v_bufs = bufs
         kv_ready, ready, empty = bars
@@ -193,18 +211,30 @@ if attention_hopper.AVAILABLE:
             split = gl.minimum(gl.cdiv(key0 + BN, BM) * BM, end)
         else:
             split = row0
+        tail = end
+        if WINDOW:  # the blocks from the first that has a row past key0's window
+            tail = gl.minimum(gl.maximum((key0 + WINDOW) // BM * BM, split), end)
         step_bufs = (q_bufs, do_bufs, _slots(k_bufs, PART), _slots(v_bufs, PART))
         step_bars = (ready, empty)
         mbarrier.wait(kv_ready.index(PART), 0)
         i = 0
         for h in range(GROUP):
-            row_base = (batch * heads + kv_head * GROUP + h).to(gl.int64) * sq
+            head = kv_head * GROUP + h
+            row_base = (batch * heads + head).to(gl.int64) * sq
+            slope = 0.0
+            if ALIBI:
+                slope = _alibi_slope(head, ALIBI)
             dk, dv, i = _kv_blocks(step_bufs, step_bars, dk, dv, lse_ptr, delta_ptr, row_base,
-                                   keys, i, row0, split, sq, skv, qk_scale, CAUSAL, True,
-                                   PAIRED_DOTS, num_warps)
+                                   keys, i, row0, split, sq, skv, qk_scale, slope, key0,
+                                   CAUSAL, ALIBI, WINDOW, True, PAIRED_DOTS, num_warps)
             dk, dv, i = _kv_blocks(step_bufs, step_bars, dk, dv, lse_ptr, delta_ptr, row_base,
-                                   keys, i, split, end, sq, skv, qk_scale, CAUSAL, False,
-                                   PAIRED_DOTS, num_warps)
+                                   keys, i, split, tail, sq, skv, qk_scale, slope, key0,
+                                   CAUSAL, ALIBI, WINDOW, False, PAIRED_DOTS, num_warps)
+            if WINDOW:
+                dk, dv, i = _kv_blocks(step_bufs, step_bars, dk, dv, lse_ptr, delta_ptr,
+                                       row_base, keys, i, tail, end, sq, skv, qk_scale, slope,
+                                       key0, CAUSAL, ALIBI, WINDOW, True, PAIRED_DOTS,
+                                       num_warps)
 
         dk_strides, dv_strides = strides
         base = batch.to(gl.int64) * dk_strides[0] + kv_head * dk_strides[1]
@@ -215,8 +245,8 @@ if attention_hopper.AVAILABLE:
     @gluon.jit
     def _kv_produce(descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
                     heads, qk_scale, scale, q_place, GROUP: gl.constexpr,
-                    CAUSAL: gl.constexpr, PAIRED_DOTS: gl.constexpr, PART: gl.constexpr,
-                    num_warps: gl.constexpr):
+                    CAUSAL: gl.constexpr, ALIBI: gl.constexpr, WINDOW: gl.constexpr,
+                    PAIRED_DOTS: gl.constexpr, PART: gl.constexpr, num_warps: gl.constexpr):
         """The producer warp: both consumers' K and V, then each query block's q and
         d_out into the ring once both consumers have released its stage (a fresh
         mbarrier counts as having completed the phase before 0)."""
@@ -250,12 +280,14 @@ if attention_hopper.AVAILABLE:
                         q_rows_b, q_rows_h, q_cols_h, kv_rows_b, kv_rows_h, kv_cols_h,
                         v_cols_h, stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b,
                         stride_dv_h, stride_dv_s,
-                        GROUP: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+                        GROUP: gl.constexpr, CAUSAL: gl.constexpr, ALIBI: gl.constexpr,
+                        WINDOW: gl.constexpr, STAGES: gl.constexpr,
                         PAIRED_DOTS: gl.constexpr, SPLIT_QK: gl.constexpr,
                         SPLIT_V: gl.constexpr, num_warps: gl.constexpr):
         """One program: 2 x 64 keys of one (batch, kv head), programs kv head by kv head,
         the first keys (causal: the most query blocks) first. Tiles' places and the parts
-        of the head dims (*_rest, SPLIT_*) as in attention_hopper's forward."""
+        of the head dims (*_rest, SPLIT_*), ALIBI and WINDOW as in attention_hopper's
+        forward (a window's program streams the query blocks that see its keys)."""
         q_descs = _parts_of(q_desc, q_rest, SPLIT_QK)
         k_descs = _parts_of(k_desc, k_rest, SPLIT_QK)
         v_descs = _parts_of(v_desc, v_rest, SPLIT_V)
@@ -272,7 +304,10 @@ if attention_hopper.AVAILABLE:
             first_block = key0 // BM  # the query blocks at or after the first key
         else:
             first_block = 0
-        n_blocks = gl.cdiv(sq, BM) - first_block
+        last_block = gl.cdiv(sq, BM)
+        if WINDOW:  # the last query that sees the program's last key: key + WINDOW - 1
+            last_block = gl.minimum(last_block, gl.cdiv(key0 + 2 * BN - 1 + WINDOW, BM))
+        n_blocks = last_block - first_block
         kv_row = batch * kv_rows_b + kv_head * kv_rows_h
 
         bufs = (_ring(q_descs, STAGES), _ring(do_descs, STAGES), _ring(k_descs, 2),
@@ -287,26 +322,27 @@ if attention_hopper.AVAILABLE:
         # (Constexprs keep their kind only written out in each partition's tuple.)
         gl.warp_specialize([
             (_kv_consume, (descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
-                           heads, qk_scale, scale, out_strides, GROUP, CAUSAL, PAIRED_DOTS, 0,
-                           num_warps)),
+                           heads, qk_scale, scale, out_strides, GROUP, CAUSAL, ALIBI, WINDOW,
+                           PAIRED_DOTS, 0, num_warps)),
             (_kv_consume, (descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
-                           heads, qk_scale, scale, out_strides, GROUP, CAUSAL, PAIRED_DOTS, 1,
-                           num_warps)),
+                           heads, qk_scale, scale, out_strides, GROUP, CAUSAL, ALIBI, WINDOW,
+                           PAIRED_DOTS, 1, num_warps)),
             (_kv_produce, (descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
-                           heads, qk_scale, scale, q_place, GROUP, CAUSAL, PAIRED_DOTS, 0,
-                           num_warps)),
+                           heads, qk_scale, scale, q_place, GROUP, CAUSAL, ALIBI, WINDOW,
+                           PAIRED_DOTS, 0, num_warps)),
         ], [num_warps, 1], [240, 24])
 
     @gluon.jit
     def _q_consume(descs, bufs, bars, dq_ptr, lse_ptr, delta_ptr, at, sq, skv, heads,
-                   qk_scale, scale, strides, CAUSAL: gl.constexpr, PART: gl.constexpr,
-                   num_warps: gl.constexpr):
+                   qk_scale, scale, strides, CAUSAL: gl.constexpr, ALIBI: gl.constexpr,
+                   WINDOW: gl.constexpr, PART: gl.constexpr, num_warps: gl.constexpr):
         """Consumer PART of the dq kernel: its 64 query rows over every key block the
-        producer streams; then its rows of dq."""
+        producer streams; then its rows of dq. ALIBI: slope * (key - row0) on the scores,
+        slope * (row - row0 + skv - sq) on lse (ALiBi's term, as the forward splits it)."""
         q_descs, k_descs, v_descs, do_descs = descs
         q_bufs, do_bufs, k_bufs, v_bufs = bufs
         qdo_ready, ready, empty = bars
-        batch, head, row0, n_blocks, q_row, q_col, do_col, kv_row, kv_col, v_col = at
+        batch, head, row0, n_blocks, first_key, q_row, q_col, do_col, kv_row, kv_col, v_col = at
         BM: gl.constexpr = q_descs[0].block_type.shape[0]
         BN: gl.constexpr = k_descs[0].block_type.shape[0]
         STAGES: gl.constexpr = k_bufs[0].type.shape[0]
@@ -321,21 +357,33 @@ if attention_hopper.AVAILABLE:
         rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
         lse, delta = _row_terms(lse_ptr, delta_ptr, (batch * heads + head).to(gl.int64) * sq,
                                 rows, sq)
+        slope = 0.0
+        if ALIBI:
+            slope = _alibi_slope(head, ALIBI)
+            lse = lse + slope * (rows - row0 + skv - sq).to(gl.float32)
         mbarrier.wait(qdo_ready.index(PART), 0)
         for j in range(n_blocks):
             stage = j % STAGES
             k_smems = _slots(k_bufs, stage)
-            key0 = j * BN
+            key0 = first_key + j * BN
             mbarrier.wait(ready.index(stage), (j // STAGES) & 1)
             s_tok = _dot_t(q_smems, k_smems, s_zero)
             dp_tok = _dot_t(do_smems, _slots(v_bufs, stage), s_zero)
             s = warpgroup_mma_wait(len(do_smems), deps=(s_tok,))
-            p = gl.exp2(s * qk_scale - lse[:, None])
-            if (CAUSAL and key0 + BN > row0) or key0 + BN > skv:
+            if ALIBI:
+                keys = key0 - row0 + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
+                s = s * qk_scale + (slope * keys.to(gl.float32))[None, :]
+                p = gl.exp2(s - lse[:, None])
+            else:
+                p = gl.exp2(s * qk_scale - lse[:, None])
+            if ((CAUSAL and key0 + BN > row0) or key0 + BN > skv
+                    or (WINDOW and key0 + WINDOW <= row0 + BM - 1)):
                 keys = key0 + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
                 seen = keys[None, :] < skv
                 if CAUSAL:
                     seen = seen & (keys[None, :] <= rows[:, None])
+                if WINDOW:  # a query sees its WINDOW latest keys
+                    seen = seen & (keys[None, :] > rows[:, None] - WINDOW)
                 p = gl.where(seen, p, 0.0)
             dp = warpgroup_mma_wait(0, deps=(dp_tok,))
             ds_ops = _operands((p * (dp - delta[:, None])).to(dtype), dq)
@@ -348,14 +396,14 @@ if attention_hopper.AVAILABLE:
 
     @gluon.jit
     def _q_produce(descs, bufs, bars, dq_ptr, lse_ptr, delta_ptr, at, sq, skv, heads,
-                   qk_scale, scale, strides, CAUSAL: gl.constexpr, PART: gl.constexpr,
-                   num_warps: gl.constexpr):
+                   qk_scale, scale, strides, CAUSAL: gl.constexpr, ALIBI: gl.constexpr,
+                   WINDOW: gl.constexpr, PART: gl.constexpr, num_warps: gl.constexpr):
         """The dq kernel's producer warp: both consumers' q and d_out, then each key
         block's K and V into the ring once both consumers have released its stage."""
         q_descs, k_descs, v_descs, do_descs = descs
         q_bufs, do_bufs, k_bufs, v_bufs = bufs
         qdo_ready, ready, empty = bars
-        batch, head, row0, n_blocks, q_row, q_col, do_col, kv_row, kv_col, v_col = at
+        batch, head, row0, n_blocks, first_key, q_row, q_col, do_col, kv_row, kv_col, v_col = at
         BM: gl.constexpr = q_descs[0].block_type.shape[0]
         BN: gl.constexpr = k_descs[0].block_type.shape[0]
         STAGES: gl.constexpr = k_bufs[0].type.shape[0]
@@ -370,7 +418,7 @@ if attention_hopper.AVAILABLE:
             mbarrier.wait(empty.index(stage), ((j // STAGES) & 1) ^ 1)
             bar = ready.index(stage)
             mbarrier.expect(bar, _nbytes(k_descs) + _nbytes(v_descs))
-            row = kv_row + j * BN
+            row = kv_row + first_key + j * BN
             _copy(k_descs, k_bufs, stage, bar, row, kv_col)
             _copy(v_descs, v_bufs, stage, bar, row, v_col)
 
@@ -379,10 +427,12 @@ if attention_hopper.AVAILABLE:
                       dq_ptr, lse_ptr, delta_ptr, sq, skv, heads, qk_scale, scale,
                       q_rows_b, q_rows_h, q_cols_h, kv_rows_b, kv_rows_h, kv_cols_h,
                       v_cols_h, stride_q_b, stride_q_h, stride_q_s,
-                      GROUP: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                      SPLIT_QK: gl.constexpr, SPLIT_V: gl.constexpr, num_warps: gl.constexpr):
+                      GROUP: gl.constexpr, CAUSAL: gl.constexpr, ALIBI: gl.constexpr,
+                      WINDOW: gl.constexpr, STAGES: gl.constexpr, SPLIT_QK: gl.constexpr,
+                      SPLIT_V: gl.constexpr, num_warps: gl.constexpr):
         """One program: 2 x 64 query rows of one (batch, head), programs head by head,
-        the last query block (causal: the longest) first."""
+        the last query block (causal: the longest) first; WINDOW: the key blocks from
+        its first row's window start."""
         q_descs = _parts_of(q_desc, q_rest, SPLIT_QK)
         k_descs = _parts_of(k_desc, k_rest, SPLIT_QK)
         v_descs = _parts_of(v_desc, v_rest, SPLIT_V)
@@ -399,22 +449,24 @@ if attention_hopper.AVAILABLE:
             n_blocks = gl.cdiv(gl.minimum(row0 + 2 * BM, skv), BN)
         else:
             n_blocks = gl.cdiv(skv, BN)
+        first_key = _first_key(row0, WINDOW, BN)
+        n_blocks -= first_key // BN
 
         bufs = (_ring(q_descs, 2), _ring(do_descs, 2), _ring(k_descs, STAGES),
                 _ring(v_descs, STAGES))
         bars = _barriers(STAGES)
         descs = (q_descs, k_descs, v_descs, do_descs)
-        at = (batch, head, row0, n_blocks, batch * q_rows_b + head * q_rows_h + row0,
+        at = (batch, head, row0, n_blocks, first_key, batch * q_rows_b + head * q_rows_h + row0,
               head * q_cols_h, head * v_cols_h, batch * kv_rows_b + kv_head * kv_rows_h,
               kv_head * kv_cols_h, kv_head * v_cols_h)
         out_strides = (stride_q_b, stride_q_h, stride_q_s)
         gl.warp_specialize([
             (_q_consume, (descs, bufs, bars, dq_ptr, lse_ptr, delta_ptr, at, sq, skv, heads,
-                          qk_scale, scale, out_strides, CAUSAL, 0, num_warps)),
+                          qk_scale, scale, out_strides, CAUSAL, ALIBI, WINDOW, 0, num_warps)),
             (_q_consume, (descs, bufs, bars, dq_ptr, lse_ptr, delta_ptr, at, sq, skv, heads,
-                          qk_scale, scale, out_strides, CAUSAL, 1, num_warps)),
+                          qk_scale, scale, out_strides, CAUSAL, ALIBI, WINDOW, 1, num_warps)),
             (_q_produce, (descs, bufs, bars, dq_ptr, lse_ptr, delta_ptr, at, sq, skv, heads,
-                          qk_scale, scale, out_strides, CAUSAL, 0, num_warps)),
+                          qk_scale, scale, out_strides, CAUSAL, ALIBI, WINDOW, 0, num_warps)),
         ], [num_warps, 1], [240, 24])
     # fmt: on
 
@@ -442,7 +494,8 @@ def dkdv_rows(dim):
 
 def backward(
     q, k, v, d_out, lse, delta, needs, *, layout, causal, scale,
-    stages=STAGES, paired_dots=PAIRED_DOTS, rows_dkdv=None, keys_dq=BLOCK_N, launches=None,
+    alibi=False, window=0, stages=STAGES, paired_dots=PAIRED_DOTS, rows_dkdv=None,
+    keys_dq=BLOCK_N, launches=None,
 ):  # fmt: skip
     """(dq, dk, dv), each None where needs says it is not wanted, of attention over q, k,
     v (contiguous, 16-byte aligned, bf16 or fp16, head dims in HEAD_DIMS) given d_out
@@ -467,6 +520,8 @@ def backward(
         scalars = (sq, skv, heads, scale * LOG2E, scale, *q_place, *kv_place, v_cols)
         out_strides = [s for t in outs for s in attention_hopper.strides(t, layout)]
         meta = {"GROUP": heads // kv_heads, "CAUSAL": causal, "STAGES": stages, **extra}
+        meta["ALIBI"] = 1 << (heads.bit_length() - 1) if alibi else 0
+        meta["WINDOW"] = window or 0
         meta.update(attention_hopper.splits(q, v), num_warps=4)
         return kernel, grid, descs, (*scalars, *out_strides), meta
 
