@@ -24,6 +24,12 @@ benchmarks/experiments/attention_gluon_backward.py: 12-14% faster than the `tl` 
 forward + backward 0.91x cuDNN, whose fused kernel does 5 dots to these 7 (fp32 atomics
 to fuse dq ran 50% slower: benchmarks/RESULTS.md).
 
+ALiBi and sliding windows as in the forward: ALiBi's slope * (key - query - (k_len -
+q_len)) split into a key's part on the scores and a query's on lse, each a block long; a
+window's dk/dv program streams only the query blocks that see its keys (its edge blocks
+masked in a loop of their own), and a dq program the key blocks from its first row's
+window start.
+
 Head dims that are not powers of two are two tiles, as in the forward (96 = 64 + 32,
 MLA's 192 = 128 + 64 with v 128); at MLA's dims the dk/dv kernel takes query blocks of 32
 rows (dkdv_rows: 64 spilled). Forward + backward there: 1.05x cuDNN at 96, 0.99x at MLA.
