@@ -459,8 +459,8 @@ def test_the_gluon_attention_experiments_compile_for_sm90():
     assert len(reports) == 4 and all("0 bytes spill stores" in r for r in reports), done.stdout
     done = run_experiment("attention_gluon_backward", "--compile", interpret=False)
     # The runtime's dk/dv and dq kernels at four of the experiment's settings at head dim
-    # 128, and at 96, MLA's 192/128 and MLA's with 64-row dk/dv blocks.
-    assert done.stdout.count("registers") == 14, done.stdout
+    # 128, at 96, MLA's 192/128 and MLA's with 64-row dk/dv blocks, with ALiBi and a window.
+    assert done.stdout.count("registers") == 18, done.stdout
 
 
 def test_the_fp8_block_experiment_edits_the_generated_module():

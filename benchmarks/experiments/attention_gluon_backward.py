@@ -31,7 +31,7 @@ of the backward at the default shape).
         backward, MHA only, profiled)
     python3 benchmarks/experiments/attention_gluon_backward.py --compile
         (CPU: compiled for sm_90; registers, spills and shared memory, head dims 128, 96
-        and 192/128)
+        and 192/128, ALiBi and a window)
 
 bhsd, bf16.
 """
@@ -51,9 +51,12 @@ from fusegen.codegen.attention_text import alibi_slopes
 from fusegen.runtime import attention_hopper, attention_hopper_backward
 
 
-def compile_report(causal=True, dim=128, dv=128, group=1, paired_dots=True, rows=None):
+def compile_report(
+    causal=True, dim=128, dv=128, group=1, paired_dots=True, rows=None, alibi=0, window=0
+):
     """Registers, spills and shared memory of the runtime's kernels compiled for sm_90
-    (CPU); rows: the dk/dv kernel's query rows (dkdv_rows by default)."""
+    (CPU); rows: the dk/dv kernel's query rows (dkdv_rows by default); alibi, window:
+    the kernels' ALIBI (the power of two at or below the heads) and WINDOW."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from quant_registers import compile_sm90, ptxas_report
 
@@ -68,14 +71,16 @@ def compile_report(causal=True, dim=128, dv=128, group=1, paired_dots=True, rows
             types[name] = triton.runtime.jit.mangle_type(desc)
         types |= {n: "*bf16" for n in ("dk_ptr", "dv_ptr", "dq_ptr") if n in names}
         types |= {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "qk_scale": "fp32", "scale": "fp32"}
-        meta = {"GROUP": group, "CAUSAL": causal, "STAGES": 2, "num_warps": 4}
+        meta = {"GROUP": group, "CAUSAL": causal, "ALIBI": alibi, "WINDOW": window}
+        meta |= {"STAGES": 2, "num_warps": 4}
         meta |= split
         meta |= {"PAIRED_DOTS": paired_dots} if "PAIRED_DOTS" in names else {}
         types |= {name: "constexpr" for name in meta}
         constants = {(names.index(name),): value for name, value in meta.items()}
         compiled = compile_sm90(kernel, types, constants, {"num_warps": 4})
         print(f"{kernel.__name__} d={dim}/{dv} rows={q_rows} causal={causal} group={group} "
-              f"paired={paired_dots}: {ptxas_report(compiled.asm['ptx'])} | "
+              f"paired={paired_dots} alibi={alibi} window={window}: "
+              f"{ptxas_report(compiled.asm['ptx'])} | "
               f"shared {compiled.metadata.shared} bytes", flush=True)  # fmt: skip
 
 
@@ -134,6 +139,8 @@ def main() -> int:
             compile_report(causal, group=group, paired_dots=paired)
         for dim, dv, rows in ((96, 96, None), (192, 128, None), (192, 128, 64)):
             compile_report(True, dim, dv, rows=rows)
+        compile_report(True, alibi=32)  # BLOOM-style: ALiBi's slopes of 32 heads
+        compile_report(True, group=4, window=1024)  # Mistral-style
         return 0
 
     failed = sum(
