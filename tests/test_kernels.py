@@ -1397,3 +1397,38 @@ def test_a_chain_launch_ptxas_crashes_on_retries_with_fewer_stages(zoo, monkeypa
     assert tried == [2, 1]
     chain.check_outputs(results, inputs, dtype, seed, kernel.last_launch())
     kernel._CALLS.clear()
+
+
+def test_a_backward_keeps_its_launches_per_call_signature(zoo):
+    """The backward's kernels (delta, dk/dv, dq) are launched by _Launches kept per call
+    signature (Attention.backward_key), so that on a GPU the second call of a signature
+    launches them directly: a call like an earlier one takes the same ones, one that needs
+    other gradients or reads other strides gets its own, and every call's gradients match
+    float64 on its own data."""
+    kernel, tests = load(zoo, "att_gqa_causal")
+    attention = kernel._ATTENTION
+    attention.backward_launches.clear()
+    suite, dtype = tests.SUITE, torch.float32
+
+    def trained(seed, wanted=(True, True, True), strided=False):
+        inputs = suite.make_inputs((2, 37, 37), dtype, seed)
+        leaves = [t.clone().requires_grad_(w) for t, w in zip(inputs, wanted, strict=True)]
+        d_out = suite.upstream(inputs[0], dtype, seed)
+        if strided:  # the same values in other strides (the forward's signature is the same)
+            d_out = d_out.transpose(1, 2).contiguous().transpose(1, 2)
+        kernel.att_gqa_causal(*leaves).backward(d_out)
+        wants = [t.double().requires_grad_(w) for t, w in zip(inputs, wanted, strict=True)]
+        kernel.reference(*wants).backward(d_out.double())
+        for got, want in zip(leaves, wants, strict=True):
+            if want.requires_grad:
+                error = (got.grad.double() - want.grad).abs().max().item()
+                assert error <= 1e-4 * want.grad.abs().max().item(), error
+        return dict(attention.backward_launches)
+
+    first = trained(1)
+    assert sorted(kind for _, kind in first) == ["delta", "kv", "q"]
+    assert trained(2) == first  # the same signature: the same launches
+    only_q = trained(3, wanted=(True, False, False))
+    assert len(only_q) == 5 and all(only_q[key] is launch for key, launch in first.items())
+    strided = trained(4, strided=True)
+    assert len(strided) == 8

@@ -236,6 +236,7 @@ class Attention:
         self.plans = {}  # call signature -> _Plan (forward calls)
         # (q's, k's and v's shapes, dtype, device) -> the Gluon backward's launches
         self.hopper_backward_launches = {}
+        self.backward_launches = {}  # (backward_key, kernel) -> its _Launch
         self.forced = module.setdefault("FORCED", {})  # kernel -> config (`fusegen tune`)
         self.stages = {}  # (kernel, dtypes, tiles, stages asked) -> the stages that fit
         self.last_compiled = {}  # kernel name -> its last launch's compiled kernel
@@ -432,10 +433,11 @@ class Attention:
         upcast = self.interpreted() and q.dtype == torch.bfloat16
         strides = self.strides_of
         delta = torch.empty((batch, heads, sq), dtype=torch.float32, device=q.device)
+        key = self.backward_key(inputs, key_lengths, out, d_out, lse, needs)
         meta = {"HEADS": heads, "DV": m["V_HEAD_DIM"], "BLOCK_M": 64, "BLOCK_D": block_dv}
-        _Launch(self, backward_delta, (cdiv(sq, 64), batch * heads), meta)(
-            out, d_out, delta, sq, *strides(out), *strides(d_out)
-        )
+        self.backward_launch(
+            key, "delta", lambda: _Launch(self, backward_delta, (cdiv(sq, 64), batch * heads), meta)
+        )(out, d_out, delta, sq, *strides(out), *strides(d_out))
         if self.hopper_backward_fits(inputs, key_lengths, batch, sq, skv):
             launches = self.hopper_backward_launches
             if len(launches) >= 1024:
@@ -468,7 +470,9 @@ class Attention:
                 meta["TMA"] = self.tma_loads(q, d_out)
             grid = (cdiv(skv, block_n), batch * m["KV_HEADS"])
             dv_strides = strides(d_v) if self.split_v else ()
-            self.launch_of("kv", grid, dtypes, meta, warps, stages, q.device)(
+            self.backward_launch(
+                key, "kv", lambda: self.launch_of("kv", grid, dtypes, meta, warps, stages, q.device)
+            )(
                 q,
                 k,
                 v,
@@ -500,13 +504,41 @@ class Attention:
                 d_scores = alloc(shape, dtype=torch.float32, device=q.device)
                 extra, meta["BIAS_GRAD"] = (*bias, d_scores), bool(wants_bias)
             grid = (cdiv(sq, block_m), batch * heads)
-            self.launch_of("q", grid, dtypes, meta, warps, stages, q.device)(
-                q, k, v, d_out, lse, delta, d_q, lengths, *reads, *strides(d_q), *extra
-            )
+            self.backward_launch(
+                key, "q", lambda: self.launch_of("q", grid, dtypes, meta, warps, stages, q.device)
+            )(q, k, v, d_out, lse, delta, d_q, lengths, *reads, *strides(d_q), *extra)
             if self.bias:
                 d_q = d_q if needs[0] else None
                 d_bias = summed_to(d_scores, inputs[3]) if wants_bias else None
         return (d_q, d_k, d_v, d_bias) if self.bias else (d_q, d_k, d_v)
+
+    def backward_key(self, inputs, key_lengths, out, d_out, lse, needs):
+        """What a backward call's launches depend on: the forward's signature, out's,
+        d_out's and lse's shapes, strides and alignment (as the kernels read them), and
+        needs. None while traced or while `fusegen tune` forces configs: then each call
+        makes its own launches."""
+        if self.tracing or self.forced:
+            return None
+        try:
+            signature = self.signature(inputs, key_lengths)
+        except (AttributeError, RuntimeError, TypeError):
+            return None
+        layouts = tuple((t.shape, t.stride(), t.data_ptr() % 16) for t in (out, d_out, lse))
+        return signature, layouts, tuple(needs)
+
+    def backward_launch(self, key, kernel, make):
+        """The _Launch make() gives for kernel ("delta", "kv" or "q") of a backward call
+        whose launches depend on key (backward_key), kept per key, so that from the
+        second call it launches directly (launch.Direct); a fresh one where key is None."""
+        if key is None:
+            return make()
+        launches = self.backward_launches
+        found = launches.get((key, kernel))
+        if found is None:
+            if len(launches) >= 1024:
+                launches.clear()
+            found = launches[(key, kernel)] = make()
+        return found
 
     def reference_grads(self, inputs, d_out, needs, key_lengths=None):
         """The gradients by the reference's autograd (no GPU), through torch.func.vjp,
