@@ -25,7 +25,8 @@ forward + backward 0.91x cuDNN, whose fused kernel does 5 dots to these 7 (fp32 
 to fuse dq ran 50% slower: benchmarks/RESULTS.md).
 
 ALiBi and sliding windows as in the forward: ALiBi's slope * (key - query - (k_len -
-q_len)) split into a key's part on the scores and a query's on lse, each a block long; a
+q_len)) split into a key's part on the scores and a query's on lse, both measured from
+the consumer's first key or row (not from position 0: small terms, kept exact); a
 window's dk/dv program streams only the query blocks that see its keys (its edge blocks
 masked in a loop of their own), and a dq program the key blocks from its first row's
 window start.
@@ -164,7 +165,7 @@ if attention_hopper.AVAILABLE:
         """Query blocks from row0 to end (one head's) into dK and dV, i: the ring's count
         so far; returns dk, dv and the count. ALIBI: slope * (key - key0), key0 the
         consumer's first key, goes on the scores, and slope * (row - key0 + skv - sq) on
-        lse: ALiBi's slope * (key - row - (skv - sq)) with terms a block long."""
+        lse: ALiBi's slope * (key - row - (skv - sq)), the scores' part under a block."""
         q_bufs, do_bufs, k_smems, v_smems = bufs
         ready, empty = bars
         BM: gl.constexpr = q_bufs[0].type.shape[1]
