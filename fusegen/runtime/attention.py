@@ -208,7 +208,7 @@ class Attention:
     hopper: "causal" or "none" where the module's attention is plain, ALiBi's or a
         window's (no softcap or bias) at head dims attention_hopper takes, with that mask:
         a call that fits (hopper_fits) runs the Gluon kernels of attention_hopper (forward)
-        and attention_hopper_backward (plain attention's) on an H100/H200.
+        and attention_hopper_backward on an H100/H200.
     """
 
     def __init__(
@@ -223,7 +223,7 @@ class Attention:
         self.kernels = {"forward": forward, "kv": backward_kv, "q": backward_q}
         self.bias, self.softcap, self.split_v = bias, softcap, split_v
         self.packs, self.tma, self.hopper = packed, tma, hopper
-        # What the Hopper forward adds to plain attention, as the module states it.
+        # What the Hopper kernels add to plain attention, as the module states it.
         self.alibi, self.window = "ALIBI_SLOPES" in module, module.get("WINDOW")
         self.inputs = ("q", "k", "v", "bias") if bias else ("q", "k", "v")
         axes = ("batch", "seq", "heads", "dim")
@@ -232,9 +232,8 @@ class Attention:
         self.layout_doc = ", ".join(axes)
         self.heads_axis, self.seq_axis = axes.index("heads"), axes.index("seq")
         self.plans = {}  # call signature -> _Plan (forward calls)
-        # (q's, k's and v's shapes, dtype, device) -> the Gluon backward's launches
-        self.hopper_backward_launches = {}
-        self.backward_launches = {}  # (backward_key, kernel) -> its _Launch
+        # (backward_key, kernel) -> its _Launch; "hopper": the Gluon backward's launches
+        self.backward_launches = {}
         self.forced = module.setdefault("FORCED", {})  # kernel -> config (`fusegen tune`)
         self.stages = {}  # (kernel, dtypes, tiles, stages asked) -> the stages that fit
         self.last_compiled = {}  # kernel name -> its last launch's compiled kernel
@@ -437,14 +436,11 @@ class Attention:
             key, "delta", lambda: _Launch(self, backward_delta, (cdiv(sq, 64), batch * heads), meta)
         )(out, d_out, delta, sq, *strides(out), *strides(d_out))
         if self.hopper_backward_fits(inputs, key_lengths, batch, sq, skv):
-            launches = self.hopper_backward_launches
-            if len(launches) >= 1024:
-                launches.clear()
             grads, compiled = attention_hopper_backward.backward(
                 q, k, v, d_out.contiguous(), lse, delta, needs,
                 layout=m["LAYOUT"], causal=self.hopper == "causal", scale=m["SCALE"],
                 alibi=self.alibi, window=self.window,
-                launches=launches.setdefault((q.shape, k.shape, v.shape, q.dtype, q.device), {}),
+                launches=self.backward_launch(key, "hopper", dict),
             )  # fmt: skip
             self.last_compiled.update(compiled)
             return grads
@@ -525,9 +521,10 @@ class Attention:
         return signature, layouts, tuple(needs)
 
     def backward_launch(self, key, kernel, make):
-        """The _Launch make() gives for kernel ("delta", "kv" or "q") of a backward call
-        whose launches depend on key (backward_key), kept per key, so that from the
-        second call it launches directly (launch.Direct); a fresh one where key is None."""
+        """What make() gives for kernel of a backward call whose launches depend on key
+        (backward_key): the _Launch of "delta", "kv" or "q", or the Gluon kernels' dict of
+        launch.Described ("hopper"), kept per key, so that from the second call they
+        launch directly; a fresh one where key is None."""
         if key is None:
             return make()
         launches = self.backward_launches
