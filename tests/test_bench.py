@@ -4,6 +4,7 @@ generated kernels still apply."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -461,6 +462,21 @@ def test_the_gluon_attention_experiments_compile_for_sm90():
     # The runtime's dk/dv and dq kernels at four of the experiment's settings at head dim
     # 128, at 96, MLA's 192/128 and MLA's with 64-row dk/dv blocks, with ALiBi and a window.
     assert done.stdout.count("registers") == 18, done.stdout
+
+
+def test_the_gluon_fp8_block_kernel_compiles_for_sm90_without_spills():
+    # The block-scaled SwiGLU in Gluon (benchmarks/experiments/fp8_block_gluon.py) has no
+    # interpreter to run on: each variant is compiled for sm_90, as its GPU run launches it.
+    done = run_experiment("fp8_block_gluon", "--compile", interpret=False)
+    reports = dict(line.split(":", 1) for line in done.stdout.splitlines())
+    assert len(reports) == 6, done.stdout
+    for variant, facts in reports.items():
+        assert "0 bytes spill stores" in facts, (variant, facts)
+        # Every K step's dots are waited for in full before their scales multiply them.
+        assert re.search(r"waits by pendings \{'0': \d\}$", facts), (variant, facts)
+    # Two m64n64 dots a step and consumer, or one m64n128 (joint).
+    assert "wgmma 16 " in reports["smem"] and "wgmma 8 " in reports["joint"]
+    assert "wgmma 12 " in reports["joint c3"]
 
 
 def test_the_fp8_block_experiment_edits_the_generated_module():
