@@ -58,6 +58,10 @@
 #                      against torch._scaled_mm (row-wise, block-wise), tinygemm and bf16
 #   fp8-block-scales   the block-scaled fp8 SwiGLU's code variants (one multiply-add a step,
 #                      TMA loads) at explicit tiles, beside cuBLASLt's block-wise scaled_mm
+#   fp8-block-gluon    the block-scaled fp8 SwiGLU as a Gluon kernel (each K step's wgmma
+#                      retired before its scale multiply, consumer warpgroups overlapping),
+#                      its variants checked against float64, beside the generated kernel and
+#                      cuBLASLt's block-wise scaled_mm
 #   attention-gluon-backward
 #                      the Hopper (Gluon) backward: its tests against float64, its kernels
 #                      alone beside the `tl` backward, and the causal and GQA forward +
@@ -87,7 +91,7 @@ STEPS="generated-tests tune-tables tuning-repeat config-space first-calls row-la
 launch-cost call-cost split-k inspect tanh-approx launcher-tuning training-chains llama-training-step
 backward-configs llama-compiled llama-attention llama-decode attention-zoo attention-anchors attention-configs
 attention-variants attention-gluon-backward attention-bench quantized-chains fp8-block-scales
-int4-gemv"
+fp8-block-gluon int4-gemv"
 ANCHOR_SHAPES="8192,4096,14336 4096,1024,4096 16,4096,14336 1000,1000,1000"
 
 listing=$($PYTHON -m fusegen bench --suite "$SUITE" --list) || {
@@ -220,6 +224,9 @@ open('$out/attention-zoo/attention.yaml', 'w').write(t.ATTENTION_SPECS)"
     fp8-block-scales)
         run $PYTHON -m fusegen build specs/quantized.yaml --out "$out/fp8-block-build"
         run $PYTHON benchmarks/experiments/fp8_block_scale_fma.py --built "$out/fp8-block-build" ;;
+    fp8-block-gluon)
+        run $PYTHON -m fusegen build specs/quantized.yaml --out "$out/fp8-gluon-build"
+        run $PYTHON benchmarks/experiments/fp8_block_gluon.py --built "$out/fp8-gluon-build" ;;
     int4-gemv)
         run $PYTHON -m fusegen build specs/quantized.yaml benchmarks/specs/anchors.yaml \
             --out "$out/int4-gemv-build"
