@@ -27,8 +27,11 @@ Variants (constexprs):
              reads x's tile once where two m64n64 read it twice. Its product's halves
              are the gate's and the up's with no data moved (compiled: no layout
              conversion)
-  STAGES     the ring's slots (32 KB each with two consumers): 4, or 3
+  STAGES     the ring's slots (32 KB each with two consumers at BLOCK_N 64): 4, or 3
   CONSUMERS  2, or 3 at 160 registers a thread (192-row tiles)
+  BLOCK_N    64, or 128 with SERIAL (a consumer's gate dot retired before its up dot is
+             issued: one product's registers). A 128-row tile reads 5.9 bytes of L2 a
+             kFLOP at 128 columns, 7.8 at 64: at 1,500 TFLOP/s, 8.8 TB/s against 11.7
 Not built: a consumer issuing the next step's dots before this step's multiply (two sets
 of product registers, in turn). Compiled for sm_90 it spills (about 900 bytes) and ptxas
 serializes every wgmma of the kernel (C7515: the next set's zeroed accumulator registers
@@ -67,20 +70,25 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-# A consumer's rows, x's K step (the scale group), the output columns of a tile (both
-# weights' tiles are BLOCK_N rows: gate and up take 2 x 32 fp32 registers a thread for
-# the sums, 2 x 32 for a step's products).
-ROWS, BLOCK_K, BLOCK_N = 64, 128, 64
+# A consumer's rows, x's K step (the scale group).
+ROWS, BLOCK_K = 64, 128
 M, K, N = 4096, 7168, 18432
-# name -> constexprs: the variants the experiment builds and times.
+# name -> the variant's BLOCK_N (a tile's output columns; both weights' tiles are BLOCK_N
+# rows) and constexprs. At BLOCK_N 64 gate and up take 2 x 32 fp32 registers a thread
+# for the sums and 2 x 32 for a step's products; at 128 (SERIAL) 2 x 64 and 64.
+PLAIN = {"BLOCK_N": 64, "A_REGS": False, "JOINT": False, "SERIAL": False, "STAGES": 4}
 TWO = {"CONSUMERS": 2, "REGISTERS": 232}
 VARIANTS = {
-    "smem": {"A_REGS": False, "JOINT": False, "STAGES": 4, **TWO},
-    "a-regs": {"A_REGS": True, "JOINT": False, "STAGES": 4, **TWO},
-    "joint": {"A_REGS": False, "JOINT": True, "STAGES": 4, **TWO},
-    "joint a-regs": {"A_REGS": True, "JOINT": True, "STAGES": 4, **TWO},
-    "joint s3": {"A_REGS": False, "JOINT": True, "STAGES": 3, **TWO},
-    "joint c3": {"A_REGS": False, "JOINT": True, "STAGES": 4, "CONSUMERS": 3, "REGISTERS": 160},
+    "smem": {**PLAIN, **TWO},
+    "a-regs": {**PLAIN, **TWO, "A_REGS": True},
+    "joint": {**PLAIN, **TWO, "JOINT": True},
+    "joint a-regs": {**PLAIN, **TWO, "JOINT": True, "A_REGS": True},
+    "joint s3": {**PLAIN, **TWO, "JOINT": True, "STAGES": 3},
+    "joint c3": {**PLAIN, "JOINT": True, "CONSUMERS": 3, "REGISTERS": 160},
+    # x from registers: from shared memory, a consumer spills in its loop (at 232
+    # registers, or the first at 248 where the second takes 240).
+    "wide a-regs": {**PLAIN, "BLOCK_N": 128, "SERIAL": True, "STAGES": 3, "A_REGS": True}
+    | {"CONSUMERS": 2, "REGISTERS": 240},
 }
 
 
@@ -98,7 +106,7 @@ def _tile_place(tile, n_m, n_n, GROUP_M: gl.constexpr):
 @gluon.jit
 def _produce(descs, bufs, bars, scales, M, N, K, GROUP_M: gl.constexpr,
              CONSUMERS: gl.constexpr, A_REGS: gl.constexpr, JOINT: gl.constexpr,
-             PART: gl.constexpr,
+             SERIAL: gl.constexpr, PART: gl.constexpr,
              num_warps: gl.constexpr):
     """The producer warp: every tile's K steps into the ring, a slot once every consumer
     has released it (a fresh mbarrier counts as having completed the phase before 0)."""
@@ -134,18 +142,15 @@ def _produce(descs, bufs, bars, scales, M, N, K, GROUP_M: gl.constexpr,
 
 
 @gluon.jit
-def _issue(x_bufs, w_bufs, ready, it, zero, A_REGS: gl.constexpr, JOINT: gl.constexpr,
-           PART: gl.constexpr):
-    """Once the ring's step `it` has landed, its dots (this consumer's 64 rows of x
-    against the gate's and the up's tiles) as asynchronous wgmma into fresh registers:
-    their tokens, (gate, up), or (JOINT) one dot against both tiles as one operand of
-    twice the width, its columns the gate's then the up's. (x's fp8 registers cannot be
-    a wait's dependency: Triton 3.6's lowering of the wait takes 16- and 32-bit values
-    only. The PTX keeps them as virtual registers that nothing writes again, and ptxas
-    holds a wgmma's register operands until its wait.)"""
+def _operand(x_bufs, w_bufs, ready, it, zero, A_REGS: gl.constexpr, PART: gl.constexpr):
+    """Once the ring's step `it` has landed: this consumer's 64 rows of x (shared memory,
+    or A_REGS registers in wgmma's operand layout) and the slot's weights (the gate's
+    BLOCK_N rows, then the up's). (x's fp8 registers cannot be a wait's dependency:
+    Triton 3.6's lowering of the wait takes 16- and 32-bit values only. The PTX keeps
+    them as virtual registers that nothing writes again, and ptxas holds a wgmma's
+    register operands until its wait.)"""
     STAGES: gl.constexpr = w_bufs.type.shape[0]
     CONSUMERS: gl.constexpr = x_bufs.type.shape[0] // STAGES
-    BN: gl.constexpr = w_bufs.type.shape[1] // 2
     s = it % STAGES
     mbarrier.wait(ready.index(s), (it // STAGES) & 1)
     a = x_bufs.index(s * CONSUMERS + PART)
@@ -153,14 +158,28 @@ def _issue(x_bufs, w_bufs, ready, it, zero, A_REGS: gl.constexpr, JOINT: gl.cons
         layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=zero.type.layout,
                                                    k_width=4)
         a = a.load(layout)
-    w = w_bufs.index(s)
+    return a, w_bufs.index(s)
+
+
+@gluon.jit
+def _dot(a, w, first: gl.constexpr, rows: gl.constexpr, zero):
+    """a @ w[first:first + rows].T as asynchronous wgmma into fresh registers: its token."""
+    return warpgroup_mma(a, w.slice(first, rows).permute((1, 0)), zero, use_acc=False,
+                         is_async=True)
+
+
+@gluon.jit
+def _issue(x_bufs, w_bufs, ready, it, zero, A_REGS: gl.constexpr, JOINT: gl.constexpr,
+           PART: gl.constexpr):
+    """Step `it`'s dots, both in flight: their tokens, (gate, up), or (JOINT) one dot
+    against both tiles as one operand of twice the width, its columns the gate's then
+    the up's."""
+    a, w = _operand(x_bufs, w_bufs, ready, it, zero, A_REGS, PART)
+    BN: gl.constexpr = w.type.shape[0] // 2
     if JOINT:
-        dots = (warpgroup_mma(a, w.permute((1, 0)), zero, use_acc=False, is_async=True),)
+        dots = (_dot(a, w, 0, 2 * BN, zero),)
     else:
-        dots = (warpgroup_mma(a, w.slice(0, BN).permute((1, 0)), zero, use_acc=False,
-                              is_async=True),
-                warpgroup_mma(a, w.slice(BN, BN).permute((1, 0)), zero, use_acc=False,
-                              is_async=True))
+        dots = (_dot(a, w, 0, BN, zero), _dot(a, w, BN, BN, zero))
     return dots
 
 
@@ -199,7 +218,7 @@ def _step_scales(xs_ptrs, row_ok, wg_s, wu_s, kk, steps, stride_xs_k, stride_wgs
 @gluon.jit
 def _consume(descs, bufs, bars, scales, M, N, K, GROUP_M: gl.constexpr,
              CONSUMERS: gl.constexpr, A_REGS: gl.constexpr, JOINT: gl.constexpr,
-             PART: gl.constexpr,
+             SERIAL: gl.constexpr, PART: gl.constexpr,
              num_warps: gl.constexpr):
     """Consumer PART: rows PART * 64 on of each tile, every K step, then its rows of the
     output through shared memory and a TMA store (rows and columns past the ends are
@@ -241,11 +260,22 @@ def _consume(descs, bufs, bars, scales, M, N, K, GROUP_M: gl.constexpr,
         acc_g = zero_g
         acc_u = zero_u
         for kk in range(steps):
-            dots = _issue(x_bufs, w_bufs, ready, it, zero, A_REGS, JOINT, PART)
-            # The next step's scales load while this step's dots run.
-            sg_n, su_n = _step_scales(xs_ptrs, row_ok, wg_s, wu_s, kk + 1, steps,
-                                      stride_xs_k, stride_wgs_k, stride_wus_k)
-            acc_g, acc_u = _retire(dots, acc_g, acc_u, sg, su, empty, it)
+            if SERIAL:  # one product's registers: the gate's dot retired before the up's
+                a, w = _operand(x_bufs, w_bufs, ready, it, zero, A_REGS, PART)
+                gate = _dot(a, w, 0, BN, zero)
+                sg_n, su_n = _step_scales(xs_ptrs, row_ok, wg_s, wu_s, kk + 1, steps,
+                                          stride_xs_k, stride_wgs_k, stride_wus_k)
+                gate = warpgroup_mma_wait(0, deps=(gate,))
+                acc_g = acc_g + gate * sg[:, None]
+                up = warpgroup_mma_wait(0, deps=(_dot(a, w, BN, BN, zero),))
+                mbarrier.arrive(empty.index(it % empty.type.shape[0]))
+                acc_u = acc_u + up * su[:, None]
+            else:
+                dots = _issue(x_bufs, w_bufs, ready, it, zero, A_REGS, JOINT, PART)
+                # The next step's scales load while this step's dots run.
+                sg_n, su_n = _step_scales(xs_ptrs, row_ok, wg_s, wu_s, kk + 1, steps,
+                                          stride_xs_k, stride_wgs_k, stride_wus_k)
+                acc_g, acc_u = _retire(dots, acc_g, acc_u, sg, su, empty, it)
             sg, su = sg_n, su_n
             it += 1
         out = acc_g / (1.0 + gl.exp2(-1.4426950408889634 * acc_g)) * acc_u  # silu(gate) * up
@@ -261,11 +291,11 @@ def fp8_block_swiglu_kernel(x_desc, wg_desc, wu_desc, o_desc, xs_ptr, wgs_ptr, w
                             M, N, K, stride_xs_m, stride_xs_k, stride_wgs_n, stride_wgs_k,
                             stride_wus_n, stride_wus_k, GROUP_M: gl.constexpr,
                             CONSUMERS: gl.constexpr, STAGES: gl.constexpr, A_REGS: gl.constexpr,
-                            JOINT: gl.constexpr, REGISTERS: gl.constexpr,
+                            JOINT: gl.constexpr, SERIAL: gl.constexpr, REGISTERS: gl.constexpr,
                             num_warps: gl.constexpr):
-    """Persistent programs over the [M, N] output's 128 x BLOCK_N tiles (the module
-    docstring's schedule). x [M, K] and the weights [N, K] fp8, their descriptors' tiles
-    [128, 128] and [BLOCK_N, 128]; out [M, N] in tiles of [64, BLOCK_N]; x's scales [M,
+    """Persistent programs over the [M, N] output's CONSUMERS x 64 by BLOCK_N tiles (the
+    module docstring's schedule). x [M, K] and the weights [N, K] fp8, their descriptors'
+    tiles [64, 128] and [BLOCK_N, 128]; out [M, N] in tiles of [64, BLOCK_N]; x's scales [M,
     ceil(K / 128)], the weights' [ceil(N / 128), ceil(K / 128)] fp32, any strides.
     A tile's rows are CONSUMERS (2 or 3) consumers' 64 each. REGISTERS: the registers a thread of
     each consumer but the first (the producer's: 24)."""
@@ -293,28 +323,28 @@ def fp8_block_swiglu_kernel(x_desc, wg_desc, wu_desc, o_desc, xs_ptr, wgs_ptr, w
     if CONSUMERS == 3:
         gl.warp_specialize([
             (_consume, (descs, bufs, bars, scales, M, N, K, GROUP_M, CONSUMERS, A_REGS,
-                        JOINT, 0,
+                        JOINT, SERIAL, 0,
                         num_warps)),
             (_consume, (descs, bufs, bars, scales, M, N, K, GROUP_M, CONSUMERS, A_REGS,
-                        JOINT, 1,
+                        JOINT, SERIAL, 1,
                         num_warps)),
             (_consume, (descs, bufs, bars, scales, M, N, K, GROUP_M, CONSUMERS, A_REGS,
-                        JOINT, 2,
+                        JOINT, SERIAL, 2,
                         num_warps)),
             (_produce, (descs, bufs, bars, scales, M, N, K, GROUP_M, CONSUMERS, A_REGS,
-                        JOINT, 0,
+                        JOINT, SERIAL, 0,
                         num_warps)),
         ], [num_warps, num_warps, 1], [REGISTERS, REGISTERS, 24])
     else:
         gl.warp_specialize([
             (_consume, (descs, bufs, bars, scales, M, N, K, GROUP_M, CONSUMERS, A_REGS,
-                        JOINT, 0,
+                        JOINT, SERIAL, 0,
                         num_warps)),
             (_consume, (descs, bufs, bars, scales, M, N, K, GROUP_M, CONSUMERS, A_REGS,
-                        JOINT, 1,
+                        JOINT, SERIAL, 1,
                         num_warps)),
             (_produce, (descs, bufs, bars, scales, M, N, K, GROUP_M, CONSUMERS, A_REGS,
-                        JOINT, 0,
+                        JOINT, SERIAL, 0,
                         num_warps)),
         ], [num_warps, 1], [REGISTERS, 24])
 # fmt: on
@@ -326,13 +356,13 @@ def _descriptor(t, block):
     return TensorDescriptor.from_tensor(t, block, layout)
 
 
-def descriptors(x8, wg8, wu8, out):
+def descriptors(x8, wg8, wu8, out, block_n):
     """The kernel's four tile descriptors (contiguous row-major x, weights and out)."""
     return (
         _descriptor(x8, [ROWS, BLOCK_K]),
-        _descriptor(wg8, [BLOCK_N, BLOCK_K]),
-        _descriptor(wu8, [BLOCK_N, BLOCK_K]),
-        _descriptor(out, [ROWS, BLOCK_N]),
+        _descriptor(wg8, [block_n, BLOCK_K]),
+        _descriptor(wu8, [block_n, BLOCK_K]),
+        _descriptor(out, [ROWS, block_n]),
     )
 
 
@@ -343,10 +373,11 @@ def fp8_block_swiglu(x8, xs, wg8, wgs, wu8, wus, out=None, variant="a-regs", sms
     n = wg8.shape[0]
     out = torch.empty(m, n, dtype=torch.bfloat16, device=x8.device) if out is None else out
     sms = sms or torch.cuda.get_device_properties(x8.device).multi_processor_count
-    meta = VARIANTS[variant]
-    tiles = triton.cdiv(m, meta["CONSUMERS"] * ROWS) * triton.cdiv(n, BLOCK_N)
+    meta = dict(VARIANTS[variant])
+    block_n = meta.pop("BLOCK_N")
+    tiles = triton.cdiv(m, meta["CONSUMERS"] * ROWS) * triton.cdiv(n, block_n)
     fp8_block_swiglu_kernel[(min(sms, tiles),)](
-        *descriptors(x8, wg8, wu8, out),
+        *descriptors(x8, wg8, wu8, out, block_n),
         xs,
         wgs,
         wus,
@@ -373,12 +404,13 @@ def compile_report() -> None:
     out = torch.empty(256, 256, dtype=torch.bfloat16)
     kernel = fp8_block_swiglu_kernel
     names = [p.name for p in kernel.params]
-    types = {name: "i32" for name in names}
-    for name, desc in zip(names, descriptors(x8, x8, x8, out), strict=False):
-        types[name] = triton.runtime.jit.mangle_type(desc)
-    types |= {n: "*fp32" for n in ("xs_ptr", "wgs_ptr", "wus_ptr")}
     for variant, meta in VARIANTS.items():
         meta = {"GROUP_M": 8, "num_warps": 4, **meta}
+        descs = descriptors(x8, x8, x8, out, meta.pop("BLOCK_N"))
+        types = {name: "i32" for name in names}
+        for name, desc in zip(names, descs, strict=False):
+            types[name] = triton.runtime.jit.mangle_type(desc)
+        types |= {n: "*fp32" for n in ("xs_ptr", "wgs_ptr", "wus_ptr")}
         constants = {(names.index(n),): v for n, v in meta.items()}
         compiled = compile_sm90(
             kernel, types | {n: "constexpr" for n in meta}, constants, {"num_warps": 4}
