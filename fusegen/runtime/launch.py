@@ -154,7 +154,7 @@ class Described:
             return self.direct(*tiles, *tensors, *self.scalars)
         kernel, grid, descriptors, scalars, kwargs = first()
         args = (*descriptors, *tensors, *scalars)
-        with torch.cuda.device(tensors[0].device):  # triton launches on the current device
+        with torch.cuda.device(sources[0].device):  # triton launches on the current device
             compiled = kernel[grid](*args, **kwargs)
         if enabled(False):
             self.tiles = [
