@@ -66,6 +66,10 @@
 #                      the Hopper (Gluon) backward: its tests against float64, its kernels
 #                      alone beside the `tl` backward, and the causal and GQA forward +
 #                      backward rows against cuDNN
+#   int8-decode-gluon  the int8 decode linear as a Gluon kernel (a TMA producer keeping the
+#                      weights' loads in flight, the weights wgmma's register operand),
+#                      its variants checked against float64, beside the generated kernel
+#                      and bf16 F.linear
 #   int4-gemv          the one-row int4 SwiGLU's words GEMV variants (loads pipelined by the
 #                      loop, TMA, a byte's nibbles from one shift) against the generated kernel
 #   attention-bench    `fusegen bench` and `fusegen inspect` of specs/fused_attention.yaml's
@@ -91,7 +95,7 @@ STEPS="generated-tests tune-tables tuning-repeat config-space first-calls row-la
 launch-cost call-cost split-k inspect tanh-approx launcher-tuning training-chains llama-training-step
 backward-configs llama-compiled llama-attention llama-decode attention-zoo attention-anchors attention-configs
 attention-variants attention-gluon-backward attention-bench quantized-chains fp8-block-scales
-fp8-block-gluon int4-gemv"
+fp8-block-gluon int8-decode-gluon int4-gemv"
 ANCHOR_SHAPES="8192,4096,14336 4096,1024,4096 16,4096,14336 1000,1000,1000"
 
 listing=$($PYTHON -m fusegen bench --suite "$SUITE" --list) || {
@@ -227,6 +231,9 @@ open('$out/attention-zoo/attention.yaml', 'w').write(t.ATTENTION_SPECS)"
     fp8-block-gluon)
         run $PYTHON -m fusegen build specs/quantized.yaml --out "$out/fp8-gluon-build"
         run $PYTHON benchmarks/experiments/fp8_block_gluon.py --built "$out/fp8-gluon-build" ;;
+    int8-decode-gluon)
+        run $PYTHON -m fusegen build specs/quantized.yaml --out "$out/int8-gluon-build"
+        run $PYTHON benchmarks/experiments/int8_decode_gluon.py --built "$out/int8-gluon-build" ;;
     int4-gemv)
         run $PYTHON -m fusegen build specs/quantized.yaml benchmarks/specs/anchors.yaml \
             --out "$out/int4-gemv-build"

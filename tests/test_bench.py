@@ -481,6 +481,19 @@ def test_the_gluon_fp8_block_kernel_compiles_for_sm90_without_spills():
     assert "wgmma 12 " in reports["joint c3"] and "wgmma 16 " in reports["wide a-regs"]
 
 
+def test_the_gluon_int8_decode_kernel_compiles_for_sm90_without_spills():
+    # benchmarks/experiments/int8_decode_gluon.py: each variant compiled for sm_90 at the
+    # registers its GPU run launches it with (80 or 128 a thread: three or two programs
+    # an SM), without spills.
+    done = run_experiment("int8_decode_gluon", "--compile", interpret=False)
+    reports = dict(line.split(":", 1) for line in done.stdout.splitlines())
+    assert len(reports) == 5, done.stdout
+    for variant, facts in reports.items():
+        assert "0 bytes spill stores" in facts, (variant, facts)
+        registers = 80 if "r80" in variant else 128
+        assert f"Used {registers} registers" in facts, (variant, facts)
+
+
 def test_the_fp8_block_experiment_edits_the_generated_module():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     sys.path.insert(0, str(ROOT / "benchmarks" / "experiments"))
