@@ -70,6 +70,9 @@
 #                      weights' loads in flight, the weights wgmma's register operand),
 #                      its variants checked against float64, beside the generated kernel
 #                      and bf16 F.linear
+#   int4-decode-gluon  the int4 SwiGLU at decode as a Gluon kernel (the int8 one's
+#                      structure; the packed bytes loaded as wgmma's register operand),
+#                      at 16 rows and one, beside the generated kernel and the bf16 chain
 #   int4-gemv          the one-row int4 SwiGLU's words GEMV variants (loads pipelined by the
 #                      loop, TMA, a byte's nibbles from one shift) against the generated kernel
 #   attention-bench    `fusegen bench` and `fusegen inspect` of specs/fused_attention.yaml's
@@ -95,7 +98,7 @@ STEPS="generated-tests tune-tables tuning-repeat config-space first-calls row-la
 launch-cost call-cost split-k inspect tanh-approx launcher-tuning training-chains llama-training-step
 backward-configs llama-compiled llama-attention llama-decode attention-zoo attention-anchors attention-configs
 attention-variants attention-gluon-backward attention-bench quantized-chains fp8-block-scales
-fp8-block-gluon int8-decode-gluon int4-gemv"
+fp8-block-gluon int8-decode-gluon int4-decode-gluon int4-gemv"
 ANCHOR_SHAPES="8192,4096,14336 4096,1024,4096 16,4096,14336 1000,1000,1000"
 
 listing=$($PYTHON -m fusegen bench --suite "$SUITE" --list) || {
@@ -234,6 +237,10 @@ open('$out/attention-zoo/attention.yaml', 'w').write(t.ATTENTION_SPECS)"
     int8-decode-gluon)
         run $PYTHON -m fusegen build specs/quantized.yaml --out "$out/int8-gluon-build"
         run $PYTHON benchmarks/experiments/int8_decode_gluon.py --built "$out/int8-gluon-build" ;;
+    int4-decode-gluon)
+        run $PYTHON -m fusegen build specs/quantized.yaml benchmarks/specs/anchors.yaml \
+            --out "$out/int4-gluon-build"
+        run $PYTHON benchmarks/experiments/int4_decode_gluon.py --built "$out/int4-gluon-build" ;;
     int4-gemv)
         run $PYTHON -m fusegen build specs/quantized.yaml benchmarks/specs/anchors.yaml \
             --out "$out/int4-gemv-build"

@@ -494,6 +494,21 @@ def test_the_gluon_int8_decode_kernel_compiles_for_sm90_without_spills():
         assert f"Used {registers} registers" in facts, (variant, facts)
 
 
+def test_the_gluon_int4_decode_kernel_compiles_for_sm90_without_a_layout_conversion():
+    # benchmarks/experiments/int4_decode_gluon.py: the packed bytes are loaded in a layout
+    # whose nibbles are wgmma's register operand as they stand. A conversion through
+    # shared memory (a wrong layout) would add dozens of st.shared; the kernel has three
+    # (the split-K arrival's broadcast and the barriers' setup).
+    done = run_experiment("int4_decode_gluon", "--compile", interpret=False)
+    reports = dict(line.split(":", 1) for line in done.stdout.splitlines())
+    assert len(reports) == 5, done.stdout
+    for variant, facts in reports.items():
+        assert "0 bytes spill stores" in facts, (variant, facts)
+        assert "st.shared 3 " in facts, (variant, facts)
+        registers = 80 if "r80" in variant else 128
+        assert f"Used {registers} registers" in facts, (variant, facts)
+
+
 def test_the_fp8_block_experiment_edits_the_generated_module():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     sys.path.insert(0, str(ROOT / "benchmarks" / "experiments"))
