@@ -216,6 +216,26 @@ def _step_scales(xs_ptrs, row_ok, wg_s, wu_s, kk, steps, stride_xs_k, stride_wgs
 
 
 @gluon.jit
+def _tile_scales(tile, scales, M, N, K, row_layout: gl.constexpr, R: gl.constexpr,
+                 BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
+                 PART: gl.constexpr):
+    """Output tile `tile`'s place (row tile, column tile), consumer PART's rows in M, the
+    pointers to its scales and its first K step's row factors."""
+    (xs_ptr, wgs_ptr, wus_ptr, stride_xs_m, stride_xs_k, stride_wgs_n, stride_wgs_k,
+     stride_wus_n, stride_wus_k) = scales
+    pid_m, pid_n = _tile_place(tile, gl.cdiv(M, BM), gl.cdiv(N, BN), GROUP_M)
+    rows = pid_m * BM + PART * R + gl.arange(0, R, layout=row_layout)
+    row_ok = rows < M
+    xs_ptrs = xs_ptr + rows.to(gl.int64) * stride_xs_m
+    block_n = pid_n * BN // 128  # the weights' scale block of the tile's columns
+    wg_s = wgs_ptr + block_n * stride_wgs_n
+    wu_s = wus_ptr + block_n * stride_wus_n
+    sg, su = _step_scales(xs_ptrs, row_ok, wg_s, wu_s, 0, gl.cdiv(K, BK), stride_xs_k,
+                          stride_wgs_k, stride_wus_k)
+    return pid_m, pid_n, row_ok, xs_ptrs, wg_s, wu_s, sg, su
+
+
+@gluon.jit
 def _consume(descs, bufs, bars, scales, M, N, K, GROUP_M: gl.constexpr,
              CONSUMERS: gl.constexpr, A_REGS: gl.constexpr, JOINT: gl.constexpr,
              SERIAL: gl.constexpr, PART: gl.constexpr,
@@ -247,16 +267,11 @@ def _consume(descs, bufs, bars, scales, M, N, K, GROUP_M: gl.constexpr,
     steps = gl.cdiv(K, BK)
     o_buf = o_bufs.index(PART)
     it = 0
+    # (A program's first tile exists: the grid is at most the tiles.)
+    here = _tile_scales(gl.program_id(0), scales, M, N, K, row_layout, R, BM, BN, BK, GROUP_M,
+                        PART)
     for tile in range(gl.program_id(0), n_m * n_n, gl.num_programs(0)):
-        pid_m, pid_n = _tile_place(tile, n_m, n_n, GROUP_M)
-        rows = pid_m * BM + PART * R + gl.arange(0, R, layout=row_layout)
-        row_ok = rows < M
-        xs_ptrs = xs_ptr + rows.to(gl.int64) * stride_xs_m
-        block_n = pid_n * BN // 128  # the weights' scale block of the tile's columns
-        wg_s = wgs_ptr + block_n * stride_wgs_n
-        wu_s = wus_ptr + block_n * stride_wus_n
-        sg, su = _step_scales(xs_ptrs, row_ok, wg_s, wu_s, 0, steps, stride_xs_k,
-                              stride_wgs_k, stride_wus_k)
+        pid_m, pid_n, row_ok, xs_ptrs, wg_s, wu_s, sg, su = here
         acc_g = zero_g
         acc_u = zero_u
         for kk in range(steps):
@@ -278,6 +293,10 @@ def _consume(descs, bufs, bars, scales, M, N, K, GROUP_M: gl.constexpr,
                 acc_g, acc_u = _retire(dots, acc_g, acc_u, sg, su, empty, it)
             sg, su = sg_n, su_n
             it += 1
+        # The next tile's first scales load under this tile's epilogue (the last tile's
+        # "next" is itself again).
+        after = gl.minimum(tile + gl.num_programs(0), n_m * n_n - 1)
+        here = _tile_scales(after, scales, M, N, K, row_layout, R, BM, BN, BK, GROUP_M, PART)
         out = acc_g / (1.0 + gl.exp2(-1.4426950408889634 * acc_g)) * acc_u  # silu(gate) * up
         tma.store_wait(pendings=0)  # the last tile's store has read o_buf
         o_buf.store(out.to(o_desc.dtype))
