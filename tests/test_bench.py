@@ -475,10 +475,12 @@ def test_the_gluon_fp8_block_kernel_compiles_for_sm90_without_spills():
         spills = "8 bytes spill stores" if variant == "wide a-regs" else "0 bytes spill stores"
         assert spills in facts, (variant, facts)
         # Every K step's dots are waited for in full before their scales multiply them.
-        assert re.search(r"waits by pendings \{'0': \d\}$", facts), (variant, facts)
+        in_full = re.search(r"aligned 0; (\d+) \| wait_group.sync.aligned (\d+)", facts)
+        assert in_full and in_full[1] == in_full[2], (variant, facts)
     # Two m64n64 dots a step and consumer, or one m64n128 (joint).
-    assert "wgmma 16 " in reports["smem"] and "wgmma 8 " in reports["joint"]
-    assert "wgmma 12 " in reports["joint c3"] and "wgmma 16 " in reports["wide a-regs"]
+    assert "wgmma.mma_async 16 " in reports["smem"] and "wgmma.mma_async 8 " in reports["joint"]
+    assert "wgmma.mma_async 12 " in reports["joint c3"]
+    assert "wgmma.mma_async 16 " in reports["wide a-regs"]
 
 
 def test_the_gluon_int8_decode_kernel_compiles_for_sm90_without_spills():

@@ -53,7 +53,6 @@ float64 reference).
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
@@ -68,7 +67,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gluon_pieces import compile_lines, descriptor  # noqa: E402
 
 # A consumer's rows, x's K step (the scale group).
 ROWS, BLOCK_K = 64, 128
@@ -369,19 +370,13 @@ def fp8_block_swiglu_kernel(x_desc, wg_desc, wu_desc, o_desc, xs_ptr, wgs_ptr, w
 # fmt: on
 
 
-def _descriptor(t, block):
-    dtype = {torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16}[t.dtype]
-    layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
-    return TensorDescriptor.from_tensor(t, block, layout)
-
-
 def descriptors(x8, wg8, wu8, out, block_n):
     """The kernel's four tile descriptors (contiguous row-major x, weights and out)."""
     return (
-        _descriptor(x8, [ROWS, BLOCK_K]),
-        _descriptor(wg8, [block_n, BLOCK_K]),
-        _descriptor(wu8, [block_n, BLOCK_K]),
-        _descriptor(out, [ROWS, block_n]),
+        descriptor(x8, [ROWS, BLOCK_K]),
+        descriptor(wg8, [block_n, BLOCK_K]),
+        descriptor(wu8, [block_n, BLOCK_K]),
+        descriptor(out, [ROWS, block_n]),
     )
 
 
@@ -415,33 +410,18 @@ def fp8_block_swiglu(x8, xs, wg8, wgs, wu8, wus, out=None, variant="a-regs", sms
 
 def compile_report() -> None:
     """Each variant compiled for sm_90 (no GPU): ptxas's registers and spills, shared
-    memory, and the PTX's wgmma waits by their pendings."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from quant_registers import compile_sm90, ptxas_report
-
+    memory, its wgmma and their waits (every K step's dots waited for in full: pendings
+    0) in the PTX, the SASS's most frequent instructions."""
     x8 = torch.empty(256, BLOCK_K * 2, dtype=torch.float8_e4m3fn)
     out = torch.empty(256, 256, dtype=torch.bfloat16)
-    kernel = fp8_block_swiglu_kernel
-    names = [p.name for p in kernel.params]
+    pointers = {n: "*fp32" for n in ("xs_ptr", "wgs_ptr", "wus_ptr")}
+    probes = ["wgmma.mma_async", "wgmma.wait_group.sync.aligned 0;", "wait_group.sync.aligned"]
     for variant, meta in VARIANTS.items():
         meta = {"GROUP_M": 8, "num_warps": 4, **meta}
         descs = descriptors(x8, x8, x8, out, meta.pop("BLOCK_N"))
-        types = {name: "i32" for name in names}
-        for name, desc in zip(names, descs, strict=False):
-            types[name] = triton.runtime.jit.mangle_type(desc)
-        types |= {n: "*fp32" for n in ("xs_ptr", "wgs_ptr", "wus_ptr")}
-        constants = {(names.index(n),): v for n, v in meta.items()}
-        compiled = compile_sm90(
-            kernel, types | {n: "constexpr" for n in meta}, constants, {"num_warps": 4}
-        )
-        ptx = compiled.asm["ptx"]
-        waits = re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)
-        counts = {w: waits.count(w) for w in sorted(set(waits))}
-        print(
-            f"{variant + ':':14s} {ptxas_report(ptx)} | shared {compiled.metadata.shared} bytes"
-            f" | wgmma {ptx.count('wgmma.mma_async')} | waits by pendings {counts}",
-            flush=True,
-        )
+        settings = {variant: (meta, {"num_warps": 4}, probes)}
+        for line in compile_lines(fp8_block_swiglu_kernel, descs, pointers, settings):
+            print(line, flush=True)
 
 
 def main() -> None:

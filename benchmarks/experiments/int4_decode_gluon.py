@@ -61,7 +61,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gluon_pieces import (  # noqa: E402
+    add_partials,
+    arrive_last,
+    compile_lines,
+    descriptor,
+    k_split,
+    take_sums,
+)
 
 # Weight rows a program (wgmma's M), x's rows at most (its N), K a step (the group).
 BLOCK_N, ROWS, GROUP = 64, 16, 128
@@ -82,15 +91,6 @@ VARIANTS = {
 
 # fmt: off
 @gluon.jit
-def _k_range(K, BK: gl.constexpr):
-    """(first K step, steps) of this program's split of K."""
-    total = gl.cdiv(K, BK)
-    per_split = gl.cdiv(total, gl.num_programs(1))
-    first = gl.program_id(1) * per_split
-    return first, gl.maximum(gl.minimum(per_split, total - first), 0)
-
-
-@gluon.jit
 def _produce(descs, bufs, bars, ptrs, M, N, K, WORDS: gl.constexpr, num_warps: gl.constexpr):
     """The producer warp: this program's K steps of both weights' packed tiles and x's
     tile into the ring, a slot once the consumer has released it (a fresh mbarrier counts
@@ -103,7 +103,7 @@ def _produce(descs, bufs, bars, ptrs, M, N, K, WORDS: gl.constexpr, num_warps: g
     STAGES: gl.constexpr = x_bufs.type.shape[0]
     nbytes: gl.constexpr = (wg_desc.block_type.nbytes + wu_desc.block_type.nbytes
                             + x_desc.block_type.nbytes)
-    first, steps = _k_range(K, BK)
+    first, steps = k_split(K, BK)
     n0 = gl.program_id(0) * BN
     for i in range(steps):
         s = i % STAGES
@@ -229,7 +229,7 @@ def _consume(descs, bufs, bars, ptrs, M, N, K, WORDS: gl.constexpr, num_warps: g
     row_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
     ones = gl.full([BN, BK], 1.0, gl.bfloat16, layout=a_layout)
     zero_acc = gl.zeros([BN, R], gl.float32, layout=acc_layout)
-    first, steps = _k_range(K, BK)
+    first, steps = k_split(K, BK)
     n0 = gl.program_id(0) * BN
     rows = n0 + gl.arange(0, BN, layout=row_layout)  # weight rows: out's columns
     row_ok = rows < N
@@ -269,18 +269,11 @@ def _consume(descs, bufs, bars, ptrs, M, N, K, WORDS: gl.constexpr, num_warps: g
     keep = row_ok[:, None] & (cols < M)[None, :]
     places = cols[None, :] * N + rows[:, None]  # fp32 partials [16, N]: out's places
     if gl.num_programs(1) > 1:
-        gl.atomic_add(partials_ptr + places, acc_g, mask=keep, sem="relaxed")
-        gl.atomic_add(partials_ptr + R * N + places, acc_u, mask=keep, sem="relaxed")
-        gl.thread_barrier()  # every thread's adds are issued before the arrival
-        arrived = gl.atomic_add(arrivals_ptr + gl.program_id(0), 1, sem="acq_rel")
-        last = arrived == gl.num_programs(1) - 1
-        keep = keep & last
-        acc_g = gl.load(partials_ptr + places, mask=keep, other=0.0, cache_modifier=".cg")
-        acc_u = gl.load(partials_ptr + R * N + places, mask=keep, other=0.0,
-                        cache_modifier=".cg")
-        gl.store(partials_ptr + places, gl.zeros_like(acc_g), mask=keep)  # for the next call
-        gl.store(partials_ptr + R * N + places, gl.zeros_like(acc_u), mask=keep)
-        gl.store(arrivals_ptr + gl.program_id(0), 0, mask=last)
+        add_partials(partials_ptr, places, acc_g, keep)
+        add_partials(partials_ptr + R * N, places, acc_u, keep)
+        keep = arrive_last(arrivals_ptr, keep)
+        acc_g = take_sums(partials_ptr, places, keep)
+        acc_u = take_sums(partials_ptr + R * N, places, keep)
     out = acc_g / (1.0 + gl.exp2(-1.4426950408889634 * acc_g)) * acc_u
     gl.store(out_ptr + cols[None, :] * stride_out_m + rows[:, None],
              out.to(out_ptr.dtype.element_ty), mask=keep)
@@ -321,12 +314,6 @@ def int4_swiglu_kernel(wg_desc, wu_desc, x_desc, sg_ptr, zg_ptr, su_ptr, zu_ptr,
 # fmt: on
 
 
-def _descriptor(t, block):
-    dtype = {torch.uint8: gl.uint8, torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
-    layout = gl.NVMMASharedLayout.get_default_for(block, dtype[t.dtype])
-    return TensorDescriptor.from_tensor(t, block, layout)
-
-
 class Int4SwiGLU:
     """silu(x @ w_gate.T) * (x @ w_up.T) by the Gluon kernel at one variant, with its
     split-K scratch (zeroed once; the kernel leaves it zeroed)."""
@@ -348,9 +335,9 @@ class Int4SwiGLU:
             )
         out = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
         int4_swiglu_kernel[(triton.cdiv(n, BLOCK_N), self.split_k)](
-            _descriptor(wg, [BLOCK_N, GROUP // 2]),
-            _descriptor(wu, [BLOCK_N, GROUP // 2]),
-            _descriptor(x, [ROWS, GROUP]),
+            descriptor(wg, [BLOCK_N, GROUP // 2]),
+            descriptor(wu, [BLOCK_N, GROUP // 2]),
+            descriptor(x, [ROWS, GROUP]),
             sg,
             zg,
             su,
@@ -374,37 +361,24 @@ class Int4SwiGLU:
 
 def compile_report() -> None:
     """Each variant compiled for sm_90 (no GPU): ptxas's registers and spills, shared
-    memory, the SASS's most frequent instructions, and the shared-memory stores in the
-    consumer (a layout conversion of the nibbles would add them; the kernel has none)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from quant_registers import compile_sm90, instruction_mix, ptxas_report
-
+    memory, the shared-memory stores in the PTX (a layout conversion of the nibbles
+    through shared memory would add dozens; the kernel has three), the SASS's most
+    frequent instructions."""
     w = torch.empty(256, 256, dtype=torch.uint8)
     x = torch.empty(16, 512, dtype=torch.bfloat16)
-    kernel = int4_swiglu_kernel
-    names = [p.name for p in kernel.params]
     descs = (
-        _descriptor(w, [BLOCK_N, GROUP // 2]),
-        _descriptor(w, [BLOCK_N, GROUP // 2]),
-        _descriptor(x, [ROWS, GROUP]),
+        descriptor(w, [BLOCK_N, GROUP // 2]),
+        descriptor(w, [BLOCK_N, GROUP // 2]),
+        descriptor(x, [ROWS, GROUP]),
     )
-    types = {name: "i32" for name in names}
-    for name, desc in zip(names, descs, strict=False):
-        types[name] = triton.runtime.jit.mangle_type(desc)
-    types |= {"sg_ptr": "*bf16", "su_ptr": "*bf16", "zg_ptr": "*u8", "zu_ptr": "*u8"}
-    types |= {"out_ptr": "*bf16", "partials_ptr": "*fp32", "arrivals_ptr": "*i32"}
-    types |= {"STAGES": "constexpr", "WORDS": "constexpr"}
-    for variant, (stages, _, maxnreg, words) in VARIANTS.items():
-        options = {"num_warps": 4, "maxnreg": maxnreg}
-        constants = {(names.index("STAGES"),): stages, (names.index("WORDS"),): words}
-        compiled = compile_sm90(kernel, types, constants, options)
-        stores = compiled.asm["ptx"].count("st.shared")
-        print(
-            f"{variant}: {ptxas_report(compiled.asm['ptx'])} | shared "
-            f"{compiled.metadata.shared} bytes | st.shared {stores} | "
-            f"{instruction_mix(compiled.asm['cubin'], 6)}",
-            flush=True,
-        )
+    pointers = {"sg_ptr": "*bf16", "su_ptr": "*bf16", "zg_ptr": "*u8", "zu_ptr": "*u8"}
+    pointers |= {"out_ptr": "*bf16", "partials_ptr": "*fp32", "arrivals_ptr": "*i32"}
+    settings = {
+        name: ({"STAGES": stages, "WORDS": words}, {"num_warps": 4, "maxnreg": regs}, ["st.shared"])
+        for name, (stages, _, regs, words) in VARIANTS.items()
+    }
+    for line in compile_lines(int4_swiglu_kernel, descs, pointers, settings):
+        print(line, flush=True)
 
 
 def main() -> None:

@@ -51,7 +51,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gluon_pieces import (  # noqa: E402
+    add_partials,
+    arrive_last,
+    compile_lines,
+    descriptor,
+    k_split,
+    take_sums,
+)
 
 # Weight rows a program (wgmma's M), x's rows at most (its N).
 BLOCK_N, ROWS = 64, 16
@@ -80,7 +89,7 @@ def _produce(descs, bufs, bars, ptrs, M, N, K, num_warps: gl.constexpr):
     BK: gl.constexpr = w_desc.block_type.shape[1]
     STAGES: gl.constexpr = w_bufs.type.shape[0]
     nbytes: gl.constexpr = w_desc.block_type.nbytes + x_desc.block_type.nbytes
-    first, steps = _k_range(K, BK)
+    first, steps = k_split(K, BK)
     n0 = gl.program_id(0) * BN
     for i in range(steps):
         s = i % STAGES
@@ -89,15 +98,6 @@ def _produce(descs, bufs, bars, ptrs, M, N, K, num_warps: gl.constexpr):
         k = (first + i) * BK
         tma.async_copy_global_to_shared(w_desc, [n0, k], ready.index(s), w_bufs.index(s))
         tma.async_copy_global_to_shared(x_desc, [0, k], ready.index(s), x_bufs.index(s))
-
-
-@gluon.jit
-def _k_range(K, BK: gl.constexpr):
-    """(first K step, steps) of this program's split of K."""
-    total = gl.cdiv(K, BK)
-    per_split = gl.cdiv(total, gl.num_programs(1))
-    first = gl.program_id(1) * per_split
-    return first, gl.maximum(gl.minimum(per_split, total - first), 0)
 
 
 @gluon.jit
@@ -116,7 +116,7 @@ def _consume(descs, bufs, bars, ptrs, M, N, K, num_warps: gl.constexpr):
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, R, 16])  # one warpgroup
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    first, steps = _k_range(K, BK)
+    first, steps = k_split(K, BK)
     acc = gl.zeros([BN, R], gl.float32, layout=acc_layout)
     for i in range(steps):
         s = i % STAGES
@@ -132,14 +132,9 @@ def _consume(descs, bufs, bars, ptrs, M, N, K, num_warps: gl.constexpr):
     keep = (cols < N)[:, None] & (rows < M)[None, :]
     places = rows[None, :] * N + cols[:, None]  # [N-major] fp32 partials: out.T's places
     if gl.num_programs(1) > 1:
-        gl.atomic_add(partials_ptr + places, acc, mask=keep, sem="relaxed")
-        gl.thread_barrier()  # every thread's adds are issued before the arrival
-        arrived = gl.atomic_add(arrivals_ptr + gl.program_id(0), 1, sem="acq_rel")
-        last = arrived == gl.num_programs(1) - 1
-        keep = keep & last
-        acc = gl.load(partials_ptr + places, mask=keep, other=0.0, cache_modifier=".cg")
-        gl.store(partials_ptr + places, gl.zeros_like(acc), mask=keep)  # for the next call
-        gl.store(arrivals_ptr + gl.program_id(0), 0, mask=last)
+        add_partials(partials_ptr, places, acc, keep)
+        keep = arrive_last(arrivals_ptr, keep)
+        acc = take_sums(partials_ptr, places, keep)
     scale = gl.load(scale_ptr + cols, mask=cols < N, other=0.0)
     bias = gl.load(b_ptr + cols, mask=cols < N, other=0.0).to(gl.float32)
     out = acc * scale[:, None] + bias[:, None]
@@ -174,12 +169,6 @@ def int8_linear_kernel(w_desc, x_desc, scale_ptr, b_ptr, out_ptr, partials_ptr,
 # fmt: on
 
 
-def _descriptor(t, block):
-    dtype = {torch.int8: gl.int8, torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
-    layout = gl.NVMMASharedLayout.get_default_for(block, dtype[t.dtype])
-    return TensorDescriptor.from_tensor(t, block, layout)
-
-
 class Int8Linear:
     """x @ w.T * scale + b by the Gluon kernel at one variant, with its split-K scratch
     (zeroed once; the kernel leaves it zeroed)."""
@@ -196,8 +185,8 @@ class Int8Linear:
             raise ValueError(f"{m} rows: the kernel takes up to {ROWS}")
         out = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
         int8_linear_kernel[(triton.cdiv(n, BLOCK_N), self.split_k)](
-            _descriptor(w, [BLOCK_N, self.block_k]),
-            _descriptor(x, [ROWS, self.block_k]),
+            descriptor(w, [BLOCK_N, self.block_k]),
+            descriptor(x, [ROWS, self.block_k]),
             scale,
             b,
             out,
@@ -216,28 +205,16 @@ class Int8Linear:
 
 def compile_report() -> None:
     """Each variant compiled for sm_90 (no GPU): ptxas's registers and spills, shared
-    memory, and the SASS's most frequent instructions in the kernel."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from quant_registers import compile_sm90, instruction_mix, ptxas_report
-
+    memory, the SASS's most frequent instructions."""
     w = torch.empty(256, 512, dtype=torch.int8)
     x = torch.empty(16, 512, dtype=torch.bfloat16)
-    kernel = int8_linear_kernel
-    names = [p.name for p in kernel.params]
+    pointers = {"scale_ptr": "*fp32", "b_ptr": "*bf16", "out_ptr": "*bf16"}
+    pointers |= {"partials_ptr": "*fp32", "arrivals_ptr": "*i32"}
     for variant, (block_k, stages, _, maxnreg) in VARIANTS.items():
-        descs = (_descriptor(w, [BLOCK_N, block_k]), _descriptor(x, [ROWS, block_k]))
-        types = {name: "i32" for name in names}
-        for name, desc in zip(names, descs, strict=False):
-            types[name] = triton.runtime.jit.mangle_type(desc)
-        types |= {"scale_ptr": "*fp32", "b_ptr": "*bf16", "out_ptr": "*bf16"}
-        types |= {"partials_ptr": "*fp32", "arrivals_ptr": "*i32", "STAGES": "constexpr"}
-        options = {"num_warps": 4, "maxnreg": maxnreg}
-        compiled = compile_sm90(kernel, types, {(names.index("STAGES"),): stages}, options)
-        print(
-            f"{variant}: {ptxas_report(compiled.asm['ptx'])} | shared "
-            f"{compiled.metadata.shared} bytes | {instruction_mix(compiled.asm['cubin'], 6)}",
-            flush=True,
-        )
+        descs = (descriptor(w, [BLOCK_N, block_k]), descriptor(x, [ROWS, block_k]))
+        settings = {variant: ({"STAGES": stages}, {"num_warps": 4, "maxnreg": maxnreg}, ())}
+        for line in compile_lines(int8_linear_kernel, descs, pointers, settings):
+            print(line, flush=True)
 
 
 def main() -> None:
