@@ -97,10 +97,12 @@ def direct(compiled, kernel, grid, args, kwargs):
 
 
 def compiled_device(args):
-    """The CUDA device index of a launch: its first tensor's."""
+    """The CUDA device index of a launch: its first tensor's, or tensor descriptor's (a
+    kernel may take nothing else)."""
     for arg in args:
-        if isinstance(arg, torch.Tensor):
-            index = arg.device.index
+        tensor = arg if isinstance(arg, torch.Tensor) else getattr(arg, "base", None)
+        if isinstance(tensor, torch.Tensor):
+            index = tensor.device.index
             return torch.cuda.current_device() if index is None else index
     return torch.cuda.current_device()
 
