@@ -85,6 +85,8 @@ VARIANTS = {
     "s6 split2": (6, 2, 128, False),
     "s6 r80 split2": (6, 2, 80, False),
     "words s6": (6, 1, 128, True),
+    "words s8": (8, 1, 128, True),
+    "words s6 r80": (6, 1, 80, True),
     "words s6 split2": (6, 2, 128, True),
 }
 
