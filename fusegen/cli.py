@@ -235,14 +235,21 @@ def _gpu_command(args: argparse.Namespace, command: str, work, check=None) -> in
                 "cuBLAS's); time it with benchmarks/lm_head_loss.py"
             )
         kernels = [k for k in kernels if k.kind != "loss"]
-        quantized = [k.name for k in kernels if k.kind in ("quant", "quantize")]
+        # `bench` times quantized chains; quantizers, and `tune` and `inspect` of either,
+        # have nothing to run (they tune at their first call of each shape).
+        skipped = ("quantize",) if command == "bench" else ("quant", "quantize")
+        quantized = [k.name for k in kernels if k.kind in skipped]
         if quantized and (args.kernels or len(quantized) == len(kernels)):
             raise ValueError(
                 f"{', '.join(quantized)}: quantized chains tune themselves at their first "
                 "call of each shape (quantizers take their config from the row's width); "
-                "time them with benchmarks/quantized_chains.py"
+                + (
+                    "`fusegen bench` times the quantized chains, not the quantizers"
+                    if command == "bench"
+                    else "time them with `fusegen bench`"
+                )
             )
-        kernels = [k for k in kernels if k.kind not in ("quant", "quantize")]
+        kernels = [k for k in kernels if k.kind not in skipped]
         if not kernels:
             raise ValueError("no kernels left to run")
         shapes_for = _shapes_for(args)

@@ -18,6 +18,7 @@ from fusegen.tools import bench, bench_suite, report  # noqa: E402
 
 ANCHORS = ROOT / "benchmarks" / "specs" / "anchors.yaml"
 ROWS = ROOT / "benchmarks" / "specs" / "rows.yaml"
+QUANTIZED = ROOT / "specs" / "quantized.yaml"
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the message shown without a GPU")
@@ -81,6 +82,56 @@ def test_bad_arguments_exit_2_before_any_gpu_work(run_cli):
     ):
         code, out, err = run_cli("bench", str(ANCHORS), "--layout", layout)
         assert code == 2 and out == "" and message in err, (layout, err)
+
+
+def test_quantized_specs_bench_their_chains_and_refuse_the_rest(run_cli):
+    """`fusegen bench` times quantized chains (not quantizers); `tune` and `inspect` have
+    nothing to run for either; a layout on a quantized input is refused. All before
+    the GPU is asked for."""
+    code, out, err = run_cli("bench", str(QUANTIZED), "--kernels", "quantize_fp8_rowwise")
+    assert code == 2 and out == "" and "times the quantized chains, not the quantizers" in err
+    code, _, err = run_cli("tune", str(QUANTIZED), "--kernels", "llama_mlp_int4")
+    assert code == 2 and "tune themselves at their first call" in err
+    code, _, err = run_cli("bench", str(QUANTIZED), "--layout", "w_gate=transposed")
+    assert code == 2 and "'w_gate' is quantized" in err
+    code, _, err = run_cli("bench", str(QUANTIZED), "--layout", "x=diagonal")
+    assert code == 2 and "no layout 'diagonal'" in err
+
+
+def test_bench_times_quantized_chains_with_a_fake_timer():
+    # Every quantized chain of specs/quantized.yaml (int4 + zero points, int8, fp8
+    # row-wise and block-scaled), drawn as the generated tests draw them, each variant
+    # checked against the float64 reference (under the interpreter here).
+    kernels = [k for k in build.load([QUANTIZED]).kernels if k.kind == "quant"]
+    variants = [v for v in bench.VARIANTS if v.name in ("fusegen", "eager")]
+    _, results = bench.run(
+        kernels,
+        lambda k: bench.kernel_shapes(k, [(3, 256, 64)]),
+        "bf16",
+        variants,
+        lambda fn: (fn(), 1.0)[1],
+        lambda line: None,
+        ceilings=bench.Ceilings(700.0, 4000.0),
+        device="cpu",
+    )
+    assert len(results) == 2 * len(kernels) == 8
+    assert all(r.ok for r in results), [(r.kernel, r.variant, r.error, r.note) for r in results]
+    notes = {r.kernel: r.note for r in results if r.variant == "fusegen"}
+    assert notes["llama_mlp_int4"].startswith("fp32 dot (kernel)")  # the interpreter's dot
+    assert notes["deepseek_mlp_fp8"].startswith("fp8 dot (kernel)")
+    # The bytes a call moves: int4 half a byte a value, bf16 group scales and uint8 zero
+    # points (both weights), x and the output.
+    (int4,) = [k for k in kernels if k.name == "llama_mlp_int4"]
+    sizes = {"M": 16, "K": 4096, "N": 14336}
+    flops, moved = bench.work(int4, sizes, 2)
+    weight = 14336 * 4096 / 2 + 14336 * 32 * (2 + 1)
+    assert flops == 2 * 2 * 16 * 4096 * 14336
+    assert moved == 2 * weight + 2 * 16 * 4096 + 2 * 16 * 14336
+    (fp8,) = [k for k in kernels if k.name == "deepseek_mlp_fp8"]
+    flops, moved = bench.work(fp8, {"M": 256, "K": 1024, "N": 512}, 2)
+    x = 256 * 1024 + 256 * 8 * 4  # fp8 values, fp32 scales a 128-group of a row
+    weight = 512 * 1024 + 4 * 8 * 4  # fp8 values, fp32 scales a 128 x 128 block
+    assert moved == x + 2 * weight + 2 * 256 * 512
 
 
 def test_bench_stores_inputs_as_the_layouts_say():

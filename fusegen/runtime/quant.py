@@ -1,5 +1,5 @@
-"""A quantized chain module's launcher (`QuantChain`), and the math its reference and
-tests share: dequantize, pack_int4.
+"""A quantized chain module's launcher (`QuantChain`), and the math its reference, tests
+and `fusegen bench` share: dequantize, pack_int4, draw_quantized.
 
 A module states its inputs (INPUTS), each quantized one's storage and scales (QUANT,
 as `Quant`), its configs and its kernel; a call is checked once per signature (shapes,
@@ -58,6 +58,48 @@ def pack_int4(values, packing="low_first"):
     even, odd = nibbles[..., 0::2], nibbles[..., 1::2]
     low, high = (even, odd) if packing == "low_first" else (odd, even)
     return low | (high << 4)
+
+
+# The spread of the stored values, to draw scales that make the dequantized values O(1).
+VALUE_SPREAD = {"int8": 74.0, "int4": 4.6, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0}
+
+
+def draw_quantized(name, q, shape, fan, gen, scale_dtype=torch.float32):
+    """Random stored values of quantized input `name` (a Quant's storage, [..., K]) with
+    scales (and zero points) of its kind, as the tests and `fusegen bench` draw them, on
+    the CPU: {name: stored, name_scale: scales[, name_zero: zero points]}. The
+    dequantized values are O(fan) (fan: K ** -0.5 for a weight, 1 for activations)."""
+    rows, k = shape[:-1], shape[-1]
+    if q.dtype in ("int8", "int4"):
+        low, high = {
+            ("int8", False): (-128, 127),
+            ("int8", True): (0, 255),
+            ("int4", False): (-8, 7),
+            ("int4", True): (0, 15),
+        }[(q.dtype, q.zero_point)]
+        values = torch.randint(low, high + 1, shape, generator=gen)
+        if q.dtype == "int4":
+            stored = pack_int4(values, q.packing)
+        else:
+            stored = values.to(STORAGE["int8"][q.zero_point])
+    else:
+        stored = torch.randn(shape, generator=gen).to(STORAGE[q.dtype][0])
+    flat_rows = 1
+    for r in rows:
+        flat_rows *= r
+    factor_shape = {
+        "tensor": [1],
+        "row": list(rows),
+        "group": [*rows, k // (q.group or 1)],
+        "block": [cdiv(flat_rows, q.rows_per or 1), k // (q.group or 1)],
+    }[q.scale]
+    scale = (0.5 + torch.rand(factor_shape, generator=gen)) * fan / VALUE_SPREAD[q.dtype]
+    tensors = {name: stored, f"{name}_scale": scale.to(scale_dtype)}
+    if q.zero_point:
+        top = 15 if q.dtype == "int4" else 255
+        zero = torch.randint(0, top + 1, factor_shape, generator=gen, dtype=torch.int32)
+        tensors[f"{name}_zero"] = zero.to(torch.uint8)
+    return tensors
 
 
 # AutoAWQ's GEMM layout: nibble i of a word holds column 8 * word + AWQ_ORDER[i].

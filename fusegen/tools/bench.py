@@ -25,7 +25,8 @@ from typing import Callable
 
 from fusegen import build, codegen, tables
 from fusegen.writer import write_all
-from fusegen.ir import Gate, Kernel
+from fusegen.dtypes import QUANT_DTYPES
+from fusegen.ir import Gate, Kernel, QuantChain
 
 # Relative Frobenius error a variant may show against the float64 reference: rounding
 # to the dtype, plus tf32 products for fp32.
@@ -75,8 +76,14 @@ class Ceilings:
 # -- the work of one shape ----------------------------------------------------------
 
 
-def shape_dims(kernel: Kernel, shape: tuple) -> dict:
+def chain_of(kernel) -> Kernel:
+    """The matmul chain a kernel computes: its own, or a quantized chain's."""
+    return kernel.chain if isinstance(kernel, QuantChain) else kernel
+
+
+def shape_dims(kernel, shape: tuple) -> dict:
     """{dim: size} for a kernel from an (M, K, N) or (M, N) shape; static dims must agree."""
+    kernel = chain_of(kernel)
     names = (
         [kernel.matmul.m, kernel.matmul.k, kernel.matmul.n]
         if kernel.matmul
@@ -104,8 +111,9 @@ def usable_sizes(kernel: Kernel, shapes, progress):
             progress(f"  skipped: {exc}")
 
 
-def row_shapes(kernel: Kernel, rows: list[int]) -> list[tuple]:
+def row_shapes(kernel, rows: list[int]) -> list[tuple]:
     """Shapes at these row counts, the other dims at the spec's static sizes."""
+    kernel = chain_of(kernel)
     names = (
         [kernel.matmul.m, kernel.matmul.k, kernel.matmul.n]
         if kernel.matmul
@@ -121,11 +129,13 @@ def row_shapes(kernel: Kernel, rows: list[int]) -> list[tuple]:
     return [(r, *(kernel.dim(n).size for n in names[1:])) for r in rows]
 
 
-def kernel_shapes(kernel: Kernel, shapes=None, rows=None) -> list[tuple]:
+def kernel_shapes(kernel, shapes=None, rows=None) -> list[tuple]:
     """What to bench a kernel at: the given full shapes of its kind; else the given row
     counts at the spec's sizes; else, where the spec fixes every dim but the rows,
     DEFAULT_ROWS at its sizes (the anchor shapes would not fit it), and the anchor shapes
-    of its kind otherwise. Raises ValueError for rows on a spec that leaves dims dynamic."""
+    of its kind otherwise (a quantized chain's: its matmul's). Raises ValueError for rows
+    on a spec that leaves dims dynamic."""
+    kernel = chain_of(kernel)
     if shapes is not None:
         return [s for s in shapes if len(s) == (3 if kernel.matmul else 2)]
     if rows is not None:
@@ -136,15 +146,21 @@ def kernel_shapes(kernel: Kernel, shapes=None, rows=None) -> list[tuple]:
         return DEFAULT_SHAPES[kernel.kind]
 
 
-def work(kernel: Kernel, sizes: dict, element_bytes: int) -> tuple[float, float]:
-    """(floating-point operations, bytes that must move) for one call."""
+def work(kernel, sizes: dict, element_bytes: int) -> tuple[float, float]:
+    """(floating-point operations, bytes that must move) for one call; a quantized
+    input's bytes are its storage's (int4 half a byte a value), its scales' and zero
+    points' (quantized_bytes)."""
+    quantized = quantized_bytes(kernel, sizes, element_bytes)
+    kernel = chain_of(kernel)
     rows, cols = sizes[kernel.row], sizes[kernel.col]
     flops = 0.0
     if kernel.matmul:
         products = 1 + sum(isinstance(s, Gate) for s in kernel.steps)
         flops = 2.0 * rows * cols * sizes[kernel.matmul.k] * products
-    moved = 0
+    moved = sum(quantized.values())
     for t in kernel.inputs:
+        if t.name in quantized:
+            continue
         numel = 1
         for d in t.dims:
             numel *= sizes[d]
@@ -155,6 +171,31 @@ def work(kernel: Kernel, sizes: dict, element_bytes: int) -> tuple[float, float]
     return flops, moved + out_numel * out_bytes + extras
 
 
+def quantized_bytes(kernel, sizes: dict, element_bytes: int) -> dict[str, float]:
+    """A quantized chain's quantized inputs -> the bytes each call reads of them: the
+    stored values, and the scales and zero points of their kind (as `make_inputs` draws
+    them: int scales in the call's dtype, fp8 ones in fp32). {} for other kernels."""
+    if not isinstance(kernel, QuantChain):
+        return {}
+    found = {}
+    for q in kernel.quant:
+        (t,) = [t for t in kernel.chain.inputs if t.name == q.name]
+        rows = 1
+        for d in t.dims[:-1]:
+            rows *= sizes[d]
+        k = sizes[t.dims[-1]]
+        stored = rows * k * QUANT_DTYPES[q.dtype].bits / 8
+        factors = {
+            "tensor": 1,
+            "row": rows,
+            "group": rows * -(-k // q.group) if q.group else rows,
+            "block": -(-rows // (q.rows_per or rows)) * -(-k // (q.group or k)),
+        }[q.scale]
+        scale_bytes = 4 if q.dtype.startswith("fp8") else element_bytes
+        found[q.name] = stored + factors * (scale_bytes + (1 if q.zero_point else 0))
+    return found
+
+
 def check_layouts(kernels, layouts: dict[str, str]) -> None:
     """ValueError unless each `--layout` names a layout of LAYOUTS and an input that some
     kernel has (a transposed one with two dims)."""
@@ -163,9 +204,14 @@ def check_layouts(kernels, layouts: dict[str, str]) -> None:
             raise ValueError(
                 f"--layout {name}={kind}: no layout '{kind}'; valid: {', '.join(LAYOUTS)}"
             )
-        found = [t for k in kernels for t in k.inputs if t.name == name]
+        if any(isinstance(k, QuantChain) and k.quant_of(name) for k in kernels):
+            raise ValueError(
+                f"--layout {name}={kind}: '{name}' is quantized; its storage is read as the"
+                " spec packs it (give layouts for its plain inputs)"
+            )
+        found = [t for k in kernels for t in chain_of(k).inputs if t.name == name]
         if not found:
-            have = sorted({t.name for k in kernels for t in k.inputs})
+            have = sorted({t.name for k in kernels for t in chain_of(k).inputs})
             raise ValueError(
                 f"--layout {name}={kind}: no input '{name}'; inputs: {', '.join(have)}"
             )
@@ -186,14 +232,16 @@ def stored_as(torch, values, kind: str):
     return values
 
 
-def layout_text(kernel: Kernel, layouts: dict[str, str]) -> str:
-    names = {t.name for t in kernel.inputs}
+def layout_text(kernel, layouts: dict[str, str]) -> str:
+    names = {t.name for t in chain_of(kernel).inputs}
     return ", ".join(f"{n} {kind}" for n, kind in layouts.items() if n in names)
 
 
 def make_inputs(
-    torch, kernel: Kernel, sizes: dict, dtype, device, seed: int, layouts: dict | None = None
+    torch, kernel, sizes: dict, dtype, device, seed: int, layouts: dict | None = None
 ) -> dict:
+    if isinstance(kernel, QuantChain):
+        return quantized_inputs(torch, kernel, sizes, dtype, device, seed, layouts)
     generator = torch.Generator(device=device).manual_seed(seed)
     weights = (
         {kernel.matmul.b} | {g.matmul.b for g in kernel.steps if isinstance(g, Gate)}
@@ -214,6 +262,39 @@ def make_inputs(
         pinned = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}.get(t.dtype)
         tensors[t.name] = stored_as(torch, values.to(pinned or dtype), (layouts or {}).get(t.name))
     return tensors
+
+
+def quantized_inputs(torch, kernel, sizes, dtype, device, seed, layouts=None) -> dict:
+    """A quantized chain's call: each quantized input's storage with its scales (and
+    zero points), drawn as the generated tests draw them (int scales in the call's
+    dtype, as AWQ and GPTQ checkpoints keep them; fp8 ones in fp32, as _scaled_mm takes
+    them); the plain inputs as make_inputs draws them."""
+    from fusegen.runtime.quant import draw_quantized
+
+    chain = kernel.chain
+    plain = make_inputs(torch, chain, sizes, dtype, device, seed, layouts)
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for t in chain.inputs:
+        q = kernel.quant_of(t.name)
+        if q is None:
+            tensors[t.name] = plain[t.name]
+            continue
+        fan = sizes[chain.matmul.k] ** -0.5 if t.name in kernel.weights else 1.0
+        scale_dtype = torch.float32 if q.dtype.startswith("fp8") else dtype
+        shape = [sizes[d] for d in t.dims]
+        drawn = draw_quantized(t.name, q, shape, fan, generator, scale_dtype)
+        tensors.update({n: v.to(device) for n, v in drawn.items()})
+    return tensors
+
+
+def exact_inputs(kernel, inputs: dict) -> dict:
+    """A call's inputs for the float64 reference: the plain ones and the scales in
+    float64, a quantized input's storage and zero points as they are."""
+    kept = set()
+    if isinstance(kernel, QuantChain):
+        kept = {q.name for q in kernel.quant} | {q.zero_name for q in kernel.quant}
+    return {n: v if n in kept else v.double() for n, v in inputs.items()}
 
 
 # -- variants -----------------------------------------------------------------------
@@ -246,6 +327,8 @@ def _compiled(mode):
 def cublaslt_form(kernel: Kernel) -> str | None:
     """'relu' or 'gelu' when the chain is exactly a cuBLASLt epilogue (matmul, bias, then
     relu or the tanh GELU), else None."""
+    if not isinstance(kernel, Kernel):
+        return None
     steps = kernel.steps
     if not kernel.matmul or kernel.matmul.a_transposed or len(steps) != 2 or kernel.out_dtype:
         return None
@@ -328,7 +411,7 @@ def input_sets(
     sets = [
         make_inputs(torch, kernel, sizes, dtype, device, seed, layouts) for seed in range(count)
     ]
-    exact = module.reference(**{k: v.double() for k, v in sets[0].items()}, out_dtype=torch.float64)
+    exact = module.reference(**exact_inputs(kernel, sets[0]), out_dtype=torch.float64)
     return sets, exact
 
 
@@ -383,8 +466,11 @@ def bench_shape(
                 launch = module.last_launch()
                 fast = ", tanh.approx" if launch.get("fast_tanh") else ""
                 # The spec's `nonfinite: reference` reads the output back on every call.
-                check = ", inf/NaN check" if kernel.fallback_nonfinite == "reference" else ""
-                row.note = f"{launch['path']} ({launch['source']}{fast}{check}) {launch['config']}"
+                nonfinite = chain_of(kernel).fallback_nonfinite == "reference"
+                check = ", inf/NaN check" if nonfinite else ""
+                # A quantized chain's launch names its dot's dtype, not a path.
+                path = launch.get("path") or f"{launch.get('dot')} dot"
+                row.note = f"{path} ({launch['source']}{fast}{check}) {launch['config']}"
             cycle = itertools.cycle(sets)
             row.ms = timer(lambda fn=fn, cycle=cycle: fn(**next(cycle)))
             row.rate = flops / row.ms / 1e9 if flops else moved / row.ms / 1e6

@@ -24,7 +24,7 @@ from .equivalence import (  # noqa: F401 - the generated modules' bounds use U32
     new_seed,
     outside_bound,
 )
-from .quant import STORAGE, cdiv, dequantize, pack_int4, spread
+from .quant import cdiv, dequantize, draw_quantized, spread
 
 # What each scale product adds to a sum's error: the scales' own product, the partial
 # sum times it and its addition (a K-step's), the epilogue's two multiplications.
@@ -32,8 +32,6 @@ SCALE_PRODUCTS = 8 * U32
 # On the CPU, dynamo's tracing of a launcher (its custom op and fake) is tested once for
 # every quantized module, in fusegen's tests/test_quant.py: it costs seconds a module.
 COMPILED_ON_CPU = "traced on the CPU by fusegen's tests/test_quant.py; here on a GPU"
-# The spread of the stored values, to draw scales that make the dequantized values O(1).
-VALUE_SPREAD = {"int8": 74.0, "int4": 4.6, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0}
 
 
 def input_shapes(suite, sizes, lead=None):
@@ -111,37 +109,8 @@ class Suite:
         return out
 
     def quantized(self, name, q, shape, sizes, gen, scale_dtype, lead):
-        rows, k = shape[:-1], shape[-1]
-        if q.dtype in ("int8", "int4"):
-            low, high = {
-                ("int8", False): (-128, 127),
-                ("int8", True): (0, 255),
-                ("int4", False): (-8, 7),
-                ("int4", True): (0, 15),
-            }[(q.dtype, q.zero_point)]
-            values = torch.randint(low, high + 1, shape, generator=gen)
-            if q.dtype == "int4":
-                stored = pack_int4(values, q.packing)
-            else:
-                stored = values.to(STORAGE["int8"][q.zero_point])
-        else:
-            stored = torch.randn(shape, generator=gen).to(STORAGE[q.dtype][0])
-        flat_rows = 1
-        for r in rows:
-            flat_rows *= r
-        factor_shape = {
-            "tensor": [1],
-            "row": list(rows),
-            "group": [*rows, k // (q.group or 1)],
-            "block": [cdiv(flat_rows, q.rows_per or 1), k // (q.group or 1)],
-        }[q.scale]
         fan = sizes[self.k] ** -0.5 if self.matmul.get(name) == "b" else 1.0
-        scale = (0.5 + torch.rand(factor_shape, generator=gen)) * fan / VALUE_SPREAD[q.dtype]
-        tensors = {name: stored, f"{name}_scale": scale.to(scale_dtype)}
-        if q.zero_point:
-            top = 15 if q.dtype == "int4" else 255
-            zero = torch.randint(0, top + 1, factor_shape, generator=gen, dtype=torch.int32)
-            tensors[f"{name}_zero"] = zero.to(torch.uint8)
+        tensors = draw_quantized(name, q, shape, fan, gen, scale_dtype)
         return {n: t.to(DEVICE) for n, t in tensors.items()}
 
     def logical(self, inputs, quant=None):
