@@ -235,18 +235,19 @@ def _gpu_command(args: argparse.Namespace, command: str, work, check=None) -> in
                 "cuBLAS's); time it with benchmarks/lm_head_loss.py"
             )
         kernels = [k for k in kernels if k.kind != "loss"]
-        # `bench` times quantized chains; quantizers, and `tune` and `inspect` of either,
-        # have nothing to run (they tune at their first call of each shape).
-        skipped = ("quantize",) if command == "bench" else ("quant", "quantize")
+        # `bench` and `tune` take quantized chains; quantizers have no configs (theirs
+        # follow the row's width), and `inspect` reads no quantized kernel.
+        skipped = ("quant", "quantize") if command == "inspect" else ("quantize",)
         quantized = [k.name for k in kernels if k.kind in skipped]
         if quantized and (args.kernels or len(quantized) == len(kernels)):
             raise ValueError(
-                f"{', '.join(quantized)}: quantized chains tune themselves at their first "
-                "call of each shape (quantizers take their config from the row's width); "
+                f"{', '.join(quantized)}: "
                 + (
-                    "`fusegen bench` times the quantized chains, not the quantizers"
-                    if command == "bench"
-                    else "time them with `fusegen bench`"
+                    "`fusegen inspect` reads chain and attention kernels; time quantized "
+                    "ones with `fusegen bench`"
+                    if command == "inspect"
+                    else "a quantizer takes its config from the row's width: nothing to "
+                    f"{command} (`fusegen bench` and `tune` take the quantized chains)"
                 )
             )
         kernels = [k for k in kernels if k.kind not in skipped]

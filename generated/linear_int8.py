@@ -45,7 +45,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("e072068dc144ad19", "quant")
+_rt = _runtime("aea17eec8348caae", "quant")
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
 DIMS = {"M": None, "K": None, "N": None}
@@ -60,8 +60,9 @@ QUANT = {"w": _rt.Quant("int8", "row", None, 1, False, None)}
 # arguments a quantized input's scales (and zero points) follow it.
 INPUTS = (("x", ("M", "K"), True), ("w", ("N", "K"), False), ("b", ("N",), False))
 # Configs: CONFIGS are tried at the first call of each row-count power-of-two bucket,
-# K, N and dtype (BLOCK_K divides every group of scales); DEFAULT_CONFIG where
-# tuning cannot run (DETERMINISTIC); INTERPRETER_CONFIG under TRITON_INTERPRET=1.
+# K, N and dtype (BLOCK_K divides every group of scales) that the tuned table
+# has no entry for; DEFAULT_CONFIG where tuning cannot run (DETERMINISTIC);
+# INTERPRETER_CONFIG under TRITON_INTERPRET=1.
 # fmt: off
 CONFIGS = [
     {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4},
@@ -123,6 +124,10 @@ INTERPRETER_GEMV_CONFIG = {
     "num_stages": 1,
 }
 DETERMINISTIC = False
+# `fusegen tune`'s configs for named GPUs, beside this module, looked up before tuning;
+# entries measured on other kernel code (KERNEL_HASH: its sha256) are ignored.
+TUNED_TABLE = "linear_int8.tuned.json"
+KERNEL_HASH = "b308c19d798f2692"
 # Accumulators a tile (a gate's is the second): split-K configs keep each one's partial sums.
 ACCUMULATORS = 1
 ROW, COL, K = "M", "N", "K"  # the output's dims, the reduction dim

@@ -314,10 +314,11 @@ def test_attention_test_modules_are_short(path):
 def test_quantized_modules_are_short(path):
     """A quantized chain's module is its kernel (two mainloops where it has the one-row
     GEMV path, each int4 weight unpacked two ways where decode tiles run transposed,
-    split-K's partial sums), constants, launcher and reference (the checks and tuning are
-    the runtime's QuantChain); its tests state inputs, cases and the bound, and come from
-    the quantized harness."""
-    assert len(path.read_text().splitlines()) <= 540
+    split-K's partial sums), constants (its tuned table's name and kernel hash among
+    them), launcher and reference (the checks, the table's lookup and tuning are the
+    runtime's QuantChain); its tests state inputs, cases and the bound, and come from the
+    quantized harness."""
+    assert len(path.read_text().splitlines()) <= 550
     tests = (path.parent / f"test_{path.name}").read_text()
     assert len(tests.splitlines()) <= 120
     assert (

@@ -473,3 +473,99 @@ def test_inspect_counters_parse_ncu_output(monkeypatch):
         ),
     )
     assert "ncu gave no counters: ERR_NVGPUCTRPERM" == inspect_kernels.counters("k", [])
+
+
+QUANT_SPEC = """
+version: 1
+kernels:
+  - name: tiny_int4
+    dims: {M: dynamic, K: 256, N: 64}
+    dtypes: [bf16]
+    inputs:
+      x: [M, K]
+      w: {shape: [N, K], dtype: int4, scale: {per_group: 128}, zero_point: true}
+    chain:
+      - matmul: x @ w.T
+      - silu
+"""
+
+
+def test_tune_writes_a_quantized_chains_table_its_launcher_takes(
+    write_spec, run_cli, tmp_path, monkeypatch
+):
+    # The launcher's own tuning, done ahead by `fusegen tune` (checked against float64
+    # on the interpreter here, with a fake timer and GPU identity): the table's entry is
+    # the config a fresh launcher on the same GPU takes, for the call's row bucket and
+    # the next; another GPU, another N, or rows the GEMV path does not serve find none.
+    spec = write_spec(QUANT_SPEC)
+    out_dir = tmp_path / "gen"
+    code, _, err = run_cli("build", str(spec), "--out", str(out_dir))
+    assert code == 0, err
+    (kernel,) = build.load([spec]).kernels
+    speed = {}
+
+    def load(kernel_, out):
+        module = tune.load_generated(kernel_, out)
+        module._CHAIN.device_identity = lambda device: FAKE_GPU
+        gemv = next(c for c in module.CONFIGS if c["BLOCK_M"] == 1)
+        tiles = [c for c in module.CONFIGS if c["BLOCK_M"] > 1][:2]
+        module.CONFIGS[:] = [gemv, *tiles]  # a short space: the interpreter is slow
+        speed.update({str(gemv): 0.5, str(tiles[0]): 2.0, str(tiles[1]): 1.0})
+        launcher = getattr(module, kernel_.name)
+
+        def spy(*args, config=None, **kwargs):
+            spy.config = config
+            return launcher(*args, config=config, **kwargs)
+
+        setattr(module, kernel_.name, spy)
+        return module
+
+    def timer(fn):
+        fn()
+        return speed[str(getattr(tune_spy[0], "config", None))]
+
+    tune_spy = []
+
+    def loader(kernel_, out):
+        module = load(kernel_, out)
+        tune_spy.append(getattr(module, kernel_.name))
+        return module
+
+    results, written = tune.run(
+        [kernel], lambda k: [(16, 256, 64), (1, 256, 64)], ["bf16"], out_dir, timer,
+        lambda line: None, device="cpu", load=loader,
+    )  # fmt: skip
+    assert written == [tables.path_for(out_dir, "tiny_int4")]
+    sixteen, one = (r.entry for r in results)
+    # At one row the GEMV config (the fastest) is tried and wins; at 16 rows the
+    # launcher's tuning would not try it (GEMV_ROWS), nor does `fusegen tune`.
+    assert one["key"] == {
+        "M_bucket": 1, "N": 64, "K": 256, "dtype": "bfloat16", "out_dtype": "bfloat16",
+        "words": True,
+    }  # fmt: skip
+    gemv, tile = one["choices"]["quant"]["config"], sixteen["choices"]["quant"]["config"]
+    assert one["best"] == "quant" and gemv["BLOCK_M"] == 1
+    assert sixteen["key"]["M_bucket"] == 16 and tile["BLOCK_M"] > 1
+    skipped = [m for m in results[0].measured if m.problem.startswith("skipped")]
+    assert [m.config["BLOCK_M"] for m in skipped] == [1]
+    table = tables.read(written[0])
+    assert {e["kernel_hash"] for e in table["entries"]} == {
+        codegen.module_kernel_hash((out_dir / "tiny_int4.py").read_text())
+    }
+
+    module = import_fresh(out_dir / "tiny_int4.py")
+    chain = module._CHAIN
+    monkeypatch.setattr(chain, "device_identity", lambda device: FAKE_GPU)
+    plan = {
+        "rows": 1, "cols": 64, "k": 256, "dtype": torch.bfloat16,
+        "out_dtype": torch.bfloat16, "words": True, "device": torch.device("cpu"),
+    }  # fmt: skip
+    assert chain.from_table(plan) == gemv
+    assert chain.from_table({**plan, "rows": 2}) == gemv  # bucket 2, next to 1
+    assert chain.from_table({**plan, "rows": 8}) == tile  # bucket 8, next to 16
+    assert chain.from_table({**plan, "rows": 32}) == tile
+    assert chain.from_table({**plan, "rows": 128}) is None  # 8x the nearest entry's rows
+    assert chain.from_table({**plan, "cols": 128}) is None
+    assert chain.from_table({**plan, "words": False}) is None
+    monkeypatch.setattr(chain, "device_identity", lambda device: ("Other GPU", [8, 0]))
+    assert chain.from_table(plan) is None

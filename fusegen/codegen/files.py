@@ -253,7 +253,8 @@ def loss_context(head: LossHead) -> dict:
 
 
 def quant_context(qc: QuantChain) -> dict:
-    return quant_text.context(qc, header(qc), runtime_digest(), DOC_WIDTH, param_lines)
+    context = quant_text.context(qc, header(qc), runtime_digest(), DOC_WIDTH, param_lines)
+    return {**context, "kernel_hash_placeholder": KERNEL_HASH_PLACEHOLDER}
 
 
 def quantize_context(qz: Quantizer) -> dict:

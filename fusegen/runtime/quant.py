@@ -15,8 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
-from . import launch
+from . import launch, tables
 from .checks import Shapes, bucket, config_values_problems, signature
+from .settings import TABLE_REACH
 
 _log = logging.getLogger(__name__)
 
@@ -258,7 +259,8 @@ class QuantChain:
         # Whether the kernel has the one-row GEMV path (BLOCK_M 1; int8 / int4 weights).
         self.gemv = "INTERPRETER_GEMV_CONFIG" in module
         self.plans = {}  # call signature -> plan
-        self.tuned = {}  # tuning key -> config
+        self.tuned = {}  # tuning key -> (config, where it came from)
+        self.table = {}  # "entries": the tuned table's entries, read at first use
         self.last_launch = {}
         # The launcher's tensors in order: (name, role, the input it belongs to).
         self.arguments = []
@@ -297,13 +299,15 @@ class QuantChain:
         views = plan["views"](tensors)
         out2d = out.view(-1, out.shape[-1])
         if config is None:
-            config = self.config_for(plan, views, out2d)
+            config, chosen_by = self.config_for(plan, views, out2d)
         else:
             self.check_config(config, plan)
+            chosen_by = "caller"
         self.launch(plan, views, out2d, config)
         self.last_launch = {
             "source": "kernel",
             "config": dict(config),
+            "config_from": chosen_by,
             "dot": plan["dot"],
             "fast_tanh": plan["consts"].get("FAST_TANH", False),
             "nibble_base": self.nibble_base(config, plan["dot"]),
@@ -584,19 +588,81 @@ class QuantChain:
     # -- configs ----------------------------------------------------------------------
 
     def config_for(self, plan, views, out2d):
+        """(config, where it came from) for a call: the interpreter's, the default where
+        tuning may not run, else per tuning key (table_key) the tuned table's entry for
+        this GPU, or the fastest of CONFIGS on this call's tensors."""
         if plan["interpreted"]:
             if plan["rows"] == 1 and plan["words"]:  # words: a GEMV path to run
-                return self.module["INTERPRETER_GEMV_CONFIG"]
-            return self.module["INTERPRETER_CONFIG"]
+                return self.module["INTERPRETER_GEMV_CONFIG"], "interpreter"
+            return self.module["INTERPRETER_CONFIG"], "interpreter"
         if self.module["DETERMINISTIC"] or os.environ.get("FUSEGEN_AUTOTUNE") == "0":
-            return self.module["DEFAULT_CONFIG"]
+            return self.module["DEFAULT_CONFIG"], "default"
         key = (bucket(plan["rows"]), plan["cols"], plan["k"], plan["dtype"], plan["out_dtype"])
         key += (plan["words"],)
         found = self.tuned.get(key)
         if found is None:
-            found = self.tune(plan, views, out2d)
+            config = self.from_table(plan)
+            found = (config, "table") if config else (self.tune(plan, views, out2d), "tuned")
             self.tuned[key] = found
         return found
+
+    def table_key(self, plan):
+        """A call's key as tuned tables record it: its row bucket, N, K, dtypes, and
+        whether the GEMV path may read its weights as words."""
+        return {
+            f"{self.module['ROW']}_bucket": bucket(plan["rows"]),
+            self.module["COL"]: plan["cols"],
+            self.module["K"]: plan["k"],
+            "dtype": str(plan["dtype"]).replace("torch.", ""),
+            "out_dtype": str(plan["out_dtype"]).replace("torch.", ""),
+            "words": plan["words"],
+        }
+
+    def device_identity(self, device):
+        """(name, [major, minor]) as tuned tables record a GPU."""
+        index = torch.device(device).index
+        return tables.identity(torch.cuda.current_device() if index is None else index)
+
+    def from_table(self, plan):
+        """The tuned table's config for a call on this GPU, or None: the entry of the
+        call's key or of a row bucket next to it (at most TABLE_REACH powers of two away,
+        the nearest, larger on a tie), whose config this call can run (a GEMV config for
+        a few rows only, split-K for decode-sized calls)."""
+        if "entries" not in self.table:
+            self.table["entries"] = tables.entries(self.module, self.name)
+        if not self.table["entries"]:
+            return None
+        name, capability = self.device_identity(plan["device"])
+        wanted = self.table_key(plan)
+        rows = f"{self.module['ROW']}_bucket"
+        found = []
+        for entry in self.table["entries"]:
+            try:
+                if (entry["gpu"], entry["capability"]) != (name, capability):
+                    continue
+                if any(entry["key"][n] != v for n, v in wanted.items() if n != rows):
+                    continue
+                config = dict(entry["choices"][entry["best"]]["config"])
+                self.check_config(config, plan)
+                distance = abs(entry["key"][rows].bit_length() - wanted[rows].bit_length())
+            except (KeyError, TypeError, ValueError, AttributeError):
+                continue
+            if distance > TABLE_REACH or not self.may_run(config, plan):
+                continue
+            found.append((distance, -entry["key"][rows], config))
+        if not found:
+            return None
+        _, _, config = min(found, key=lambda f: f[:2])
+        _log.info("%s: %s: tuned table entry: %s", self.name, wanted, config)
+        return config
+
+    @staticmethod
+    def may_run(config, plan):
+        """Whether tuning would try config for this call: the GEMV path (BLOCK_M 1) for
+        a few rows whose weights it reads as words, split-K for decode-sized calls."""
+        if config["BLOCK_M"] == 1 and (plan["rows"] > GEMV_ROWS or not plan["words"]):
+            return False
+        return config.get("SPLIT_K", 1) == 1 or plan["rows"] <= SPLIT_ROWS
 
     def tune(self, plan, views, out2d):
         """The fastest config of CONFIGS on this call's tensors (written to a scratch
@@ -606,10 +672,8 @@ class QuantChain:
         scratch = torch.empty_like(out2d)
         best, best_ms = None, float("inf")
         for config in self.module["CONFIGS"]:
-            if config["BLOCK_M"] == 1 and (plan["rows"] > GEMV_ROWS or not plan["words"]):
-                continue  # the GEMV path reads the weights once a row, as words
-            if config.get("SPLIT_K", 1) > 1 and plan["rows"] > SPLIT_ROWS:
-                continue  # split-K's partial sums are for decode-sized outputs
+            if not self.may_run(config, plan):
+                continue
             try:
                 ms = graph_bench(lambda c=config: self.launch(plan, views, scratch, c))[0]
             except (

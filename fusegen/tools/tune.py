@@ -23,7 +23,7 @@ from pathlib import Path
 
 from fusegen import build, codegen, tables
 from fusegen.tools import bench
-from fusegen.ir import Kernel
+from fusegen.ir import Kernel, QuantChain
 from fusegen.writer import Planned, differences, write_all
 
 FINALISTS = 3  # configs re-timed with more repetitions before one is chosen
@@ -128,6 +128,42 @@ def tune_shape(
     return result
 
 
+def tune_quant_shape(
+    torch, timer, module, kernel, sizes, dtype_name, progress, device="cuda", final_timer=None
+) -> ShapeResult:
+    """A quantized chain's space for one shape, as its launcher's own tuning would try
+    it (the GEMV configs for a few rows whose weights it reads as words, split-K for
+    decode-sized calls), each checked against the float64 reference, then timed; the
+    table entry of the best (one path, "quant")."""
+    started = time.perf_counter()
+    sets, exact = bench.input_sets(torch, module, kernel, sizes, dtype_name, device)
+    fn = getattr(module, kernel.name)
+    chain = module._CHAIN
+    fn(**sets[0], config=module.DEFAULT_CONFIG)  # the call's plan: rows, words, dtypes
+    rows = sizes[kernel.chain.row]
+    plan = next(p for p in reversed(chain.plans.values()) if p["rows"] == rows)
+    shape = tuple(sizes.values())
+    result = ShapeResult(kernel.name, shape, dtype_name, None)
+    label = f"{kernel.name} {'x'.join(map(str, shape))} {dtype_name}"
+    space = module.CONFIGS
+    for i, config in enumerate(space, 1):
+        m = Measured("quant", dict(config))
+        result.measured.append(m)
+        if not chain.may_run(config, plan):
+            m.problem = "skipped: the launcher's tuning does not try it at these rows"
+        else:
+            _measure(torch, timer, fn, sets, exact, dtype_name, m, device)
+        shown = f"{m.ms:.4f} ms" if m.ms is not None else m.problem
+        progress(f"  {label}: [{i}/{len(space)}] {_short(config)}: {shown}")
+    key = chain.table_key(plan)
+    timer = final_timer or timer
+    result.entry = _entry(torch, module, fn, sets, result, timer, progress, label, key)
+    result.seconds = time.perf_counter() - started
+    if result.entry:
+        result.entry["tuned"]["seconds"] = round(result.seconds, 1)
+    return result
+
+
 def _measure(torch, timer, fn, sets, exact, dtype_name, m: Measured, device) -> None:
     try:
         out = fn(**sets[0], config=m.config)
@@ -148,7 +184,12 @@ def _time(timer, fn, sets, config) -> float:
     return timer(lambda: fn(**next(cycle), config=config))
 
 
-def _entry(torch, module, fn, sets, result: ShapeResult, timer, progress, label) -> dict | None:
+def _entry(
+    torch, module, fn, sets, result: ShapeResult, timer, progress, label, key=None
+) -> dict | None:
+    """The table entry of a shape's measurements: each path's finalists timed again, the
+    fastest kept. key: the launcher's key for the shape (a quantized chain's; else read
+    from the chain launcher's last run)."""
     import triton
 
     choices = {}
@@ -164,11 +205,15 @@ def _entry(torch, module, fn, sets, result: ShapeResult, timer, progress, label)
         progress(f"  {label}: {path}: chose {_short(best.config)}: {best.ms:.4f} ms")
     if not choices:
         return None
-    name, capability = module._KERNELS.device_identity(sets[0][next(iter(sets[0]))].device)
-    # The launcher's key for this shape: row bucket, the other dims, dtypes.
-    # The key ends with the layout, which has no name: zip stops before it.
-    names, values = module._KERNELS.key_names, module._KERNELS.last_run["key"]
-    key = {n: module._rt.plain(v) for n, v in zip(names, values, strict=False)}
+    device = sets[0][next(iter(sets[0]))].device
+    if key is None:
+        name, capability = module._KERNELS.device_identity(device)
+        # The launcher's key for this shape: row bucket, the other dims, dtypes.
+        # The key ends with the layout, which has no name: zip stops before it.
+        names, values = module._KERNELS.key_names, module._KERNELS.last_run["key"]
+        key = {n: module._rt.plain(v) for n, v in zip(names, values, strict=False)}
+    else:
+        name, capability = module._CHAIN.device_identity(device)
     return {
         "gpu": name,
         "capability": capability,
@@ -212,17 +257,19 @@ def run(
     for module in modules.values():
         # Tuning measures; the module's own table must not steer it (an entry whose best
         # was the pointer kernel would hide the TMA one from every re-tune).
-        module._KERNELS.table["entries"] = []
+        launcher = getattr(module, "_KERNELS", None) or module._CHAIN
+        launcher.table["entries"] = []
     written = []
     for kernel in kernels:
         module = modules[kernel.name]
         entries = []
         for _, sizes in bench.usable_sizes(kernel, shapes_for(kernel), progress):
             for dtype_name in dtype_names:
-                if dtype_name not in kernel.dtypes:
+                if dtype_name not in bench.chain_of(kernel).dtypes:
                     progress(f"  skipped: {kernel.name} does not take {dtype_name}")
                     continue
-                found = tune_shape(
+                tuner = tune_quant_shape if isinstance(kernel, QuantChain) else tune_shape
+                found = tuner(
                     torch, timer, module, kernel, sizes, dtype_name, progress, device, final_timer
                 )
                 results.append(found)

@@ -410,8 +410,11 @@ def launcher_tests(suite):
         monkeypatch.setattr(kernel._CHAIN, "tuned", {})
         suite.launcher(**inputs)
         assert len(kernel._CHAIN.tuned) == 1
-        tuned = next(iter(kernel._CHAIN.tuned.values()))
-        assert tuned in kernel.CONFIGS and kernel.last_launch()["config"] == tuned
+        ((config, chosen_by),) = kernel._CHAIN.tuned.values()
+        assert kernel.last_launch()["config"] == config
+        assert kernel.last_launch()["config_from"] == chosen_by
+        # From the tuned table beside the module where it has an entry for this GPU.
+        assert chosen_by == "table" or (chosen_by == "tuned" and config in kernel.CONFIGS)
 
     return [
         test_rejects_bad_scales_and_storage,
