@@ -305,6 +305,10 @@ class _WrapsChain:
     def spec_sha256(self) -> str:
         return self.chain.spec_sha256
 
+    @property
+    def dtypes(self) -> tuple:
+        return self.chain.dtypes
+
 
 @dataclass(frozen=True)
 class QuantChain(_WrapsChain):

@@ -98,6 +98,18 @@ def test_quantized_specs_bench_their_chains_and_refuse_the_rest(run_cli):
     assert code == 2 and "no layout 'diagonal'" in err
 
 
+def test_a_suite_run_takes_quantized_chains_not_quantizers(tmp_path):
+    path = tmp_path / "suite.yaml"
+    path.write_text(
+        f"runs:\n  quantized:\n    measures: the quantized chains\n"
+        f"    specs: [{QUANTIZED}]\n    shapes: [[16, 4096, 14336]]\n    compare: [eager]\n"
+    )
+    (run,) = bench_suite.load(path).runs
+    assert sorted(k.name for k in run.kernels) == [
+        "deepseek_mlp_fp8", "gelu_fp8_rowwise", "linear_int8", "llama_mlp_int4",
+    ]  # fmt: skip
+
+
 def test_bench_times_quantized_chains_with_a_fake_timer():
     # Every quantized chain of specs/quantized.yaml (int4 + zero points, int8, fp8
     # row-wise and block-scaled), drawn as the generated tests draw them, each variant

@@ -243,11 +243,9 @@ def _kernels(body: dict, root: Path, error, found: list) -> tuple[list | None, l
         return None, names
     try:
         found_kernels = build.load(build.collect([str(root / p) for p in specs])).kernels
-        # A suite times chain kernels; `fusegen bench SPEC` times attention kernels, and
-        # benchmarks/lm_head_loss.py loss heads.
-        kernels = [
-            k for k in found_kernels if k.kind not in ("attention", "loss", "quant", "quantize")
-        ]
+        # A suite times chain kernels, quantized ones included; `fusegen bench SPEC` times
+        # attention kernels, and benchmarks/lm_head_loss.py loss heads.
+        kernels = [k for k in found_kernels if k.kind not in ("attention", "loss", "quantize")]
     except SpecErrors as exc:
         found += exc.errors
         return None, names

@@ -265,7 +265,7 @@ def run(
         entries = []
         for _, sizes in bench.usable_sizes(kernel, shapes_for(kernel), progress):
             for dtype_name in dtype_names:
-                if dtype_name not in bench.chain_of(kernel).dtypes:
+                if dtype_name not in kernel.dtypes:
                     progress(f"  skipped: {kernel.name} does not take {dtype_name}")
                     continue
                 tuner = tune_quant_shape if isinstance(kernel, QuantChain) else tune_shape
