@@ -235,22 +235,15 @@ def _gpu_command(args: argparse.Namespace, command: str, work, check=None) -> in
                 "cuBLAS's); time it with benchmarks/lm_head_loss.py"
             )
         kernels = [k for k in kernels if k.kind != "loss"]
-        # `bench` and `tune` take quantized chains; quantizers have no configs (theirs
-        # follow the row's width), and `inspect` reads no quantized kernel.
-        skipped = ("quant", "quantize") if command == "inspect" else ("quantize",)
-        quantized = [k.name for k in kernels if k.kind in skipped]
-        if quantized and (args.kernels or len(quantized) == len(kernels)):
+        # Quantized chains are taken; quantizers have no configs (theirs follow the
+        # row's width).
+        quantizers = [k.name for k in kernels if k.kind == "quantize"]
+        if quantizers and (args.kernels or len(quantizers) == len(kernels)):
             raise ValueError(
-                f"{', '.join(quantized)}: "
-                + (
-                    "`fusegen inspect` reads chain and attention kernels; time quantized "
-                    "ones with `fusegen bench`"
-                    if command == "inspect"
-                    else "a quantizer takes its config from the row's width: nothing to "
-                    f"{command} (`fusegen bench` and `tune` take the quantized chains)"
-                )
+                f"{', '.join(quantizers)}: a quantizer takes its config from the row's "
+                f"width: nothing to {command} (the quantized chains are taken)"
             )
-        kernels = [k for k in kernels if k.kind not in skipped]
+        kernels = [k for k in kernels if k.kind != "quantize"]
         if not kernels:
             raise ValueError("no kernels left to run")
         shapes_for = _shapes_for(args)

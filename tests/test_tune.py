@@ -569,3 +569,40 @@ def test_tune_writes_a_quantized_chains_table_its_launcher_takes(
     assert chain.from_table({**plan, "words": False}) is None
     monkeypatch.setattr(chain, "device_identity", lambda device: ("Other GPU", [8, 0]))
     assert chain.from_table(plan) is None
+
+
+def test_inspect_reports_a_quantized_chains_compiled_kernel(write_spec, run_cli, tmp_path):
+    spec = write_spec(QUANT_SPEC)
+    out_dir = tmp_path / "gen"
+    assert run_cli("build", str(spec), "--out", str(out_dir))[0] == 0
+    kernels = build.load([spec]).kernels
+    (found,) = inspect_kernels.run(
+        kernels, lambda k: [(3, 256, 64)], "bf16", out_dir, lambda line: None, device="cpu"
+    )
+    assert found.source == "interpreter" and found.registers is None
+    assert found.row().startswith("| tiny_int4 | 3x256x64 | bf16 | fp32 dot (interpreter) |")
+
+    class Meta:
+        shared, num_warps, num_stages = 32768, 4, 2
+
+    class Compiled:
+        n_regs, n_spills, metadata = 96, 0, Meta
+
+    def load(kernel, out):
+        module = tune.load_generated(kernel, out)
+        launch = module._CHAIN.launch
+
+        def spy(*args):
+            launch(*args)
+            module._CHAIN.last_compiled = Compiled
+
+        module._CHAIN.launch = spy
+        return module
+
+    (found,) = inspect_kernels.run(
+        kernels, lambda k: [(3, 256, 64)], "bf16", out_dir, lambda line: None, device="cpu",
+        load=load,
+    )  # fmt: skip
+    assert (found.registers, found.spills, found.shared, found.warps, found.stages) == (
+        96, 0, 32768, 4, 2,
+    )  # fmt: skip

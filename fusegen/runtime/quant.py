@@ -262,6 +262,7 @@ class QuantChain:
         self.tuned = {}  # tuning key -> (config, where it came from)
         self.table = {}  # "entries": the tuned table's entries, read at first use
         self.last_launch = {}
+        self.last_compiled = None  # the last launch's compiled kernel (`fusegen inspect`)
         # The launcher's tensors in order: (name, role, the input it belongs to).
         self.arguments = []
         for name_, _, _ in self.inputs:
@@ -383,13 +384,13 @@ class QuantChain:
         direct = plan["direct"].get(key)
         aligned = out2d.data_ptr() % 16 == 0  # what the compiled kernel assumed
         if direct and aligned:
-            direct(*args)
+            self.last_compiled = direct(*args)
             return
         meta = {"SPLIT_K": 1, **{k: v for k, v in config.items() if k.isupper()}}
         options = {k: v for k, v in config.items() if not k.isupper()}
         grid = (tiles * split,)
         kwargs = {**meta, **plan["consts"], **options}
-        compiled = self.kernel[grid](*args, **kwargs)
+        compiled = self.last_compiled = self.kernel[grid](*args, **kwargs)
         if direct is None and aligned and launch.enabled(plan["interpreted"]):
             plan["direct"][key] = launch.direct(compiled, self.kernel, grid, args, kwargs) or False
 

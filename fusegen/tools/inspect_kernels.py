@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from fusegen.ir import QuantChain
 from fusegen.tools import bench
 from fusegen.tools.tune import load_generated
 
@@ -63,14 +64,19 @@ def inspect_shape(torch, module, kernel, sizes, dtype_name, device="cuda") -> In
     if device == "cuda":
         torch.cuda.synchronize()
     launch = module.last_launch()
-    compiled = module._KERNELS.last_run["kernel"]
+    if isinstance(kernel, QuantChain):  # its launch names the dot's dtype, not a path
+        compiled = module._CHAIN.last_compiled
+        path, source = f"{launch['dot']} dot", launch["config_from"]
+    else:
+        compiled = module._KERNELS.last_run["kernel"]
+        path, source = launch["path"], launch["source"]
     meta = getattr(compiled, "metadata", None)
     return Inspected(
         kernel.name,
         tuple(sizes.values()),
         dtype_name,
-        launch["path"],
-        launch["source"],
+        path,
+        source,
         launch["config"],
         getattr(compiled, "n_regs", None),
         getattr(compiled, "n_spills", None),
