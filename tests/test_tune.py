@@ -502,7 +502,7 @@ def test_tune_writes_a_quantized_chains_table_its_launcher_takes(
     code, _, err = run_cli("build", str(spec), "--out", str(out_dir))
     assert code == 0, err
     (kernel,) = build.load([spec]).kernels
-    speed = {}
+    speed, ran = {}, {}  # the fake time of each config; the config of the last call
 
     def load(kernel_, out):
         module = tune.load_generated(kernel_, out)
@@ -514,7 +514,7 @@ def test_tune_writes_a_quantized_chains_table_its_launcher_takes(
         launcher = getattr(module, kernel_.name)
 
         def spy(*args, config=None, **kwargs):
-            spy.config = config
+            ran["config"] = config
             return launcher(*args, config=config, **kwargs)
 
         setattr(module, kernel_.name, spy)
@@ -522,18 +522,11 @@ def test_tune_writes_a_quantized_chains_table_its_launcher_takes(
 
     def timer(fn):
         fn()
-        return speed[str(getattr(tune_spy[0], "config", None))]
-
-    tune_spy = []
-
-    def loader(kernel_, out):
-        module = load(kernel_, out)
-        tune_spy.append(getattr(module, kernel_.name))
-        return module
+        return speed[str(ran["config"])]
 
     results, written = tune.run(
         [kernel], lambda k: [(16, 256, 64), (1, 256, 64)], ["bf16"], out_dir, timer,
-        lambda line: None, device="cpu", load=loader,
+        lambda line: None, device="cpu", load=load,
     )  # fmt: skip
     assert written == [tables.path_for(out_dir, "tiny_int4")]
     sixteen, one = (r.entry for r in results)
