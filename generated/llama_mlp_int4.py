@@ -52,7 +52,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("a2b94d4ec52bf56e", "quant")
+_rt = _runtime("56a0016c7bb685ac", "quant")
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
 DIMS = {"M": None, "K": None, "N": None}
@@ -71,8 +71,8 @@ QUANT = {
 INPUTS = (("x", ("M", "K"), True), ("w_gate", ("N", "K"), False), ("w_up", ("N", "K"), False))
 # Configs: CONFIGS are tried at the first call of each row-count power-of-two bucket,
 # K, N and dtype (BLOCK_K divides every group of scales) that the tuned table
-# has no entry for; DEFAULT_CONFIG where tuning cannot run (DETERMINISTIC);
-# INTERPRETER_CONFIG under TRITON_INTERPRET=1.
+# has no entry for; DEFAULT_CONFIG where tuning may not run (DETERMINISTIC,
+# FUSEGEN_AUTOTUNE=0); INTERPRETER_CONFIG under TRITON_INTERPRET=1.
 # fmt: off
 CONFIGS = [
     {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4},
@@ -131,6 +131,8 @@ INTERPRETER_GEMV_CONFIG = {
     "num_warps": 4,
     "num_stages": 1,
 }
+# True (the spec's `deterministic`): no tuning at run time, the tuned table's config or
+# DEFAULT_CONFIG.
 DETERMINISTIC = False
 # `fusegen tune`'s configs for named GPUs, beside this module, looked up before tuning;
 # entries measured on other kernel code (KERNEL_HASH: its sha256) are ignored.

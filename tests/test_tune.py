@@ -599,3 +599,42 @@ def test_inspect_reports_a_quantized_chains_compiled_kernel(write_spec, run_cli,
     assert (found.registers, found.spills, found.shared, found.warps, found.stages) == (
         96, 0, 32768, 4, 2,
     )  # fmt: skip
+
+
+def test_a_deterministic_quantized_chain_takes_its_table_or_its_default(
+    write_spec, run_cli, tmp_path, monkeypatch
+):
+    # The spec's `deterministic: true` reaches the module: no tuning at run time, the
+    # tuned table's config where it has one for the GPU, else DEFAULT_CONFIG (as the
+    # chains do). Without it the launcher tunes where the table has nothing.
+    spec = write_spec(
+        QUANT_SPEC.replace("    dtypes: [bf16]\n", "    dtypes: [bf16]\n    deterministic: true\n")
+    )
+    out_dir = tmp_path / "gen"
+    assert run_cli("build", str(spec), "--out", str(out_dir))[0] == 0
+    module = import_fresh(out_dir / "tiny_int4.py")
+    assert module.DETERMINISTIC is True
+    chain = module._CHAIN
+    monkeypatch.setattr(chain, "device_identity", lambda device: FAKE_GPU)
+    monkeypatch.setattr(chain, "tune", lambda *args: pytest.fail("tuned at run time"))
+    plan = {
+        "rows": 16, "cols": 64, "k": 256, "dtype": torch.bfloat16, "interpreted": False,
+        "out_dtype": torch.bfloat16, "words": True, "device": torch.device("cpu"),
+    }  # fmt: skip
+    assert chain.config_for(plan, None, None) == (module.DEFAULT_CONFIG, "default")
+    tile = next(c for c in module.CONFIGS if c["BLOCK_M"] > 1 and c != module.DEFAULT_CONFIG)
+    entry = {
+        "gpu": FAKE_GPU[0], "capability": FAKE_GPU[1], "kernel_hash": module.KERNEL_HASH,
+        "key": chain.table_key(plan), "best": "quant", "choices": {"quant": {"config": tile}},
+    }  # fmt: skip
+    table = tables.path_for(out_dir, "tiny_int4")
+    table.write_text(tables.render("tiny_int4", str(spec), [entry]))
+    module = import_fresh(out_dir / "tiny_int4.py")
+    chain = module._CHAIN
+    monkeypatch.setattr(chain, "device_identity", lambda device: FAKE_GPU)
+    monkeypatch.setattr(chain, "tune", lambda *args: pytest.fail("tuned at run time"))
+    assert chain.config_for(plan, None, None) == (tile, "table")
+    monkeypatch.setitem(vars(module), "DETERMINISTIC", False)
+    tuned = []
+    monkeypatch.setattr(chain, "tune", lambda *args: tuned.append(1) or tile)
+    assert chain.config_for({**plan, "cols": 128}, None, None) == (tile, "tuned") and tuned

@@ -604,6 +604,7 @@ def context(
         "params": param_lines(kernel_params(qc)),
         "zero_points": {q.name: q.zero_point for q in qc.quant},
         "no_gpu": chain.fallback_no_gpu,
+        "deterministic": chain.deterministic,
         "row": chain.row,
         "col": chain.col,
         "k": mm.k,

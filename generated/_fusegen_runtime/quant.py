@@ -591,21 +591,26 @@ class QuantChain:
     # -- configs ----------------------------------------------------------------------
 
     def config_for(self, plan, views, out2d):
-        """(config, where it came from) for a call: the interpreter's, the default where
-        tuning may not run, else per tuning key (table_key) the tuned table's entry for
-        this GPU, or the fastest of CONFIGS on this call's tensors."""
+        """(config, where it came from) for a call: the interpreter's; else, once per
+        tuning key (table_key), the tuned table's entry for this GPU, or the fastest of
+        CONFIGS on this call's tensors, or (DETERMINISTIC, FUSEGEN_AUTOTUNE=0: no tuning
+        at run time) the default."""
         if plan["interpreted"]:
             if plan["rows"] == 1 and plan["words"]:  # words: a GEMV path to run
                 return self.module["INTERPRETER_GEMV_CONFIG"], "interpreter"
             return self.module["INTERPRETER_CONFIG"], "interpreter"
-        if self.module["DETERMINISTIC"] or os.environ.get("FUSEGEN_AUTOTUNE") == "0":
-            return self.module["DEFAULT_CONFIG"], "default"
+        tuning = not self.module["DETERMINISTIC"] and os.environ.get("FUSEGEN_AUTOTUNE") != "0"
         key = (bucket(plan["rows"]), plan["cols"], plan["k"], plan["dtype"], plan["out_dtype"])
-        key += (plan["words"],)
+        key += (plan["words"], tuning)
         found = self.tuned.get(key)
         if found is None:
             config = self.from_table(plan)
-            found = (config, "table") if config else (self.tune(plan, views, out2d), "tuned")
+            if config:
+                found = (config, "table")
+            elif tuning:
+                found = (self.tune(plan, views, out2d), "tuned")
+            else:
+                found = (self.module["DEFAULT_CONFIG"], "default")
             self.tuned[key] = found
         return found
 
