@@ -145,6 +145,16 @@ def test_dtypes_default_to_16_bits(write_spec):
             "computes its dots in bf16 or fp16",
         ),
         (
+            {"extra": "    fp32_matmul: ieee\n"},
+            ("fp32_matmul",),
+            "'fp32_matmul' does not apply to a quantized chain",
+        ),
+        (
+            {"extra": "    fallback: {nonfinite: reference}\n"},
+            ("fallback", "nonfinite"),
+            "has no inf/NaN fallback to the reference",
+        ),
+        (
             {"w": "{shape: [N, K], dtype: int5, scale: per_row}"},
             ("inputs", "w", "dtype"),
             "unknown dtype 'int5'",

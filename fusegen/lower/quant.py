@@ -189,10 +189,21 @@ def _spec_problems(spec: KernelSpec, err: Callable) -> None:
     given = spec.model_fields_set
     for field, why in (
         ("backward", "quantized chains are inference-only: their weights do not train"),
-        ("autotune", "quantized chains tune their built-in space at run time"),
+        (
+            "autotune",
+            "quantized chains tune their built-in space at run time, or take the table "
+            "`fusegen tune` writes",
+        ),
+        ("fp32_matmul", "it sets fp32 calls' matmul; a quantized chain's calls are bf16/fp16"),
     ):
         if field in given:
             err((field,), f"'{field}' does not apply to a quantized chain", why, key=True)
+    if spec.fallback.nonfinite != "off":
+        err(
+            ("fallback", "nonfinite"),
+            "a quantized chain has no inf/NaN fallback to the reference",
+            "leave `nonfinite` out (no_gpu applies)",
+        )
     if spec.target != "nvidia":
         err(
             ("target",),
