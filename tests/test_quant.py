@@ -616,6 +616,24 @@ def test_quantize_errors_name_the_place(write_spec, steps, k, path, message):
     ), found
 
 
+@pytest.mark.parametrize(
+    "field, path, message",
+    [
+        ("fallback: {nonfinite: reference}", ("fallback", "nonfinite"), "no inf/NaN fallback"),
+        ("target: amd", ("target",), "generated for nvidia GPUs, not amd"),
+    ],
+)
+def test_a_quantize_chain_refuses_what_it_would_ignore(write_spec, field, path, message):
+    text = QUANTIZE.format(
+        k="dynamic", steps="      - input: x\n      - quantize: {dtype: fp8_e4m3}"
+    )
+    text = text.replace(", w: [K, N]", "").replace(", N: 32", "")
+    text = text.replace("    inputs:", f"    {field}\n    inputs:")
+    found = problems(write_spec, text)
+    where = ("kernels", 0, *path)
+    assert any(p[: len(where)] == where and message in m for p, m, _ in found), found
+
+
 def test_transposed_int4_tiles_bound_what_their_sums_carry():
     # On a GPU a transposed decode tile (SWAP_AB) sums x * (NIBBLE_BASE + q) in fp32, the
     # offset and zero point off after: the bound's p_in covers those magnitudes (42 times

@@ -449,6 +449,18 @@ class _KernelLowerer:
                     "it runs without tuning, inference-only",
                     key=True,
                 )
+        if spec.fallback.nonfinite != "off":
+            self.err(
+                ("fallback", "nonfinite"),
+                "a quantize chain has no inf/NaN fallback to the reference",
+                "leave `nonfinite` out (no_gpu applies)",
+            )
+        if spec.target != "nvidia":
+            self.err(
+                ("target",),
+                f"quantize chains are generated for nvidia GPUs, not {spec.target}",
+                "leave target out",
+            )
         if last == 1:
             kernel = self._bare_source()
         else:
