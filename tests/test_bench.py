@@ -126,6 +126,13 @@ def test_bench_times_quantized_chains_with_a_fake_timer():
     )
     assert len(results) == 2 * len(kernels) == 8
     assert all(r.ok for r in results), [(r.kernel, r.variant, r.error, r.note) for r in results]
+    # A dtype a kernel does not take is skipped, and said so (quantized chains: bf16, fp16).
+    lines = []
+    _, none = bench.run(
+        kernels, lambda k: [(3, 256, 64)], "fp32", variants, lambda fn: 1.0, lines.append,
+        ceilings=bench.Ceilings(700.0, 4000.0), device="cpu",
+    )  # fmt: skip
+    assert none == [] and "  skipped: linear_int8 does not take fp32 (--dtype)" in lines
     notes = {r.kernel: r.note for r in results if r.variant == "fusegen"}
     assert notes["llama_mlp_int4"].startswith("fp32 dot (kernel)")  # the interpreter's dot
     assert notes["deepseek_mlp_fp8"].startswith("fp8 dot (kernel)")

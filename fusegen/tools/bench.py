@@ -526,6 +526,9 @@ def run(
     results: list[Result] = []
     with tempfile.TemporaryDirectory() as tmp:
         for kernel in kernels:
+            if dtype_name not in kernel.dtypes:
+                progress(f"  skipped: {kernel.name} does not take {dtype_name} (--dtype)")
+                continue
             module = load_module(kernel, Path(tmp), tables_dir)
             for _, sizes in usable_sizes(kernel, shapes(kernel), progress):
                 results += bench_shape(
