@@ -23,7 +23,7 @@ from fusegen.errors import SpecErrors
 # tell which were given: a suite run sets them itself).
 _BENCH_DEFAULTS = {
     "dtype": "bf16",
-    "compare": "eager,compile,max-autotune,cublaslt,sdpa,flex",
+    "compare": "eager,compile,max-autotune,cublaslt,dequantized,dequantized-eager,sdpa,flex",
     "tables": "generated",
     "timer": "call",
     "layout": [],

@@ -112,20 +112,38 @@ def test_bench_times_quantized_chains_with_a_fake_timer():
     # Every quantized chain of specs/quantized.yaml (int4 + zero points, int8, fp8
     # row-wise and block-scaled), drawn as the generated tests draw them, each variant
     # checked against the float64 reference (under the interpreter here).
+    # Beside them, the same chain on the weights dequantized before any timing: fusegen's
+    # own kernel and eager PyTorch (what the model ran before quantization).
     kernels = [k for k in build.load([QUANTIZED]).kernels if k.kind == "quant"]
-    variants = [v for v in bench.VARIANTS if v.name in ("fusegen", "eager")]
+    names = ("fusegen", "eager", "fusegen, dequantized weights", "eager, dequantized weights")
+    variants = [bench.VARIANTS[[v.name for v in bench.VARIANTS].index(n)] for n in names]
+    times = {n: t for n, t in zip(names, (1.0, 4.0, 2.0, 3.0), strict=True)}
+    row_of = {}
+
+    def timer(fn):
+        fn()
+        return times[row_of["variant"]]
+
+    def progress(line):
+        for name in names:
+            if line.endswith(f": {name} ..."):
+                row_of["variant"] = name
+
     _, results = bench.run(
         kernels,
         lambda k: bench.kernel_shapes(k, [(3, 256, 64)]),
         "bf16",
         variants,
-        lambda fn: (fn(), 1.0)[1],
-        lambda line: None,
+        timer,
+        progress,
         ceilings=bench.Ceilings(700.0, 4000.0),
         device="cpu",
     )
-    assert len(results) == 2 * len(kernels) == 8
+    assert len(results) == 4 * len(kernels) == 16
     assert all(r.ok for r in results), [(r.kernel, r.variant, r.error, r.note) for r in results]
+    fused = [r for r in results if r.variant == "fusegen"]
+    assert all(r.speedup == pytest.approx(2.0) for r in fused)  # over fusegen's dense chain
+    assert bench.VARIANT_NAMES["dequantized"] == "fusegen, dequantized weights"
     # A dtype a kernel does not take is skipped, and said so (quantized chains: bf16, fp16).
     lines = []
     _, none = bench.run(

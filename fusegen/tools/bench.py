@@ -13,6 +13,7 @@ neither.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import itertools
 import shutil
@@ -306,6 +307,9 @@ class Variant:
     applies: Callable[[Kernel], bool]
     # (torch, module, kernel) -> a function of the inputs, or a reason it cannot run
     make: Callable
+    # (torch, module, kernel, sets, dtype) -> the input sets this variant takes, made
+    # before any timing; None: the call's own
+    prepare: Callable | None = None
 
 
 def _fused(torch, module, kernel):
@@ -351,12 +355,66 @@ def _cublaslt(torch, module, kernel):
     return run
 
 
+def _dense_module(kernel):
+    """The module of a quantized chain's matmul chain on plain weights (fusegen's own
+    kernel for the call's dtype, and its reference), rendered once into a temporary
+    folder."""
+    if kernel.name not in _DENSE:
+        chain = kernel.chain
+        inputs = tuple(
+            dataclasses.replace(t, dtype=None) if kernel.quant_of(t.name) else t
+            for t in chain.inputs
+        )
+        folder = Path(tempfile.mkdtemp(prefix="fusegen_dense_"))
+        _DENSE[kernel.name] = load_module(dataclasses.replace(chain, inputs=inputs), folder)
+    return _DENSE[kernel.name]
+
+
+_DENSE: dict = {}  # quantized kernel name -> its dense chain's module
+
+
+def _dequantized_sets(torch, module, kernel, sets, dtype) -> list[dict]:
+    """Each input set with its quantized inputs dequantized into the call's dtype (their
+    scales and zero points dropped): what the model held before quantization."""
+    out = []
+    for inputs in sets:
+        dense = {}
+        for t in kernel.chain.inputs:
+            q = kernel.quant_of(t.name)
+            if q is None:
+                dense[t.name] = inputs[t.name]
+                continue
+            zero = inputs.get(q.zero_name) if q.zero_name else None
+            stored, scale = inputs[t.name], inputs[q.scale_name]
+            dense[t.name] = module._rt.dequantize(stored, scale, zero, module.QUANT[t.name], dtype)
+        out.append(dense)
+    return out
+
+
+def _quantized(kernel) -> bool:
+    return isinstance(kernel, QuantChain)
+
+
 VARIANTS = [
     Variant("fusegen", lambda k: True, _fused),
     Variant("eager", lambda k: True, _eager),
     Variant("torch.compile", lambda k: True, _compiled("default")),
     Variant("torch.compile max-autotune", lambda k: True, _compiled("max-autotune-no-cudagraphs")),
     Variant("cuBLASLt epilogue", lambda k: cublaslt_form(k) is not None, _cublaslt),
+    # A quantized chain against the same chain on the weights it replaces: fusegen's own
+    # kernel, and eager PyTorch (cuBLAS), the weights dequantized before any timing.
+    Variant(
+        "fusegen, dequantized weights",
+        _quantized,
+        lambda torch, module, kernel: getattr(_dense_module(kernel), kernel.name),
+        _dequantized_sets,
+    ),
+    Variant(
+        "eager, dequantized weights",
+        _quantized,
+        lambda torch, module, kernel: _dense_module(kernel).reference,
+        _dequantized_sets,
+    ),
 ]
 VARIANT_NAMES = {
     "fusegen": "fusegen",
@@ -364,6 +422,9 @@ VARIANT_NAMES = {
     "compile": "torch.compile",
     "max-autotune": "torch.compile max-autotune",
     "cublaslt": "cuBLASLt epilogue",
+    # Quantized chains' (the others have no quantized weights to dequantize).
+    "dequantized": "fusegen, dequantized weights",
+    "dequantized-eager": "eager, dequantized weights",
     # Attention kernels' (fusegen/bench_attention.py): no chain variant has these names.
     "sdpa": "SDPA",
     "flex": "FlexAttention (compiled)",
@@ -454,9 +515,11 @@ def bench_shape(
             f"  {kernel.name} {'x'.join(map(str, shape))}{stored} {dtype_name}: {variant.name} ..."
         )
         try:
+            dtype = torch_dtype(torch, dtype_name)
+            own = variant.prepare(torch, module, kernel, sets, dtype) if variant.prepare else sets
             fn = variant.make(torch, module, kernel)
             start = time.perf_counter()
-            out = fn(**sets[0])
+            out = fn(**own[0])
             if device == "cuda":
                 torch.cuda.synchronize()
             row.first_call_s = time.perf_counter() - start
@@ -471,7 +534,7 @@ def bench_shape(
                 # A quantized chain's launch names its dot's dtype, not a path.
                 path = launch.get("path") or f"{launch.get('dot')} dot"
                 row.note = f"{path} ({launch['source']}{fast}{check}) {launch['config']}"
-            cycle = itertools.cycle(sets)
+            cycle = itertools.cycle(own)
             row.ms = timer(lambda fn=fn, cycle=cycle: fn(**next(cycle)))
             row.rate = flops / row.ms / 1e9 if flops else moved / row.ms / 1e6
             row.roofline = floor_s / (row.ms / 1e3)
