@@ -50,7 +50,6 @@ from .settings import (
     ROW_BACKWARD_MAX_COLS,
     SHORTLIST,
     SPLIT_K_MAX_ROWS,
-    TABLE_REACH,
     TMA_US,
     WAVE_US,
 )
@@ -292,8 +291,7 @@ class Kernels:
 
     def device_identity(self, device):
         """(name, [major, minor]) as tuned tables record a GPU."""
-        index = torch.device(device).index
-        return tables.identity(torch.cuda.current_device() if index is None else index)
+        return tables.device_identity(device)
 
     def path(self, device, operands, outputs=()):
         """ "tma" on sm_90+ GPUs when every matmul operand (row- or column-major) and
@@ -794,34 +792,25 @@ class Kernels:
         return self.table["entries"]
 
     def from_table(self, path, key, device):
-        """The table's plan for a key on this GPU, or None. An entry of another row
-        bucket serves when none has this one: the nearest, larger on a tie, if at most
-        TABLE_REACH powers of two away. Farther, its tiles can be far off (16-row tiles
-        at 128 rows read the weights 8 times: 2x cuBLAS's time in a LLaMA at 16 x 8
-        tokens), and tuning or the estimate does better."""
+        """The table's plan for a key on this GPU, or None: the entry of its row bucket,
+        else of the nearest one within reach (tables.nearest); else tuning or the
+        estimate does better."""
         name, capability = self.device_identity(device)
         wanted = {n: plain(v) for n, v in zip(self.key_names, key, strict=False)}
         rows = self.key_names[0]
         pick = "best" if path == "tma" and not key[-2] else path
         identity = (name, capability, self.module["KERNEL_HASH"])
-        found = []
-        for entry in self.table_entries():
-            try:
-                if (entry["gpu"], entry["capability"], entry["kernel_hash"]) != identity:
-                    continue
-                if any(entry["key"][n] != v for n, v in wanted.items() if n != rows):
-                    continue
-                chosen = entry["best"] if pick == "best" else pick
-                config = self.complete(chosen, entry["choices"][chosen]["config"])
-            except (KeyError, TypeError, ValueError):
-                continue
-            distance = abs((entry["key"][rows]).bit_length() - wanted[rows].bit_length())
-            if distance > TABLE_REACH:
-                continue
-            found.append((distance, -entry["key"][rows], chosen, config, entry))
-        if not found:
+
+        def choose(entry):
+            if (entry["gpu"], entry["capability"], entry["kernel_hash"]) != identity:
+                return None
+            chosen = entry["best"] if pick == "best" else pick
+            return chosen, self.complete(chosen, entry["choices"][chosen]["config"])
+
+        found = tables.nearest(self.table_entries(), wanted, rows, choose)
+        if found is None:
             return None
-        _, _, chosen, config, entry = min(found, key=lambda f: f[:2])
+        entry, (chosen, config) = found
         self.plans[key] = (chosen, config, "table")
         _log.info(
             "%s: %s: tuned table entry for %s=%s: %s %s (%s ms when tuned)",

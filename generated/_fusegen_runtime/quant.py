@@ -19,7 +19,6 @@ import triton.language as tl
 
 from . import launch, tables
 from .checks import Shapes, bucket, config_values_problems, signature
-from .settings import TABLE_REACH
 
 _log = logging.getLogger(__name__)
 
@@ -628,41 +627,34 @@ class QuantChain:
 
     def device_identity(self, device):
         """(name, [major, minor]) as tuned tables record a GPU."""
-        index = torch.device(device).index
-        return tables.identity(torch.cuda.current_device() if index is None else index)
+        return tables.device_identity(device)
 
     def from_table(self, plan):
         """The tuned table's config for a call on this GPU, or None: the entry of the
-        call's key or of a row bucket next to it (at most TABLE_REACH powers of two away,
-        the nearest, larger on a tie), whose config this call can run (a GEMV config for
-        a few rows only, split-K for decode-sized calls)."""
+        call's key or of the nearest row bucket within reach (tables.nearest), whose
+        config this call can run (a GEMV config for a few rows only, split-K for
+        decode-sized calls)."""
         if "entries" not in self.table:
             self.table["entries"] = tables.entries(self.module, self.name)
         if not self.table["entries"]:
             return None
-        name, capability = self.device_identity(plan["device"])
+        gpu = tuple(self.device_identity(plan["device"]))
         wanted = self.table_key(plan)
-        rows = f"{self.module['ROW']}_bucket"
-        found = []
-        for entry in self.table["entries"]:
-            try:
-                if (entry["gpu"], entry["capability"]) != (name, capability):
-                    continue
-                if any(entry["key"][n] != v for n, v in wanted.items() if n != rows):
-                    continue
-                config = dict(entry["choices"][entry["best"]]["config"])
-                self.check_config(config, plan)
-                distance = abs(entry["key"][rows].bit_length() - wanted[rows].bit_length())
-            except (KeyError, TypeError, ValueError, AttributeError):
-                continue
-            if distance > TABLE_REACH or not self.may_run(config, plan):
-                continue
-            found.append((distance, -entry["key"][rows], config))
-        if not found:
+
+        def choose(entry):
+            if (entry["gpu"], entry["capability"]) != gpu:
+                return None
+            config = dict(entry["choices"][entry["best"]]["config"])
+            self.check_config(config, plan)
+            return config if self.may_run(config, plan) else None
+
+        found = tables.nearest(
+            self.table["entries"], wanted, f"{self.module['ROW']}_bucket", choose
+        )
+        if found is None:
             return None
-        _, _, config = min(found, key=lambda f: f[:2])
-        _log.info("%s: %s: tuned table entry: %s", self.name, wanted, config)
-        return config
+        _log.info("%s: %s: tuned table entry: %s", self.name, wanted, found[1])
+        return found[1]
 
     @staticmethod
     def may_run(config, plan):

@@ -8,6 +8,8 @@ import os
 
 import torch
 
+from .settings import TABLE_REACH
+
 _log = logging.getLogger(__name__)
 
 
@@ -40,3 +42,35 @@ def entries(module, name):
 def identity(index):
     """(name, [major, minor]) as tuned tables record a GPU."""
     return torch.cuda.get_device_name(index), list(torch.cuda.get_device_capability(index))
+
+
+def device_identity(device):
+    """(name, [major, minor]) of the GPU `device` names (its index, else the current
+    one), as tuned tables record it."""
+    index = torch.device(device).index
+    return identity(torch.cuda.current_device() if index is None else index)
+
+
+def nearest(found, wanted, rows, choose):
+    """The entry of `found` whose key matches `wanted` in every field but `rows` (its row
+    bucket), the nearest in rows and at most TABLE_REACH powers of two away (larger on a
+    tie): (entry, choose(entry)), or None. choose(entry) checks the entry's GPU and
+    makes what the launcher takes of it; an entry it returns None for, or that lacks a
+    field or holds a wrong one (KeyError, TypeError, ValueError, AttributeError), is
+    passed over. Farther entries' tiles can be far off (16-row tiles at 128 rows read the
+    weights 8 times: 2x cuBLAS's time in a LLaMA at 16 x 8 tokens)."""
+    close = []
+    for entry in found:
+        try:
+            if any(entry["key"][n] != v for n, v in wanted.items() if n != rows):
+                continue
+            chosen = choose(entry)
+            distance = abs(entry["key"][rows].bit_length() - wanted[rows].bit_length())
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+        if chosen is not None and distance <= TABLE_REACH:
+            close.append((distance, -entry["key"][rows], entry, chosen))
+    if not close:
+        return None
+    _, _, entry, chosen = min(close, key=lambda c: c[:2])
+    return entry, chosen
