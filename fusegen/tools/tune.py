@@ -121,11 +121,15 @@ def tune_shape(
                     _measure(torch, timer, fn, sets, exact, dtype_name, m, device)
                 shown = f"{m.ms:.4f} ms" if m.ms is not None else m.problem
                 progress(f"  {label}: {path} [{i}/{len(space)}] {_short(config)}: {shown}")
-    result.entry = _entry(torch, module, fn, sets, result, final_timer or timer, progress, label)
-    result.seconds = time.perf_counter() - started
-    if result.entry:
-        result.entry["tuned"]["seconds"] = round(result.seconds, 1)
-    return result
+    kernels = module._KERNELS
+    gpu = kernels.device_identity(sets[0][next(iter(sets[0]))].device)
+    # The launcher's key for this shape: row bucket, the other dims, dtypes.
+    # The key ends with the layout, which has no name: zip stops before it.
+    names, values = kernels.key_names, kernels.last_run["key"]
+    key = {n: module._rt.plain(v) for n, v in zip(names, values, strict=False)}
+    timer = final_timer or timer
+    result.entry = _entry(torch, module, fn, sets, result, timer, progress, label, gpu, key)
+    return _timed(result, started)
 
 
 def tune_quant_shape(
@@ -155,9 +159,14 @@ def tune_quant_shape(
             _measure(torch, timer, fn, sets, exact, dtype_name, m, device)
         shown = f"{m.ms:.4f} ms" if m.ms is not None else m.problem
         progress(f"  {label}: [{i}/{len(space)}] {_short(config)}: {shown}")
-    key = chain.table_key(plan)
-    timer = final_timer or timer
-    result.entry = _entry(torch, module, fn, sets, result, timer, progress, label, key)
+    gpu = chain.device_identity(sets[0][next(iter(sets[0]))].device)
+    timer, key = final_timer or timer, chain.table_key(plan)
+    result.entry = _entry(torch, module, fn, sets, result, timer, progress, label, gpu, key)
+    return _timed(result, started)
+
+
+def _timed(result, started):
+    """result with the seconds its shape took, in its entry too."""
     result.seconds = time.perf_counter() - started
     if result.entry:
         result.entry["tuned"]["seconds"] = round(result.seconds, 1)
@@ -185,11 +194,10 @@ def _time(timer, fn, sets, config) -> float:
 
 
 def _entry(
-    torch, module, fn, sets, result: ShapeResult, timer, progress, label, key=None
+    torch, module, fn, sets, result: ShapeResult, timer, progress, label, gpu, key
 ) -> dict | None:
     """The table entry of a shape's measurements: each path's finalists timed again, the
-    fastest kept. key: the launcher's key for the shape (a quantized chain's; else read
-    from the chain launcher's last run)."""
+    fastest kept; gpu: (name, capability), key: the launcher's key for the shape."""
     import triton
 
     choices = {}
@@ -205,15 +213,7 @@ def _entry(
         progress(f"  {label}: {path}: chose {_short(best.config)}: {best.ms:.4f} ms")
     if not choices:
         return None
-    device = sets[0][next(iter(sets[0]))].device
-    if key is None:
-        name, capability = module._KERNELS.device_identity(device)
-        # The launcher's key for this shape: row bucket, the other dims, dtypes.
-        # The key ends with the layout, which has no name: zip stops before it.
-        names, values = module._KERNELS.key_names, module._KERNELS.last_run["key"]
-        key = {n: module._rt.plain(v) for n, v in zip(names, values, strict=False)}
-    else:
-        name, capability = module._CHAIN.device_identity(device)
+    name, capability = gpu
     return {
         "gpu": name,
         "capability": capability,
