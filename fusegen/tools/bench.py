@@ -355,22 +355,22 @@ def _cublaslt(torch, module, kernel):
     return run
 
 
-def _dense_module(kernel):
+def _dense_module(module, kernel):
     """The module of a quantized chain's matmul chain on plain weights (fusegen's own
-    kernel for the call's dtype, and its reference), rendered once into a temporary
-    folder."""
-    if kernel.name not in _DENSE:
+    kernel for the call's dtype, and its reference), rendered once beside the quantized
+    module (load_module's folder, which the run removes), in a folder of its own."""
+    dense = getattr(module, "_bench_dequantized", None)
+    if dense is None:
         chain = kernel.chain
         inputs = tuple(
             dataclasses.replace(t, dtype=None) if kernel.quant_of(t.name) else t
             for t in chain.inputs
         )
-        folder = Path(tempfile.mkdtemp(prefix="fusegen_dense_"))
-        _DENSE[kernel.name] = load_module(dataclasses.replace(chain, inputs=inputs), folder)
-    return _DENSE[kernel.name]
-
-
-_DENSE: dict = {}  # quantized kernel name -> its dense chain's module
+        folder = Path(module.__file__).parent / "dequantized"
+        folder.mkdir(exist_ok=True)
+        dense = load_module(dataclasses.replace(chain, inputs=inputs), folder)
+        module._bench_dequantized = dense
+    return dense
 
 
 def _dequantized_sets(torch, module, kernel, sets, dtype) -> list[dict]:
@@ -406,13 +406,13 @@ VARIANTS = [
     Variant(
         "fusegen, dequantized weights",
         _quantized,
-        lambda torch, module, kernel: getattr(_dense_module(kernel), kernel.name),
+        lambda torch, module, kernel: getattr(_dense_module(module, kernel), kernel.name),
         _dequantized_sets,
     ),
     Variant(
         "eager, dequantized weights",
         _quantized,
-        lambda torch, module, kernel: _dense_module(kernel).reference,
+        lambda torch, module, kernel: _dense_module(module, kernel).reference,
         _dequantized_sets,
     ),
 ]
