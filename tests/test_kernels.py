@@ -271,8 +271,9 @@ kernels:
       - cross_entropy: {labels: target, ignore_index: -1, reduction: none, lse: true}
 
   - name: loss_smoothed
-    doc: A bias, label smoothing and z-loss, the mean over the tokens not ignored, the
-      weight [K, V] (its gradients made in the forward, through a transposed view).
+    doc: A scale, then a bias (its gradient is not the one at the matmul), label smoothing
+      and z-loss, the mean over the tokens not ignored, the weight [K, V] (its gradients
+      made in the forward, through a transposed view).
     dims: {T: dynamic, K: 24, V: dynamic}
     dtypes: [fp32]
     inputs:
@@ -282,6 +283,7 @@ kernels:
       target: {shape: [T], dtype: int64}
     chain:
       - matmul: x @ w
+      - scale: 0.25
       - bias: b
       - cross_entropy: {labels: target, label_smoothing: 0.2, z_loss: 0.01}
 """

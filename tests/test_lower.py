@@ -556,6 +556,8 @@ def test_loss_head_defaults_and_untransposed_weight(write_spec):
         ({"steps": ("bias: b", "bias: b")}, "bias appears twice"),
         ({"steps": ("bias: b", "scale: nan")}, "scale takes a finite number"),
         ({"steps": ("bias: b", "relu")}, "'relu' cannot come between"),
+        ({"steps": ("softcap: 30", "bias: b")}, "a bias after softcap"),
+        ({"steps": ("bias: b", "scale: 0")}, "scale 0 makes every logit 0"),
         ({"labels": "fp32"}, "must be integers"),
         ({"loss": "{labels: labels, z_loss: -1}"}, "z_loss -1: Input should be greater"),
         ({"loss": "{labels: x}"}, "the labels 'x' must be integers"),

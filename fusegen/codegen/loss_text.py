@@ -142,6 +142,7 @@ def module_context(head: LossHead, header: list[str], doc_width: int) -> dict:
         "z_loss": lit(head.z_loss),
         "return_lse": head.return_lse,
         "scale": lit(steps["scale"].constant) if "scale" in steps else None,
+        "bias_after_scale": [s.op for s in head.steps][:2] == ["scale", "bias"],
         "softcap": lit(steps["softcap"].constant) if "softcap" in steps else None,
         "logit_lines": logit_lines(head),
         "reference_lines": reference_lines(head),

@@ -81,6 +81,16 @@ def lower_loss_head(
         if lowered.op in (s.op for s in steps):
             err(("chain", i), f"{lowered.op} appears twice", "give each logit step once")
             continue
+        if lowered.op == "bias" and any(s.op == "softcap" for s in steps):
+            # The bias's gradient is summed from the block's gradient at the matmul's
+            # output; softcap's slope between the two would have to be divided out.
+            err(
+                ("chain", i),
+                "a bias after softcap: the bias's gradient cannot be made from the "
+                "gradient at the matmul",
+                "put the bias before softcap (x @ w.T + b, then softcap), as Gemma 2 does",
+            )
+            continue
         steps.append(lowered)
     op, args = _op_of(chain[last])
     loss = _cross_entropy(last, args, inputs, tokens, err)
@@ -183,6 +193,9 @@ def _logit_step(i: int, step: Any, inputs: dict[str, Tensor], vocab: Dim, err) -
         return LogitStep("bias", operand=args)
     if isinstance(args, bool) or not isinstance(args, (int, float)) or not math.isfinite(args):
         err(path + (op,), f"{op} takes a finite number; got {args!r}", f"e.g. {op}: 30.0")
+        return None
+    if op == "scale" and args == 0:
+        err(path + (op,), "scale 0 makes every logit 0", "a nonzero number, e.g. scale: 0.5")
         return None
     if op == "softcap" and args <= 0:
         err(

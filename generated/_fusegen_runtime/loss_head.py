@@ -279,7 +279,7 @@ class LossHead:
             "block": (rows, vocab),
             "blocks": len(spans),
         }
-        grads = (dx, dw, db32.to(x.dtype) if need_b else None)
+        grads = (dx, dw, self.bias_grad(db32, x.dtype) if need_b else None)
         return lse, label_logit, logit_sum, grads
 
     def losses(self, lse, label_logit, logit_sum, labels, vocab):
@@ -332,8 +332,15 @@ class LossHead:
         return (
             dx32.to(x.dtype) if need_x else None,
             dw,
-            db32.to(x.dtype) if need_b else None,
+            self.bias_grad(db32, x.dtype) if need_b else None,
         )
+
+    def bias_grad(self, db32, dtype):
+        """d bias from its fp32 sum of the blocks' gradients at the matmul: over SCALE
+        where the bias adds after it (a softcap before the bias is refused by the spec)."""
+        if self.module.get("BIAS_AFTER_SCALE"):
+            db32 = db32.div_(self.module["SCALE"])
+        return db32.to(dtype)
 
 
 @triton.jit
