@@ -62,16 +62,30 @@ class Activation:
     grad_torch: str = ""
 
 
+# NaN in, NaN out, as in PyTorch: the GPU's plain max and min return the other operand,
+# which would hide a diverged value (and give softplus(NaN) = 20 through its overflow guard).
+KEEPS_NAN = "propagate_nan: a NaN stays NaN, as in PyTorch"
+
+
+def nan_max(a: str, b: str) -> str:
+    return f"tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)"
+
+
+def nan_min(a: str, b: str) -> str:
+    return f"tl.minimum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)"
+
+
 ACTIVATIONS: dict[str, Activation] = {
     a.name: a
     for a in [
         Activation(
             "relu",
             "max(x, 0)",
-            ("return tl.maximum(x, 0.0)",),
+            (f"return {nan_max('x', '0.0')}",),
             "torch.relu({v})",
             "1.0",
             transcendental=False,
+            why=KEEPS_NAN,
             grad=("return tl.where(x > 0.0, 1.0, 0.0)",),
             grad_torch="({v} > 0).to({v}.dtype)",
         ),
@@ -183,7 +197,7 @@ ACTIVATIONS: dict[str, Activation] = {
             (
                 "z = x * beta",
                 "return tl.where("
-                "z > threshold, x, tl.log(1.0 + tl.exp(tl.minimum(z, threshold))) / beta)",
+                f"z > threshold, x, tl.log(1.0 + tl.exp({nan_min('z', 'threshold')})) / beta)",
             ),
             "F.softplus({v}, {beta}, {threshold})",
             "1.0",
@@ -199,19 +213,19 @@ ACTIVATIONS: dict[str, Activation] = {
             "mish",
             "x * tanh(softplus(x))",
             (
-                "softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))",
+                f"softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp({nan_min('x', '20.0')})))",
                 "return x * (2.0 * tl.sigmoid(2.0 * softplus) - 1.0)",
             ),
             "F.mish({v})",
             "1.1",
             why="tanh(s) == 2 * sigmoid(2 * s) - 1; exp is clamped as in softplus",
             fast=(
-                "softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))",
+                f"softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp({nan_min('x', '20.0')})))",
                 "return x * _tanh_approx(softplus)",
             ),
             fast_error="{v}.abs()",
             grad=(
-                "softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))",
+                f"softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp({nan_min('x', '20.0')})))",
                 "t = 2.0 * tl.sigmoid(2.0 * softplus) - 1.0",
                 "return t + x * (1.0 - t * t) * tl.sigmoid(x)",
             ),
@@ -223,11 +237,11 @@ ACTIVATIONS: dict[str, Activation] = {
         Activation(
             "elu",
             "x if x > 0 else alpha * (exp(x) - 1)",
-            ("return tl.where(x > 0.0, x, alpha * (tl.exp(tl.minimum(x, 0.0)) - 1.0))",),
+            (f"return tl.where(x > 0.0, x, alpha * (tl.exp({nan_min('x', '0.0')}) - 1.0))",),
             "F.elu({v}, {alpha})",
             "max(1.0, abs({alpha}))",
             params=(Param("alpha", 1.0),),
-            grad=("return tl.where(x > 0.0, 1.0, alpha * tl.exp(tl.minimum(x, 0.0)))",),
+            grad=(f"return tl.where(x > 0.0, 1.0, alpha * tl.exp({nan_min('x', '0.0')}))",),
             grad_torch=(
                 "torch.where({v} > 0, 1.0, {alpha} * " "torch.exp({v}.clamp(max=0))).to({v}.dtype)"
             ),
@@ -235,20 +249,28 @@ ACTIVATIONS: dict[str, Activation] = {
         Activation(
             "hardsigmoid",
             "clamp(x / 6 + 0.5, 0, 1)",
-            ("return tl.minimum(tl.maximum(x / 6.0 + 0.5, 0.0), 1.0)",),
+            (
+                f"h = {nan_max('x / 6.0 + 0.5', '0.0')}",
+                f"return {nan_min('h', '1.0')}",
+            ),
             "F.hardsigmoid({v})",
             "1.0 / 6.0",
             transcendental=False,
+            why=KEEPS_NAN,
             grad=("return tl.where((x > -3.0) & (x < 3.0), 1.0 / 6.0, 0.0)",),
             grad_torch="(({v} > -3) & ({v} < 3)).to({v}.dtype) / 6",
         ),
         Activation(
             "hardswish",
             "x * clamp(x / 6 + 0.5, 0, 1)",
-            ("return x * tl.minimum(tl.maximum(x / 6.0 + 0.5, 0.0), 1.0)",),
+            (
+                f"h = {nan_max('x / 6.0 + 0.5', '0.0')}",
+                f"return x * {nan_min('h', '1.0')}",
+            ),
             "F.hardswish({v})",
             "1.5",
             transcendental=False,
+            why=KEEPS_NAN,
             grad=("return tl.where(x <= -3.0, 0.0, tl.where(x < 3.0, x / 3.0 + 0.5, 1.0))",),
             grad_torch=(
                 "torch.where({v} <= -3, 0.0, torch.where({v} < 3, {v} / 3 + 0.5, "
@@ -258,11 +280,12 @@ ACTIVATIONS: dict[str, Activation] = {
         Activation(
             "relu_squared",
             "max(x, 0) ** 2",
-            ("r = tl.maximum(x, 0.0)", "return r * r"),
+            (f"r = {nan_max('x', '0.0')}", "return r * r"),
             "torch.relu({v}).square()",
             "2.0 * ({v}.abs() + {e})",
             transcendental=False,
-            grad=("return 2.0 * tl.maximum(x, 0.0)",),
+            why=KEEPS_NAN,
+            grad=(f"return 2.0 * {nan_max('x', '0.0')}",),
             grad_torch="2 * torch.relu({v})",
         ),
         Activation(
@@ -307,11 +330,12 @@ ACTIVATIONS: dict[str, Activation] = {
         Activation(
             "clamp",
             "min(max(x, min), max)",
-            ("return tl.minimum(tl.maximum(x, lo), hi)",),
+            (f"return {nan_min(nan_max('x', 'lo'), 'hi')}",),
             "{v}.clamp({min}, {max})",
             "1.0",
             params=(Param("min", None, "lo"), Param("max", None, "hi")),
             transcendental=False,
+            why=KEEPS_NAN,
             grad=("return tl.where((x >= lo) & (x <= hi), 1.0, 0.0)",),
             grad_torch="(({v} >= {min}) & ({v} <= {max})).to({v}.dtype)",
         ),

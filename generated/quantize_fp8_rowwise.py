@@ -62,6 +62,12 @@ NO_GPU = "reference"  # no GPU and the interpreter off: "reference" runs, or "er
 
 
 @triton.jit
+def _max_keeping_nan(a, b):
+    """max(a, b), NaN where either is: the row max's combine (torch.amax's)"""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def _quantize_fp8_rowwise_kernel(
     # fmt: off
     x_ptr, out_ptr, scale_ptr,  # the inputs, the fp8 output, its scales
@@ -91,8 +97,10 @@ def _quantize_fp8_rowwise_kernel(
             mask=in_bounds,
             other=0.0,
         ).to(tl.float32)
-        amax = tl.maximum(amax, tl.max(tl.where(in_bounds, tl.abs(value), 0.0), axis=1))
-    scale = tl.maximum(amax, 1e-12) / 448.0
+        amax = _max_keeping_nan(
+            amax, tl.reduce(tl.where(in_bounds, tl.abs(value), 0.0), 1, _max_keeping_nan)
+        )
+    scale = tl.maximum(amax, 1e-12, propagate_nan=tl.PropagateNan.ALL) / 448.0
     tl.store(scale_ptr + offs_m * stride_scale_rows, scale, mask=mask_m)
     for start in range(0, K, BLOCK_N):
         offs_k = start + tl.arange(0, BLOCK_N)
@@ -103,7 +111,11 @@ def _quantize_fp8_rowwise_kernel(
             mask=in_bounds,
             other=0.0,
         ).to(tl.float32)
-        q = tl.minimum(tl.maximum(value / scale[:, None], -448.0), 448.0)
+        q = tl.minimum(
+            tl.maximum(value / scale[:, None], -448.0, propagate_nan=tl.PropagateNan.ALL),
+            448.0,
+            propagate_nan=tl.PropagateNan.ALL,
+        )
         if ROUND_BY_HAND:
             # The interpreter's fp32 -> fp8 conversion halves values whose rounding carries
             # into the exponent (7.9 -> 4.0): round onto the fp8 grid first.

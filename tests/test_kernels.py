@@ -394,6 +394,19 @@ TINY = {
 }
 
 
+def test_row_max_keeps_nan(zoo):
+    """A row holding a NaN has NaN for its max, as torch.amax (tl.max's combine drops it
+    on the GPU), in one pass and block by block; the other rows are their max."""
+    kernel, chain = load_chain(zoo, "row_max_silu")
+    x = torch.randn(5, 70)
+    x[1, 3] = x[3, 69] = float("nan")
+    for config in (None, TINY["elementwise"]):
+        out = kernel.row_max_silu(x, config=config)
+        want = kernel.reference(x)
+        assert out.isnan().tolist() == [False, True, False, True, False]
+        torch.testing.assert_close(out, want, equal_nan=True)
+
+
 @pytest.mark.parametrize(
     "name",
     [

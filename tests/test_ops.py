@@ -2,6 +2,7 @@
 the derivative bounds the tests' tolerance relies on against the real derivatives."""
 
 import math
+import re
 
 import pytest
 
@@ -106,9 +107,12 @@ class _Tl:
     log = staticmethod(torch.log)
     exp = staticmethod(torch.exp)
 
+    class PropagateNan:
+        ALL = "all"
+
     @staticmethod
-    def minimum(a, b):
-        return torch.clamp(a, max=b)
+    def minimum(a, b, propagate_nan=None):
+        return torch.clamp(a, max=b)  # torch.clamp keeps NaN, as propagate_nan=ALL
 
 
 def fast_form(act, tanh):
@@ -121,6 +125,25 @@ def fast_form(act, tanh):
 
 
 FAST = sorted(name for name, act in ops.ACTIVATIONS.items() if act.fast)
+
+
+def test_activations_keep_nan_through_min_and_max():
+    """Every tl.minimum / tl.maximum in an activation's forward, fast form or derivative
+    keeps a NaN (the GPU's plain min/max returns the other operand: relu(NaN) would be 0,
+    softplus(NaN) 20). The interpreter's min/max keep NaN either way, so only the text
+    can show it."""
+    calls = 0
+    for act in ops.ACTIVATIONS.values():
+        for line in (*act.triton, *act.fast, *act.grad):
+            for call in re.finditer(r"tl\.(minimum|maximum)\(", line):
+                calls += 1
+                rest = line[call.end() :]
+                depth, end = 1, 0
+                while depth:
+                    depth += {"(": 1, ")": -1}.get(rest[end], 0)
+                    end += 1
+                assert "propagate_nan=tl.PropagateNan.ALL" in rest[:end], (act.name, line)
+    assert calls >= 10
 
 
 def test_the_tanh_and_sigmoid_activations_have_fast_forms():
@@ -157,7 +180,7 @@ class _TlGrad(_Tl):
     float32 = torch.float64
 
     @staticmethod
-    def maximum(a, b):
+    def maximum(a, b, propagate_nan=None):
         return torch.clamp(a, min=b)
 
     @staticmethod

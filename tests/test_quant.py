@@ -288,6 +288,24 @@ def test_a_generated_module_runs_an_awq_checkpoint():
     assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max()
 
 
+@pytest.mark.parametrize("name", ["quantize_fp8_rowwise", "quantize_fp8_groups"])
+def test_a_quantizer_keeps_nan_and_inf_in_its_scales(name):
+    """A NaN in a row (or group) makes its scale NaN and an inf makes it inf, as the
+    reference's amax does, not a finite scale from the other values (tl.max's combine
+    drops a NaN on the GPU). The interpreter's fp32 -> fp8 conversion turns NaN into
+    384, so q is compared where the reference's q is not NaN, within e4m3's rounding."""
+    module = generated(name)
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    x[1, 5], x[2, 200] = float("nan"), float("inf")
+    q, scale = getattr(module, name)(x)
+    want_q, want_scale = module.reference(x, out_dtype=torch.float64)
+    assert scale.isnan().any() and scale.isinf().any()
+    torch.testing.assert_close(scale, want_scale, equal_nan=True, rtol=0, atol=0)
+    kept = ~want_q.isnan()
+    error = (q.double() - want_q)[kept].abs()
+    assert (error <= want_q[kept].abs() * 2**-4 + 2**-10).all()
+
+
 def test_gptq_checkpoints_convert_to_the_int4_layout():
     q, zero, scale, want = _checkpoint(seed=1)
     n, k = q.shape

@@ -30,6 +30,7 @@ from fusegen.ir import Emit, Gate, Kernel, RowStep, Step
 from fusegen.codegen.kernel_text import (
     fast_tanh,
     operand_load,
+    row_max,
     row_stats,
     stat_addr,
     tile_addr,
@@ -436,7 +437,7 @@ def row_op(
     if step.op == "max":
         fwd += [
             f'row_x = tl.where(in_bounds, {u}, float("-inf"))',
-            "row_y = tl.max(row_x, axis=1)",
+            f"row_y = {row_max('row_x')}",
         ]
         back += [
             "# As torch.amax: shared evenly between the elements equal to the max.",

@@ -74,6 +74,14 @@ def fast_tanh(kernel: Kernel) -> bool:
     return kernel.fast_tanh and ops.fast_tanh_used(steps_in_order(kernel))
 
 
+ROW_MAX_COMBINE = "_max_keeping_nan"
+
+
+def row_max(value: str) -> str:
+    """A row max of a 2-D block that keeps NaN, as torch.amax does."""
+    return f"tl.reduce({value}, 1, {ROW_MAX_COMBINE})"
+
+
 def helpers(kernel: Kernel) -> list[dict]:
     seen: list[str] = []
     for step in steps_in_order(kernel):
@@ -97,7 +105,22 @@ def helpers(kernel: Kernel) -> list[dict]:
                 "fast_why": act.fast_why,
             }
         )
+    if any(isinstance(item, RowStep) and item.op == "max" for item in kernel.steps):
+        out.append(row_max_helper())
     return out
+
+
+def row_max_helper() -> dict:
+    """The combine of row_max, as `helpers` lists a helper."""
+    return {
+        "name": ROW_MAX_COMBINE,
+        "args": "a, b",
+        "math": "max(a, b), NaN where either is: the row max's combine (torch.amax's)",
+        "why": "tl.max would drop a NaN on the GPU (its combine is the plain max)",
+        "body": [f"return {ops.nan_max('a', 'b')}"],
+        "fast": [],
+        "fast_why": "",
+    }
 
 
 def mainloop(kernel: Kernel) -> tuple[list[dict], list[dict]]:
@@ -481,7 +504,7 @@ def row_pieces(kernel: Kernel) -> dict:
         is_max = step.op == "max"
         fill = 'float("-inf")' if is_max else "0.0"
         pieces["prep"] = [f"value = tl.where(in_bounds, value, {fill})"]
-        reduce = "tl.max(value, axis=1)" if is_max else "tl.sum(value, axis=1)"
+        reduce = row_max("value") if is_max else "tl.sum(value, axis=1)"
         mean = f" / {n}" if step.op == "mean" else ""
         pieces["single"] = [f"value = {reduce}{mean}"]
         init = (
@@ -492,7 +515,7 @@ def row_pieces(kernel: Kernel) -> dict:
         pieces["init"] = [f"row_total = {init}"]
         pieces["accumulate"] = [
             (
-                "row_total = tl.maximum(row_total, tl.max(value, axis=1))"
+                f"row_total = {ROW_MAX_COMBINE}(row_total, {row_max('value')})"
                 if is_max
                 else "row_total += tl.sum(value, axis=1)"
             )

@@ -14,7 +14,14 @@ from fusegen.codegen.chain_text import (
     wrapped_doc,
 )
 from fusegen.codegen.equivalence_text import bound_lines, bound_returns, dist, dynamic_cases
-from fusegen.codegen.kernel_text import epilogue, fast_tanh, helpers, tile_addr
+from fusegen.codegen.kernel_text import (
+    epilogue,
+    fast_tanh,
+    helpers,
+    row_max,
+    row_max_helper,
+    tile_addr,
+)
 from fusegen.codegen.python_text import reference_lines
 from fusegen.ir import Quantizer, Tensor
 
@@ -72,6 +79,7 @@ def context(qz: Quantizer, header: list[str], runtime_hash: str, doc_width: int,
     scale_addr = f"scale_ptr + {offs_r} * stride_scale_rows"
     if qz.group:
         scale_addr += " + pid_g * stride_scale_groups"
+    fp8_max = repr(FP8_MAX[qz.dtype])
     return {
         "header": header,
         "name": chain.name,
@@ -86,7 +94,7 @@ def context(qz: Quantizer, header: list[str], runtime_hash: str, doc_width: int,
         "dims_literal": dict_literal([(d.name, str(d.size)) for d in chain.dims]),
         "dtypes_literal": tuple_literal([dtype_literal(d) for d in chain.dtypes]),
         "fp8_torch": f"torch.{dtypes.QUANT_DTYPES[qz.dtype].torch}",
-        "fp8_max": repr(FP8_MAX[qz.dtype]),
+        "fp8_max": fp8_max,
         "group": qz.group,
         "inputs_literal": tuple_literal(
             [
@@ -95,7 +103,10 @@ def context(qz: Quantizer, header: list[str], runtime_hash: str, doc_width: int,
             ]
         ),
         "fast_tanh": fast_tanh(chain),
-        "helpers": helpers(chain),
+        "helpers": [*helpers(chain), row_max_helper()],
+        "amax": row_max("tl.where(in_bounds, tl.abs(value), 0.0)"),
+        "scale_floor": ops.nan_max("amax", "1e-12"),
+        "clamped": ops.nan_min(ops.nan_max("value / scale[:, None]", f"-{fp8_max}"), fp8_max),
         "kernel_fn": naming.kernel_fn(chain.name),
         "params": param_lines(kernel_params(qz)),
         "row": chain.row,
