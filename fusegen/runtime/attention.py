@@ -302,10 +302,11 @@ class Attention:
         q, k, v = inputs[:3]
         if plan.copies:
             q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-        out = torch.empty(plan.out_shape, dtype=plan.dtype, device=plan.device)
-        if plan.empty:
+        if plan.empty:  # no queries, or no keys: each row sees none, so 0 (and lse -inf)
+            out = torch.zeros(plan.out_shape, dtype=plan.dtype, device=plan.device)
             lse = torch.full(plan.lse_shape, float("-inf"), device=plan.device)
             return out, lse if want_lse else None
+        out = torch.empty(plan.out_shape, dtype=plan.dtype, device=plan.device)
         lse, part, part_lse = self.scratch(plan, want_lse, out)
         lengths = q if key_lengths is None else key_lengths
         if plan.lengths:
