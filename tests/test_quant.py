@@ -413,6 +413,40 @@ kernels:
     chain:
       - matmul: x @ w.T
       - gate: x @ w2.T
+  - name: fp8_only_two_dtypes
+    dims: {M: dynamic, K: dynamic, N: dynamic}
+    dtypes: [bf16, fp16]
+    inputs:
+      x: {shape: [M, K], dtype: fp8_e4m3, scale: per_row}
+      w: {shape: [N, K], dtype: fp8_e5m2, scale: per_channel}
+    chain:
+      - matmul: x @ w.T
+  - name: fp8_only_cast
+    dims: {M: dynamic, K: dynamic, N: dynamic}
+    dtypes: [bf16, fp16]
+    inputs:
+      x: {shape: [M, K], dtype: fp8_e4m3, scale: {per_group: 128}}
+      w: {shape: [N, K], dtype: fp8_e4m3, scale: {per_block: [128, 128]}}
+    chain:
+      - matmul: x @ w.T
+      - cast: fp32
+  - name: int8_per_tensor_no_gpu_error
+    dims: {M: dynamic, K: dynamic, N: dynamic}
+    fallback: {no_gpu: error}
+    inputs:
+      x: [M, K]
+      w: {shape: [N, K], dtype: int8, scale: per_tensor}
+    chain:
+      - matmul: x @ w.T
+      - scale: 0.5
+  - name: quantize_no_gpu_error
+    dims: {M: dynamic, K: dynamic}
+    fallback: {no_gpu: error}
+    inputs:
+      x: [M, K]
+    chain:
+      - input: x
+      - quantize: {dtype: fp8_e4m3, scale: per_row}
 """
 
 
@@ -428,7 +462,11 @@ def test_the_kinds_the_examples_lack_pass_their_generated_tests(write_spec, tmp_
     # the interpreter's 64-column tiles (one scale a K step); gemv_int4_kinds' w blocks of
     # 32 rows do not (a scale a column). swap_int4_kinds runs the transposed tiles'
     # (SWAP_AB: the interpreter's 32 x 64) offsets that are not a group's zero point:
-    # signed nibbles' 8, a per-tensor zero point, with scales constant along K.
+    # signed nibbles' 8, a per-tensor zero point, with scales constant along K. Chains
+    # whose operands are all fp8 take the call's dtype from out_dtype= or out= (two
+    # dtypes), or end in a cast (the cast's dtype is the output's, not the dot's); an int8
+    # weight with one scale (no zero point: the scales dropped is its mutation); and
+    # `fallback: {no_gpu: error}` on a chain and a quantizer.
     out = tmp_path / "out"
     assert main(["build", str(write_spec(RARE_KINDS)), "--out", str(out)]) == 0
     assert "SWAP_AB" in (out / "swap_int4_kinds.py").read_text()
@@ -441,7 +479,8 @@ def test_the_kinds_the_examples_lack_pass_their_generated_tests(write_spec, tmp_
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_rare_kinds.py"]
         + ["test_gemv_int4_kinds.py", "test_gemv_int8_kinds.py", "test_swap_int4_kinds.py"]
-        + ["test_gemv_int4_pairs.py"],
+        + ["test_gemv_int4_pairs.py", "test_fp8_only_two_dtypes.py", "test_fp8_only_cast.py"]
+        + ["test_int8_per_tensor_no_gpu_error.py", "test_quantize_no_gpu_error.py"],
         cwd=out,
         env=env,
         capture_output=True,

@@ -287,6 +287,8 @@ class QuantChain:
                 f"{self.name}: a quantized chain is inference-only and makes no gradients; "
                 "call it under torch.no_grad() or with inputs that do not require grad"
             )
+        if out is not None and out_dtype is None and self.module["OUT_DTYPE"] is None:
+            out_dtype = out.dtype  # the output's dtype, as out_dtype= would give it
         key = (signature(*tensors), out_dtype)
         plan = self.plans.get(key)
         if plan is None:
@@ -395,9 +397,13 @@ class QuantChain:
         if direct is None and aligned and launch.enabled(plan["interpreted"]):
             plan["direct"][key] = launch.direct(compiled, self.kernel, grid, args, kwargs) or False
 
-    def without_gpu(self, tensors, out, plan):
+    def refuse_without_gpu(self):
+        """The spec's `fallback: {no_gpu: error}`: raise where the kernel cannot run."""
         if self.module.get("NO_GPU", "reference") == "error":
             raise RuntimeError(f"{self.name}: no CUDA GPU and the Triton interpreter is off")
+
+    def without_gpu(self, tensors, out, plan):
+        self.refuse_without_gpu()
         _log.info("%s: no CUDA GPU and TRITON_INTERPRET unset: running the reference", self.name)
         named = {n: t for (n, _, _), t in zip(self.arguments, tensors, strict=True)}
         out.copy_(self.module["reference"](**named, out_dtype=plan["out_dtype"]))
@@ -508,19 +514,28 @@ class QuantChain:
 
     def compute_dtype(self, plain, out_dtype):
         """The call's dtype: the plain (unquantized, unpinned) inputs', which must agree;
-        with none, out_dtype or OUT_DTYPE, else the first of DTYPES."""
+        with none, out_dtype (where the chain does not end in a cast, whose dtype is the
+        output's), else the first of DTYPES. float64: the tests' reference."""
         found = {t.dtype for t in plain}
         if len(found) > 1:
             raise TypeError(
                 f"{self.name}: the unquantized inputs must share one dtype, got "
                 f"{sorted(str(d) for d in found)}"
             )
+        cast = self.module["OUT_DTYPE"]
+        if cast is not None and out_dtype not in (None, cast, torch.float64):
+            raise TypeError(
+                f"{self.name}: the chain ends in a cast to {cast}, the output's dtype; "
+                f"out_dtype may be that or None, got {out_dtype}"
+            )
         if found:
             dtype = found.pop()
-            if dtype == torch.float64:  # the tests' float64 reference
+            if dtype == torch.float64:
                 return dtype
+        elif out_dtype == torch.float64:
+            return out_dtype
         else:
-            dtype = out_dtype or self.module["OUT_DTYPE"] or self.module["DTYPES"][0]
+            dtype = (out_dtype if cast is None else None) or self.module["DTYPES"][0]
         if dtype not in self.module["DTYPES"] and dtype != torch.float64:
             allowed = ", ".join(str(d).replace("torch.", "") for d in self.module["DTYPES"])
             raise TypeError(f"{self.name}: dtype {dtype} is not one of the spec's: {allowed}")
@@ -760,6 +775,7 @@ class Quantizer(QuantChain):
                 f"scale must be {list(scale_shape)} float32, got {list(scale.shape)} {scale.dtype}"
             )
         if not plan["runs_triton"]:
+            self.refuse_without_gpu()
             named = {n: t for (n, _, _), t in zip(self.arguments, tensors, strict=True)}
             q, s = self.module["reference"](**named)
             out.copy_(q)

@@ -174,7 +174,8 @@ class Suite:
     def run(self, inputs, sizes, dtype, lead=None, **options):
         """The launcher's output, written into a NaN-filled buffer."""
         rows = [sizes[self.row]] if lead is None else list(lead)
-        out = torch.full((*rows, sizes[self.col]), float("nan"), dtype=dtype, device=DEVICE)
+        out_dtype = self.kernel.OUT_DTYPE or dtype  # a chain ending in a cast: the cast's
+        out = torch.full((*rows, sizes[self.col]), float("nan"), dtype=out_dtype, device=DEVICE)
         result = self.launcher(**inputs, out=out, **options)
         assert result is out
         return out
@@ -200,6 +201,8 @@ class Suite:
         for name, q in self.quant.items():
             scale = inputs[f"{name}_scale"]
             rows = scale.numel() if q.scale == "row" else scale.shape[0]
+            ones = torch.ones_like(scale)
+            found.append((f"{name}'s scales not applied", {}, {f"{name}_scale": ones}))
             if q.scale != "tensor" and rows > 1:
                 flipped = scale.flip(0)
                 found.append((f"{name}'s scales on the wrong rows", {}, {f"{name}_scale": flipped}))
@@ -391,6 +394,10 @@ def launcher_tests(suite):
 
         monkeypatch.setattr(chain, "plan", no_gpu)
         monkeypatch.setattr(chain, "plans", {})
+        if kernel.NO_GPU == "error":  # the spec's fallback: {no_gpu: error}
+            with pytest.raises(RuntimeError, match="no CUDA GPU"):
+                suite.launcher(**inputs)
+            return
         out = suite.launcher(**inputs)
         assert kernel.last_launch()["source"].startswith("reference")
         # The module's reference, run in the call's dtype as eager PyTorch would.
@@ -562,6 +569,10 @@ def quantizer_tests(namespace):
         plan = chain.plan
         monkeypatch.setattr(chain, "plan", lambda *a: {**plan(*a), "runs_triton": False})
         monkeypatch.setattr(chain, "plans", {})
+        if suite.kernel.NO_GPU == "error":  # the spec's fallback: {no_gpu: error}
+            with pytest.raises(RuntimeError, match="no CUDA GPU"):
+                suite.run(inputs)
+            return
         q, scale = suite.run(inputs)
         assert suite.kernel.last_launch()["source"].startswith("reference")
         # The reference runs the chain in the call's dtype, as eager PyTorch would.
