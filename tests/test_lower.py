@@ -463,6 +463,17 @@ def test_attention_lowers_with_defaults(write_spec):
         ({"alibi": True}, "attention.alibi", "ALiBi needs causal: true"),
         ({"layout": "sbhd"}, "attention.layout", "'bshd' or 'bhsd'"),
         ({"softcap": -1}, "attention.softcap", "greater than 0"),
+        # Taken as they stand, not converted: `softcap: true` is not a softcap of 1.
+        ({"softcap": "true"}, "attention.softcap", "a valid number"),
+        ({"heads": '"32"'}, "attention.heads", "a valid integer"),
+        ({"head_dim": "128.0"}, "attention.head_dim", "a valid integer"),
+        ({"causal": '"yes"'}, "attention.causal", "a valid boolean"),
+        ({"bias": 1}, "attention.bias", "a valid boolean"),
+        # Within what fp32 scores and int32 positions hold.
+        ({"scale": ".inf"}, "attention.scale", "a finite number"),
+        ({"scale": "1e-300"}, "attention.scale", "greater than or equal to 0.000001"),
+        ({"softcap": "1e300"}, "attention.softcap", "less than or equal to 1000000"),
+        ({"causal": "true", "window": 2**31}, "attention.window", "less than 1073741824"),
         (
             {"causual": "true"},
             "attention.causual",

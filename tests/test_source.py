@@ -69,6 +69,12 @@ def test_dates_stay_text(write_spec):
     assert source.load(write_spec("doc: 2024-01-01\n")).data == {"doc": "2024-01-01"}
 
 
+def test_exponents_without_a_dot_are_floats(write_spec):
+    # YAML 1.1 reads 1e-4 as text (it wants 1.0e-4); YAML 1.2, and users, read a number.
+    data = source.load(write_spec("a: 1e-4\nb: -2E+3\nc: 1.5e3\nd: 1e\ne: '1e-4'\n")).data
+    assert data == {"a": 1e-4, "b": -2e3, "c": 1.5e3, "d": "1e", "e": "1e-4"}
+
+
 def test_yaml_booleans_as_keys_stay_names(write_spec):
     # YAML 1.1 reads a bare `on` as True; as a key here it must stay the name "on".
     assert source.load(write_spec("on: 1\n")).data == {"on": 1}

@@ -71,6 +71,7 @@ class PerGroupScale(_Strict):
         le=2**20,
         description="one scale for each run of this many values along K, per row (a "
         "multiple of 16)",
+        strict=True,
     )
 
 
@@ -107,6 +108,7 @@ class InputSpec(_Strict):
         False,
         description="int8 / int4: the values are unsigned, and a `<name>_zero` argument "
         "(uint8, the scales' shape) holds what is subtracted before scaling (AWQ, GPTQ)",
+        strict=True,
     )
     packing: Literal["low_first", "high_first"] | None = Field(
         None,
@@ -198,7 +200,9 @@ class CrossEntropySpec(_Strict):
 
     labels: str = Field(description="the input holding one class index a token ([T], int64/int32)")
     ignore_index: int = Field(
-        -100, description="tokens with this label add no loss and no gradient (padding)"
+        -100,
+        description="tokens with this label add no loss and no gradient (padding)",
+        strict=True,
     )
     reduction: Literal["mean", "sum", "none"] = Field(
         "mean",
@@ -211,12 +215,19 @@ class CrossEntropySpec(_Strict):
         lt=1.0,
         description="the target mixes 1 - label_smoothing of the label with label_smoothing "
         "spread over the vocabulary (F.cross_entropy's)",
+        strict=True,
     )
     z_loss: float = Field(
-        0.0, ge=0.0, description="adds z_loss * lse**2 a token (PaLM's z-loss; 1e-4 is common)"
+        0.0,
+        ge=0.0,
+        description="adds z_loss * lse**2 a token (PaLM's z-loss; 1e-4 is common)",
+        strict=True,
+        allow_inf_nan=False,
     )
     lse: bool = Field(
-        False, description="also return each token's log-sum-exp of the logits ([T], fp32)"
+        False,
+        description="also return each token's log-sum-exp of the logits ([T], fp32)",
+        strict=True,
     )
 
 
@@ -253,11 +264,13 @@ class KernelSpec(_Strict):
         "mish) on the GPU's tanh.approx instruction: half the special-function work of the "
         "exp-based form, an error under 2**-10 of tanh's value. false: the exp-based form "
         "always (fp32 outputs, AMD GPUs and the interpreter always use it)",
+        strict=True,
     )
     deterministic: bool = Field(
         False,
         description="never tune at run time: launch the tuned table's config (see `fusegen "
         "tune`) or the default, so every run of a shape takes the same accumulation order",
+        strict=True,
     )
 
 
@@ -268,44 +281,60 @@ class AttentionSpec(_Strict):
         description="q, k, v and out as [batch, seq, heads, head_dim] (transformers, "
         "flash-attn) or [batch, heads, seq, head_dim] (F.scaled_dot_product_attention)"
     )
-    heads: int = Field(gt=0, le=1024, description="query heads")
+    heads: int = Field(gt=0, le=1024, description="query heads", strict=True)
     kv_heads: int | None = Field(
         None,
         gt=0,
         le=1024,
         description="key/value heads, dividing `heads` (grouped-query attention; 1: "
         "multi-query); default: `heads`",
+        strict=True,
     )
-    head_dim: int = Field(description="q, k and v's last dim: a multiple of 16, up to 256")
+    head_dim: int = Field(
+        description="q, k and v's last dim: a multiple of 16, up to 256", strict=True
+    )
     v_head_dim: int | None = Field(
         None,
         description="v's and out's last dim where it differs from q and k's (MLA: 192 for "
         "q and k, 128 for v); a multiple of 16, up to 256; default: head_dim",
+        strict=True,
     )
     scale: float | None = Field(
-        None, gt=0, description="the scores' factor, default 1 / sqrt(head_dim)"
+        None,
+        description="the scores' factor, default 1 / sqrt(head_dim)",
+        strict=True,
+        allow_inf_nan=False,
+        ge=1e-6,
+        le=1e6,
     )
     softcap: float | None = Field(
         None,
         gt=0,
         description="scores -> softcap * tanh(scores / softcap), after the scale (Gemma 2)",
+        strict=True,
+        allow_inf_nan=False,
+        le=1e6,
     )
     causal: bool = Field(
         False,
         description="a query sees the keys up to its own position; with fewer queries than "
         "keys, the last query stands at the last key (a KV cache)",
+        strict=True,
     )
     window: int | None = Field(
         None,
         gt=0,
         description="sliding window (Mistral): a query sees only its `window` most recent "
         "keys, its own included; with causal",
+        strict=True,
+        lt=2**30,
     )
     alibi: bool = Field(
         False,
         description="ALiBi (BLOOM, MPT): each head's scores get slope * (key - query "
         "position), the slopes 2**(-8 * (h + 1) / heads) (BLOOM's rule for heads not a "
         "power of two); with causal",
+        strict=True,
     )
     bias: bool = Field(
         False,
@@ -314,6 +343,7 @@ class AttentionSpec(_Strict):
         "relative positions, transformers' additive masks); an entry at or below -2**93 "
         "(about -1e28: -inf, bf16's or fp32's finfo.min) masks its key; its gradient when "
         "it requires grad",
+        strict=True,
     )
 
 

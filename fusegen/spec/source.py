@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,7 +134,8 @@ class _Alias(yaml.Node):
 
 class _Loader(yaml.SafeLoader):
     """PyYAML's safe loader, composing no more than `nodes` values and `MAX_DEPTH` levels
-    (its composer recurses once per level) and marking every alias use."""
+    (its composer recurses once per level) and marking every alias use. A number with an
+    exponent and no dot (`1e-4`) is a float, as in YAML 1.2 (1.1 reads it as text)."""
 
     def __init__(self, text: str, nodes: int):
         super().__init__(text)
@@ -156,6 +158,14 @@ class _Loader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self.depth -= 1
+
+
+# YAML 1.2's floats that YAML 1.1 leaves as text: digits and an exponent, no dot.
+_Loader.add_implicit_resolver(
+    _YAML + "float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
 
 
 _INVALID = object()  # a scalar that was reported as an error
