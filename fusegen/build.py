@@ -73,7 +73,7 @@ def load(paths: list[Path]) -> Loaded:
     errors: list[SpecError] = []
     kernels: list[Kernel] = []
     displays: list[str] = []
-    where: dict[str, tuple[str, int, int]] = {}
+    where: dict[str, tuple[str, int, int, str]] = {}  # lowercased name -> first use
     budget = source.Budget()  # shared: the limits hold for the build, not each file
     over = False  # more than MAX_KERNELS kernels (reported once)
     for path in paths:
@@ -105,20 +105,25 @@ def load(paths: list[Path]) -> Loaded:
                     )
                 over = True
                 break
-            if k.name in where and where[k.name][0] != src.display:
-                first = where[k.name]
+            # Names that differ only in case are one module file on macOS and Windows.
+            key = k.name.lower()
+            if key in where and where[key][0] != src.display:
+                first = where[key]
+                as_written = f" (as '{first[3]}')" if first[3] != k.name else ""
                 errors.append(
                     SpecError(
                         src.display,
                         line,
                         col,
                         ("kernels", i, "name"),
-                        f"kernel name '{k.name}' is also used in {first[0]}:{first[1]}:{first[2]}",
-                        "each kernel names its own generated module; rename one",
+                        f"kernel name '{k.name}' is also used in {first[0]}:{first[1]}:{first[2]}"
+                        + as_written,
+                        "each kernel names its own generated module (names that differ only "
+                        "in case are one file on macOS and Windows); rename one",
                     )
                 )
                 continue
-            where.setdefault(k.name, (src.display, line, col))
+            where.setdefault(key, (src.display, line, col, k.name))
             kernels.append(k)
     if errors:
         raise SpecErrors(errors)

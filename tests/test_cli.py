@@ -107,6 +107,15 @@ def test_kernel_name_used_in_two_files(write_spec, run_cli):
     assert a.name in err
 
 
+def test_kernel_names_differing_only_in_case_clash(write_spec, run_cli):
+    # relu_plus.py and Relu_Plus.py are one file on macOS and Windows.
+    a = write_spec(GOOD, "a.yaml")
+    write_spec(GOOD.replace("relu_plus", "Relu_Plus"), "b.yaml")
+    code, _, err = run_cli("validate", str(a.parent))
+    assert code == 2 and "kernel name 'Relu_Plus' is also used in" in err
+    assert "(as 'relu_plus')" in err and "differ only in case" in err
+
+
 def test_missing_path_and_empty_folder(run_cli, tmp_path):
     code, _, err = run_cli("validate", str(tmp_path / "nope.yaml"))
     assert code == 2 and "no such file or folder" in err

@@ -195,16 +195,18 @@ def lower_file(source: SpecSource) -> list[Kernel | Attention | LossHead | Quant
         except pydantic.ValidationError as exc:
             errors.extend(_pydantic_errors(source, path, raw, exc, model))
             continue
-        if spec.name in seen:
+        key = spec.name.lower()  # one module file on macOS and Windows
+        if key in seen:
             errors.append(
                 source.error(
                     path + ("name",),
                     f"kernel name '{spec.name}' is used twice in this file"
-                    f" (also kernels[{seen[spec.name]}])",
-                    "each kernel names its own generated module; rename one",
+                    f" (also kernels[{seen[key]}])",
+                    "each kernel names its own generated module (names that differ only "
+                    "in case are one file on macOS and Windows); rename one",
                 )
             )
-        seen.setdefault(spec.name, i)
+        seen.setdefault(key, i)
         if model is AttentionKernelSpec:
             attention, found = lower_attention(source, path, spec, kernel_name_problem)
             errors.extend(found)
