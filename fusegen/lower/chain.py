@@ -102,12 +102,6 @@ class ChainLowering:
                 continue
             op, args = split
             path = ("chain", i, op) if isinstance(chain[i], dict) else ("chain", i)
-            if out_dtype is not None:
-                self.err(
-                    ("chain", i),
-                    "`cast` must be the last step",
-                    "the chain computes in fp32; cast sets the output dtype",
-                )
             if op in ("matmul", "input"):
                 self.err(
                     ("chain", i),
@@ -131,6 +125,14 @@ class ChainLowering:
                         steps.append(gate)
             elif op == "cast":
                 out_dtype = self._cast(path, args)
+                if i < len(chain) - 1:
+                    after = len(chain) - 1 - i
+                    self.err(
+                        ("chain", i),
+                        "`cast` must be the last step; "
+                        + ("1 step follows it" if after == 1 else f"{after} steps follow it"),
+                        "the chain computes in fp32; cast sets the output dtype: move it last",
+                    )
             elif op == "output":
                 emit = self._emit(path, args, inputs, steps)
                 if emit:
