@@ -509,6 +509,11 @@ STRUCTURAL: dict[str, Structural] = {
             "c * tanh(value / c), a loss head's logits before its loss (Gemma 2: 30.0)",
         ),
         Structural(
+            "quantize",
+            "end an elementwise chain in fp8 values with a scale per row or group "
+            "(last step only)",
+        ),
+        Structural(
             "cross_entropy",
             "end the chain in a loss over the matmul's columns (an LM head): labels, "
             "ignore_index, reduction, label_smoothing, z_loss, lse",

@@ -41,7 +41,7 @@ class ChainLowering:
         chain: list,
         dim_names: Iterable[str],
         err: Callable[..., None],
-        name_problem: Callable[[str], str | None],
+        name_problem: Callable[[str], tuple[str, str] | None],
     ):
         self.chain = chain
         self.dim_names = set(dim_names)
@@ -102,7 +102,13 @@ class ChainLowering:
                 continue
             op, args = split
             path = ("chain", i, op) if isinstance(chain[i], dict) else ("chain", i)
-            if op in ("matmul", "input"):
+            if op == "quantize":  # last, it makes the chain a quantizer (lower.quant)
+                self.err(
+                    ("chain", i),
+                    "`quantize` must be the chain's last step",
+                    "quantize: {dtype: fp8_e4m3, scale: per_row} ends an elementwise chain",
+                )
+            elif op in ("matmul", "input"):
                 self.err(
                     ("chain", i),
                     f"`{op}` can only be the first step",
@@ -425,7 +431,17 @@ class ChainLowering:
             return Step("scale", constant=float(args))
         if op in ops.BINARY:
             if is_number(args):
+                if op == "div" and args == 0:
+                    self.err(path, "div: 0 divides by zero", "a nonzero number or an input's name")
+                    return None
                 return Step(op, constant=float(args))
+            if isinstance(args, (int, float)) and not isinstance(args, bool):
+                self.err(
+                    path,
+                    f"{op} takes a finite number or an input's name, got {args!r}",
+                    "inputs: " + ", ".join(inputs),
+                )
+                return None
             ref = self._tensor_ref(path, args, inputs, allow_t=False)
             if ref is None:
                 return None
@@ -518,6 +534,9 @@ class ChainLowering:
             elif not is_number(value):
                 ok = False
                 self.err(path + (p.name,), f"{act.name}'s {p.name} must be a number, got {value!r}")
+            elif p.name == "beta" and value == 0:  # softplus divides by it
+                ok = False
+                self.err(path + (p.name,), f"{act.name}'s beta must not be 0 (it divides by it)")
             else:
                 params.append((p.name, float(value)))
         if ok and act.name == "clamp" and params[0][1] > params[1][1]:
@@ -533,7 +552,7 @@ class ChainLowering:
             return None
         problem = self.name_problem(args)
         if problem:
-            self.err(path, f"output {problem}")
+            self.err(path, f"output {problem[0]}", problem[1].replace("{name}_in", f"{args}_out"))
             return None
         taken = set(inputs) | {s.name for s in steps if isinstance(s, Emit)} | self.dim_names
         if args in taken:
@@ -574,6 +593,14 @@ class ChainLowering:
         if dict(params).get("eps", 1.0) < 0:
             ok = False
             self.err(path + ("eps",), f"{op.name}'s eps must not be negative")
+        if dict(params).get("offset") and "weight" not in args:
+            ok = False
+            self.err(
+                path + ("offset",),
+                f"{op.name}'s offset adds to its weight ((offset + weight), Gemma's), and it "
+                "has none",
+                "give `weight: <input>`, or drop the offset",
+            )
         operands = []
         mask_broadcast = None
         for role in op.operands:

@@ -334,22 +334,38 @@ def _too_long(name: str) -> str:
     )
 
 
-def _check_name(name: str) -> str | None:
-    """Why `name` cannot name an input or dim, or None."""
+def _check_name(name: str) -> tuple[str, str] | None:
+    """(why `name` cannot name an input or dim, what can), or None."""
     if len(name) > limits.MAX_NAME_CHARS:
-        return _too_long(name)
+        return _too_long(name), ""
     if not name.isascii():
         # Python reads identifiers in NFKC form: `ｘ` is `x`, and `𝔞b.py` imports as `ab`.
-        return f"'{name}' is not a Python identifier of ASCII letters, digits and _"
+        return f"'{name}' is not a Python identifier of ASCII letters, digits and _", ""
     if not name.isidentifier() or keyword.iskeyword(name):
-        return f"'{name}' is not a Python identifier"
+        return f"'{name}' is not a Python identifier", ""
     if (
         name in RESERVED_NAMES
         or name.startswith(RESERVED_PREFIXES)
         or name.endswith(RESERVED_SUFFIXES)
     ):
-        return f"'{name}' is reserved: the generated kernel uses it"
+        return f"'{name}' is reserved: the generated kernel uses it", RESERVED_HINT
     return None
+
+
+RESERVED_HINT = (
+    "rename it (e.g. '{name}_in'); reserved: "
+    + ", ".join(sorted(RESERVED_NAMES, key=str.lower))
+    + "; names starting "
+    + ", ".join(RESERVED_PREFIXES)
+    + " or ending "
+    + ", ".join(RESERVED_SUFFIXES)
+)
+
+
+def _named(hint: str, name: str) -> str:
+    """The hint with its example rename: name_in, else in_name, whichever is free."""
+    free = next((n for n in (f"{name}_in", f"in_{name}") if _check_name(n) is None), "")
+    return hint.replace("'{name}_in'", f"'{free}'")
 
 
 LOSS_HEAD_FIELDS = frozenset({"name", "doc", "dims", "dtypes", "inputs", "chain"})
@@ -615,7 +631,7 @@ class _KernelLowerer:
         for name, size in self.spec.dims.items():
             problem = _check_name(name)
             if problem:
-                self.err(("dims", name), f"dim {problem}", key=True)
+                self.err(("dims", name), f"dim {problem[0]}", _named(problem[1], name), key=True)
                 continue
             if name.lower() in lowered:
                 self.err(
@@ -643,7 +659,9 @@ class _KernelLowerer:
         for name, inp in self.spec.inputs.items():
             problem = _check_name(name)
             if problem:
-                self.err(("inputs", name), f"input {problem}", key=True)
+                self.err(
+                    ("inputs", name), f"input {problem[0]}", _named(problem[1], name), key=True
+                )
                 continue
             if name in self.spec.dims:
                 self.err(

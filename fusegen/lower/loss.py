@@ -2,7 +2,7 @@
 matmul, the logit steps between it and the loss, and the loss's own options.
 
 The chain is `matmul: x @ weight.T`, then any of `bias: b` ([V]), `scale: c` and
-`softcap: c` in the order they apply, then `cross_entropy: {labels: y, ...}` last."""
+`softcap: c` in the order they apply, then `cross_entropy: {labels: labels, ...}` last."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ LOSS_OP = "cross_entropy"
 LOGIT_OPS = ("bias", "scale", "softcap")
 _FORM = (
     "a loss head's chain is `matmul: x @ weight.T`, then any of `bias: b`, `scale: c`, "
-    "`softcap: c`, then `cross_entropy: {labels: y}` last"
+    "`softcap: c`, then `cross_entropy: {labels: labels}` last"
 )
 
 
@@ -212,7 +212,7 @@ def _cross_entropy(i: int, args: Any, inputs: dict[str, Tensor], tokens: Dim, er
     if isinstance(args, str):  # cross_entropy: y
         args = {"labels": args}
     if not isinstance(args, dict):
-        err(path, "cross_entropy takes {labels: NAME, ...}", "e.g. cross_entropy: {labels: y}")
+        err(path, "cross_entropy takes {labels: NAME, ...}", "e.g. cross_entropy: {labels: labels}")
         return None
     ce = None
     try:
@@ -228,7 +228,11 @@ def _cross_entropy(i: int, args: Any, inputs: dict[str, Tensor], tokens: Dim, er
                     "fields here: " + ", ".join(fields),
                 )
             elif e["type"] == "missing":
-                err(path, f"missing required field '{field}'", "e.g. cross_entropy: {labels: y}")
+                err(
+                    path,
+                    f"missing required field '{field}'",
+                    "e.g. cross_entropy: {labels: labels}",
+                )
             else:
                 message = e["msg"].removeprefix("Value error, ")
                 err(path + (field,), f"{field} {args.get(field)!r}: {message}")
