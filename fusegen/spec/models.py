@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
 
 from fusegen import dtypes
+from fusegen.errors import did_you_mean
 
 
 def _dtype_name(value: Any) -> str:
@@ -78,14 +79,53 @@ class PerGroupScale(_Strict):
 BlockSide = Annotated[int, Field(gt=0, le=2**20)]
 
 
+def _block_sides(value: Any) -> Any:
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise ValueError(f"per_block is [rows, K], two numbers (e.g. [128, 128]); got {value!r}")
+    return value
+
+
 class PerBlockScale(_Strict):
-    per_block: tuple[BlockSide, BlockSide] = Field(
+    per_block: Annotated[tuple[BlockSide, BlockSide], BeforeValidator(_block_sides)] = Field(
         description="one scale for each [rows, K] block (DeepSeek-V3's [128, 128]; K's a "
         "multiple of 16)"
     )
 
 
-ScaleKind = Union[Literal["per_tensor", "per_row", "per_channel"], PerGroupScale, PerBlockScale]
+SCALE_NAMES = ("per_tensor", "per_row", "per_channel")
+SCALE_FORMS = "per_tensor, per_row, per_channel, {per_group: G}, {per_block: [R, G]}"
+
+
+def _scale_form(value: Any) -> Any:
+    """One error for a scale of no known form (a union would give one per member)."""
+    if isinstance(value, str) and value not in SCALE_NAMES:
+        raise ValueError(
+            f"unknown scale '{value}'{did_you_mean(value, SCALE_NAMES)} (valid: {SCALE_FORMS})"
+        )
+    kinds = ("per_group", "per_block")
+    if isinstance(value, dict) and (len(value) != 1 or set(value) - set(kinds)):
+        keys = ", ".join(map(str, value)) or "none"
+        near = "".join(did_you_mean(str(k), kinds) for k in value if k not in kinds)
+        raise ValueError(f"a scale mapping has one key, per_group or per_block; got {keys}{near}")
+    if not isinstance(value, (str, dict)):
+        raise ValueError(f"a scale is one of {SCALE_FORMS}; got {value!r}")
+    return value
+
+
+def _scale_tag(value: Any) -> str:
+    """Which form validates the scale (after _scale_form): only that form's errors show."""
+    return "name" if isinstance(value, str) else next(iter(value))
+
+
+ScaleKind = Annotated[
+    Union[
+        Annotated[Literal["per_tensor", "per_row", "per_channel"], Tag("name")],
+        Annotated[PerGroupScale, Tag("per_group")],
+        Annotated[PerBlockScale, Tag("per_block")],
+    ],
+    Discriminator(_scale_tag),
+    BeforeValidator(_scale_form),
+]
 
 
 class InputSpec(_Strict):
