@@ -161,8 +161,23 @@ def test_dtypes_default_to_16_bits(write_spec):
         ),
         (
             {"w": "{shape: [N, K], dtype: int8, scale: {per_block: [128]}}"},
+            ("inputs", "w", "scale", "per_block"),
+            "per_block is [rows, K], two numbers",
+        ),
+        (
+            {"w": "{shape: [N, K], dtype: int8, scale: per_chanel}"},
             ("inputs", "w", "scale"),
-            "",
+            "unknown scale 'per_chanel'; did you mean 'per_channel'?",
+        ),
+        (
+            {"w": "{shape: [N, K], dtype: int8, scale: {per_grup: 128}}"},
+            ("inputs", "w", "scale"),
+            "got per_grup; did you mean 'per_group'?",
+        ),
+        (
+            {"w": "{shape: [N, K], dtype: int8, scale: {per_group: 0}}"},
+            ("inputs", "w", "scale", "per_group"),
+            "greater than 0",
         ),
     ],
 )
@@ -172,6 +187,8 @@ def test_spec_errors_name_the_place(write_spec, changes, path, message):
     assert any(
         p[: len(where)] == where and message in m and line > 0 for p, m, line in found
     ), found
+    if "scale" in path:  # one error for one mistake, not one per form a scale can take
+        assert len(found) == 1, found
 
 
 def test_a_quantized_bias_is_refused(write_spec):
