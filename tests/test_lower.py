@@ -489,6 +489,13 @@ def test_attention_errors_name_the_field(write_spec, fields, where, message):
     assert "spec.yaml:3:" in text and f"kernels[0].{where}: " in text and message in text, text
 
 
+def test_a_misspelled_attention_key_is_read_as_an_attention_kernel(write_spec):
+    text = attention().replace("attention:", "attenton:")
+    found = errors(write_spec, text)
+    assert any("unknown field 'attenton'; did you mean 'attention'?" in e for e in found), found
+    assert not any("'chain'" in e or "'dims'" in e for e in found), found
+
+
 LOSS_HEAD = """
 kernels:
   - name: head

@@ -5,6 +5,7 @@ collected with its location; a kernel with errors yields no IR.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import keyword
 from typing import Any
 
@@ -189,7 +190,7 @@ def lower_file(source: SpecSource) -> list[Kernel | Attention | LossHead | Quant
         if too_many:
             errors.extend(too_many)
             continue
-        model = AttentionKernelSpec if "attention" in raw else KernelSpec
+        model = AttentionKernelSpec if _is_attention(raw) else KernelSpec
         try:
             spec = model.model_validate(raw)
         except pydantic.ValidationError as exc:
@@ -285,6 +286,17 @@ def _pydantic_errors(
             message = f"missing required field '{err['loc'][-1]}'"
         out.append(source.error(tuple(path), message, hint))
     return out
+
+
+def _is_attention(raw: dict) -> bool:
+    """A kernel with `attention:`, or with a key close to it and no chain (a misspelled
+    attention kernel: its errors should be the attention kernel's, not "missing chain")."""
+    if "attention" in raw:
+        return True
+    return "chain" not in raw and any(
+        isinstance(k, str) and difflib.get_close_matches(k, ["attention"], cutoff=0.75)
+        for k in raw
+    )
 
 
 def _allowed_fields(loc: tuple, root: type[pydantic.BaseModel] = KernelSpec) -> list[str]:
