@@ -40,7 +40,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("6eab5d646d648336", "chains")
+_rt = _runtime("edbf0233dcb61643", "chains")
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
 DIMS = {"M": None, "K": 768, "N": 768}

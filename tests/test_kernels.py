@@ -394,6 +394,30 @@ TINY = {
 }
 
 
+def test_a_second_backward_raises(zoo):
+    """The generated backwards are not differentiable themselves: a gradient asked for
+    with create_graph=True raises, naming the kernel (it was a tensor with no grad_fn:
+    a second derivative silently missing, or an error later that named nothing)."""
+    row, _ = load(zoo, "row_softmax")
+    loss, _ = load(zoo, "loss_smoothed")
+    att, _ = load(zoo, "att_plain")
+    x = torch.randn(4, 40, requires_grad=True)
+    w = torch.randn(24, 30, requires_grad=True)
+    labels = torch.randint(0, 30, (4,))
+    q = torch.randn(1, 3, 5, 32, dtype=torch.float16, requires_grad=True)
+    calls = [
+        (lambda: row.row_softmax(x).square().sum(), x),
+        (lambda: loss.loss_smoothed(x[:, :24].contiguous(), w, labels, torch.zeros(30)), w),
+        (lambda: att.att_plain(q, q, q).float().square().sum(), q),
+    ]
+    for (call, leaf), name in zip(
+        calls, ["row_softmax", "loss_smoothed", "att_plain"], strict=True
+    ):
+        with pytest.raises(RuntimeError, match=f"{name}: a second derivative"):
+            torch.autograd.grad(call(), leaf, create_graph=True)
+        torch.autograd.grad(call(), leaf)  # a first derivative still runs
+
+
 def test_row_max_keeps_nan(zoo):
     """A row holding a NaN has NaN for its max, as torch.amax (tl.max's combine drops it
     on the GPU), in one pass and block by block; the other rows are their max."""

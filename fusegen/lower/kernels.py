@@ -294,8 +294,7 @@ def _is_attention(raw: dict) -> bool:
     if "attention" in raw:
         return True
     return "chain" not in raw and any(
-        isinstance(k, str) and difflib.get_close_matches(k, ["attention"], cutoff=0.75)
-        for k in raw
+        isinstance(k, str) and difflib.get_close_matches(k, ["attention"], cutoff=0.75) for k in raw
     )
 
 

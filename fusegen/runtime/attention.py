@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from . import attention_hopper, attention_hopper_backward, launch, ops, tables
-from .checks import bucket, fp32_dot, fp32_matmul
+from .checks import bucket, fp32_dot, fp32_matmul, refuse_second_derivative
 from .device import device_facts, ensure_allocator
 from .ops import typed
 from .settings import TABLE_REACH
@@ -186,6 +186,7 @@ class _Trained(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_out, d_lse):
+        refuse_second_derivative(ctx.attention.name)
         *inputs, out, lse, key_lengths = ctx.saved_tensors
         needs = ctx.needs_input_grad[2:]
         grads = ctx.attention.backward(inputs, out, lse, d_out, needs, key_lengths)
@@ -546,7 +547,14 @@ class Attention:
     # Checks.
 
     def checked(self, inputs, key_lengths=None):
-        """The call's (batch, q_len, k_len), after its checks."""
+        """The call's (batch, q_len, k_len), after its checks; an error names the module
+        (a call through transformers' attention interface does not show it)."""
+        try:
+            return self._checked(inputs, key_lengths)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{self.name}: {exc}") from None
+
+    def _checked(self, inputs, key_lengths):
         m = self.module
         q, k, v = inputs[:3]
         for name, t in zip(("q", "k", "v"), inputs[:3], strict=True):
@@ -561,7 +569,12 @@ class Attention:
             if t.device != q.device:
                 raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
         if q.dtype not in m["DTYPES"]:
-            raise TypeError(f"q is {q.dtype}; this kernel takes {', '.join(map(str, m['DTYPES']))}")
+            spec_names = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+            add = f": add {spec_names[q.dtype]} there" if q.dtype in spec_names else ""
+            raise TypeError(
+                f"q is {q.dtype}; this kernel takes {', '.join(map(str, m['DTYPES']))} (its "
+                f"spec's `dtypes`{add})"
+            )
         heads_axis, seq = self.heads_axis, self.seq_axis
         for name, t, heads, width in (
             ("q", q, m["HEADS"], m["HEAD_DIM"]),
@@ -588,6 +601,7 @@ class Attention:
                 not isinstance(key_lengths, torch.Tensor)
                 or key_lengths.is_floating_point()
                 or key_lengths.is_complex()
+                or key_lengths.dtype == torch.bool  # a mask, not lengths
             ):
                 got = (
                     key_lengths.dtype
@@ -1002,6 +1016,7 @@ class Attention:
                 ctx.save_for_backward(*inputs, *output)
 
             def differentiate(ctx, d_out, d_lse):
+                refuse_second_derivative(self.name)
                 needs = [bool(n) for n in ctx.needs_input_grad[:count]]
                 grads = getattr(torch.ops.fusegen, f"{name}_backward")(
                     *ctx.saved_tensors, d_out, needs
@@ -1073,7 +1088,8 @@ def key_ranges_from_mask(attention_mask, check=True):
             row = int(holes.nonzero()[0, 0])
             raise ValueError(
                 f"attention_mask row {row} has a hole (its real keys are not one run); "
-                "key_ranges cannot express it: pass the mask as an additive bias"
+                "key_ranges cannot express it: a module built with `bias: true` takes the "
+                "mask as an additive bias ([batch, 1, 1, k_len], -inf where masked)"
             )
     return torch.stack([start, end], dim=-1).to(torch.int32)
 

@@ -7,6 +7,18 @@ import os
 import torch
 
 
+def refuse_second_derivative(name: str) -> None:
+    """Raise where a generated backward runs with grad mode on: a backward with
+    create_graph=True, which asks for the gradient's own graph. The backward kernels are
+    not differentiable, and their results would carry no grad_fn: a second derivative
+    silently missing, or an error later that names nothing."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(
+            f"{name}: a second derivative (a backward with create_graph=True) is not "
+            "supported: the generated backward is not differentiable"
+        )
+
+
 def config_values_problems(config: dict, dot: bool) -> list[str]:
     """Why a caller's config (`config=`) cannot compile, before Triton says it from deep
     inside: blocks that are not powers of two (tl.arange), under 16 in a dot (tl.dot's

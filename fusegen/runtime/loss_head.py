@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .checks import common_device
+from .checks import common_device, refuse_second_derivative
 from .device import device_facts
 
 _log = logging.getLogger(__name__)
@@ -399,6 +399,7 @@ class _Function(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_loss, d_lse):
         head, vocab = ctx.head, ctx.vocab
+        refuse_second_derivative(head.name)
         x, weight, labels, bias, lse, counted = ctx.saved_tensors
         needs = ctx.needs_input_grad[2], ctx.needs_input_grad[3], ctx.needs_input_grad[5]
         if not any(needs) or (d_loss is None and d_lse is None):

@@ -36,6 +36,7 @@ from .checks import (  # noqa: F401 - the kernel modules reach these through thi
     layout,
     needs_int64,
     plain,
+    refuse_second_derivative,
     settled,
     shares_memory,
     signature,
@@ -79,6 +80,7 @@ class _Trained(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         kernels = ctx.kernels
+        refuse_second_derivative(kernels.name)
         # A matmul chain's backward writes d_pre over the saved accumulators it reads for
         # the last time: an [M, N] tensor a matmul less at the step's peak. A second
         # backward through the node (retain_graph) finds them overwritten: it recomputes
@@ -1266,6 +1268,7 @@ class Kernels:
                 self.keep(ctx, inputs, outputs)
 
             def differentiate(ctx, *grads):
+                refuse_second_derivative(self.name)
                 return self.differentiate(ctx, grads, ctx.needs_input_grad, self.backward_op)
 
             train.register_autograd(differentiate, setup_context=setup)

@@ -150,7 +150,13 @@ def key_ranges(attention_mask, batch_size, q_length, kv_length, q_offset, kv_off
         if padding.shape[-1] < kv_offset + kv_length:  # transformers' own padding of it
             short = kv_offset + kv_length - padding.shape[-1]
             padding = torch.nn.functional.pad(padding, (0, short))
-        ranges = key_ranges_from_mask(padding[:, kv_offset : kv_offset + kv_length])
+        try:
+            ranges = key_ranges_from_mask(padding[:, kv_offset : kv_offset + kv_length])
+        except ValueError as exc:  # a hole: no key range, and this path takes no bias
+            raise ValueError(
+                f"{str(exc).split(': a module')[0]}; run this batch on another attention "
+                "implementation (attn_implementation='sdpa'), or pad it on one side"
+            ) from None
         start, end = ranges[:, 0], ranges[:, 1]
     keys = None
     if not aligned:
