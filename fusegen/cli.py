@@ -40,7 +40,10 @@ def _parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("build", help="generate kernel and test modules from specs")
     b.add_argument(
-        "specs", nargs="+", metavar="SPEC_OR_DIR", help="spec files, or folders of *.yaml and *.yml specs"
+        "specs",
+        nargs="+",
+        metavar="SPEC_OR_DIR",
+        help="spec files, or folders of *.yaml and *.yml specs",
     )
     b.add_argument(
         "--out", default="generated", metavar="DIR", help="where to write (default: generated)"
