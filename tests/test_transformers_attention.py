@@ -30,6 +30,18 @@ kernels:
     doc: A tiny Mistral's (a window of 3 keys), in the other layout.
     dtypes: [fp32]
     attention: {layout: bhsd, heads: 4, kv_heads: 2, head_dim: 16, causal: true, window: 3}
+  - name: tx_gemma_global
+    doc: A tiny Gemma 2's global layers (softcapped scores, scale 1/sqrt(8)).
+    dtypes: [fp32]
+    attention:
+      {layout: bshd, heads: 4, kv_heads: 2, head_dim: 16, causal: true, softcap: 50.0,
+       scale: 0.35355339059327373}
+  - name: tx_gemma_local
+    doc: Its sliding layers (a window of 3 keys).
+    dtypes: [fp32]
+    attention:
+      {layout: bshd, heads: 4, kv_heads: 2, head_dim: 16, causal: true, softcap: 50.0,
+       scale: 0.35355339059327373, window: 3}
 """
 SIZES = dict(
     hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
@@ -56,7 +68,7 @@ def built(tmp_path_factory):
     (root / "specs.yaml").write_text(SPECS)
     assert main(["build", str(root / "specs.yaml"), "--out", str(root / "gen")]) == 0
     modules = {}
-    for name in ("tx_llama_attention", "tx_window_attention"):
+    for name in ("tx_llama_attention", "tx_window_attention", "tx_gemma_global", "tx_gemma_local"):
         spec = importlib.util.spec_from_file_location(name, root / "gen" / f"{name}.py")
         modules[name] = importlib.util.module_from_spec(spec)
         sys.modules[name] = modules[name]
@@ -184,6 +196,45 @@ def test_a_layer_the_spec_does_not_describe_is_refused(built):
     _, fused = pair(built, "llama", attention_dropout=0.1)
     with pytest.raises(ValueError, match="dropout"):
         fused.train()(input_ids=ids)
+
+
+def test_a_model_of_two_layer_kinds_runs_two_modules(built):
+    """Gemma 2 alternates sliding and global layers under one attention implementation:
+    use_in_transformers(also=[...]) serves both, each layer's call running the module of
+    its window; left-padded generate and padded training against eager attention (SDPA
+    has no softcap)."""
+    sizes = dict(SIZES, sliding_window=3, query_pre_attn_scalar=8, attn_logit_softcapping=50.0)
+    torch.manual_seed(0)
+    config = transformers.Gemma2Config(**sizes)
+    config._attn_implementation = "eager"
+    eager = transformers.Gemma2ForCausalLM(copy.deepcopy(config)).to(DEVICE).eval()
+    fused = transformers.Gemma2ForCausalLM(copy.deepcopy(config)).to(DEVICE).eval()
+    fused.load_state_dict(eager.state_dict())
+    assert config.layer_types == ["sliding_attention", "full_attention"]
+    with pytest.raises(ValueError, match="sliding window is 3, the spec's None"):
+        fused.set_attn_implementation(built["tx_gemma_global"].use_in_transformers())
+        fused(input_ids=torch.ones(1, 4, dtype=torch.long, device=DEVICE))
+    use = built["tx_gemma_global"].use_in_transformers
+    fused.set_attn_implementation(use("tx_gemma", also=[built["tx_gemma_local"]]))
+    calls = {n: count_calls(built[n]) for n in ("tx_gemma_global", "tx_gemma_local")}
+    ids, mask = padded_batch(left=True)
+    want = generated(eager, ids, mask, "dynamic")
+    assert torch.equal(generated(fused, ids, mask, "dynamic"), want)
+    assert len(calls["tx_gemma_global"]) == len(calls["tx_gemma_local"]) == 5
+    ids, mask = padded_batch(left=False)
+    labels = ids.masked_fill(mask == 0, -100)
+    grads = []
+    for model in (eager, fused):
+        model.train()
+        out = model(input_ids=ids, attention_mask=mask, labels=labels)
+        out.loss.backward()
+        grads.append((out.logits[mask.bool()], [p.grad for p in model.parameters()]))
+    (want, want_grads), (got, got_grads) = grads
+    assert (got - want).abs().max() < 1e-5
+    for g, w in zip(got_grads, want_grads, strict=True):
+        assert (g - w).abs().max() <= 1e-5 * max(1.0, w.abs().max())
+    with pytest.raises(TypeError, match="also= takes generated attention modules"):
+        use("tx_gemma", also=[transformers])
 
 
 def test_key_ranges_of_transformers_offsets():

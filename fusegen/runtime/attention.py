@@ -1036,7 +1036,7 @@ class Attention:
         """The module's use_in_transformers; transformers is imported when it is called."""
         module, default = self.name, launcher
 
-        def use_in_transformers(name: str = module, launcher=None) -> str:
+        def use_in_transformers(name: str = module, launcher=None, *, also=()) -> str:
             """Register this attention with transformers (4.54 or newer) as the attention
             implementation `name`, then `model.set_attn_implementation(name)`: an
             attention function and, under the same name, a mask function that turns the
@@ -1045,11 +1045,32 @@ class Attention:
             caches work. A mask that is not one run of keys per row (packed sequences,
             custom mask functions, a padding hole) raises ValueError, as does a layer
             whose scaling, window, softcap or dropout is not the spec's. launcher: a
-            wrapper of this module's launcher to call instead. Returns name."""
+            wrapper of this module's launcher to call instead. also: other generated
+            attention modules for a model whose layers differ (Gemma 2's sliding and
+            global layers): each layer's call runs the module whose scale, window and
+            softcap are the layer's. Returns name."""
             from . import transformers_attention
 
-            return transformers_attention.register(name, launcher or default, self, causal)
+            served = [(launcher or default, self)]
+            for other in also:
+                use = getattr(other, "use_in_transformers", None)
+                if not hasattr(use, "attention"):
+                    raise TypeError(
+                        f"also= takes generated attention modules without a bias input; "
+                        f"{getattr(other, '__name__', other)!r} is not one"
+                    )
+                if use.causal != causal:
+                    raise ValueError(
+                        f"{use.attention.name} is {'' if use.causal else 'not '}causal and "
+                        f"{self.name} is {'' if causal else 'not '}causal: one model's masks "
+                        "are one kind"
+                    )
+                served.append((use.launcher, use.attention))
+            return transformers_attention.register(name, served, causal)
 
+        # What also= reads of this module's.
+        use_in_transformers.attention, use_in_transformers.launcher = self, launcher
+        use_in_transformers.causal = causal
         return use_in_transformers
 
 

@@ -25,11 +25,11 @@ import torch
 from .attention import key_ranges_from_mask
 
 
-def register(name, launcher, attention, causal):
-    """Register `launcher` (an attention module's, whose runtime object is `attention`) as
-    transformers' attention implementation `name`, with its mask function; returns name.
-    causal: the spec's (a causal spec serves transformers' causal and sliding-window
-    masks, a non-causal one its bidirectional masks)."""
+def register(name, served, causal):
+    """Register `served`, [(launcher, its module's runtime Attention)], as transformers'
+    attention implementation `name`, with its mask function; returns name. causal: the
+    specs' (a causal spec serves transformers' causal and sliding-window masks, a
+    non-causal one its bidirectional masks)."""
     try:
         from transformers import AttentionInterface
         from transformers import masking_utils
@@ -39,8 +39,7 @@ def register(name, launcher, attention, causal):
             f"use_in_transformers needs transformers with AttentionMaskInterface "
             f"(4.54 or newer): {error}"
         ) from None
-    module = attention.module
-    AttentionInterface.register(name, attention_function(name, launcher, module))
+    AttentionInterface.register(name, attention_function(name, served))
     try:
         from transformers.utils.import_utils import is_tracing
     except ImportError:  # older: no fake tensors' check
@@ -55,27 +54,24 @@ def register(name, launcher, attention, causal):
     return name
 
 
-def attention_function(name, launcher, module):
-    """transformers' attention function signature around the launcher: q, k, v as
+def attention_function(name, served):
+    """transformers' attention function signature around the launchers: q, k, v as
     [batch, heads, seq, dim], the mask function's ranges; returns (out as [batch,
-    seq, heads, dim], None). Raises ValueError where the layer is not what the spec
-    fixed (scaling, window, softcap, dropout, attention sinks) or the mask is not the
-    mask function's ranges."""
-    scale, window = module["SCALE"], module.get("WINDOW")
-    cap, bshd = module.get("SOFTCAP"), module["LAYOUT"] == "bshd"
+    seq, heads, dim], None). A call runs the served module whose spec fixed the layer's
+    scaling, window and softcap. Raises ValueError where none did, where the layer asks
+    for dropout or attention sinks, or where the mask is not the mask function's ranges."""
+    specs = [
+        (launcher, _layer_kind(attention.module), attention.module)
+        for launcher, attention in served
+    ]
+    names = [attention.name for _, attention in served]
 
     def fusegen_attention(
         layer, query, key, value, attention_mask, scaling=None, dropout=0.0,
         sliding_window=None, softcap=None, s_aux=None, **kwargs,
     ):  # fmt: skip
-        if scaling is not None and not math.isclose(scaling, scale, rel_tol=1e-6):
-            raise ValueError(f"{name}: the layer's scaling is {scaling}, the spec's {scale}")
-        if (sliding_window or None) != window:
-            raise ValueError(
-                f"{name}: the layer's sliding window is {sliding_window}, the spec's {window}"
-            )
-        if (softcap or None) != cap:
-            raise ValueError(f"{name}: the layer's softcap is {softcap}, the spec's {cap}")
+        launcher, module = _served(name, names, specs, scaling, sliding_window, softcap)
+        bshd = module["LAYOUT"] == "bshd"
         if dropout:
             raise ValueError(f"{name}: attention dropout ({dropout}) is not fused; set it to 0")
         if s_aux is not None:
@@ -99,6 +95,39 @@ def attention_function(name, launcher, module):
         return (out if bshd else out.transpose(1, 2)), None
 
     return fusegen_attention
+
+
+def _layer_kind(module):
+    """(scale, window, softcap) a module's spec fixed."""
+    return module["SCALE"], module.get("WINDOW"), module.get("SOFTCAP")
+
+
+def _served(name, names, specs, scaling, sliding_window, softcap):
+    """(launcher, module) of the served spec that is the layer's (scaling None: any)."""
+    for launcher, (scale, window, cap), module in specs:
+        if (
+            (scaling is None or math.isclose(scaling, scale, rel_tol=1e-6))
+            and (sliding_window or None) == window
+            and (softcap or None) == cap
+        ):
+            return launcher, module
+    if len(specs) == 1:  # say which field differs
+        scale, window, cap = specs[0][1]
+        if scaling is not None and not math.isclose(scaling, scale, rel_tol=1e-6):
+            raise ValueError(f"{name}: the layer's scaling is {scaling}, the spec's {scale}")
+        if (sliding_window or None) != window:
+            raise ValueError(
+                f"{name}: the layer's sliding window is {sliding_window}, the spec's {window}"
+            )
+        raise ValueError(f"{name}: the layer's softcap is {softcap}, the spec's {cap}")
+    kinds = "; ".join(
+        f"{n}: scaling {s}, window {w}, softcap {c}"
+        for n, (_, (s, w, c), _) in zip(names, specs, strict=True)
+    )
+    raise ValueError(
+        f"{name}: no module served here is the layer's (scaling {scaling}, sliding window "
+        f"{sliding_window}, softcap {softcap}); served: {kinds}"
+    )
 
 
 def mask_function(name, causal, known, is_tracing):
