@@ -323,6 +323,15 @@ def test_a_quantizer_keeps_nan_and_inf_in_its_scales(name):
     assert (error <= want_q[kept].abs() * 2**-4 + 2**-10).all()
 
 
+def test_call_errors_name_the_kernel_and_a_checkpoints_layout():
+    module = generated("llama_mlp_int4")
+    x = torch.randn(2, 256).to(torch.bfloat16)
+    q, zero, scale, _ = _checkpoint(2, n=24, k=256, group=128)
+    w, zero, scale = quant.pack_int4(q), zero.to(torch.uint8), scale.to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"^llama_mlp_int4: w_gate_scale must hold .*from_awq"):
+        module.llama_mlp_int4(x, w, scale.T, zero, w, scale, zero)  # AWQ's [K / 128, N]
+
+
 def test_gptq_checkpoints_convert_to_the_int4_layout():
     q, zero, scale, want = _checkpoint(seed=1)
     n, k = q.shape

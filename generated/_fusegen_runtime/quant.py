@@ -414,7 +414,16 @@ class QuantChain:
     # -- checks, once per call signature -------------------------------------------------
 
     def plan(self, tensors, out_dtype):
-        """Check a call, and decide what holds while its signature does."""
+        """Check a call, and decide what holds while its signature does; an error names
+        the kernel."""
+        try:
+            return self._plan(tensors, out_dtype)
+        except (TypeError, ValueError) as exc:
+            if str(exc).startswith(self.name):
+                raise
+            raise type(exc)(f"{self.name}: {exc}") from None
+
+    def _plan(self, tensors, out_dtype):
         if len(tensors) != len(self.arguments):
             raise TypeError(f"{self.name} takes {len(self.arguments)} tensors, got {len(tensors)}")
         for (n, _, _), t in zip(self.arguments, tensors, strict=True):
@@ -576,9 +585,17 @@ class QuantChain:
                 ok = tuple(flat.shape) == expected
                 want = "[" + ", ".join(map(str, expected)) + "]"
             if not ok:
+                checkpoint = ""
+                transposed = expected is not None and tuple(t.shape) == expected[::-1]
+                if transposed and q.dtype == "int4" and q.zero_point:
+                    # AWQ and GPTQ keep them [K / group, N]; from_awq / from_gptq convert.
+                    checkpoint = (
+                        " (transposed: an AWQ or GPTQ checkpoint's layout; the module's "
+                        "from_awq / from_gptq convert one)"
+                    )
                 raise ValueError(
                     f"{name}{suffix} must hold {name}'s {kind} as {want} ({q.scale} "
-                    f"scales), got shape {list(t.shape)}"
+                    f"scales), got shape {list(t.shape)}{checkpoint}"
                 )
             if suffix == "_scale" and t.dtype not in SCALE_DTYPES:
                 raise TypeError(f"{name}_scale must be fp32, bf16 or fp16, got {t.dtype}")
