@@ -183,6 +183,23 @@ def value_tests(chain):
             for got, first in zip(run, runs[0], strict=True):
                 torch.testing.assert_close(got, first, rtol=0, atol=0, equal_nan=True)
 
+    def test_nan_propagates_as_in_pytorch():
+        # A NaN in an input is NaN wherever PyTorch's float64 chain has one, and only
+        # there: the GPU's plain min and max return the other operand (relu(NaN) would
+        # be 0), and tl.max drops it from a row.
+        dtype, seed, sizes = dtypes[-1], new_seed(), {**sizes_of, **chain.cases[0]}
+        inputs = chain.make_inputs(sizes, dtype, seed)
+        name = next(n for n, t in inputs.items() if t.is_floating_point())
+        inputs[name] = inputs[name].clone()
+        flat = inputs[name].view(-1)
+        flat[0] = flat[flat.numel() // 2] = float("nan")
+        results = as_tuple(launcher(**inputs, **chain.output_buffers(sizes, dtype)))
+        exact = {n: t.double() for n, t in inputs.items()}
+        wanted = as_tuple(kernel.reference(**exact, out_dtype=torch.float64))
+        for out, want in zip(results, wanted, strict=True):
+            assert want.isnan().any()
+            assert torch.equal(out.isnan(), want.isnan()), (name, out, want)
+
     return [
         test_matches_reference,
         test_batched_leading_dims,
@@ -191,6 +208,7 @@ def value_tests(chain):
         test_rejects_wrong_shapes,
         test_rejects_wrong_dtype,
         test_repeated_calls_agree,
+        test_nan_propagates_as_in_pytorch,
     ]
 
 
