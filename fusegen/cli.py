@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from fusegen import __version__, build, writer
+from fusegen import __version__, build, codegen, writer
 from fusegen.codegen import hub_text
 from fusegen.spec import schema
 from fusegen.tools.bench import DEFAULT_ROWS, LAYOUTS
@@ -404,7 +404,9 @@ def _build(args: argparse.Namespace) -> int:
     except SpecErrors as exc:
         return _print_errors(exc)
     modules = build.modules_dir(out_dir, hub)
-    stale = build.orphans(loaded, planned, modules) + build.orphan_tables(loaded, modules)
+    folders = build.folder_displays(args.specs)
+    stale = build.orphans(loaded, planned, modules, folders)
+    stale += build.orphan_tables(loaded, modules, folders)
     tuned = build.table_problems(loaded, planned, modules)
     if args.check:
         outdated = writer.differences(planned) + [
@@ -413,6 +415,7 @@ def _build(args: argparse.Namespace) -> int:
         for path, what in outdated + tuned:
             print(f"{path}: {what}", file=sys.stderr)
         specs = " ".join(args.specs) + (f" --out {args.out}" if args.out != "generated" else "")
+        specs += f" --kernels-hub {hub}" if hub else ""
         if outdated:
             print(
                 f"fusegen: {len(outdated)} generated file(s) out of date; run `fusegen build "
@@ -429,7 +432,11 @@ def _build(args: argparse.Namespace) -> int:
             return 1
         print(f"fusegen: {len(planned)} generated files up to date")
         return 0
-    written = writer.write_all(planned)
+    try:
+        written = writer.write_all(planned, last=(modules / codegen.RUNTIME_DIR / "__init__.py",))
+    except writer.WriteError as exc:
+        print(f"fusegen: {exc}; nothing written", file=sys.stderr)
+        return 2
     for path in written:
         print(f"wrote {path}")
     for path in stale:

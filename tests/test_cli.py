@@ -188,11 +188,45 @@ def test_write_is_atomic(write_spec, tmp_path, monkeypatch, run_cli):
         raise OSError("disk full")
 
     monkeypatch.setattr(writer.os, "replace", failing_replace)
-    with pytest.raises(OSError):
-        run_cli("build", str(spec), "--out", str(gen))
+    code, _, err = run_cli("build", str(spec), "--out", str(gen))
+    assert code == 2 and "disk full (0 of" in err
     monkeypatch.setattr(writer.os, "replace", real_replace)
     assert {p: p.read_text() for p in gen.rglob("*") if p.is_file()} == before
     assert not [p for p in gen.rglob("*") if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("in_the_way", ["runtime file", "module folder", "out file"])
+def test_a_path_that_cannot_be_written_writes_nothing(write_spec, tmp_path, run_cli, in_the_way):
+    """A file where the runtime's folder goes, a folder where a module goes, or --out
+    naming a file: exit 2 with the path, and nothing written (the modules were written
+    before the runtime failed)."""
+    spec = write_spec(GOOD)
+    out = tmp_path / "gen"
+    if in_the_way == "out file":
+        out.write_text("not a folder")
+    else:
+        out.mkdir()
+        if in_the_way == "runtime file":
+            (out / "_fusegen_runtime").write_text("")
+        else:
+            (out / "relu_plus.py").mkdir()
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    code, _, err = run_cli("build", str(spec), "--out", str(out))
+    assert code == 2 and "nothing written" in err, err
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    code, _, err = run_cli("build", "--check", str(spec), "--out", str(out))
+    assert code == 1
+
+
+def test_check_and_build_read_any_bytes_at_a_generated_path(write_spec, tmp_path, run_cli):
+    spec = write_spec(GOOD)
+    out = tmp_path / "gen"
+    run_cli("build", str(spec), "--out", str(out))
+    (out / "relu_plus.py").write_bytes(b"\xff\xfe not utf-8")
+    code, _, err = run_cli("build", "--check", str(spec), "--out", str(out))
+    assert code == 1 and "relu_plus.py: differs" in err
+    code, _, _ = run_cli("build", str(spec), "--out", str(out))
+    assert code == 0 and (out / "relu_plus.py").read_text().startswith("# Generated")
 
 
 def test_check_examples_are_up_to_date(run_cli):
@@ -254,6 +288,37 @@ def test_build_removes_what_the_runtime_no_longer_holds(write_spec, run_cli, tmp
     assert sorted(p.name for p in (gen / "_fusegen_runtime").iterdir()) == sorted(
         ["mine.py", *RUNTIME_FILES]
     )
+
+
+def test_a_spec_file_removed_from_a_folder_leaves_stale_modules(tmp_path, run_cli):
+    # The folder build no longer reads b.yaml: its module is stale, as a removed kernel's.
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "a.yaml").write_text(GOOD)
+    (specs / "b.yaml").write_text(GOOD.replace("relu_plus", "other"))
+    gen = tmp_path / "gen"
+    assert run_cli("build", str(specs), "--out", str(gen), cwd=tmp_path)[0] == 0
+    (specs / "b.yaml").unlink()
+    code, _, err = run_cli("build", "--check", "specs", "--out", "gen", cwd=tmp_path)
+    assert code == 1 and "other.py: no kernel in the specs makes it any more" in err
+    assert run_cli("build", "specs", "--out", "gen", cwd=tmp_path)[0] == 0
+    assert not (gen / "other.py").exists() and (gen / "relu_plus.py").exists()
+
+
+def test_specs_of_one_file_name_in_two_folders_keep_their_modules(tmp_path, run_cli):
+    # Outside any repository a spec is named by its path from the working directory, so
+    # two model.yaml files built into one folder do not take each other's modules for
+    # their own (the second build removed the first's).
+    for folder, text in (("one", GOOD), ("two", GOOD.replace("relu_plus", "other"))):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "model.yaml").write_text(text)
+    (tmp_path / "work").mkdir()
+    for folder in ("one", "two"):
+        code, out, _ = run_cli(
+            "build", f"../{folder}/model.yaml", "--out", "../gen", cwd=tmp_path / "work"
+        )
+        assert code == 0 and "removed" not in out
+    assert (tmp_path / "gen" / "relu_plus.py").exists() and (tmp_path / "gen" / "other.py").exists()
 
 
 def test_tools_pass_over_loss_heads(run_cli):

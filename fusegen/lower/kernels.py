@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import keyword
+import sys
 from typing import Any
 
 import pydantic
@@ -116,20 +117,22 @@ RESERVED_PREFIXES = (
     "_",
 )
 RESERVED_SUFFIXES = ("_ptr", "_ptrs", "_tile", "_2d")
-# A generated module of one of these names would shadow what it or its tests import,
-# or a name the module defines.
+# A generated module of one of these names would shadow what it or its tests import
+# (the folder on sys.path: `inspect.py` there breaks `import torch`), or a name the
+# module defines.
 RESERVED_MODULES = frozenset(
     {
+        *sys.stdlib_module_names,
         "torch",
         "triton",
         "numpy",
         "pytest",
         "conftest",
-        "typing",
-        "logging",
-        "os",
-        "math",
-        "random",
+        "jinja2",
+        "yaml",
+        "pydantic",
+        "transformers",
+        "kernels",
         "reference",
         "last_launch",
     }
@@ -330,10 +333,12 @@ def kernel_name_problem(name: str) -> tuple[str, str] | None:
             "it names a module: letters, digits, _",
         )
     if name in RESERVED_MODULES or name.startswith(("test", "_")) or name.isupper():
+        library = " (a module of Python's standard library)" * (name in sys.stdlib_module_names)
         return (
-            f"kernel name '{name}' would clash with a module or be collected as a test",
-            "reserved: names starting with 'test' or '_', all-capital names, and "
-            + ", ".join(sorted(RESERVED_MODULES)),
+            f"kernel name '{name}' would clash with a module{library} or be collected as " "a test",
+            "reserved: names starting with 'test' or '_', all-capital names, the standard "
+            "library's modules, and "
+            + ", ".join(sorted(RESERVED_MODULES - set(sys.stdlib_module_names))),
         )
     return None
 

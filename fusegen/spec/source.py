@@ -77,17 +77,20 @@ class SpecSource:
 
 
 def display_name(path: Path) -> str:
-    """The spec's path relative to its repository (the nearest folder with .git or
-    pyproject.toml), else relative to the working directory, else its bare name; always
-    with forward slashes, so headers are the same on every machine."""
+    """The spec's path relative to its repository (the nearest folder with .git, else
+    the nearest with pyproject.toml: the packages of one git repository name their specs
+    apart), else relative to the working directory (`..` where it is not below it);
+    always with forward slashes, so headers are the same on every machine. Two spec files
+    never share a name: a build removes the modules a spec of its name no longer makes."""
     path = path.resolve()
-    for parent in path.parents:
-        if (parent / ".git").exists() or (parent / "pyproject.toml").exists():
-            return path.relative_to(parent).as_posix()
+    for marker in (".git", "pyproject.toml"):
+        for parent in path.parents:
+            if (parent / marker).exists():
+                return path.relative_to(parent).as_posix() or "."
     try:
-        return path.relative_to(Path.cwd().resolve()).as_posix()
-    except ValueError:
-        return path.name
+        return Path(os.path.relpath(path, Path.cwd().resolve())).as_posix()
+    except ValueError:  # another drive (Windows)
+        return path.as_posix()
 
 
 def _short(text: str, chars: int = 40) -> str:
