@@ -215,7 +215,8 @@ def table_problems(loaded: Loaded, planned: list[Planned], out_dir: Path) -> lis
         try:
             found = tables.staleness(path, hashes[kernel.name])
         except tables.TableError as exc:
-            out.append((path, str(exc).removeprefix(f"{path}: ")))
+            detail = str(exc).removeprefix(str(path)).lstrip(": ")
+            out.append((path, f"{detail}; fix or delete it (`fusegen tune` then writes it anew)"))
             continue
         if found:
             out.append((path, found.message()))

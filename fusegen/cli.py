@@ -202,6 +202,16 @@ def _shapes_for(args: argparse.Namespace):
     return lambda k: bench.kernel_shapes(k, given, rows)
 
 
+def _shape_form(kernel) -> str:
+    """What a --shapes value of this kernel names."""
+    from fusegen.tools import bench
+
+    chain = bench.chain_of(kernel)
+    if chain.matmul:
+        return f"a shape is {chain.matmul.m},{chain.matmul.k},{chain.matmul.n} (three values)"
+    return f"a shape is {chain.row},{chain.col} (two values)"
+
+
 def _shape(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in text.split(","))
@@ -217,6 +227,7 @@ def _gpu_command(args: argparse.Namespace, command: str, work, check=None) -> in
     shapes (and `check(kernels)`, which raises ValueError) are checked first (exit 2 with
     every error), then a GPU is required, then `work(kernels, shapes_for, progress)` runs;
     its TuneError or ValueError exits 2."""
+    from fusegen.tools import bench
     from fusegen.tools.tune import TuneError
 
     try:
@@ -250,9 +261,18 @@ def _gpu_command(args: argparse.Namespace, command: str, work, check=None) -> in
         if not kernels:
             raise ValueError("no kernels left to run")
         shapes_for = _shapes_for(args)
+        unusable = []
         for k in kernels:
             if k.kind != "attention":
-                shapes_for(k)
+                problems = []
+                usable = list(bench.usable_sizes(k, shapes_for(k), problems.append))
+                if not usable and args.shapes:
+                    found = "; ".join(p.removeprefix("  skipped: ") for p in problems)
+                    unusable.append(found or f"{k.name}: {_shape_form(k)}")
+        if unusable and len(unusable) == sum(k.kind != "attention" for k in kernels):
+            raise ValueError(
+                "no --shapes value applies to any kernel asked for: " + " | ".join(unusable)
+            )
         if check:
             check(kernels)
     except ValueError as exc:
@@ -392,9 +412,9 @@ def _build(args: argparse.Namespace) -> int:
     out_dir, hub = Path(args.out), args.kernels_hub
     if hub is not None and not hub_text.HUB_NAME.match(hub):
         print(
-            f"fusegen: --kernels-hub {hub!r}: a `kernels` repository name is lower-case "
-            "letters, digits and hyphens, starting with a letter and not ending with a hyphen "
-            "(e.g. llama-kernels)",
+            f"fusegen: --kernels-hub {hub!r}: a `kernels` repository name is two or more "
+            "lower-case letters, digits and hyphens, starting with a letter and not ending "
+            "with a hyphen (e.g. llama-kernels)",
             file=sys.stderr,
         )
         return 2

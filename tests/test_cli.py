@@ -321,6 +321,14 @@ def test_specs_of_one_file_name_in_two_folders_keep_their_modules(tmp_path, run_
     assert (tmp_path / "gen" / "relu_plus.py").exists() and (tmp_path / "gen" / "other.py").exists()
 
 
+def test_gpu_commands_refuse_shapes_no_kernel_takes(run_cli):
+    # Checked before a GPU is asked for: a 2-value shape for matmuls, a fixed dim asked
+    # otherwise (each was dropped, and tune exited 0 having done nothing).
+    for shape, message in (("16,768", "a shape is M,K,N"), ("16,999,3072", "fixes K = 768")):
+        code, _, err = run_cli("tune", "specs/gpt2.yaml", "--shapes", shape, cwd=ROOT)
+        assert code == 2 and "no --shapes value applies" in err and message in err, err
+
+
 def test_tools_pass_over_loss_heads(run_cli):
     # A loss head has no configs: bench and tune name it and point at its benchmark.
     for command in ("bench", "tune"):

@@ -57,18 +57,14 @@ def load_generated(kernel: Kernel, out_dir: Path):
     (a table records the hash of the kernel source it measured)."""
     path = out_dir / f"{kernel.name}.py"
     expected = codegen.render(kernel)[0].text
+    out = f" --out {out_dir}" if out_dir != Path("generated") else ""
+    first = f"run `fusegen build {kernel.spec_display}{out}` first"
     if not path.exists():
-        raise TuneError(f"{path}: missing; run `fusegen build {kernel.spec_display}` first")
-    if path.read_text(encoding="utf-8") != expected:
-        raise TuneError(
-            f"{path}: differs from what {kernel.spec_display} generates; run `fusegen build "
-            f"{kernel.spec_display}` first"
-        )
+        raise TuneError(f"{path}: missing; {first}")
+    if path.read_bytes() != expected.encode("utf-8"):
+        raise TuneError(f"{path}: differs from what {kernel.spec_display} generates; {first}")
     for runtime_path, _ in differences(build.runtime_files(out_dir)):
-        raise TuneError(
-            f"{runtime_path}: missing or not what this fusegen writes; run `fusegen build "
-            f"{kernel.spec_display}` first"
-        )
+        raise TuneError(f"{runtime_path}: missing or not what this fusegen writes; {first}")
     return bench.import_file(path, f"fusegen_tune_{kernel.name}")
 
 
