@@ -41,7 +41,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("a281135c5259994e", "chains")
+_rt = _runtime("84b84dc420952700", "chains")
 _align = _rt.align  # the ALIGN heuristic's
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
@@ -257,6 +257,8 @@ def llama_rmsnorm(
     eager call: a graph break).
     """
     plain = config is None and out is None
+    if _rt.autocasting():  # inside torch.autocast: the inputs as its ops would take them
+        x, weight = _KERNELS.autocast(x, weight)
     if torch.compiler.is_compiling():
         if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
             return _KERNELS.trained((x, weight), plain)

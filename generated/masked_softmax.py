@@ -41,7 +41,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("a281135c5259994e", "chains")
+_rt = _runtime("84b84dc420952700", "chains")
 _align = _rt.align  # the ALIGN heuristic's
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
@@ -268,6 +268,8 @@ def masked_softmax(
     eager call: a graph break).
     """
     plain = config is None and out is None
+    if _rt.autocasting():  # inside torch.autocast: the inputs as its ops would take them
+        scores, mask = _KERNELS.autocast(scores, mask)
     if torch.compiler.is_compiling():
         if torch.is_grad_enabled() and (scores.requires_grad or mask.requires_grad):
             return _KERNELS.trained((scores, mask), plain)

@@ -418,6 +418,40 @@ def test_a_second_backward_raises(zoo):
         torch.autograd.grad(call(), leaf)  # a first derivative still runs
 
 
+def test_launchers_take_what_autocast_would_hand_their_ops(zoo):
+    """Inside torch.autocast (fp32 parameters, as mixed-precision training keeps them):
+    a matmul chain's inputs in autocast's dtype, its pinned fp32 bias as it is; a row
+    chain's in the widest of their dtypes (norms run in fp32 under autocast); attention's
+    q, k, v in autocast's dtype where the spec takes it. Gradients reach the fp32
+    parameters in fp32. Outside autocast the mixed call is refused, as before."""
+    mm, _ = load(zoo, "mm_broadcasts")
+    m, k, n = 5, 32, 24
+    f32 = {"x": (m, k), "w": (n, k), "b": (n,), "r": (m, n), "c": (m,), "d": (n,)}
+    inputs = {
+        name: torch.randn(shape) + (2.0 if name == "d" else 0.0) for name, shape in f32.items()
+    }
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = mm.mm_broadcasts(**inputs)
+    cast = {name: t if name == "b" else t.to(torch.bfloat16) for name, t in inputs.items()}
+    assert torch.equal(got, mm.mm_broadcasts(**cast))
+    row, _ = load(zoo, "row_rmsnorm_gemma")
+    x = torch.randn(3, 40, dtype=torch.bfloat16)
+    w = torch.randn(40, requires_grad=True)
+    with pytest.raises(TypeError, match="w is torch.float32 but x is torch.bfloat16"):
+        row.row_rmsnorm_gemma(x, w)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = row.row_rmsnorm_gemma(x, w)
+    assert y.dtype == torch.float32
+    (grad,) = torch.autograd.grad(y.sum(), w)
+    (want,) = torch.autograd.grad(row.row_rmsnorm_gemma(x.float(), w).sum(), w)
+    assert grad.dtype == torch.float32 and torch.equal(grad, want)
+    att, _ = load(zoo, "att_plain")
+    q = torch.randn(1, 3, 5, 32)
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = att.att_plain(q, q, q)
+    assert torch.equal(out, att.att_plain(q.half(), q.half(), q.half()))
+
+
 def test_row_max_keeps_nan(zoo):
     """A row holding a NaN has NaN for its max, as torch.amax (tl.max's combine drops it
     on the GPU), in one pass and block by block; the other rows are their max."""

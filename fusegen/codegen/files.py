@@ -432,6 +432,11 @@ def kernel_context(kernel: Kernel, runtime_hash: str) -> dict:
         "input_names": tuple_literal([f'"{t.name}"' for t in kernel.inputs]),
         "dims": [d.name for d in kernel.dims],
         "call_args": ", ".join(t.name for t in kernel.inputs),
+        "autocast_targets": (
+            f"({kernel.inputs[0].name},)"
+            if len(kernel.inputs) == 1
+            else ", ".join(t.name for t in kernel.inputs)
+        ),
         "nonfinite_fallback": kernel.fallback_nonfinite == "reference",
         "out_view": naming.view2d(naming.OUT),
         "views": ", ".join(views),

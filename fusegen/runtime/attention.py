@@ -15,7 +15,14 @@ import triton
 import triton.language as tl
 
 from . import attention_hopper, attention_hopper_backward, launch, ops, tables
-from .checks import bucket, fp32_dot, fp32_matmul, refuse_second_derivative
+from .checks import (
+    autocast_inputs,
+    autocasting,
+    bucket,
+    fp32_dot,
+    fp32_matmul,
+    refuse_second_derivative,
+)
 from .device import device_facts, ensure_allocator
 from .ops import typed
 from .settings import TABLE_REACH
@@ -247,6 +254,8 @@ class Attention:
     # The call.
 
     def __call__(self, inputs, key_lengths, return_lse, key_ranges=None):
+        if autocasting():  # inside torch.autocast: q, k and v in its dtype, as SDPA's
+            inputs = autocast_inputs(inputs, self.module["DTYPES"], {3}, matmul=True)
         if key_ranges is not None:
             # Ranges ride in key_lengths' place: [batch, 2] where lengths are [batch].
             if key_lengths is not None:

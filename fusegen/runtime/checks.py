@@ -1,10 +1,61 @@
 """What a kernel module's checks and plans use: a call's signature, dims bound to sizes,
 dtype and device checks, layouts, the TMA and copy rules, configs as dicts."""
 
+import functools
 import math
 import os
 
 import torch
+
+
+def _any_autocast() -> bool:
+    return torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu")
+
+
+# Whether torch.autocast is on for any device: one C call (0.08 us), which torch.compile
+# traces; the generated launchers ask it first on every call.
+autocasting = getattr(torch._C, "_is_any_autocast_enabled", _any_autocast)
+
+
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The dtype torch.autocast runs matmuls in on this device, None where it is off."""
+    try:
+        if torch.is_autocast_enabled(device.type):
+            return torch.get_autocast_dtype(device.type)
+    except (TypeError, AttributeError, RuntimeError):  # torch < 2.4; a device autocast lacks
+        if device.type == "cuda" and torch.is_autocast_enabled():
+            return torch.get_autocast_gpu_dtype()
+    return None
+
+
+def autocast_inputs(tensors, dtypes, pinned, matmul: bool) -> tuple:
+    """A call's tensors as torch.autocast would hand them to the chain's ops, pinned ones
+    (by place) as they are: a matmul chain's in autocast's dtype (F.linear's, the bias's
+    too); a row or elementwise chain's in the widest of their dtypes (autocast runs norms
+    and softmax in fp32, and elementwise ops promote), else autocast's. Only to a dtype in
+    `dtypes`; else as they are (the checks then say what is wrong)."""
+    floats = [
+        t for i, t in enumerate(tensors)
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and i not in pinned
+    ]  # fmt: skip
+    if not floats:
+        return tuple(tensors)
+    target = autocast_dtype(floats[0].device)
+    if target is None:
+        return tuple(tensors)
+    if not matmul:
+        widest = functools.reduce(torch.promote_types, (t.dtype for t in floats))
+        target = widest if widest in dtypes else target
+    if target not in dtypes:
+        return tuple(tensors)
+    return tuple(
+        (
+            t.to(target)
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and i not in pinned
+            else t
+        )
+        for i, t in enumerate(tensors)
+    )
 
 
 def refuse_second_derivative(name: str) -> None:

@@ -22,6 +22,8 @@ from .checks import (  # noqa: F401 - the kernel modules reach these through thi
     Plan,
     Shapes,
     align,
+    autocast_inputs,
+    autocasting,
     bucket,
     call_dtype,
     check_pinned,
@@ -918,6 +920,12 @@ class Kernels:
         if not isinstance(results, (tuple, list)):
             return results
         return results[0] if self.returns == 1 else tuple(results[: self.returns])
+
+    def autocast(self, *inputs):
+        """The inputs as torch.autocast would hand them to the chain's ops (checks'
+        autocast_inputs), the spec's pinned inputs kept."""
+        pinned = {i for i, name in enumerate(self.inputs) if name in self.pinned}
+        return autocast_inputs(inputs, self.module["DTYPES"], pinned, bool(self.weights))
 
     def keep(self, ctx, inputs, outputs):
         """What a training call's autograd node keeps: the inputs, what the forward saved,

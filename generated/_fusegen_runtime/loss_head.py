@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .checks import common_device, refuse_second_derivative
+from .checks import autocast_inputs, autocasting, common_device, refuse_second_derivative
 from .device import device_facts
 
 _log = logging.getLogger(__name__)
@@ -145,6 +145,10 @@ class LossHead:
 
     @torch.compiler.disable  # a graph break: the block loop runs eagerly inside a compile
     def __call__(self, x, weight, labels, bias=None):
+        if autocasting():  # inside torch.autocast: the matmul's operands in its dtype
+            x, weight, labels, bias = autocast_inputs(
+                (x, weight, labels, bias), self.module["DTYPES"], (), matmul=True
+            )
         vocab = self.check(x, weight, labels, bias)
         shape = labels.shape
         x2 = x.reshape(-1, x.shape[-1])  # any strides: cuBLAS reads it

@@ -18,7 +18,14 @@ import triton
 import triton.language as tl
 
 from . import launch, tables
-from .checks import Shapes, bucket, config_values_problems, signature
+from .checks import (
+    Shapes,
+    autocast_inputs,
+    autocasting,
+    bucket,
+    config_values_problems,
+    signature,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -278,6 +285,9 @@ class QuantChain:
     # -- a call --------------------------------------------------------------------------
 
     def __call__(self, tensors, out, out_dtype, config):
+        if autocasting():  # inside torch.autocast: the unquantized inputs in its dtype
+            stored = {i for i, (_, role, _) in enumerate(self.arguments) if role != "plain"}
+            tensors = autocast_inputs(tensors, self.module["DTYPES"], stored, matmul=True)
         if torch.compiler.is_compiling() and out is None and config is None:
             return self.op(list(tensors), out_dtype)
         if torch.is_grad_enabled() and any(
