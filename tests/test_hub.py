@@ -175,6 +175,26 @@ def _mark_layers():
             kernels.replace_kernel_forward_from_hub(layer, name)
 
 
+def test_the_norm_layer_runs_under_autocast(hubs):
+    """Mixed precision (fp32 weights, bf16 activations under torch.autocast): the layer
+    runs the kernel, in fp32, returning fp32 as transformers' LlamaRMSNorm does (it fell
+    back to the layer's math whenever the dtypes differed)."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    package = kernels.get_local_kernel(hubs["tiny-kernels"])
+    calls = counting(package)
+    plain = LlamaRMSNorm(64, eps=1e-6).to(DEVICE)
+    with torch.no_grad():
+        plain.weight.add_(0.1 * torch.randn_like(plain.weight))
+    x = torch.randn(3, 64, device=DEVICE).to(torch.bfloat16)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        got, want = package.layers._rms_norm(plain, x), plain(x)
+    assert calls["RMSNorm"] == 1 and got.dtype == want.dtype == torch.float32
+    assert (got - want).abs().max() <= 2e-2 * want.abs().max()  # theirs rounds h to bf16
+    package.layers._rms_norm(plain, x)  # outside autocast: the layer's math
+    assert calls["RMSNorm"] == 1
+
+
 def test_a_bad_hub_name_is_refused_and_nothing_written(tmp_path, capsys):
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC)
