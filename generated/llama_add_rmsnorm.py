@@ -41,7 +41,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("84b84dc420952700", "chains")
+_rt = _runtime("2a3023c3a80bfc82", "chains")
 _align = _rt.align  # the ALIGN heuristic's
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
@@ -329,11 +329,11 @@ def llama_add_rmsnorm(
     if out is None:
         out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
     else:
-        _KERNELS.check_out("out", out, plan, (x, residual, weight))
+        _KERNELS.check_out("out", out, plan, (x, residual, weight), (out, out_h))
     if out_h is None:
         out_h = torch.empty(plan.extra_shape, dtype=plan.dtype, device=plan.device)
     else:
-        _KERNELS.check_out("out_h", out_h, plan, (x, residual, weight))
+        _KERNELS.check_out("out_h", out_h, plan, (x, residual, weight), (out, out_h))
     if not plan.launches:
         return _KERNELS.without_launch(plan, (out, out_h), (x, residual, weight))
     _launch(plan, (x, residual, weight), (out, out_h), config)

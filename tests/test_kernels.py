@@ -452,6 +452,45 @@ def test_launchers_take_what_autocast_would_hand_their_ops(zoo):
     assert torch.equal(out, att.att_plain(q.half(), q.half(), q.half()))
 
 
+def test_launchers_refuse_what_they_cannot_serve(zoo):
+    """Call-time mistakes a launcher used to accept: one buffer for two outputs, an
+    output buffer that requires grad, GROUP_M 0 in config= (every program computed tile
+    0), and key lengths of 2**31 or more (they wrapped negative at the int32 cast)."""
+    row, _ = load(zoo, "row_bias_gelu_layernorm")
+    x, b, g, beta = torch.randn(4, 40), torch.randn(40), torch.randn(40), torch.randn(40)
+    buffer = torch.empty(4, 40)
+    with pytest.raises(ValueError, match="out shares memory with another output"):
+        row.row_bias_gelu_layernorm(x, b, g, beta, out=buffer, out_act=buffer)
+    with pytest.raises(RuntimeError, match="out requires grad"):
+        row.row_bias_gelu_layernorm(x, b, g, beta, out=torch.empty(4, 40, requires_grad=True))
+    mm, _ = load(zoo, "mm_transposed_a")
+    config = {**TINY["matmul"], "GROUP_M": 0}
+    with pytest.raises(ValueError, match="GROUP_M = 0 must be a positive integer"):
+        mm.mm_transposed_a(torch.randn(32, 40), torch.randn(32, 24), config=config)
+    att, _ = load(zoo, "att_plain")
+    q = torch.randn(2, 3, 5, 32, dtype=torch.float16)
+    far = att.att_plain(q, q, q, key_lengths=torch.tensor([2**31 + 2, 5]))
+    torch.testing.assert_close(far, att.att_plain(q, q, q), rtol=0, atol=0)
+
+
+def test_a_setting_that_is_not_0_or_1_is_refused(zoo, monkeypatch):
+    # FUSEGEN_TMA=true was read as unset by the path choice and as on by the tuner.
+    mm, _ = load(zoo, "mm_transposed_a")
+    monkeypatch.setattr(mm, "_CALLS", {})
+    monkeypatch.setenv("FUSEGEN_TMA", "true")
+    with pytest.raises(ValueError, match="FUSEGEN_TMA='true': set it to 0 or 1"):
+        mm.mm_transposed_a(torch.randn(32, 40), torch.randn(32, 24))
+
+
+def test_zero_sized_dims_give_empty_or_epilogue_results(zoo):
+    # A dynamic last dim of 0 (K or N) crashed in a reshape that named no tensor.
+    ew, _ = load(zoo, "ew_mixed")
+    assert ew.ew_mixed(torch.randn(3, 0), torch.randn(3), torch.randn(0)).shape == (3, 0)
+    mm, _ = load(zoo, "mm_transposed_a")
+    out = mm.mm_transposed_a(torch.randn(0, 5), torch.randn(0, 7))  # K = 0: relu(0) * -2
+    assert out.shape == (5, 7) and not out.any()
+
+
 def test_row_max_keeps_nan(zoo):
     """A row holding a NaN has NaN for its max, as torch.amax (tl.max's combine drops it
     on the GPU), in one pass and block by block; the other rows are their max."""

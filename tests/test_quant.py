@@ -332,6 +332,29 @@ def test_call_errors_name_the_kernel_and_a_checkpoints_layout():
         module.llama_mlp_int4(x, w, scale.T, zero, w, scale, zero)  # AWQ's [K / 128, N]
 
 
+def test_quantized_launchers_check_their_buffers_and_dtypes():
+    """out sharing memory with x, an integer output dtype, a quantizer's scale buffer
+    expanded from one value, an empty batch, None for x: each was accepted (a wrong
+    result) or crashed inside torch."""
+    linear, quantizer = generated("linear_int8"), generated("quantize_fp8_rowwise")
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(40, 64, generator=gen).to(torch.bfloat16)
+    w = torch.randint(-5, 5, (32, 64), dtype=torch.int8, generator=gen)
+    s, b = torch.rand(32).to(torch.bfloat16), torch.randn(32).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="linear_int8: out shares memory with x"):
+        linear.linear_int8(x, w, s, b, out=x.view(-1)[: 40 * 32].view(40, 32))
+    with pytest.raises(TypeError, match="output's dtype .* is torch.int32"):
+        linear.linear_int8(x[:1], w, s, b, out_dtype=torch.int32)
+    assert linear.linear_int8(x[:0], w, s, b).shape == (0, 32)
+    rows = torch.randn(5, 64, generator=gen).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="scale must be contiguous"):
+        quantizer.quantize_fp8_rowwise(rows, scale=torch.zeros(1).expand(5))
+    q, scale = quantizer.quantize_fp8_rowwise(rows[:0])
+    assert q.shape == (0, 64) and scale.shape == (0,)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor, got NoneType"):
+        quantizer.quantize_fp8_rowwise(None)
+
+
 def test_gptq_checkpoints_convert_to_the_int4_layout():
     q, zero, scale, want = _checkpoint(seed=1)
     n, k = q.shape

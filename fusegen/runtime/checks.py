@@ -58,6 +58,26 @@ def autocast_inputs(tensors, dtypes, pinned, matmul: bool) -> tuple:
     )
 
 
+def switch(name: str) -> str:
+    """A FUSEGEN_* on/off setting: "0", "1", or "" where unset; any other value is a
+    ValueError naming it (`FUSEGEN_TMA=true` was read as unset in one place and as on in
+    another)."""
+    value = os.environ.get(name, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{name}={value!r}: set it to 0 or 1, or leave it unset")
+    return value
+
+
+def refuse_grad_out(name: str, out: torch.Tensor) -> None:
+    """A caller's output buffer that requires grad (grad mode on) is refused, as PyTorch's
+    own out= ops refuse it: the launcher would write it with no grad_fn."""
+    if out.requires_grad and torch.is_grad_enabled():
+        raise RuntimeError(
+            f"{name} requires grad: a buffer given as an output takes no autograd; pass one "
+            "that does not, or call under torch.no_grad()"
+        )
+
+
 def refuse_second_derivative(name: str) -> None:
     """Raise where a generated backward runs with grad mode on: a backward with
     create_graph=True, which asks for the gradient's own graph. The backward kernels are
@@ -75,20 +95,44 @@ def config_values_problems(config: dict, dot: bool) -> list[str]:
     inside: blocks that are not powers of two (tl.arange), under 16 in a dot (tl.dot's
     smallest tile), warps and stages out of range."""
     out = []
+    config = {k: int(v) if _integral(v) else v for k, v in config.items()}  # numpy ints
     for key, value in config.items():
         if not key.startswith("BLOCK_"):
             continue
-        if not isinstance(value, int) or value < 1 or value & (value - 1):
+        if not _integer(value) or value < 1 or value & (value - 1):
             out.append(f"{key} = {value!r} is not a power of two (Triton's tl.arange needs one)")
         elif dot and value < 16:
             out.append(f"{key} = {value} is under 16, the smallest tile tl.dot takes")
-    if config.get("num_warps") not in (1, 2, 4, 8, 16, 32):
+    blocks = {k: v for k, v in config.items() if k.startswith("BLOCK_") and _integer(v)}
+    for a, b in (("BLOCK_M", "BLOCK_N"), ("BLOCK_M", "BLOCK_K"), ("BLOCK_K", "BLOCK_N")):
+        if blocks.get(a, 1) * blocks.get(b, 1) > 1 << 20:
+            out.append(f"{a} x {b} is over 2**20 values a tile, Triton's most")
+    if config.get("num_warps") not in (1, 2, 4, 8, 16, 32) or not _integer(config["num_warps"]):
         out.append(f"num_warps = {config.get('num_warps')!r} must be one of 1, 2, 4, 8, 16, 32")
-    if "num_stages" in config and config["num_stages"] not in range(1, 9):
+    if "num_stages" in config and (
+        not _integer(config["num_stages"]) or config["num_stages"] not in range(1, 9)
+    ):
         out.append(f"num_stages = {config['num_stages']!r} must be 1 to 8")
-    if "SPLIT_K" in config and config["SPLIT_K"] not in (1, 2, 4, 8, 16):
+    if "SPLIT_K" in config and (
+        not _integer(config["SPLIT_K"]) or config["SPLIT_K"] not in (1, 2, 4, 8, 16)
+    ):
         out.append(f"SPLIT_K = {config['SPLIT_K']!r} must be one of 1, 2, 4, 8, 16")
+    if "GROUP_M" in config and (not _integer(config["GROUP_M"]) or config["GROUP_M"] < 1):
+        out.append(f"GROUP_M = {config['GROUP_M']!r} must be a positive integer")
+    for flag in ("FLATTEN", "WARP_SPECIALIZE"):
+        if flag in config and config[flag] not in (0, 1):
+            out.append(f"{flag} = {config[flag]!r} must be 0 or 1")
     return out
+
+
+def _integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _integral(value) -> bool:
+    """A numpy or torch integer scalar, which a config may hold."""
+    dtype = getattr(value, "dtype", None)
+    return dtype is not None and getattr(value, "ndim", 1) == 0 and "int" in str(dtype)
 
 
 class Plan:
@@ -187,7 +231,7 @@ class Shapes:
                     f"{name} has leading dims {list(lead)} but {self.lead_origin} has "
                     f"{list(self.lead)}; they must match"
                 )
-            tensor = tensor.reshape(-1, *tensor.shape[len(lead) :])
+            tensor = tensor.reshape(math.prod(lead), *tensor.shape[len(lead) :])
         elif tensor.dim() != len(dims):
             raise ValueError(
                 f"{name} must be {len(dims)}-D [{spelled}], got shape {list(tensor.shape)}"

@@ -7,10 +7,9 @@ hooks nobody registered. Once a call signature has compiled its kernel, everythi
 the tensors' addresses is known, so `Direct` keeps the compiled kernel's launcher and
 what it takes, and a call costs one Python call into it."""
 
-import os
-
 import torch
 
+from .checks import switch
 from .device import TRITON_VERSION
 
 try:
@@ -34,11 +33,7 @@ def _hooked():
 def enabled(interpreted):
     """Whether direct launches may be used: not with FUSEGEN_DIRECT_LAUNCH=0, not under
     the interpreter, not before triton 3.3 (whose launcher took no constexprs)."""
-    return (
-        not interpreted
-        and TRITON_VERSION >= (3, 3)
-        and os.environ.get("FUSEGEN_DIRECT_LAUNCH", "1") != "0"
-    )
+    return not interpreted and TRITON_VERSION >= (3, 3) and switch("FUSEGEN_DIRECT_LAUNCH") != "0"
 
 
 class Direct:

@@ -322,7 +322,7 @@ class Attention:
         lse, part, part_lse = self.scratch(plan, want_lse, out)
         lengths = q if key_lengths is None else key_lengths
         if plan.lengths:
-            lengths = key_lengths.to(torch.int32).contiguous()
+            lengths = int32_lengths(key_lengths, plan.skv)
         bias = (inputs[3], *plan.bias_tail) if self.bias else ()
         plan.forward(q, k, v, out, lse, lengths, part, part_lse, *plan.tail, *bias)
         if plan.combine:
@@ -434,7 +434,7 @@ class Attention:
             return self.reference_grads(inputs, d_out, needs, key_lengths)
         m = self.module
         heads = m["HEADS"]
-        lengths = q if key_lengths is None else key_lengths.to(torch.int32).contiguous()
+        lengths = q if key_lengths is None else int32_lengths(key_lengths, skv)
         dtypes = self.dtypes_of(inputs)
         q, k, v, out, d_out = (
             t if t.stride(-1) == 1 else t.contiguous() for t in (*inputs[:3], out, d_out)
@@ -1094,6 +1094,15 @@ def _requires_grad(inputs):
     except AttributeError:
         return False
     return False
+
+
+def int32_lengths(key_lengths, skv):
+    """key_lengths (or key_ranges) as the kernels read them: int32, contiguous; wider
+    integers clamped to [0, k_len] first (the kernels clamp there), so that 2**31 does
+    not wrap to a negative length."""
+    if key_lengths.dtype not in (torch.int32, torch.int16, torch.int8, torch.uint8):
+        key_lengths = key_lengths.clamp(0, skv)
+    return key_lengths.to(torch.int32).contiguous()
 
 
 def _shape_or_type(x):

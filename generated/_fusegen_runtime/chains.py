@@ -10,7 +10,6 @@ import gc
 import inspect
 import logging
 import math
-import os
 import sys
 import time
 import types
@@ -38,11 +37,13 @@ from .checks import (  # noqa: F401 - the kernel modules reach these through thi
     layout,
     needs_int64,
     plain,
+    refuse_grad_out,
     refuse_second_derivative,
     settled,
     shares_memory,
     signature,
     strides_of,
+    switch,
     tma_ready,
 )
 from .device import device_facts, ensure_allocator, graph_bench, release_flush
@@ -253,11 +254,13 @@ class Kernels:
         check_pinned({n: (named[n], d) for n, d in self.pinned.items()})
         return dtype, common_device(named)
 
-    def check_out(self, name, out, plan, inputs):
+    def check_out(self, name, out, plan, inputs, outputs=()):
         """A caller's buffer for output `name` ("out": the chain's result; "out_<x>": the
-        value at `output: x`, in the call dtype)."""
+        value at `output: x`, in the call dtype), apart from the inputs and `outputs` (the
+        call's other output buffers)."""
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(out).__name__}")
+        refuse_grad_out(name, out)
         main = name == "out"
         shape, dtype = (plan.out_shape, plan.out_dtype) if main else (plan.extra_shape, plan.dtype)
         device = plan.device
@@ -271,6 +274,11 @@ class Kernels:
         for other, tensor in zip(self.inputs, inputs, strict=True):
             if shares_memory(out, tensor):
                 raise ValueError(f"{name} shares memory with {other}; pass a separate buffer")
+        twice = sum(t is out for t in outputs) > 1
+        if twice or any(
+            isinstance(t, torch.Tensor) and t is not out and shares_memory(out, t) for t in outputs
+        ):
+            raise ValueError(f"{name} shares memory with another output; pass separate buffers")
 
     # Where a call runs.
 
@@ -306,7 +314,7 @@ class Kernels:
         interpreter included."""
         if "tma" not in self.paths or not self.runs_triton(device):
             return "pointer"
-        setting = os.environ.get("FUSEGEN_TMA", "")
+        setting = switch("FUSEGEN_TMA")
         traced = bool(self.tracing)
         ready = all(tma_ready(t, either_major=True, traced=traced) for t in operands)
         if setting == "0" or not ready or not all(tma_ready(t, traced=traced) for t in outputs):
@@ -718,9 +726,7 @@ class Kernels:
         first = args[0]
         sizes = self.sizes(dict(zip(self.module["DIMS"], args[self.outputs.stop :], strict=False)))
         sms = self.device_facts(first.device)[1]
-        paths = [path] + (
-            ["pointer"] if path == "tma" and not os.environ.get("FUSEGEN_TMA") else []
-        )
+        paths = [path] + (["pointer"] if path == "tma" and not switch("FUSEGEN_TMA") else [])
         best = None
         for candidate in paths:
             tma = candidate == "tma"
@@ -761,11 +767,11 @@ class Kernels:
             key = settled(key)
             if key is None:  # no table entry or estimate serves every size without guards
                 return path, self.paths[path][2], "default (dynamic size)"
-        tuning = not self.module["DETERMINISTIC"] and os.environ.get("FUSEGEN_AUTOTUNE", "1") != "0"
+        tuning = not self.module["DETERMINISTIC"] and switch("FUSEGEN_AUTOTUNE") != "0"
         row_major = not any(key[len(self.key_names)])  # a plan's key ends with the layout
         # An fp32 call's precision changes what fits (tf32x3) and what is fastest.
         precision = consts.get("INPUT_PRECISION")
-        key = (*key, precision, path, os.environ.get("FUSEGEN_TMA", ""), tuning)
+        key = (*key, precision, path, switch("FUSEGEN_TMA"), tuning)
         plan = self.plans.get(key) or (self.from_table(path, key, device) if row_major else None)
         if plan is None and tuning and tune:
             plan = self.tune(path, key, args, consts)
@@ -833,7 +839,7 @@ class Kernels:
     def tune(self, path, key, args, consts):
         started = time.perf_counter()
         candidates = [path]
-        if path == "tma" and not os.environ.get("FUSEGEN_TMA"):
+        if path == "tma" and not switch("FUSEGEN_TMA"):
             candidates.append("pointer")
         if self.estimated:
             favoured = self.estimated_choice(path, args)[0]

@@ -4,9 +4,10 @@
 launched into a traced graph."""
 
 import inspect
-import os
 
 import torch
+
+from .checks import switch
 
 
 def typed(fn, params, returns):
@@ -63,7 +64,7 @@ def triton_ops(interpreted):
     (torch cannot trace an interpreted kernel). Elsewhere they are opaque custom ops,
     whose Python launcher runs at each call of the compiled graph."""
     return (
-        os.environ.get("FUSEGEN_TRITON_OP", "1") != "0"
+        switch("FUSEGEN_TRITON_OP") != "0"
         and hasattr(torch.library, "triton_op")
         and hasattr(torch.library, "wrap_triton")
         and not interpreted

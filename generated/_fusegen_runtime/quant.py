@@ -9,6 +9,7 @@ dtypes, strides, devices), and its plan, config included, kept for the next."""
 
 import functools
 import logging
+import math
 import os
 import zlib
 from collections import namedtuple
@@ -24,6 +25,8 @@ from .checks import (
     autocasting,
     bucket,
     config_values_problems,
+    refuse_grad_out,
+    shares_memory,
     signature,
 )
 
@@ -259,6 +262,9 @@ class QuantChain:
     (the caller's, the interpreter's, tuned at the first call of a key, or the default),
     and the reference where no GPU runs the kernel."""
 
+    # What a chain writes (an fp32 accumulator's value, rounded once); a quantizer: fp8.
+    out_dtypes = (torch.bfloat16, torch.float16, torch.float32)
+
     def __init__(self, module, name, kernel):
         self.module, self.name, self.kernel = module, name, kernel
         self.dims = module["DIMS"]
@@ -307,7 +313,9 @@ class QuantChain:
         if out is None:
             out = torch.empty(plan["out_shape"], dtype=plan["out_dtype"], device=plan["device"])
         else:
-            self.check_out(out, plan)
+            self.check_out(out, plan, tensors)
+        if not out.numel():  # no rows or no columns: nothing to compute
+            return out
         if not plan["runs_triton"]:
             return self.without_gpu(tensors, out, plan)
         views = plan["views"](tensors)
@@ -466,6 +474,12 @@ class QuantChain:
             if q is not None:
                 self.check_factors(name, q, named, dims, sizes, lead if batched else None)
         out_dtype = self.module["OUT_DTYPE"] or out_dtype or dtype
+        if self.out_dtypes and out_dtype not in self.out_dtypes:
+            got = out_dtype if isinstance(out_dtype, torch.dtype) else repr(out_dtype)
+            raise TypeError(
+                f"the output's dtype (out_dtype=, or out='s) is {got}; it is one of "
+                f"{', '.join(map(str, self.out_dtypes))}"
+            )
         row_dim, col_dim = self.module["ROW"], self.module["COL"]
         rows, cols = sizes[row_dim], sizes[col_dim]
         out_shape = (*(lead or (rows,)), cols)
@@ -495,7 +509,8 @@ class QuantChain:
                 if q is not None:
                     out.append(self.factor_view(t, q))
                 elif t.dim() != rank:
-                    out.append(t.reshape(-1, *t.shape[t.dim() - rank + 1 :]))
+                    lead = t.shape[: t.dim() - rank + 1]
+                    out.append(t.reshape(math.prod(lead), *t.shape[t.dim() - rank + 1 :]))
                 else:
                     out.append(t)
             return out
@@ -620,14 +635,30 @@ class QuantChain:
             return t.reshape(-1)
         return t.reshape(-1, t.shape[-1])
 
-    def check_out(self, out, plan):
-        if tuple(out.shape) != tuple(plan["out_shape"]) or out.dtype != plan["out_dtype"]:
+    def check_out(self, out, plan, tensors, name="out", shape=None, dtype=None):
+        """A caller's output buffer (`out`, or a quantizer's `scale` with its shape and
+        dtype): its shape, dtype, device, contiguity, and no memory shared with an input."""
+        shape = plan["out_shape"] if shape is None else shape
+        dtype = plan["out_dtype"] if dtype is None else dtype
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"{self.name}: {name} must be a torch.Tensor, got {type(out).__name__}")
+        refuse_grad_out(name, out)
+        if tuple(out.shape) != tuple(shape) or out.dtype != dtype:
             raise ValueError(
-                f"out must be {list(plan['out_shape'])} {plan['out_dtype']}, got "
-                f"{list(out.shape)} {out.dtype}"
+                f"{self.name}: {name} must be {list(shape)} {dtype}, got {list(out.shape)} "
+                f"{out.dtype}"
             )
-        if out.device != plan["device"] or not out.is_contiguous():
-            raise ValueError(f"out must be contiguous on {plan['device']}")
+        if out.device != plan["device"]:
+            raise ValueError(
+                f"{self.name}: {name} is on {out.device}; the inputs on {plan['device']}"
+            )
+        if not out.is_contiguous():
+            raise ValueError(f"{self.name}: {name} must be contiguous")
+        for (argument, _, _), t in zip(self.arguments, tensors, strict=True):
+            if shares_memory(out, t):
+                raise ValueError(
+                    f"{self.name}: {name} shares memory with {argument}; pass a separate buffer"
+                )
 
     # -- configs ----------------------------------------------------------------------
 
@@ -771,10 +802,14 @@ class Quantizer(QuantChain):
     QuantChain (no quantized inputs), two outputs (the fp8 values and their scales),
     and a config from the row's width (no tuning)."""
 
+    out_dtypes = ()  # its module's fp8 type
+
     def __call__(self, tensors, out=None, scale=None):
         if torch.compiler.is_compiling() and out is None and scale is None:
             return tuple(self.op(list(tensors), None))
-        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        if torch.is_grad_enabled() and any(
+            isinstance(t, torch.Tensor) and t.requires_grad for t in tensors
+        ):
             raise RuntimeError(
                 f"{self.name}: quantizing makes no gradients; call it under torch.no_grad()"
             )
@@ -794,13 +829,15 @@ class Quantizer(QuantChain):
         if out is None:
             out = torch.empty(plan["out_shape"], dtype=plan["out_dtype"], device=plan["device"])
         else:
-            self.check_out(out, plan)
+            self.check_out(out, plan, tensors)
         if scale is None:
             scale = torch.empty(scale_shape, dtype=torch.float32, device=plan["device"])
-        elif tuple(scale.shape) != tuple(scale_shape) or scale.dtype != torch.float32:
-            raise ValueError(
-                f"scale must be {list(scale_shape)} float32, got {list(scale.shape)} {scale.dtype}"
-            )
+        else:
+            self.check_out(scale, plan, tensors, "scale", scale_shape, torch.float32)
+            if shares_memory(scale, out):
+                raise ValueError(f"{self.name}: scale shares memory with out")
+        if not out.numel():  # no rows (an empty batch) or no columns: nothing to quantize
+            return out, scale
         if not plan["runs_triton"]:
             self.refuse_without_gpu()
             named = {n: t for (n, _, _), t in zip(self.arguments, tensors, strict=True)}
