@@ -137,11 +137,15 @@ class Chain:
                 values = values.sign() * (0.5 + values.abs())
             if self.special_rows and dims == (self.row, self.col):
                 rows = values.view(-1, shape[-1])
-                # A constant row (zero variance: naive formulas divide 0 by 0) and a row of
-                # large values (1e4: naive softmax overflows, sums of squares lose digits).
+                # A constant row (zero variance: naive formulas divide 0 by 0), a row of
+                # large values (1e4: naive softmax overflows, sums of squares lose digits)
+                # and one of small values in every full input (1e-3: a norm's eps is then
+                # most of its variance, so a dropped or misplaced eps shows).
                 rows[0] = 3.0 - 1.25 * index
                 if rows.shape[0] > 1 and name == self.source:
                     rows[1] *= 1e4
+                if rows.shape[0] > 2:
+                    rows[2] *= 1e-3
             tensors[name] = values.to(pinned or dtype).to(DEVICE)
         return tensors
 

@@ -183,6 +183,20 @@ def value_tests(chain):
             for got, first in zip(run, runs[0], strict=True):
                 torch.testing.assert_close(got, first, rtol=0, atol=0, equal_nan=True)
 
+    @pytest.mark.skipif(not chain.special_rows, reason="no row op: a row is read once")
+    def test_a_row_in_one_block_and_block_by_block():
+        # Both ways a row op reads a row, whichever one the interpreter's config takes:
+        # the whole row in one block, and block by block (its statistics merged as they
+        # come). A GPU's default config may take the other.
+        dtype, seed, sizes = dtypes[-1], new_seed(), {**sizes_of, **chain.cases[-1]}
+        inputs = chain.make_inputs(sizes, dtype, seed)
+        whole = 1 << max(4, (sizes[chain.col] - 1).bit_length())
+        for block in (whole, max(16, whole // 4)):
+            config = {**kernel.INTERPRETER_CONFIG, "BLOCK_M": 2, "BLOCK_N": block}
+            buffers = chain.output_buffers(sizes, dtype)
+            results = as_tuple(launcher(**inputs, **buffers, config=config))
+            chain.check_outputs(results, inputs, dtype, seed, kernel.last_launch())
+
     def test_nan_propagates_as_in_pytorch():
         # A NaN in an input is NaN wherever PyTorch's float64 chain has one, and only
         # there: the GPU's plain min and max return the other operand (relu(NaN) would
@@ -208,6 +222,7 @@ def value_tests(chain):
         test_rejects_wrong_shapes,
         test_rejects_wrong_dtype,
         test_repeated_calls_agree,
+        test_a_row_in_one_block_and_block_by_block,
         test_nan_propagates_as_in_pytorch,
     ]
 
