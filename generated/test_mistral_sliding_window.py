@@ -40,6 +40,8 @@ if ON_GPU:
 # The interpreter runs each program's ops one by one: one batch there, a query block more
 # than keys (unseen rows) and a KV cache longer than the queries; SMALL for the rest.
 FORWARD_CASES = CASES if ON_GPU else [(1, 70, 45), (1, 19, 83)]
+# More keys than the window of 4096: one query (decode) that sees only its last ones.
+FORWARD_CASES = FORWARD_CASES + [(1, 1, 4113)]
 SMALL = CASES[0] if ON_GPU else (1, 33, 33)
 
 # The tests, from the runtime package the kernel module loaded; pytest explains their

@@ -270,7 +270,7 @@ def quant_test_context(qc: QuantChain) -> dict:
 
 
 def attention_test_context(att: Attention) -> dict:
-    return {"header": header(att), "name": att.name}
+    return {"header": header(att), "name": att.name, "window": att.window}
 
 
 def kernel_context(kernel: Kernel, runtime_hash: str) -> dict:
