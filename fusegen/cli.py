@@ -237,6 +237,12 @@ def _gpu_command(args: argparse.Namespace, command: str, work, check=None) -> in
     names = [k.name for k in loaded.kernels]
     unknown = [n for n in args.kernels or [] if n not in names]
     try:
+        rows = getattr(args, "rows", None)
+        if getattr(args, "shapes", None) and rows and rows != ",".join(map(str, DEFAULT_ROWS)):
+            raise ValueError("give --shapes or --rows, not both (--shapes are whole shapes)")
+        tables = getattr(args, "tables", "none")
+        if tables not in ("none", "generated") and not Path(tables).is_dir():
+            raise ValueError(f"--tables {tables}: no such folder ('none': tune at first calls)")
         if unknown:
             raise ValueError(
                 f"no kernel named {', '.join(unknown)}; these specs have {', '.join(names)}"

@@ -118,7 +118,7 @@ def lower_quant(kernel: Kernel, spec: KernelSpec, err: Callable) -> QuantChain |
             err(
                 ("inputs", name, "scale"),
                 f"a group of {group} does not divide {mm.k} = {k.size}",
-                f"pick a group that divides {k.size}",
+                _groups_of(k.size),
             )
             continue
         if quant.name == "int4" and k.size is not None and k.size % 2:
@@ -240,6 +240,14 @@ def _whole_groups(space: tuple[Config, ...], groups: list[int]) -> tuple[Config,
 FP8_NAMES = ("fp8_e4m3", "fp8_e5m2")
 
 
+def _groups_of(size: int) -> str:
+    """What a group along a dim of `size` may be: its divisors that are multiples of 16."""
+    groups = [g for g in range(16, size + 1, 16) if size % g == 0]
+    if not groups:
+        return f"no multiple of 16 divides {size}: use per_row scales, or pad the dim"
+    return f"a multiple of 16 that divides {size}: " + ", ".join(map(str, groups[:8]))
+
+
 def ends_in_quantize(chain: list) -> bool:
     last = chain[-1] if chain else None
     return isinstance(last, dict) and len(last) == 1 and next(iter(last)) == "quantize"
@@ -289,6 +297,10 @@ def quantizer(kernel: Kernel, dtype: str, group: int | None, err: Callable, path
         return None
     col = kernel.dim(kernel.col)
     if group is not None and col.size is not None and col.size % group:
-        err(path + ("scale",), f"a group of {group} does not divide {col.name} = {col.size}")
+        err(
+            path + ("scale",),
+            f"a group of {group} does not divide {col.name} = {col.size}",
+            _groups_of(col.size),
+        )
         return None
     return Quantizer(chain=kernel, dtype=dtype, group=group)
