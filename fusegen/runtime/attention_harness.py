@@ -431,20 +431,7 @@ def layout_tests(suite):
         out, lse = launcher(q, k, v, *rest, return_lse=True)
         assert out.shape == suite.out_shape(q) and lse.shape == (1, kernel.HEADS, 0)
 
-    def test_no_keys(monkeypatch):
-        # k_len 0: each query sees no key, so its row is 0 and its lse -inf; q's gradient
-        # is 0. Every float buffer torch.empty gives is NaN: nothing may go unwritten.
-        empty = torch.empty
-
-        def poisoned(*args, **kwargs):
-            t = empty(*args, **kwargs)
-            return t.fill_(float("nan")) if t.is_floating_point() else t
-
-        monkeypatch.setattr(torch, "empty", poisoned)
-        dtype = dtypes[0]
-        inputs = suite.make_inputs((2, 5, 0), dtype, new_seed())
-        out, lse = launcher(*inputs, return_lse=True)
-        assert (out == 0).all() and (lse == float("-inf")).all()
+    def grads_are_the_references(inputs, dtype):
         upstream = torch.randn(suite.out_shape(inputs[0])).to(dtype).to(DEVICE)
         for mine, theirs in zip(
             grads_of(launcher, inputs, upstream),
@@ -452,6 +439,16 @@ def layout_tests(suite):
             strict=True,
         ):
             torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
+
+    def test_no_keys(monkeypatch):
+        # k_len 0: each query sees no key, so its row is 0 and its lse -inf; q's gradient
+        # is 0. Every float buffer torch.empty gives is NaN: nothing may go unwritten.
+        poisoned_empty(monkeypatch)
+        dtype = dtypes[0]
+        inputs = suite.make_inputs((2, 5, 0), dtype, new_seed())
+        out, lse = launcher(*inputs, return_lse=True)
+        assert (out == 0).all() and (lse == float("-inf")).all()
+        grads_are_the_references(inputs, dtype)
 
     def test_falls_back_without_gpu(monkeypatch):
         # Not on a GPU and the interpreter off: the reference, forward and backward.
@@ -461,13 +458,7 @@ def layout_tests(suite):
         inputs = suite.make_inputs(small, dtype, seed)
         expected = kernel.reference(*inputs)
         torch.testing.assert_close(launcher(*inputs), expected, rtol=0, atol=0)
-        upstream = torch.randn(suite.out_shape(inputs[0])).to(dtype).to(DEVICE)
-        for mine, theirs in zip(
-            grads_of(launcher, inputs, upstream),
-            grads_of(kernel.reference, inputs, upstream),
-            strict=True,
-        ):
-            torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
+        grads_are_the_references(inputs, dtype)
 
     return [
         *tests,
