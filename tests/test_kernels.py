@@ -434,6 +434,8 @@ def test_launchers_take_what_autocast_would_hand_their_ops(zoo):
         got = mm.mm_broadcasts(**inputs)
     cast = {name: t if name == "b" else t.to(torch.bfloat16) for name, t in inputs.items()}
     assert torch.equal(got, mm.mm_broadcasts(**cast))
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(TypeError, match="float64"):
+        mm.mm_broadcasts(**{name: t.double() for name, t in inputs.items()})  # left as it is
     row, _ = load(zoo, "row_rmsnorm_gemma")
     x = torch.randn(3, 40, dtype=torch.bfloat16)
     w = torch.randn(40, requires_grad=True)

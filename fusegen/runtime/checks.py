@@ -17,6 +17,10 @@ def _any_autocast() -> bool:
 autocasting = getattr(torch._C, "_is_any_autocast_enabled", _any_autocast)
 
 
+# What autocast casts (float64 and fp8 it leaves as they are).
+AUTOCAST_TYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
 def autocast_dtype(device: torch.device) -> torch.dtype | None:
     """The dtype torch.autocast runs matmuls in on this device, None where it is off."""
     try:
@@ -36,7 +40,7 @@ def autocast_inputs(tensors, dtypes, pinned, matmul: bool) -> tuple:
     `dtypes`; else as they are (the checks then say what is wrong)."""
     floats = [
         t for i, t in enumerate(tensors)
-        if isinstance(t, torch.Tensor) and t.is_floating_point() and i not in pinned
+        if isinstance(t, torch.Tensor) and t.dtype in AUTOCAST_TYPES and i not in pinned
     ]  # fmt: skip
     if not floats:
         return tuple(tensors)
@@ -51,7 +55,7 @@ def autocast_inputs(tensors, dtypes, pinned, matmul: bool) -> tuple:
     return tuple(
         (
             t.to(target)
-            if isinstance(t, torch.Tensor) and t.is_floating_point() and i not in pinned
+            if isinstance(t, torch.Tensor) and t.dtype in AUTOCAST_TYPES and i not in pinned
             else t
         )
         for i, t in enumerate(tensors)
