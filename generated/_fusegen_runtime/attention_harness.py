@@ -256,9 +256,10 @@ def value_tests(suite):
     @pytest.mark.parametrize("dtype", dtypes if ON_GPU else dtypes[-1:])
     def test_bias_broadcasts_and_masks(monkeypatch, dtype):
         # A bias the batch shares ([heads, q_len, k_len]: T5's relative positions) and an
-        # fp32 padding mask ([batch, 1, 1, k_len]): -inf past a random length of at least
-        # half the keys, fp32's finfo.min on one key, every key of the second entry masked
-        # (out 0, lse -inf). Out, lse and every gradient, d bias summed to the bias's own
+        # fp32 row a batch entry ([batch, 1, 1, k_len], read as a row): random values
+        # (a mask's 0 and -inf alone would pass a row read in the wrong base), -inf past
+        # a random length of at least half the keys, fp32's finfo.min on one key, every
+        # key of the second entry masked (out 0, lse -inf). Out, lse and every gradient, d bias summed to the bias's own
         # shape. (Shorter lengths can leave each row one key or none under a window,
         # which makes every gradient exactly 0, where a kernel's rounding is all its
         # error: seed 926466071.)
@@ -269,7 +270,7 @@ def value_tests(suite):
         generator = torch.Generator().manual_seed(seed + 2)
         shared = torch.randn((kernel.HEADS, sq, skv), generator=generator)
         shared = shared.to(dtype).to(DEVICE)
-        padding = torch.zeros((batch, 1, 1, skv))
+        padding = torch.randn((batch, 1, 1, skv), generator=generator)
         padding[0, ..., random.Random(seed).randrange(skv // 2, skv) :] = float("-inf")
         padding[0, ..., 1] = torch.finfo(torch.float32).min
         padding[1] = float("-inf")
