@@ -257,10 +257,10 @@ def value_tests(suite):
         # fp32 row a batch entry ([batch, 1, 1, k_len], read as a row): random values
         # (a mask's 0 and -inf alone would pass a row read in the wrong base), -inf past
         # a random length of at least half the keys, fp32's finfo.min on one key, every
-        # key of the second entry masked (out 0, lse -inf). Out, lse and every gradient, d bias summed to the bias's own
-        # shape. (Shorter lengths can leave each row one key or none under a window,
-        # which makes every gradient exactly 0, where a kernel's rounding is all its
-        # error: seed 926466071.)
+        # key of the second entry masked (out 0, lse -inf). Out, lse and every gradient,
+        # d bias summed to the bias's own shape. (Shorter lengths can leave each row one
+        # key or none under a window, which makes every gradient exactly 0, where a
+        # kernel's rounding is all its error: seed 926466071.)
         poisoned_empty(monkeypatch)
         seed = new_seed()
         batch, sq, skv = case = (2, 70, 45) if ON_GPU else (2, 19, 33)
