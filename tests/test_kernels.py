@@ -493,6 +493,21 @@ def test_zero_sized_dims_give_empty_or_epilogue_results(zoo):
     assert out.shape == (5, 7) and not out.any()
 
 
+def test_loss_head_calls_that_want_no_gradients_make_none(zoo):
+    """Under no_grad (an eval of a model in training: its weight requires grad) the head
+    makes its statistics only, not the gradients a training call makes in its forward;
+    and a head with a bias refuses None for it (the kernels read another buffer)."""
+    head, _ = load(zoo, "loss_smoothed")
+    x, w = torch.randn(6, 24), torch.randn(24, 50, requires_grad=True)
+    labels, b = torch.randint(0, 50, (6,)), torch.randn(50)
+    with torch.no_grad():
+        loss = head.loss_smoothed(x, w, labels, b)
+    assert head._HEAD.last["path"] != "gradients in the forward"
+    assert torch.equal(loss, head.loss_smoothed(x, w.detach(), labels, b))
+    with pytest.raises(TypeError, match="b must be a torch.Tensor .*, got None"):
+        head.loss_smoothed(x, w, labels, None)
+
+
 def test_row_max_keeps_nan(zoo):
     """A row holding a NaN has NaN for its max, as torch.amax (tl.max's combine drops it
     on the GPU), in one pass and block by block; the other rows are their max."""

@@ -504,7 +504,7 @@ kernels:
       x: [T, K]
       weight: {weight}
       labels: {{shape: [T], dtype: {labels}}}
-      b: [V]
+      b: {bias}
     chain:
       - matmul: {matmul}
 {steps}
@@ -526,6 +526,7 @@ def loss_head(
         labels=labels,
         steps="\n".join(f"      - {s}" for s in steps),
         loss=loss,
+        bias="[V]",
     )
     return lower(write_spec, text)[0]
 
@@ -575,6 +576,7 @@ def test_loss_head_defaults_and_untransposed_weight(write_spec):
         ({"steps": ("bias: b", "scale: nan")}, "scale takes a finite number"),
         ({"steps": ("bias: b", "relu")}, "'relu' cannot come between"),
         ({"steps": ("softcap: 30", "bias: b")}, "a bias after softcap"),
+        ({"bias": "{shape: [V], dtype: fp32}"}, "a loss head's input 'b' cannot pin a dtype"),
         ({"steps": ("bias: b", "scale: 0")}, "scale 0 makes every logit 0"),
         ({"labels": "fp32"}, "must be integers"),
         ({"loss": "{labels: labels, z_loss: -1}"}, "z_loss -1: Input should be greater"),
@@ -594,6 +596,7 @@ def LOSS_HEAD_TEXT(kwargs):
         "weight": "[V, K]",
         "matmul": "x @ weight.T",
         "labels": "int64",
+        "bias": "[V]",
         **kwargs,
     }
     values["steps"] = "\n".join(f"      - {s}" for s in values["steps"])

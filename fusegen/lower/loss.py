@@ -90,19 +90,19 @@ def lower_loss_head(
                 "gradient at the matmul",
                 "put the bias before softcap (x @ w.T + b, then softcap), as Gemma 2 does",
             )
-            continue
-        steps.append(lowered)
+        steps.append(lowered)  # (also where refused: its input is used, not "never used")
     op, args = _op_of(chain[last])
     loss = _cross_entropy(last, args, inputs, tokens, err)
     if loss is None:
         return None
     labels, ce = loss
-    if x.dtype is not None or weight.dtype is not None:
-        pinned = x if x.dtype is not None else weight
+    bias = next((inputs[s.operand] for s in steps if s.op == "bias"), None)
+    pinned = next((t for t in (x, weight, bias) if t is not None and t.dtype is not None), None)
+    if pinned is not None:
         err(
             ("inputs", pinned.name, "dtype"),
-            f"matmul operand '{pinned.name}' cannot pin a dtype",
-            "x and the weight take the call's dtype, one of `dtypes`",
+            f"a loss head's input '{pinned.name}' cannot pin a dtype",
+            "x, the weight and the bias take the call's dtype, one of `dtypes`",
         )
         return None
     return LossHead(

@@ -95,6 +95,8 @@ class LossHead:
         names) for a wrong type, dtype, device or shape."""
         m = self.module
         n_x, n_w, n_y, *n_b = m["INPUT_NAMES"]
+        if n_b and bias is None:  # the kernels would read a buffer of another size
+            raise TypeError(f"{n_b[0]} must be a torch.Tensor (the spec adds a bias), got None")
         floats = {n_x: x, n_w: weight} | ({n_b[0]: bias} if bias is not None else {})
         for label, t in (*floats.items(), (n_y, labels)):
             if not isinstance(t, torch.Tensor):
@@ -162,7 +164,7 @@ class LossHead:
             return self.module["reference"](
                 x, weight, labels, *([bias] if bias is not None else [])
             )
-        loss, lse = _Function.apply(self, vocab, x2, weight, y, bias)
+        loss, lse = _Function.apply(self, vocab, x2, weight, y, bias, torch.is_grad_enabled())
         if self.module["REDUCTION"] == "none":
             loss = loss.view(shape)
         return (loss, lse.view(shape)) if self.module["RETURN_LSE"] else loss
@@ -377,12 +379,15 @@ def scale_by(g, factor):
 
 class _Function(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, head, vocab, x, weight, labels, bias):
+    def forward(ctx, head, vocab, x, weight, labels, bias, grad_mode):
         m = head.module
         needs = ctx.needs_input_grad[2], ctx.needs_input_grad[3], ctx.needs_input_grad[5]
         ctx.grads = None
-        if m["GRADIENTS_IN_FORWARD"] and m["REDUCTION"] != "none" and any(needs):
-            # The loss is a scalar: its gradients are the ones made here times d_loss.
+        # The loss is a scalar: its gradients are the ones made here times d_loss. Not
+        # without grad mode (an eval of a model in training), nor in fp16, where the
+        # gradients at an upstream 1 underflow before a loss scaler's factor arrives.
+        in_forward = grad_mode and x.dtype != torch.float16 and m["REDUCTION"] != "none"
+        if m["GRADIENTS_IN_FORWARD"] and in_forward and any(needs):
             lse, label_logit, logit_sum, ctx.grads = head.forward_with_grads(
                 x, weight, labels, bias, vocab, needs
             )
@@ -420,7 +425,7 @@ class _Function(torch.autograd.Function):
                 )  # fmt: skip
                 grads = [g if g is None else g.add_(o) for g, o in zip(grads, more, strict=True)]
             dx, dw, db = grads
-            return None, None, dx, dw, None, db
+            return None, None, dx, dw, None, db, None
         kept = labels != head.module["IGNORE_INDEX"]
         reduction = head.module["REDUCTION"]
         if d_loss is None:
@@ -433,4 +438,4 @@ class _Function(torch.autograd.Function):
         dx, dw, db = head.backward_blocks(
             x, weight, labels, bias, lse, coef, coef_lse, needs, vocab
         )
-        return None, None, dx, dw, None, db
+        return None, None, dx, dw, None, db, None
