@@ -41,7 +41,7 @@ class ChainLowering:
         chain: list,
         dim_names: Iterable[str],
         err: Callable[..., None],
-        name_problem: Callable[[str], tuple[str, str] | None],
+        name_problem: Callable[..., tuple[str, str] | None],
     ):
         self.chain = chain
         self.dim_names = set(dim_names)
@@ -550,9 +550,9 @@ class ChainLowering:
                 path, f"output takes a name for the extra output, got {args!r}", "e.g. output: h"
             )
             return None
-        problem = self.name_problem(args)
+        problem = self.name_problem(args, ("{}_out", "out_{}"))
         if problem:
-            self.err(path, f"output {problem[0]}", problem[1].replace("{name}_in", f"{args}_out"))
+            self.err(path, f"output {problem[0]}", problem[1])
             return None
         taken = set(inputs) | {s.name for s in steps if isinstance(s, Emit)} | self.dim_names
         if args in taken:

@@ -350,8 +350,9 @@ def _too_long(name: str) -> str:
     )
 
 
-def _check_name(name: str) -> tuple[str, str] | None:
-    """(why `name` cannot name an input or dim, what can), or None."""
+def _check_name(name: str, renames: tuple[str, ...] = ("{}_in", "in_{}")) -> tuple[str, str] | None:
+    """(why `name` cannot name an input, dim or output, what can), or None. renames: the
+    forms of the rename a reserved name's hint suggests, the first one free."""
     if len(name) > limits.MAX_NAME_CHARS:
         return _too_long(name), ""
     if not name.isascii():
@@ -359,29 +360,32 @@ def _check_name(name: str) -> tuple[str, str] | None:
         return f"'{name}' is not a Python identifier of ASCII letters, digits and _", ""
     if not name.isidentifier() or keyword.iskeyword(name):
         return f"'{name}' is not a Python identifier", ""
-    if (
-        name in RESERVED_NAMES
-        or name.startswith(RESERVED_PREFIXES)
-        or name.endswith(RESERVED_SUFFIXES)
-    ):
-        return f"'{name}' is reserved: the generated kernel uses it", RESERVED_HINT
+    if _reserved(name):
+        forms = [form.format(name) for form in renames]
+        free = next((n for n in forms if not _reserved(n)), forms[0])
+        return (
+            f"'{name}' is reserved: the generated kernel uses it",
+            f"rename it (e.g. '{free}'); {RESERVED}",
+        )
     return None
 
 
-RESERVED_HINT = (
-    "rename it (e.g. '{name}_in'); reserved: "
+def _reserved(name: str) -> bool:
+    return (
+        name in RESERVED_NAMES
+        or name.startswith(RESERVED_PREFIXES)
+        or name.endswith(RESERVED_SUFFIXES)
+    )
+
+
+RESERVED = (
+    "reserved: "
     + ", ".join(sorted(RESERVED_NAMES, key=str.lower))
     + "; names starting "
     + ", ".join(RESERVED_PREFIXES)
     + " or ending "
     + ", ".join(RESERVED_SUFFIXES)
 )
-
-
-def _named(hint: str, name: str) -> str:
-    """The hint with its example rename: name_in, else in_name, whichever is free."""
-    free = next((n for n in (f"{name}_in", f"in_{name}") if _check_name(n) is None), "")
-    return hint.replace("'{name}_in'", f"'{free}'")
 
 
 LOSS_HEAD_FIELDS = frozenset({"name", "doc", "dims", "dtypes", "inputs", "chain"})
@@ -647,7 +651,7 @@ class _KernelLowerer:
         for name, size in self.spec.dims.items():
             problem = _check_name(name)
             if problem:
-                self.err(("dims", name), f"dim {problem[0]}", _named(problem[1], name), key=True)
+                self.err(("dims", name), f"dim {problem[0]}", problem[1], key=True)
                 continue
             if name.lower() in lowered:
                 self.err(
@@ -675,9 +679,7 @@ class _KernelLowerer:
         for name, inp in self.spec.inputs.items():
             problem = _check_name(name)
             if problem:
-                self.err(
-                    ("inputs", name), f"input {problem[0]}", _named(problem[1], name), key=True
-                )
+                self.err(("inputs", name), f"input {problem[0]}", problem[1], key=True)
                 continue
             if name in self.spec.dims:
                 self.err(
