@@ -19,6 +19,7 @@ from .checks import (
     autocast_inputs,
     autocasting,
     bucket,
+    errors_named,
     fp32_dot,
     fp32_matmul,
     refuse_second_derivative,
@@ -558,10 +559,8 @@ class Attention:
     def checked(self, inputs, key_lengths=None):
         """The call's (batch, q_len, k_len), after its checks; an error names the module
         (a call through transformers' attention interface does not show it)."""
-        try:
+        with errors_named(self.name):
             return self._checked(inputs, key_lengths)
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"{self.name}: {exc}") from None
 
     def _checked(self, inputs, key_lengths):
         m = self.module

@@ -1,6 +1,7 @@
 """What a kernel module's checks and plans use: a call's signature, dims bound to sizes,
 dtype and device checks, layouts, the TMA and copy rules, configs as dicts."""
 
+import contextlib
 import functools
 import math
 import os
@@ -60,6 +61,18 @@ def autocast_inputs(tensors, dtypes, pinned, matmul: bool) -> tuple:
         )
         for i, t in enumerate(tensors)
     )
+
+
+@contextlib.contextmanager
+def errors_named(name: str):
+    """A TypeError or ValueError raised inside, with `name: ` before its message (where
+    it has none): a call's checks, whatever called the launcher."""
+    try:
+        yield
+    except (TypeError, ValueError) as exc:
+        if str(exc).startswith(f"{name}:"):
+            raise
+        raise type(exc)(f"{name}: {exc}") from None
 
 
 def switch(name: str) -> str:

@@ -25,6 +25,7 @@ from .checks import (
     autocasting,
     bucket,
     config_values_problems,
+    errors_named,
     refuse_grad_out,
     shares_memory,
     signature,
@@ -434,12 +435,8 @@ class QuantChain:
     def plan(self, tensors, out_dtype):
         """Check a call, and decide what holds while its signature does; an error names
         the kernel."""
-        try:
+        with errors_named(self.name):
             return self._plan(tensors, out_dtype)
-        except (TypeError, ValueError) as exc:
-            if str(exc).startswith(self.name):
-                raise
-            raise type(exc)(f"{self.name}: {exc}") from None
 
     def _plan(self, tensors, out_dtype):
         if len(tensors) != len(self.arguments):
