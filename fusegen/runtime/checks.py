@@ -1,7 +1,6 @@
 """What a kernel module's checks and plans use: a call's signature, dims bound to sizes,
 dtype and device checks, layouts, the TMA and copy rules, configs as dicts."""
 
-import contextlib
 import functools
 import math
 import os
@@ -63,12 +62,11 @@ def autocast_inputs(tensors, dtypes, pinned, matmul: bool) -> tuple:
     )
 
 
-@contextlib.contextmanager
-def errors_named(name: str):
-    """A TypeError or ValueError raised inside, with `name: ` before its message (where
-    it has none): a call's checks, whatever called the launcher."""
+def errors_named(name: str, check, *args):
+    """check(*args), a TypeError or ValueError it raises with `name: ` before its
+    message (where it has none): a call's checks, whatever called the launcher."""
     try:
-        yield
+        return check(*args)
     except (TypeError, ValueError) as exc:
         if str(exc).startswith(f"{name}:"):
             raise

@@ -561,8 +561,7 @@ class Attention:
     def checked(self, inputs, key_lengths=None):
         """The call's (batch, q_len, k_len), after its checks; an error names the module
         (a call through transformers' attention interface does not show it)."""
-        with errors_named(self.name):
-            return self._checked(inputs, key_lengths)
+        return errors_named(self.name, self._checked, inputs, key_lengths)
 
     def _checked(self, inputs, key_lengths):
         m = self.module

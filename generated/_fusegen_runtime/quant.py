@@ -435,8 +435,7 @@ class QuantChain:
     def plan(self, tensors, out_dtype):
         """Check a call, and decide what holds while its signature does; an error names
         the kernel."""
-        with errors_named(self.name):
-            return self._plan(tensors, out_dtype)
+        return errors_named(self.name, self._plan, tensors, out_dtype)
 
     def _plan(self, tensors, out_dtype):
         if len(tensors) != len(self.arguments):
