@@ -198,6 +198,37 @@ class Chain:
         refs = as_tuple(self.kernel.reference(**exact, out_dtype=torch.float64))
         for ref, want in zip(refs, expected, strict=True):
             torch.testing.assert_close(ref, want, rtol=1e-9, atol=1e-12)
+        if dtype in (torch.float16, torch.bfloat16):
+            self.check_against_eager(results, inputs, expected, dtype, seed)
+
+    def check_against_eager(self, results, inputs, expected, dtype, seed):
+        """Norm-wise, each output may be at most twice as far from float64 as the same
+        chain one PyTorch op at a time in the call's dtype (eager), plus one rounding of
+        the result. The element-wise bound is a worst case, loose by about sqrt(K) at a
+        large K: a kernel that rounds its accumulators to bf16 before the epilogue passes
+        it at K = 4096 in fp16, but is 4x eager's error there (docs/tolerances.md).
+        16-bit calls only: eager in fp32 may run another matmul precision than the kernel
+        (a spec's pinned tf32), and fp32's accumulation order matters at its roundoff."""
+        eager = as_tuple(self.kernel.reference(**inputs))
+        for name, out, theirs, want in zip(self.outputs, results, eager, expected, strict=True):
+            # Where the exact value is past the dtype's range, or eager overflowed in a
+            # step the kernel keeps in fp32, there is no error to compare.
+            finite = (
+                torch.isfinite(out)
+                & torch.isfinite(theirs)
+                & (want.abs() <= torch.finfo(out.dtype).max)
+            )
+            want = want[finite]
+            scale = want.norm().item() + OUT_TINY[out.dtype]
+            error = (out[finite].double() - want).norm().item() / scale
+            eager_error = (theirs[finite].double() - want).norm().item() / scale
+            rounding = self.out_rounding[out.dtype]
+            if not error <= 2 * eager_error + rounding:
+                pytest.fail(
+                    f"{name}: norm-wise error {error:.3g} against float64, over twice eager "
+                    f"{dtype_id(dtype)}'s {eager_error:.3g} plus a rounding ({rounding:.3g}); "
+                    f"seed {seed}"
+                )
 
     def upstream_grads(self, results, seed):
         generator = torch.Generator().manual_seed(seed + 1)
