@@ -924,6 +924,22 @@ def test_small_tiles_on_the_tma_path(zoo, name, monkeypatch):
     chain.check_outputs((out,), inputs, dtype, seed, kernel.last_launch())
 
 
+def test_split_k_config_takes_the_pointer_kernel_where_tma_would_run(zoo, monkeypatch):
+    """A caller's SPLIT_K on a call the TMA kernel would take: the TMA kernel has no
+    split, so the pointer kernel runs it (it was dropped, and last_launch said explicit)."""
+    monkeypatch.setenv("FUSEGEN_TMA", "1")
+    kernel, chain = load_chain(zoo, "mm_broadcasts")
+    sizes, dtype, seed = {"M": 40, "N": 72, "K": 200}, chain.dtypes[0], new_seed()
+    inputs = chain.make_inputs(sizes, dtype, seed)
+    config = {**TINY["matmul"], "SPLIT_K": 4}
+    out = kernel.mm_broadcasts(**inputs, config=config)
+    launch = kernel.last_launch()
+    assert (launch["path"], launch["config"]["SPLIT_K"]) == ("pointer", 4)
+    chain.check_outputs((out,), inputs, dtype, seed, launch)
+    kernel.mm_broadcasts(**inputs, config=TINY["matmul"])
+    assert kernel.last_launch()["path"] == "tma"
+
+
 def test_compiled_gradients_fall_back_without_gpu(zoo, monkeypatch):
     """No GPU and the interpreter off, inside torch.compile: the backward custom op runs
     the reference's autograd (torch.func.vjp: autograd itself is off inside a custom op)."""

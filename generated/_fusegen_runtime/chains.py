@@ -759,6 +759,8 @@ class Kernels:
         tune=False (while torch.compile traces: no data to time): what eager calls tuned,
         else the table's, else the default, which is not kept, so an eager call may tune."""
         if config is not None:
+            if isinstance(config, dict) and config.get("SPLIT_K", 1) != 1:
+                path = "pointer"  # split-K is the pointer kernel's; the TMA one would drop it
             return path, self.checked_config(path, config), "explicit"
         device = args[0].device
         if not self.can_tune(device):
