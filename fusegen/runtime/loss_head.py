@@ -61,6 +61,14 @@ def _spans(total, step):
 _OUT_DTYPE_MM = None  # whether torch.addmm takes out_dtype (CUDA, torch >= 2.8)
 
 
+def coefficients(kept, each, labels, vocab):
+    """Each token's factor on its d loss / d logits: `each` where its label counts, 0
+    where ignored, NaN where the label is out of range (its loss is NaN: its gradients
+    are too, so a loss scaler's check skips the step as it would for the loss)."""
+    coef = torch.where(kept, each, 0.0)
+    return torch.where(kept & ((labels < 0) | (labels >= vocab)), float("nan"), coef)
+
+
 def accumulate(acc, a, b):
     """acc (fp32) += a @ b, a and b in 16 or 32 bits, the product summed in fp32 without
     rounding it to a's dtype first."""
@@ -255,7 +263,7 @@ class LossHead:
         lse = torch.empty_like(top)
         kept = labels != m["IGNORE_INDEX"]
         each = 1.0 / kept.sum() if m["REDUCTION"] == "mean" else torch.ones((), device=x.device)
-        coef = torch.where(kept, each, 0.0)
+        coef = coefficients(kept, each, labels, vocab)
         need_x, need_w, need_b = needs
         dx = torch.empty_like(x) if need_x else None
         dw = (torch.empty_like(weight) if tokens else torch.zeros_like(weight)) if need_w else None
@@ -430,7 +438,8 @@ class _Function(torch.autograd.Function):
             coef = torch.zeros_like(lse)
         else:  # ignored tokens 0, even where all are (mean: 0 / 0), as F.cross_entropy
             each = d_loss.float() / counted if reduction == "mean" else d_loss.float()
-            coef = torch.where(kept, each.reshape(-1) if reduction == "none" else each, 0.0)
+            each = each.reshape(-1) if reduction == "none" else each
+            coef = coefficients(kept, each, labels, vocab)
         # An upstream gradient may be expanded (stride 0: the gradient of a sum).
         coef_lse = d_lse.float().reshape(-1).contiguous() if d_lse is not None else None
         dx, dw, db = head.backward_blocks(
