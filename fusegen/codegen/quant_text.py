@@ -24,7 +24,7 @@ from fusegen.codegen.chain_text import (
 from fusegen.codegen.kernel_text import epilogue, fast_tanh, helpers, weights
 from fusegen.codegen.equivalence_text import bound_lines, bound_returns, dist, dynamic_cases
 from fusegen.codegen.python_text import reference_lines
-from fusegen.ir import Config, Quant, QuantChain
+from fusegen.ir import Config, Gate, Quant, QuantChain, Step
 
 SCALE_DOC = {
     "tensor": "one scale",
@@ -619,6 +619,7 @@ def context(
         "gemv": gemv_mainloop(qc) if qc.gemv else None,
         "byte_pairs": qc.gemv and byte_pairs(qc),
         "checkpoint_packing": checkpoint_packing(qc),
+        "hopper_operands": hopper_operands(qc),
         "interpreter_gemv_config": (
             config_literal(qc.interpreter_gemv_config) if qc.gemv else None
         ),
@@ -633,6 +634,40 @@ def context(
         "plain_inputs": [t.name for t in chain.inputs if t.dtype is None],
         "reference_lines": ref,
     }
+
+
+def hopper_operands(qc: QuantChain) -> tuple[str, str, str] | None:
+    """(x, the gate's weight, the up's) where the chain is the one the runtime's Gluon
+    kernel (quant_hopper) computes on Hopper: silu(x @ w_gate.T) * (x @ w_up.T), x fp8
+    e4m3 scaled per 1 x 128 group along K, both weights fp8 e4m3 per 128 x 128 block, no
+    zero points and nothing else in the chain; else None (the `tl` kernel only)."""
+    chain = qc.chain
+    if len(chain.steps) != 2:
+        return None
+    act, gate = chain.steps
+    if not (isinstance(act, Step) and act.op == "silu" and not act.params):
+        return None
+    if not (isinstance(gate, Gate) and not gate.steps):
+        return None
+    mm, mm2 = chain.matmul, gate.matmul
+    if mm2.a != mm.a or mm.a_transposed or mm2.a_transposed:
+        return None
+    if not (mm.b_transposed and mm2.b_transposed):
+        return None
+
+    def quantized(name: str, scale: str, rows_per: int) -> bool:
+        q = qc.quant_of(name)
+        return q is not None and (q.dtype, q.scale, q.group, q.rows_per, q.zero_point) == (
+            "fp8_e4m3",
+            scale,
+            128,
+            rows_per,
+            False,
+        )
+
+    if not (quantized(mm.a, "group", 1) and all(quantized(b, "block", 128) for b in (mm.b, mm2.b))):
+        return None
+    return mm.a, mm.b, mm2.b
 
 
 def checkpoint_packing(qc: QuantChain) -> str | None:

@@ -64,9 +64,9 @@ def inspect_shape(torch, module, kernel, sizes, dtype_name, device="cuda") -> In
     if device == "cuda":
         torch.cuda.synchronize()
     launch = module.last_launch()
-    if isinstance(kernel, QuantChain):  # its launch names the dot's dtype, not a path
+    if isinstance(kernel, QuantChain):  # its launch names the dot's dtype, or the Gluon path
         compiled = module._CHAIN.last_compiled
-        path, source = f"{launch['dot']} dot", launch["config_from"]
+        path, source = launch.get("path") or f"{launch['dot']} dot", launch["config_from"]
     else:
         compiled = module._KERNELS.last_run["kernel"]
         path, source = launch["path"], launch["source"]

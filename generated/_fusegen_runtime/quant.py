@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import launch, tables
+from . import launch, quant_hopper, tables
 from .checks import (
     Shapes,
     autocast_inputs,
@@ -49,6 +49,20 @@ GEMV_ROWS = 4
 # the weights' stream at decode; their fp32 partial sums grow with the rows).
 SPLIT_ROWS = 64
 TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+# The fewest rows a call may have to run quant_hopper's Gluon kernel, where the module has
+# one: its 128-row tiles over a persistent grid (measured faster than the `tl` kernel from
+# here on an H200; benchmarks/experiments/fp8_block_gluon.py --rows).
+HOPPER_MIN_ROWS = 1
+
+
+def aligned(t):
+    """Whether t starts at a 16-byte boundary (what TMA needs)."""
+    return t.data_ptr() % 16 == 0
+
+
+@functools.cache
+def device_capability(device):
+    return torch.cuda.get_device_capability(device)
 
 
 def cdiv(a, b):
@@ -287,6 +301,17 @@ class QuantChain:
                 self.arguments.append((f"{name_}_scale", "scale", name_))
                 if q.zero_point:
                     self.arguments.append((f"{name_}_zero", "zero", name_))
+        # The module's Gluon kernel (quant_hopper), if it has one: its operands' places
+        # among the launcher's tensors (a, a's scale, the weight, its scale, the gate's
+        # weight, its scale).
+        self.hopper = None
+        if module.get("HOPPER") and quant_hopper.AVAILABLE:
+            names = [n for n, _, _ in self.arguments]
+            self.hopper = [
+                names.index(f"{n}{suffix}")
+                for n in module["HOPPER"]["operands"]
+                for suffix in ("", "_scale")
+            ]
         self.op = self._custom_op()
 
     # -- a call --------------------------------------------------------------------------
@@ -321,6 +346,9 @@ class QuantChain:
             return self.without_gpu(tensors, out, plan)
         views = plan["views"](tensors)
         out2d = out.view(-1, out.shape[-1])
+        if config is None and plan["hopper"] and out2d.is_contiguous() and aligned(out2d):
+            self.launch_hopper(plan, views, out2d)
+            return out
         if config is None:
             config, chosen_by = self.config_for(plan, views, out2d)
         else:
@@ -336,6 +364,47 @@ class QuantChain:
             "nibble_base": self.nibble_base(config, plan["dot"]),
         }
         return out
+
+    def launch_hopper(self, plan, views, out2d):
+        """The call on quant_hopper's Gluon kernel (plan["hopper"]: it fits); from the
+        plan's second call, launched directly with descriptors at the call's addresses."""
+        operands = [views[i] for i in self.hopper]
+        self.last_compiled = quant_hopper.fp8_block_swiglu(
+            *operands, out2d, launches=plan["hopper_launches"]
+        )
+        self.last_launch = {
+            "source": "kernel",
+            "path": "hopper",
+            "config": dict(quant_hopper.CONFIG),
+            "config_from": "hopper",
+            "dot": plan["dot"],
+            "fast_tanh": False,
+            "nibble_base": 0.0,
+        }
+
+    def hopper_fits(self, views, plan):
+        """Whether a call runs the module's Gluon kernel (quant_hopper), given that its
+        output is contiguous and 16-byte aligned: a module that has one, on a GPU of
+        compute capability 9.0 (H100, H200), at HOPPER_MIN_ROWS or more, a 16-bit output
+        of a multiple of 8 columns, the fp8 e4m3 operands row-major, contiguous and
+        16-byte aligned (K a multiple of 16), their scales fp32. Else the `tl` kernel."""
+        if self.hopper is None or plan["interpreted"] or plan["device"].type != "cuda":
+            return False
+        if device_capability(plan["device"]) != (9, 0) or plan["rows"] < HOPPER_MIN_ROWS:
+            return False
+        if plan["out_dtype"] not in (torch.bfloat16, torch.float16) or plan["cols"] % 8:
+            return False
+        x, xs, wg, wgs, wu, wus = (views[i] for i in self.hopper)
+        try:
+            stored = all(t.dim() == 2 and t.is_contiguous() and aligned(t) for t in (x, wg, wu))
+        except RuntimeError:  # torch.compile's fake tensors have no address
+            return False
+        return (
+            stored
+            and all(t.dtype == torch.float8_e4m3fn for t in (x, wg, wu))
+            and all(t.dtype == torch.float32 for t in (xs, wgs, wus))
+            and plan["k"] % 16 == 0
+        )
 
     def nibble_base(self, config, dot):
         """What each int4 weight carried into the launch's dot beyond its value: the
@@ -519,7 +588,7 @@ class QuantChain:
             consts["FAST_TANH"] = (
                 device.type == "cuda" and not interpreted and out_dtype != torch.float32
             )
-        return {
+        plan = {
             "device": device,
             "dtype": dtype,
             "out_dtype": out_dtype,
@@ -536,7 +605,10 @@ class QuantChain:
             "interpreted": interpreted,
             "dot": dot,
             "words": words,
+            "hopper_launches": launch.Described(),  # the Gluon kernel's, where it fits
         }
+        plan["hopper"] = self.hopper_fits(as_views(tensors), plan)
+        return plan
 
     def _int4(self, name):
         q = self.quant.get(name)
