@@ -1,8 +1,9 @@
 """The block-scaled fp8 SwiGLU (specs/quantized.yaml's deepseek_mlp_fp8) at several row
-counts: its call on the runtime's Gluon kernel (quant_hopper, the default on an H100/H200)
-against the same call on the `tl` kernel (its tuned config) and cuBLASLt's block-wise
-scaled_mm + an eager SwiGLU; GPU time of CUDA-graph replays in alternating rounds. Where
-the Gluon kernel stops winning sets the runtime's HOPPER_MIN_ROWS.
+counts: its call on the runtime's Gluon kernel (quant_hopper: FUSEGEN_QUANT_HOPPER=1,
+which this script sets) against the same call on the `tl` kernel (its tuned config) and
+cuBLASLt's block-wise scaled_mm + an eager SwiGLU; GPU time of CUDA-graph replays in
+alternating rounds. Where the Gluon kernel stops winning sets the runtime's
+HOPPER_MIN_ROWS.
 
     python3 -m fusegen build specs/quantized.yaml --out FOLDER
     python3 benchmarks/fp8_block_rows.py --built FOLDER [--rows 16 128 512 2048 4096]
@@ -12,6 +13,7 @@ the Gluon kernel stops winning sets the runtime's HOPPER_MIN_ROWS.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import torch
@@ -27,6 +29,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=18432)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
+    os.environ["FUSEGEN_QUANT_HOPPER"] = "1"  # the Gluon kernel's opt-in
     module = load(args.built, "deepseek_mlp_fp8")
     chain = module._CHAIN
     gluon_operands = chain.hopper

@@ -150,6 +150,9 @@ def test_calls_that_fit_it(monkeypatch):
     chain, views, plan = fits_case()
     runtime = sys.modules[type(chain).__module__]  # generated/'s copy of runtime/quant.py
     monkeypatch.setattr(runtime, "device_capability", lambda device: (9, 0))
+    monkeypatch.delenv("FUSEGEN_QUANT_HOPPER", raising=False)
+    assert not chain.hopper_fits(views, plan)  # an opt-in, until it has run on a GPU
+    monkeypatch.setenv("FUSEGEN_QUANT_HOPPER", "1")
     assert chain.hopper_fits(views, plan)
     assert chain.hopper_fits(views, {**plan, "out_dtype": torch.float16})
     x = views[0]
@@ -180,10 +183,11 @@ def test_calls_that_fit_it(monkeypatch):
     "m, k, n",
     [(300, 1008, 200), (128, 384, 192), (1, 256, 64), (4096, 7168, 2048), (257, 2048, 136)],
 )
-def test_module_calls_match_float64(m, k, n):
+def test_module_calls_match_float64(m, k, n, monkeypatch):
     """Ragged M, N and K (K's last group partial, N not a multiple of the tile), each
     output poisoned first; against the module's reference in float64, within the error
     of cuBLASLt's block-scaled kernel (fp32 sums, one bf16 rounding)."""
+    monkeypatch.setenv("FUSEGEN_QUANT_HOPPER", "1")
     module = generated("deepseek_mlp_fp8")
     torch.manual_seed(m + k + n)
     groups, blocks = -(-k // 128), -(-n // 128)
@@ -204,7 +208,8 @@ def test_module_calls_match_float64(m, k, n):
 
 @on_hopper
 @needs_gluon
-def test_a_strided_output_and_a_caller_config_take_the_tl_kernel():
+def test_a_strided_output_and_a_caller_config_take_the_tl_kernel(monkeypatch):
+    monkeypatch.setenv("FUSEGEN_QUANT_HOPPER", "1")
     module = generated("deepseek_mlp_fp8")
     x = torch.randn(64, 256, device="cuda").to(torch.float8_e4m3fn)
     xs = torch.rand(64, 2, device="cuda") + 0.5

@@ -27,6 +27,7 @@ from .checks import (
     refuse_grad_out,
     shares_memory,
     signature,
+    switch,
 )
 
 _log = logging.getLogger(__name__)
@@ -47,9 +48,10 @@ GEMV_ROWS = 4
 # the weights' stream at decode; their fp32 partial sums grow with the rows).
 SPLIT_ROWS = 64
 TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
-# The fewest rows a call may have to run quant_hopper's Gluon kernel, where the module has
-# one: its 128-row tiles over a persistent grid (measured faster than the `tl` kernel from
-# here on an H200; benchmarks/experiments/fp8_block_gluon.py --rows).
+# The fewest rows a call may have to run quant_hopper's Gluon kernel (FUSEGEN_QUANT_HOPPER=1).
+# Measured only at 4096 rows so far; at fewer its persistent grid's 128 x 128 tiles fill
+# the SMs in fewer waves (16 rows: 144 tiles of 18432 columns on 132 SMs, two waves).
+# benchmarks/fp8_block_rows.py times it against the `tl` kernel by rows, to set this.
 HOPPER_MIN_ROWS = 1
 
 
@@ -330,6 +332,8 @@ class QuantChain:
         if out is not None and out_dtype is None and self.module["OUT_DTYPE"] is None:
             out_dtype = out.dtype  # the output's dtype, as out_dtype= would give it
         key = (signature(*tensors), out_dtype)
+        if self.hopper is not None:  # the Gluon kernel's opt-in is part of the plan
+            key += (os.environ.get("FUSEGEN_QUANT_HOPPER"),)
         plan = self.plans.get(key)
         if plan is None:
             plan = self.plan(tensors, out_dtype)
@@ -382,11 +386,15 @@ class QuantChain:
 
     def hopper_fits(self, views, plan):
         """Whether a call runs the module's Gluon kernel (quant_hopper), given that its
-        output is contiguous and 16-byte aligned: a module that has one, on a GPU of
-        compute capability 9.0 (H100, H200), at HOPPER_MIN_ROWS or more, a 16-bit output
-        of a multiple of 8 columns, the fp8 e4m3 operands row-major, contiguous and
-        16-byte aligned (K a multiple of 16), their scales fp32. Else the `tl` kernel."""
-        if self.hopper is None or plan["interpreted"] or plan["device"].type != "cuda":
+        output is contiguous and 16-byte aligned: FUSEGEN_QUANT_HOPPER=1 (an opt-in until
+        the runtime's copy has run on a GPU: its experiment's did), a module that has
+        one, on a GPU of compute capability 9.0 (H100, H200), at HOPPER_MIN_ROWS or more,
+        a 16-bit output of a multiple of 8 columns, the fp8 e4m3 operands row-major,
+        contiguous and 16-byte aligned (K a multiple of 16), their scales fp32. Else the
+        `tl` kernel."""
+        if self.hopper is None or switch("FUSEGEN_QUANT_HOPPER") != "1":
+            return False
+        if plan["interpreted"] or plan["device"].type != "cuda":
             return False
         if device_capability(plan["device"]) != (9, 0) or plan["rows"] < HOPPER_MIN_ROWS:
             return False
