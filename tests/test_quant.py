@@ -841,3 +841,26 @@ def test_tuning_passes_over_a_config_ptxas_crashes_on(monkeypatch):
     plan = {"rows": 4096, "words": False}
     best = chain.tune(plan, None, torch.empty(1))
     assert crashing not in timed and best is timed[0]
+
+
+def test_meta_tensors_give_shapes_under_the_interpreter_too():
+    """Meta tensors (a model built on `torch.device("meta")`) take the reference, which
+    gives the output's shape and dtype: the interpreter runs CPU tensors only (it crashed
+    inside Triton on meta ones)."""
+    meta = {"device": "meta"}
+    mlp = generated("llama_mlp_gate_up")
+    x = torch.empty(3, 4096, dtype=torch.bfloat16, **meta)
+    w = torch.empty(14336, 4096, dtype=torch.bfloat16, **meta)
+    out = mlp.llama_mlp_gate_up(x, w, w)
+    assert (out.shape, out.dtype, out.device.type) == ((3, 14336), torch.bfloat16, "meta")
+    attention = generated("llama3_attention")
+    q = torch.empty(2, 5, 32, 128, dtype=torch.bfloat16, requires_grad=True, **meta)
+    kv = torch.empty(2, 5, 8, 128, dtype=torch.bfloat16, **meta)
+    attention.llama3_attention(q, kv, kv).sum().backward()
+    assert q.grad.shape == q.shape and q.grad.device.type == "meta"
+    fp8 = generated("deepseek_mlp_fp8")
+    x8 = torch.empty(3, 256, dtype=torch.float8_e4m3fn, **meta)
+    w8 = torch.empty(128, 256, dtype=torch.float8_e4m3fn, **meta)
+    scales = torch.empty(3, 2, **meta), torch.empty(1, 2, **meta)
+    out = fp8.deepseek_mlp_fp8(x8, scales[0], w8, scales[1], w8, scales[1])
+    assert out.shape == (3, 128) and out.device.type == "meta"

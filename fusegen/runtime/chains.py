@@ -289,7 +289,8 @@ class Kernels:
         return type(fn).__name__ == "InterpretedFunction"
 
     def runs_triton(self, device):
-        return device.type == "cuda" or self.interpreted()
+        # The interpreter runs CPU tensors (meta tensors take the reference: shapes only).
+        return device.type == "cuda" or (device.type == "cpu" and self.interpreted())
 
     def can_tune(self, device):
         """Tables and tuning are per GPU: under the interpreter there is neither."""
@@ -374,8 +375,8 @@ class Kernels:
         elif self.no_gpu_reference:
             self.log_once(
                 "no-gpu",
-                "the inputs are on %s and the Triton interpreter is off; "
-                "running the PyTorch reference",
+                "the inputs are on %s, where no kernel runs (a CUDA GPU runs them, the "
+                "Triton interpreter CPU tensors); running the PyTorch reference",
                 plan.device,
             )
             results = self.module["reference"](*inputs)

@@ -677,7 +677,8 @@ class Attention:
         return type(self.kernels["forward"]).__name__ == "InterpretedFunction"
 
     def runs_triton(self, device):
-        return device.type == "cuda" or self.interpreted()
+        # The interpreter runs CPU tensors (meta tensors take the reference: shapes only).
+        return device.type == "cuda" or (device.type == "cpu" and self.interpreted())
 
     def sm_count(self, device):
         """The GPU's multiprocessors (0 off a GPU: the interpreter runs no split)."""

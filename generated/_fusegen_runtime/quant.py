@@ -557,7 +557,7 @@ class QuantChain:
         rows, cols = sizes[row_dim], sizes[col_dim]
         out_shape = (*(lead or (rows,)), cols)
         interpreted = type(self.kernel).__name__ == "InterpretedFunction"
-        runs = device.type == "cuda" or interpreted
+        runs = device.type == "cuda" or (device.type == "cpu" and interpreted)
         fp8 = self.module["FP8_DOT"]
         dot = "fp8" if fp8 else ("fp32" if interpreted else str(dtype).replace("torch.", ""))
         counts = [
