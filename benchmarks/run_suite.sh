@@ -66,6 +66,9 @@
 #                      the Hopper (Gluon) backward: its tests against float64, its kernels
 #                      alone beside the `tl` backward, and the causal and GQA forward +
 #                      backward rows against cuDNN
+#   fp8-block-runtime  the runtime's copy of that kernel (quant_hopper, FUSEGEN_QUANT_HOPPER=1):
+#                      its float64 tests, then by rows against the `tl` kernel and cuBLASLt
+#                      (benchmarks/fp8_block_rows.py: what HOPPER_MIN_ROWS should be)
 #   int8-decode-gluon  the int8 decode linear as a Gluon kernel (a TMA producer keeping the
 #                      weights' loads in flight, the weights wgmma's register operand),
 #                      its variants checked against float64, beside the generated kernel
@@ -98,7 +101,7 @@ STEPS="generated-tests tune-tables tuning-repeat config-space first-calls row-la
 launch-cost call-cost split-k inspect tanh-approx launcher-tuning training-chains llama-training-step
 backward-configs llama-compiled llama-attention llama-decode attention-zoo attention-anchors attention-configs
 attention-variants attention-gluon-backward attention-bench quantized-chains fp8-block-scales
-fp8-block-gluon int8-decode-gluon int4-decode-gluon int4-gemv"
+fp8-block-gluon fp8-block-runtime int8-decode-gluon int4-decode-gluon int4-gemv"
 ANCHOR_SHAPES="8192,4096,14336 4096,1024,4096 16,4096,14336 1000,1000,1000"
 
 listing=$($PYTHON -m fusegen bench --suite "$SUITE" --list) || {
@@ -234,6 +237,11 @@ open('$out/attention-zoo/attention.yaml', 'w').write(t.ATTENTION_SPECS)"
     fp8-block-gluon)
         run $PYTHON -m fusegen build specs/quantized.yaml --out "$out/fp8-gluon-build"
         run $PYTHON benchmarks/experiments/fp8_block_gluon.py --built "$out/fp8-gluon-build" ;;
+    fp8-block-runtime)
+        run $PYTHON -m pytest tests/test_quant_hopper.py -q -p no:cacheprovider
+        run $PYTHON -m fusegen build specs/quantized.yaml --out "$out/fp8-runtime-build"
+        run $PYTHON benchmarks/fp8_block_rows.py --built "$out/fp8-runtime-build" \
+            --rows 4096 1024 512 128 16 ;;
     int8-decode-gluon)
         run $PYTHON -m fusegen build specs/quantized.yaml --out "$out/int8-gluon-build"
         run $PYTHON benchmarks/experiments/int8_decode_gluon.py --built "$out/int8-gluon-build" ;;
