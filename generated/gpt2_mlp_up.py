@@ -41,7 +41,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("36f7f1ee81841d9c", "chains")
+_rt = _runtime("1c0aa4be94816543", "chains")
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
 DIMS = {"M": None, "K": 768, "N": 3072}

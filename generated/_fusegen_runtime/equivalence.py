@@ -205,8 +205,8 @@ class Chain:
         """Norm-wise, each output may be at most twice as far from float64 as the same
         chain one PyTorch op at a time in the call's dtype (eager), plus one rounding of
         the result. The element-wise bound is a worst case, loose by about sqrt(K) at a
-        large K: a kernel that rounds its accumulators to bf16 before the epilogue passes
-        it at K = 4096 in fp16, but is 4x eager's error there (docs/tolerances.md).
+        large K: a kernel that rounds its accumulators to bf16 before the epilogue passed
+        it at K = 4096 in fp16, at 15x eager's error there (docs/tolerances.md).
         16-bit calls only: eager in fp32 may run another matmul precision than the kernel
         (a spec's pinned tf32), and fp32's accumulation order matters at its roundoff."""
         eager = as_tuple(self.kernel.reference(**inputs))
