@@ -149,7 +149,7 @@ def fits_case(m=300, k=1024, n=256):
 def test_calls_that_fit_it(monkeypatch):
     chain, views, plan = fits_case()
     runtime = sys.modules[type(chain).__module__]  # generated/'s copy of runtime/quant.py
-    monkeypatch.setattr(runtime, "device_capability", lambda device: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
     monkeypatch.delenv("FUSEGEN_QUANT_HOPPER", raising=False)
     assert not chain.hopper_fits(views, plan)  # an opt-in, until it has run on a GPU
     monkeypatch.setenv("FUSEGEN_QUANT_HOPPER", "1")
@@ -173,7 +173,7 @@ def test_calls_that_fit_it(monkeypatch):
         for i, t in change.get("views", {}).items():
             changed[i] = t
         assert not chain.hopper_fits(changed, {**plan, **change.get("plan", {})}), change
-    monkeypatch.setattr(runtime, "device_capability", lambda device: (10, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (10, 0))
     assert not chain.hopper_fits(views, plan)  # Blackwell: another instruction set
 
 

@@ -23,6 +23,7 @@ from .checks import (
     fp32_dot,
     fp32_matmul,
     refuse_second_derivative,
+    runs_triton,
 )
 from .device import device_facts, ensure_allocator
 from .ops import typed
@@ -675,8 +676,7 @@ class Attention:
         return type(self.kernels["forward"]).__name__ == "InterpretedFunction"
 
     def runs_triton(self, device):
-        # The interpreter runs CPU tensors (meta tensors take the reference: shapes only).
-        return device.type == "cuda" or (device.type == "cpu" and self.interpreted())
+        return runs_triton(device, self.interpreted())
 
     def sm_count(self, device):
         """The GPU's multiprocessors (0 off a GPU: the interpreter runs no split)."""

@@ -37,6 +37,7 @@ from .checks import (  # noqa: F401 - the kernel modules reach these through thi
     plain,
     refuse_grad_out,
     refuse_second_derivative,
+    runs_triton,
     settled,
     shares_memory,
     signature,
@@ -289,8 +290,7 @@ class Kernels:
         return type(fn).__name__ == "InterpretedFunction"
 
     def runs_triton(self, device):
-        # The interpreter runs CPU tensors (meta tensors take the reference: shapes only).
-        return device.type == "cuda" or (device.type == "cpu" and self.interpreted())
+        return runs_triton(device, self.interpreted())
 
     def can_tune(self, device):
         """Tables and tuning are per GPU: under the interpreter there is neither."""

@@ -75,6 +75,12 @@ def errors_named(name: str, check, *args):
         raise type(exc)(f"{name}: {exc}") from None
 
 
+def runs_triton(device, interpreted: bool) -> bool:
+    """Whether a launch on `device` runs the Triton kernels: a CUDA GPU does, the
+    interpreter runs CPU tensors; elsewhere (meta tensors: shapes only) the reference."""
+    return device.type == "cuda" or (device.type == "cpu" and interpreted)
+
+
 def switch(name: str) -> str:
     """A FUSEGEN_* on/off setting: "0", "1", or "" where unset; any other value is a
     ValueError naming it (`FUSEGEN_TMA=true` was read as unset in one place and as on in

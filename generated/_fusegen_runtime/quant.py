@@ -27,9 +27,11 @@ from .checks import (
     config_values_problems,
     errors_named,
     refuse_grad_out,
+    runs_triton,
     shares_memory,
     signature,
     switch,
+    tma_ready,
 )
 
 _log = logging.getLogger(__name__)
@@ -55,16 +57,6 @@ TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float
 # the SMs in fewer waves (16 rows: 144 tiles of 18432 columns on 132 SMs, two waves).
 # benchmarks/fp8_block_rows.py times it against the `tl` kernel by rows, to set this.
 HOPPER_MIN_ROWS = 1
-
-
-def aligned(t):
-    """Whether t starts at a 16-byte boundary (what TMA needs)."""
-    return t.data_ptr() % 16 == 0
-
-
-@functools.cache
-def device_capability(device):
-    return torch.cuda.get_device_capability(device)
 
 
 def cdiv(a, b):
@@ -350,7 +342,7 @@ class QuantChain:
             return self.without_gpu(tensors, out, plan)
         views = plan["views"](tensors)
         out2d = out.view(-1, out.shape[-1])
-        if config is None and plan["hopper"] and out2d.is_contiguous() and aligned(out2d):
+        if config is None and plan["hopper"] and out2d.is_contiguous() and tma_ready(out2d):
             self.launch_hopper(plan, views, out2d)
             return out
         if config is None:
@@ -398,13 +390,14 @@ class QuantChain:
             return False
         if plan["interpreted"] or plan["device"].type != "cuda":
             return False
-        if device_capability(plan["device"]) != (9, 0) or plan["rows"] < HOPPER_MIN_ROWS:
+        capability = torch.cuda.get_device_capability(plan["device"])
+        if capability != (9, 0) or plan["rows"] < HOPPER_MIN_ROWS:
             return False
         if plan["out_dtype"] not in (torch.bfloat16, torch.float16) or plan["cols"] % 8:
             return False
         x, xs, wg, wgs, wu, wus = (views[i] for i in self.hopper)
         try:
-            stored = all(t.dim() == 2 and t.is_contiguous() and aligned(t) for t in (x, wg, wu))
+            stored = all(t.dim() == 2 and t.is_contiguous() and tma_ready(t) for t in (x, wg, wu))
         except RuntimeError:  # torch.compile's fake tensors have no address
             return False
         return (
@@ -557,7 +550,7 @@ class QuantChain:
         rows, cols = sizes[row_dim], sizes[col_dim]
         out_shape = (*(lead or (rows,)), cols)
         interpreted = type(self.kernel).__name__ == "InterpretedFunction"
-        runs = device.type == "cuda" or (device.type == "cpu" and interpreted)
+        runs = runs_triton(device, interpreted)
         fp8 = self.module["FP8_DOT"]
         dot = "fp8" if fp8 else ("fp32" if interpreted else str(dtype).replace("torch.", ""))
         counts = [
