@@ -201,6 +201,48 @@ def orphans(
     return sorted(set(out))
 
 
+def renamed_hubs(
+    loaded: Loaded, out_dir: Path, hub: str | None, folders: set[str] = frozenset()
+) -> tuple[list[Path], list[Path], list[tuple[Path, Path]]]:
+    """A `kernels` repository's packages of an earlier --kernels-hub name, beside this
+    build's (metadata.json names one package, so the old one would be left dead in the
+    repository): (those packages, their files to remove, their tuned tables to move into
+    this build's package where it has none of that name). A package is taken only where every file
+    in it is fusegen's for these specs (its modules', __init__.py's and layers.py's
+    headers, the runtime, tables of this build's kernels)."""
+    if hub is None:
+        return [], [], []
+    variant = out_dir / "build" / hub_text.VARIANT
+    current = modules_dir(out_dir, hub)
+    names = {k.name for k in loaded.kernels}
+    packages: list[Path] = []
+    remove: list[Path] = []
+    move: list[tuple[Path, Path]] = []
+    for package in sorted(variant.iterdir()) if variant.is_dir() else []:
+        if not package.is_dir() or package.name == current.name:
+            continue
+        files = sorted(
+            p for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+        )
+        ours = set(orphans(loaded, [], package, folders))
+        ours |= {p for p in files if p.parent.name == codegen.RUNTIME_DIR}
+        tables_here = [p for p in files if p.name in {f"{n}{tables.SUFFIX}" for n in names}]
+        for own in ("__init__.py", "layers.py"):
+            try:
+                first = (package / own).read_text(encoding="utf-8").split("\n", 1)[0]
+            except (OSError, UnicodeDecodeError):
+                continue
+            if first.startswith(HEADER_PREFIX) and "`kernels` " in first:
+                ours.add(package / own)
+        if package / "__init__.py" not in ours or set(files) - ours - set(tables_here):
+            continue  # not a package of ours, or something else lives in it
+        packages.append(package)
+        remove += sorted(ours)
+        move += [(t, current / t.name) for t in tables_here if not (current / t.name).exists()]
+        remove += [t for t in tables_here if (current / t.name).exists()]
+    return packages, remove, move
+
+
 def table_problems(loaded: Loaded, planned: list[Planned], out_dir: Path) -> list[tuple[Path, str]]:
     """(table path, what is wrong) for each tuned table beside a planned module that
     cannot be read or holds entries tuned for other kernel source."""

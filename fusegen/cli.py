@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -434,10 +435,13 @@ def _build(args: argparse.Namespace) -> int:
     stale = build.orphans(loaded, planned, modules, folders)
     stale += build.orphan_tables(loaded, modules, folders)
     tuned = build.table_problems(loaded, planned, modules)
+    old_packages, old_hub, tables_to_move = build.renamed_hubs(loaded, out_dir, hub, folders)
     if args.check:
+        renamed = f"a package of an earlier --kernels-hub name (the repository is {hub} now)"
         outdated = writer.differences(planned) + [
             (p, "no kernel in the specs makes it any more") for p in stale
         ]
+        outdated += [(p, renamed) for p in old_packages]
         for path, what in outdated + tuned:
             print(f"{path}: {what}", file=sys.stderr)
         specs = " ".join(args.specs) + (f" --out {args.out}" if args.out != "generated" else "")
@@ -468,6 +472,17 @@ def _build(args: argparse.Namespace) -> int:
     for path in stale:
         path.unlink()
         print(f"removed {path} (no kernel in the specs makes it any more)")
+    for table, target in tables_to_move:
+        table.replace(target)
+        print(f"moved {table} to {target} (the repository is {hub} now)")
+    for path in old_hub:
+        path.unlink()
+    for folder in sorted({p.parent for p in old_hub}, key=lambda p: -len(p.parts)):
+        shutil.rmtree(folder / "__pycache__", ignore_errors=True)
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+    for package in old_packages:
+        print(f"removed {package} (a package of an earlier --kernels-hub name)")
     for path, what in tuned:
         print(f"warning: {path}: {what}", file=sys.stderr)
     print(

@@ -98,6 +98,32 @@ def test_renamed_kernel_leaves_no_stale_module(write_spec, run_cli, tmp_path):
     ]
 
 
+def test_renamed_kernels_hub_leaves_no_old_package(write_spec, run_cli, tmp_path):
+    # metadata.json names one package: the old name's is removed, its tuned table moved
+    # into the new one; a package holding a file of the user's is left alone.
+    spec = write_spec(GOOD)
+    repo, variant = tmp_path / "repo", tmp_path / "repo" / "build" / "torch-universal"
+    for name in ("kept-name", "first-name"):
+        assert run_cli("build", str(spec), "--out", str(repo), "--kernels-hub", name)[0] == 0
+        (variant / "kept_name" / "notes.txt").write_text("mine")
+    (variant / "first_name" / "relu_plus.tuned.json").write_text("{}")
+    args = ("build", str(spec), "--out", str(repo), "--kernels-hub", "new-name")
+    code, _, err = run_cli(*args, "--check")
+    assert code == 1 and "first_name: a package of an earlier --kernels-hub name" in err
+    assert "kept_name" not in err
+    code, out, _ = run_cli(*args)
+    assert code == 0 and "first_name (a package of an earlier --kernels-hub name)" in out
+    assert sorted(p.name for p in variant.iterdir()) == [
+        "kept_name",
+        "metadata.json",
+        "new_name",
+    ]
+    assert (variant / "new_name" / "relu_plus.tuned.json").read_text() == "{}"
+    assert (variant / "kept_name" / "notes.txt").exists()
+    err = run_cli(*args, "--check")[2]
+    assert "package of an earlier" not in err and "relu_plus.tuned.json" in err  # "{}"
+
+
 def test_kernel_name_used_in_two_files(write_spec, run_cli):
     a = write_spec(GOOD, "a.yaml")
     b = write_spec(GOOD, "b.yaml")
