@@ -30,22 +30,19 @@ import torch
 import triton
 
 from . import launch
+from .gluon_hopper import AVAILABLE
 
-try:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
+if AVAILABLE:  # else (a Triton without Gluon) the `tl` kernel runs
+    from .gluon_hopper import (
+        TensorDescriptor,
         fence_async_shared,
+        gl,
+        gluon,
         mbarrier,
         tma,
         warpgroup_mma,
         warpgroup_mma_wait,
     )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    AVAILABLE = True
-except ImportError:  # a Triton without Gluon: the `tl` kernel runs
-    AVAILABLE = False
 
 # A consumer's rows, the output tile's columns (one weight scale block), x's K step (one
 # scale group), the ring's slots (48 KB each), the row tiles that sweep the columns

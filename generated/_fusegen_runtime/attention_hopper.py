@@ -35,22 +35,19 @@ import torch
 import triton
 
 from . import launch
+from .gluon_hopper import AVAILABLE
 
-try:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
+if AVAILABLE:  # else (a Triton without Gluon) the `tl` kernels run
+    from .gluon_hopper import (
+        TensorDescriptor,
         fence_async_shared,
+        gl,
+        gluon,
         mbarrier,
         tma,
         warpgroup_mma,
         warpgroup_mma_wait,
     )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    AVAILABLE = True
-except ImportError:  # a Triton without Gluon: the `tl` kernels run
-    AVAILABLE = False
 
 LOG2E = 1.4426950408889634
 # (q and k's head dim, v's) the kernel is written for: v's parts of the dim are q's first

@@ -54,12 +54,7 @@ BLOCK_M, BLOCK_N, STAGES, PAIRED_DOTS = 64, 64, 2, True
 HEAD_DIMS = attention_hopper.HEAD_DIMS
 
 if attention_hopper.AVAILABLE:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        mbarrier,
-        warpgroup_mma_wait,
-    )
+    from .gluon_hopper import gl, gluon, mbarrier, warpgroup_mma_wait
 
     from .attention_hopper import (
         _accumulators,
