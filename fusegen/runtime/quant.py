@@ -581,7 +581,8 @@ class QuantChain:
 
         words = self.gemv and all(_in_words(views[n]) for n in self.quant)
         int64 = any(t.numel() >= 2**31 for t in tensors) or rows * cols >= 2**31
-        dot_dtype = torch.float32 if interpreted else dtype
+        # The interpreter's bf16 dots are wrong (its fp16 ones right): bf16 calls dot in fp32 there.
+        dot_dtype = torch.float32 if interpreted and dtype == torch.bfloat16 else dtype
         consts = {"INT64": int64, "DOT_DTYPE": TL_DTYPES[dot_dtype]}
         if self.module.get("FAST_TANH_USED"):
             consts["FAST_TANH"] = (
