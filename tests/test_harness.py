@@ -47,6 +47,7 @@ def namespace(**changes):
         "CASES": [{"M": 1}, {"M": 5}],
         "ALIGNED": {"M": 5},
         "HEAVY": False,
+        "KINKED": False,
         "OUTPUTS": ["out"],
         "REDUCES": False,
         "SOURCE": "x",

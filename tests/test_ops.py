@@ -228,6 +228,21 @@ def test_derivatives_match_autograd(name):
         torch.testing.assert_close(form, pytorch, rtol=1e-7, atol=1e-9)
 
 
+def test_kinked_names_the_activations_whose_derivative_jumps():
+    # A jump between neighbours 1e-4 apart: a smooth derivative moves by far less, for
+    # its size (exp's by 1e-4 of itself). softplus's jump at its threshold (1 -
+    # sigmoid(20), 2e-9) is not one; elu's is where alpha is not 1.
+    x = torch.linspace(-8, 8, 160001, dtype=torch.float64)
+    jumps = set()
+    for name, act in ops.ACTIVATIONS.items():
+        params = {**PARAMS.get(name, {}), **({"alpha": 0.5} if name == "elu" else {})}
+        grad = torch.as_tensor(grad_form(act, params)(x), dtype=torch.float64).expand_as(x)
+        if (grad.diff().abs() > 1e-2 * (1 + grad[1:].abs())).any():
+            jumps.add(name)
+    assert jumps == ops.KINKED & set(ops.ACTIVATIONS)
+    assert ops.KINKED - set(ops.ACTIVATIONS) == {"max"}  # the row op: its argmax swaps
+
+
 def test_binary_derivatives():
     """add, sub, mul, div: the value's and the operand's gradient, against autograd."""
     generator = torch.Generator().manual_seed(0)

@@ -864,3 +864,19 @@ def test_meta_tensors_give_shapes_under_the_interpreter_too():
     scales = torch.empty(3, 2, **meta), torch.empty(1, 2, **meta)
     out = fp8.deepseek_mlp_fp8(x8, scales[0], w8, scales[1], w8, scales[1])
     assert out.shape == (3, 128) and out.device.type == "meta"
+
+
+def test_a_view_whose_offsets_pass_2_31_takes_int64_offsets():
+    # x = big[:, :K] holds few elements, but its rows lie 2**26 apart: its last offset is
+    # past 2**31, which the element counts alone (the earlier rule) did not see. Meta
+    # tensors: the plan is made, the reference gives the shapes.
+    module = generated("linear_int8")
+    meta = {"device": "meta"}
+    w = torch.empty(48, 64, dtype=torch.int8, **meta)
+    w_scale, b = torch.empty(48, **meta), torch.empty(48, dtype=torch.bfloat16, **meta)
+    for row_stride, wide in ((1024, False), (2**26, True)):
+        x = torch.empty(40, row_stride, dtype=torch.bfloat16, **meta)[:, :64]
+        module._CHAIN.plans.clear()
+        assert module.linear_int8(x, w, w_scale, b).shape == (40, 48)
+        (plan,) = module._CHAIN.plans.values()
+        assert plan["consts"]["INT64"] is wide

@@ -170,6 +170,15 @@ def bound_row(step: RowStep) -> list[str]:
     return lines + ["v = y"]
 
 
+def kinked(kernel: Kernel) -> bool:
+    """Whether an op of the chain has a derivative that jumps (ops.KINKED): only then may
+    a few elements of a gradient miss the bound (runtime/equivalence.py)."""
+    row = kernel.row_step
+    return any(s.op in ops.KINKED for s in steps_in_order(kernel)) or (
+        row is not None and row.op in ops.KINKED
+    )
+
+
 def heavy(kernel: Kernel) -> bool:
     """Whether the spec fixes weights so large that each interpreter launch takes seconds."""
     mm = kernel.matmul

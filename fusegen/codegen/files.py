@@ -66,6 +66,7 @@ from fusegen.codegen.equivalence_text import (
     cases,
     dist,
     heavy,
+    kinked,
 )
 
 BLACK_MODE = black.Mode(line_length=100, target_versions={black.TargetVersion.PY310})
@@ -787,6 +788,7 @@ def test_context(kernel: Kernel) -> dict:
         "matmul": mm is not None,
         "has_tma": nvidia_matmul,
         "heavy": heavy(kernel),
+        "kinked": kinked(kernel),
         "cases_gpu": repr(gpu),
         "ref_args": ", ".join(t.name for t in kernel.inputs),
         "matmul_operands": repr([t.name for t in tma_operands(kernel)] if mm else []),

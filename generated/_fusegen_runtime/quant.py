@@ -26,6 +26,7 @@ from .checks import (
     bucket,
     config_values_problems,
     errors_named,
+    needs_int64,
     refuse_grad_out,
     runs_triton,
     shares_memory,
@@ -552,7 +553,9 @@ class QuantChain:
         interpreted = type(self.kernel).__name__ == "InterpretedFunction"
         runs = runs_triton(device, interpreted)
         fp8 = self.module["FP8_DOT"]
-        dot = "fp8" if fp8 else ("fp32" if interpreted else str(dtype).replace("torch.", ""))
+        # The interpreter's bf16 dots are wrong (its fp16 ones right): bf16 calls dot in fp32 there.
+        dot_dtype = torch.float32 if interpreted and dtype == torch.bfloat16 else dtype
+        dot = "fp8" if fp8 else str(dot_dtype).replace("torch.", "")
         counts = [
             (
                 views[n].dim()
@@ -582,9 +585,11 @@ class QuantChain:
             return out
 
         words = self.gemv and all(_in_words(views[n]) for n in self.quant)
-        int64 = any(t.numel() >= 2**31 for t in tensors) or rows * cols >= 2**31
-        # The interpreter's bf16 dots are wrong (its fp16 ones right): bf16 calls dot in fp32 there.
-        dot_dtype = torch.float32 if interpreted and dtype == torch.bfloat16 else dtype
+        # Offsets reach 2**31 by a stride too: x = qkv[:, :K] holds few elements.
+        int64 = (
+            needs_int64(*(t for t in tensors if isinstance(t, torch.Tensor)))
+            or rows * cols >= 2**31
+        )
         consts = {"INT64": int64, "DOT_DTYPE": TL_DTYPES[dot_dtype]}
         if self.module.get("FAST_TANH_USED"):
             consts["FAST_TANH"] = (
