@@ -41,7 +41,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("4a975b11ad79451b", "attention")
+_rt = _runtime("56bbf1ae631edd28", "attention")
 # [batch, k_len] padding mask (1 where a key is real) -> key_ranges: see its docstring.
 key_ranges_from_mask = _rt.key_ranges_from_mask
 
@@ -74,6 +74,15 @@ PACKED_ROWS = 64
 # everywhere): 4-7% faster at head dim 128 on an H200
 # (benchmarks/experiments/attention_variants.py).
 TMA_LOADS = True
+
+
+@triton.jit
+def _widened(a, b, c, INT64: tl.constexpr):
+    """Three strides, in 64 bits where INT64 (an offset inside one batch entry reaches
+    2**31, where their products with int32 positions would wrap), else as given."""
+    if INT64:
+        a, b, c = tl.cast(a, tl.int64), tl.cast(b, tl.int64), tl.cast(c, tl.int64)
+    return a, b, c
 
 
 @triton.jit
@@ -179,7 +188,7 @@ def _mistral_sliding_window_forward(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     LENGTHS: tl.constexpr, RANGES: tl.constexpr,
-    SPLIT: tl.constexpr, PACKED: tl.constexpr, TMA: tl.constexpr,
+    SPLIT: tl.constexpr, INT64: tl.constexpr, PACKED: tl.constexpr, TMA: tl.constexpr,
     # fmt: on
 ):
     """One program: BLOCK_M query rows of one (batch, head), over the key blocks they
@@ -188,6 +197,10 @@ def _mistral_sliding_window_forward(
     out and log-sum-exp _mistral_sliding_window_combine adds up. PACKED (decode): the group's
     4 query heads of kv head program_id(1) in one block, row r being head r // SQ's
     position r % SQ, so that each key block is loaded once for all of them."""
+    stride_q_b, stride_q_h, stride_q_s = _widened(stride_q_b, stride_q_h, stride_q_s, INT64)
+    stride_k_b, stride_k_h, stride_k_s = _widened(stride_k_b, stride_k_h, stride_k_s, INT64)
+    stride_v_b, stride_v_h, stride_v_s = _widened(stride_v_b, stride_v_h, stride_v_s, INT64)
+    stride_o_b, stride_o_h, stride_o_s = _widened(stride_o_b, stride_o_h, stride_o_s, INT64)
     pid_m = tl.program_id(0)
     first_row = pid_m * BLOCK_M
     if PACKED:
@@ -429,12 +442,17 @@ def _mistral_sliding_window_backward_kv(
     stride_dk_b, stride_dk_h, stride_dk_s,  # d_k and d_v: k's shape, contiguous
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_UPCAST: tl.constexpr, PRECISION: tl.constexpr, LENGTHS: tl.constexpr,
-    RANGES: tl.constexpr, TMA: tl.constexpr,
+    RANGES: tl.constexpr, INT64: tl.constexpr, TMA: tl.constexpr,
     # fmt: on
 ):
     """dk and dv for BLOCK_N keys of one (batch, kv head): summed over its 4 query
     head(s) and the query blocks that see them, in registers (no atomics: the same sums
     in the same order every run)."""
+    stride_q_b, stride_q_h, stride_q_s = _widened(stride_q_b, stride_q_h, stride_q_s, INT64)
+    stride_k_b, stride_k_h, stride_k_s = _widened(stride_k_b, stride_k_h, stride_k_s, INT64)
+    stride_v_b, stride_v_h, stride_v_s = _widened(stride_v_b, stride_v_h, stride_v_s, INT64)
+    stride_do_b, stride_do_h, stride_do_s = _widened(stride_do_b, stride_do_h, stride_do_s, INT64)
+    stride_dk_b, stride_dk_h, stride_dk_s = _widened(stride_dk_b, stride_dk_h, stride_dk_s, INT64)
     pid_n = tl.program_id(0)
     batch = tl.program_id(1) // 8
     kv_head = tl.program_id(1) % 8
@@ -522,10 +540,15 @@ def _mistral_sliding_window_backward_q(
     stride_dq_b, stride_dq_h, stride_dq_s,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_UPCAST: tl.constexpr, PRECISION: tl.constexpr, LENGTHS: tl.constexpr,
-    RANGES: tl.constexpr, TMA: tl.constexpr,
+    RANGES: tl.constexpr, INT64: tl.constexpr, TMA: tl.constexpr,
     # fmt: on
 ):
     """dq for BLOCK_M query rows of one (batch, head), over the keys they see."""
+    stride_q_b, stride_q_h, stride_q_s = _widened(stride_q_b, stride_q_h, stride_q_s, INT64)
+    stride_k_b, stride_k_h, stride_k_s = _widened(stride_k_b, stride_k_h, stride_k_s, INT64)
+    stride_v_b, stride_v_h, stride_v_s = _widened(stride_v_b, stride_v_h, stride_v_s, INT64)
+    stride_do_b, stride_do_h, stride_do_s = _widened(stride_do_b, stride_do_h, stride_do_s, INT64)
+    stride_dq_b, stride_dq_h, stride_dq_s = _widened(stride_dq_b, stride_dq_h, stride_dq_s, INT64)
     pid_m = tl.program_id(0)
     batch = tl.program_id(1) // 32
     head = tl.program_id(1) % 32
@@ -680,7 +703,7 @@ TUNED_TABLE = (
     "mistral_sliding_window.tuned.json"  # beside this file, written by `fusegen tune` on a GPU
 )
 # The kernels' source a table entry must have been measured on:
-KERNEL_HASH = "bae4b55893332343"
+KERNEL_HASH = "26e89bac206fb6b7"
 _ATTENTION = _rt.Attention(
     globals(),
     "mistral_sliding_window",

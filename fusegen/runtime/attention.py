@@ -8,6 +8,7 @@ An attention module keeps its kernels, its constants and `reference`; it makes o
 may patch TMA_LOADS or a tool fill FORCED)."""
 
 import logging
+import math
 from typing import Optional
 
 import torch
@@ -405,6 +406,7 @@ class Attention:
             "PRECISION": self.dot_precision(q),
             "LENGTHS": key_lengths is not None, "SPLIT": splits > 1,
             "RANGES": key_lengths is not None and key_lengths.dim() == 2,
+            "INT64": wide_offsets(inputs[: 4 if self.bias else 3], [plan.out_shape]),
             **({"PACKED": packed} if self.packs else {}),
             **({"TMA": self.tma_loads(*kv)} if self.tma else {}),
             **({"FAST_TANH": self.fast_tanh(q)} if self.softcap else {}),
@@ -464,6 +466,9 @@ class Attention:
             **({"BLOCK_DV": block_dv} if self.split_v else {}),
             "PRECISION": self.dot_precision(q), "LENGTHS": key_lengths is not None,
             "RANGES": key_lengths is not None and key_lengths.dim() == 2,
+            "INT64": wide_offsets(
+                (q, k, v, out, d_out, *inputs[3:4]), bias_grad=sq * skv if self.bias else 0
+            ),
             **({"FAST_TANH": self.fast_tanh(q)} if self.softcap else {}),
             **({"BIAS_ROW": bias_row(bias[1:])} if self.bias else {}),
         }  # fmt: skip
@@ -749,6 +754,8 @@ class Attention:
         if cdiv(sq, 128) * batch * self.module["HEADS"] < self.sm_count(q.device):
             return False
         if q.dtype not in (torch.bfloat16, torch.float16):
+            return False
+        if wide_offsets(inputs[:3]):  # the Gluon kernels' offsets are 32-bit
             return False
         return all(t.is_contiguous() and (traced or t.data_ptr() % 16 == 0) for t in inputs[:3])
 
@@ -1130,6 +1137,18 @@ def key_ranges_from_mask(attention_mask, check=True):
                 "mask as an additive bias ([batch, 1, 1, k_len], -inf where masked)"
             )
     return torch.stack([start, end], dim=-1).to(torch.int32)
+
+
+def wide_offsets(tensors, shapes=(), bias_grad=0):
+    """Whether an offset inside one batch entry reaches 2**31 (the kernels' INT64: their
+    positions times strides in 64 bits; the batch's offset always is): for the tensors
+    as they lie (every dim but the first), for the contiguous tensors of `shapes` the
+    call makes, and (bias_grad: q_len * k_len) for d bias's [q_len, k_len] of one head."""
+    spans = [
+        sum((n - 1) * s for n, s in zip(t.shape[1:], t.stride()[1:], strict=True)) for t in tensors
+    ]
+    spans += [math.prod(shape[1:]) - 1 for shape in shapes]
+    return max([*spans, bias_grad - 1, 0]) >= 2**31
 
 
 def bias_row(strides):
