@@ -467,8 +467,8 @@ def test_attention_lowers_with_defaults(write_spec):
         ({"softcap": "true"}, "attention.softcap", "a valid number"),
         ({"heads": '"32"'}, "attention.heads", "a valid integer"),
         ({"head_dim": "128.0"}, "attention.head_dim", "a valid integer"),
-        ({"causal": '"yes"'}, "attention.causal", "a valid boolean"),
-        ({"bias": 1}, "attention.bias", "a valid boolean"),
+        ({"causal": '"yes"'}, "attention.causal", "a flag, got 'yes'"),
+        ({"bias": 1}, "attention.bias", "a flag, got 1"),
         # Within what fp32 scores and int32 positions hold.
         ({"scale": ".inf"}, "attention.scale", "a finite number"),
         ({"scale": "1e-300"}, "attention.scale", "greater than or equal to 0.000001"),

@@ -80,6 +80,24 @@ def test_yaml_booleans_as_keys_stay_names(write_spec):
     assert source.load(write_spec("on: 1\n")).data == {"on": 1}
 
 
+def test_only_true_and_false_are_booleans(write_spec):
+    # YAML 1.2 and the JSON Schema: `nonfinite: off` (docs/spec.md's example) is the word.
+    text = "a: off\nb: yes\nc: On\nd: true\ne: FALSE\nf: 'true'\n"
+    data = source.load(write_spec(text)).data
+    assert data == {"a": "off", "b": "yes", "c": "On", "d": True, "e": False, "f": "true"}
+
+
+def test_a_flag_given_yes_says_what_a_flag_takes(write_spec, run_cli):
+    spec = write_spec(
+        "kernels:\n  - name: k\n    dims: {M: dynamic, N: 96}\n    inputs: {x: [M, N]}\n"
+        "    chain: [{input: x}, relu]\n    deterministic: yes\n"
+        "    fallback: {no_gpu: reference, nonfinite: off}\n"
+    )
+    code, _, err = run_cli("validate", str(spec))
+    assert code == 2 and "6:20: kernels[0].deterministic: a flag, got 'yes'" in err
+    assert "true or false" in err and "nonfinite" not in err
+
+
 @pytest.mark.parametrize(
     "text, message",
     [

@@ -287,6 +287,9 @@ def _pydantic_errors(
             continue
         if err["type"] == "missing":
             message = f"missing required field '{err['loc'][-1]}'"
+        if err["type"] in ("bool_type", "bool_parsing"):
+            message = f"a flag, got {err['input']!r}"
+            hint = "true or false (YAML 1.2: `yes`, `on`, `off` are text)"
         out.append(source.error(tuple(path), message, hint))
     return out
 

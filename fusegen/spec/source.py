@@ -163,13 +163,21 @@ class _Loader(yaml.SafeLoader):
             self.depth -= 1
 
 
+# YAML 1.2's booleans, true and false alone: 1.1's `yes`, `no`, `on`, `off` are text (as
+# the JSON Schema's editors read them), so `nonfinite: off` is the word.
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _YAML + "bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    _YAML + "bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
 # YAML 1.2's floats that YAML 1.1 leaves as text: digits and an exponent, no dot.
 _Loader.add_implicit_resolver(
     _YAML + "float",
     re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
     list("-+0123456789"),
 )
-
 
 _INVALID = object()  # a scalar that was reported as an error
 
@@ -341,8 +349,7 @@ class _Walker:
                 if key is _INVALID:
                     continue
                 if isinstance(key, bool) or not isinstance(key, (str, int)):
-                    # YAML 1.1 reads `on`, `off`, `yes`, `no` as booleans.
-                    key = key_node.value
+                    key = key_node.value  # a key `true`: the text
             if key in seen:
                 line, col = self.mark(key_node)
                 self.errors.append(
