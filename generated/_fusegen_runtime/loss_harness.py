@@ -253,6 +253,11 @@ def edge_tests(suite):
         for f, g in zip(flat, got, strict=True):
             assert g.shape == (f.shape if f.dim() == 0 else (2, tokens // 2)), g.shape
             torch.testing.assert_close(g.flatten(), f.flatten(), rtol=0, atol=0)
+        # The reference (the fallback without a GPU) takes them too: F.cross_entropy
+        # wants int64 labels.
+        plain = suite.outputs(kernel.reference, inputs)
+        for f, g in zip(plain, suite.outputs(kernel.reference, shaped), strict=True):
+            torch.testing.assert_close(g.flatten(), f.flatten(), rtol=0, atol=0)
 
     def test_strided_labels_and_bias():
         # Every other token of a longer batch: the labels (and bias) strided views.
