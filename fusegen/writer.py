@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,13 @@ def differences(planned: list[Planned]) -> list[tuple[Path, str]]:
     return out
 
 
+def _fresh_mode() -> int:
+    """The mode open() gives a new file here: 0666 less the umask."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def write_all(planned: list[Planned], last: tuple[Path, ...] = ()) -> list[Path]:
     """Write every file that changed, all or nothing: each new text goes to a temporary
     file beside its target first; only when every one is written are they renamed into
@@ -65,6 +73,7 @@ def write_all(planned: list[Planned], last: tuple[Path, ...] = ()) -> list[Path]
             raise WriteError(f"{item.path}: cannot read it: {exc.strerror or exc}") from None
     changed.sort(key=lambda item: item.path in last)
     temporary: list[tuple[str, Path]] = []
+    fresh = _fresh_mode()
     try:
         for item in changed:
             item.path.parent.mkdir(parents=True, exist_ok=True)
@@ -74,6 +83,12 @@ def write_all(planned: list[Planned], last: tuple[Path, ...] = ()) -> list[Path]
             temporary.append((tmp, item.path))
             with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
                 f.write(item.text)
+            # mkstemp makes 0600: the file keeps its mode, or a new one gets the umask's.
+            try:
+                mode = stat.S_IMODE(item.path.stat().st_mode)
+            except FileNotFoundError:
+                mode = fresh
+            os.chmod(tmp, mode)
     except OSError as exc:
         for tmp, _ in temporary:
             Path(tmp).unlink(missing_ok=True)
