@@ -24,7 +24,10 @@ if not torch.cuda.is_available():
     # Must be set before the kernel module is imported: triton.jit reads it then.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import llama3_attention as kernel  # noqa: E402
+try:
+    from . import llama3_attention as kernel
+except ImportError:
+    import llama3_attention as kernel
 
 ON_GPU = torch.cuda.is_available()
 # (batch, q_len, k_len): sizes no block divides; more queries than keys (rows that see no

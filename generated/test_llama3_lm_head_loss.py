@@ -22,7 +22,10 @@ if not torch.cuda.is_available():
     # Must be set before the kernel module is imported: triton.jit reads it then.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import llama3_lm_head_loss as kernel  # noqa: E402
+try:
+    from . import llama3_lm_head_loss as kernel
+except ImportError:
+    import llama3_lm_head_loss as kernel
 
 ON_GPU = torch.cuda.is_available()
 # (tokens, hidden, vocab; a size the spec fixes wins): no block divides them; one token.

@@ -172,3 +172,38 @@ def test_a_module_refuses_a_runtime_it_was_not_built_with(tmp_path):
     )
     assert result.returncode == 1
     assert "_fusegen_runtime: not the runtime of m; run `fusegen build`" in result.stderr
+
+
+TESTS_AS_PACKAGE = """
+import importlib, os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, sys.argv[1])
+for name in sys.argv[2:]:
+    module = importlib.import_module(f"kernels.test_{name}")
+    assert module.kernel.__name__ == f"kernels.{name}", module.kernel.__name__
+    print(name, "ok")
+"""
+# One generated test module of each kind: a chain's, an attention's, a loss head's, a
+# quantized chain's.
+TEST_KINDS = ("bias_gelu_residual", "llama3_attention", "llama3_lm_head_loss", "linear_int8")
+
+
+def test_generated_tests_import_from_a_package(tmp_path):
+    # A user who makes the output folder a package (pytest's rootdir-relative imports)
+    # gets the tests importing their module as a package member.
+    package = tmp_path / "kernels"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for name in TEST_KINDS:
+        for file in (f"{name}.py", f"test_{name}.py"):
+            shutil.copy(ROOT / "generated" / file, package)
+    shutil.copytree(ROOT / "generated" / "_fusegen_runtime", package / "_fusegen_runtime")
+    result = subprocess.run(
+        [sys.executable, "-c", TESTS_AS_PACKAGE, str(tmp_path), *TEST_KINDS],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.split() == [w for name in TEST_KINDS for w in (name, "ok")]
