@@ -67,6 +67,7 @@ SOURCE = "x"  # the input an elementwise chain starts from
 MATMUL_OPERANDS = []
 # Row ops also get a constant row and a row of large values in every [ROW, COL] input.
 SPECIAL_ROWS = True
+SOFTMAX_MASK = None  # its additive mask input
 
 # What the spec asks of the launcher, each with tests of its own.
 TMA = False  # a TMA kernel for sm_90+ GPUs beside the portable one

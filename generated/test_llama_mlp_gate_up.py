@@ -68,6 +68,7 @@ SOURCE = ""  # the input an elementwise chain starts from
 MATMUL_OPERANDS = ["x", "w_gate", "w_up"]
 # Row ops also get a constant row and a row of large values in every [ROW, COL] input.
 SPECIAL_ROWS = False
+SOFTMAX_MASK = None  # its additive mask input
 
 # What the spec asks of the launcher, each with tests of its own.
 TMA = True  # a TMA kernel for sm_90+ GPUs beside the portable one

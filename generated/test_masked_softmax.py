@@ -69,6 +69,7 @@ SOURCE = "scores"  # the input an elementwise chain starts from
 MATMUL_OPERANDS = []
 # Row ops also get a constant row and a row of large values in every [ROW, COL] input.
 SPECIAL_ROWS = True
+SOFTMAX_MASK = "mask"  # its additive mask input
 
 # What the spec asks of the launcher, each with tests of its own.
 TMA = False  # a TMA kernel for sm_90+ GPUs beside the portable one

@@ -281,8 +281,9 @@ def test_one_runtime_per_folder_names_its_version_and_hash():
 @pytest.mark.parametrize("path", ATTENTION, ids=lambda p: p.name)
 def test_attention_modules_are_short(path):
     """An attention module is its kernels, constants and reference: the launcher, checks,
-    autograd and ops are the runtime's Attention."""
-    assert len(path.read_text().splitlines()) <= 700
+    autograd and ops are the runtime's Attention. (730: the kernels' 64-bit strides for
+    offsets past 2**31 took the longest, Mistral's, from 698 lines to 721.)"""
+    assert len(path.read_text().splitlines()) <= 730
 
 
 CHAIN_TESTS = [p.parent / f"test_{p.name}" for p in CHAINS]

@@ -53,6 +53,7 @@ def namespace(**changes):
         "SOURCE": "x",
         "MATMUL_OPERANDS": [],
         "SPECIAL_ROWS": False,
+        "SOFTMAX_MASK": None,
         "TMA": False,
         "FAST_TANH": False,
         "ESTIMATED_DEFAULT": False,

@@ -782,6 +782,7 @@ def test_context(kernel: Kernel) -> dict:
         "reduces": kernel.reduces,
         "source": kernel.source or "",
         "special_rows": kernel.row_step is not None,
+        "softmax_mask": dict(kernel.row_step.operands).get("mask") if kernel.row_step else None,
         "bound_returns": bound_returns(kernel),
         "aligned_cpu": repr(aligned_cpu),
         "aligned_gpu": repr(aligned_gpu),

@@ -212,8 +212,39 @@ def value_tests(chain):
             assert want.isnan().any()
             assert torch.equal(out.isnan(), want.isnan()), (name, out, want)
 
+    @pytest.mark.skipif(not chain.softmax_mask, reason="no softmax mask")
+    def test_masked_keys_as_in_pytorch():
+        # -inf in the additive mask: one key hidden from a row, the first block of keys
+        # from another, every key from a third (NaN, as PyTorch's softmax gives; a [cols]
+        # mask hides keys from every row, then every key). Both ways a row is read.
+        dtype, seed, sizes = dtypes[-1], new_seed(), {**sizes_of, **chain.cases[-1]}
+        inputs = chain.make_inputs(sizes, dtype, seed)
+        mask = inputs[chain.softmax_mask].clone()
+        cols = mask.shape[-1]
+        if mask.dim() == 1:
+            mask[[0, cols // 2]] = float("-inf")
+            mask[: min(16, cols)] = float("-inf")
+        else:
+            mask[0, cols // 2] = mask[min(1, mask.shape[0] - 1), : min(16, cols)] = float("-inf")
+            mask[-1] = float("-inf")
+        inputs[chain.softmax_mask] = mask
+        exact = {n: t.double() for n, t in inputs.items()}
+        wanted = as_tuple(kernel.reference(**exact, out_dtype=torch.float64))
+        whole = 1 << max(4, (sizes[chain.col] - 1).bit_length())
+        for block in (whole, max(16, whole // 4)):
+            config = {**kernel.INTERPRETER_CONFIG, "BLOCK_M": 2, "BLOCK_N": block}
+            got = as_tuple(launcher(**inputs, **chain.output_buffers(sizes, dtype), config=config))
+            for out, want in zip(got, wanted, strict=True):
+                assert torch.equal(out.isnan(), want.isnan()), (block, out, want)
+                # A masking bug moves whole rows; the sum's rounding grows with the columns.
+                tol = 4 * chain.out_rounding[out.dtype] + cols * 2.0**-24
+                torch.testing.assert_close(
+                    out.double(), want, rtol=tol, atol=tol, equal_nan=True, msg=f"seed {seed}"
+                )
+
     return [
         test_matches_reference,
+        test_masked_keys_as_in_pytorch,
         test_batched_leading_dims,
         test_noncontiguous_inputs,
         test_inputs_with_no_unit_stride,

@@ -87,7 +87,7 @@ class Chain:
     None, distribution, batched)), CASES and ALIGNED (sizes of the dynamic dims), HEAVY,
     KINKED,
     OUTPUTS (the launcher's output keywords), REDUCES, SOURCE, MATMUL_OPERANDS,
-    SPECIAL_ROWS, the flags TMA, FAST_TANH, NO_GPU, NONFINITE and ESTIMATED_DEFAULT,
+    SPECIAL_ROWS, SOFTMAX_MASK, the flags TMA, FAST_TANH, NO_GPU, NONFINITE and ESTIMATED_DEFAULT,
     MM_CALLS, and `reference_and_bound`."""
 
     def __init__(self, namespace):
@@ -106,6 +106,7 @@ class Chain:
         self.source = namespace["SOURCE"]
         self.matmul_operands = namespace["MATMUL_OPERANDS"]
         self.special_rows = namespace["SPECIAL_ROWS"]
+        self.softmax_mask = namespace["SOFTMAX_MASK"]
         self.tma = namespace["TMA"]
         self.fast_tanh = namespace["FAST_TANH"]
         self.no_gpu = namespace["NO_GPU"]
