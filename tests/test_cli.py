@@ -361,3 +361,17 @@ def test_tools_pass_over_loss_heads(run_cli):
         code, _, err = run_cli(command, "specs/lm_head.yaml", cwd=ROOT)
         assert code == 2 and "a loss head has no configs" in err, err
         assert "benchmarks/lm_head_loss.py" in err
+
+
+def test_a_reader_that_stops_early_gets_no_traceback():
+    # `fusegen schema | head`: the schema (70 KB) outlasts the pipe's buffer.
+    child = subprocess.Popen(
+        [sys.executable, "-m", "fusegen", "schema"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    child.stdout.read(10)
+    child.stdout.close()
+    assert child.wait(timeout=60) == 141
+    assert child.stderr.read() == b""
