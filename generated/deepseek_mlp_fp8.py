@@ -313,7 +313,7 @@ def deepseek_mlp_fp8(
 
     See the module's docstring for each argument. out: where to write (else a new
     tensor); out_dtype: the output's dtype where no input gives the call's dtype
-    (default (torch.bfloat16,)[0]); config: one config to launch (no tuning)."""
+    (default torch.bfloat16); config: one config to launch (no tuning)."""
     return _CHAIN(
         (
             x,

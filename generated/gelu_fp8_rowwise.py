@@ -258,7 +258,7 @@ def gelu_fp8_rowwise(
 
     See the module's docstring for each argument. out: where to write (else a new
     tensor); out_dtype: the output's dtype where no input gives the call's dtype
-    (default (torch.bfloat16,)[0]); config: one config to launch (no tuning)."""
+    (default torch.bfloat16); config: one config to launch (no tuning)."""
     return _CHAIN(
         (
             x,

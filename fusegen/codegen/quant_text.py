@@ -591,6 +591,7 @@ def context(
         "uses_functional": any("F." in line for line in ref),
         "dims_literal": dict_literal([(d.name, str(d.size)) for d in chain.dims]),
         "dtypes_literal": tuple_literal([dtype_literal(d) for d in chain.dtypes]),
+        "default_dtype": dtype_literal(chain.dtypes[0]),
         "out_dtype_literal": dtype_literal(chain.out_dtype) if chain.out_dtype else "None",
         "quant_literal": quant,
         "inputs_literal": inputs,
