@@ -346,6 +346,10 @@ def test_quantized_launchers_check_their_buffers_and_dtypes():
     with pytest.raises(TypeError, match="output's dtype .* is torch.int32"):
         linear.linear_int8(x[:1], w, s, b, out_dtype=torch.int32)
     assert linear.linear_int8(x[:0], w, s, b).shape == (0, 32)
+    with pytest.raises(TypeError, match=r"x, b \(the unquantized inputs\) are torch.float32"):
+        linear.linear_int8(x.float(), w, s, b.float())
+    with pytest.raises(TypeError, match="one dtype, got x torch.bfloat16, b torch.float16"):
+        linear.linear_int8(x, w, s, b.half())
     rows = torch.randn(5, 64, generator=gen).to(torch.bfloat16)
     with pytest.raises(ValueError, match="scale must be contiguous"):
         quantizer.quantize_fp8_rowwise(rows, scale=torch.zeros(1).expand(5))

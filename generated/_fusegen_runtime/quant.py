@@ -519,7 +519,7 @@ class QuantChain:
             raise ValueError(f"{self.name}: inputs on several devices: {sorted(map(str, devices))}")
         device = tensors[0].device
         named = {n: t for (n, _, _), t in zip(self.arguments, tensors, strict=True)}
-        plain = [named[n] for n, _, _ in self.inputs if n not in self.quant]
+        plain = {n: named[n] for n, _, _ in self.inputs if n not in self.quant}
         dtype = self.compute_dtype(plain, out_dtype)
         # A packed int4 operand's last dim is bound as half of K, then K from twice it.
         packed = {f"{dims[-1]}/2": None for n, dims, _ in self.inputs if self._int4(n)}
@@ -622,15 +622,13 @@ class QuantChain:
         return q is not None and q.dtype == "int4"
 
     def compute_dtype(self, plain, out_dtype):
-        """The call's dtype: the plain (unquantized, unpinned) inputs', which must agree;
+        """The call's dtype: the plain (unquantized, unpinned) inputs' (by name), which must agree;
         with none, out_dtype (where the chain does not end in a cast, whose dtype is the
         output's), else the first of DTYPES. float64: the tests' reference."""
-        found = {t.dtype for t in plain}
+        found = {t.dtype for t in plain.values()}
         if len(found) > 1:
-            raise TypeError(
-                f"{self.name}: the unquantized inputs must share one dtype, got "
-                f"{sorted(str(d) for d in found)}"
-            )
+            got = ", ".join(f"{n} {t.dtype}" for n, t in plain.items())
+            raise TypeError(f"{self.name}: the unquantized inputs must share one dtype, got {got}")
         cast = self.module["OUT_DTYPE"]
         if cast is not None and out_dtype not in (None, cast, torch.float64):
             raise TypeError(
@@ -647,7 +645,8 @@ class QuantChain:
             dtype = (out_dtype if cast is None else None) or self.module["DTYPES"][0]
         if dtype not in self.module["DTYPES"] and dtype != torch.float64:
             allowed = ", ".join(str(d).replace("torch.", "") for d in self.module["DTYPES"])
-            raise TypeError(f"{self.name}: dtype {dtype} is not one of the spec's: {allowed}")
+            whose = f"{', '.join(plain)} (the unquantized inputs) are" if plain else "out_dtype is"
+            raise TypeError(f"{self.name}: {whose} {dtype}, not one of the spec's: {allowed}")
         return dtype
 
     def check_dtype(self, name, t, q, dtype):
