@@ -347,7 +347,7 @@ def reference(
 ) -> torch.Tensor:
     """The same chain unfused: each quantized input dequantized exactly into the plain
     inputs' dtype (else out_dtype's), then one PyTorch op at a time."""
-    dtype = _CHAIN.compute_dtype((), out_dtype)
+    dtype = _CHAIN.compute_dtype({}, out_dtype)
     x = _rt.dequantize(x, x_scale, None, QUANT["x"], dtype)
     w_gate = _rt.dequantize(w_gate, w_gate_scale, None, QUANT["w_gate"], dtype)
     w_up = _rt.dequantize(w_up, w_up_scale, None, QUANT["w_up"], dtype)

@@ -334,13 +334,7 @@ def reference(
 ) -> torch.Tensor:
     """The same chain unfused: each quantized input dequantized exactly into the plain
     inputs' dtype (else out_dtype's), then one PyTorch op at a time."""
-    dtype = _CHAIN.compute_dtype(
-        (
-            x,
-            b,
-        ),
-        out_dtype,
-    )
+    dtype = _CHAIN.compute_dtype({"x": x, "b": b}, out_dtype)
     w = _rt.dequantize(w, w_scale, None, QUANT["w"], dtype)
     y = x @ w.T
     y = y + b

@@ -316,6 +316,8 @@ def test_matmul_operands_cannot_pin_dtypes(write_spec):
     "name, dims, message",
     [
         ("2fast", "{M: dynamic, N: 8}", "not a Python identifier"),
+        ("class", "{M: dynamic, N: 8}", "kernel name 'class' is a Python keyword"),
+        ("ok", "{M: dynamic, N: 8, lambda: 4}", "dim 'lambda' is a Python keyword"),
         ("torch", "{M: dynamic, N: 8}", "would clash"),
         ("ok", "{M: dynamic, m: 8}", "differ only in case"),
         ("ok", "{M: dynamic, N: 8, offs_x: 4}", "reserved"),

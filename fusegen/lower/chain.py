@@ -491,7 +491,10 @@ class ChainLowering:
         if args is None:
             args = "none"
         if args not in choices:
-            self.err(path, f"gelu's approximate is 'none' (exact, erf) or 'tanh', got {args!r}")
+            close = did_you_mean(args, list(choices)) if isinstance(args, str) else ""
+            self.err(
+                path, f"gelu's approximate is 'none' (exact, erf) or 'tanh', got {args!r}{close}"
+            )
             return None
         return Step(choices[args])
 

@@ -329,7 +329,9 @@ def kernel_name_problem(name: str) -> tuple[str, str] | None:
     """(message, hint) where `name` cannot name a kernel's module, else None."""
     if len(name) > limits.MAX_NAME_CHARS:
         return f"kernel name {_too_long(name)}", "it names a module and files"
-    if not name.isascii() or not name.isidentifier() or keyword.iskeyword(name):
+    if keyword.iskeyword(name):
+        return f"kernel name '{name}' is a Python keyword", "it names a module: another word"
+    if not name.isascii() or not name.isidentifier():
         return (
             f"kernel name '{name}' is not a Python identifier"
             + ("" if name.isascii() else " of ASCII letters, digits and _"),
@@ -361,7 +363,9 @@ def _check_name(name: str, renames: tuple[str, ...] = ("{}_in", "in_{}")) -> tup
     if not name.isascii():
         # Python reads identifiers in NFKC form: `ｘ` is `x`, and `𝔞b.py` imports as `ab`.
         return f"'{name}' is not a Python identifier of ASCII letters, digits and _", ""
-    if not name.isidentifier() or keyword.iskeyword(name):
+    if keyword.iskeyword(name):
+        return f"'{name}' is a Python keyword", f"e.g. {name}_in"
+    if not name.isidentifier():
         return f"'{name}' is not a Python identifier", ""
     if _reserved(name):
         forms = [form.format(name) for form in renames]
