@@ -91,15 +91,14 @@ def _llama3_lm_head_loss_stats(
     # fmt: on
 ):
     """One token's row of the block (vocabulary columns col0 + [0, cols)) into its
-    running max and sum of exp(logit - max), its label's logit (where the label is in the
-    block) and its sum of logits; FIRST: the token's first block starts them."""
+    running max and sum of exp(logit - max) and its label's logit (where the label is in the
+    block); FIRST: the token's first block starts them."""
     row = tl.program_id(0)
     label = tl.load(labels_ptr + row).to(tl.int64) - col0
     row_ptr = block_ptr + row.to(tl.int64) * stride_block
     top = float("-inf")
     total = 0.0
     picked = 0.0
-    summed = 0.0
     for start in range(0, cols, ROW_TILE):
         offs = start + tl.arange(0, ROW_TILE)
         mask = offs < cols
@@ -113,16 +112,13 @@ def _llama3_lm_head_loss_stats(
         )
         top = new_top
         picked += tl.sum(tl.where(offs == label, logits, 0.0), axis=0)
-        summed += tl.sum(tl.where(mask, logits, 0.0), axis=0)
     if not FIRST:  # merge with the earlier blocks' (their max may be the larger)
         old_top = tl.load(top_ptr + row)
         new_top = tl.maximum(top, old_top)
         total = total * tl.exp(top - new_top) + tl.load(total_ptr + row) * tl.exp(old_top - new_top)
         top = new_top
-        summed += tl.load(logit_sum_ptr + row)
     tl.store(top_ptr + row, top)
     tl.store(total_ptr + row, total)
-    tl.store(logit_sum_ptr + row, summed)
     tl.store(label_logit_ptr + row, picked, mask=(label >= 0) & (label < cols))
 
 
@@ -136,7 +132,7 @@ def _llama3_lm_head_loss_grad(
 ):
     """One token's row of the block, overwritten with d loss / d entry: coef (d loss over
     the token's loss, 0 where ignored) times softmax - target, the
-    target 1 - LABEL_SMOOTHING at the label plus LABEL_SMOOTHING / vocab everywhere;
+    target 1 at the label;
     HAS_LSE_GRAD: plus d loss / d lse times softmax; times the logit steps' slope."""
     row = tl.program_id(0)
     label = tl.load(labels_ptr + row).to(tl.int64) - col0
@@ -167,7 +163,9 @@ def llama3_lm_head_loss(x, weight, labels):
     the GPU).
 
     Raises TypeError or ValueError naming the tensor for a wrong type, shape, dtype or
-    device. Where an input requires grad, the loss carries a grad_fn: the backward makes
+    device. Where an input requires grad, the loss carries a grad_fn: a scalar loss's
+    gradients are made in the forward's pass over the blocks (GRADIENTS_IN_FORWARD) and
+    scaled by the backward, which otherwise (a second backward, lse's own gradient) makes
     each block's logits again from the saved lse. Off a GPU (and the interpreter) it runs
     `reference`; inside torch.compile, eagerly (a graph break).
     """

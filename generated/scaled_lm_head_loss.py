@@ -97,7 +97,7 @@ def _scaled_lm_head_loss_stats(
 ):
     """One token's row of the block (vocabulary columns col0 + [0, cols)) into its
     running max and sum of exp(logit - max), its label's logit (where the label is in the
-    block) and its sum of logits; FIRST: the token's first block starts them."""
+    block) and its sum of logits (label smoothing's); FIRST: the token's first block starts them."""
     row = tl.program_id(0)
     label = tl.load(labels_ptr + row).to(tl.int64) - col0
     row_ptr = block_ptr + row.to(tl.int64) * stride_block
@@ -173,7 +173,9 @@ def scaled_lm_head_loss(x, weight, labels, bias):
     wait for the GPU).
 
     Raises TypeError or ValueError naming the tensor for a wrong type, shape, dtype or
-    device. Where an input requires grad, the loss carries a grad_fn: the backward makes
+    device. Where an input requires grad, the loss carries a grad_fn: a scalar loss's
+    gradients are made in the forward's pass over the blocks (GRADIENTS_IN_FORWARD) and
+    scaled by the backward, which otherwise (a second backward, lse's own gradient) makes
     each block's logits again from the saved lse. Off a GPU (and the interpreter) it runs
     `reference`; inside torch.compile, eagerly (a graph break).
     """

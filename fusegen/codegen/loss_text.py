@@ -101,9 +101,16 @@ def call_doc(head: LossHead, width: int) -> list[str]:
         + " A label outside [0, vocab) that is not IGNORE_INDEX gives its token a NaN loss "
         "(F.cross_entropy raises; checking would wait for the GPU).",
         "Raises TypeError or ValueError naming the tensor for a wrong type, shape, dtype or "
-        "device. Where an input requires grad, the loss carries a grad_fn: the backward "
-        "makes each block's logits again from the saved lse. Off a GPU (and the "
-        "interpreter) it runs `reference`; inside torch.compile, eagerly (a graph break).",
+        "device. Where an input requires grad, the loss carries a grad_fn: "
+        + (
+            "a scalar loss's gradients are made in the forward's pass over the blocks "
+            "(GRADIENTS_IN_FORWARD) and scaled by the backward, which otherwise (a second "
+            "backward, lse's own gradient) makes each block's logits again from the saved lse."
+            if head.reduction != "none"
+            else "the backward makes each block's logits again from the saved lse."
+        )
+        + " Off a GPU (and the interpreter) it runs `reference`; inside torch.compile, "
+        "eagerly (a graph break).",
     ]
     out: list[str] = []
     for paragraph in paragraphs:
