@@ -101,8 +101,9 @@ DETERMINISTIC = False
 
 @triton.jit
 def _tanh_approx(x):
-    """tanh(x) by tanh.approx.f32 (NVIDIA sm_75+), relative error under 2**-10.98: used
-    (FAST_TANH) only where every output is bf16 or fp16, whose rounding is coarser."""
+    """tanh(x) by tanh.approx.f32 (NVIDIA since sm_75; the launchers use it from sm_80),
+    relative error under 2**-10.98: used (FAST_TANH) only where every output is bf16 or
+    fp16, whose rounding is coarser."""
     return tl.inline_asm_elementwise(
         "tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
     )
