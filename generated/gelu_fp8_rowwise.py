@@ -289,8 +289,9 @@ def reference(
     *,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """The same chain unfused: each quantized input dequantized exactly into the plain
-    inputs' dtype (else out_dtype's), then one PyTorch op at a time."""
+    """The same chain unfused: each quantized input dequantized into the plain inputs'
+    dtype (else out_dtype's), exactly in float64 (the tests'), else rounded once, then
+    one PyTorch op at a time."""
     dtype = _CHAIN.compute_dtype({"b": b}, out_dtype)
     x = _rt.dequantize(x, x_scale, None, QUANT["x"], dtype)
     w = _rt.dequantize(w, w_scale, None, QUANT["w"], dtype)

@@ -332,8 +332,9 @@ def reference(
     *,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """The same chain unfused: each quantized input dequantized exactly into the plain
-    inputs' dtype (else out_dtype's), then one PyTorch op at a time."""
+    """The same chain unfused: each quantized input dequantized into the plain inputs'
+    dtype (else out_dtype's), exactly in float64 (the tests'), else rounded once, then
+    one PyTorch op at a time."""
     dtype = _CHAIN.compute_dtype({"x": x, "b": b}, out_dtype)
     w = _rt.dequantize(w, w_scale, None, QUANT["w"], dtype)
     y = x @ w.T

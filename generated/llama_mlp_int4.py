@@ -531,8 +531,9 @@ def reference(
     *,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """The same chain unfused: each quantized input dequantized exactly into the plain
-    inputs' dtype (else out_dtype's), then one PyTorch op at a time."""
+    """The same chain unfused: each quantized input dequantized into the plain inputs'
+    dtype (else out_dtype's), exactly in float64 (the tests'), else rounded once, then
+    one PyTorch op at a time."""
     dtype = _CHAIN.compute_dtype({"x": x}, out_dtype)
     w_gate = _rt.dequantize(w_gate, w_gate_scale, w_gate_zero, QUANT["w_gate"], dtype)
     w_up = _rt.dequantize(w_up, w_up_scale, w_up_zero, QUANT["w_up"], dtype)
