@@ -106,7 +106,6 @@ def _keys_seen(first_row, shift, first, SKV, BLOCK_M: tl.constexpr, BLOCK_N: tl.
     (query i stands at key i + shift; keys before `first` are not seen); the forward and
     dq loops visit only these."""
     lo = first // BLOCK_N * BLOCK_N
-    hi = SKV
     hi = tl.minimum(SKV, tl.maximum(0, first_row + BLOCK_M + shift))
     return lo, hi
 
@@ -299,13 +298,11 @@ def _queries_seeing(pid_n, shift, first, SQ, SKV, BLOCK_M: tl.constexpr, BLOCK_N
     BLOCK_M multiple), and [full_lo, full_hi) within it, BLOCK_M multiples: the row
     blocks, all rows < SQ, that see every key of the block, which run without masks.
     Keys before `first` are seen by no row."""
-    lo = 0
-    hi = SQ
-    full_lo = 0
     full_hi = tl.where((pid_n + 1) * BLOCK_N <= SKV, SQ // BLOCK_M * BLOCK_M, 0)
     # Query i sees key j <= i + shift: from the first key's row on; all from the last's.
     lo = tl.maximum(0, pid_n * BLOCK_N - shift) // BLOCK_M * BLOCK_M
     full_lo = tl.cdiv(tl.maximum(0, (pid_n + 1) * BLOCK_N - 1 - shift), BLOCK_M) * BLOCK_M
+    hi = SQ
     hi = tl.where(pid_n * BLOCK_N < SKV, hi, lo)  # keys past the count: no rows, dk = dv = 0
     hi = tl.where((pid_n + 1) * BLOCK_N > first, hi, lo)  # keys before the first: the same
     full_hi = tl.where(pid_n * BLOCK_N < first, 0, full_hi)  # some before it: all masked
@@ -688,7 +685,7 @@ def reference(q, k, v, *, key_lengths=None, key_ranges=None, out_dtype=None, ret
 FORCED = {}  # kernel -> config: what `fusegen tune` is timing
 TUNED_TABLE = "llama3_attention.tuned.json"  # beside this file, written by `fusegen tune` on a GPU
 # The kernels' source a table entry must have been measured on:
-KERNEL_HASH = "9b01ffcff89f2196"
+KERNEL_HASH = "a2fb1fea862db91f"
 _ATTENTION = _rt.Attention(
     globals(),
     "llama3_attention",

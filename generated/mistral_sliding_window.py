@@ -107,7 +107,6 @@ def _keys_seen(first_row, shift, first, SKV, BLOCK_M: tl.constexpr, BLOCK_N: tl.
     (query i stands at key i + shift; keys before `first` are not seen); the forward and
     dq loops visit only these."""
     lo = first // BLOCK_N * BLOCK_N
-    hi = SKV
     hi = tl.minimum(SKV, tl.maximum(0, first_row + BLOCK_M + shift))
     lo = tl.maximum(lo, tl.maximum(0, first_row + shift - 4096 + 1) // BLOCK_N * BLOCK_N)
     return lo, hi
@@ -306,9 +305,6 @@ def _queries_seeing(pid_n, shift, first, SQ, SKV, BLOCK_M: tl.constexpr, BLOCK_N
     BLOCK_M multiple), and [full_lo, full_hi) within it, BLOCK_M multiples: the row
     blocks, all rows < SQ, that see every key of the block, which run without masks.
     Keys before `first` are seen by no row."""
-    lo = 0
-    hi = SQ
-    full_lo = 0
     full_hi = tl.where((pid_n + 1) * BLOCK_N <= SKV, SQ // BLOCK_M * BLOCK_M, 0)
     # Query i sees key j <= i + shift: from the first key's row on; all from the last's.
     lo = tl.maximum(0, pid_n * BLOCK_N - shift) // BLOCK_M * BLOCK_M
@@ -703,7 +699,7 @@ TUNED_TABLE = (
     "mistral_sliding_window.tuned.json"  # beside this file, written by `fusegen tune` on a GPU
 )
 # The kernels' source a table entry must have been measured on:
-KERNEL_HASH = "26e89bac206fb6b7"
+KERNEL_HASH = "0c53836f7b9ea70d"
 _ATTENTION = _rt.Attention(
     globals(),
     "mistral_sliding_window",
