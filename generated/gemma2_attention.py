@@ -54,7 +54,7 @@ SOFTCAP = 50.0  # scores become SOFTCAP * tanh(scores / SOFTCAP)
 DTYPES = (torch.bfloat16, torch.float16)
 # (BLOCK_M, BLOCK_N, num_warps, num_stages): query rows and keys per step, of the
 # forward, the dk/dv kernel and the dq kernel. Measured on an H200
-# (benchmarks/attention_configs.py; head dim 256: `fusegen tune`).
+# (fusegen's benchmarks/attention_configs.py; head dim 256: `fusegen tune`).
 CONFIG = (128, 64, 8, 2)
 BACKWARD_CONFIGS = {"kv": (64, 32, 4, 2), "q": (64, 32, 4, 3)}
 # fp32 calls' (4-byte tiles that must fit shared memory; safe, not tuned):

@@ -54,7 +54,7 @@ WINDOW = 4096  # a query sees the WINDOW keys up to its own position
 DTYPES = (torch.bfloat16, torch.float16)
 # (BLOCK_M, BLOCK_N, num_warps, num_stages): query rows and keys per step, of the
 # forward, the dk/dv kernel and the dq kernel. Measured on an H200
-# (benchmarks/attention_configs.py; head dim 256: `fusegen tune`).
+# (fusegen's benchmarks/attention_configs.py; head dim 256: `fusegen tune`).
 CONFIG = (128, 128, 8, 3)
 BACKWARD_CONFIGS = {"kv": (64, 64, 4, 2), "q": (64, 64, 4, 2)}
 # fp32 calls' (4-byte tiles that must fit shared memory; safe, not tuned):
@@ -72,7 +72,7 @@ PACKED_ROWS = 64
 # d_out) through tensor descriptors (TMA, the bulk copy engine) on GPUs of compute
 # capability 9 and newer, where the tensors are 16-byte aligned (False: pointer loads
 # everywhere): 4-7% faster at head dim 128 on an H200
-# (benchmarks/experiments/attention_variants.py).
+# (fusegen's benchmarks/experiments/attention_variants.py).
 TMA_LOADS = True
 
 

@@ -62,10 +62,12 @@ PACKED_SPLIT_PROGRAMS_PER_SM = {64: SPLIT_PROGRAMS_PER_SM, 128: 1, 256: SPLIT_PR
 # unmeasured.
 TMA_HEAD_DIMS = (128,)
 TMA_SOURCE = (
-    "4-7% faster at head dim 128 on an H200\n# (benchmarks/experiments/attention_variants.py)."
+    "4-7% faster at head dim 128 on an H200\n"
+    "# (fusegen's benchmarks/experiments/attention_variants.py)."
 )
 CONFIG_SOURCE = (
-    "Measured on an H200\n# (benchmarks/attention_configs.py; head dim 256: `fusegen tune`)."
+    "Measured on an H200\n"
+    "# (fusegen's benchmarks/attention_configs.py; head dim 256: `fusegen tune`)."
 )
 
 
