@@ -553,7 +553,7 @@ class QuantChain:
         fp8 = self.module["FP8_DOT"]
         # The interpreter's bf16 dots are wrong (its fp16 ones right): bf16 calls dot in fp32 there.
         dot_dtype = torch.float32 if interpreted and dtype == torch.bfloat16 else dtype
-        dot = "fp8" if fp8 else str(dot_dtype).replace("torch.", "")
+        dot = "fp8" if fp8 else "fp32" if dot_dtype != dtype else str(dtype).replace("torch.", "")
         counts = [
             (
                 views[n].dim()
