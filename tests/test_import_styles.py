@@ -207,3 +207,30 @@ def test_generated_tests_import_from_a_package(tmp_path):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert result.stdout.split() == [w for name in TEST_KINDS for w in (name, "ok")]
+
+
+INTERPRET_TOO_LATE = f"""
+import os, sys
+import torch, triton
+os.environ["TRITON_INTERPRET"] = "1"  # after triton: its own helpers stay compiled-only
+sys.path.insert(0, sys.argv[1])
+import {MODULE} as module
+x = torch.randn(3, 96).half()
+try:
+    module.{MODULE}(x, x[0], x)
+except RuntimeError as exc:
+    print(exc)
+"""
+
+
+def test_interpreter_set_after_triton_says_so():
+    # The kernel would fail inside Triton ("Cannot call @triton.jit'd outside of the
+    # scope of a kernel"); the launcher names the cause instead.
+    result = subprocess.run(
+        [sys.executable, "-c", INTERPRET_TOO_LATE, str(ROOT / "generated")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "set after triton was imported" in result.stdout

@@ -76,6 +76,17 @@ def errors_named(name: str, check, *args):
 def runs_triton(device, interpreted: bool) -> bool:
     """Whether a launch on `device` runs the Triton kernels: a CUDA GPU does, the
     interpreter runs CPU tensors; elsewhere (meta tensors: shapes only) the reference."""
+    if device.type == "cpu" and interpreted:
+        import triton.language as tl
+
+        # triton.language's own helpers (tl.cdiv) are made when triton is imported: with
+        # TRITON_INTERPRET set only after that, a kernel fails inside the interpreter.
+        if type(tl.cdiv).__name__ != "InterpretedFunction":
+            raise RuntimeError(
+                "TRITON_INTERPRET=1 was set after triton was imported, so the interpreter "
+                "cannot run the kernels; set it before importing torch or triton (at the "
+                "top of the script, or in the environment)"
+            )
     return device.type == "cuda" or (device.type == "cpu" and interpreted)
 
 
