@@ -3,6 +3,7 @@ on sys.path, and loaded by file path (as plugin loaders and notebooks do) — ea
 inside torch.compile (fullgraph) and, on a GPU, replayed from a CUDA graph. Each style
 runs in a fresh process, so no import of another style can stand in for it."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -226,11 +227,13 @@ except RuntimeError as exc:
 def test_interpreter_set_after_triton_says_so():
     # The kernel would fail inside Triton ("Cannot call @triton.jit'd outside of the
     # scope of a kernel"); the launcher names the cause instead.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run(
         [sys.executable, "-c", INTERPRET_TOO_LATE, str(ROOT / "generated")],
         capture_output=True,
         text=True,
         timeout=600,
+        env=env,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "set after triton was imported" in result.stdout
