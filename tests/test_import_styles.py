@@ -237,3 +237,19 @@ def test_interpreter_set_after_triton_says_so():
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "set after triton was imported" in result.stdout
+
+
+def test_a_bad_setting_fails_the_import():
+    # FUSEGEN_TRITON_OP=true was read only where registering the op caught the error:
+    # the module imported with a warning and no op for torch.compile.
+    env = {**os.environ, "FUSEGEN_TRITON_OP": "true"}
+    child = f"import sys; sys.path.insert(0, sys.argv[1]); import {MODULE}"
+    result = subprocess.run(
+        [sys.executable, "-c", child, str(ROOT / "generated")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert result.returncode == 1
+    assert "ValueError: FUSEGEN_TRITON_OP='true': set it to 0 or 1" in result.stderr

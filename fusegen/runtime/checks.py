@@ -90,6 +90,17 @@ def runs_triton(device, interpreted: bool) -> bool:
     return device.type == "cuda" or (device.type == "cpu" and interpreted)
 
 
+# The on/off settings, each read where it applies (switch); all are checked at import too,
+# so a bad value is an error even where the one place reading it would swallow it.
+SWITCHES = (
+    "FUSEGEN_TMA",
+    "FUSEGEN_AUTOTUNE",
+    "FUSEGEN_DIRECT_LAUNCH",
+    "FUSEGEN_TRITON_OP",
+    "FUSEGEN_QUANT_HOPPER",
+)
+
+
 def switch(name: str) -> str:
     """A FUSEGEN_* on/off setting: "0", "1", or "" where unset; any other value is a
     ValueError naming it (`FUSEGEN_TMA=true` was read as unset in one place and as on in
@@ -473,3 +484,7 @@ def config_key(config):
         return key
     except (AttributeError, TypeError):
         return ("unusable", id(config))  # checked_config says what is wrong
+
+
+for _name in SWITCHES:
+    switch(_name)
