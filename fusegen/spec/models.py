@@ -288,11 +288,11 @@ class KernelSpec(_Strict):
     )
     fp32_matmul: Literal["tf32", "tf32x3", "ieee"] | None = Field(
         None,
-        description="how a matmul on fp32 inputs runs: tf32 tensor cores (fast, 1e-4 to 1e-3 relative "
-        "error), tf32x3 (three tf32 products of split operands: fp32-level error at tensor-core "
-        "speed) or fp32 FMAs (ieee). Default on nvidia: PyTorch's own setting at each call "
-        "(torch.set_float32_matmul_precision 'highest' -> tf32x3, 'high' or 'medium' -> tf32), "
-        "as torch.compile does; on amd: ieee",
+        description="how a matmul on fp32 inputs runs: tf32 tensor cores (fast, 1e-4 to 1e-3 "
+        "relative error), tf32x3 (three tf32 products of split operands: fp32-level error at "
+        "tensor-core speed) or fp32 FMAs (ieee). Default on nvidia: PyTorch's own setting at "
+        "each call (torch.set_float32_matmul_precision 'highest' -> tf32x3, 'high' or "
+        "'medium' -> tf32), as torch.compile does; on amd: ieee",
     )
     fallback: FallbackSpec = FallbackSpec()
     backward: BackwardSpec = BackwardSpec()
