@@ -32,15 +32,19 @@ FP8_GRID = {"fp8_e4m3": (3, -6), "fp8_e5m2": (2, -14)}
 
 
 def round_lines(dtype: str) -> list[str]:
-    """Rounding q to the fp8 grid in fp32 (half up), for the interpreter (ROUND_BY_HAND):
-    its fp32 -> fp8 conversion halves a value whose rounding carries into the exponent
-    (7.9 -> 4.0), and converts values on the grid exactly."""
+    """Rounding q to the fp8 grid in fp32, to nearest with ties to even (as the GPU's
+    conversion and torch's do), for the interpreter (ROUND_BY_HAND): its fp32 -> fp8
+    conversion halves a value whose rounding carries into the exponent (7.9 -> 4.0), and
+    converts values on the grid exactly. q / step is exact (step is a power of two)."""
     mantissa, smallest = FP8_GRID[dtype]
     return [
         "# The interpreter's fp32 -> fp8 conversion halves values whose rounding carries",
-        "# into the exponent (7.9 -> 4.0): round onto the fp8 grid first.",
+        "# into the exponent (7.9 -> 4.0): round onto the fp8 grid first, ties to even.",
         f"step = tl.exp2(tl.maximum(tl.floor(tl.log2(tl.abs(q))), {smallest}.0) - {mantissa}.0)",
-        "q = tl.floor(q / step + 0.5) * step",
+        "units = tl.floor(q / step)",
+        "half = q / step - units",
+        "odd = units - 2.0 * tl.floor(units * 0.5)",
+        "q = tl.where((half > 0.5) | ((half == 0.5) & (odd == 1.0)), units + 1.0, units) * step",
     ]
 
 

@@ -521,6 +521,10 @@ class QuantChain:
         named = {n: t for (n, _, _), t in zip(self.arguments, tensors, strict=True)}
         plain = {n: named[n] for n, _, _ in self.inputs if n not in self.quant}
         dtype = self.compute_dtype(plain, out_dtype)
+        if dtype == torch.float64:  # the reference's (the tests'), not the kernels'
+            allowed = ", ".join(str(d) for d in self.module["DTYPES"])
+            whose = f"{', '.join(plain)} (the unquantized inputs) are" if plain else "out_dtype is"
+            raise TypeError(f"{whose} torch.float64; the kernels take {allowed}")
         # A packed int4 operand's last dim is bound as half of K, then K from twice it.
         packed = {f"{dims[-1]}/2": None for n, dims, _ in self.inputs if self._int4(n)}
         shapes = Shapes({**self.dims, **packed})
