@@ -224,17 +224,22 @@ except RuntimeError as exc:
 """
 
 
-def test_interpreter_set_after_triton_says_so():
-    # The kernel would fail inside Triton ("Cannot call @triton.jit'd outside of the
-    # scope of a kernel"); the launcher names the cause instead.
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run(
-        [sys.executable, "-c", INTERPRET_TOO_LATE, str(ROOT / "generated")],
+def in_generated(code, env):
+    """Run `code` in a fresh process with generated/ as its argument, in `env`."""
+    return subprocess.run(
+        [sys.executable, "-c", code, str(ROOT / "generated")],
         capture_output=True,
         text=True,
         timeout=600,
         env=env,
     )
+
+
+def test_interpreter_set_after_triton_says_so():
+    # The kernel would fail inside Triton ("Cannot call @triton.jit'd outside of the
+    # scope of a kernel"); the launcher names the cause instead.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = in_generated(INTERPRET_TOO_LATE, env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "set after triton was imported" in result.stdout
 
@@ -242,14 +247,7 @@ def test_interpreter_set_after_triton_says_so():
 def test_a_bad_setting_fails_the_import():
     # FUSEGEN_TRITON_OP=true was read only where registering the op caught the error:
     # the module imported with a warning and no op for torch.compile.
-    env = {**os.environ, "FUSEGEN_TRITON_OP": "true"}
     child = f"import sys; sys.path.insert(0, sys.argv[1]); import {MODULE}"
-    result = subprocess.run(
-        [sys.executable, "-c", child, str(ROOT / "generated")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
+    result = in_generated(child, {**os.environ, "FUSEGEN_TRITON_OP": "true"})
     assert result.returncode == 1
     assert "ValueError: FUSEGEN_TRITON_OP='true': set it to 0 or 1" in result.stderr
