@@ -11,8 +11,9 @@
 # OUT/RUN/bench.{json,md,png} and its output to OUT/RUN.txt.
 # A STEP is a measurement that is not a `fusegen bench` table; each writes OUT/STEP.txt,
 # which starts every command it runs with "+ ", as written here:
-#   generated-tests    every generated test, and the import-style tests, on the GPU; then the
-#                      compile tests again with the opaque custom ops (FUSEGEN_TRITON_OP=0)
+#   generated-tests    every generated test, the import-style tests and the attention
+#                      launcher's (64-bit offsets) on the GPU; then the compile tests again
+#                      with the opaque custom ops (FUSEGEN_TRITON_OP=0)
 #   tune-tables        `fusegen tune` of the example specs' committed tables (rewrites
 #                      generated/*.tuned.json; copies them to OUT/tune-tables/)
 #   tuning-repeat      `fusegen tune` of gpt2_mlp_up at 4096 rows three times, into a fresh
@@ -145,8 +146,8 @@ for name in "${wanted[@]}"; do
     echo "== $name -> $log" >&2
     case $name in
     generated-tests)
-        run $PYTHON -m pytest generated tests/test_import_styles.py -q -p no:cacheprovider \
-            -n "${TEST_WORKERS:-8}"
+        run $PYTHON -m pytest generated tests/test_import_styles.py tests/test_attention.py -q \
+            -p no:cacheprovider -n "${TEST_WORKERS:-8}"
         FUSEGEN_TRITON_OP=0 run $PYTHON -m pytest generated -q -p no:cacheprovider \
             -n "${TEST_WORKERS:-8}" -k "torch_compile or inductor or cuda_graphs" ;;
     tune-tables)
