@@ -124,6 +124,36 @@ def test_renamed_kernels_hub_leaves_no_old_package(write_spec, run_cli, tmp_path
     assert "package of an earlier" not in err and "relu_plus.tuned.json" in err  # "{}"
 
 
+def test_a_renamed_hub_keeps_the_new_packages_own_table(write_spec, run_cli, tmp_path):
+    spec = write_spec(GOOD)
+    repo, variant = tmp_path / "repo", tmp_path / "repo" / "build" / "torch-universal"
+    assert run_cli("build", str(spec), "--out", str(repo), "--kernels-hub", "old-name")[0] == 0
+    (variant / "old_name" / "relu_plus.tuned.json").write_text("old")
+    (variant / "new_name").mkdir()
+    (variant / "new_name" / "relu_plus.tuned.json").write_text("new")
+    assert run_cli("build", str(spec), "--out", str(repo), "--kernels-hub", "new-name")[0] == 0
+    assert (variant / "new_name" / "relu_plus.tuned.json").read_text() == "new"
+    assert not (variant / "old_name").exists()
+
+
+def test_a_build_keeps_another_specs_modules_and_tuned_tables(write_spec, run_cli, tmp_path):
+    # Two specs built into one folder, then one rebuilt alone: the other's module and its
+    # tuned table (GPU measurements) are not this build's to remove.
+    from fusegen import tables
+
+    a = write_spec(GOOD, "a.yaml")
+    b = write_spec(GOOD.replace("relu_plus", "relu_other"), "b.yaml")
+    gen = tmp_path / "gen"
+    assert run_cli("build", str(a), str(b), "--out", str(gen))[0] == 0
+    display = next(line for line in (gen / "relu_other.py").read_text().splitlines()[:1])
+    spec = display.split(" from ")[1].split(" (")[0]
+    (gen / "relu_other.tuned.json").write_text(tables.render("relu_other", spec, []))
+    code, out, _ = run_cli("build", str(a), "--out", str(gen))
+    assert code == 0 and "removed" not in out
+    assert (gen / "relu_other.py").exists() and (gen / "relu_other.tuned.json").exists()
+    assert run_cli("build", str(a), "--out", str(gen), "--check")[0] == 0
+
+
 def test_kernel_name_used_in_two_files(write_spec, run_cli):
     a = write_spec(GOOD, "a.yaml")
     b = write_spec(GOOD, "b.yaml")

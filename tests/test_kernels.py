@@ -484,6 +484,20 @@ def test_a_setting_that_is_not_0_or_1_is_refused(zoo, monkeypatch):
         mm.mm_transposed_a(torch.randn(32, 40), torch.randn(32, 24))
 
 
+def test_a_non_contiguous_out_is_refused(zoo):
+    # The kernels write out= row-major: a transposed buffer got the wrong elements.
+    mm, _ = load(zoo, "mm_transposed_a")
+    a, b = torch.randn(32, 40), torch.randn(32, 24)
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        mm.mm_transposed_a(a, b, out=torch.empty(24, 40).t())
+    ew, _ = load(zoo, "ew_mixed")
+    x = torch.randn(3, 8)
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        ew.ew_mixed(
+            x, torch.randn(3), torch.randn(8), out=torch.empty(8, 3, dtype=torch.bfloat16).t()
+        )
+
+
 def test_zero_sized_dims_give_empty_or_epilogue_results(zoo):
     # A dynamic last dim of 0 (K or N) crashed in a reshape that named no tensor.
     ew, _ = load(zoo, "ew_mixed")

@@ -14,7 +14,8 @@ import time
 import pytest
 
 from conftest import ROOT
-from fusegen.spec import limits
+from fusegen.errors import SpecErrors
+from fusegen.spec import limits, source
 
 KERNEL = """\
   - name: {name}
@@ -116,6 +117,15 @@ def test_long_values(write_spec, rejects):
     assert "spec.yaml:3:10: kernels[0].doc: a value of 6,000 characters" in err
     assert "spec.yaml:4:27: kernels[0].dims.N: a value of 5,000 characters" in err
     assert f"at most {limits.MAX_SCALAR_CHARS:,} characters" in err
+
+
+def test_integers_past_64_bits_are_refused_both_signs(write_spec):
+    # Checked by size: a negative one was let through (abs() dropped) and reached Python.
+    data = source.load(write_spec(f"a: {2**63 - 1}\nb: {-(2**63 - 1)}\n")).data
+    assert data == {"a": 2**63 - 1, "b": -(2**63 - 1)}
+    for big in (2**63, -(2**63), -(10**26)):
+        with pytest.raises(SpecErrors, match="out of range"):
+            source.load(write_spec(f"a: {big}\n"))
 
 
 def test_kernels_per_file_and_per_build(tmp_path, rejects):

@@ -19,7 +19,15 @@ kernels:
     chain:
 {steps}
 """
-SHAPES = {"x": "[M, K]", "w": "[N, K]", "bv": "[N]", "res": "[M, N]", "cv": "[M]", "w2": "[N, K]"}
+SHAPES = {
+    "x": "[M, K]",
+    "x2": "[M, K]",
+    "w": "[N, K]",
+    "bv": "[N]",
+    "res": "[M, N]",
+    "cv": "[M]",
+    "w2": "[N, K]",
+}
 
 
 def lower(write_spec, text):
@@ -265,6 +273,7 @@ BAD = [
     (["matmul: x @ w"], "mismatched matmul dims"),
     (["matmul: {a: x, b: x}"], "mismatched matmul dims"),
     (["matmul: {a: x, b: w.T}", "gate: {matmul: {a: x, b: w.T}}"], "same weight 'w'"),
+    (["matmul: x @ w.T", "gate: x2 @ w2.T"], "must read the same `a`"),
     (["input: res", "gate: {matmul: {a: x, b: w.T}}"], "`gate` needs a matmul chain"),
     (["matmul: {a: x, b: w.T}", "matmul: {a: x, b: w.T}"], "can only be the first step"),
     (["matmul: {a: x, b: w.T}", "scale: .inf"], "scale takes a number"),

@@ -306,6 +306,11 @@ def test_tables_render_deterministically_and_merge_by_gpu_and_key(tmp_path):
         ("{", "not valid JSON"),
         ('{"entries": {}}', 'an "entries" list'),
         ('{"entries": [{"gpu": "x"}]}', "entries[0] lacks capability, kernel_hash"),
+        (
+            '{"entries": [{"gpu": "x", "capability": [9, 0], "kernel_hash": "0", "key": {}, '
+            '"best": "tma", "choices": {"pointer": {}}}]}',
+            "entries[0]: best 'tma' is not in its choices",
+        ),
     ],
 )
 def test_unreadable_tables_say_why(tmp_path, text, message):
