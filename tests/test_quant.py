@@ -903,3 +903,22 @@ def test_quantizers_round_ties_to_even_as_torch_does():
         want_q, want_scale = module.reference(x)
         assert torch.equal(scale, want_scale), name
         assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)), name
+
+
+def test_the_quantizer_check_refuses_values_truncated_toward_zero():
+    # The allowance is half an fp8 step (round to nearest): a kernel that truncates, off
+    # by up to a whole step, must fail it, and the kernel's own output must pass.
+    tests = generated("test_quantize_fp8_rowwise")
+    suite = tests.harness.QuantizerSuite(vars(tests))
+    inputs = suite.make_inputs({**suite.sizes, **suite.cases[-1]}, torch.float16, 11)
+    q, scale = suite.run(inputs)
+    assert suite.check(inputs, q, scale, 11) == (True, True)
+    exact = inputs["x"].double() / scale.double()[:, None]
+    nearest = exact.clamp(-448, 448).to(torch.float8_e4m3fn)
+    bits = nearest.view(torch.uint8).to(torch.int16)
+    # The fp8 value next toward zero wherever rounding went away from it (the magnitude
+    # is the low seven bits).
+    away = (nearest.double().abs() > exact.abs()) & ((bits & 0x7F) > 0)
+    truncated = torch.where(away, bits - 1, bits).to(torch.uint8).view(torch.float8_e4m3fn)
+    assert bool(away.any())
+    assert suite.check(inputs, truncated, scale, 11)[1] is False

@@ -32,3 +32,16 @@ def test_new_files_follow_the_umask_and_rewritten_ones_keep_their_mode(tmp_path)
     finally:
         os.umask(old)
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_the_last_paths_are_replaced_after_the_others(tmp_path, monkeypatch):
+    # The runtime's hash goes last: a build stopped midway leaves a runtime whose
+    # modules refuse it, not modules that load a half-replaced runtime.
+    order = []
+    real = os.replace
+    monkeypatch.setattr(os, "replace", lambda tmp, path: (order.append(path), real(tmp, path)))
+    hashed = tmp_path / "runtime" / "__init__.py"
+    planned = [Planned(hashed, "h\n"), Planned(tmp_path / "a.py", "a\n")]
+    planned.append(Planned(tmp_path / "runtime" / "b.py", "b\n"))
+    write_all(planned, last=(hashed,))
+    assert order[-1] == hashed and len(order) == 3
