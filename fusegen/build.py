@@ -214,7 +214,7 @@ def renamed_hubs(
         return [], [], []
     variant = out_dir / "build" / hub_text.VARIANT
     current = modules_dir(out_dir, hub)
-    names = {k.name for k in loaded.kernels}
+    table_names = {f"{k.name}{tables.SUFFIX}" for k in loaded.kernels}
     packages: list[Path] = []
     remove: list[Path] = []
     move: list[tuple[Path, Path]] = []
@@ -226,7 +226,7 @@ def renamed_hubs(
         )
         ours = set(orphans(loaded, [], package, folders))
         ours |= {p for p in files if p.parent.name == codegen.RUNTIME_DIR}
-        tables_here = [p for p in files if p.name in {f"{n}{tables.SUFFIX}" for n in names}]
+        tables_here = [p for p in files if p.name in table_names]
         for own in ("__init__.py", "layers.py"):
             try:
                 first = (package / own).read_text(encoding="utf-8").split("\n", 1)[0]

@@ -23,6 +23,7 @@ from .checks import (
     errors_named,
     fp32_dot,
     fp32_matmul,
+    needs_int64,
     refuse_second_derivative,
     runs_triton,
 )
@@ -1144,11 +1145,9 @@ def wide_offsets(tensors, shapes=(), bias_grad=0):
     positions times strides in 64 bits; the batch's offset always is): for the tensors
     as they lie (every dim but the first), for the contiguous tensors of `shapes` the
     call makes, and (bias_grad: q_len * k_len) for d bias's [q_len, k_len] of one head."""
-    spans = [
-        sum((n - 1) * s for n, s in zip(t.shape[1:], t.stride()[1:], strict=True)) for t in tensors
-    ]
-    spans += [math.prod(shape[1:]) - 1 for shape in shapes]
-    return max([*spans, bias_grad - 1, 0]) >= 2**31
+    entries = (t[0] for t in tensors if len(t))  # one batch entry of each, as it lies
+    made = max([math.prod(shape[1:]) for shape in shapes] + [bias_grad])
+    return needs_int64(*entries) or made > 2**31
 
 
 def bias_row(strides):

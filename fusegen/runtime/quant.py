@@ -519,10 +519,6 @@ class QuantChain:
         named = {n: t for (n, _, _), t in zip(self.arguments, tensors, strict=True)}
         plain = {n: named[n] for n, _, _ in self.inputs if n not in self.quant}
         dtype = self.compute_dtype(plain, out_dtype)
-        if dtype == torch.float64:  # the reference's (the tests'), not the kernels'
-            allowed = ", ".join(str(d) for d in self.module["DTYPES"])
-            whose = f"{', '.join(plain)} (the unquantized inputs) are" if plain else "out_dtype is"
-            raise TypeError(f"{whose} torch.float64; the kernels take {allowed}")
         # A packed int4 operand's last dim is bound as half of K, then K from twice it.
         packed = {f"{dims[-1]}/2": None for n, dims, _ in self.inputs if self._int4(n)}
         shapes = Shapes({**self.dims, **packed})
@@ -623,10 +619,10 @@ class QuantChain:
         q = self.quant.get(name)
         return q is not None and q.dtype == "int4"
 
-    def compute_dtype(self, plain, out_dtype):
-        """The call's dtype: the plain (unquantized, unpinned) inputs' (by name), which must agree;
-        with none, out_dtype (where the chain does not end in a cast, whose dtype is the
-        output's), else the first of DTYPES. float64: the tests' reference."""
+    def compute_dtype(self, plain, out_dtype, reference=False):
+        """The call's dtype: the plain (unquantized, unpinned) inputs' (by name), which must
+        agree; with none, out_dtype (where the chain does not end in a cast, whose dtype is
+        the output's), else the first of DTYPES. reference: float64 too (the tests')."""
         found = {t.dtype for t in plain.values()}
         if len(found) > 1:
             got = ", ".join(f"{n} {t.dtype}" for n, t in plain.items())
@@ -639,13 +635,13 @@ class QuantChain:
             )
         if found:
             dtype = found.pop()
-            if dtype == torch.float64:
-                return dtype
         elif out_dtype == torch.float64:
-            return out_dtype
+            dtype = out_dtype
         else:
             dtype = (out_dtype if cast is None else None) or self.module["DTYPES"][0]
-        if dtype not in self.module["DTYPES"] and dtype != torch.float64:
+        if dtype == torch.float64 and reference:
+            return dtype
+        if dtype not in self.module["DTYPES"]:
             allowed = ", ".join(str(d).replace("torch.", "") for d in self.module["DTYPES"])
             whose = f"{', '.join(plain)} (the unquantized inputs) are" if plain else "out_dtype is"
             raise TypeError(f"{self.name}: {whose} {dtype}, not one of the spec's: {allowed}")

@@ -8,6 +8,7 @@ import math
 import os
 
 import torch
+import triton.language as tl
 
 
 def _any_autocast() -> bool:
@@ -79,8 +80,6 @@ def runs_triton(device, interpreted: bool) -> bool:
     """Whether a launch on `device` runs the Triton kernels: a CUDA GPU does, the
     interpreter runs CPU tensors; elsewhere (meta tensors: shapes only) the reference."""
     if device.type == "cpu" and interpreted:
-        import triton.language as tl
-
         # triton.language's own helpers (tl.cdiv) are made when triton is imported: with
         # TRITON_INTERPRET set only after that, a kernel fails inside the interpreter.
         if type(tl.cdiv).__name__ != "InterpretedFunction":
