@@ -10,8 +10,9 @@ GPU).
 The calls are the decode-sized rows of call_cost.py (bf16): RMSNorm and the gate/up chain
 at 16 rows, attention at 16 sequences x 1 query against 1 and 2048 keys (the latter
 split), and the tiny fp32 chain at 9 rows. In a build of this fusegen the runtime's
-direct launch is kept and only its call into the compiled kernel's launcher stubbed
-(the launcher is taken as made, as on a GPU from a signature's second call); in an older
+direct launch (launch.Direct) is stubbed whole, as made on a GPU from a signature's
+second call: its own work (the hook check, the current stream, the arguments handed to
+the compiled launcher) reads CUDA state and is not timed here; in an older
 build (`_fusegen_runtime.py`, or attention modules of their own) the module's launch
 function is stubbed. Folders' repeats are interleaved (one repeat of each in turn), so
 drift in the machine's speed hits them alike; each line is the best repeat's time per call.

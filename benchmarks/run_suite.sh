@@ -67,6 +67,11 @@
 #                      the Hopper (Gluon) backward: its tests against float64, its kernels
 #                      alone beside the `tl` backward, and the causal and GQA forward +
 #                      backward rows against cuDNN
+#   attention-persistent
+#                      the runtime's Gluon forward on a persistent grid (forward's
+#                      persistent, in two tile orders): its tests against float64, then
+#                      issue 29's d 64 rows (causal, no mask, GQA 32/8) and d 128's causal
+#                      and no mask against the grid of every tile, the `tl` kernel and cuDNN
 #   fp8-block-runtime  the runtime's copy of that kernel (quant_hopper, FUSEGEN_QUANT_HOPPER=1):
 #                      its float64 tests, then by rows against the `tl` kernel and cuBLASLt
 #                      (benchmarks/fp8_block_rows.py: what HOPPER_MIN_ROWS should be)
@@ -101,7 +106,7 @@ SUITE=benchmarks/suite.yaml
 STEPS="generated-tests tune-tables tuning-repeat config-space first-calls row-layouts
 launch-cost call-cost split-k inspect tanh-approx launcher-tuning training-chains llama-training-step
 backward-configs llama-compiled llama-attention llama-decode attention-zoo attention-anchors attention-configs
-attention-variants attention-gluon-backward attention-bench quantized-chains fp8-block-scales
+attention-variants attention-gluon-backward attention-persistent attention-bench quantized-chains fp8-block-scales
 fp8-block-gluon fp8-block-runtime int8-decode-gluon int4-decode-gluon int4-gemv"
 ANCHOR_SHAPES="8192,4096,14336 4096,1024,4096 16,4096,14336 1000,1000,1000"
 
@@ -222,6 +227,17 @@ open('$out/attention-zoo/attention.yaml', 'w').write(t.ATTENTION_SPECS)"
         run $PYTHON benchmarks/attention_anchors.py --built "$out/attention-anchors-build" \
             --cases causal-backward gqa-backward --anchors sdpa \
             --out "$out/attention_gluon_backward.json" ;;
+    attention-persistent)
+        run $PYTHON -m pytest tests/test_attention_hopper.py -q -p no:cacheprovider -k persistent
+        run $PYTHON -m fusegen build benchmarks/specs/attention_anchors.yaml \
+            --out "$out/attention-persistent-build"
+        for shape in "16 16 1024 64" "4 32 4096 128"; do
+            run $PYTHON benchmarks/experiments/attention_gluon_hopper.py --variants \
+                --built "$out/attention-persistent-build" --shape $shape --cases causal full
+        done
+        run $PYTHON benchmarks/experiments/attention_gluon_hopper.py --variants \
+            --built "$out/attention-persistent-build" --shape 4 32 4096 64 --kv-heads 8 \
+            --cases causal ;;
     attention-bench)
         run $PYTHON -m fusegen bench specs/fused_attention.yaml --attention-shapes 4,2048,2048 \
             1,1,8192 --compare sdpa,flex --out "$out/attention-bench"

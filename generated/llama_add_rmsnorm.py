@@ -41,7 +41,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("7495e4587de2359c", "chains")
+_rt = _runtime("68905bf99da6d66a", "chains")
 _align = _rt.align  # the ALIGN heuristic's
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
@@ -327,11 +327,11 @@ def llama_add_rmsnorm(
     ):
         return _KERNELS.trained((x, residual, weight), plain)  # the backward kernel's autograd
     if out is None:
-        out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
+        out = torch.empty(size=plan.out_shape, dtype=plan.out_dtype, device=plan.device)
     else:
         _KERNELS.check_out("out", out, plan, (x, residual, weight), (out, out_h))
     if out_h is None:
-        out_h = torch.empty(plan.extra_shape, dtype=plan.dtype, device=plan.device)
+        out_h = torch.empty(size=plan.extra_shape, dtype=plan.dtype, device=plan.device)
     else:
         _KERNELS.check_out("out_h", out_h, plan, (x, residual, weight), (out, out_h))
     if not plan.launches:

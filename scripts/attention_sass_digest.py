@@ -6,6 +6,11 @@ tuned again (the digests leave out line numbers, so comments and moved code do n
 count). A config ptxas cannot compile prints "failed" for both versions alike.
 
     python scripts/attention_sass_digest.py generated/llama3_attention.py
+
+With `--hopper`, the same for the runtime's Gluon forward (fusegen/runtime/
+attention_hopper.py) at the head dims and masks its modules launch it with:
+
+    python scripts/attention_sass_digest.py --hopper
 """
 
 import contextlib
@@ -32,6 +37,21 @@ META = {
 FP32_POINTERS = ("lse_ptr", "delta_ptr", "part_ptr", "part_lse_ptr", "d_bias_ptr")
 
 
+def sass_digest(cubin_bytes):
+    """Instruction count and a hash of the SASS's instructions (no addresses)."""
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.TemporaryDirectory() as folder:
+        cubin = os.path.join(folder, "kernel.cubin")
+        Path(cubin).write_bytes(cubin_bytes)
+        sass = subprocess.run(
+            [str(cuobjdump), "-sass", cubin], capture_output=True, text=True, check=True
+        ).stdout
+    lines = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
+    ops = [re.sub(r"/\*[0-9a-f]+\*/", "", line).split(";")[0].strip() for line in lines]
+    text = "\n".join(ops)
+    return f"{len(ops)} instructions, {hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
 def digest(kernel, tma):
     names = [p.name for p in kernel.params]
     meta = {**META, "TMA": tma}
@@ -54,20 +74,60 @@ def digest(kernel, tma):
             )
     except Exception as exc:  # noqa: BLE001 - ptxas 12.8 crashes on some configs
         return f"failed ({type(exc).__name__})"
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.TemporaryDirectory() as folder:
-        cubin = os.path.join(folder, "kernel.cubin")
-        Path(cubin).write_bytes(compiled.asm["cubin"])
-        sass = subprocess.run(
-            [str(cuobjdump), "-sass", cubin], capture_output=True, text=True, check=True
-        ).stdout
-    lines = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
-    ops = [re.sub(r"/\*[0-9a-f]+\*/", "", line).split(";")[0].strip() for line in lines]
-    text = "\n".join(ops)
-    return f"{len(ops)} instructions, {hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    return sass_digest(compiled.asm["cubin"])
+
+
+# The Gluon forward's launches: (q's head dim, v's, constexprs besides the defaults').
+HOPPER_CASES = (
+    (128, 128, {"CAUSAL": True, "GROUP": 4}),
+    (128, 128, {"CAUSAL": False}),
+    (96, 96, {"CAUSAL": True}),
+    (192, 128, {"CAUSAL": True}),
+    (128, 128, {"CAUSAL": True, "ALIBI": 16}),
+    (128, 128, {"CAUSAL": True, "GROUP": 4, "WINDOW": 1024}),
+    (64, 64, {"CAUSAL": False, "PERSISTENT": True}),
+    (64, 64, {"CAUSAL": True, "GROUP": 4, "PERSISTENT": True, "LONGEST_FIRST": True}),
+)
+HOPPER_META = {
+    "GROUP": 1, "ALIBI": 0, "WINDOW": 0, "PERSISTENT": False, "LONGEST_FIRST": False,
+    "REGISTERS": 240, "num_warps": 4,
+}  # fmt: skip
+
+
+def hopper_digest(dim, dv, meta):
+    """The runtime's Gluon forward compiled for sm_90 as the runtime launches it."""
+    import torch
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from fusegen.runtime import attention_hopper as ah
+
+    kernel = ah._attention_forward
+    q, v = (torch.empty(256, d, dtype=torch.bfloat16) for d in (dim, dv))
+    descs, split = ah.tile_args(q, q, v, v, (256, 256), ah.BLOCK_M, ah.BLOCK_N)
+    meta = {**HOPPER_META, **meta, **split}
+    names = [p.name for p in kernel.params]
+    types = {name: "i32" for name in names}
+    for name, desc in zip(names, descs, strict=False):  # descriptors first
+        types[name] = triton.runtime.jit.mangle_type(desc)
+    types |= {n: "*bf16" for n in names if n.endswith("_ptr")}
+    types |= {"lse_ptr": "*fp32", "qk_scale": "fp32"}
+    types |= {name: "constexpr" for name in meta}
+    constants = {(names.index(name),): value for name, value in meta.items()}
+    compiled = triton.compile(
+        GluonASTSource(kernel, types, constants),
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": 4},
+    )
+    return sass_digest(compiled.asm["cubin"])
 
 
 def main():
+    if sys.argv[1] == "--hopper":
+        os.environ.pop("TRITON_INTERPRET", None)
+        for dim, dv, meta in HOPPER_CASES:
+            shown = " ".join(f"{k}={v}" for k, v in meta.items())
+            print(f"forward {dim}/{dv} {shown:40} {hopper_digest(dim, dv, meta)}", flush=True)
+        return
     path = Path(sys.argv[1]).resolve()
     sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location(path.stem, path)

@@ -93,17 +93,27 @@ def compiled_for_sm90(module, kernel, dim, dtype, meta, dv=None):
         (128, 128, True, 4, "bfloat16", {"WINDOW": 4096}),  # Mistral's
         # 64-key blocks in 120 and 112 registers: two programs an SM (an experiment's).
         (64, 64, True, 1, "bfloat16", {"KV_ROWS": 64, "REGISTERS": 120, "maxnreg": 112}),
+        # A persistent grid: the query tiles double-buffered, out's tiles of their own.
+        (64, 64, False, 1, "bfloat16", {"PERSISTENT": True}),
+        (64, 64, True, 4, "float16", {"PERSISTENT": True, "LONGEST_FIRST": True}),
+        (96, 96, True, 1, "bfloat16", {"PERSISTENT": True, "WINDOW": 256}),
+        (128, 128, True, 4, "bfloat16", {"PERSISTENT": True, "ALIBI": 8}),
     ],
 )
 def test_the_kernel_compiles_for_sm90_within_shared_memory(dim, dv, causal, group, dtype, masks):
-    meta = {"GROUP": group, "CAUSAL": causal, "ALIBI": 0, "WINDOW": 0, "REGISTERS": 240}
+    meta = {
+        "GROUP": group, "CAUSAL": causal, "ALIBI": 0, "WINDOW": 0, "PERSISTENT": False,
+        "LONGEST_FIRST": False, "REGISTERS": 240,
+    }  # fmt: skip
     shared, wgmma = compiled_for_sm90(
         "attention_hopper", "_attention_forward", dim, dtype, {**meta, **masks}, dv=dv
     )
-    # Two query tiles of 64 rows and two stages of K and V tiles of 128 keys (or the
-    # case's), + barriers.
+    # Two query tiles of 64 rows (persistent: four, and two of out) and two stages of K
+    # and V tiles of 128 keys (or the case's), + barriers.
     keys = masks.get("KV_ROWS", 128)
     tiles = 2 * 64 * dim * 2 + 2 * keys * (dim + dv) * 2
+    if masks.get("PERSISTENT"):
+        tiles += 2 * 64 * dim * 2 + 2 * 64 * dv * 2
     assert tiles <= shared < tiles + 1024
     assert shared <= 232_448 // (2 if "maxnreg" in masks else 1)  # an H100's / H200's
     assert wgmma
@@ -252,6 +262,45 @@ def test_64_key_blocks_two_programs_an_sm_match_float64(causal):
     )  # fmt: skip
     want, want_lse = reference(q, k, v, causal, "bhsd")
     assert (out.double() - want).abs().max().item() <= 4 * 2**-8 * want.abs().max().item()
+    assert (lse.double() - want_lse).abs().max().item() < 1e-3
+
+
+@on_hopper
+@needs_gluon
+@pytest.mark.parametrize(
+    "layout, causal, batch, heads, kv_heads, sq, dim, dtype, alibi, window, longest_first",
+    [
+        # More tiles than SMs (each program takes several, the ring and the query slots
+        # carried from one to the next), a ragged last tile in some.
+        ("bhsd", False, 4, 16, 16, 1024, 64, torch.bfloat16, False, 0, False),
+        ("bshd", False, 3, 12, 4, 1000, 64, torch.float16, False, 0, False),
+        ("bhsd", True, 2, 32, 8, 777, 64, torch.bfloat16, False, 0, True),
+        ("bshd", True, 2, 32, 8, 777, 64, torch.bfloat16, False, 0, False),
+        ("bhsd", True, 2, 16, 16, 1024, 128, torch.bfloat16, True, 0, True),
+        ("bshd", True, 2, 16, 4, 900, 96, torch.float16, False, 256, True),
+    ],
+)
+def test_a_persistent_grid_matches_float64(
+    layout, causal, batch, heads, kv_heads, sq, dim, dtype, alibi, window, longest_first
+):
+    """forward's persistent grid (one program an SM over tiles in turn) in both tile
+    orders gives the same out and lse as float64, at shapes of several tiles a program."""
+    torch.manual_seed(sq + heads)
+    q_shape, k_shape = shapes(layout, batch, heads, kv_heads, sq, sq, dim)
+    assert (sq + 127) // 128 * batch * heads > 2 * torch.cuda.get_device_properties(
+        0
+    ).multi_processor_count
+    q = torch.randn(q_shape, device="cuda", dtype=dtype)
+    k, v = (torch.randn(k_shape, device="cuda", dtype=dtype) for _ in "kv")
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((batch, heads, sq), float("nan"), device="cuda")
+    attention_hopper.forward(
+        q, k, v, out, lse, layout=layout, causal=causal, scale=dim**-0.5, alibi=alibi,
+        window=window, persistent=True, longest_first=longest_first,
+    )  # fmt: skip
+    want, want_lse = reference(q, k, v, causal, layout, alibi, window)
+    unit = 2**-8 if dtype == torch.bfloat16 else 2**-11
+    assert (out.double() - want).abs().max().item() <= 4 * unit * want.abs().max().item()
     assert (lse.double() - want_lse).abs().max().item() < 1e-3
 
 

@@ -14,10 +14,10 @@ block j - 1's PV as asynchronous wgmma and runs block j's softmax while PV is in
     -heads      a head's tiles one after another (else every head's last query block first)
 NAME:BLOCK_N:STAGES sets the key block and the ring's depth (128 and 2 by default).
 "runtime" (always timed) is the product's kernel, fusegen/runtime/attention_hopper.py,
-which took pingpong-heads; at head dim 64 (--shape B H S 64) also with its knobs
-(RUNTIME_D64), for issue 29's d 64 rows, where it was slower than the `tl` forward
-(there, --variants pingpong-heads pingpong-persistent-heads: whether a persistent grid,
-the next tile's loads under this one's epilogue, makes up for 8 key blocks a program). The
+which took pingpong-heads, and the same on a persistent grid in two tile orders
+(RUNTIME_PERSISTENT; `--variants` with no names times only these, cuDNN and the
+generated kernel); at head dim 64 (--shape B H S 64) also with its knobs (RUNTIME_D64),
+for issue 29's d 64 rows, where it was slower than the `tl` forward. The
 variants measured and dropped on the way (all waits at once, the loads issued by the
 consumers, FA3's explicit turns, the probabilities through shared memory, O rescaled
 during QK, V released a step late) are in this file's git history and in
@@ -29,7 +29,7 @@ contiguous, seq a multiple of the tiles; bf16; the softmax in base 2.
 
     python3 benchmarks/experiments/attention_gluon_hopper.py [--built FOLDER]
         [--cases causal full] [--variants pingpong-heads ws] [--shape B H S D] [--rounds 5]
-        [--out FILE.json]
+        [--kv-heads N] [--out FILE.json]
     ncu --profile-from-start off ... python3 benchmarks/experiments/attention_gluon_hopper.py
         --profile --variants pingpong (one call of each variant and cuDNN, profiled)
     python3 benchmarks/experiments/attention_gluon_hopper.py --compile
@@ -416,6 +416,13 @@ RUNTIME_D64 = {
     "runtime 64-key": {"block_n": 64},
     "runtime 64-key 2/SM": {"block_n": 64, "registers": (120, 112)},
 }
+# The runtime kernel's persistent grid (forward's persistent, longest_first), at every
+# head dim: the experiments' pingpong-persistent-heads in the product's kernel, and the
+# order that takes every head's last query block first (causal: the longest tiles first).
+RUNTIME_PERSISTENT = {
+    "runtime persistent": {"persistent": True},
+    "runtime persistent longest-first": {"persistent": True, "longest_first": True},
+}
 
 
 # (q's shape, causal, knobs) -> the runtime forward's launch.Described: launched as the
@@ -439,7 +446,7 @@ def runtime_forward(q, k, v, causal, **knobs):
 
 def reference(q, k, v, causal):
     return torch.nn.functional.scaled_dot_product_attention(
-        q.double(), k.double(), v.double(), is_causal=causal
+        q.double(), k.double(), v.double(), is_causal=causal, enable_gqa=True
     )
 
 
@@ -451,8 +458,11 @@ def main() -> int:
     )
     parser.add_argument("--built", help="benchmarks/specs/attention_anchors.yaml built here")
     parser.add_argument("--cases", nargs="+", default=["causal", "full"])
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS))
     parser.add_argument("--shape", type=int, nargs=4, default=[4, 32, 4096, 128])
+    parser.add_argument(
+        "--kv-heads", type=int, help="GQA: k and v's heads (the runtime's kernels, causal)"
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out")
     args = parser.parse_args()
@@ -468,24 +478,30 @@ def main() -> int:
     import attention_anchors
 
     batch, heads, seq, dim = args.shape
+    kv_heads = args.kv_heads or heads
+    if kv_heads != heads:  # the experiments' own kernels take as many k and v heads as q's
+        args.variants = []
     generated = {}
     if args.built:
         for case in args.cases:
-            # At head dim 64 the d 64 anchors (16 heads: --shape B 16 S 64).
-            name = f"anchor_attention_{case}" + ("_d64" if dim == 64 else "")
+            # At head dim 64 the d 64 anchors (16 heads: --shape B 16 S 64; GQA: 32/8).
+            name = "anchor_attention_" + ("gqa" if kv_heads != heads else case)
+            name += "_d64" if dim == 64 else ""
             generated[case] = getattr(attention_anchors.load(Path(args.built), name), name)
     torch.manual_seed(0)
     results, failed = {}, 0
     for case in args.cases:
         causal = case == "causal"
         q, k, v = (
-            torch.randn(batch, heads, seq, dim, device="cuda", dtype=torch.bfloat16)
-            for _ in range(3)
+            torch.randn(batch, n, seq, dim, device="cuda", dtype=torch.bfloat16)
+            for n in (heads, kv_heads, kv_heads)
         )
 
         def cudnn(q=q, k=k, v=v, causal=causal):
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                return torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, is_causal=causal, enable_gqa=kv_heads != heads
+                )
 
         calls = {
             name: (lambda q=q, k=k, v=v, c=causal, name=name: attention(q, k, v, c, name))
@@ -495,7 +511,8 @@ def main() -> int:
         # The product's kernel (fusegen/runtime/attention_hopper.py), what generated
         # modules launch on an H100/H200.
         calls["runtime"] = lambda q=q, k=k, v=v, c=causal: runtime_forward(q, k, v, c)
-        for name, knobs in RUNTIME_D64.items() if dim == 64 else ():
+        knobs_tried = {**(RUNTIME_D64 if dim == 64 else {}), **RUNTIME_PERSISTENT}
+        for name, knobs in knobs_tried.items():
             calls[name] = lambda q=q, k=k, v=v, c=causal, kn=knobs: runtime_forward(
                 q, k, v, c, **kn
             )
@@ -503,7 +520,8 @@ def main() -> int:
             calls["fusegen"] = lambda q=q, k=k, v=v, f=generated[case]: f(q, k, v)
         # Checked on the first batch entry and 4 heads against float64, the output
         # poisoned before each call.
-        want = reference(q[:1, :4], k[:1, :4], v[:1, :4], causal)
+        kv = max(1, 4 * kv_heads // heads)  # the k and v heads of q's first 4
+        want = reference(q[:1, :4], k[:1, :kv], v[:1, :kv], causal)
         scale = want.abs().max().item()
         for name, call in calls.items():
             if name in VARIANTS:

@@ -284,13 +284,19 @@ class Attention:
     def signature(self, inputs, key_lengths):
         """What a forward plan depends on: each tensor's shape, strides, dtype, device and
         16-byte alignment, key_lengths' too, TMA_LOADS, and an fp32 call's precision."""
-        key = [(t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in inputs]
-        if key_lengths is not None:
-            k = key_lengths
-            key.append((k.shape, k.stride(), k.dtype, k.device, k.data_ptr() % 16))
+        # One flat tuple, five entries a tensor (key_lengths' last, a call's strings after
+        # them): cheaper to make and hash than a tuple per tensor.
+        key = []
+        add = key.append
+        for t in inputs if key_lengths is None else (*inputs, key_lengths):
+            add(t.shape)
+            add(t.stride())
+            add(t.dtype)
+            add(t.device)
+            add(t.data_ptr() % 16)
         if inputs[0].dtype is torch.float32:
-            key.append(fp32_matmul())
-        key.append(self.module.get("TMA_LOADS"))
+            add(fp32_matmul())
+        add(self.module.get("TMA_LOADS"))
         return tuple(key)
 
     def forward(self, inputs, want_lse, key_lengths=None):
@@ -320,7 +326,8 @@ class Attention:
             out = torch.zeros(plan.out_shape, dtype=plan.dtype, device=plan.device)
             lse = torch.full(plan.lse_shape, float("-inf"), device=plan.device)
             return out, lse if want_lse else None
-        out = torch.empty(plan.out_shape, dtype=plan.dtype, device=plan.device)
+        # size=, here and in scratch: torch parses a tuple given by name 0.3 us faster.
+        out = torch.empty(size=plan.out_shape, dtype=plan.dtype, device=plan.device)
         lse, part, part_lse = self.scratch(plan, want_lse, out)
         lengths = q if key_lengths is None else key_lengths
         if plan.lengths:
@@ -342,11 +349,11 @@ class Attention:
         captured, whose buffers must come from its own pool, nor traced."""
         device, fp32 = plan.device, torch.float32
         if plan.kept is None or torch._C._cuda_isCurrentStreamCapturing():
-            lse = torch.empty(plan.lse_shape, dtype=fp32, device=device)
+            lse = torch.empty(size=plan.lse_shape, dtype=fp32, device=device)
             part = part_lse = out  # pointers never read without splits
             if plan.part_shapes:
-                part = torch.empty(plan.part_shapes[0], dtype=fp32, device=device)
-                part_lse = torch.empty(plan.part_shapes[1], dtype=fp32, device=device)
+                part = torch.empty(size=plan.part_shapes[0], dtype=fp32, device=device)
+                part_lse = torch.empty(size=plan.part_shapes[1], dtype=fp32, device=device)
             return lse, part, part_lse
         stream = torch._C._cuda_getCurrentRawStream(device.index)
         kept = plan.kept.get(stream)
@@ -355,7 +362,7 @@ class Attention:
             for shape in plan.part_shapes or ((1,), (1,)):
                 kept.append(torch.empty(shape, dtype=fp32, device=device))
             plan.kept[stream] = kept
-        lse = torch.empty(plan.lse_shape, dtype=fp32, device=device) if want_lse else kept[0]
+        lse = torch.empty(size=plan.lse_shape, dtype=fp32, device=device) if want_lse else kept[0]
         return lse, kept[1], kept[2]
 
     def forward_plan_of(self, inputs, key_lengths):

@@ -11,6 +11,13 @@ consumers drift apart, so one's softmax runs while the other's dots use the tens
 (FA3's ping-pong, left to the warp schedulers). Programs are ordered head by head, last
 query block first, so that those running at once share a few heads' keys in L2.
 
+forward's `persistent` runs one program an SM over the tiles in turn, the query tiles
+double-buffered and out stored through tiles of its own, so that a tile's loads run
+under the one before's epilogue: the experiments' form of it ran head dim 64's no-mask
+row at 0.98x cuDNN, where this grid runs 0.76x (16 x 16 x 1024; RESULTS.md, 2026-12-05).
+Not yet measured in this kernel, so no module launches it (`attention-persistent` in
+benchmarks/run_suite.sh measures it against the grid of every tile).
+
 Measured against cuDNN and the `tl` kernels on an H200 by
 benchmarks/experiments/attention_gluon_hopper.py (the variants that led here).
 
@@ -231,16 +238,86 @@ if AVAILABLE:
         gl.store(ptr + offsets, tile, mask=(rows < n_rows)[:, None])
 
     @gluon.jit
-    def _consume(descs, bufs, bars, out_ptr, lse_ptr, place, sq, skv, n_blocks, qk_scale,
+    def _place(t, shape, sq, skv, GROUP: gl.constexpr, CAUSAL: gl.constexpr,
+               WINDOW: gl.constexpr, LONGEST_FIRST: gl.constexpr, descs):
+        """Tile t's place (_consume_tile's `place`) and its number of key blocks. A tile
+        is 2 * BLOCK_M query rows of one (batch, head), for shape's (query blocks a head,
+        (batch, head) pairs, heads, and the [rows, dim] views' places of _attention_forward):
+        head by head, each head's last query block first, so that the programs running at
+        once share a few heads' keys in L2; LONGEST_FIRST: every head's last block, then
+        every head's one before, and so on (causal: the longest tiles first)."""
+        m_blocks, pairs, heads, q_rows_b, q_rows_h, q_cols_h = shape[:6]
+        kv_rows_b, kv_rows_h, kv_cols_h, v_cols_h = shape[6:]
+        BLOCK_M: gl.constexpr = descs[0][0].block_type.shape[0]
+        BLOCK_N: gl.constexpr = descs[1][0].block_type.shape[0]
+        if LONGEST_FIRST:
+            row0 = (m_blocks - 1 - t // pairs) * (2 * BLOCK_M)
+            pair = t % pairs
+        else:
+            row0 = (m_blocks - 1 - t % m_blocks) * (2 * BLOCK_M)  # last query block first
+            pair = t // m_blocks
+        batch = pair // heads
+        head = pair % heads
+        kv_head = head // GROUP
+        key0 = _first_key(row0, WINDOW, BLOCK_N)
+        if CAUSAL:
+            n_blocks = gl.cdiv(gl.minimum(row0 + 2 * BLOCK_M, skv), BLOCK_N) - key0 // BLOCK_N
+        else:
+            n_blocks = gl.cdiv(skv, BLOCK_N)
+        q_row = batch * q_rows_b + head * q_rows_h + row0
+        kv_row = batch * kv_rows_b + kv_head * kv_rows_h + key0
+        place = (batch, head, heads, row0, q_row, head * q_cols_h, kv_row, kv_head * kv_cols_h,
+                 kv_head * v_cols_h, head * v_cols_h)
+        return place, n_blocks
+
+    @gluon.jit
+    def _consume(descs, bufs, bars, out_ptr, lse_ptr, work, sq, skv, qk_scale,
                  stride_o_b, stride_o_h, stride_o_s,
                  CAUSAL: gl.constexpr, ALIBI: gl.constexpr, WINDOW: gl.constexpr,
+                 GROUP: gl.constexpr, PERSISTENT: gl.constexpr, LONGEST_FIRST: gl.constexpr,
                  PART: gl.constexpr, num_warps: gl.constexpr):
-        """Consumer PART: its 64 query rows over every key block the producer streams,
-        then its rows of out and lse. v's parts of the head dim are q's first ones (128 of
-        192, or 64 + 32 of 96): out goes through q's tiles."""
+        """Consumer PART: its 64 query rows of the program's tile (work: its place and
+        key blocks) or, PERSISTENT, of each of its tiles in turn (work: the shape _place
+        reads), their query tiles double-buffered and the ring's stages taken on across
+        tiles."""
+        if PERSISTENT:
+            ring = 0
+            count = 0
+            for t in range(gl.program_id(0), work[0] * work[1], gl.num_programs(0)):
+                place, n_blocks = _place(t, work, sq, skv, GROUP, CAUSAL, WINDOW,
+                                         LONGEST_FIRST, descs)
+                _consume_tile(descs, bufs, bars, out_ptr, lse_ptr, place, sq, skv, n_blocks,
+                              qk_scale, stride_o_b, stride_o_h, stride_o_s, ring,
+                              PART * 2 + count % 2, (count // 2) & 1, CAUSAL, ALIBI, WINDOW,
+                              PERSISTENT, PART, num_warps)
+                ring += n_blocks
+                count += 1
+            tma.store_wait(pendings=0)
+        else:
+            place, n_blocks = work
+            _consume_tile(descs, bufs, bars, out_ptr, lse_ptr, place, sq, skv, n_blocks,
+                          qk_scale, stride_o_b, stride_o_h, stride_o_s, 0, PART, 0, CAUSAL,
+                          ALIBI, WINDOW, PERSISTENT, PART, num_warps)
+
+    @gluon.jit
+    def _consume_tile(descs, bufs, bars, out_ptr, lse_ptr, place, sq, skv, n_blocks, qk_scale,
+                      stride_o_b, stride_o_h, stride_o_s, ring, q_slot, q_phase,
+                      CAUSAL: gl.constexpr, ALIBI: gl.constexpr, WINDOW: gl.constexpr,
+                      PERSISTENT: gl.constexpr, PART: gl.constexpr, num_warps: gl.constexpr):
+        """Consumer PART's 64 query rows of one tile (in q's slot q_slot) over every key
+        block the producer streams (the ring's blocks from `ring` on), then its rows of out
+        and lse. v's parts of the head dim are q's first ones (128 of 192, or 64 + 32 of
+        96): out goes through q's tiles, or (PERSISTENT: the producer reloads q's slot
+        for a later tile) through out's own, whose store the next tile's waits for."""
         q_descs, k_descs, v_descs, o_descs = descs
-        q_bufs, k_bufs, v_bufs = bufs
-        q_ready, k_ready, v_ready, k_empty, v_empty = bars
+        q_bufs = bufs[0]
+        k_bufs = bufs[1]
+        v_bufs = bufs[2]
+        q_ready = bars[0]
+        k_ready = bars[1]
+        v_ready = bars[2]
+        k_empty = bars[3]
+        v_empty = bars[4]
         batch, head, heads, row0, q_row, q_col, kv_row, kv_col, v_col, o_col = place
         BLOCK_M: gl.constexpr = q_descs[0].block_type.shape[0]
         BLOCK_N: gl.constexpr = k_descs[0].block_type.shape[0]
@@ -257,23 +334,24 @@ if AVAILABLE:
         slope = 0.0
         if ALIBI:
             slope = _alibi_slope(head, ALIBI)
-        mbarrier.wait(q_ready.index(PART), 0)
+        mbarrier.wait(q_ready.index(q_slot), q_phase)
 
         # Block 0's probabilities: the loop runs one block ahead of its PV.
-        mbarrier.wait(k_ready.index(0), 0)
-        q_smems = _slots(q_bufs, PART)
-        s = _dot_t(q_smems, _slots(k_bufs, 0), s_zero)
+        first = ring % STAGES
+        mbarrier.wait(k_ready.index(first), (ring // STAGES) & 1)
+        q_smems = _slots(q_bufs, q_slot)
+        s = _dot_t(q_smems, _slots(k_bufs, first), s_zero)
         s = warpgroup_mma_wait(0, deps=(s,))
-        mbarrier.arrive(k_empty.index(0))
+        mbarrier.arrive(k_empty.index(first))
         p, m_i, l_i, alpha = _probabilities(s, m_i, l_i, key0, row0, skv, qk_scale, slope,
                                             CAUSAL, ALIBI, WINDOW, s_layout)
         p_ops = _operands(p.to(dtype), acc)
         for j in range(1, n_blocks):
-            stage = j % STAGES
-            prev = (j - 1) % STAGES
-            mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
+            stage = (ring + j) % STAGES
+            prev = (ring + j - 1) % STAGES
+            mbarrier.wait(k_ready.index(stage), ((ring + j) // STAGES) & 1)
             s_tok = _dot_t(q_smems, _slots(k_bufs, stage), s_zero)  # S = Q K^T
-            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            mbarrier.wait(v_ready.index(prev), ((ring + j - 1) // STAGES) & 1)
             pv_toks = _dot_into(p_ops, _slots(v_bufs, prev), acc)  # O += P V, a block behind
             s = warpgroup_mma_wait(len(acc), deps=(s_tok,))
             mbarrier.arrive(k_empty.index(stage))
@@ -284,17 +362,24 @@ if AVAILABLE:
             mbarrier.arrive(v_empty.index(prev))
             acc = _rescaled(acc, alpha)
             p_ops = _operands(p_next.to(dtype), acc)
-        last = (n_blocks - 1) % STAGES
-        mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
+        if PERSISTENT:  # every QK of the tile is issued and waited for
+            mbarrier.arrive(bars[5].index(q_slot))
+        last = (ring + n_blocks - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((ring + n_blocks - 1) // STAGES) & 1)
         pv_toks = _dot_into(p_ops, _slots(v_bufs, last), acc)
         acc = warpgroup_mma_wait(0, deps=pv_toks + p_ops)[:len(acc)]
         mbarrier.arrive(v_empty.index(last))
 
-        _store_out(acc[0], l_i, q_bufs[0].index(PART), o_descs[0], out_ptr, place, sq,
-                   stride_o_b, stride_o_h, stride_o_s, 0, PART)
+        if PERSISTENT:
+            o_smems = _slots(bufs[3], PART)
+        else:
+            o_smems = q_smems
+        _store_out(acc[0], l_i, o_smems[0], o_descs[0], out_ptr, place, sq,
+                   stride_o_b, stride_o_h, stride_o_s, 0, PERSISTENT, PART)
         if len(acc) == 2:
-            _store_out(acc[1], l_i, q_bufs[1].index(PART), o_descs[1], out_ptr, place, sq,
-                       stride_o_b, stride_o_h, stride_o_s, acc[0].type.shape[1], PART)
+            _store_out(acc[1], l_i, o_smems[1], o_descs[1], out_ptr, place, sq,
+                       stride_o_b, stride_o_h, stride_o_s, acc[0].type.shape[1], PERSISTENT,
+                       PART)
         lse_rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         lse = m_i + gl.log2(l_i)
         if ALIBI:
@@ -305,9 +390,11 @@ if AVAILABLE:
 
     @gluon.jit
     def _store_out(acc, l_i, smem, o_desc, out_ptr, place, sq, stride_o_b, stride_o_h,
-                   stride_o_s, col0: gl.constexpr, PART: gl.constexpr):
+                   stride_o_s, col0: gl.constexpr, PERSISTENT: gl.constexpr,
+                   PART: gl.constexpr):
         """One part of the head dim of consumer PART's out rows (acc / l), columns col0
-        on."""
+        on. PERSISTENT: smem is out's own, whose last store is waited for before it is
+        written, and this one's by the next tile (or the consumer's end)."""
         batch, head, heads, row0, q_row, q_col, kv_row, kv_col, v_col, o_col = place
         BLOCK_M: gl.constexpr = acc.type.shape[0]
         o_layout: gl.constexpr = acc.type.layout
@@ -317,10 +404,13 @@ if AVAILABLE:
         if row0 + BLOCK_M <= sq:
             # A whole tile: through the query tile's shared memory (every QK is done)
             # and a TMA store.
+            if PERSISTENT:
+                tma.store_wait(pendings=0)
             smem.store(out)
             fence_async_shared()
             tma.async_copy_shared_to_global(o_desc, [q_row + PART * BLOCK_M, o_col], smem)
-            tma.store_wait(pendings=0)
+            if not PERSISTENT:
+                tma.store_wait(pendings=0)
         else:
             # The last tile's rows past the queries are computed on what the view holds
             # there (another head's or batch entry's rows), and not stored.
@@ -328,25 +418,58 @@ if AVAILABLE:
             _store_rows(out_ptr, out, row0, sq, base, stride_o_s, col0)
 
     @gluon.jit
-    def _produce(descs, bufs, bars, out_ptr, lse_ptr, place, sq, skv, n_blocks, qk_scale,
+    def _produce(descs, bufs, bars, out_ptr, lse_ptr, work, sq, skv, qk_scale,
                  stride_o_b, stride_o_h, stride_o_s,
                  CAUSAL: gl.constexpr, ALIBI: gl.constexpr, WINDOW: gl.constexpr,
+                 GROUP: gl.constexpr, PERSISTENT: gl.constexpr, LONGEST_FIRST: gl.constexpr,
                  PART: gl.constexpr, num_warps: gl.constexpr):
-        """The producer warp: the two query tiles, then each key block's K and V into the
-        ring, each into its stage once both consumers have released it (a fresh mbarrier
-        counts as having completed the phase before 0: the first pass does not wait)."""
+        """The producer warp, for the program's tile or (PERSISTENT) each of its tiles in
+        turn, as _consume takes them."""
+        if PERSISTENT:
+            ring = 0
+            count = 0
+            for t in range(gl.program_id(0), work[0] * work[1], gl.num_programs(0)):
+                place, n_blocks = _place(t, work, sq, skv, GROUP, CAUSAL, WINDOW,
+                                         LONGEST_FIRST, descs)
+                _produce_tile(descs, bufs, bars, place, n_blocks, ring, count, PERSISTENT)
+                ring += n_blocks
+                count += 1
+        else:
+            place, n_blocks = work
+            _produce_tile(descs, bufs, bars, place, n_blocks, 0, 0, PERSISTENT)
+
+    @gluon.jit
+    def _produce_tile(descs, bufs, bars, place, n_blocks, ring, count, PERSISTENT: gl.constexpr):
+        """A tile's two query tiles (PERSISTENT: into the slots of the program's tile
+        `count`, once their consumers have released them), then each key block's K and V
+        into the ring (from its block `ring` on), each into its stage once both consumers
+        have released it (a fresh mbarrier counts as having completed the phase before 0:
+        the first pass does not wait)."""
         q_descs, k_descs, v_descs, o_descs = descs
-        q_bufs, k_bufs, v_bufs = bufs
-        q_ready, k_ready, v_ready, k_empty, v_empty = bars
+        q_bufs = bufs[0]
+        k_bufs = bufs[1]
+        v_bufs = bufs[2]
+        q_ready = bars[0]
+        k_ready = bars[1]
+        v_ready = bars[2]
+        k_empty = bars[3]
+        v_empty = bars[4]
         batch, head, heads, row0, q_row, q_col, kv_row, kv_col, v_col, o_col = place
         BLOCK_M: gl.constexpr = q_descs[0].block_type.shape[0]
         BLOCK_N: gl.constexpr = k_descs[0].block_type.shape[0]
         STAGES: gl.constexpr = k_bufs[0].type.shape[0]
         for part in gl.static_range(2):
-            _load(q_descs, q_bufs, part, q_ready.index(part), q_row + part * BLOCK_M, q_col)
+            if PERSISTENT:
+                slot = part * 2 + count % 2
+                mbarrier.wait(bars[5].index(slot), ((count // 2) & 1) ^ 1)
+                _load(q_descs, q_bufs, slot, q_ready.index(slot), q_row + part * BLOCK_M,
+                      q_col)
+            else:
+                _load(q_descs, q_bufs, part, q_ready.index(part), q_row + part * BLOCK_M,
+                      q_col)
         for j in range(n_blocks):
-            stage = j % STAGES
-            empty_phase = ((j // STAGES) & 1) ^ 1
+            stage = (ring + j) % STAGES
+            empty_phase = (((ring + j) // STAGES) & 1) ^ 1
             mbarrier.wait(k_empty.index(stage), empty_phase)
             _load(k_descs, k_bufs, stage, k_ready.index(stage), kv_row + j * BLOCK_N, kv_col)
             mbarrier.wait(v_empty.index(stage), empty_phase)
@@ -356,10 +479,11 @@ if AVAILABLE:
     def _attention_forward(q_desc, q_rest, k_desc, k_rest, v_desc, v_rest, o_desc, o_rest,
                            out_ptr, lse_ptr, sq, skv, heads, qk_scale,
                            q_rows_b, q_rows_h, q_cols_h, kv_rows_b, kv_rows_h, kv_cols_h,
-                           v_cols_h, stride_o_b, stride_o_h, stride_o_s,
+                           v_cols_h, stride_o_b, stride_o_h, stride_o_s, pairs,
                            GROUP: gl.constexpr, CAUSAL: gl.constexpr, ALIBI: gl.constexpr,
                            WINDOW: gl.constexpr, SPLIT_QK: gl.constexpr,
-                           SPLIT_V: gl.constexpr, REGISTERS: gl.constexpr,
+                           SPLIT_V: gl.constexpr, PERSISTENT: gl.constexpr,
+                           LONGEST_FIRST: gl.constexpr, REGISTERS: gl.constexpr,
                            num_warps: gl.constexpr):
         """One program: 128 query rows of one (batch, head). A tile's place in the [rows,
         dim] views: row batch * rows_b + head * rows_h + position, column head * cols_h
@@ -369,60 +493,60 @@ if AVAILABLE:
         out) has the second's descriptor in *_rest (else the first again, unread). ALIBI:
         0, or ALiBi's scores with _alibi_slope's BELOW. WINDOW: 0, or (causal) each row
         sees its WINDOW most recent keys, and a program streams the blocks from its first
-        row's window start (_first_key) on. REGISTERS: the second consumer's registers a
-        thread (setmaxnreg; the producer's: 24)."""
+        row's window start (_first_key) on. PERSISTENT: a program an SM, over the tiles
+        from its id on in steps of the grid (in _place's order, LONGEST_FIRST its other
+        one), so that a tile's loads run under the one before's epilogue. REGISTERS: the
+        second consumer's registers a thread (setmaxnreg; the producer's: 24)."""
         q_descs = _parts_of(q_desc, q_rest, SPLIT_QK)
         k_descs = _parts_of(k_desc, k_rest, SPLIT_QK)
         v_descs = _parts_of(v_desc, v_rest, SPLIT_V)
         o_descs = _parts_of(o_desc, o_rest, SPLIT_V)
         BLOCK_M: gl.constexpr = q_descs[0].block_type.shape[0]
-        BLOCK_N: gl.constexpr = k_descs[0].block_type.shape[0]
         STAGES: gl.constexpr = 2
-        m_blocks = gl.cdiv(sq, 2 * BLOCK_M)
-        pid = gl.program_id(0)
-        row0 = (m_blocks - 1 - pid % m_blocks) * (2 * BLOCK_M)  # last query block first
-        batch = pid // m_blocks // heads
-        head = pid // m_blocks % heads
-        kv_head = head // GROUP
-        key0 = _first_key(row0, WINDOW, BLOCK_N)
-        if CAUSAL:
-            n_blocks = gl.cdiv(gl.minimum(row0 + 2 * BLOCK_M, skv), BLOCK_N) - key0 // BLOCK_N
+        descs = (q_descs, k_descs, v_descs, o_descs)
+        shape = (gl.cdiv(sq, 2 * BLOCK_M), pairs, heads, q_rows_b, q_rows_h, q_cols_h,
+                 kv_rows_b, kv_rows_h, kv_cols_h, v_cols_h)
+        if PERSISTENT:  # a query tile's two slots, out's own tiles (_consume_tile)
+            q_bufs = _ring(q_descs, 4)
         else:
-            n_blocks = gl.cdiv(skv, BLOCK_N)
-        q_row = batch * q_rows_b + head * q_rows_h + row0
-        kv_row = batch * kv_rows_b + kv_head * kv_rows_h + key0
-
-        q_bufs = _ring(q_descs, 2)
+            q_bufs = _ring(q_descs, 2)
         k_bufs = _ring(k_descs, STAGES)
         v_bufs = _ring(v_descs, STAGES)
-        q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        Q_SLOTS: gl.constexpr = q_bufs[0].type.shape[0]
+        q_ready = gl.allocate_shared_memory(gl.int64, [Q_SLOTS, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
+        for i in gl.static_range(Q_SLOTS):
             mbarrier.init(q_ready.index(i), count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=2)
             mbarrier.init(v_empty.index(i), count=2)
-        descs = (q_descs, k_descs, v_descs, o_descs)
-        bufs = (q_bufs, k_bufs, v_bufs)
-        bars = (q_ready, k_ready, v_ready, k_empty, v_empty)
-        at = (batch, head, heads, row0, q_row, head * q_cols_h, kv_row, kv_head * kv_cols_h,
-              kv_head * v_cols_h, head * v_cols_h)
+        if PERSISTENT:
+            q_empty = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(4):
+                mbarrier.init(q_empty.index(i), count=1)
+            bufs = (q_bufs, k_bufs, v_bufs, _ring(o_descs, 2))
+            bars = (q_ready, k_ready, v_ready, k_empty, v_empty, q_empty)
+            work = shape
+        else:
+            bufs = (q_bufs, k_bufs, v_bufs)
+            bars = (q_ready, k_ready, v_ready, k_empty, v_empty)
+            work = _place(gl.program_id(0), shape, sq, skv, GROUP, CAUSAL, WINDOW, False, descs)
         # (Constexprs keep their kind only written out in each partition's tuple.)
         gl.warp_specialize([
-            (_consume, (descs, bufs, bars, out_ptr, lse_ptr, at, sq, skv, n_blocks, qk_scale,
-                        stride_o_b, stride_o_h, stride_o_s, CAUSAL, ALIBI, WINDOW, 0,
-                        num_warps)),
-            (_consume, (descs, bufs, bars, out_ptr, lse_ptr, at, sq, skv, n_blocks, qk_scale,
-                        stride_o_b, stride_o_h, stride_o_s, CAUSAL, ALIBI, WINDOW, 1,
-                        num_warps)),
-            (_produce, (descs, bufs, bars, out_ptr, lse_ptr, at, sq, skv, n_blocks,
-                        qk_scale, stride_o_b, stride_o_h, stride_o_s, CAUSAL, ALIBI, WINDOW, 0,
-                        num_warps)),
+            (_consume, (descs, bufs, bars, out_ptr, lse_ptr, work, sq, skv, qk_scale,
+                        stride_o_b, stride_o_h, stride_o_s, CAUSAL, ALIBI, WINDOW, GROUP,
+                        PERSISTENT, LONGEST_FIRST, 0, num_warps)),
+            (_consume, (descs, bufs, bars, out_ptr, lse_ptr, work, sq, skv, qk_scale,
+                        stride_o_b, stride_o_h, stride_o_s, CAUSAL, ALIBI, WINDOW, GROUP,
+                        PERSISTENT, LONGEST_FIRST, 1, num_warps)),
+            (_produce, (descs, bufs, bars, out_ptr, lse_ptr, work, sq, skv, qk_scale,
+                        stride_o_b, stride_o_h, stride_o_s, CAUSAL, ALIBI, WINDOW, GROUP,
+                        PERSISTENT, LONGEST_FIRST, 0, num_warps)),
         ], [num_warps, 1], [REGISTERS, 24])
     # fmt: on
 
@@ -511,6 +635,8 @@ def forward(
     window=0,
     block_n=BLOCK_N,
     registers=(240, None),
+    persistent=False,
+    longest_first=False,
     launches=None,
 ):
     """out and lse of attention over q, k, v: [batch, seq, heads, dim] ("bshd") or [batch,
@@ -520,14 +646,20 @@ def forward(
     `window` most recent keys. block_n, registers (a consumer's registers a thread, and
     the kernel's most, ptxas's maxnreg, or None): knobs of the experiments' (at head dim
     64, 64-key blocks in 120 and 112 registers compile without spills in 49 KB of shared
-    memory: two programs an SM, not one). launches: the launch.Described its caller keeps
+    memory: two programs an SM, not one). persistent: one program an SM, each over tiles
+    in turn (longest_first: in the order that takes every head's last query block first;
+    else head by head, as the grid of every tile). launches: the launch.Described its caller keeps
     for calls like this one (the same shapes and arguments but the tensors), which
     launches them without triton's dispatch. Returns the compiled kernel (`fusegen
     inspect` reads its registers and shared memory)."""
 
     def first():
         batch, heads, kv_heads, sq, skv, rows, q_place, kv_place = places(q, k, layout)
-        grid = (triton.cdiv(sq, 2 * BLOCK_M) * batch * heads,)
+        tiles = triton.cdiv(sq, 2 * BLOCK_M) * batch * heads
+        if persistent:
+            sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+            tiles = min(tiles, sms)
+        grid = (tiles,)
         v_cols = v.shape[-1] if layout == "bshd" else 0  # a head's columns in v and out
         descs, split = tile_args(q, k, v, out, rows, BLOCK_M, block_n)
         scalars = (sq, skv, heads, scale * LOG2E, *q_place, *kv_place, v_cols)
@@ -537,11 +669,14 @@ def forward(
             "ALIBI": 1 << (heads.bit_length() - 1) if alibi else 0,
             "WINDOW": window or 0,
             **split,
+            "PERSISTENT": persistent,
+            "LONGEST_FIRST": longest_first,
             "REGISTERS": registers[0],
             "num_warps": 4,
             **({} if registers[1] is None else {"maxnreg": registers[1]}),
         }
-        return _attention_forward, grid, descs, (*scalars, *strides(out, layout)), meta
+        scalars = (*scalars, *strides(out, layout), batch * heads)
+        return _attention_forward, grid, descs, scalars, meta
 
     launches = launches or launch.Described()
     return launches((q, q, k, k, v, v, out, out), (out, lse), first)

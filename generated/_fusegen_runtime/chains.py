@@ -34,6 +34,8 @@ from .checks import (  # noqa: F401 - the kernel modules reach these through thi
     config_values_problems,
     copies,
     fp32_dot,
+    fp32_highest,
+    fp32_matmul,
     layout,
     needs_int64,
     plain,
@@ -351,6 +353,7 @@ class Kernels:
         consts = {"INT64": needs_int64(*views)}
         plan.fp32 = self.weights > 0 and plan.dtype == torch.float32
         plan.follows_torch = plan.fp32 and self.module["FP32_MATMUL"] is None
+        plan.highest = fp32_highest(plan.device)
         if self.weights:
             consts["DOT_UPCAST"] = self.interpreted() and plan.dtype == torch.bfloat16
             # tl.dot ignores it for 16-bit operands; an fp32 call may set it again (launch).
@@ -448,7 +451,8 @@ class Kernels:
         key = None if config is None else config_key(config)
         precision = None
         if plan.follows_torch:
-            precision = fp32_dot(plan.device)
+            # fp32_dot(plan.device), the device's part kept in the plan.
+            precision = "tf32" if fp32_matmul() == "tf32" else plan.highest
             key = (key, precision)
         if plan.copies:
             args = list(args)
@@ -472,7 +476,9 @@ class Kernels:
             ready = plan.ready[key] = self._ready(path, plan, args, config, consts)
         _, kernel, grid, kwargs, split, record, direct, ran = ready
         if self.weights:
-            args = (*args, *self.scratch(args, split))
+            # Unsplit, the output stands in for the scratch (see scratch): no call for it.
+            output = args[self.outputs.start]
+            args = (*args, *(self.scratch(args, split) if split > 1 else (output, output)))
         if direct and aligned:
             direct(*args)
             self.last_run = ran
