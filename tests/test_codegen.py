@@ -82,6 +82,7 @@ def test_generated_files_stand_alone(path):
         "math",
         "random",
         "typing",
+        "threading",
         "pytest",
         path.stem.removeprefix("test_"),
     }

@@ -4,6 +4,7 @@ direct launch passes to the compiled kernel's launcher (the GPU tests launch rea
 import contextlib
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from fusegen.runtime import launch
@@ -77,3 +78,52 @@ def test_a_described_launch_makes_the_descriptors_again_at_each_calls_addresses(
     assert second_tile.base.data_ptr() == b.data_ptr() + 32 * b.element_size()
     assert (second_tile.shape, second_tile.strides) == ([4, 16], [48, 1])
     assert second_tile.padding == "zero"
+
+
+def test_a_call_on_another_gpu_than_the_current_one_is_told_apart(monkeypatch):
+    """launch.elsewhere: a CUDA device other than the current one (the launchers then make
+    it current: Triton launches on the current device); never asked of the CPU's."""
+    current = {"index": 0}
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: current["index"], raising=False)
+    assert launch.elsewhere(torch.device("cuda", 1))
+    assert not launch.elsewhere(torch.device("cuda", 0))
+    current["index"] = 1
+    assert not launch.elsewhere(torch.device("cuda", 1))
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", None, raising=False)  # not called
+    assert not launch.elsewhere(torch.device("cpu"))
+    assert not launch.elsewhere(torch.device("meta"))
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two GPUs"
+)
+def test_launchers_run_on_their_inputs_gpu_whatever_device_is_current():
+    """Inputs on cuda:1 with cuda:0 current (a layer of a model spread over GPUs): each
+    kind of launcher (a row chain, a GEMM chain, attention, a quantized chain), first and
+    second call (the direct launch), gives its reference's result on cuda:1."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "generated"))
+    torch.cuda.set_device(0)
+    on = {"device": "cuda:1", "dtype": torch.bfloat16}
+    x = torch.randn(16, 4096, **on)
+    w_int8 = torch.randint(-127, 128, (512, 4096), device="cuda:1", dtype=torch.int8)
+    q = torch.randn(2, 128, 32, 128, **on)
+    k, v = (torch.randn(2, 128, 8, 128, **on) for _ in "kv")
+    calls = {
+        "llama_rmsnorm": (x, torch.randn(4096, **on)),
+        "llama_mlp_gate_up": (x, *(torch.randn(14336, 4096, **on) / 64 for _ in "gu")),
+        "llama3_attention": (q, k, v),
+        "linear_int8": (x, w_int8, torch.rand(512, **on) / 100, torch.randn(512, **on)),
+    }
+    for name, args in calls.items():
+        module = importlib.import_module(name)
+        want = module.reference(*args).float()
+        for _ in range(2):
+            got = getattr(module, name)(*args)
+            assert got.device == torch.device("cuda:1"), name
+            scale = want.abs().max().item()
+            assert (got.float() - want).abs().max().item() <= 2e-2 * scale, name
+        assert torch.cuda.current_device() == 0

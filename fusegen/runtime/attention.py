@@ -9,6 +9,7 @@ may patch TMA_LOADS or a tool fill FORCED)."""
 
 import logging
 import math
+import threading
 from typing import Optional
 
 import torch
@@ -140,7 +141,7 @@ class _Launch:
             self.direct(*args)
             return
         owner = self.owner
-        if owner.tracing:
+        if owner.tracing and owner.tracing_here():
             torch.library.wrap_triton(self.kernel)[self.grid](*args, **self.kwargs)
             return
         while True:
@@ -249,11 +250,18 @@ class Attention:
         self.forced = module.setdefault("FORCED", {})  # kernel -> config (`fusegen tune`)
         self.stages = {}  # (kernel, dtypes, tiles, stages asked) -> the stages that fit
         self.last_compiled = {}  # kernel name -> its last launch's compiled kernel
-        self.tracing = 0  # > 0 while a triton op runs the launcher (as_traced)
+        # thread -> depth, while a triton op runs the launcher in it (as_traced): another
+        # thread's eager calls meanwhile are no trace (tracing_here).
+        self.tracing = {}
         self.table = None  # (gpu, capability) -> {(kernel, dtype, q, k buckets): config}
         self.identities = {}
         self.op = None
         self.hopper_ops = None  # (forward, backward): opaque ops of the Gluon kernels
+
+    def tracing_here(self):
+        """Whether torch.compile traces in this thread (read after `self.tracing`, so
+        a call outside any trace pays nothing for it)."""
+        return threading.get_ident() in self.tracing
 
     # The call.
 
@@ -276,6 +284,7 @@ class Attention:
         if torch.compiler.is_compiling() and self.op is not None:
             out, lse = self.op(*inputs, key_lengths)
         elif torch.is_grad_enabled() and _requires_grad(inputs):
+            ops.refuse_stand_ins(self.name, *inputs[:3])  # torch.func's grad: before autograd's
             out, lse = _Trained.apply(self, key_lengths, *inputs)
         else:
             out, lse = self.forward(inputs, return_lse, key_lengths)
@@ -302,7 +311,12 @@ class Attention:
     def forward(self, inputs, want_lse, key_lengths=None):
         """(out, lse or None): the forward kernel (and the combine, split), or the
         reference without a GPU."""
-        if self.tracing or self.forced:  # fake tensors, or configs being timed
+        traced = self.tracing and self.tracing_here()
+        q = inputs[0]
+        if not traced and isinstance(q, torch.Tensor) and launch.elsewhere(q.device):
+            with torch.cuda.device(q.device):  # see launch.elsewhere
+                return self.forward(inputs, want_lse, key_lengths)
+        if traced or self.forced:  # fake tensors, or configs being timed
             plan = self.forward_plan_of(inputs, key_lengths)
         else:
             try:
@@ -344,8 +358,9 @@ class Attention:
         even when not asked for: one kernel for every call, so that a call gives the same
         bits eagerly and compiled (whose op always keeps lse), which fp32's FMA dots would
         not promise across two compilations. What the call does not return is kept per
-        plan and stream, and used again by the next call on that stream (which runs after
-        it): a decode step's allocations are its host time. Not while a CUDA graph is
+        plan and stream (and thread, where a combine reads them), and used again by the
+        next such call (which runs after it): a decode step's allocations are its host
+        time. Not while a CUDA graph is
         captured, whose buffers must come from its own pool, nor traced."""
         device, fp32 = plan.device, torch.float32
         if plan.kept is None or torch._C._cuda_isCurrentStreamCapturing():
@@ -356,6 +371,12 @@ class Attention:
                 part_lse = torch.empty(size=plan.part_shapes[1], dtype=fp32, device=device)
             return lse, part, part_lse
         stream = torch._C._cuda_getCurrentRawStream(device.index)
+        if plan.combine is not None:
+            # The combine reads the partial sums the forward wrote. Two threads' calls on
+            # one stream (a server's pool: each thread's current stream is the default)
+            # can launch forward, forward, combine, combine: one thread's combine would
+            # read the other's sums. A thread's own calls on a stream run in order.
+            stream = (stream, threading.get_ident())
         kept = plan.kept.get(stream)
         if kept is None:
             kept = [torch.empty(plan.lse_shape, dtype=fp32, device=device)]
@@ -382,7 +403,8 @@ class Attention:
         )
         plan.part_shapes, plan.combine = (), None
         # Buffers a call returns none of are kept for the next (scratch): eagerly on a GPU.
-        plan.kept = {} if q.device.type == "cuda" and not self.tracing else None
+        traced = self.tracing and self.tracing_here()
+        plan.kept = {} if q.device.type == "cuda" and not traced else None
         if not plan.runs or plan.empty:
             return plan
         m = self.module
@@ -537,7 +559,7 @@ class Attention:
         d_out's and lse's shapes, strides and alignment (as the kernels read them), and
         needs. None while traced or while `fusegen tune` forces configs: then each call
         makes its own launches."""
-        if self.tracing or self.forced:
+        if (self.tracing and self.tracing_here()) or self.forced:
             return None
         try:
             signature = self.signature(inputs, key_lengths)
@@ -577,6 +599,7 @@ class Attention:
 
     def _checked(self, inputs, key_lengths):
         m = self.module
+        ops.refuse_stand_ins(self.name, *inputs[:3])
         q, k, v = inputs[:3]
         for name, t in zip(("q", "k", "v"), inputs[:3], strict=True):
             if not isinstance(t, torch.Tensor):
@@ -723,7 +746,8 @@ class Attention:
         op: a traced tensor has no address to check, and Inductor's launch of a kernel
         that makes descriptors is unmeasured."""
         device = tensors[0].device
-        if not self.module.get("TMA_LOADS") or torch.version.hip or self.tracing:
+        traced = self.tracing and self.tracing_here()
+        if not self.module.get("TMA_LOADS") or torch.version.hip or traced:
             return False
         if device.type == "cuda":
             if device_facts(device)[0] < 9:
@@ -750,7 +774,7 @@ class Attention:
         checks again."""
         if not self.hopper or not attention_hopper.AVAILABLE or key_lengths is not None:
             return False
-        if (self.tracing and not traced) or self.forced or sq < 128:
+        if (self.tracing and self.tracing_here() and not traced) or self.forced or sq < 128:
             return False
         if self.hopper == "causal" and sq != skv:
             return False
@@ -925,11 +949,15 @@ class Attention:
         def run(*args):
             if not torch._library.triton.is_wrap_triton_enabled():
                 return fn(*args)
-            self.tracing += 1
+            me = threading.get_ident()
+            self.tracing[me] = self.tracing.get(me, 0) + 1
             try:
                 return fn(*args)
             finally:
-                self.tracing -= 1
+                if self.tracing[me] == 1:
+                    del self.tracing[me]
+                else:
+                    self.tracing[me] -= 1
 
         run.__wrapped__ = fn  # inspect.signature (the op's schema) reads fn's
         return run
@@ -942,7 +970,8 @@ class Attention:
 
         def forward(*args):
             inputs, key_lengths = args[:count], args[count]
-            if self.tracing and self.hopper_ops and self.fits_traced(inputs, key_lengths):
+            traced = self.tracing and self.tracing_here()
+            if traced and self.hopper_ops and self.fits_traced(inputs, key_lengths):
                 return self.hopper_ops[0](*args)
             return self.forward(inputs, True, key_lengths)
 
@@ -954,6 +983,7 @@ class Attention:
             )
             if (
                 self.tracing
+                and self.tracing_here()
                 and self.hopper_ops
                 and self.fits_traced(inputs, key_lengths, self.hopper_backward_fits)
             ):
@@ -1008,7 +1038,13 @@ class Attention:
     def register(self, name=None, traced=None):
         """The launcher as torch.compile sees it: one op for the forward (out and lse)
         and one for the backward (fullgraph=True works), triton ops where triton_ops()
-        (or `traced`) says, else opaque custom ops. None without torch.library.custom_op."""
+        (or `traced`) says, else opaque custom ops. None without torch.library.custom_op.
+        Once per process, whatever threads import the module at once (launch.ONCE): one
+        that found the forward op made, but not yet the rest, would take it half made."""
+        with launch.ONCE:
+            return self.register_now(name, traced)
+
+    def register_now(self, name, traced):
         name = name or self.op_name
         if not hasattr(torch.library, "custom_op"):
             return None
@@ -1098,10 +1134,11 @@ class Attention:
 
 
 def _requires_grad(inputs):
-    """Whether an input requires grad (a non-tensor does not: the checks refuse it)."""
+    """Whether an input requires grad (a non-tensor does not: the checks refuse it; nor
+    does torch.fx's Proxy, whose requires_grad is another Proxy: the checks name it)."""
     try:
         for t in inputs:
-            if t.requires_grad:
+            if t.requires_grad is True:
                 return True
     except AttributeError:
         return False

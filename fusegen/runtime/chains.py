@@ -9,6 +9,7 @@ import inspect
 import logging
 import math
 import sys
+import threading
 import time
 import types
 
@@ -35,6 +36,7 @@ from .checks import (  # noqa: F401 - the kernel modules reach these through thi
     fp32_highest,
     fp32_matmul,
     layout,
+    names_errors,
     needs_int64,
     plain,
     refuse_grad_out,
@@ -65,6 +67,22 @@ _log = logging.getLogger(__name__)
 # The call dtypes whose training forwards take cuBLAS's matmuls then the epilogue kernel
 # (Kernels.epilogue_forward); fp32 keeps the fused kernel, whose tf32 cuBLAS would not run.
 EPILOGUE_DTYPES = (torch.bfloat16, torch.float16)
+
+
+# last_launch before any call.
+_NOTHING_RAN = {
+    "config": None,
+    "source": None,
+    "path": None,
+    "fast_tanh": False,
+    "fp32_matmul": None,
+}
+
+
+def _ran(record, run):
+    """A thread's last call as a plan's `ready` entry holds it: [5] last_launch's record,
+    [7] last_run's."""
+    return [None] * 5 + [record, None, run]
 
 
 class _Trained(torch.autograd.Function):
@@ -186,40 +204,55 @@ class Kernels:
         self.estimated = weights > 0 and not amd
         self.estimated_default = self.estimated and not spec_default
         self.nonfinite, self.no_gpu_reference, self.amd = nonfinite, no_gpu_reference, amd
-        self.last = {
-            "config": None,
-            "source": None,
-            "path": None,
-            "fast_tanh": False,
-            "fp32_matmul": None,
-        }
-        self.last_run = (
-            {}
-        )  # the last launch's compiled "kernel" and plan "key" (fusegen tune, inspect)
+        # What each thread's last call ran (last_launch; last_run: the compiled "kernel"
+        # and plan "key", for fusegen tune and inspect): a server's threads each read
+        # their own call's. A launch of a known signature stores its plan's `ready`
+        # entry, [5] the one and [7] the other, in one store.
+        self.here = threading.local()
         self.plans = {}  # tuning key -> (path, config, source) chosen once
         self.table = {}  # "entries": the tuned table's entries, read at first use
         self.tuned = {}  # path -> its autotuned kernel
         self.shortlists = {}  # path -> configs its next tuning compiles (set by tune)
         self.logged = set()
         self.untraced_launcher = None
-        self.tracing = 0  # > 0 while traced_call (or a training op) runs for torch.compile
+        # thread -> depth, while traced_call (or a training op) runs for torch.compile in
+        # it: another thread's eager calls meanwhile are no trace (tracing_here). Empty,
+        # it costs a call what the counter it replaced did.
+        self.tracing = {}
         self.save_pre_pointer = False  # a training forward's TMA launch ran out of resources
 
     # What the last call ran, and what goes wrong loudly.
 
+    @property
+    def last(self):
+        ran = getattr(self.here, "ran", None)
+        return _NOTHING_RAN if ran is None else ran[5]
+
+    @property
+    def last_run(self):
+        ran = getattr(self.here, "ran", None)
+        return {} if ran is None or ran[7] is None else ran[7]
+
     def last_launch(self):
-        config = self.last["config"]
-        return {**self.last, "config": dict(config) if config is not None else None}
+        last = self.last
+        config = last["config"]
+        return {**last, "config": dict(config) if config is not None else None}
 
     def record(self, config, source, path=None, fast_tanh=False, fp32_matmul=None):
         """What last_launch says (a launch of a known signature stores its plan's dict)."""
-        self.last = {
+        last = {
             "config": config,
             "source": source,
             "path": path,
             "fast_tanh": fast_tanh,
             "fp32_matmul": fp32_matmul,
         }
+        self.here.ran = _ran(last, self.last_run or None)
+
+    def tracing_here(self):
+        """Whether torch.compile traces in this thread (read after `self.tracing`, so
+        a call outside any trace pays nothing for it)."""
+        return threading.get_ident() in self.tracing
 
     def log_once(self, reason, message, *args):
         if reason not in self.logged:
@@ -316,7 +349,7 @@ class Kernels:
         if "tma" not in self.paths or not self.runs_triton(device):
             return "pointer"
         setting = switch("FUSEGEN_TMA")
-        traced = bool(self.tracing)
+        traced = bool(self.tracing) and self.tracing_here()
         ready = all(tma_ready(t, either_major=True, traced=traced) for t in operands)
         if setting == "0" or not ready or not all(tma_ready(t, traced=traced) for t in outputs):
             return "pointer"
@@ -364,7 +397,7 @@ class Kernels:
             consts["FAST_TANH"] = self.fast_tanh(plan.device, *out_dtypes)
         plan.consts = consts
         plan.ready = {}  # config (None: chosen) -> what its launch needs, from launch
-        if not self.tracing:  # fake tensors have no address: no plan is kept for them
+        if not (self.tracing and self.tracing_here()):  # fake tensors have no address
             if len(calls) >= 1024:
                 calls.clear()
             calls[signature(*inputs)] = plan
@@ -375,6 +408,10 @@ class Kernels:
         interpreter), where the spec says to run the reference or to raise."""
         if plan.runs_triton:
             self.record(None, "empty")
+        elif plan.device.type == "meta":
+            # Shape inference (a model built on the meta device): the outputs as made,
+            # with no warning and no refusal, as PyTorch's own ops there.
+            self.record(None, "meta (shapes only)")
         elif self.no_gpu_reference:
             self.log_once(
                 "no-gpu",
@@ -443,8 +480,11 @@ class Kernels:
         directly (see direct): a call of a known signature costs a dict lookup and the
         launch. An fp32 call that follows PyTorch's matmul precision reads it each time.
         While torch.compile traces (see traced_call), the launch goes into its graph."""
-        if self.tracing:
+        if self.tracing and self.tracing_here():
             return self.traced_launch(plan, args)
+        if launch.elsewhere(plan.device):
+            with torch.cuda.device(plan.device):
+                return self.launch(plan, args, config)
         given = args
         key = None if config is None else config_key(config)
         precision = None
@@ -472,41 +512,42 @@ class Kernels:
             if precision is not None:
                 consts = {**consts, "INPUT_PRECISION": precision}
             ready = plan.ready[key] = self._ready(path, plan, args, config, consts)
-        _, kernel, grid, kwargs, split, record, direct, ran = ready
+        _, kernel, grid, kwargs, split, record, direct, _ = ready
         if self.weights:
             # Unsplit, the output stands in for the scratch (see scratch): no call for it.
             output = args[self.outputs.start]
             args = (*args, *(self.scratch(args, split) if split > 1 else (output, output)))
         if direct and aligned:
             direct(*args)
-            self.last_run = ran
-        else:
-            try:
-                compiled = kernel[grid](*args, **kwargs)
-            except (triton.runtime.errors.OutOfResources, triton.runtime.errors.PTXASError) as exc:
-                # The shared-memory estimate let through a config that does not fit
-                # (Triton's count moves with the chain and the precision: tf32x3 takes
-                # more), or ptxas 12.8 crashed on it: fewer pipeline stages, then the
-                # pointer kernel, for this signature from now on.
-                if config is not None or (ready[0] == "pointer" and kwargs["num_stages"] == 1):
-                    raise
-                if kwargs["num_stages"] > 1:
-                    stages = kwargs["num_stages"] - 1
-                    ready[3] = {**kwargs, "num_stages": stages}
-                    ready[5] = {**record, "config": {**record["config"], "num_stages": stages}}
-                    self.log_once("resources", "%s; fewer pipeline stages", exc)
-                else:
-                    self.log_once("tma-resources", "%s; the pointer kernel runs instead", exc)
-                    plan.path, plan.ready = "pointer", {}
-                return self.launch(plan, given, config)
-            self.last_run = {"kernel": compiled, "key": plan.key, "direct": False}
-            if direct is None and aligned:  # False: no direct launch for this plan (asked once)
-                made = None
-                if launch.enabled(self.interpreted()):
-                    made = launch.direct(compiled, kernel, grid, args, kwargs)
-                ready[6] = made or False
-                ready[7] = {"kernel": compiled, "key": plan.key, "direct": True}
-        self.last = record
+            self.here.ran = ready
+            return
+        try:
+            compiled = kernel[grid](*args, **kwargs)
+        except (triton.runtime.errors.OutOfResources, triton.runtime.errors.PTXASError) as exc:
+            # The shared-memory estimate let through a config that does not fit
+            # (Triton's count moves with the chain and the precision: tf32x3 takes
+            # more), or ptxas 12.8 crashed on it: fewer pipeline stages, then the
+            # pointer kernel, for this signature from now on.
+            if config is not None or (ready[0] == "pointer" and kwargs["num_stages"] == 1):
+                raise
+            if kwargs["num_stages"] > 1:
+                stages = kwargs["num_stages"] - 1
+                ready[3] = {**kwargs, "num_stages": stages}
+                ready[5] = {**record, "config": {**record["config"], "num_stages": stages}}
+                self.log_once("resources", "%s; fewer pipeline stages", exc)
+            else:
+                self.log_once("tma-resources", "%s; the pointer kernel runs instead", exc)
+                plan.path, plan.ready = "pointer", {}
+            return self.launch(plan, given, config)
+        ran = {"kernel": compiled, "key": plan.key, "direct": False}
+        if direct is None and aligned:  # False: no direct launch for this plan (asked once)
+            made = None
+            if launch.enabled(self.interpreted()):
+                made = launch.direct(compiled, kernel, grid, args, kwargs)
+            # The record first: a thread finding the direct launch reads it next.
+            ready[7] = {"kernel": compiled, "key": plan.key, "direct": True}
+            ready[6] = made or False
+        self.here.ran = _ran(record, ran)
 
     def _ready(self, path, plan, args, config, consts):
         """[path asked for, kernel, grid, keyword arguments, SPLIT_K, what last_launch
@@ -559,7 +600,7 @@ class Kernels:
         """The split-K scratch for `split` programs per tile: fp32 partial sums (per
         accumulator) and zeroed arrival counters, enough for any tile of 16 or more."""
         out = args[self.outputs.start]
-        if split <= 1 and self.tracing:
+        if split <= 1 and self.tracing and self.tracing_here():
             # Never read either (SPLIT_K is 1): empty, as zeros would cost the compiled
             # graph a launch of its own.
             return torch.empty(1, dtype=torch.float32, device=out.device), torch.empty(
@@ -770,7 +811,7 @@ class Kernels:
         device = args[0].device
         if not self.can_tune(device):
             return path, self.complete(path, self.module["INTERPRETER_CONFIG"]), "interpreter"
-        if self.tracing:
+        if self.tracing and self.tracing_here():
             key = settled(key)
             if key is None:  # no table entry or estimate serves every size without guards
                 return path, self.paths[path][2], "default (dynamic size)"
@@ -844,6 +885,14 @@ class Kernels:
         return self.plans[key]
 
     def tune(self, path, key, args, consts):
+        """Runtime tuning of a key, once, whatever threads call it at the same time: a
+        thread that waited for another's tuning of the key takes its result."""
+        with launch.ONCE:
+            if key in self.plans:
+                return self.plans[key]
+            return self.tune_now(path, key, args, consts)
+
+    def tune_now(self, path, key, args, consts):
         started = time.perf_counter()
         candidates = [path]
         if path == "tma" and not switch("FUSEGEN_TMA"):
@@ -974,7 +1023,7 @@ class Kernels:
 
     def call_plan(self, inputs):
         module = self.module
-        if self.tracing:
+        if self.tracing and self.tracing_here():
             return module["_plan"](*inputs)
         return module["_CALLS"].get(module["_signature"](*inputs)) or module["_plan"](*inputs)
 
@@ -1316,18 +1365,22 @@ class Kernels:
         """`fn` with the launches it makes going into the graph being traced (traceable)."""
 
         def run(*args):
-            self.tracing += 1
+            me = threading.get_ident()
+            self.tracing[me] = self.tracing.get(me, 0) + 1
             try:
                 return fn(*args)
             finally:
-                self.tracing -= 1
+                if self.tracing[me] == 1:
+                    del self.tracing[me]
+                else:
+                    self.tracing[me] -= 1
 
         return run
 
     def traceable(self, kernel):
         """A kernel to launch, as the graph torch.compile traces can hold it (wrap_triton:
         Inductor then compiles and launches it); itself outside tracing."""
-        return Traced(kernel) if self.tracing else kernel
+        return Traced(kernel) if self.tracing and self.tracing_here() else kernel
 
     def traced_call(self, *inputs):
         """The launcher as a triton op runs it: the checks and plan on the (fake) inputs,
@@ -1409,25 +1462,27 @@ class Kernels:
             raise RuntimeError(f"{self.name} has no backward")  # unreachable: refuse raises
 
         try:
-            packet = getattr(torch.ops.fusegen, self.op_name, None)
-            if packet is None:
-                traced = self.triton_ops()
-                launcher = self.module[self.name]
-                call = (
-                    self.traced(self.traced_call)
-                    if traced
-                    else (lambda *tensors: launcher(*tensors))
-                )
-                op = self.register(
-                    f"fusegen::{self.op_name}", typed(call, self.inputs, self.returns), traced
-                )
-                if not traced:
-                    op.register_fake(fake)
-                op.register_autograd(no_backward, setup_context=refuse)
-                packet = getattr(torch.ops.fusegen, self.op_name)
-            if self.grads:
-                self.train_op, self.backward_op = self.training_ops()
-            return packet.default
+            # One registration per process: see launch.ONCE.
+            with launch.ONCE:
+                packet = getattr(torch.ops.fusegen, self.op_name, None)
+                if packet is None:
+                    traced = self.triton_ops()
+                    launcher = self.module[self.name]
+                    call = (
+                        self.traced(self.traced_call)
+                        if traced
+                        else (lambda *tensors: launcher(*tensors))
+                    )
+                    op = self.register(
+                        f"fusegen::{self.op_name}", typed(call, self.inputs, self.returns), traced
+                    )
+                    if not traced:
+                        op.register_fake(fake)
+                    op.register_autograd(no_backward, setup_context=refuse)
+                    packet = getattr(torch.ops.fusegen, self.op_name)
+                if self.grads:
+                    self.train_op, self.backward_op = self.training_ops()
+                return packet.default
         except Exception as exc:  # noqa: BLE001 - this torch's custom ops differ: no op
             _log.warning(
                 "%s: no custom op for torch.compile (%s); calls there run eagerly", self.name, exc

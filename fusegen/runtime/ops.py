@@ -67,3 +67,29 @@ def triton_ops(interpreted):
         and hasattr(torch.library, "wrap_triton")
         and not interpreted
     )
+
+
+def refuse_stand_ins(name, *tensors):
+    """Raise, naming the launcher and what to do, where torch.fx.symbolic_trace (Proxy) or
+    a torch.func transform (vmap, grad, jvp: wrapped tensors) calls it: its Triton kernel
+    reads real storage, and it would fail deep inside with a message naming nothing. Part
+    of a call's checks (once per call signature, not per call)."""
+    for tensor in tensors:
+        if isinstance(tensor, torch.fx.Proxy):
+            raise TypeError(
+                f"{name}: torch.fx.symbolic_trace cannot trace into a generated launcher (its "
+                "Triton kernel needs real tensors); keep the call one node of the graph: "
+                f'torch.fx.wrap("{name}") at the top of the module that calls it, or '
+                f"torch.fx.Tracer(autowrap_functions=({name},)); torch.export keeps it one op "
+                "as it is"
+            )
+        functorch = torch._C._functorch
+        if isinstance(tensor, torch.Tensor) and (
+            functorch.is_batchedtensor(tensor) or functorch.is_gradtrackingtensor(tensor)
+        ):
+            raise TypeError(
+                f"{name}: torch.func transforms (vmap, grad, jvp, jacrev, ...) cannot run a "
+                "generated launcher: its Triton kernel needs real tensors and its backward is "
+                "no functorch rule; under them, call the module's reference(...) (the same "
+                "chain in PyTorch ops), or use torch.autograd.grad on the launcher's output"
+            )

@@ -402,8 +402,8 @@ if AVAILABLE:
         l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
         out = (acc / l_o[:, None]).to(o_desc.dtype)
         if row0 + BLOCK_M <= sq:
-            # A whole tile: through the query tile's shared memory (every QK is done)
-            # and a TMA store.
+            # A whole tile: through shared memory (the query tile's, every QK being
+            # done, or out's own) and a TMA store.
             if PERSISTENT:
                 tma.store_wait(pendings=0)
             smem.store(out)

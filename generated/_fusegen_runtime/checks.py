@@ -76,6 +76,16 @@ def errors_named(name: str, check, *args):
         raise type(exc)(f"{name}: {exc}") from None
 
 
+def names_errors(name: str):
+    """A call's checks whose errors name the launcher (errors_named): a call through a
+    model's forward does not show which launcher refused it."""
+
+    def wrap(check):
+        return functools.wraps(check)(lambda *args: errors_named(name, check, *args))
+
+    return wrap
+
+
 def runs_triton(device, interpreted: bool) -> bool:
     """Whether a launch on `device` runs the Triton kernels: a CUDA GPU does, the
     interpreter runs CPU tensors; elsewhere (meta tensors: shapes only) the reference."""
@@ -319,7 +329,10 @@ def call_dtype(tensors, allowed):
             )
     if first.dtype not in allowed:
         listed = ", ".join(str(d) for d in allowed)
-        raise TypeError(f"{name} is {first.dtype}; this kernel takes {listed}")
+        hint = ""
+        if first.dtype is torch.float64:  # gradcheck's dtype
+            hint = "; a float64 check (gradcheck) runs the module's reference(...)"
+        raise TypeError(f"{name} is {first.dtype}; this kernel takes {listed}{hint}")
     return first.dtype
 
 

@@ -66,14 +66,18 @@ def _graph_samples(kernel_call, calls=20, replays=10):
     call] x calls less [clear the L2 cache] x calls; None where a call cannot be captured."""
     kernel_call()  # compiles outside the capture
     flush = _l2_flush()
+    # Only this thread's CUDA calls are barred while capturing: a server's other threads
+    # keep serving (synchronizing, allocating) while one call tunes (the default, "global",
+    # would make their calls raise).
+    mode = "thread_local"
     try:
         both = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(both):
+        with torch.cuda.graph(both, capture_error_mode=mode):
             for _ in range(calls):
                 flush.zero_()
                 kernel_call()
         alone = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(alone):
+        with torch.cuda.graph(alone, capture_error_mode=mode):
             for _ in range(calls):
                 flush.zero_()
     except RuntimeError:

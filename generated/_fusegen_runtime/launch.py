@@ -9,6 +9,8 @@ hooks nobody registered. Once a call signature has compiled its kernel, everythi
 the tensors' addresses is known, so `Direct` keeps the compiled kernel's launcher and
 what it takes, and a call costs one Python call into it."""
 
+import threading
+
 import torch
 
 from .checks import switch
@@ -20,6 +22,13 @@ try:
     _HOOKS = _knobs.runtime  # launch_enter_hook, launch_exit_hook: chains of callables
 except ImportError:  # triton before 3.4: no knobs
     _HOOKS = None
+
+# Work done once per process, however many threads reach it together: registering a
+# module's ops (a thread that found only some of them made gave up on torch.compile and
+# autograd for its module) and runtime tuning (triton's Autotuner keeps the call it is
+# tuning on itself, and two tunings on one GPU time each other's kernels). Taken at
+# import and at a key's first call, never on a call whose plan is made.
+ONCE = threading.RLock()
 
 
 def _hooked():
@@ -89,6 +98,14 @@ def direct(compiled, kernel, grid, args, kwargs):
         return Direct(compiled, grid, consts, device)
     except (AttributeError, KeyError, TypeError):
         return None
+
+
+def elsewhere(device):
+    """Whether `device` is a CUDA device other than the current one. Triton launches on
+    the current device (its context and stream), and a model spread over GPUs
+    (transformers' device_map="auto") calls its later layers without making their device
+    current: a call there runs with its device made current, as PyTorch's ops do."""
+    return device.type == "cuda" and device.index != torch._C._cuda_getDevice()
 
 
 def compiled_device(args):

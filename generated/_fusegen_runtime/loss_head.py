@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import launch
 from .checks import autocast_inputs, autocasting, common_device, refuse_second_derivative
 from .device import device_facts
 
@@ -172,6 +173,9 @@ class LossHead:
             return self.module["reference"](
                 x, weight, labels, *([bias] if bias is not None else [])
             )
+        if launch.elsewhere(x.device):
+            with torch.cuda.device(x.device):  # see launch.elsewhere
+                return self(x, weight, labels, bias)
         loss, lse = _Function.apply(self, vocab, x2, weight, y, bias, torch.is_grad_enabled())
         if self.module["REDUCTION"] == "none":
             loss = loss.view(shape)

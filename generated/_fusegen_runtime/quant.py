@@ -317,6 +317,10 @@ class QuantChain:
             tensors = autocast_inputs(tensors, self.module["DTYPES"], stored, matmul=True)
         if torch.compiler.is_compiling() and out is None and config is None:
             return self.op(list(tensors), out_dtype)
+        first = tensors[0]
+        if isinstance(first, torch.Tensor) and launch.elsewhere(first.device):
+            with torch.cuda.device(first.device):  # see launch.elsewhere
+                return self(tensors, out, out_dtype, config)
         if torch.is_grad_enabled() and any(
             isinstance(t, torch.Tensor) and t.requires_grad for t in tensors
         ):
@@ -750,14 +754,18 @@ class QuantChain:
         key += (plan["words"], tuning)
         found = self.tuned.get(key)
         if found is None:
-            config = self.from_table(plan)
-            if config:
-                found = (config, "table")
-            elif tuning:
-                found = (self.tune(plan, views, out2d), "tuned")
-            else:
-                found = (self.module["DEFAULT_CONFIG"], "default")
-            self.tuned[key] = found
+            with launch.ONCE:  # a key's tuning once, whatever threads ask for it at once
+                found = self.tuned.get(key)
+                if found is not None:
+                    return found
+                config = self.from_table(plan)
+                if config:
+                    found = (config, "table")
+                elif tuning:
+                    found = (self.tune(plan, views, out2d), "tuned")
+                else:
+                    found = (self.module["DEFAULT_CONFIG"], "default")
+                self.tuned[key] = found
         return found
 
     def table_key(self, plan):
@@ -881,6 +889,10 @@ class Quantizer(QuantChain):
     def __call__(self, tensors, out=None, scale=None):
         if torch.compiler.is_compiling() and out is None and scale is None:
             return tuple(self.op(list(tensors), None))
+        first = tensors[0]
+        if isinstance(first, torch.Tensor) and launch.elsewhere(first.device):
+            with torch.cuda.device(first.device):  # see launch.elsewhere
+                return self(tensors, out, scale)
         if torch.is_grad_enabled() and any(
             isinstance(t, torch.Tensor) and t.requires_grad for t in tensors
         ):
