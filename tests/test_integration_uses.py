@@ -246,3 +246,20 @@ def test_a_float64_call_names_the_launcher_and_what_checks_in_float64(built):
     x, weight = torch.randn(3, 64, dtype=torch.float64), torch.randn(64, dtype=torch.float64)
     with pytest.raises(TypeError, match=r"^use_rmsnorm: x is torch\.float64.*reference\(\.\.\.\)"):
         norm(x, weight)
+
+
+def test_forward_mode_ad_is_refused_naming_the_launcher(built):
+    """A dual tensor's tangent was dropped: the output had none, a jvp silently wrong."""
+    import torch.autograd.forward_ad as fwAD
+
+    modules = built[0]
+    norm, attention = modules["use_rmsnorm"].use_rmsnorm, modules["use_attention"].use_attention
+    x, weight = torch.randn(3, 64, device=DEVICE), torch.randn(64, device=DEVICE)
+    q = torch.randn(2, 5, 4, 16, device=DEVICE)
+    k, v = (torch.randn(2, 5, 2, 16, device=DEVICE) for _ in "kv")
+    with fwAD.dual_level():
+        norm(x, weight)  # no tangent anywhere: runs
+        with pytest.raises(NotImplementedError, match=r"^use_rmsnorm: forward-mode AD"):
+            norm(fwAD.make_dual(x, torch.ones_like(x)), weight)
+        with pytest.raises(NotImplementedError, match=r"^use_attention: forward-mode AD"):
+            attention(q, fwAD.make_dual(k, torch.ones_like(k)), v)

@@ -25,6 +25,7 @@ from .checks import (
     fp32_dot,
     fp32_matmul,
     needs_int64,
+    refuse_dual,
     refuse_second_derivative,
     runs_triton,
 )
@@ -312,6 +313,7 @@ class Attention:
         """(out, lse or None): the forward kernel (and the combine, split), or the
         reference without a GPU."""
         traced = self.tracing and self.tracing_here()
+        refuse_dual(self.name, inputs)
         q = inputs[0]
         if not traced and isinstance(q, torch.Tensor) and launch.elsewhere(q.device):
             with torch.cuda.device(q.device):  # see launch.elsewhere

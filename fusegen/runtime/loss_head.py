@@ -26,7 +26,13 @@ import triton
 import triton.language as tl
 
 from . import launch
-from .checks import autocast_inputs, autocasting, common_device, refuse_second_derivative
+from .checks import (
+    autocast_inputs,
+    autocasting,
+    common_device,
+    refuse_dual,
+    refuse_second_derivative,
+)
 from .device import device_facts
 
 _log = logging.getLogger(__name__)
@@ -171,6 +177,7 @@ class LossHead:
             return self.module["reference"](
                 x, weight, labels, *([bias] if bias is not None else [])
             )
+        refuse_dual(self.name, (x, weight, bias))
         if launch.elsewhere(x.device):
             with torch.cuda.device(x.device):  # see launch.elsewhere
                 return self(x, weight, labels, bias)

@@ -41,6 +41,7 @@ from .checks import (  # noqa: F401 - the kernel modules reach these through thi
     names_errors,
     needs_int64,
     plain,
+    refuse_dual,
     refuse_grad_out,
     refuse_second_derivative,
     runs_triton,
@@ -484,6 +485,7 @@ class Kernels:
         While torch.compile traces (see traced_call), the launch goes into its graph."""
         if self.tracing and self.tracing_here():
             return self.traced_launch(plan, args)
+        refuse_dual(self.name, args[: self.outputs.start])
         if launch.elsewhere(plan.device):
             with torch.cuda.device(plan.device):
                 return self.launch(plan, args, config)

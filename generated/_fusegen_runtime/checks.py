@@ -9,6 +9,7 @@ import os
 
 import torch
 import triton.language as tl
+from torch.autograd import forward_ad
 
 
 def _any_autocast() -> bool:
@@ -74,6 +75,21 @@ def errors_named(name: str, check, *args):
         if str(exc).startswith(f"{name}:"):
             raise
         raise type(exc)(f"{name}: {exc}") from None
+
+
+def refuse_dual(name: str, tensors) -> None:
+    """Forward-mode AD's dual tensors refused (torch.autograd.forward_ad): a kernel reads
+    the primal values and would drop the tangents, a jvp silently wrong. The level is a
+    global read (a few ns): calls outside dual_level() look at no tensor."""
+    if forward_ad._current_level < 0:
+        return
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and forward_ad.unpack_dual(t).tangent is not None:
+            raise NotImplementedError(
+                f"{name}: forward-mode AD (a dual tensor's tangent) does not pass through a "
+                "generated kernel; under forward_ad, call the module's reference(...) (the same "
+                "chain in PyTorch ops), or take the jvp by reverse mode (torch.autograd.grad)"
+            )
 
 
 def names_errors(name: str):

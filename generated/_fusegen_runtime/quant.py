@@ -27,6 +27,7 @@ from .checks import (
     config_values_problems,
     errors_named,
     needs_int64,
+    refuse_dual,
     refuse_grad_out,
     runs_triton,
     shares_memory,
@@ -317,6 +318,7 @@ class QuantChain:
             tensors = autocast_inputs(tensors, self.module["DTYPES"], stored, matmul=True)
         if torch.compiler.is_compiling() and out is None and config is None:
             return self.op(list(tensors), out_dtype)
+        refuse_dual(self.name, tensors)
         first = tensors[0]
         if isinstance(first, torch.Tensor) and launch.elsewhere(first.device):
             with torch.cuda.device(first.device):  # see launch.elsewhere
@@ -889,6 +891,7 @@ class Quantizer(QuantChain):
     def __call__(self, tensors, out=None, scale=None):
         if torch.compiler.is_compiling() and out is None and scale is None:
             return tuple(self.op(list(tensors), None))
+        refuse_dual(self.name, tensors)
         first = tensors[0]
         if isinstance(first, torch.Tensor) and launch.elsewhere(first.device):
             with torch.cuda.device(first.device):  # see launch.elsewhere
