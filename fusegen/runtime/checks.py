@@ -222,6 +222,7 @@ class Plan:
         "fp32",
         "follows_torch",
         "highest",
+        "cuda",
         "copies",
         "training",
     )

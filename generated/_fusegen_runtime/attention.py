@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
+from torch.autograd import forward_ad
 
 from . import attention_hopper, attention_hopper_backward, launch, ops, tables
 from .checks import (
@@ -125,7 +126,7 @@ class _Plan:
     __slots__ = (
         "batch", "sq", "skv", "device", "dtype", "runs", "empty", "copies", "lengths",
         "out_shape", "lse_shape", "part_shapes", "forward", "combine", "tail", "bias_tail",
-        "out_strides", "kept",
+        "out_strides", "kept", "cuda",
     )  # fmt: skip
 
 
@@ -315,11 +316,8 @@ class Attention:
         """(out, lse or None): the forward kernel (and the combine, split), or the
         reference without a GPU."""
         traced = self.tracing and self.tracing_here()
-        refuse_dual(self.name, inputs)
-        q = inputs[0]
-        if not traced and isinstance(q, torch.Tensor) and launch.elsewhere(q.device):
-            with torch.cuda.device(q.device):  # see launch.elsewhere
-                return self.forward(inputs, want_lse, key_lengths)
+        if forward_ad._current_level >= 0:  # inside dual_level(): a read, not a call
+            refuse_dual(self.name, inputs)
         if traced or self.forced:  # fake tensors, or configs being timed
             plan = self.forward_plan_of(inputs, key_lengths)
         else:
@@ -337,6 +335,9 @@ class Attention:
         if not plan.runs:
             out, lse = self.module["reference"](*inputs, key_lengths=key_lengths, return_lse=True)
             return out, lse if want_lse else None
+        if plan.cuda is not None and plan.cuda != torch._C._cuda_getDevice() and not traced:
+            with torch.cuda.device(plan.device):  # see launch.elsewhere
+                return self.forward(inputs, want_lse, key_lengths)
         q, k, v = inputs[:3]
         if plan.copies:
             q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
@@ -396,6 +397,7 @@ class Attention:
         q = inputs[0]
         plan = _Plan()
         plan.batch, plan.sq, plan.skv, plan.device, plan.dtype = batch, sq, skv, q.device, q.dtype
+        plan.cuda = q.device.index if q.device.type == "cuda" else None  # see forward
         plan.runs = self.runs_triton(q.device)
         plan.out_shape = (*q.shape[:3], self.module["V_HEAD_DIM"])
         plan.lse_shape = (batch, self.module["HEADS"], sq)

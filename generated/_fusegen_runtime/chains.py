@@ -17,6 +17,7 @@ import types
 
 import torch
 import triton
+from torch.autograd import forward_ad
 
 from .checks import (  # noqa: F401 - the kernel modules reach these through this module
     Plan,
@@ -388,6 +389,7 @@ class Kernels:
         plan.fp32 = self.weights > 0 and plan.dtype == torch.float32
         plan.follows_torch = plan.fp32 and self.module["FP32_MATMUL"] is None
         plan.highest = fp32_highest(plan.device)
+        plan.cuda = plan.device.index if plan.device.type == "cuda" else None
         if self.weights:
             consts["DOT_UPCAST"] = self.interpreted() and plan.dtype == torch.bfloat16
             # tl.dot ignores it for 16-bit operands; an fp32 call may set it again (launch).
@@ -485,9 +487,10 @@ class Kernels:
         While torch.compile traces (see traced_call), the launch goes into its graph."""
         if self.tracing and self.tracing_here():
             return self.traced_launch(plan, args)
-        refuse_dual(self.name, args[: self.outputs.start])
-        if launch.elsewhere(plan.device):
-            with torch.cuda.device(plan.device):
+        if forward_ad._current_level >= 0:  # inside dual_level(): a read, not a call
+            refuse_dual(self.name, args[: self.outputs.start])
+        if plan.cuda is not None and plan.cuda != torch._C._cuda_getDevice():
+            with torch.cuda.device(plan.device):  # see launch.elsewhere
                 return self.launch(plan, args, config)
         given = args
         key = None if config is None else config_key(config)

@@ -224,6 +224,7 @@ class Plan:
         "fp32",
         "follows_torch",
         "highest",
+        "cuda",
         "copies",
         "training",
     )
