@@ -419,6 +419,7 @@ def kernel_context(kernel: Kernel, runtime_hash: str) -> dict:
         "reference_return": reference_return(kernel, unpinned[0].name),
         "rowwise": kernel.row_step is not None,
         "reduces": kernel.reduces,
+        "refuses_empty_rows": kernel.row_step is not None and kernel.row_step.op == "max",
         **row_context(kernel),
         "returns_unpacked": ", ".join(o["kwarg"] for o in outs),
         "out_view_expr": f"({outs[0]['view']})",

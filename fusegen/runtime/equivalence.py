@@ -135,10 +135,10 @@ class Chain:
             values = torch.randn(shape, generator=generator)
             if dist == "weight":
                 # Like a trained layer's weights: outputs stay O(1) whatever the fan-in.
-                values = values * sizes[self.fan_in] ** -0.5
+                values = values * max(1, sizes[self.fan_in]) ** -0.5  # K = 0: no values
             elif dist == "nonzero":
                 values = values.sign() * (0.5 + values.abs())
-            if self.special_rows and dims == (self.row, self.col):
+            if self.special_rows and dims == (self.row, self.col) and values.numel():
                 rows = values.view(-1, shape[-1])
                 # A constant row (zero variance: naive formulas divide 0 by 0), a row of
                 # large values (1e4: naive softmax overflows, sums of squares lose digits)

@@ -157,6 +157,49 @@ def value_tests(chain):
         with pytest.raises(TypeError, match=rf"\b{first}\b"):
             launcher(**bad)
 
+    dynamic = [dim for dim, size in kernel.DIMS.items() if size is None]
+
+    @pytest.mark.skipif(chain.heavy, reason=SLOW_WEIGHTS)
+    @pytest.mark.skipif(not dynamic, reason="the spec fixes every dim")
+    @pytest.mark.parametrize("dim", dynamic or [None])
+    def test_a_dim_of_size_zero(dim):
+        # An empty batch, K = 0 or rows of no columns: not bounded by equivalence.py (no
+        # error to speak of), but the float64 reference's values, gradients included (a
+        # row's sum over no columns has an output and gradients for its [rows] inputs),
+        # or a ValueError where the reference cannot give one (a max over no columns).
+        dtype, seed = dtypes[-1], new_seed()
+        sizes = {**sizes_of, **chain.cases[0], dim: 0}
+        inputs = chain.make_inputs(sizes, dtype, seed)
+        asked = chain.float_inputs
+        exact = {n: t.double().requires_grad_(n in asked) for n, t in inputs.items()}
+        try:
+            want = as_tuple(kernel.reference(**exact, out_dtype=torch.float64))
+        except (IndexError, RuntimeError):
+            with pytest.raises(ValueError, match=r"is 0\b"):
+                launcher(**inputs)
+            return
+        tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+        results = as_tuple(launcher(**inputs, **chain.output_buffers(sizes, dtype)))
+        for got, expected in zip(results, want, strict=True):
+            expected = expected.detach().to(got.dtype).double()
+            rtol = atol = tol[got.dtype]
+            torch.testing.assert_close(got.double(), expected, rtol=rtol, atol=atol, equal_nan=True)
+        results, upstream, grads = chain.grads_of(inputs, asked, seed)
+        wanted = torch.autograd.grad(
+            want, [exact[n] for n in asked], [u.double() for u in upstream], allow_unused=True
+        )
+        for name, got, expected in zip(asked, grads, wanted, strict=True):
+            expected = torch.zeros_like(exact[name]) if expected is None else expected
+            rtol = atol = tol[got.dtype]
+            torch.testing.assert_close(
+                got.double(),
+                expected,
+                rtol=rtol,
+                atol=atol,
+                equal_nan=True,
+                msg=lambda text, name=name: f"d {name}: {text}",
+            )
+
     @pytest.mark.skipif(chain.heavy, reason=SLOW_WEIGHTS)
     def test_repeated_calls_agree(monkeypatch):
         # The first call of a signature plans its launch; later ones reuse the plan and,
@@ -270,6 +313,7 @@ def value_tests(chain):
         test_inputs_with_no_unit_stride,
         test_rejects_wrong_shapes,
         test_rejects_wrong_dtype,
+        test_a_dim_of_size_zero,
         test_repeated_calls_agree,
         test_a_row_in_one_block_and_block_by_block,
         test_nan_propagates_as_in_pytorch,

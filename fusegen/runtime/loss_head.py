@@ -125,7 +125,10 @@ class LossHead:
         common_device({**floats, n_y: labels})
         hidden, vocab = m["HIDDEN"], m["VOCAB"]
         if x.dim() < 1 or x.shape[-1] == 0:
-            raise ValueError(f"{n_x} must be [..., {m['HIDDEN_NAME']}], got {list(x.shape)}")
+            raise ValueError(
+                f"{n_x} must be [..., {m['HIDDEN_NAME']}] with {m['HIDDEN_NAME']} > 0, got "
+                f"{list(x.shape)}"
+            )
         k = x.shape[-1]
         if hidden is not None and k != hidden:
             raise ValueError(

@@ -1197,6 +1197,10 @@ class Kernels:
         if not plan.launches:
             return False
         cols = dict(zip(self.module["DIMS"], plan.tail, strict=False))[self.dims[1]]
+        if not cols:
+            # Empty rows (a sum or mean over none) have a non-empty output, but the kernel
+            # has no row to tile; the reference's gradients are empty or zero.
+            return False
         if self.rowwise and cols > ROW_BACKWARD_MAX_COLS:
             self.log_once(
                 "long-rows",

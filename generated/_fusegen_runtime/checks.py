@@ -322,6 +322,12 @@ class Shapes:
             self._bind_dim(dim, tensor.shape[axis], f"{name}.shape[{axis}]")
         return tensor
 
+    def nonempty(self, dim, why):
+        """Refuse a size of 0 for `dim` where the chain has no value to give (a max over
+        no columns, which torch.amax refuses too, would be -inf)."""
+        if self.sizes[dim] == 0:
+            raise ValueError(f"{self.origin[dim]} is 0: {why}")
+
     def _bind_dim(self, dim, size, where):
         declared = self.declared[dim]
         if dim in self.sizes:

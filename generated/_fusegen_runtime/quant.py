@@ -70,7 +70,7 @@ def unpack_int4(packed, packing, signed):
     `packing` names; two's complement where signed."""
     low, high = (packed & 15).to(torch.int16), (packed >> 4).to(torch.int16)
     first, second = (low, high) if packing == "low_first" else (high, low)
-    values = torch.stack((first, second), dim=-1).reshape(*packed.shape[:-1], -1)
+    values = torch.stack((first, second), dim=-1).reshape(*packed.shape[:-1], 2 * packed.shape[-1])
     return (values ^ 8) - 8 if signed else values
 
 
@@ -228,7 +228,7 @@ def spread(factors, quant, rows, k):
         return factors.reshape(())
     if quant.scale == "row":
         return factors.reshape(rows, 1)
-    spread = factors.reshape(-1, factors.shape[-1])
+    spread = factors.reshape(math.prod(factors.shape[:-1]), factors.shape[-1])
     if quant.scale == "block":
         spread = spread.repeat_interleave(quant.rows_per, dim=0)[:rows]
     return spread.repeat_interleave(quant.group, dim=1)[:, :k]
@@ -242,7 +242,7 @@ def dequantize(stored, scale, zero, quant, dtype):
     else:
         values = stored
     shape = values.shape
-    values = values.reshape(-1, shape[-1])
+    values = values.reshape(math.prod(shape[:-1]), shape[-1])  # -1 is ambiguous at K = 0
     rows, k = values.shape
     wide = torch.float64
     values = values.to(wide)
@@ -713,7 +713,8 @@ class QuantChain:
             return t.reshape(1)
         if q.scale == "row":
             return t.reshape(-1)
-        return t.reshape(-1, t.shape[-1])
+        # Not reshape(-1, ...): ambiguous at K = 0, and slower.
+        return t.flatten(0, -2) if t.dim() > 1 else t[None]
 
     def check_out(self, out, plan, tensors, name="out", shape=None, dtype=None):
         """A caller's output buffer (`out`, or a quantizer's `scale` with its shape and
@@ -869,15 +870,18 @@ def quantize_values(value, fp8_dtype, fp8_max, group, rounded=True):
     """(q, scale) of a quantizer's reference: per row (or per `group` along it) scale =
     max(|value|, 1e-12) / fp8_max in fp32, q = value / scale in fp8 (unrounded, in the
     value's dtype, where not `rounded`)."""
-    rows = value.reshape(-1, value.shape[-1])
+    rows = value.reshape(math.prod(value.shape[:-1]), value.shape[-1])
     if rows.dtype != torch.float64:
         rows = rows.float()  # the kernel's arithmetic
     width = group or rows.shape[-1]
-    parts = rows.reshape(rows.shape[0], -1, width)
+    if not width:
+        raise ValueError(f"a row's scale needs at least one value; x is {list(value.shape)}")
+    parts = rows.reshape(rows.shape[0], rows.shape[-1] // width, width)  # -1: not at 0 rows
     amax = parts.abs().amax(dim=-1).clamp_min(1e-12)
     scale = (amax / fp8_max).to(torch.float32)
     q = (parts / scale[..., None].to(parts.dtype)).clamp(-fp8_max, fp8_max).reshape(value.shape)
-    scale = scale.reshape(*value.shape[:-1], -1) if group else scale.reshape(value.shape[:-1])
+    lead = value.shape[:-1]
+    scale = scale.reshape(*lead, scale.shape[-1]) if group else scale.reshape(lead)
     return (q.to(fp8_dtype) if rounded else q), scale
 
 
@@ -911,6 +915,11 @@ class Quantizer(QuantChain):
                 raise ValueError(
                     f"{self.name}: a group of {group} does not divide {self.module['COL']} = "
                     f"{plan['cols']}"
+                )
+            if not group and not plan["cols"]:  # its scale would be left unwritten
+                raise ValueError(
+                    f"{self.name}: {self.module['COL']} = 0: a row's scale needs at least one "
+                    "value"
                 )
             self.plans[key] = plan
         lead = plan["out_shape"][:-1]

@@ -102,7 +102,7 @@ class Suite:
             if q is None:
                 values = torch.randn(shape, generator=gen)
                 if dist == "weight":
-                    values = values * sizes[self.k] ** -0.5
+                    values = values * max(1, sizes[self.k]) ** -0.5  # K = 0: no values
                 elif dist == "nonzero":
                     values = values.sign() * (0.5 + values.abs())
                 out[name] = values.to(pinned or dtype).to(DEVICE)
@@ -111,7 +111,7 @@ class Suite:
         return out
 
     def quantized(self, name, q, shape, sizes, gen, scale_dtype, lead):
-        fan = sizes[self.k] ** -0.5 if self.matmul.get(name) == "b" else 1.0
+        fan = max(1, sizes[self.k]) ** -0.5 if self.matmul.get(name) == "b" else 1.0
         tensors = draw_quantized(name, q, shape, fan, gen, scale_dtype)
         return {n: t.to(DEVICE) for n, t in tensors.items()}
 
@@ -299,12 +299,27 @@ def value_tests(suite):
         inputs = suite.make_inputs(sizes, dtype, seed, lead=[2, 3])
         suite.check(inputs, sizes, dtype, seed, lead=[2, 3])
 
+    dynamic = [dim for dim, size in suite.kernel.DIMS.items() if size is None]
+
+    @pytest.mark.skipif(not dynamic, reason="the spec fixes every dim")
+    @pytest.mark.parametrize("dim", dynamic or [None])
+    def test_a_dim_of_size_zero(dim):
+        # An empty batch, no columns or K = 0 (scales and zero points of no groups): the
+        # reference's values (the epilogue of zero sums at K = 0) in a buffer of NaN.
+        dtype, sizes = suite.dtypes[0], {**suite.sizes_of(suite.cases[0]), dim: 0}
+        inputs = suite.make_inputs(sizes, dtype, new_seed())
+        want = suite.kernel.reference(**inputs, out_dtype=torch.float64)
+        out = torch.full(want.shape, float("nan"), dtype=want.dtype, device=DEVICE)
+        got = suite.launcher(**inputs, out=out.to(suite.kernel.OUT_DTYPE or dtype))
+        torch.testing.assert_close(got.double(), want.to(got.dtype).double(), rtol=2e-2, atol=1e-3)
+
     return [
         test_matches_reference,
         test_mutations_fall_outside_the_bound,
         test_scales_in_16_bits,
         test_strided_inputs,
         test_batched_leading_dims,
+        test_a_dim_of_size_zero,
     ]
 
 
@@ -551,6 +566,28 @@ def quantizer_tests(namespace):
     batched = [n for n, b in suite.batched.items() if b]
 
     @pytest.mark.skipif(suite.kernel.DIMS[suite.row] is not None, reason="the spec fixes the rows")
+    def test_an_empty_batch():
+        # No rows: empty values and scales, from the launcher and the reference alike.
+        inputs = suite.make_inputs({**suite.sizes, **suite.cases[0]}, suite.dtypes[0], new_seed())
+        empty = {n: t[:0] if n in batched else t for n, t in inputs.items()}
+        for q, scale in (suite.run(empty), suite.kernel.reference(**empty)):
+            assert q.numel() == 0 and scale.numel() == 0
+
+    @pytest.mark.skipif(suite.kernel.DIMS[suite.col] is not None, reason="the spec fixes K")
+    def test_rows_of_no_values():
+        # A row's scale needs a value (its scale would be left unwritten); groups of none
+        # are none.
+        inputs = suite.make_inputs({**suite.sizes, **suite.cases[0]}, suite.dtypes[0], new_seed())
+        empty = {n: t[..., :0] if n in batched else t for n, t in inputs.items()}
+        if suite.group:
+            q, scale = suite.run(empty)
+            assert q.numel() == 0 and scale.shape[-1] == 0
+            return
+        for call in (suite.launcher, suite.kernel.reference):
+            with pytest.raises(ValueError, match="needs at least one value"):
+                call(**empty)
+
+    @pytest.mark.skipif(suite.kernel.DIMS[suite.row] is not None, reason="the spec fixes the rows")
     def test_batched_leading_dims():
         seed = new_seed()
         sizes = {**suite.sizes, **suite.cases[0], suite.row: 6}
@@ -598,6 +635,8 @@ def quantizer_tests(namespace):
     tests = [
         test_matches_reference,
         test_scales_of_the_wrong_rows_fail,
+        test_an_empty_batch,
+        test_rows_of_no_values,
         test_batched_leading_dims,
         test_inference_only,
         test_runs_inside_torch_compile,
