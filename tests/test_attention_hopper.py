@@ -276,8 +276,8 @@ def test_64_key_blocks_two_programs_an_sm_match_float64(causal):
         ("bshd", False, 3, 12, 4, 1000, 64, torch.float16, False, 0, False),
         ("bhsd", True, 2, 32, 8, 777, 64, torch.bfloat16, False, 0, True),
         ("bshd", True, 2, 32, 8, 777, 64, torch.bfloat16, False, 0, False),
-        ("bhsd", True, 2, 16, 16, 1024, 128, torch.bfloat16, True, 0, True),
-        ("bshd", True, 2, 16, 4, 900, 96, torch.float16, False, 256, True),
+        ("bhsd", True, 3, 16, 16, 1024, 128, torch.bfloat16, True, 0, True),
+        ("bshd", True, 3, 16, 4, 900, 96, torch.float16, False, 256, True),
     ],
 )
 def test_a_persistent_grid_matches_float64(
