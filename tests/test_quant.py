@@ -346,6 +346,8 @@ def test_quantized_launchers_check_their_buffers_and_dtypes():
     with pytest.raises(TypeError, match="output's dtype .* is torch.int32"):
         linear.linear_int8(x[:1], w, s, b, out_dtype=torch.int32)
     assert linear.linear_int8(x[:0], w, s, b).shape == (0, 32)
+    with pytest.raises(ValueError, match="linear_int8: bad config"):  # no rows: still checked
+        linear.linear_int8(x[:0], w, s, b, config={**linear.DEFAULT_CONFIG, "BLOCK_N": 48})
     with pytest.raises(TypeError, match=r"x, b \(the unquantized inputs\) are torch.float32"):
         linear.linear_int8(x.float(), w, s, b.float())
     with pytest.raises(TypeError, match="one dtype, got x torch.bfloat16, b torch.float16"):

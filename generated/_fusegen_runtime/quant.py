@@ -343,6 +343,8 @@ class QuantChain:
             out = torch.empty(plan["out_shape"], dtype=plan["out_dtype"], device=plan["device"])
         else:
             self.check_out(out, plan, tensors)
+        if config is not None:  # wrong at any size, an empty batch's too
+            self.check_config(config, plan)
         if not out.numel():  # no rows or no columns: nothing to compute
             return out
         if not plan["runs_triton"]:
@@ -355,7 +357,6 @@ class QuantChain:
         if config is None:
             config, chosen_by = self.config_for(plan, views, out2d)
         else:
-            self.check_config(config, plan)
             chosen_by = "caller"
         self.launch(plan, views, out2d, config)
         self.last_launch = {
