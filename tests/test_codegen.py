@@ -68,6 +68,7 @@ def test_generated_files_stand_alone(path):
         "torch",
         "triton",
         "collections",
+        "contextlib",
         "functools",
         "zlib",
         "gc",

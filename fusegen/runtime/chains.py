@@ -1374,15 +1374,8 @@ class Kernels:
         """`fn` with the launches it makes going into the graph being traced (traceable)."""
 
         def run(*args):
-            me = threading.get_ident()
-            self.tracing[me] = self.tracing.get(me, 0) + 1
-            try:
+            with ops.tracing_in_this_thread(self.tracing):
                 return fn(*args)
-            finally:
-                if self.tracing[me] == 1:
-                    del self.tracing[me]
-                else:
-                    self.tracing[me] -= 1
 
         return run
 

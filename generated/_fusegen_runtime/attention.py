@@ -955,15 +955,8 @@ class Attention:
         def run(*args):
             if not torch._library.triton.is_wrap_triton_enabled():
                 return fn(*args)
-            me = threading.get_ident()
-            self.tracing[me] = self.tracing.get(me, 0) + 1
-            try:
+            with ops.tracing_in_this_thread(self.tracing):
                 return fn(*args)
-            finally:
-                if self.tracing[me] == 1:
-                    del self.tracing[me]
-                else:
-                    self.tracing[me] -= 1
 
         run.__wrapped__ = fn  # inspect.signature (the op's schema) reads fn's
         return run

@@ -3,7 +3,9 @@
 """The launchers as torch.compile sees them: ops with typed signatures, and kernels
 launched into a traced graph."""
 
+import contextlib
 import inspect
+import threading
 
 import torch
 
@@ -27,6 +29,22 @@ def typed(fn, params, returns):
         return_annotation=returns,
     )
     return op
+
+
+@contextlib.contextmanager
+def tracing_in_this_thread(depths):
+    """This thread counted into `depths` (thread -> depth: a launcher's `tracing`) while
+    a torch.compile trace runs the launcher in it, so that other threads' eager calls
+    meanwhile take no traced path."""
+    me = threading.get_ident()
+    depths[me] = depths.get(me, 0) + 1
+    try:
+        yield
+    finally:
+        if depths[me] == 1:
+            del depths[me]
+        else:
+            depths[me] -= 1
 
 
 def resolve_heuristics(kernel, args, kwargs):
