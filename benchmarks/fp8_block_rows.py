@@ -1,7 +1,7 @@
 """The block-scaled fp8 SwiGLU (specs/quantized.yaml's deepseek_mlp_fp8) at several row
-counts: its call on the runtime's Gluon kernel (quant_hopper: FUSEGEN_QUANT_HOPPER=1,
-which this script sets) against the same call on the `tl` kernel (its tuned config) and
-cuBLASLt's block-wise scaled_mm + an eager SwiGLU; GPU time of CUDA-graph replays in
+counts: its call on the runtime's Gluon kernel (quant_hopper, at every row count: this
+script sets its HOPPER_MIN_ROWS to 1) against the same call on the `tl` kernel (its tuned
+config) and cuBLASLt's block-wise scaled_mm + an eager SwiGLU; GPU time of CUDA-graph replays in
 alternating rounds. Where the Gluon kernel stops winning sets the runtime's
 HOPPER_MIN_ROWS.
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -29,9 +30,10 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=18432)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    os.environ["FUSEGEN_QUANT_HOPPER"] = "1"  # the Gluon kernel's opt-in
+    os.environ.pop("FUSEGEN_QUANT_HOPPER", None)
     module = load(args.built, "deepseek_mlp_fp8")
     chain = module._CHAIN
+    sys.modules[type(chain).__module__].HOPPER_MIN_ROWS = 1
     gluon_operands = chain.hopper
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     for m in args.rows:

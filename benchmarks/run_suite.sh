@@ -72,7 +72,7 @@
 #                      persistent, in two tile orders): its tests against float64, then
 #                      issue 29's d 64 rows (causal, no mask, GQA 32/8) and d 128's causal
 #                      and no mask against the grid of every tile, the `tl` kernel and cuDNN
-#   fp8-block-runtime  the runtime's copy of that kernel (quant_hopper, FUSEGEN_QUANT_HOPPER=1):
+#   fp8-block-runtime  the runtime's copy of that kernel (quant_hopper, from HOPPER_MIN_ROWS rows):
 #                      its float64 tests, then by rows against the `tl` kernel and cuBLASLt
 #                      (benchmarks/fp8_block_rows.py: what HOPPER_MIN_ROWS should be)
 #   int8-decode-gluon  the int8 decode linear as a Gluon kernel (a TMA producer keeping the

@@ -146,15 +146,31 @@ def test_only_plain_attention_at_head_dims_it_takes_runs_the_hopper_forward():
     assert hopper_mask(_attention(head_dim=192, dv=128)) == "causal"
     assert hopper_mask(_attention(alibi=True)) == "causal"  # the runtime reads ALIBI_SLOPES
     assert hopper_mask(_attention(window=1024)) == "causal"  # and WINDOW
+    assert hopper_mask(_attention(head_dim=64)) == "causal"  # the runtime's hopper_grid decides
     for other in (
         _attention(softcap=50.0),
         _attention(bias=True),
         _attention(dv=64),
-        _attention(head_dim=64),  # measured slower than the `tl` forward
         _attention(head_dim=256),
         _attention(head_dim=192, dv=192),
     ):
         assert hopper_mask(other) is None
+
+
+def test_the_grid_and_the_backward_by_head_dim_and_mask():
+    """What runtime/attention.py took from the persistent grid's measurements: persistent
+    without a mask at 64 and 128, longest first causal at 64 (from 4096 queries), the grid
+    of every tile elsewhere; the `tl` backward at 64."""
+    from fusegen.runtime import attention as runtime
+
+    assert runtime.hopper_grid(64, "none") == (True, False)
+    assert runtime.hopper_grid(128, "none") == (True, False)
+    assert runtime.hopper_grid(64, "causal") == (True, True)
+    assert runtime.hopper_grid(128, "causal") == (False, False)
+    assert runtime.hopper_grid(96, "none") == (False, False)
+    assert runtime.hopper_grid(192, "causal") == (False, False)
+    assert (64, 64) not in runtime.HOPPER_BACKWARD_HEAD_DIMS
+    assert (128, 128) in runtime.HOPPER_BACKWARD_HEAD_DIMS
 
 
 def test_a_generated_module_names_its_mask_to_the_runtime():
@@ -421,6 +437,12 @@ kernels:
     attention: {layout: bshd, heads: 12, head_dim: 128, causal: true, alibi: true}
   - name: mistral_attention
     attention: {layout: bshd, heads: 32, kv_heads: 8, head_dim: 128, causal: true, window: 256}
+  - name: vit_attention
+    attention: {layout: bshd, heads: 16, head_dim: 64}
+  - name: bert_attention
+    attention: {layout: bhsd, heads: 16, head_dim: 128}
+  - name: llama32_attention
+    attention: {layout: bshd, heads: 32, kv_heads: 8, head_dim: 64, causal: true}
 """
 
 
@@ -448,3 +470,38 @@ def test_modules_of_head_dims_in_two_tiles_alibi_or_a_window_run_it(name, tmp_pa
     else:  # 2 x 4 query blocks x 32 heads, a window of 256 keys
         q, k, v = (torch.randn(2, 512, h, 128, **bf16) for h in (32, 8, 8))
     _trains_like_float64(module, getattr(module, name), q, k, v, hopper_backward=True)
+
+
+@on_hopper
+@needs_gluon
+@pytest.mark.parametrize(
+    "name, shapes, grid, hopper_backward",
+    [
+        ("vit_attention", [(2, 1024, 16, 64)] * 3, (True, False), False),
+        ("bert_attention", [(2, 16, 1024, 128)] * 3, (True, False), True),
+        ("llama32_attention", [(1, 4096, h, 64) for h in (32, 8, 8)], (True, True), False),
+    ],
+)
+def test_modules_on_the_persistent_grid_train_like_float64(
+    name, shapes, grid, hopper_backward, tmp_path
+):
+    """No mask at head dims 64 and 128 and causal at 64 from 4096 queries: the Gluon
+    forward on its persistent grid (in the order hopper_grid gives), the Gluon backward
+    at 128 and the `tl` one at 64 (reading the Gluon forward's lse); a causal call at 64
+    with fewer queries runs the `tl` forward."""
+    from fusegen.cli import main
+
+    (tmp_path / "specs.yaml").write_text(HOPPER_MODULE_SPECS)
+    assert main(["build", str(tmp_path / "specs.yaml"), "--out", str(tmp_path / "gen")]) == 0
+    module = _load(tmp_path / "gen" / f"{name}.py", f"{name}_persistent_test")
+    torch.manual_seed(2)
+    bf16 = {"device": "cuda", "dtype": torch.bfloat16, "requires_grad": True}
+    q, k, v = (torch.randn(*shape, **bf16) for shape in shapes)
+    _trains_like_float64(module, getattr(module, name), q, k, v, hopper_backward)
+    (plan,) = module._ATTENTION.plans.values()
+    assert (plan.forward.persistent, plan.forward.longest_first) == grid
+    if name == "llama32_attention":
+        module._ATTENTION.plans.clear()
+        getattr(module, name)(*(t[:, :1024].detach() for t in (q, k, v)))
+        (plan,) = module._ATTENTION.plans.values()
+        assert type(plan.forward).__name__ != "_HopperLaunch"

@@ -151,7 +151,9 @@ def test_calls_that_fit_it(monkeypatch):
     runtime = sys.modules[type(chain).__module__]  # generated/'s copy of runtime/quant.py
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
     monkeypatch.delenv("FUSEGEN_QUANT_HOPPER", raising=False)
-    assert not chain.hopper_fits(views, plan)  # an opt-in, until it has run on a GPU
+    assert chain.hopper_fits(views, plan)  # the default
+    monkeypatch.setenv("FUSEGEN_QUANT_HOPPER", "0")
+    assert not chain.hopper_fits(views, plan)  # the way back to the `tl` kernel
     monkeypatch.setenv("FUSEGEN_QUANT_HOPPER", "1")
     assert chain.hopper_fits(views, plan)
     assert chain.hopper_fits(views, {**plan, "out_dtype": torch.float16})
@@ -177,18 +179,28 @@ def test_calls_that_fit_it(monkeypatch):
     assert not chain.hopper_fits(views, plan)  # Blackwell: another instruction set
 
 
+def every_row_count(monkeypatch):
+    """The generated deepseek_mlp_fp8 module, its Gluon kernel taken at any rows (below
+    HOPPER_MIN_ROWS too: the kernel's own ragged tiles under test) and its plans fresh."""
+    monkeypatch.delenv("FUSEGEN_QUANT_HOPPER", raising=False)
+    module = generated("deepseek_mlp_fp8")
+    runtime = sys.modules[type(module._CHAIN).__module__]
+    monkeypatch.setattr(runtime, "HOPPER_MIN_ROWS", 1)
+    module._CHAIN.plans.clear()
+    return module
+
+
 @on_hopper
 @needs_gluon
 @pytest.mark.parametrize(
     "m, k, n",
-    [(300, 1008, 200), (128, 384, 192), (1, 256, 64), (4096, 7168, 2048), (257, 2048, 136)],
+    [(300, 1152, 200), (128, 384, 192), (1, 256, 64), (4096, 7168, 2048), (257, 2048, 136)],
 )
 def test_module_calls_match_float64(m, k, n, monkeypatch):
-    """Ragged M, N and K (K's last group partial, N not a multiple of the tile), each
+    """Ragged M and N (N not a multiple of the tile, K an odd count of groups), each
     output poisoned first; against the module's reference in float64, within the error
     of cuBLASLt's block-scaled kernel (fp32 sums, one bf16 rounding)."""
-    monkeypatch.setenv("FUSEGEN_QUANT_HOPPER", "1")
-    module = generated("deepseek_mlp_fp8")
+    module = every_row_count(monkeypatch)
     torch.manual_seed(m + k + n)
     groups, blocks = -(-k // 128), -(-n // 128)
     x = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
@@ -208,19 +220,30 @@ def test_module_calls_match_float64(m, k, n, monkeypatch):
 
 @on_hopper
 @needs_gluon
-def test_a_strided_output_and_a_caller_config_take_the_tl_kernel(monkeypatch):
-    monkeypatch.setenv("FUSEGEN_QUANT_HOPPER", "1")
+def test_which_calls_take_it_on_the_gpu(monkeypatch):
+    """By default from HOPPER_MIN_ROWS rows; a caller's config, FUSEGEN_QUANT_HOPPER=0
+    and fewer rows take the `tl` kernel, which gives the same output within bf16's
+    rounding; torch.compile's call takes the eager call's kernel."""
+    monkeypatch.delenv("FUSEGEN_QUANT_HOPPER", raising=False)
     module = generated("deepseek_mlp_fp8")
-    x = torch.randn(64, 256, device="cuda").to(torch.float8_e4m3fn)
-    xs = torch.rand(64, 2, device="cuda") + 0.5
+    module._CHAIN.plans.clear()
+    rows = sys.modules[type(module._CHAIN).__module__].HOPPER_MIN_ROWS
+    torch.manual_seed(0)
+    x = torch.randn(rows, 256, device="cuda").to(torch.float8_e4m3fn)
+    xs = torch.rand(rows, 2, device="cuda") + 0.5
     w = torch.randn(128, 256, device="cuda").to(torch.float8_e4m3fn)
     ws = torch.rand(1, 2, device="cuda")
-    wide = torch.empty(64, 256, dtype=torch.bfloat16, device="cuda")
-    module.deepseek_mlp_fp8(x, xs, w, ws, w, ws, out=wide[:, :128])
-    assert module.last_launch().get("path") is None
-    module.deepseek_mlp_fp8(x, xs, w, ws, w, ws, config=module.DEFAULT_CONFIG)
-    assert module.last_launch()["config_from"] == "caller"
     hopper = module.deepseek_mlp_fp8(x, xs, w, ws, w, ws)
     assert module.last_launch()["path"] == "hopper"
+    tl_out = module.deepseek_mlp_fp8(x, xs, w, ws, w, ws, config=module.DEFAULT_CONFIG)
+    assert module.last_launch()["config_from"] == "caller"
+    assert module.last_launch().get("path") is None
+    torch.testing.assert_close(tl_out, hopper, rtol=8e-3, atol=8e-3 * hopper.abs().max().item())
+    module.deepseek_mlp_fp8(x[:-1], xs[:-1], w, ws, w, ws)
+    assert module.last_launch().get("path") is None  # a row fewer than HOPPER_MIN_ROWS
+    monkeypatch.setenv("FUSEGEN_QUANT_HOPPER", "0")
+    module.deepseek_mlp_fp8(x, xs, w, ws, w, ws)
+    assert module.last_launch().get("path") is None
+    monkeypatch.delenv("FUSEGEN_QUANT_HOPPER")
     compiled = torch.compile(module.deepseek_mlp_fp8, fullgraph=True)
     assert torch.equal(compiled(x, xs, w, ws, w, ws), hopper)

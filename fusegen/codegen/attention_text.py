@@ -91,9 +91,9 @@ def tma_loads(att: Attention) -> bool:
 
 # (q and k's head dim, v's) the Hopper forward (runtime/attention_hopper.py) takes: 128,
 # where it ran 1.16-1.20x the `tl` forward on an H200, and 96 and 192/128 (MLA), as two
-# tiles of the head dim each. At 64 (16 x 16 x 1024 causal) it ran 0.207 ms against the
-# `tl` forward's 0.121: its 64 x 128 tiles are softmax-bound there.
-HOPPER_HEAD_DIMS = ((128, 128), (96, 96), (192, 128))
+# tiles of the head dim each; 64 on its persistent grid, where the runtime measured it
+# faster (runtime/attention.py's hopper_grid: no mask, and causal from 4096 queries).
+HOPPER_HEAD_DIMS = ((128, 128), (96, 96), (192, 128), (64, 64))
 
 
 def hopper_mask(att: Attention) -> str | None:

@@ -52,11 +52,10 @@ GEMV_ROWS = 4
 # the weights' stream at decode; their fp32 partial sums grow with the rows).
 SPLIT_ROWS = 64
 TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
-# The fewest rows a call may have to run quant_hopper's Gluon kernel (FUSEGEN_QUANT_HOPPER=1).
-# Measured only at 4096 rows so far; at fewer its persistent grid's 128 x 128 tiles fill
-# the SMs in fewer waves (16 rows: 144 tiles of 18432 columns on 132 SMs, two waves).
-# benchmarks/fp8_block_rows.py times it against the `tl` kernel by rows, to set this.
-HOPPER_MIN_ROWS = 1
+# The fewest rows a call may have to run quant_hopper's Gluon kernel. At 7168 -> 18432 on an
+# H100 (benchmarks/fp8_block_rows.py) it takes 0.67x the `tl` kernel's time at 512 rows and
+# more, but 1.09x at 128 and 1.45x at 16: its 128-row tiles are mostly padding there.
+HOPPER_MIN_ROWS = 256
 
 
 def cdiv(a, b):
@@ -331,7 +330,7 @@ class QuantChain:
         if out is not None and out_dtype is None and self.module["OUT_DTYPE"] is None:
             out_dtype = out.dtype  # the output's dtype, as out_dtype= would give it
         key = (signature(*tensors), out_dtype)
-        if self.hopper is not None:  # the Gluon kernel's opt-in is part of the plan
+        if self.hopper is not None:  # the Gluon kernel's switch is part of the plan
             key += (os.environ.get("FUSEGEN_QUANT_HOPPER"),)
         plan = self.plans.get(key)
         if plan is None:
@@ -386,13 +385,12 @@ class QuantChain:
 
     def hopper_fits(self, views, plan):
         """Whether a call runs the module's Gluon kernel (quant_hopper), given that its
-        output is contiguous and 16-byte aligned: FUSEGEN_QUANT_HOPPER=1 (an opt-in until
-        the runtime's copy has run on a GPU: its experiment's did), a module that has
-        one, on a GPU of compute capability 9.0 (H100, H200), at HOPPER_MIN_ROWS or more,
-        a 16-bit output of a multiple of 8 columns, the fp8 e4m3 operands row-major,
-        contiguous and 16-byte aligned (K a multiple of 16), their scales fp32. Else the
-        `tl` kernel."""
-        if self.hopper is None or switch("FUSEGEN_QUANT_HOPPER") != "1":
+        output is contiguous and 16-byte aligned: a module that has one, on a GPU of
+        compute capability 9.0 (H100, H200), at HOPPER_MIN_ROWS or more, a 16-bit output
+        of a multiple of 8 columns, the fp8 e4m3 operands row-major, contiguous and
+        16-byte aligned (K a multiple of 16), their scales fp32, and FUSEGEN_QUANT_HOPPER
+        not 0 (the way back to the `tl` kernel). Else the `tl` kernel."""
+        if self.hopper is None or switch("FUSEGEN_QUANT_HOPPER") == "0":
             return False
         if plan["interpreted"] or plan["device"].type != "cuda":
             return False

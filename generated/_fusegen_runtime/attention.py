@@ -46,6 +46,33 @@ _NEAR = sorted(
 )
 
 
+# The Gluon forward's grid (attention_hopper.forward's persistent and longest_first) by mask
+# and head dim, each against the grid of every tile and the `tl` forward on an H100
+# (run_suite.sh's attention-persistent; benchmarks/RESULTS.md, issue 29):
+# - no mask at 64 and 128: persistent, head by head (64, 16 x 16 x 1024: 0.168 ms against
+#   0.199 and the `tl` forward's 0.184; 128, 4 x 32 x 4096: 1.76 against 1.85);
+# - causal at 128: every tile (1.00 ms; persistent 1.04, longest first 1.45: its order
+#   spreads over every head's keys at once, past what L2 holds);
+# - causal at 64: longest first from LONGEST_FIRST_MIN_QUERIES queries (4 x 32/8 x 4096:
+#   0.641 ms against the `tl` forward's 0.741); below, the `tl` forward (16 x 16 x 1024:
+#   0.126 against 0.141 on either persistent order);
+# - 96 and 192/128 (MLA): every tile, as measured before the persistent grid.
+PERSISTENT_HEAD_DIMS = (64, 128)
+LONGEST_FIRST_MIN_QUERIES = 4096
+# The head dims whose calls take the Gluon backward: not 64, where it is unmeasured
+# against the `tl` backward.
+HOPPER_BACKWARD_HEAD_DIMS = tuple(d for d in attention_hopper_backward.HEAD_DIMS if d[0] != 64)
+
+
+def hopper_grid(head_dim: int, mask: str | None) -> tuple[bool, bool]:
+    """(persistent, longest_first) of the Gluon forward's calls of a module (above)."""
+    if head_dim not in PERSISTENT_HEAD_DIMS:
+        return False, False
+    if mask != "causal":
+        return True, False
+    return head_dim == 64, head_dim == 64
+
+
 def cdiv(a, b):
     # triton.cdiv and triton.next_power_of_2 are constexpr functions whose host calls
     # go through triton's dispatch: about 20 us each, several per call.
@@ -174,17 +201,19 @@ class _HopperLaunch:
     `hopper_forward` in the owner's last_compiled (`fusegen inspect`); from the second
     call launched without triton's dispatch (launch.Described)."""
 
-    __slots__ = ("owner", "layout", "causal", "scale", "launches")
+    __slots__ = ("owner", "layout", "causal", "scale", "persistent", "longest_first", "launches")
 
     def __init__(self, owner, layout, causal, scale):
         self.owner, self.layout, self.causal, self.scale = owner, layout, causal, scale
+        self.persistent, self.longest_first = owner.hopper_grid
         self.launches = launch.Described()
 
     def __call__(self, q, k, v, out, lse, *unused):
         owner = self.owner
         compiled = attention_hopper.forward(
             q, k, v, out, lse, layout=self.layout, causal=self.causal, scale=self.scale,
-            alibi=owner.alibi, window=owner.window, launches=self.launches,
+            alibi=owner.alibi, window=owner.window, persistent=self.persistent,
+            longest_first=self.longest_first, launches=self.launches,
         )  # fmt: skip
         owner.last_compiled["hopper_forward"] = compiled
 
@@ -240,6 +269,7 @@ class Attention:
         self.kernels = {"forward": forward, "kv": backward_kv, "q": backward_q}
         self.bias, self.softcap, self.split_v = bias, softcap, split_v
         self.packs, self.tma, self.hopper = packed, tma, hopper
+        self.hopper_grid = hopper_grid(module["HEAD_DIM"], hopper)
         # What the Hopper kernels add to plain attention, as the module states it.
         self.alibi, self.window = "ALIBI_SLOPES" in module, module.get("WINDOW")
         self.inputs = ("q", "k", "v", "bias") if bias else ("q", "k", "v")
@@ -771,7 +801,8 @@ class Attention:
         attention_hopper_backward's): a module that has them (hopper), Gluon in this
         Triton, a GPU of compute capability 9.0 (its wgmma), no key lengths or ranges,
         bf16 or fp16, q, k, v contiguous and 16-byte aligned, at least 128 queries (fewer:
-        the decode paths) and, causal, as many keys, and a wave of programs at least (128
+        the decode paths; causal at head dim 64, LONGEST_FIRST_MIN_QUERIES) and, causal, as
+        many keys, and a wave of programs at least (128
         query rows of a head each, one an SM): a smaller call is bound by its launch,
         which the `tl` forward's direct launch makes cheaper. Not while `fusegen tune`
         times the `tl` kernels' configs. While traced (a triton op's body, on fake
@@ -784,6 +815,9 @@ class Attention:
             return False
         if self.hopper == "causal" and sq != skv:
             return False
+        if self.hopper == "causal" and self.module["HEAD_DIM"] == 64:
+            if sq < LONGEST_FIRST_MIN_QUERIES:  # the `tl` forward is faster there
+                return False
         q = inputs[0]
         if q.device.type != "cuda" or torch.version.hip or self.interpreted():
             return False
@@ -798,9 +832,9 @@ class Attention:
         return all(t.is_contiguous() and (traced or t.data_ptr() % 16 == 0) for t in inputs[:3])
 
     def hopper_backward_fits(self, inputs, key_lengths, batch, sq, skv, traced=False):
-        """hopper_fits and head dims the backward's kernels take."""
+        """hopper_fits and head dims whose calls take the backward's kernels."""
         dims = (self.module["HEAD_DIM"], self.module["V_HEAD_DIM"])
-        return dims in attention_hopper_backward.HEAD_DIMS and self.hopper_fits(
+        return dims in HOPPER_BACKWARD_HEAD_DIMS and self.hopper_fits(
             inputs, key_lengths, batch, sq, skv, traced
         )
 
