@@ -4,6 +4,7 @@ call keeps for the next is not handed to another thread's call at the same time.
 Triton interpreter; each test orders the threads with events where a race would be luck."""
 
 import importlib.util
+import os
 import threading
 import time
 
@@ -47,6 +48,14 @@ kernels:
 """
 
 
+# CPU tensors run on the interpreter only where it stands in for a GPU (tests/conftest.py
+# sets it without one); on a GPU machine they run the reference, which launches nothing.
+on_the_interpreter = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="CPU tensors on Triton's interpreter; a GPU machine runs them on the reference",
+)
+
+
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     root = tmp_path_factory.mktemp("threads")
@@ -79,6 +88,7 @@ def one_interpreted_kernel_at_a_time(monkeypatch):
     monkeypatch.setattr(interpreter.GridExecutor, "__call__", serial)
 
 
+@on_the_interpreter
 def test_last_launch_says_what_the_calling_threads_last_call_ran(folder):
     module = load(folder, "threads_ew")
     mine = {"BLOCK_M": 2, "BLOCK_N": 32, "num_warps": 1}
@@ -147,6 +157,7 @@ def test_ops_are_registered_once_when_two_threads_import_a_module_at_once(folder
         assert x.grad is not None, name
 
 
+@on_the_interpreter
 def test_a_key_is_tuned_once_when_two_threads_call_it_at_once(
     folder, monkeypatch, one_interpreted_kernel_at_a_time
 ):
@@ -183,6 +194,7 @@ def test_a_key_is_tuned_once_when_two_threads_call_it_at_once(
     assert sources == ["autotune", "autotune"]
 
 
+@on_the_interpreter
 def test_another_threads_trace_leaves_an_eager_call_as_it_is(folder):
     # While torch.compile traced a triton op in one thread, every eager call in the
     # others took the trace's path: no plan kept (its checks again at each call), the

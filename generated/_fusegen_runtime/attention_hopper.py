@@ -32,8 +32,9 @@ A head dim that is not a power of two is two tiles (parts: 96 = 64 + 32, MLA's 1
 
 What it takes (Attention.hopper_fits checks): q, k, v and out contiguous in the module's
 layout (a [rows, dim] view of each), 16-byte aligned, bf16 or fp16, (q's head dim, v's)
-in HEAD_DIMS (modules take 128, 96 and 192/128, where it was measured faster than the
-`tl` forward), no key lengths, and, when causal, as many queries as keys. It writes the same out and
+in HEAD_DIMS (modules take 128, 96, 192/128 and, on the persistent grid, 64, where it was
+measured faster than the `tl` forward: runtime/attention.py's hopper_grid), no key
+lengths, and, when causal, as many queries as keys. It writes the same out and
 log-sum-exp (natural log) as the `tl` forward, rounded its own way. Without Gluon (an
 older Triton) AVAILABLE is False and the `tl` kernels run.
 """

@@ -173,6 +173,9 @@ def value_tests(suite):
             rows = 8 * suite.sizes(suite.cases[0])[2] * dtype.itemsize
             monkeypatch.setattr(kernel, "FORWARD_GRADS_BLOCK_BYTES", rows)
         check_grads(monkeypatch, dtype, suite.cases[0], blocked=False)
+        if dtype == torch.float16:  # an upstream 1's gradients underflow: made in the backward
+            assert kernel._HEAD.last["path"] == "blocks", kernel._HEAD.last
+            return
         assert kernel._HEAD.last["path"] == "gradients in the forward", kernel._HEAD.last
         assert (kernel._HEAD.last["blocks"] > 1) == blocked, kernel._HEAD.last
 
