@@ -67,6 +67,11 @@
 #                      the Hopper (Gluon) backward: its tests against float64, its kernels
 #                      alone beside the `tl` backward, and the causal and GQA forward +
 #                      backward rows against cuDNN
+#   attention-backward-d64
+#                      the Gluon backward at head dim 64 (the runtime keeps the `tl` one
+#                      there, unmeasured) against it: d 64's causal and unmasked rows and
+#                      LLaMA-3.2-1B's GQA 32/8 at 4096 (whether HOPPER_BACKWARD_HEAD_DIMS
+#                      should take 64)
 #   attention-persistent
 #                      the runtime's Gluon forward on a persistent grid (forward's
 #                      persistent, in two tile orders): its tests against float64, then
@@ -106,7 +111,7 @@ SUITE=benchmarks/suite.yaml
 STEPS="generated-tests tune-tables tuning-repeat config-space first-calls row-layouts
 launch-cost call-cost split-k inspect tanh-approx launcher-tuning training-chains llama-training-step
 backward-configs llama-compiled llama-attention llama-decode attention-zoo attention-anchors attention-configs
-attention-variants attention-gluon-backward attention-persistent attention-bench quantized-chains fp8-block-scales
+attention-variants attention-gluon-backward attention-backward-d64 attention-persistent attention-bench quantized-chains fp8-block-scales
 fp8-block-gluon fp8-block-runtime int8-decode-gluon int4-decode-gluon int4-gemv"
 ANCHOR_SHAPES="8192,4096,14336 4096,1024,4096 16,4096,14336 1000,1000,1000"
 
@@ -227,6 +232,15 @@ open('$out/attention-zoo/attention.yaml', 'w').write(t.ATTENTION_SPECS)"
         run $PYTHON benchmarks/attention_anchors.py --built "$out/attention-anchors-build" \
             --cases causal-backward gqa-backward --anchors sdpa \
             --out "$out/attention_gluon_backward.json" ;;
+    attention-backward-d64)
+        build="$out/attention-backward-d64-build"
+        run $PYTHON -m fusegen build benchmarks/specs/attention_anchors.yaml --out "$build"
+        for case in causal full; do
+            run $PYTHON benchmarks/experiments/attention_gluon_backward.py --built "$build" \
+                --shape 16 16 1024 64 --cases $case --module anchor_attention_${case}_d64
+        done
+        run $PYTHON benchmarks/experiments/attention_gluon_backward.py --built "$build" \
+            --shape 4 32 4096 64 --kv-heads 8 --cases causal --module anchor_attention_gqa_d64 ;;
     attention-persistent)
         run $PYTHON -m pytest tests/test_attention_hopper.py -q -p no:cacheprovider -k persistent
         run $PYTHON -m fusegen build benchmarks/specs/attention_anchors.yaml \
