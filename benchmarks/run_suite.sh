@@ -87,6 +87,9 @@
 #   int4-decode-gluon  the int4 SwiGLU at decode as a Gluon kernel (the int8 one's
 #                      structure; the packed bytes loaded as wgmma's register operand),
 #                      at 16 rows and one, beside the generated kernel and the bf16 chain
+#   stream-ceiling     how fast one kernel streams 29-235 MB from memory (a Triton read over
+#                      its launch settings, torch's copy and sum): the ceiling issue 31's
+#                      decode rows are held to (benchmarks/experiments/stream_ceiling.py)
 #   int4-gemv          the one-row int4 SwiGLU's words GEMV variants (loads pipelined by the
 #                      loop, TMA, a byte's nibbles from one shift) against the generated kernel
 #   attention-bench    `fusegen bench` and `fusegen inspect` of specs/fused_attention.yaml's
@@ -112,7 +115,7 @@ STEPS="generated-tests tune-tables tuning-repeat config-space first-calls row-la
 launch-cost call-cost split-k inspect tanh-approx launcher-tuning training-chains llama-training-step
 backward-configs llama-compiled llama-attention llama-decode attention-zoo attention-anchors attention-configs
 attention-variants attention-gluon-backward attention-backward-d64 attention-persistent attention-bench quantized-chains fp8-block-scales
-fp8-block-gluon fp8-block-runtime int8-decode-gluon int4-decode-gluon int4-gemv"
+fp8-block-gluon fp8-block-runtime int8-decode-gluon int4-decode-gluon stream-ceiling int4-gemv"
 ANCHOR_SHAPES="8192,4096,14336 4096,1024,4096 16,4096,14336 1000,1000,1000"
 
 listing=$($PYTHON -m fusegen bench --suite "$SUITE" --list) || {
@@ -280,6 +283,8 @@ open('$out/attention-zoo/attention.yaml', 'w').write(t.ATTENTION_SPECS)"
         run $PYTHON -m fusegen build specs/quantized.yaml benchmarks/specs/anchors.yaml \
             --out "$out/int4-gluon-build"
         run $PYTHON benchmarks/experiments/int4_decode_gluon.py --built "$out/int4-gluon-build" ;;
+    stream-ceiling)
+        run $PYTHON benchmarks/experiments/stream_ceiling.py ;;
     int4-gemv)
         run $PYTHON -m fusegen build specs/quantized.yaml benchmarks/specs/anchors.yaml \
             --out "$out/int4-gemv-build"

@@ -535,6 +535,12 @@ def test_the_int4_decode_variants_match_float64():
     assert len(errors) == 12 and max(errors) < 1e-3, done.stdout
 
 
+def test_the_stream_ceilings_read_kernel_reads_every_word_once():
+    # Its GPU run asserts the same before timing; here a wrong grid or mask fails on the CPU.
+    done = run_experiment("stream_ceiling", "--check", interpret=True)
+    assert "PASS" in done.stdout, done.stdout[-3000:]
+
+
 def test_the_gluon_attention_experiments_compile_for_sm90():
     # Gluon has no interpreter: the variants are compiled for sm_90 (no GPU needed), so a
     # Triton update that breaks them fails here, not in a GPU call.
