@@ -1,9 +1,9 @@
 """The block-scaled fp8 SwiGLU (specs/quantized.yaml's deepseek_mlp_fp8) at several row
-counts: its call on the runtime's Gluon kernel (quant_hopper, at every row count: this
-script sets its HOPPER_MIN_ROWS to 1) against the same call on the `tl` kernel (its tuned
-config) and cuBLASLt's block-wise scaled_mm + an eager SwiGLU; GPU time of CUDA-graph replays in
-alternating rounds. Where the Gluon kernel stops winning sets the runtime's
-HOPPER_MIN_ROWS.
+counts: its call on the runtime's Gluon kernel (quant_hopper, at every shape: this script
+sets its HOPPER_MIN_ROWS and HOPPER_MIN_WAVES to none) against the same call on the `tl`
+kernel (its tuned config) and cuBLASLt's block-wise scaled_mm + an eager SwiGLU; GPU time
+of CUDA-graph replays in alternating rounds. Where the Gluon kernel stops winning sets the
+runtime's HOPPER_MIN_ROWS (--n 2048, a DeepSeek-V3 expert's columns: HOPPER_MIN_WAVES).
 
     python3 -m fusegen build specs/quantized.yaml --out FOLDER
     python3 benchmarks/fp8_block_rows.py --built FOLDER [--rows 16 128 512 2048 4096]
@@ -33,7 +33,8 @@ def main() -> None:
     os.environ.pop("FUSEGEN_QUANT_HOPPER", None)
     module = load(args.built, "deepseek_mlp_fp8")
     chain = module._CHAIN
-    sys.modules[type(chain).__module__].HOPPER_MIN_ROWS = 1
+    runtime = sys.modules[type(chain).__module__]
+    runtime.HOPPER_MIN_ROWS, runtime.HOPPER_MIN_WAVES = 1, 0
     gluon_operands = chain.hopper
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     for m in args.rows:

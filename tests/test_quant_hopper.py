@@ -150,6 +150,8 @@ def test_calls_that_fit_it(monkeypatch):
     chain, views, plan = fits_case()
     runtime = sys.modules[type(chain).__module__]  # generated/'s copy of runtime/quant.py
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
+    # A GPU of 2 SMs: the case's 3 x 2 output tiles are HOPPER_MIN_WAVES of them.
+    monkeypatch.setattr(runtime, "device_facts", lambda device: (9, 2, 232_448))
     monkeypatch.delenv("FUSEGEN_QUANT_HOPPER", raising=False)
     assert chain.hopper_fits(views, plan)  # the default
     monkeypatch.setenv("FUSEGEN_QUANT_HOPPER", "0")
@@ -165,6 +167,7 @@ def test_calls_that_fit_it(monkeypatch):
         {"plan": {"interpreted": True}},
         {"plan": {"device": torch.device("cpu")}},
         {"plan": {"rows": runtime.HOPPER_MIN_ROWS - 1}},
+        {"plan": {"cols": 128}},  # 3 tiles on 2 SMs: under HOPPER_MIN_WAVES
         {"views": {0: x.T.contiguous().T}},  # column-major
         {"views": {0: torch.zeros(x.numel() + 1, dtype=x.dtype)[1:].view(x.shape)}},  # unaligned
         {"views": {1: views[1].bfloat16()}},  # scales in bf16
@@ -186,6 +189,7 @@ def every_row_count(monkeypatch):
     module = generated("deepseek_mlp_fp8")
     runtime = sys.modules[type(module._CHAIN).__module__]
     monkeypatch.setattr(runtime, "HOPPER_MIN_ROWS", 1)
+    monkeypatch.setattr(runtime, "HOPPER_MIN_WAVES", 0)
     module._CHAIN.plans.clear()
     return module
 
@@ -221,18 +225,22 @@ def test_module_calls_match_float64(m, k, n, monkeypatch):
 @on_hopper
 @needs_gluon
 def test_which_calls_take_it_on_the_gpu(monkeypatch):
-    """By default from HOPPER_MIN_ROWS rows; a caller's config, FUSEGEN_QUANT_HOPPER=0
-    and fewer rows take the `tl` kernel, which gives the same output within bf16's
-    rounding; torch.compile's call takes the eager call's kernel."""
+    """By default from HOPPER_MIN_ROWS rows and HOPPER_MIN_WAVES of output tiles; a
+    caller's config, FUSEGEN_QUANT_HOPPER=0, a row fewer and a tile column fewer take
+    the `tl` kernel, which gives the same output within bf16's rounding; torch.compile's
+    call takes the eager call's kernel."""
     monkeypatch.delenv("FUSEGEN_QUANT_HOPPER", raising=False)
     module = generated("deepseek_mlp_fp8")
     module._CHAIN.plans.clear()
-    rows = sys.modules[type(module._CHAIN).__module__].HOPPER_MIN_ROWS
+    runtime = sys.modules[type(module._CHAIN).__module__]
+    rows = runtime.HOPPER_MIN_ROWS
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n = runtime.HOPPER_MIN_WAVES * sms * 128 // -(-rows // 128)  # just enough tiles
     torch.manual_seed(0)
     x = torch.randn(rows, 256, device="cuda").to(torch.float8_e4m3fn)
     xs = torch.rand(rows, 2, device="cuda") + 0.5
-    w = torch.randn(128, 256, device="cuda").to(torch.float8_e4m3fn)
-    ws = torch.rand(1, 2, device="cuda")
+    w = torch.randn(n, 256, device="cuda").to(torch.float8_e4m3fn)
+    ws = torch.rand(n // 128, 2, device="cuda") / 16
     hopper = module.deepseek_mlp_fp8(x, xs, w, ws, w, ws)
     assert module.last_launch()["path"] == "hopper"
     tl_out = module.deepseek_mlp_fp8(x, xs, w, ws, w, ws, config=module.DEFAULT_CONFIG)
@@ -241,6 +249,8 @@ def test_which_calls_take_it_on_the_gpu(monkeypatch):
     torch.testing.assert_close(tl_out, hopper, rtol=8e-3, atol=8e-3 * hopper.abs().max().item())
     module.deepseek_mlp_fp8(x[:-1], xs[:-1], w, ws, w, ws)
     assert module.last_launch().get("path") is None  # a row fewer than HOPPER_MIN_ROWS
+    module.deepseek_mlp_fp8(x, xs, w[:-128], ws[:-1], w[:-128], ws[:-1])
+    assert module.last_launch().get("path") is None  # a tile column fewer
     monkeypatch.setenv("FUSEGEN_QUANT_HOPPER", "0")
     module.deepseek_mlp_fp8(x, xs, w, ws, w, ws)
     assert module.last_launch().get("path") is None

@@ -33,6 +33,7 @@ from .checks import (
     switch,
     tma_ready,
 )
+from .device import device_facts
 
 _log = logging.getLogger(__name__)
 
@@ -56,6 +57,11 @@ TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float
 # H100 (benchmarks/fp8_block_rows.py) it takes 0.67x the `tl` kernel's time at 512 rows and
 # more, but 1.09x at 128 and 1.45x at 16: its 128-row tiles are mostly padding there.
 HOPPER_MIN_ROWS = 256
+# And the fewest waves of its 128 x 128 output tiles over the SMs: it was measured only at
+# 2.2 waves or more (256 x 18432 on 132 SMs: 288 tiles). Fewer, as a MoE expert's 2048
+# columns at up to 1024 rows make, run the `tl` kernel, whose tuned configs can fill the
+# GPU with smaller tiles.
+HOPPER_MIN_WAVES = 2
 
 
 def cdiv(a, b):
@@ -386,16 +392,20 @@ class QuantChain:
     def hopper_fits(self, views, plan):
         """Whether a call runs the module's Gluon kernel (quant_hopper), given that its
         output is contiguous and 16-byte aligned: a module that has one, on a GPU of
-        compute capability 9.0 (H100, H200), at HOPPER_MIN_ROWS or more, a 16-bit output
-        of a multiple of 8 columns, the fp8 e4m3 operands row-major, contiguous and
-        16-byte aligned (K a multiple of 16), their scales fp32, and FUSEGEN_QUANT_HOPPER
-        not 0 (the way back to the `tl` kernel). Else the `tl` kernel."""
+        compute capability 9.0 (H100, H200), at HOPPER_MIN_ROWS or more and
+        HOPPER_MIN_WAVES of output tiles, a 16-bit output of a multiple of 8 columns, the
+        fp8 e4m3 operands row-major, contiguous and 16-byte aligned (K a multiple of 16),
+        their scales fp32, and FUSEGEN_QUANT_HOPPER not 0 (the way back to the `tl`
+        kernel). Else the `tl` kernel."""
         if self.hopper is None or switch("FUSEGEN_QUANT_HOPPER") == "0":
             return False
         if plan["interpreted"] or plan["device"].type != "cuda":
             return False
         capability = torch.cuda.get_device_capability(plan["device"])
         if capability != (9, 0) or plan["rows"] < HOPPER_MIN_ROWS:
+            return False
+        tiles = cdiv(plan["rows"], 128) * cdiv(plan["cols"], 128)
+        if tiles < HOPPER_MIN_WAVES * device_facts(plan["device"])[1]:
             return False
         if plan["out_dtype"] not in (torch.bfloat16, torch.float16) or plan["cols"] % 8:
             return False
