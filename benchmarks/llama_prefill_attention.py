@@ -1,8 +1,9 @@
 """A LLaMA prefill with only its attention swapped (issue 29's "done when"): transformers'
-LlamaModel (LLaMA-3-8B dims, random init, bf16, no LM head: the decoder layers are what
-the attention is part of) on SDPA, on each SDPA backend forced, and with
-generated/llama3_attention through its use_in_transformers (no padding: no mask, so the
-calls take the Hopper forward on an H100/H200 where they fit).
+LlamaModel (LLaMA-3-8B dims, or LLaMA-3.2-1B's with --model 3.2-1b: head dim 64; random
+init, bf16, no LM head: the decoder layers are what the attention is part of) on SDPA, on
+each SDPA backend forced, and with generated/llama3_attention (llama32_1b_attention)
+through its use_in_transformers (no padding: no mask, so the calls take the Hopper
+forward on an H100/H200 where they fit).
 
 One unpadded batch of PROMPT tokens per sequence. The variants' last hidden states are
 checked against an fp32 SDPA run (max error over the largest value, beside SDPA bf16's
@@ -15,14 +16,15 @@ torch.compile: SDPA, fusegen (its traced calls through the module's opaque Hoppe
 and "fusegen tl", a copy on a second instance of the module whose ops have names of their
 own and no opaque Hopper ops (the `tl` kernels, which Inductor launches).
 
-    python3 benchmarks/llama_prefill_attention.py [--batch 2] [--prompt 8192] [--layers 4]
-        [--rounds 7] [--train] [--compile] [--out FILE.json]
+    python3 benchmarks/llama_prefill_attention.py [--model 3-8b|3.2-1b] [--batch 2]
+        [--prompt 8192] [--layers 4] [--rounds 7] [--train] [--compile] [--out FILE.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import importlib
 import json
 import statistics
 import sys
@@ -37,21 +39,39 @@ from llama_training_step import build_model  # noqa: E402
 from padded_generate import timed  # noqa: E402
 
 
+# --model: the generated attention module and the model's dims (build_model's defaults
+# otherwise: LLaMA-3-8B's).
+MODELS = {
+    "3-8b": ("llama3_attention", {}),
+    "3.2-1b": (
+        "llama32_1b_attention",
+        {"hidden": 2048, "intermediate": 8192, "heads": 32, "kv_heads": 8},
+    ),
+}
+MODULE = "llama3_attention"  # the one --model names (main sets it)
+
+
+def attention_module():
+    return importlib.import_module(MODULE)
+
+
 def build(args):
     """(SDPA's decoder, the same weights with the generated attention): the models of
-    llama_training_step.build_model (LLaMA-3-8B dims) without their LM head."""
-    import llama3_attention
-
-    shape = argparse.Namespace(layers=args.layers, vocab=32000, seq=args.prompt, device="cuda")
+    llama_training_step.build_model (the --model's dims) without their LM head."""
+    dims = MODELS[args.model][1]
+    shape = argparse.Namespace(
+        layers=args.layers, vocab=32000, seq=args.prompt, device="cuda", **dims
+    )
     sdpa = build_model(shape).eval()
     sdpa.set_attn_implementation("sdpa")
     fused = copy.deepcopy(sdpa)
-    fused.set_attn_implementation(llama3_attention.use_in_transformers())
+    fused.set_attn_implementation(attention_module().use_in_transformers())
     return sdpa.model, fused.model
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=list(MODELS), default="3-8b")
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--prompt", type=int, default=8192)
     parser.add_argument("--layers", type=int, default=4)
@@ -60,6 +80,8 @@ def main() -> int:
     parser.add_argument("--compile", action="store_true", help="every model compiled")
     parser.add_argument("--out")
     args = parser.parse_args()
+    global MODULE
+    MODULE = MODELS[args.model][0]
     import transformers
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -109,12 +131,11 @@ def main() -> int:
     outputs = {key: prefill(*pair, tokens=checked) for key, pair in backends.items()}
     for fn in variants.values():  # warm-up: compiles
         fn()
-    plans = llama3_attention_plans()
+    plans = attention_plans()
     print(f"  fusegen's attention calls: {plans}")
     if args.train:
-        import llama3_attention
-
-        backward = sorted(k for k in llama3_attention._ATTENTION.last_compiled if "hopper_d" in k)
+        compiled = attention_module()._ATTENTION.last_compiled
+        backward = sorted(k for k in compiled if "hopper_d" in k)
         print(f"  fusegen's Hopper backward kernels: {backward or 'none (the tl kernels)'}")
 
     fp32 = copy.deepcopy(sdpa).float()
@@ -154,9 +175,8 @@ def tl_copy(fused):
     is reused) and no opaque Hopper ops: traced, its calls run the `tl` kernels."""
     import importlib.util
 
-    import llama3_attention
-
-    spec = importlib.util.spec_from_file_location("llama3_attention_tl", llama3_attention.__file__)
+    original = attention_module()
+    spec = importlib.util.spec_from_file_location(f"{MODULE}_tl", original.__file__)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # Dynamo imports the attention function's module
     spec.loader.exec_module(module)
@@ -168,13 +188,11 @@ def tl_copy(fused):
     return model
 
 
-def llama3_attention_plans():
+def attention_plans():
     """{launch kind: calls planned} of the generated attention: whether the Hopper forward
     served the prefill (_HopperLaunch) or the `tl` forward did (_Launch)."""
-    import llama3_attention
-
     kinds = {}
-    for plan in llama3_attention._ATTENTION.plans.values():
+    for plan in attention_module()._ATTENTION.plans.values():
         kind = type(plan.forward).__name__
         kinds[kind] = kinds.get(kind, 0) + 1
     return kinds

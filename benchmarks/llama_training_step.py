@@ -69,11 +69,12 @@ def load_kernels(attention: bool = False, loss: bool = False) -> dict:
 def build_model(args):
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    # LLaMA-3-8B's dims unless args says others (llama_prefill_attention's --model).
     config = LlamaConfig(
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_attention_heads=32,
-        num_key_value_heads=8,
+        hidden_size=getattr(args, "hidden", 4096),
+        intermediate_size=getattr(args, "intermediate", 14336),
+        num_attention_heads=getattr(args, "heads", 32),
+        num_key_value_heads=getattr(args, "kv_heads", 8),
         num_hidden_layers=args.layers,
         vocab_size=args.vocab,
         rms_norm_eps=EPS,

@@ -127,6 +127,7 @@ def test_formulas(examples):
     }
     assert attention == {
         "llama3_attention": "q @ k.T / sqrt(head_dim); causal",
+        "llama32_1b_attention": "q @ k.T / sqrt(head_dim); causal",
         "mistral_sliding_window": "q @ k.T / sqrt(head_dim); causal, a window of 4096 keys",
         "gemma2_attention": "50.0 * tanh((0.0625 * q @ k.T) / 50.0); causal",
     }
@@ -270,7 +271,7 @@ def test_one_runtime_per_folder_names_its_version_and_hash():
         whole.update(f"{path.name}\0{unplaced}\0".encode())
     assert whole.hexdigest()[:16] == digest
     assert f'RUNTIME_HASH = "{digest}"' in (RUNTIME / "__init__.py").read_text()
-    assert len(ATTENTION) == 3 and len(LOSS_HEADS) == 3
+    assert len(ATTENTION) == 4 and len(LOSS_HEADS) == 3
     for path in LOSS_HEADS:
         assert f'_rt = _runtime("{digest}", "loss_head")' in path.read_text(), path.name
     for path in CHAINS:
