@@ -101,6 +101,9 @@
 #                      (transformers' AttentionInterface); compiled again with every op
 #                      opaque (FUSEGEN_TRITON_OP=0); its decode-sized forwards
 #                      (llama_decode.py --attention), triton ops and opaque
+#   llama-prefill      LLaMA prefills with only the attention swapped (SDPA, each backend
+#                      forced, fusegen): LLaMA-3-8B at 1 x 16384, LLaMA-3.2-1B (head dim 64:
+#                      the persistent grid, longest first) at 4 x 4096, and its training step
 #   llama-decode       its decode-sized forwards, HF and fusegen in alternating rounds of one
 #                      process, and the GPU's busy time per call; four processes, the op kinds
 #                      alternating (triton ops, opaque, triton ops, opaque), then compiled
@@ -113,7 +116,7 @@ PYTHON=${PYTHON:-python3}
 SUITE=benchmarks/suite.yaml
 STEPS="generated-tests tune-tables tuning-repeat config-space first-calls row-layouts
 launch-cost call-cost split-k inspect tanh-approx launcher-tuning training-chains llama-training-step
-backward-configs llama-compiled llama-attention llama-decode attention-zoo attention-anchors attention-configs
+backward-configs llama-compiled llama-attention llama-prefill llama-decode attention-zoo attention-anchors attention-configs
 attention-variants attention-gluon-backward attention-backward-d64 attention-persistent attention-bench quantized-chains fp8-block-scales
 fp8-block-gluon fp8-block-runtime int8-decode-gluon int4-decode-gluon stream-ceiling int4-gemv"
 ANCHOR_SHAPES="8192,4096,14336 4096,1024,4096 16,4096,14336 1000,1000,1000"
@@ -304,6 +307,13 @@ open('$out/attention-zoo/attention.yaml', 'w').write(t.ATTENTION_SPECS)"
         run $PYTHON benchmarks/llama_decode.py --attention --out "$out/llama_decode_attention.json"
         FUSEGEN_TRITON_OP=0 run $PYTHON benchmarks/llama_decode.py --attention \
             --out "$out/llama_decode_attention_opaque.json" ;;
+    llama-prefill)
+        run $PYTHON benchmarks/llama_prefill_attention.py --batch 1 --prompt 16384 --rounds 11 \
+            --out "$out/llama_prefill_3_8b.json"
+        run $PYTHON benchmarks/llama_prefill_attention.py --model 3.2-1b --batch 4 --prompt 4096 \
+            --rounds 11 --out "$out/llama_prefill_3_2_1b.json"
+        run $PYTHON benchmarks/llama_prefill_attention.py --model 3.2-1b --batch 2 --prompt 4096 \
+            --train --rounds 7 --out "$out/llama_step_3_2_1b.json" ;;
     llama-decode)
         for process in 1 2; do
             run $PYTHON benchmarks/llama_decode.py --out "$out/llama_decode_triton_op_$process.json"
