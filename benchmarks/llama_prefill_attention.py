@@ -38,7 +38,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llama_training_step import build_model  # noqa: E402
 from padded_generate import timed  # noqa: E402
 
-
 # --model: the generated attention module and the model's dims (build_model's defaults
 # otherwise: LLaMA-3-8B's).
 MODELS = {

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -171,6 +172,12 @@ def test_the_grid_and_the_backward_by_head_dim_and_mask():
     assert runtime.hopper_grid(192, "causal") == (False, False)
     assert (64, 64) not in runtime.HOPPER_BACKWARD_HEAD_DIMS
     assert (128, 128) in runtime.HOPPER_BACKWARD_HEAD_DIMS
+    fits = runtime.Attention.persistent_fits
+    unmasked, causal_64 = (SimpleNamespace(hopper_grid=runtime.hopper_grid(64, mask))
+                           for mask in ("none", "causal"))  # fmt: skip
+    assert fits(unmasked, 1024, 1024) and not fits(unmasked, 1024, 1500)  # cross-attention
+    assert fits(causal_64, 4096, 4096) and not fits(causal_64, 4095, 4095)
+    assert not fits(SimpleNamespace(hopper_grid=runtime.hopper_grid(128, "causal")), 8192, 8192)
 
 
 def test_a_generated_module_names_its_mask_to_the_runtime():
@@ -487,8 +494,8 @@ def test_modules_on_the_persistent_grid_train_like_float64(
 ):
     """No mask at head dims 64 and 128 and causal at 64 from 4096 queries: the Gluon
     forward on its persistent grid (in the order hopper_grid gives), the Gluon backward
-    at 128 and the `tl` one at 64 (reading the Gluon forward's lse); a causal call at 64
-    with fewer queries runs the `tl` forward."""
+    at 128 and the `tl` one at 64 (reading the Gluon forward's lse); at 64 a causal call
+    with fewer queries and a cross-attention call run the `tl` forward."""
     from fusegen.cli import main
 
     (tmp_path / "specs.yaml").write_text(HOPPER_MODULE_SPECS)
@@ -500,8 +507,13 @@ def test_modules_on_the_persistent_grid_train_like_float64(
     _trains_like_float64(module, getattr(module, name), q, k, v, hopper_backward)
     (plan,) = module._ATTENTION.plans.values()
     assert (plan.forward.persistent, plan.forward.longest_first) == grid
-    if name == "llama32_attention":
+    if name == "llama32_attention":  # a causal call under 4096 queries
         module._ATTENTION.plans.clear()
         getattr(module, name)(*(t[:, :1024].detach() for t in (q, k, v)))
+        (plan,) = module._ATTENTION.plans.values()
+        assert type(plan.forward).__name__ != "_HopperLaunch"
+    if name == "vit_attention":  # cross-attention: fewer queries than keys
+        module._ATTENTION.plans.clear()
+        getattr(module, name)(q[:, :512].detach(), k.detach(), v.detach())
         (plan,) = module._ATTENTION.plans.values()
         assert type(plan.forward).__name__ != "_HopperLaunch"

@@ -201,9 +201,9 @@ class _HopperLaunch:
 
     __slots__ = ("owner", "layout", "causal", "scale", "persistent", "longest_first", "launches")
 
-    def __init__(self, owner, layout, causal, scale):
+    def __init__(self, owner, layout, causal, scale, persistent, longest_first):
         self.owner, self.layout, self.causal, self.scale = owner, layout, causal, scale
-        self.persistent, self.longest_first = owner.hopper_grid
+        self.persistent, self.longest_first = persistent, longest_first
         self.launches = launch.Described()
 
     def __call__(self, q, k, v, out, lse, *unused):
@@ -444,7 +444,8 @@ class Attention:
         m = self.module
         if self.hopper_fits(inputs, key_lengths, batch, sq, skv):
             causal = self.hopper == "causal"
-            plan.forward = _HopperLaunch(self, m["LAYOUT"], causal, m["SCALE"])
+            grid = self.hopper_grid if self.persistent_fits(sq, skv) else (False, False)
+            plan.forward = _HopperLaunch(self, m["LAYOUT"], causal, m["SCALE"], *grid)
             plan.tail = plan.bias_tail = ()
             return plan
         heads, v_dim = m["HEADS"], m["V_HEAD_DIM"]
@@ -799,8 +800,8 @@ class Attention:
         attention_hopper_backward's): a module that has them (hopper), Gluon in this
         Triton, a GPU of compute capability 9.0 (its wgmma), no key lengths or ranges,
         bf16 or fp16, q, k, v contiguous and 16-byte aligned, at least 128 queries (fewer:
-        the decode paths; causal at head dim 64, LONGEST_FIRST_MIN_QUERIES) and, causal, as
-        many keys, and a wave of programs at least (128
+        the decode paths) and, causal, as many keys, at head dim 64 only where the
+        persistent grid runs (persistent_fits), and a wave of programs at least (128
         query rows of a head each, one an SM): a smaller call is bound by its launch,
         which the `tl` forward's direct launch makes cheaper. Not while `fusegen tune`
         times the `tl` kernels' configs. While traced (a triton op's body, on fake
@@ -813,9 +814,8 @@ class Attention:
             return False
         if self.hopper == "causal" and sq != skv:
             return False
-        if self.hopper == "causal" and self.module["HEAD_DIM"] == 64:
-            if sq < LONGEST_FIRST_MIN_QUERIES:  # the `tl` forward is faster there
-                return False
+        if self.module["HEAD_DIM"] == 64 and not self.persistent_fits(sq, skv):
+            return False  # the grid of every tile: slower than the `tl` forward at 64
         q = inputs[0]
         if q.device.type != "cuda" or torch.version.hip or self.interpreted():
             return False
@@ -828,6 +828,14 @@ class Attention:
         if wide_offsets(inputs[:3]):  # the Gluon kernels' offsets are 32-bit
             return False
         return all(t.is_contiguous() and (traced or t.data_ptr() % 16 == 0) for t in inputs[:3])
+
+    def persistent_fits(self, sq, skv):
+        """Whether a call that fits the Gluon forward runs it on the persistent grid
+        (hopper_grid): as many keys as queries (its measured calls; cross-attention runs
+        the grid of every tile) and, causal at head dim 64, LONGEST_FIRST_MIN_QUERIES."""
+        if not self.hopper_grid[0] or sq != skv:
+            return False
+        return not self.hopper_grid[1] or sq >= LONGEST_FIRST_MIN_QUERIES
 
     def hopper_backward_fits(self, inputs, key_lengths, batch, sq, skv, traced=False):
         """hopper_fits and head dims whose calls take the backward's kernels."""
