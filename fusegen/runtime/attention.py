@@ -832,7 +832,8 @@ class Attention:
     def persistent_fits(self, sq, skv):
         """Whether a call that fits the Gluon forward runs it on the persistent grid
         (hopper_grid): as many keys as queries (its measured calls; cross-attention runs
-        the grid of every tile) and, causal at head dim 64, LONGEST_FIRST_MIN_QUERIES."""
+        the grid of every tile at 128, the `tl` forward at 64: hopper_fits) and, causal
+        at head dim 64, LONGEST_FIRST_MIN_QUERIES."""
         if not self.hopper_grid[0] or sq != skv:
             return False
         return not self.hopper_grid[1] or sq >= LONGEST_FIRST_MIN_QUERIES

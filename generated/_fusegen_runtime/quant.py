@@ -61,8 +61,8 @@ TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float
 HOPPER_MIN_ROWS = 256
 # And the fewest waves of its 128 x 128 output tiles over the SMs: it was measured only at
 # 2.2 waves or more (256 x 18432 on 132 SMs: 288 tiles). Fewer, as a MoE expert's 2048
-# columns at up to 1024 rows make, run the `tl` kernel, whose tuned configs can fill the
-# GPU with smaller tiles.
+# columns under 2,176 rows make, run the `tl` kernel, whose tuned configs can fill the GPU
+# with smaller tiles.
 HOPPER_MIN_WAVES = 2
 
 
