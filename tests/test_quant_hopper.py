@@ -183,14 +183,15 @@ def test_calls_that_fit_it(monkeypatch):
 
 
 def every_row_count(monkeypatch):
-    """The generated deepseek_mlp_fp8 module, its Gluon kernel taken at any rows (below
-    HOPPER_MIN_ROWS too: the kernel's own ragged tiles under test) and its plans fresh."""
+    """The generated deepseek_mlp_fp8 module, its Gluon kernel taken at any shape (below
+    HOPPER_MIN_ROWS and HOPPER_MIN_WAVES too: the kernel's own ragged tiles under test),
+    with plans of this test's own."""
     monkeypatch.delenv("FUSEGEN_QUANT_HOPPER", raising=False)
     module = generated("deepseek_mlp_fp8")
     runtime = sys.modules[type(module._CHAIN).__module__]
     monkeypatch.setattr(runtime, "HOPPER_MIN_ROWS", 1)
     monkeypatch.setattr(runtime, "HOPPER_MIN_WAVES", 0)
-    module._CHAIN.plans.clear()
+    monkeypatch.setattr(module._CHAIN, "plans", {})  # this test's plans left behind with it
     return module
 
 
@@ -231,7 +232,7 @@ def test_which_calls_take_it_on_the_gpu(monkeypatch):
     call takes the eager call's kernel."""
     monkeypatch.delenv("FUSEGEN_QUANT_HOPPER", raising=False)
     module = generated("deepseek_mlp_fp8")
-    module._CHAIN.plans.clear()
+    monkeypatch.setattr(module._CHAIN, "plans", {})
     runtime = sys.modules[type(module._CHAIN).__module__]
     rows = runtime.HOPPER_MIN_ROWS
     sms = torch.cuda.get_device_properties(0).multi_processor_count
