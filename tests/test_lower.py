@@ -61,6 +61,7 @@ def test_examples_lower():
         "bert_add_layernorm",
         "bias_gelu_residual",
         "llama3_attention",
+        "llama32_1b_attention",
         "mistral_sliding_window",
         "gemma2_attention",
         "gpt2_mlp_up",
