@@ -3,6 +3,7 @@ checks fail on wrong results, and the tests it makes follow the module's flags. 
 generated modules and the zoo's mutants run it against real kernels (test_kernels.py);
 here a made-up chain, y = x * b, with no kernel behind it."""
 
+import os
 import types
 
 import pytest
@@ -227,3 +228,34 @@ def test_the_output_bound_is_held_to_its_size():
     scale = 768 * 2.0**-24 * (exact["x"].abs() @ exact["w"].abs() + exact["b"].abs())
     ratio = (bound / scale).max().item()
     assert 0.5 < ratio < 4, ratio
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the interpreter's cast")
+def test_the_interpreter_rounds_fp32_to_bf16_to_nearest_as_a_gpu_does():
+    # Triton's interpreter truncates; the tests' (equivalence.py) rounds to nearest even,
+    # bit for bit as torch does, NaN, infinities, subnormals and ties included, explicit
+    # casts and the store's own.
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def cast(x, y, N: tl.constexpr):
+        offs = tl.arange(0, N)
+        tl.store(y + offs, tl.load(x + offs).to(tl.bfloat16))
+
+    @triton.jit
+    def store(x, y, N: tl.constexpr):
+        offs = tl.arange(0, N)
+        tl.store(y + offs, tl.load(x + offs))
+
+    torch.manual_seed(0)
+    x = torch.randint(-(2**31), 2**31 - 1, (4096,), dtype=torch.int32).view(torch.float32)
+    x[:9] = torch.tensor([float("nan"), float("inf"), -float("inf"), 3.3895e38, -0.0, 1e-40,
+                          0.9999993, 1 + 2**-8, 1 + 3 * 2**-8])  # fmt: skip
+    want = x.bfloat16()
+    for kernel in (cast, store):
+        got = torch.empty(4096, dtype=torch.bfloat16)
+        kernel[(1,)](x, got, N=4096)
+        same = (got.view(torch.int16) == want.view(torch.int16)) | (got.isnan() & want.isnan())
+        assert bool(same.all()), x[~same][:5]
+    assert got[6] == 1.0  # truncated, 0.99609375
