@@ -42,9 +42,9 @@ def round_bf16_to_nearest_in_the_interpreter():
     2061104602 of masked_softmax). An interpreter without the hook this replaces keeps
     its own conversion (INTERPRETER_OUT_ROUNDING allows for it). The tests' processes
     only: only they import this module."""
-    import numpy as np
     from triton.runtime import interpreter
 
+    np = interpreter.np  # the interpreter's own numpy (it needs one; generated code imports none)
     builder = getattr(interpreter, "InterpreterBuilder", None)
     cast = getattr(builder, "cast_impl", None)
     if cast is None or getattr(cast, "rounds_to_nearest", False):
