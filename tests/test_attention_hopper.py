@@ -509,11 +509,11 @@ def test_modules_on_the_persistent_grid_train_like_float64(
     assert (plan.forward.persistent, plan.forward.longest_first) == grid
     if name == "llama32_attention":  # a causal call under 4096 queries
         module._ATTENTION.plans.clear()
-        getattr(module, name)(*(t[:, :1024].detach() for t in (q, k, v)))
+        getattr(module, name)(*(t[:, :1024].detach().contiguous() for t in (q, k, v)))
         (plan,) = module._ATTENTION.plans.values()
         assert type(plan.forward).__name__ != "_HopperLaunch"
     if name == "vit_attention":  # cross-attention: fewer queries than keys
         module._ATTENTION.plans.clear()
-        getattr(module, name)(q[:, :512].detach(), k.detach(), v.detach())
+        getattr(module, name)(q[:, :512].detach().contiguous(), k.detach(), v.detach())
         (plan,) = module._ATTENTION.plans.values()
         assert type(plan.forward).__name__ != "_HopperLaunch"
