@@ -30,8 +30,9 @@ TF32_PRODUCT = 2.0**-9  # relative error of a product of two fp32 values cut to 
 TF32X3_PRODUCT = 2.0**-18
 PRODUCT_ERROR = {"tf32": TF32_PRODUCT, "tf32x3": TF32X3_PRODUCT}
 OUT_ROUNDING = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
-# The interpreter converts fp32 to bf16 toward zero (up to one ulp off), where a GPU
-# rounds to nearest (half an ulp).
+# Triton's interpreter converts fp32 to bf16 toward zero (up to one ulp off), where a GPU
+# rounds to nearest (half an ulp); round_bf16_to_nearest_in_the_interpreter (below) makes
+# it round as a GPU does, and this allowance stays for an interpreter it cannot hook.
 INTERPRETER_OUT_ROUNDING = {**OUT_ROUNDING, torch.bfloat16: 2.0**-7}
 
 
@@ -71,7 +72,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 
 # Absolute error allowed near zero: fp16 rounds below its normal range to a fixed
 # spacing (half of it, 2**-25); fp32 math may flush values under 2**-126 to zero (GPU
-# fast math), and the interpreter's bf16 conversion mangles such values.
+# fast math), and an unhooked interpreter's bf16 conversion mangles such values.
 OUT_TINY = {torch.float32: 2.0**-126, torch.float16: 2.0**-25, torch.bfloat16: 2.0**-126}
 
 
