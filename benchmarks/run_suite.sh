@@ -72,11 +72,17 @@
 #                      there, unmeasured) against it: d 64's causal and unmasked rows and
 #                      LLaMA-3.2-1B's GQA 32/8 at 4096 (whether HOPPER_BACKWARD_HEAD_DIMS
 #                      should take 64)
+#   attention-d64-profile
+#                      Nsight Compute on issue 29's causal d 64 row (16 x 16 x 1024): one call
+#                      of cuDNN's forward, the `tl` one and the Gluon ones (every grid), each
+#                      kernel's tensor-pipe use, occupancy and warp stalls: what limits it
 #   attention-persistent
 #                      the runtime's Gluon forward on a persistent grid (forward's
 #                      persistent, in two tile orders): its tests against float64, then
 #                      issue 29's d 64 rows (causal, no mask, GQA 32/8) and d 128's causal
 #                      and no mask against the grid of every tile, the `tl` kernel and cuDNN
+#   fp8-expert-rows    the same rows at a DeepSeek-V3 expert's 2,048 columns (7168 -> 2048):
+#                      where the Gluon kernel's tiles fill the SMs twice (HOPPER_MIN_WAVES)
 #   fp8-block-runtime  the runtime's copy of that kernel (quant_hopper, from HOPPER_MIN_ROWS rows):
 #                      its float64 tests, then by rows against the `tl` kernel and cuBLASLt
 #                      (benchmarks/fp8_block_rows.py: what HOPPER_MIN_ROWS should be)
@@ -117,8 +123,8 @@ SUITE=benchmarks/suite.yaml
 STEPS="generated-tests tune-tables tuning-repeat config-space first-calls row-layouts
 launch-cost call-cost split-k inspect tanh-approx launcher-tuning training-chains llama-training-step
 backward-configs llama-compiled llama-attention llama-prefill llama-decode attention-zoo attention-anchors attention-configs
-attention-variants attention-gluon-backward attention-backward-d64 attention-persistent attention-bench quantized-chains fp8-block-scales
-fp8-block-gluon fp8-block-runtime int8-decode-gluon int4-decode-gluon stream-ceiling int4-gemv"
+attention-variants attention-gluon-backward attention-backward-d64 attention-persistent attention-d64-profile attention-bench quantized-chains fp8-block-scales
+fp8-block-gluon fp8-block-runtime fp8-expert-rows int8-decode-gluon int4-decode-gluon stream-ceiling int4-gemv"
 ANCHOR_SHAPES="8192,4096,14336 4096,1024,4096 16,4096,14336 1000,1000,1000"
 
 listing=$($PYTHON -m fusegen bench --suite "$SUITE" --list) || {
@@ -224,7 +230,7 @@ open('$out/attention-zoo/attention.yaml', 'w').write(t.ATTENTION_SPECS)"
         run $PYTHON -m pytest "$out/attention-zoo/gen" -q -p no:cacheprovider \
             --tb=short -n "${TEST_WORKERS:-8}" --durations=15 ;;
     attention-anchors)
-        run $PYTHON benchmarks/attention_anchors.py --out "$out/attention_anchors.json" ;;
+        run $PYTHON benchmarks/attention_anchors.py --rounds 5 --out "$out/attention_anchors.json" ;;
     attention-configs)
         run $PYTHON benchmarks/attention_configs.py --out "$out/attention_configs.json" ;;
     attention-variants)
@@ -258,6 +264,14 @@ open('$out/attention-zoo/attention.yaml', 'w').write(t.ATTENTION_SPECS)"
         run $PYTHON benchmarks/experiments/attention_gluon_hopper.py --variants \
             --built "$out/attention-persistent-build" --shape 4 32 4096 64 --kv-heads 8 \
             --cases causal ;;
+    attention-d64-profile)
+        run $PYTHON -m fusegen build benchmarks/specs/attention_anchors.yaml \
+            --out "$out/attention-d64-profile-build"
+        run ncu --profile-from-start off --clock-control none --section SpeedOfLight \
+            --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis \
+            --section WarpStateStats $PYTHON benchmarks/experiments/attention_gluon_hopper.py \
+            --profile --variants --built "$out/attention-d64-profile-build" \
+            --shape 16 16 1024 64 --cases causal ;;
     attention-bench)
         run $PYTHON -m fusegen bench specs/fused_attention.yaml --attention-shapes 4,2048,2048 \
             1,1,8192 --compare sdpa,flex --out "$out/attention-bench"
@@ -279,6 +293,10 @@ open('$out/attention-zoo/attention.yaml', 'w').write(t.ATTENTION_SPECS)"
         run $PYTHON -m fusegen build specs/quantized.yaml --out "$out/fp8-runtime-build"
         run $PYTHON benchmarks/fp8_block_rows.py --built "$out/fp8-runtime-build" \
             --rows 4096 1024 512 128 16 ;;
+    fp8-expert-rows)
+        run $PYTHON -m fusegen build specs/quantized.yaml --out "$out/fp8-expert-build"
+        run $PYTHON benchmarks/fp8_block_rows.py --built "$out/fp8-expert-build" --n 2048 \
+            --rows 4096 2048 1024 512 ;;
     int8-decode-gluon)
         run $PYTHON -m fusegen build specs/quantized.yaml --out "$out/int8-gluon-build"
         run $PYTHON benchmarks/experiments/int8_decode_gluon.py --built "$out/int8-gluon-build" ;;
