@@ -6,15 +6,16 @@ through its use_in_transformers (no padding: no mask, so the calls take the Hopp
 forward on an H100/H200 where they fit).
 
 One unpadded batch of PROMPT tokens per sequence. The variants' last hidden states (of
-the first 8192 tokens) are checked against an fp32 SDPA run (max error over the largest value, beside SDPA bf16's
-own), then timed in rounds that alternate them (the order rotated each round), median and
-spread, the ratio to each SDPA variant printed. --train times a training step's forward
-and backward instead (the backward from a fixed random gradient of the last hidden
-state), checking the first layer's q_proj gradient against fp32 likewise: the Hopper
-backward where the forward took the Hopper kernel. --compile runs each model under
-torch.compile: SDPA, fusegen (its traced calls through the module's opaque Hopper ops),
-and "fusegen tl", a copy on a second instance of the module whose ops have names of their
-own and no opaque Hopper ops (the `tl` kernels, which Inductor launches).
+the first 8192 tokens) are checked against an fp32 SDPA run (max error over the largest
+value, beside SDPA bf16's own), then timed in rounds that alternate them (the order
+rotated each round), median and spread, the ratio to each SDPA variant printed. --train
+times a training step's forward and backward instead (the backward from a fixed random
+gradient of the last hidden state), checking the first layer's q_proj gradient against
+fp32 likewise: the Hopper backward where the forward took the Hopper kernel. --compile
+runs each model under torch.compile: SDPA, fusegen (its traced calls through the
+module's opaque Hopper ops), and "fusegen tl", a copy on a second instance of the module
+whose ops have names of their own and no opaque Hopper ops (the `tl` kernels, which
+Inductor launches).
 
     python3 benchmarks/llama_prefill_attention.py [--model 3-8b|3.2-1b] [--batch 2]
         [--prompt 8192] [--layers 4] [--rounds 7] [--train] [--compile] [--out FILE.json]

@@ -129,6 +129,32 @@ def test_a_wrong_gradient_fails(chain):
         chain.check_grads([unwritten, db], inputs, upstream, ["x", "b"], torch.float32, 3)
 
 
+def test_a_zeroed_edge_column_of_a_bf16_gradient_fails_unless_the_chain_is_kinked():
+    # b's last entry small: that column of dx zeroed is under the norm's bound and under
+    # an eighth of the largest element (which KINKED keeps), not under four roundings.
+    plain, kinked = (equivalence.Chain(namespace(KINKED=k)) for k in (False, True))
+    inputs = plain.make_inputs({"M": 64, "N": 128}, torch.bfloat16, seed=3)
+    inputs["b"] = torch.ones(128, dtype=torch.bfloat16)
+    inputs["b"][-1] = 0.1
+    _, upstream, (dx, db) = plain.grads_of(inputs, ["x", "b"], 3)
+    edge = dx.clone()
+    edge[:, -1] = 0
+    kinked.check_grads([edge, db], inputs, upstream, ["x", "b"], torch.bfloat16, 3)
+    plain.check_grads([dx, db], inputs, upstream, ["x", "b"], torch.bfloat16, 3)
+    with pytest.raises(pytest.fail.Exception, match=r"dx: .*worst element"):
+        plain.check_grads([edge, db], inputs, upstream, ["x", "b"], torch.bfloat16, 3)
+    # The launcher is the reference, so eager's worst is dx's own.
+    want = inputs["b"].double().expand(64, 128) * upstream[0].double()
+    eager_worst = (dx.double() - want).abs().max().item()
+    largest = want.abs().max().item()
+    tiny = equivalence.OUT_TINY[torch.bfloat16]
+    rounding = equivalence.OUT_ROUNDING[torch.bfloat16]
+    for chain, slack in ((kinked, largest / 8), (plain, (4 * rounding + 32 * 2**-24) * largest)):
+        with pytest.raises(pytest.fail.Exception) as failed:
+            chain.check_grads([dx + largest, db], inputs, upstream, ["x", "b"], torch.bfloat16, 3)
+        assert f"(allowed {8 * eager_worst + slack + tiny:.3g})" in str(failed.value)
+
+
 def test_inputs_follow_the_seed_and_the_module(chain, monkeypatch):
     monkeypatch.setenv("FUSEGEN_TEST_SEED", "1234")
     assert equivalence.new_seed() == 1234
