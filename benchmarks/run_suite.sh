@@ -14,6 +14,8 @@
 #   generated-tests    every generated test, the import-style tests and the attention
 #                      launcher's (64-bit offsets) on the GPU; then the compile tests again
 #                      with the opaque custom ops (FUSEGEN_TRITON_OP=0)
+#   hopper-tests       the Gluon kernels' tests (fp8 block-scaled SwiGLU, attention's forward and
+#                      backward) against float64, stopping at the first failure with its report
 #   tune-tables        `fusegen tune` of the example specs' committed tables (rewrites
 #                      generated/*.tuned.json; copies them to OUT/tune-tables/)
 #   tuning-repeat      `fusegen tune` of gpt2_mlp_up at 4096 rows three times, into a fresh
@@ -120,7 +122,7 @@ set -u
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 SUITE=benchmarks/suite.yaml
-STEPS="generated-tests tune-tables tuning-repeat config-space first-calls row-layouts
+STEPS="generated-tests hopper-tests tune-tables tuning-repeat config-space first-calls row-layouts
 launch-cost call-cost split-k inspect tanh-approx launcher-tuning training-chains llama-training-step
 backward-configs llama-compiled llama-attention llama-prefill llama-decode attention-zoo attention-anchors attention-configs
 attention-variants attention-gluon-backward attention-backward-d64 attention-persistent attention-d64-profile attention-bench quantized-chains fp8-block-scales
@@ -172,6 +174,9 @@ for name in "${wanted[@]}"; do
             -p no:cacheprovider -n "${TEST_WORKERS:-8}"
         FUSEGEN_TRITON_OP=0 run $PYTHON -m pytest generated -q -p no:cacheprovider \
             -n "${TEST_WORKERS:-8}" -k "torch_compile or inductor or cuda_graphs" ;;
+    hopper-tests)
+        run $PYTHON -m pytest tests/test_quant_hopper.py tests/test_attention_hopper.py \
+            tests/test_attention_hopper_backward.py -x -rf -q -p no:cacheprovider ;;
     tune-tables)
         run $PYTHON -m fusegen tune specs/gpt2.yaml specs/llama.yaml specs/bert.yaml \
             --rows 16,64,256,1024,4096
