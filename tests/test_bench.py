@@ -659,3 +659,29 @@ def test_the_anchors_say_each_row_s_issue_29_verdict():
     assert verdict("padding-bias", fast, slow, None) == ">= 1.00x sdpa and flex: not measured"
     assert verdict("alibi", {"ms": 1.0}, None, {"ms": 1.6}) == ">= 1.50x flex: met"
     assert verdict("decode", fast, slow, slow) == "-"
+
+
+def test_the_anchors_leave_out_a_variant_whose_output_is_wrong():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from attention_anchors import anchors_of
+    finally:
+        del sys.path[0]
+
+    def entry(ms, error):
+        return {"ms": ms, "rounds": [ms], "error": error, "tflops": 1.0}
+
+    # The H100's decode-gqa row of 2026-12-05: cuDNN's and Flex's causal mask at one query
+    # is top-left, so they read one key and ran "2.7x faster" with an error of 39.
+    row = {
+        "fusegen": entry(0.105, 2.3e-3),
+        "sdpa flash": {"error_text": "RuntimeError: No available kernel."},
+        "sdpa cudnn": entry(0.039, 39.0),
+        "sdpa efficient": entry(0.2, 2.4e-3),
+        "flex (compiled)": entry(0.090, 39.0),
+    }
+    mine, sdpa_name, sdpa, flex, wrong = anchors_of(row)
+    assert mine["ms"] == 0.105 and sdpa_name == "sdpa efficient" and sdpa["ms"] == 0.2
+    assert flex is None and wrong == {"sdpa cudnn": 39.0, "flex (compiled)": 39.0}
+    row["fusegen"] = entry(0.105, 0.5)  # fusegen wrong: it is the one left out
+    assert anchors_of(row)[4] == {"fusegen": 0.5, "sdpa cudnn": 39.0, "flex (compiled)": 39.0}
