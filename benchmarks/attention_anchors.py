@@ -9,12 +9,14 @@ rounds, each round in a rotated order (do_bench medians; the row prints the medi
 rounds, their spread and TFLOP/s), so that a clock drift between calls cannot flip a verdict.
 
     python3 benchmarks/attention_anchors.py [--cases causal full ...] [--rounds 3]
-        [--built FOLDER] [--profile] [--anchors sdpa flex tl] [--out FILE.json]
+        [--built FOLDER] [--profile] [--host] [--anchors sdpa flex tl] [--out FILE.json]
     TRITON_INTERPRET=1 python3 benchmarks/attention_anchors.py --check [--cases ...]
         (CPU: each case's inputs, checks and reference at small shapes, fusegen alone)
 
 --profile: each variant's kernels in one call (torch.profiler), to see where a row's
-time goes.
+time goes. --host: each variant's host time per step against its wall time per step (the
+host runs ahead of the GPU unless something waits for it), and the CPU ops and Python
+functions that took the most host time.
 
 Cases (B, H[/KV heads], Sq, Skv, D[/Dv]); "+ backward": forward + backward:
     causal               4, 32, 4096, 4096, 128, causal
@@ -284,6 +286,50 @@ def graph_ms(call) -> float | None:
         return None
 
 
+def host_report(step, steps=30) -> None:
+    """A step's host time (enqueueing `steps` steps, no wait) beside its wall time (until
+    the GPU is done): a host time near the wall time is a host-bound step; then the CPU
+    ops by their own time (a cudaStreamSynchronize or a device-to-host copy is a wait for
+    the GPU inside the step) and the Python functions by theirs."""
+    import cProfile
+    import pstats
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    host = (time.perf_counter() - start) / steps
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - start) / steps
+    print(f"  host {host * 1e6:.0f} us/step, wall {wall * 1e6:.0f} us/step", flush=True)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+        torch.cuda.synchronize()
+    ops = sorted(prof.key_averages(), key=lambda op: -op.self_cpu_time_total)[:10]
+    for op in ops:
+        print(f"  {op.self_cpu_time_total:9.1f} {op.count:3d}  {op.key[:100]}", flush=True)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        step()
+    profiler.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(profiler)
+    rows = sorted(stats.stats.items(), key=lambda item: -item[1][2])[:12]  # own time
+    for (file, line, function), (_, calls, own, total, _) in rows:
+        where = f"{Path(file).name}:{line} {function}"
+        print(
+            f"  py {own / steps * 1e6:7.1f} us own {total / steps * 1e6:7.1f} us total "
+            f"{calls // steps:3d}x  {where[:90]}",
+            flush=True,
+        )
+
+
 def make_bias(kind, shape, dtype):
     """The case's bias: T5-style per-head [1, H, Sq, Skv] (learned: with grad), or BERT's
     padding mask [B, 1, 1, Skv], finfo.min past a length drawn in [Skv / 2, Skv]."""
@@ -359,8 +405,9 @@ def check_case(name, module, shape, backward, bias_kind, dtype, anchors=("sdpa",
 
 
 def run_case(
-    name, module, shape, backward, bias_kind, dtype, rounds, profile=False, anchors=("sdpa", "flex")
-):
+    name, module, shape, backward, bias_kind, dtype, rounds, profile=False,
+    anchors=("sdpa", "flex"), host=False,
+):  # fmt: skip
     calls, errors, work = check_case(name, module, shape, backward, bias_kind, dtype, anchors)
     if DEVICE == "cpu":
         return {"errors": errors}
@@ -371,6 +418,10 @@ def run_case(
             print(f"{name} {variant}: its kernels in one call (us, calls)", flush=True)
             for kernel, us, count in kernel_profile(step, DEVICE)[:8]:
                 print(f"  {us:9.1f} {count:3d}  {kernel[:110]}", flush=True)
+    if host:
+        for variant, step in calls.items():
+            print(f"{name} {variant}: host and wall time per step", flush=True)
+            host_report(step)
     from triton.testing import do_bench
 
     times = {variant: [] for variant in calls}
@@ -462,6 +513,7 @@ def main() -> int:
     parser.add_argument("--out", help="write every number here as JSON")
     parser.add_argument("--check", action="store_true", help="CPU, interpreter: small shapes")
     parser.add_argument("--profile", action="store_true", help="each variant's kernels")
+    parser.add_argument("--host", action="store_true", help="each variant's host time per step")
     parser.add_argument(
         "--anchors", nargs="*", default=["sdpa", "flex"], choices=["sdpa", "flex", "tl"],
         help="the anchors to run (FlexAttention's compiles take most of a run's time; tl:"
@@ -480,7 +532,7 @@ def main() -> int:
             module = load(folder, module_name)
             row = run_case(
                 case, module, shape, backward, bias_kind, dtype, args.rounds, args.profile,
-                args.anchors,
+                args.anchors, args.host,
             )  # fmt: skip
             report["cases"][case] = {"shape": shape, **row}
             torch.compiler.reset()  # Flex's compiles of one case do not count toward the next's

@@ -9,7 +9,9 @@ GPU).
 
 The calls are the decode-sized rows of call_cost.py (bf16): RMSNorm and the gate/up chain
 at 16 rows, attention at 16 sequences x 1 query against 1 and 2048 keys (the latter
-split), and the tiny fp32 chain at 9 rows. In a build of this fusegen the runtime's
+split), and the tiny fp32 chain at 9 rows; then a training step of attention (forward and
+backward, torch.autograd.grad of q, k and v): what a short training call (BERT's 512
+tokens) pays on the host besides its four launches. In a build of this fusegen the runtime's
 direct launch (launch.Direct) is stubbed whole, as made on a GPU from a signature's
 second call: its own work (the hook check, the current stream, the arguments handed to
 the compiled launcher) reads CUDA state and is not timed here; in an older
@@ -48,6 +50,25 @@ def calls():
         k, v = (torch.randn(16, keys, 4, 128, **bf16) for _ in "kv")
         out.append((f"attention 16x1, {keys} key(s)", "qwen2_attention", (q, k, v)))
     return out
+
+
+def training_calls():
+    """(row, module name, inputs) per timed training step (inputs: leaves with grad, then
+    the gradient of out)."""
+    bf16 = {"dtype": torch.bfloat16}
+    q = torch.randn(2, 64, 28, 128, **bf16).requires_grad_()
+    k, v = (torch.randn(2, 64, 4, 128, **bf16).requires_grad_() for _ in "kv")
+    return [("attention fwd+bwd 2x64", "qwen2_attention", (q, k, v, torch.randn_like(q)))]
+
+
+def step_of(launcher):
+    """A training step of launcher: forward, then the gradients of its inputs."""
+
+    def step(*inputs):
+        *leaves, d_out = inputs
+        torch.autograd.grad(launcher(*leaves), leaves, d_out)
+
+    return step
 
 
 def load(folder: Path, name: str, tag: str):
@@ -90,9 +111,14 @@ def main() -> None:
     parser.add_argument("--number", type=int, default=2000, help="calls per repeat")
     args = parser.parse_args()
     tags = ["new", "old"][: len(args.folders)]
-    with torch.no_grad():
-        for row, name, inputs in calls():
+    for row, name, inputs, training in [
+        *((*call, False) for call in calls()),
+        *((*call, True) for call in training_calls()),
+    ]:
+        with torch.set_grad_enabled(training):
             launchers = [load(f, name, t) for f, t in zip(args.folders, tags, strict=True)]
+            if training:
+                launchers = [step_of(launcher) for launcher in launchers]
             for launcher in launchers:
                 for _ in range(3):  # plans the call, compiles (interpreter), then direct
                     launcher(*inputs)

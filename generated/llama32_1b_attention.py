@@ -41,7 +41,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("1f33b5e5e2d5487d", "attention")
+_rt = _runtime("58461bdbb9e14c1a", "attention")
 # [batch, k_len] padding mask (1 where a key is real) -> key_ranges: see its docstring.
 key_ranges_from_mask = _rt.key_ranges_from_mask
 

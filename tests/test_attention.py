@@ -49,7 +49,7 @@ def test_64_bit_offsets_give_the_same_attention_and_gradients(monkeypatch):
     for wide in (False, True):
         monkeypatch.setattr(runtime, "wide_offsets", lambda *a, wide=wide, **k: wide)
         module._ATTENTION.plans.clear()
-        module._ATTENTION.backward_launches.clear()
+        module._ATTENTION.backward_plans.clear()
         out, lse = module.llama3_attention(q, k, v, return_lse=True)
         grads = torch.autograd.grad(out, (q, k, v), d_out)
         (plan,) = module._ATTENTION.plans.values()

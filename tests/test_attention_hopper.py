@@ -392,9 +392,7 @@ def test_later_calls_launch_directly_with_descriptors_at_their_own_addresses():
     attention = module._ATTENTION
     (plan,) = attention.plans.values()
     assert plan.forward.launches.direct is not None
-    (launches,) = [
-        found for (_, kind), found in attention.backward_launches.items() if kind == "hopper"
-    ]
+    (launches,) = [plan.hopper for plan in attention.backward_plans.values()]
     assert sorted(launches) == ["dkdv", "dq"]
     assert all(described.direct is not None for described in launches.values())
 

@@ -1238,6 +1238,7 @@ def test_attention_ops_are_triton_ops_where_inductor_can_launch_them(zoo, monkey
     monkeypatch.setattr(attention, "sm_count", lambda device: 132)  # decode: the keys split
     monkeypatch.setattr(kernel, "SPLIT_MIN_KEYS", 16)
     monkeypatch.setattr(attention, "plans", {})
+    monkeypatch.setattr(attention, "backward_plans", {})
     decode = tests.SUITE.make_inputs((2, 1, 150), dtype, seed)
     out, _ = forward_body(*decode, None)
     assert launched() == ["forward", "combine_splits"]
@@ -1262,6 +1263,7 @@ def test_attention_ops_are_triton_ops_where_inductor_can_launch_them(zoo, monkey
     monkeypatch.setattr(attention, "op", op)
     monkeypatch.setattr(attention, "sm_count", lambda device: 0)  # no split: the CPU's own
     monkeypatch.setattr(attention, "plans", {})
+    monkeypatch.setattr(attention, "backward_plans", {})
     torch._dynamo.reset()
     compiled = torch.compile(
         kernel.att_gqa_causal, backend="aot_eager", fullgraph=True, dynamic=True
@@ -1558,15 +1560,16 @@ def test_a_chain_launch_ptxas_crashes_on_retries_with_fewer_stages(zoo, monkeypa
     kernel._CALLS.clear()
 
 
-def test_a_backward_keeps_its_launches_per_call_signature(zoo):
-    """The backward's kernels (delta, dk/dv, dq) are launched by _Launches kept per call
-    signature (Attention.backward_key), so that on a GPU the second call of a signature
-    launches them directly: a call like an earlier one takes the same ones, one that needs
-    other gradients or reads other strides gets its own, and every call's gradients match
-    float64 on its own data."""
+def test_a_backward_keeps_its_plan_per_call_signature(zoo):
+    """The backward's checks, grids and launches (delta, dk/dv, dq) are a _BackwardPlan
+    kept per call signature (Attention.backward_key), so that on a GPU the second call of
+    a signature only allocates and launches them directly: a call like an earlier one
+    takes the same plan, one that needs other gradients or reads other strides gets its
+    own (without the kernels it does not need), and every call's gradients match float64
+    on its own data."""
     kernel, tests = load(zoo, "att_gqa_causal")
     attention = kernel._ATTENTION
-    attention.backward_launches.clear()
+    attention.backward_plans.clear()
     suite, dtype = tests.SUITE, torch.float32
 
     def trained(seed, wanted=(True, True, True), strided=False):
@@ -1582,12 +1585,15 @@ def test_a_backward_keeps_its_launches_per_call_signature(zoo):
             if want.requires_grad:
                 error = (got.grad.double() - want.grad).abs().max().item()
                 assert error <= 1e-4 * want.grad.abs().max().item(), error
-        return dict(attention.backward_launches)
+        return dict(attention.backward_plans)
 
     first = trained(1)
-    assert sorted(kind for _, kind in first) == ["delta", "kv", "q"]
-    assert trained(2) == first  # the same signature: the same launches
+    (plan,) = first.values()
+    assert plan.delta and plan.kv and plan.q and plan.hopper is None
+    assert trained(2) == first  # the same signature: the same plan
     only_q = trained(3, wanted=(True, False, False))
-    assert len(only_q) == 5 and all(only_q[key] is launch for key, launch in first.items())
+    assert len(only_q) == 2 and only_q[next(iter(first))] is plan
+    (q_plan,) = (found for key, found in only_q.items() if key not in first)
+    assert q_plan.kv is None and q_plan.q is not None
     strided = trained(4, strided=True)
-    assert len(strided) == 8
+    assert len(strided) == 3

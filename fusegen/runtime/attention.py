@@ -155,6 +155,19 @@ class _Plan:
     )  # fmt: skip
 
 
+class _BackwardPlan:
+    """What a backward call signature's launches need, worked out once
+    (Attention.backward_plan_of): the delta kernel's launch, then the Gluon kernels'
+    (hopper: launch.Described by kernel) or the `tl` kernels' (kv, q: None where the call
+    needs none of their gradients)."""
+
+    __slots__ = (
+        "runs", "sq", "skv", "copies", "delta_shape", "delta_strides", "delta", "hopper",
+        "reads", "bias_strides", "kv", "kv_strides", "q", "dq_strides", "d_scores",
+        "d_scores_shape",
+    )  # fmt: skip
+
+
 class _Launch:
     """One kernel's launch for a plan: its grid and keyword arguments, then, from the
     second call, the compiled kernel launched directly (launch.Direct)."""
@@ -225,12 +238,17 @@ class _Trained(torch.autograd.Function):
         ctx.attention = attention
         ctx.save_for_backward(*inputs, out, lse, key_lengths)
         ctx.mark_non_differentiable(lse)
+        # lse takes no gradient: autograd would otherwise fill a [batch, heads, q_len]
+        # fp32 buffer with zeros for it at every backward call.
+        ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     def backward(ctx, d_out, d_lse):
         refuse_second_derivative(ctx.attention.name)
         *inputs, out, lse, key_lengths = ctx.saved_tensors
+        if d_out is None:  # out reached no loss: every gradient is zero
+            return (None, None, *(None for _ in inputs))
         needs = ctx.needs_input_grad[2:]
         grads = ctx.attention.backward(inputs, out, lse, d_out, needs, key_lengths)
         return (None, None, *grads)
@@ -277,8 +295,7 @@ class Attention:
         self.layout_doc = ", ".join(axes)
         self.heads_axis, self.seq_axis = axes.index("heads"), axes.index("seq")
         self.plans = {}  # call signature -> _Plan (forward calls)
-        # (backward_key, kernel) -> its _Launch; "hopper": the Gluon backward's launches
-        self.backward_launches = {}
+        self.backward_plans = {}  # backward_key -> _BackwardPlan
         self.forced = module.setdefault("FORCED", {})  # kernel -> config (`fusegen tune`)
         self.stages = {}  # (kernel, dtypes, tiles, stages asked) -> the stages that fit
         self.last_compiled = {}  # kernel name -> its last launch's compiled kernel
@@ -493,39 +510,89 @@ class Attention:
         """(dq, dk, dv[, d bias]) from the forward's out and lse: delta = rowsum(d_out *
         out), then one kernel for dk and dv (per kv block, over its query heads) and one
         for dq (and d bias): attention_hopper_backward's where the call fits the Hopper
-        kernels (hopper_fits), the `tl` kernels otherwise."""
+        kernels (hopper_fits), the `tl` kernels otherwise. The checks, configs, grids and
+        strides of a call are its _BackwardPlan's, made at the first call of its
+        backward_key: a later call allocates the gradients and launches."""
         needs = tuple(needs)
+        key = self.backward_key(inputs, key_lengths, out, d_out, lse, needs)
+        plan = self.backward_plans.get(key) if key is not None else None
+        if plan is None:
+            plan = self.backward_plan_of(inputs, out, d_out, needs, key_lengths)
+            if key is not None:
+                if len(self.backward_plans) >= 1024:
+                    self.backward_plans.clear()
+                self.backward_plans[key] = plan
+        if not plan.runs:
+            return self.reference_grads(inputs, d_out, needs, key_lengths)
+        q, k, v = inputs[:3]
+        if plan.copies:
+            q, k, v, out, d_out = (
+                t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, out, d_out)
+            )
+        lengths = q if key_lengths is None else int32_lengths(key_lengths, plan.skv)
+        device, fp32 = q.device, torch.float32
+        delta = torch.empty(size=plan.delta_shape, dtype=fp32, device=device)
+        plan.delta(out, d_out, delta, plan.sq, *plan.delta_strides)
+        if plan.hopper is not None:
+            m = self.module
+            grads, compiled = attention_hopper_backward.backward(
+                q, k, v, d_out.contiguous(), lse, delta, needs,
+                layout=m["LAYOUT"], causal=self.hopper == "causal", scale=m["SCALE"],
+                alibi=self.alibi, window=self.window, launches=plan.hopper,
+            )  # fmt: skip
+            self.last_compiled.update(compiled)
+            return grads
+        bias = (inputs[3], *plan.bias_strides) if self.bias else ()
+        d_q = d_k = d_v = d_bias = None
+        if plan.kv is not None:
+            d_k = torch.empty(size=k.shape, dtype=k.dtype, device=device)
+            d_v = torch.empty(size=v.shape, dtype=v.dtype, device=device)
+            plan.kv(
+                q, k, v, d_out, lse, delta, d_k, d_v, lengths, *plan.reads, *plan.kv_strides,
+                *bias,
+            )  # fmt: skip
+        if plan.q is not None:
+            d_q = torch.empty(size=q.shape, dtype=q.dtype, device=device)
+            extra = ()
+            if self.bias:
+                d_scores = plan.d_scores(size=plan.d_scores_shape, dtype=fp32, device=device)
+                extra = (*bias, d_scores)
+            plan.q(q, k, v, d_out, lse, delta, d_q, lengths, *plan.reads, *plan.dq_strides, *extra)
+            if self.bias:
+                d_q = d_q if needs[0] else None
+                d_bias = summed_to(d_scores, inputs[3]) if needs[3] else None
+        return (d_q, d_k, d_v, d_bias) if self.bias else (d_q, d_k, d_v)
+
+    def backward_plan_of(self, inputs, out, d_out, needs, key_lengths):
+        """The checks of a backward call, then its launches (None for a kernel whose
+        gradients it does not need), grids and the strides it passes them."""
         batch, sq, skv = self.checked(inputs, key_lengths)
         q = inputs[0]
-        if not self.runs_triton(q.device) or not out.numel():
-            return self.reference_grads(inputs, d_out, needs, key_lengths)
+        plan = _BackwardPlan()
+        plan.sq, plan.skv = sq, skv
+        plan.runs = self.runs_triton(q.device) and out.numel() > 0
+        if not plan.runs:
+            return plan
         m = self.module
         heads = m["HEADS"]
-        lengths = q if key_lengths is None else int32_lengths(key_lengths, skv)
         dtypes = self.dtypes_of(inputs)
+        plan.copies = any(t.stride(-1) != 1 for t in (*inputs[:3], out, d_out))
         q, k, v, out, d_out = (
             t if t.stride(-1) == 1 else t.contiguous() for t in (*inputs[:3], out, d_out)
         )
         block_d, block_dv = bucket(m["HEAD_DIM"]), bucket(m["V_HEAD_DIM"])
         upcast = self.interpreted() and q.dtype == torch.bfloat16
         strides = self.strides_of
-        delta = torch.empty((batch, heads, sq), dtype=torch.float32, device=q.device)
-        key = self.backward_key(inputs, key_lengths, out, d_out, lse, needs)
+        plan.delta_shape = (batch, heads, sq)
+        plan.delta_strides = (*strides(out), *strides(d_out))
         meta = {"HEADS": heads, "DV": m["V_HEAD_DIM"], "BLOCK_M": 64, "BLOCK_D": block_dv}
-        self.backward_launch(
-            key, "delta", lambda: _Launch(self, backward_delta, (cdiv(sq, 64), batch * heads), meta)
-        )(out, d_out, delta, sq, *strides(out), *strides(d_out))
+        plan.delta = _Launch(self, backward_delta, (cdiv(sq, 64), batch * heads), meta)
+        plan.hopper = plan.kv = plan.q = None
         if self.hopper_backward_fits(inputs, key_lengths, batch, sq, skv):
-            grads, compiled = attention_hopper_backward.backward(
-                q, k, v, d_out.contiguous(), lse, delta, needs,
-                layout=m["LAYOUT"], causal=self.hopper == "causal", scale=m["SCALE"],
-                alibi=self.alibi, window=self.window,
-                launches=self.backward_launch(key, "hopper", dict),
-            )  # fmt: skip
-            self.last_compiled.update(compiled)
-            return grads
-        reads = (sq, skv, *strides(q), *strides(k), *strides(v), *strides(d_out))
-        bias = (inputs[3], *self.bias_strides(inputs[3], batch, sq, skv)) if self.bias else ()
+            plan.hopper = {}  # attention_hopper_backward's launch.Described, by kernel
+            return plan
+        plan.reads = (sq, skv, *strides(q), *strides(k), *strides(v), *strides(d_out))
+        plan.bias_strides = self.bias_strides(inputs[3], batch, sq, skv) if self.bias else ()
         common = {
             "BLOCK_D": block_d, "DOT_UPCAST": upcast,
             **({"BLOCK_DV": block_dv} if self.split_v else {}),
@@ -535,59 +602,35 @@ class Attention:
                 (q, k, v, out, d_out, *inputs[3:4]), bias_grad=sq * skv if self.bias else 0
             ),
             **({"FAST_TANH": self.fast_tanh(q)} if self.softcap else {}),
-            **({"BIAS_ROW": bias_row(bias[1:])} if self.bias else {}),
+            **({"BIAS_ROW": bias_row(plan.bias_strides)} if self.bias else {}),
         }  # fmt: skip
-        d_q = d_k = d_v = d_bias = None
         if needs[1] or needs[2]:
             block_m, block_n, warps, stages = self.config(q.device, "kv", sq, skv, q.dtype)
-            d_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-            d_v = torch.empty(v.shape, dtype=v.dtype, device=v.device)
             meta = {"BLOCK_M": block_m, "BLOCK_N": block_n, **common}
             if self.tma:
                 meta["TMA"] = self.tma_loads(q, d_out)
             grid = (cdiv(skv, block_n), batch * m["KV_HEADS"])
-            dv_strides = strides(d_v) if self.split_v else ()
-            self.backward_launch(
-                key, "kv", lambda: self.launch_of("kv", grid, dtypes, meta, warps, stages, q.device)
-            )(
-                q,
-                k,
-                v,
-                d_out,
-                lse,
-                delta,
-                d_k,
-                d_v,
-                lengths,
-                *reads,
-                *strides(d_k),
-                *dv_strides,
-                *bias,
-            )
+            plan.kv = self.launch_of("kv", grid, dtypes, meta, warps, stages, q.device)
+            plan.kv_strides = self.contiguous_strides(k.shape)
+            if self.split_v:
+                plan.kv_strides += self.contiguous_strides(v.shape)
         wants_bias = self.bias and needs[3]
         if needs[0] or wants_bias:  # the dq kernel also gives d bias: each (row, key) once
             block_m, block_n, warps, stages = self.config(q.device, "q", sq, skv, q.dtype)
-            d_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
             meta = {"BLOCK_M": block_m, "BLOCK_N": block_n, **common}
             if self.tma:
                 meta["TMA"] = self.tma_loads(k, v)
-            extra = ()
             if self.bias:
-                shape = (batch, heads, sq, skv) if wants_bias else (1,)
+                plan.d_scores_shape = (batch, heads, sq, skv) if wants_bias else (1,)
                 written = wants_bias and self.all_keys and key_lengths is None
                 # A [batch, heads, q_len, k_len] fp32 memset spared where every element
                 # is written (268 MB at T5's 32 x 8 x 512 x 512).
-                alloc = torch.empty if written else torch.zeros
-                d_scores = alloc(shape, dtype=torch.float32, device=q.device)
-                extra, meta["BIAS_GRAD"] = (*bias, d_scores), bool(wants_bias)
+                plan.d_scores = torch.empty if written else torch.zeros
+                meta["BIAS_GRAD"] = bool(wants_bias)
             grid = (cdiv(sq, block_m), batch * heads)
-            self.backward_launch(
-                key, "q", lambda: self.launch_of("q", grid, dtypes, meta, warps, stages, q.device)
-            )(q, k, v, d_out, lse, delta, d_q, lengths, *reads, *strides(d_q), *extra)
-            if self.bias:
-                d_q = d_q if needs[0] else None
-                d_bias = summed_to(d_scores, inputs[3]) if wants_bias else None
-        return (d_q, d_k, d_v, d_bias) if self.bias else (d_q, d_k, d_v)
+            plan.q = self.launch_of("q", grid, dtypes, meta, warps, stages, q.device)
+            plan.dq_strides = self.contiguous_strides(q.shape)
+        return plan
 
     def backward_key(self, inputs, key_lengths, out, d_out, lse, needs):
         """What a backward call's launches depend on: the forward's signature, out's,
@@ -602,21 +645,6 @@ class Attention:
             return None
         layouts = tuple((t.shape, t.stride(), t.data_ptr() % 16) for t in (out, d_out, lse))
         return signature, layouts, tuple(needs)
-
-    def backward_launch(self, key, kernel, make):
-        """What make() gives for kernel of a backward call whose launches depend on key
-        (backward_key): the _Launch of "delta", "kv" or "q", or the Gluon kernels' dict of
-        launch.Described ("hopper"), kept per key, so that from the second call they
-        launch directly; a fresh one where key is None."""
-        if key is None:
-            return make()
-        launches = self.backward_launches
-        found = launches.get((key, kernel))
-        if found is None:
-            if len(launches) >= 1024:
-                launches.clear()
-            found = launches[(key, kernel)] = make()
-        return found
 
     def reference_grads(self, inputs, d_out, needs, key_lengths=None):
         """The gradients by the reference's autograd (no GPU), through torch.func.vjp,

@@ -296,6 +296,7 @@ def value_tests(suite):
         monkeypatch.setattr(kernel._ATTENTION, "sm_count", lambda device: 10_000)
         monkeypatch.setattr(kernel, "SPLIT_MIN_KEYS", 16)
         monkeypatch.setattr(kernel._ATTENTION, "plans", {})  # none planned without the split
+        monkeypatch.setattr(kernel._ATTENTION, "backward_plans", {})  # nor for this GPU size
         poisoned_empty(monkeypatch)
         seed, dtype = new_seed(), dtypes[-1]
         for case in [(2, 1, 150), (1, 5, 97)] if not ON_GPU else [(2, 1, 4000), (1, 16, 3001)]:
@@ -456,7 +457,9 @@ def layout_tests(suite):
     def test_falls_back_without_gpu(monkeypatch):
         # Not on a GPU and the interpreter off: the reference, forward and backward.
         monkeypatch.setattr(kernel._ATTENTION, "runs_triton", lambda device: False)
+        # Plans are kept per call signature; runs_triton is read when one is made.
         monkeypatch.setattr(kernel._ATTENTION, "plans", {})
+        monkeypatch.setattr(kernel._ATTENTION, "backward_plans", {})
         dtype, seed = dtypes[-1], new_seed()
         inputs = suite.make_inputs(small, dtype, seed)
         expected = kernel.reference(*inputs)
