@@ -58,7 +58,12 @@ def training_calls():
     bf16 = {"dtype": torch.bfloat16}
     q = torch.randn(2, 64, 28, 128, **bf16).requires_grad_()
     k, v = (torch.randn(2, 64, 4, 128, **bf16).requires_grad_() for _ in "kv")
-    return [("attention fwd+bwd 2x64", "qwen2_attention", (q, k, v, torch.randn_like(q)))]
+    x = torch.randn(16, 3584, **bf16).requires_grad_()
+    weight = torch.randn(3584, **bf16).requires_grad_()
+    return [
+        ("attention fwd+bwd 2x64", "qwen2_attention", (q, k, v, torch.randn_like(q))),
+        ("rmsnorm fwd+bwd 16x3584", "qwen2_rmsnorm", (x, weight, torch.randn_like(x))),
+    ]
 
 
 def step_of(launcher):

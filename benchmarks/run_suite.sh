@@ -51,6 +51,9 @@
 #                      fp32 calls, bias, ALiBi, MQA, window) built and their tests run on the GPU
 #   attention-anchors  issue 16's attention cases: the generated kernels against SDPA's flash,
 #                      cuDNN and efficient backends and compiled FlexAttention, forward and backward
+#   attention-host     the short training steps (BERT's padding bias, T5's learned bias: 512
+#                      tokens): each variant's host time per step against its wall time, and
+#                      where the host time goes (attention_anchors.py --host)
 #   attention-configs  the attention kernels over a grid of launch configs (forward at each
 #                      case, the backward's dk/dv and dq kernels): what attention_text.py's CONFIGS hold
 #   attention-variants code variants of the attention kernels (benchmarks/experiments/
@@ -124,7 +127,7 @@ PYTHON=${PYTHON:-python3}
 SUITE=benchmarks/suite.yaml
 STEPS="generated-tests hopper-tests tune-tables tuning-repeat config-space first-calls row-layouts
 launch-cost call-cost split-k inspect tanh-approx launcher-tuning training-chains llama-training-step
-backward-configs llama-compiled llama-attention llama-prefill llama-decode attention-zoo attention-anchors attention-configs
+backward-configs llama-compiled llama-attention llama-prefill llama-decode attention-zoo attention-anchors attention-host attention-configs
 attention-variants attention-gluon-backward attention-backward-d64 attention-persistent attention-d64-profile attention-bench quantized-chains fp8-block-scales
 fp8-block-gluon fp8-block-runtime fp8-expert-rows int8-decode-gluon int4-decode-gluon stream-ceiling int4-gemv"
 ANCHOR_SHAPES="8192,4096,14336 4096,1024,4096 16,4096,14336 1000,1000,1000"
@@ -175,8 +178,9 @@ for name in "${wanted[@]}"; do
         FUSEGEN_TRITON_OP=0 run $PYTHON -m pytest generated -q -p no:cacheprovider \
             -n "${TEST_WORKERS:-8}" -k "torch_compile or inductor or cuda_graphs" ;;
     hopper-tests)
+        # Four at a time: one by one they take about 4.5 s each (compiles, float64 training).
         run $PYTHON -m pytest tests/test_quant_hopper.py tests/test_attention_hopper.py \
-            tests/test_attention_hopper_backward.py -x -rf -q -p no:cacheprovider ;;
+            tests/test_attention_hopper_backward.py -x -rf -q -p no:cacheprovider -n 4 ;;
     tune-tables)
         run $PYTHON -m fusegen tune specs/gpt2.yaml specs/llama.yaml specs/bert.yaml \
             --rows 16,64,256,1024,4096
@@ -236,6 +240,9 @@ open('$out/attention-zoo/attention.yaml', 'w').write(t.ATTENTION_SPECS)"
             --tb=short -n "${TEST_WORKERS:-8}" --durations=15 ;;
     attention-anchors)
         run $PYTHON benchmarks/attention_anchors.py --rounds 5 --out "$out/attention_anchors.json" ;;
+    attention-host)
+        run $PYTHON benchmarks/attention_anchors.py --cases padding-bias-backward \
+            learned-bias-backward --host --rounds 5 ;;
     attention-configs)
         run $PYTHON benchmarks/attention_configs.py --out "$out/attention_configs.json" ;;
     attention-variants)

@@ -80,6 +80,42 @@ def test_a_described_launch_makes_the_descriptors_again_at_each_calls_addresses(
     assert second_tile.padding == "zero"
 
 
+def test_a_kept_launch_goes_direct_only_for_arguments_like_the_first(monkeypatch):
+    """launch.Kept (a chain's training epilogue and backward): the first launch of a
+    key through triton's dispatch, later ones with the same kernel, grid, integers,
+    constexprs and tensors' dtypes, devices and alignment straight into the compiled
+    kernel; anything else, or an argument it cannot key on, through the dispatch."""
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 7, raising=False)
+    monkeypatch.setattr(launch, "_hooked", lambda: False)
+    monkeypatch.setattr(launch, "compiled_device", lambda args: 0)
+    kernel = _Kernel(["x", "out", "n", "INT64", "BLOCK"])
+    kept = launch.Kept()
+    monkeypatch.setattr(launch, "enabled", lambda interpreted: not interpreted)
+    x, out = torch.randn(64), torch.empty(64)
+    kwargs = {"INT64": False, "BLOCK": 32, "num_warps": 4}
+    assert kept(kernel, (2,), (x, out, 64), kwargs, False) is kernel.compiled
+    y, out_y = torch.randn(64), torch.empty(64)
+    kept(kernel, (2,), (y, out_y, 64), dict(kwargs), False)
+    assert len(kernel.calls) == 1  # the second went straight to the launcher
+    assert kernel.launcher.calls[0][-5:] == (y, out_y, 64, False, 32)  # then the constexprs
+    others = [
+        ((x, out, 63), kwargs),  # another integer
+        ((x[1:], out, 64), kwargs),  # 4 bytes off x's alignment
+        ((x.double(), out, 64), kwargs),  # another dtype
+        ((x, out, 64), {**kwargs, "BLOCK": 64}),  # another constexpr
+    ]
+    for args, other in others:
+        kept(kernel, (2,), args, other, False)
+    assert len(kernel.calls) == 1 + len(others)
+    kept(kernel, (2,), (x, out, [64]), kwargs, False)  # unhashable: the dispatch each time
+    kept(kernel, (2,), (x, out, [64]), kwargs, False)
+    interpreted = launch.Kept()
+    for _ in range(2):  # the interpreter: none made
+        interpreted(kernel, (2,), (x, out, 64), kwargs, True)
+    assert len(kernel.calls) == 5 + len(others)
+    assert len(kernel.launcher.calls) == 1
+
+
 def test_a_call_on_another_gpu_than_the_current_one_is_told_apart(monkeypatch):
     """launch.elsewhere: a CUDA device other than the current one (the launchers then make
     it current: Triton launches on the current device); never asked of the CPU's."""

@@ -178,3 +178,40 @@ class Described:
             self.scalars = scalars
             self.direct = direct(compiled, kernel, grid, args, kwargs)
         return compiled
+
+
+class Kept:
+    """Launches a call makes outside its plan (a chain's training epilogue and its
+    backward kernel), kept by all that triton compiles them for and more: the kernel,
+    grid, each integer, float and constexpr argument, each tensor's dtype, device and
+    16-byte alignment. The first launch of a key goes through triton's dispatch (which
+    compiles); later ones straight into the compiled kernel (Direct). On an H200
+    triton's dispatch cost 51 us a call against 21 launched directly (issue 27's
+    `launch-cost`): a training step pays it for each such kernel."""
+
+    __slots__ = ("launches",)
+
+    def __init__(self):
+        self.launches = {}
+
+    def __call__(self, kernel, grid, args, kwargs, interpreted):
+        """kernel[grid](*args, **kwargs); `interpreted`: the kernel runs on Triton's
+        interpreter (no direct launch)."""
+        try:
+            key = (
+                kernel, grid, *kwargs.items(),
+                *((a.dtype, a.device, a.data_ptr() % 16) if isinstance(a, torch.Tensor) else a
+                  for a in args),
+            )  # fmt: skip
+            found = self.launches.get(key)
+        except TypeError:  # an unhashable argument: nothing to key on
+            return kernel[grid](*args, **kwargs)
+        if found:
+            return found(*args)
+        compiled = kernel[grid](*args, **kwargs)
+        if found is None:
+            if len(self.launches) >= 1024:
+                self.launches.clear()
+            made = direct(compiled, kernel, grid, args, kwargs) if enabled(interpreted) else None
+            self.launches[key] = made or False  # False: launched through triton from now on
+        return compiled

@@ -224,6 +224,7 @@ class Kernels:
         # it costs a call what the counter it replaced did.
         self.tracing = {}
         self.save_pre_pointer = False  # a training forward's TMA launch ran out of resources
+        self.kept = launch.Kept()  # launch_kept's direct launches
 
     # What the last call ran, and what goes wrong loudly.
 
@@ -1095,8 +1096,8 @@ class Kernels:
         strides = [s for t in reads for s in t.stride()]
         kernel = self.module[f"_{self.name}_kernel_epilogue"]
         int64 = needs_int64(*reads, *saved, out_2d)
-        self.traceable(kernel)[grid](
-            *saved, *reads, out_2d, rows, cols, *strides, INT64=int64, **config
+        self.launch_kept(
+            kernel, grid, (*saved, *reads, out_2d, rows, cols, *strides), {"INT64": int64, **config}
         )
         self.record(config, "training", "cublas + epilogue")
         return tuple(saved)
@@ -1151,8 +1152,8 @@ class Kernels:
         strides = [s for t in (*incoming, *reads) for s in t.stride()]
         kernel = self.module[f"_{self.name}_kernel_backward"]
         int64 = needs_int64(*incoming, *reads, *saved, *(b for b in buffers if b.dim() == 2))
-        self.traceable(kernel)[grid](
-            *pointers, rows, cols, *strides, INT64=int64, **flags, **config
+        self.launch_kept(
+            kernel, grid, (*pointers, rows, cols, *strides), {"INT64": int64, **flags, **config}
         )
         found = [None] * len(inputs)
 
@@ -1380,6 +1381,15 @@ class Kernels:
                 return fn(*args)
 
         return run
+
+    def launch_kept(self, kernel, grid, args, kwargs):
+        """kernel[grid](*args, **kwargs) for a launch outside the call's plan (the
+        training epilogue, the backward): into the graph while torch.compile traces,
+        else through launch.Kept, directly from the second launch of its arguments."""
+        if self.tracing and self.tracing_here():
+            Traced(kernel)[grid](*args, **kwargs)
+            return
+        self.kept(kernel, grid, args, kwargs, self.interpreted())
 
     def traceable(self, kernel):
         """A kernel to launch, as the graph torch.compile traces can hold it (wrap_triton:
