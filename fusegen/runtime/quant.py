@@ -291,6 +291,7 @@ class QuantChain:
         self.table = {}  # "entries": the tuned table's entries, read at first use
         self.last_launch = {}
         self.last_compiled = None  # the last launch's compiled kernel (`fusegen inspect`)
+        self.kept = launch.Kept()  # a quantizer's launches, directly from the second
         # The launcher's tensors in order: (name, role, the input it belongs to).
         self.arguments = []
         for name_, _, _ in self.inputs:
@@ -964,7 +965,7 @@ class Quantizer(QuantChain):
         consts = {"INT64": plan["consts"]["INT64"], "ROUND_BY_HAND": plan["interpreted"]}
         if "FAST_TANH" in plan["consts"]:
             consts["FAST_TANH"] = plan["consts"]["FAST_TANH"]
-        self.kernel[grid](*args, **config, **consts)
+        self.kept(self.kernel, grid, args, {**config, **consts}, plan["interpreted"])
         self.last_launch = {"source": "kernel", "config": dict(config)}
         return out, scale
 
