@@ -166,7 +166,7 @@ class _BackwardPlan:
     __slots__ = (
         "runs", "sq", "skv", "copies", "delta_shape", "delta_strides", "delta", "hopper",
         "reads", "bias_strides", "kv", "kv_strides", "q", "dq_strides", "d_scores",
-        "d_scores_shape",
+        "d_scores_shape", "tma",
     )  # fmt: skip
 
 
@@ -533,6 +533,8 @@ class Attention:
             )
         lengths = q if key_lengths is None else int32_lengths(key_lengths, plan.skv)
         device, fp32 = q.device, torch.float32
+        if plan.tma:  # triton's allocator is set per thread: this one may not have it yet
+            ensure_allocator(device)
         delta = torch.empty(size=plan.delta_shape, dtype=fp32, device=device)
         plan.delta(out, d_out, delta, plan.sq, *plan.delta_strides)
         if plan.hopper is not None:
@@ -590,6 +592,7 @@ class Attention:
         meta = {"HEADS": heads, "DV": m["V_HEAD_DIM"], "BLOCK_M": 64, "BLOCK_D": block_dv}
         plan.delta = _Launch(self, backward_delta, (cdiv(sq, 64), batch * heads), meta)
         plan.hopper = plan.kv = plan.q = None
+        plan.tma = False
         if self.hopper_backward_fits(inputs, key_lengths, batch, sq, skv):
             plan.hopper = {}  # attention_hopper_backward's launch.Described, by kernel
             return plan
@@ -611,6 +614,7 @@ class Attention:
             meta = {"BLOCK_M": block_m, "BLOCK_N": block_n, **common}
             if self.tma:
                 meta["TMA"] = self.tma_loads(q, d_out)
+                plan.tma |= meta["TMA"] and q.device.type == "cuda"
             grid = (cdiv(skv, block_n), batch * m["KV_HEADS"])
             plan.kv = self.launch_of("kv", grid, dtypes, meta, warps, stages, q.device)
             plan.kv_strides = self.contiguous_strides(k.shape)
@@ -622,6 +626,7 @@ class Attention:
             meta = {"BLOCK_M": block_m, "BLOCK_N": block_n, **common}
             if self.tma:
                 meta["TMA"] = self.tma_loads(k, v)
+                plan.tma |= meta["TMA"] and q.device.type == "cuda"
             if self.bias:
                 plan.d_scores_shape = (batch, heads, sq, skv) if wants_bias else (1,)
                 written = wants_bias and self.all_keys and key_lengths is None
