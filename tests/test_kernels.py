@@ -1560,6 +1560,43 @@ def test_a_chain_launch_ptxas_crashes_on_retries_with_fewer_stages(zoo, monkeypa
     kernel._CALLS.clear()
 
 
+def test_a_chain_backward_keeps_its_plan_per_call_signature(zoo):
+    """A chain's backward kernel's grid, arguments, buffers and views are a
+    _BackwardPlan kept in the forward's plan (the call's signature) per gradients' and
+    saved tensors' signature, needs and staleness: a call like an earlier one takes the
+    same plan, one that asks for other gradients or backs through the node again
+    (retain_graph: the accumulators made again) gets its own, and every call's
+    gradients match float64 on its own data."""
+    kernel, chain = load_chain(zoo, "mm_gate_full")
+    kernel._CALLS.clear()
+    sizes, dtype = {"M": 19, "K": 24, "N": 40}, torch.float32
+    everything = chain.float_inputs
+
+    def trained(seed, asked):
+        inputs = chain.make_inputs(sizes, dtype, seed)
+        _, upstream, got = chain.grads_of(inputs, asked, seed)
+        chain.check_grads(got, inputs, upstream, asked, dtype, seed)
+        (plan,) = kernel._CALLS.values()
+        return dict(plan.backward)
+
+    first = trained(1, everything)
+    (kept,) = first.values()
+    assert kept.launches and kept.buffers
+    assert trained(2, everything) == first  # the same signature: the same plan
+    only_w1 = trained(3, ["w1"])
+    assert len(only_w1) == 2 and only_w1[next(iter(first))] is kept
+    inputs = chain.make_inputs(sizes, dtype, 4)
+    leaves = {n: t.detach().requires_grad_() for n, t in inputs.items()}
+    out = kernel.mm_gate_full(**leaves)
+    upstream = chain.upstream_grads((out,), 4)
+    once = torch.autograd.grad(out, list(leaves.values()), upstream, retain_graph=True)
+    again = torch.autograd.grad(out, list(leaves.values()), upstream)
+    (plan,) = kernel._CALLS.values()
+    assert len(plan.backward) == 3  # the second backward's accumulators are made again
+    for a, b in zip(once, again, strict=True):
+        torch.testing.assert_close(a, b)
+
+
 def test_a_backward_keeps_its_plan_per_call_signature(zoo):
     """The backward's checks, grids and launches (delta, dk/dv, dq) are a _BackwardPlan
     kept per call signature (Attention.backward_key), so that on a GPU the second call of

@@ -118,6 +118,16 @@ class _Trained(torch.autograd.Function):
         return (None, *kernels.differentiate(ctx, grads, ctx.needs_input_grad[1:], backward))
 
 
+class _BackwardPlan:
+    """What a chain's backward call signature launches, worked out once
+    (Kernels.backward_plan_of)."""
+
+    __slots__ = (
+        "launches", "rows", "cols", "device", "views", "grid", "stored", "buffers",
+        "returned", "strides", "kernel", "kwargs",
+    )  # fmt: skip
+
+
 class Kernels:
     """One kernel module's Triton kernels as this runtime launches them: what the module
     says of them, and what its calls found out (plans chosen, tuned kernels, the last
@@ -1106,53 +1116,33 @@ class Kernels:
         weight-gradient matmul). A matmul chain's: overwrite, d_pre written over the
         accumulators (the kernel reads each tile before it writes it); stale, the saved
         accumulators were overwritten so (as with backward.save: inputs) cuBLAS makes
-        them again."""
-        plan = self.call_plan(inputs)
-        dims = dict(zip(self.module["DIMS"], plan.tail, strict=False))
-        rows, cols = dims[self.dims[0]], dims[self.dims[1]]
-        if not self.backward_launches(inputs):
+        them again. What the launch needs is a _BackwardPlan's (backward_plan), made at
+        the first call of its signature: a later call makes its views, allocates and
+        launches."""
+        plan = self.backward_plan(grads, inputs, saved, needs, overwrite, stale)
+        if not plan.launches:
             return self.reference_grads(grads, inputs, needs)
-        views = self.module["_checked"](*inputs)[2]
+        views = [
+            t if shape is None else t.reshape(shape)
+            for t, shape in zip(inputs, plan.views, strict=True)
+        ]
         if self.matmul and (stale or not saved):  # backward.save: inputs, or overwritten
             saved = [*self.accumulators(views), *saved[self.saves :]]
+        cols = plan.cols
         incoming = [
             g.reshape(-1) if i == 0 and self.reduces else g.reshape(-1, cols)
             for i, g in enumerate(grads)
         ]
         reads = [views[i] for i in self.backward_reads]
-        row_bytes = sum(
-            t.element_size() for t in (*incoming, *reads, *saved) if t.shape[-1] == cols
-        )
-        config, grid, blocks = self.backward_launch(rows, cols, plan.device, row_bytes)
-        buffers, flags, stored = [], {}, []
-        returned = self.returned(needs)
-        for name, index, kind in self.grads:
-            if kind.startswith("="):
-                continue
-            stored.append((name, index, kind))
-            want = index < 0 or returned[index]
-            if index >= 0:
-                flags[f"NEED_{name.upper()}"] = want
-            dtype = plan.dtype if index < 0 else inputs[index].dtype
-            if overwrite and self.matmul and index < 0:  # d_pre, d_pre_gate: as saved
+        buffers = []
+        for shape, dtype in plan.buffers:
+            if shape is None:  # d_pre, d_pre_gate: over the saved accumulators
                 buffers.append(saved[len(buffers)])
-                continue
-            if not want:
-                shape, dtype = (1,), torch.float32
-            elif kind == "full":
-                shape = (rows, cols)
             else:
-                shape, dtype = (
-                    (blocks[0], cols) if kind == "row" else (blocks[1], rows)
-                ), torch.float32
-            buffers.append(torch.empty(shape, dtype=dtype, device=plan.device))
-        pointers = [*incoming, *reads, *saved, *buffers]
-        strides = [s for t in (*incoming, *reads) for s in t.stride()]
-        kernel = self.module[f"_{self.name}_kernel_backward"]
-        int64 = needs_int64(*incoming, *reads, *saved, *(b for b in buffers if b.dim() == 2))
-        self.launch_kept(
-            kernel, grid, (*pointers, rows, cols, *strides), {"INT64": int64, **flags, **config}
-        )
+                buffers.append(torch.empty(shape, dtype=dtype, device=plan.device))
+        args = (*incoming, *reads, *saved, *buffers, plan.rows, cols, *plan.strides)
+        self.launch_kept(plan.kernel, plan.grid, args, plan.kwargs)
+        returned, stored = plan.returned, plan.stored
         found = [None] * len(inputs)
 
         def add(index, grad):
@@ -1180,6 +1170,86 @@ class Kernels:
             g.contiguous() if g is not None else t.new_empty(0)
             for g, t in zip(found, inputs, strict=True)
         ]
+
+    def backward_plan(self, grads, inputs, saved, needs, overwrite, stale):
+        """The _BackwardPlan of a backward call: kept in its forward's plan (the call's
+        signature), by the gradients' and saved tensors' signature, needs, overwrite and
+        stale; made afresh while traced or where something is not a tensor."""
+        plan = self.call_plan(inputs)
+        traced = self.tracing and self.tracing_here()
+        rest = None if traced else signature(*grads, *saved)
+        if rest is None:
+            return self.backward_plan_of(plan, grads, inputs, saved, needs, overwrite, stale)
+        kept = getattr(plan, "backward", None)
+        if kept is None:
+            kept = plan.backward = {}
+        key = (rest, tuple(needs), overwrite, stale)
+        found = kept.get(key)
+        if found is None:
+            if len(kept) >= 64:
+                kept.clear()
+            found = kept[key] = self.backward_plan_of(
+                plan, grads, inputs, saved, needs, overwrite, stale
+            )
+        return found
+
+    def backward_plan_of(self, plan, grads, inputs, saved, needs, overwrite, stale):
+        """The checks of a backward call, then its kernel's grid, keyword arguments and
+        strides, the buffers it allocates (shape and dtype; (None, None): d_pre over a
+        saved accumulator) and, per input, the shape its 2-D view is reshaped to (None:
+        the input itself)."""
+        found = _BackwardPlan()
+        dims = dict(zip(self.module["DIMS"], plan.tail, strict=False))
+        found.rows, found.cols = rows, cols = dims[self.dims[0]], dims[self.dims[1]]
+        found.device = plan.device
+        found.launches = self.backward_launches(inputs)
+        if not found.launches:
+            return found
+        views = self.module["_checked"](*inputs)[2]
+        found.views = [
+            None if v is t else tuple(v.shape) for v, t in zip(views, inputs, strict=True)
+        ]
+        if self.matmul and (stale or not saved):  # made again by cuBLAS: [rows, cols] each
+            again = torch.empty((rows, cols), dtype=plan.dtype, device="meta")
+            saved = [*[again] * len(self.matmul[2]), *saved[self.saves :]]
+        incoming = [
+            g.reshape(-1) if i == 0 and self.reduces else g.reshape(-1, cols)
+            for i, g in enumerate(grads)
+        ]
+        reads = [views[i] for i in self.backward_reads]
+        row_bytes = sum(
+            t.element_size() for t in (*incoming, *reads, *saved) if t.shape[-1] == cols
+        )
+        config, found.grid, blocks = self.backward_launch(rows, cols, plan.device, row_bytes)
+        flags, found.stored, found.buffers, made = {}, [], [], []
+        found.returned = returned = self.returned(needs)
+        for name, index, kind in self.grads:
+            if kind.startswith("="):
+                continue
+            found.stored.append((name, index, kind))
+            want = index < 0 or returned[index]
+            if index >= 0:
+                flags[f"NEED_{name.upper()}"] = want
+            dtype = plan.dtype if index < 0 else inputs[index].dtype
+            if overwrite and self.matmul and index < 0:  # d_pre, d_pre_gate: as saved
+                found.buffers.append((None, None))
+                made.append(saved[len(found.buffers) - 1])
+                continue
+            if not want:
+                shape, dtype = (1,), torch.float32
+            elif kind == "full":
+                shape = (rows, cols)
+            else:
+                shape, dtype = (
+                    (blocks[0], cols) if kind == "row" else (blocks[1], rows)
+                ), torch.float32
+            found.buffers.append((shape, dtype))
+            made.append(torch.empty(shape, dtype=dtype, device="meta"))
+        found.strides = tuple(s for t in (*incoming, *reads) for s in t.stride())
+        found.kernel = self.module[f"_{self.name}_kernel_backward"]
+        int64 = needs_int64(*incoming, *reads, *saved, *(b for b in made if b.dim() == 2))
+        found.kwargs = {"INT64": int64, **flags, **config}
+        return found
 
     def accumulators(self, views):
         """A matmul chain's accumulators again (spec backward.save: inputs), by cuBLAS in

@@ -227,6 +227,7 @@ class Plan:
         "cuda",
         "copies",
         "training",
+        "backward",
     )
 
     def saving(self):
@@ -235,7 +236,7 @@ class Plan:
         if getattr(self, "training", None) is None:
             train = Plan()
             for name in Plan.__slots__:
-                if name != "training" and hasattr(self, name):
+                if name not in ("training", "backward") and hasattr(self, name):
                     setattr(train, name, getattr(self, name))
             saves = {k: True for k in ("SAVE_PRE", "SAVE_STATS") if k in self.consts}
             train.consts, train.ready, train.training = {**self.consts, **saves}, {}, False
