@@ -113,7 +113,14 @@ def test_a_kept_launch_goes_direct_only_for_arguments_like_the_first(monkeypatch
     for _ in range(2):  # the interpreter: none made
         interpreted(kernel, (2,), (x, out, 64), kwargs, True)
     assert len(kernel.calls) == 5 + len(others)
-    assert len(kernel.launcher.calls) == 1
+    switched = launch.Kept()  # FUSEGEN_DIRECT_LAUNCH=0 at its first launch, then on
+    monkeypatch.setattr(launch, "enabled", lambda interpreted: False)
+    switched(kernel, (2,), (x, out, 64), kwargs, False)
+    monkeypatch.setattr(launch, "enabled", lambda interpreted: not interpreted)
+    for _ in range(2):
+        switched(kernel, (2,), (x, out, 64), kwargs, False)
+    assert len(kernel.calls) == 7 + len(others)
+    assert len(kernel.launcher.calls) == 2
 
 
 def test_a_call_on_another_gpu_than_the_current_one_is_told_apart(monkeypatch):

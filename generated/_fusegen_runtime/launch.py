@@ -211,9 +211,9 @@ class Kept:
         if found:
             return found(*args)
         compiled = kernel[grid](*args, **kwargs)
-        if found is None:
+        if found is None and enabled(interpreted):  # asked again while switched off
             if len(self.launches) >= 1024:
                 self.launches.clear()
-            made = direct(compiled, kernel, grid, args, kwargs) if enabled(interpreted) else None
+            made = direct(compiled, kernel, grid, args, kwargs)
             self.launches[key] = made or False  # False: launched through triton from now on
         return compiled
