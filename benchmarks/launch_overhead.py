@@ -9,15 +9,17 @@ GPU).
 
 The calls are the decode-sized rows of call_cost.py (bf16): RMSNorm and the gate/up chain
 at 16 rows, attention at 16 sequences x 1 query against 1 and 2048 keys (the latter
-split), and the tiny fp32 chain at 9 rows; then a training step of attention (forward and
-backward, torch.autograd.grad of q, k and v): what a short training call (BERT's 512
-tokens) pays on the host besides its four launches. In a build of this fusegen the runtime's
-direct launch (launch.Direct) is stubbed whole, as made on a GPU from a signature's
-second call: its own work (the hook check, the current stream, the arguments handed to
-the compiled launcher) reads CUDA state and is not timed here; in an older
-build (`_fusegen_runtime.py`, or attention modules of their own) the module's launch
-function is stubbed. Folders' repeats are interleaved (one repeat of each in turn), so
-drift in the machine's speed hits them alike; each line is the best repeat's time per call.
+split), and the tiny fp32 chain at 9 rows; then training steps (forward, then
+torch.autograd.grad of every input) of the attention at 2 x 64 tokens and of RMSNorm at
+16 rows: what a training call pays on the host besides its launches (a no-op
+autograd.Function's step costs about 25 us of it on the CPU, the same for any op).
+In a build of this fusegen the runtime's direct launch (launch.Direct) is stubbed
+whole, as made on a GPU from a signature's second call: its own work (the hook check,
+the current stream, the arguments handed to the compiled launcher) reads CUDA state and
+is not timed here; in an older build (`_fusegen_runtime.py`, or attention modules of
+their own) the module's launch function is stubbed. Folders' repeats are interleaved
+(one repeat of each in turn), so drift in the machine's speed hits them alike; each line
+is the best repeat's time per call.
 """
 
 from __future__ import annotations
