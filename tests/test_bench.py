@@ -685,3 +685,26 @@ def test_the_anchors_leave_out_a_variant_whose_output_is_wrong():
     assert flex is None and wrong == {"sdpa cudnn": 39.0, "flex (compiled)": 39.0}
     row["fusegen"] = entry(0.105, 0.5)  # fusegen wrong: it is the one left out
     assert anchors_of(row)[4] == {"fusegen": 0.5, "sdpa cudnn": 39.0, "flex (compiled)": 39.0}
+
+
+def test_the_anchors_host_report_says_host_and_wall_time_and_where_it_went(monkeypatch, capsys):
+    """attention_anchors.py --host on a stand-in step (the CPU: no GPU to wait for): the
+    host and wall time per step, then the CPU ops and the Python functions that took the
+    host's time, the step's own among them."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from attention_anchors import host_report
+    finally:
+        del sys.path[0]
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    x = torch.randn(32, 32, requires_grad=True)
+
+    def a_training_step():
+        torch.autograd.grad((x @ x).sum(), [x])
+
+    host_report(a_training_step, steps=3)
+    lines = capsys.readouterr().out.splitlines()
+    host, wall = (float(lines[0].split()[i]) for i in (1, 4))
+    assert lines[0].startswith("  host ") and 0 < host <= wall
+    assert any("aten::mm" in line for line in lines[1:11])
+    assert any(line.startswith("  py ") and "a_training_step" in line for line in lines)
