@@ -359,6 +359,30 @@ def gradient_tests(chain):
         _, upstream, got = chain.grads_of(inputs, asked_all, seed)
         chain.check_grads(got, inputs, upstream, asked_all, dtypes[-1], seed)
 
+    @pytest.mark.skipif(
+        not ON_GPU, reason="needs a CUDA GPU (the interpreter has no direct launch)"
+    )
+    @pytest.mark.skipif(chain.heavy, reason=SLOW_WEIGHTS)
+    def test_repeated_training_calls_agree(monkeypatch):
+        # A training call's backward kernel (and a matmul chain's epilogue) launches
+        # through triton's dispatch at its signature's first launch and directly from
+        # the second (launch.Kept, unless FUSEGEN_DIRECT_LAUNCH=0): the same bits.
+        dtype, seed, sizes = dtypes[-1], new_seed(), {**sizes_of, **chain.cases[0]}
+        inputs = chain.make_inputs(sizes, dtype, seed)
+        monkeypatch.setattr(kernel._KERNELS, "kept", type(kernel._KERNELS.kept)())
+        monkeypatch.setattr(kernel, "_CALLS", {})
+        runs = []
+        for setting in ("0", "1", "1"):
+            monkeypatch.setenv("FUSEGEN_DIRECT_LAUNCH", setting)
+            _, upstream, got = chain.grads_of(inputs, asked_all, seed)
+            runs.append(got)
+        chain.check_grads(runs[0], inputs, upstream, asked_all, dtype, seed)
+        if TRITON_VERSION >= (3, 3):  # the kernels' direct launches were made
+            assert all(kernel._KERNELS.kept.launches.values())
+        for run in runs[1:]:
+            for got, first in zip(run, runs[0], strict=True):
+                torch.testing.assert_close(got, first, rtol=0, atol=0, equal_nan=True)
+
     @pytest.mark.skipif(chain.heavy and len(asked_all) > 2, reason=SLOW_WEIGHTS)
     def test_only_the_asked_gradients_are_computed(monkeypatch):
         # One input at a time requires grad: its gradient is right, and a matmul chain
@@ -411,6 +435,7 @@ def gradient_tests(chain):
     return [
         test_gradients_match_reference,
         test_gradients_of_batched_and_strided_inputs,
+        test_repeated_training_calls_agree,
         test_only_the_asked_gradients_are_computed,
         test_gradients_inside_torch_compile_and_checkpointing,
     ]
