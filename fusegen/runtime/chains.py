@@ -1129,10 +1129,7 @@ class Kernels:
         if self.matmul and (stale or not saved):  # backward.save: inputs, or overwritten
             saved = [*self.accumulators(views), *saved[self.saves :]]
         cols = plan.cols
-        incoming = [
-            g.reshape(-1) if i == 0 and self.reduces else g.reshape(-1, cols)
-            for i, g in enumerate(grads)
-        ]
+        incoming = self.incoming(grads, cols)
         reads = [views[i] for i in self.backward_reads]
         buffers = []
         for shape, dtype in plan.buffers:
@@ -1169,6 +1166,14 @@ class Kernels:
         return [
             g.contiguous() if g is not None else t.new_empty(0)
             for g, t in zip(found, inputs, strict=True)
+        ]
+
+    def incoming(self, grads, cols):
+        """The outputs' gradients as the backward kernel reads them: [rows, cols], a
+        reduction's [rows] as it is (its plan's strides are these views')."""
+        return [
+            g.reshape(-1) if i == 0 and self.reduces else g.reshape(-1, cols)
+            for i, g in enumerate(grads)
         ]
 
     def backward_plan(self, grads, inputs, saved, needs, overwrite, stale):
@@ -1212,10 +1217,7 @@ class Kernels:
         if self.matmul and (stale or not saved):  # made again by cuBLAS: [rows, cols] each
             again = torch.empty((rows, cols), dtype=plan.dtype, device="meta")
             saved = [*[again] * len(self.matmul[2]), *saved[self.saves :]]
-        incoming = [
-            g.reshape(-1) if i == 0 and self.reduces else g.reshape(-1, cols)
-            for i, g in enumerate(grads)
-        ]
+        incoming = self.incoming(grads, cols)
         reads = [views[i] for i in self.backward_reads]
         row_bytes = sum(
             t.element_size() for t in (*incoming, *reads, *saved) if t.shape[-1] == cols

@@ -209,7 +209,8 @@ class Kept:
         if found:
             return found(*args)
         compiled = kernel[grid](*args, **kwargs)
-        if found is None and enabled(interpreted):  # asked again while switched off
+        # Switched off (FUSEGEN_DIRECT_LAUNCH=0): no entry, so switching on takes effect.
+        if found is None and enabled(interpreted):
             if len(self.launches) >= 1024:
                 self.launches.clear()
             made = direct(compiled, kernel, grid, args, kwargs)
