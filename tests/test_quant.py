@@ -761,10 +761,10 @@ def test_transposed_int4_tiles_bound_what_their_sums_carry():
     inputs = suite.make_inputs(sizes, torch.bfloat16, 5)
     exact = suite.logical(inputs)
     tile = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1}
-    unit = 2 * sizes["K"] * tests.U_ACC
+    unit = 2 * (tile["BLOCK_K"] + 1) * tests.U_ACC  # one K step's sums carry them
 
     def extra(config, dot):
-        launch = {"nibble_base": tests.kernel._CHAIN.nibble_base(config, dot)}
+        launch = {"nibble_base": tests.kernel._CHAIN.nibble_base(config, dot), "config": config}
         return suite.carried_error(inputs, exact, launch) / unit
 
     assert 15 < extra(tile, "bfloat16") < 60
@@ -773,6 +773,26 @@ def test_transposed_int4_tiles_bound_what_their_sums_carry():
     assert extra({**tile, "BLOCK_M": 64}, "bfloat16") == 0
     assert extra({**tile, "BLOCK_N": 32}, "bfloat16") == 0
     assert extra({**tile, "BLOCK_M": 1}, "bfloat16") == 0  # the GEMV path
+
+
+def test_a_transposed_tile_at_a_large_k_still_catches_scales_on_the_wrong_rows(monkeypatch):
+    # On an H100 a transposed tile at K = 4224 passed the mutation test with w_gate's
+    # scales flipped: its element-wise bound, K u_acc of the carried 128 + q, was 28x the
+    # outputs. One K step's sums carry them (0.55x), and a 16-bit output must also be
+    # within twice eager's error norm-wise, which the mutant is 25x over.
+    tests = generated("test_llama_mlp_int4")
+    suite = tests.harness.Suite(vars(tests))
+    sizes, rows = {"M": 16, "K": 4224, "N": 64}, (16, 64)
+    inputs = suite.make_inputs(sizes, torch.bfloat16, 734455155)
+    launch = {"nibble_base": 128.0, "config": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128}}
+    monkeypatch.setattr(tests.kernel, "last_launch", lambda: launch)
+    value, bound = suite.expected(inputs)
+    assert (bound / value.abs()).median() < 1
+    flipped = {"w_gate_scale": inputs["w_gate_scale"].flip(0)}
+    mutant = suite.expected(inputs, {}, flipped)[0].reshape(rows).to(torch.bfloat16)
+    correct = value.reshape(rows).to(torch.bfloat16)
+    allowed = suite.eager_allowance(inputs, value, correct, torch.bfloat16)
+    assert suite.norm_error(correct, value) < allowed < suite.norm_error(mutant, value) / 10
 
 
 # generated/llama_mlp_int4.py and linear_int8.py broken the ways a dequantization goes
