@@ -1295,7 +1295,8 @@ item = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dt
 meta = {"BLOCK_M": int(block_m), "BLOCK_N": int(block_n),
         "BLOCK_D": triton.next_power_of_2(module.HEAD_DIM),
         "BLOCK_DV": triton.next_power_of_2(module.V_HEAD_DIM),
-        "PRECISION": "ieee" if dtype == torch.float32 else "tf32"}
+        "PRECISION": "ieee" if dtype == torch.float32 else "tf32",
+        "BATCH_CHUNK": 2}  # a d bias summed over two batch entries: the chunked path
 fp32 = {"lse_ptr", "delta_ptr", "part_ptr", "part_lse_ptr", "d_scores_ptr"}
 signature, constants, attrs = {}, {}, {}
 for i, p in enumerate(kernel.params):
@@ -1491,9 +1492,15 @@ ATTENTION_MUTATIONS = [
     ),
     (
         "att_window_softcap",
-        "tl.store(d_bias_base + d_bias_offs, d_bias, mask=d_bias_mask)",
-        "tl.store(d_bias_base + d_bias_offs, d_bias * 0.1, mask=d_bias_mask)",
+        "tl.store(d_bias_base + d_bias_offs, d_bias + earlier, mask=d_bias_mask)",
+        "tl.store(d_bias_base + d_bias_offs, d_bias * 0.1 + earlier, mask=d_bias_mask)",
         "d bias scaled as the scores are",
+    ),
+    (
+        "att_learned_bias",
+        "tl.store(d_bias_base + d_bias_offs, d_bias + earlier, mask=d_bias_mask)",
+        "tl.store(d_bias_base + d_bias_offs, d_bias, mask=d_bias_mask)",
+        "a shared bias's gradient of the program's last batch entry only",
     ),
     (
         "att_plain",
@@ -1525,7 +1532,7 @@ ATTENTION_MUTATIONS = [
 
 def test_attention_tests_catch_broken_kernels(zoo, tmp_path):
     # One dtype: one bug, one failure.
-    selection = "dtype0 and (matches_reference or gradients or key_lengths or key_ranges)"
+    selection = "dtype0 and (matches_reference or gradients or key_lengths or key_ranges or bias)"
     assert "norm-wise error" in run_mutants(zoo, tmp_path, ATTENTION_MUTATIONS, selection)
 
 

@@ -298,6 +298,10 @@ class Attention:
         self.backward_plans = {}  # backward_key -> _BackwardPlan
         self.forced = module.setdefault("FORCED", {})  # kernel -> config (`fusegen tune`)
         self.stages = {}  # (kernel, dtypes, tiles, stages asked) -> the stages that fit
+        # Whether the dq kernel sums a bias's gradient over the batch entries that share
+        # the bias (batch_chunk); off, one fp32 buffer per entry and a sum after (what
+        # attention_anchors.py times it against).
+        self.sums_bias_grad = True
         self.last_compiled = {}  # kernel name -> its last launch's compiled kernel
         # thread -> depth, while a triton op runs the launcher in it (as_traced): another
         # thread's eager calls meanwhile are no trace (tracing_here).
@@ -625,14 +629,21 @@ class Attention:
             if self.tma:
                 meta["TMA"] = self.tma_loads(k, v)
                 plan.tma |= meta["TMA"] and q.device.type == "cuda"
+            chunk = 1
             if self.bias:
-                plan.d_scores_shape = (batch, heads, sq, skv) if wants_bias else (1,)
+                bias = inputs[3]
+                shared = bias.dim() < 4 or bias.shape[0] == 1
+                if wants_bias and shared and self.sums_bias_grad:
+                    programs = cdiv(sq, block_m) * batch * heads
+                    chunk = batch_chunk(batch, programs, self.sm_count(q.device))
+                plan.d_scores_shape = (batch // chunk, heads, sq, skv) if wants_bias else (1,)
                 written = wants_bias and self.all_keys and key_lengths is None
                 # A [batch, heads, q_len, k_len] fp32 memset spared where every element
                 # is written (268 MB at T5's 32 x 8 x 512 x 512).
                 plan.d_scores = torch.empty if written else torch.zeros
                 meta["BIAS_GRAD"] = bool(wants_bias)
-            grid = (cdiv(sq, block_m), batch * heads)
+                meta["BATCH_CHUNK"] = chunk
+            grid = (cdiv(sq, block_m), batch // chunk * heads)
             plan.q = self.launch_of("q", grid, dtypes, meta, warps, stages, q.device)
             plan.dq_strides = self.contiguous_strides(q.shape)
         return plan
@@ -1275,8 +1286,25 @@ def bias_row(strides):
 
 
 def summed_to(d_scores, bias):
-    """d bias: the scores' gradient summed over the dims the bias broadcast over."""
+    """d bias: the scores' gradient (the dq kernel's: over the batch in chunks where the
+    bias is shared by it) summed over the dims the bias broadcast over."""
     lead = d_scores.dim() - bias.dim()
-    dims = [d for d in range(d_scores.dim()) if d < lead or bias.shape[d - lead] == 1]
+    dims = [
+        d
+        for d in range(d_scores.dim())
+        if d_scores.shape[d] > 1 and (d < lead or bias.shape[d - lead] == 1)
+    ]
     summed = d_scores.sum(dims, keepdim=True) if dims else d_scores  # sum([]) sums all
     return summed.reshape(bias.shape).to(bias.dtype)
+
+
+def batch_chunk(batch, programs, sms):
+    """The batch entries each dq program takes in turn, summing their d bias (a bias the
+    batch shares): the largest divisor of batch that leaves two programs an SM (two in all
+    on the interpreter, sms 0), so the d bias written is batch / chunk times the bias's
+    heads, not batch times."""
+    return max(
+        c
+        for c in range(1, batch + 1)
+        if batch % c == 0 and (c == 1 or programs // c >= 2 * max(sms, 1))
+    )
