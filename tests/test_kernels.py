@@ -1286,7 +1286,7 @@ import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-folder, name, kernel_name, dtype, block_m, block_n, warps, stages = sys.argv[1:]
+folder, name, kernel_name, dtype, block_m, block_n, warps, stages, precision = sys.argv[1:]
 sys.path.insert(0, folder)
 module = importlib.import_module(name)
 kernel = getattr(module, f"_{name}_{kernel_name}")
@@ -1295,7 +1295,7 @@ item = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dt
 meta = {"BLOCK_M": int(block_m), "BLOCK_N": int(block_n),
         "BLOCK_D": triton.next_power_of_2(module.HEAD_DIM),
         "BLOCK_DV": triton.next_power_of_2(module.V_HEAD_DIM),
-        "PRECISION": "ieee" if dtype == torch.float32 else "tf32",
+        "PRECISION": precision if dtype == torch.float32 else "tf32",
         "BATCH_CHUNK": 2}  # a d bias summed over two batch entries: the chunked path
 fp32 = {"lse_ptr", "delta_ptr", "part_ptr", "part_lse_ptr", "d_scores_ptr"}
 signature, constants, attrs = {}, {}, {}
@@ -1324,32 +1324,37 @@ print(json.dumps([compiled.metadata.shared, estimate]))
 
 
 @pytest.mark.parametrize(
-    "name, kernel_name, dtype, config",
+    "name, kernel_name, dtype, config, precision",
     [
-        ("gemma2_attention", "forward", "bfloat16", (128, 64, 8, 3)),  # 256 KB: over the H200
-        ("att_window_softcap", "backward_q", "float16", (64, 64, 4, 3)),  # a bias tile
-        ("att_window_softcap", "backward_kv", "float16", (64, 64, 4, 2)),  # read transposed
-        ("att_wide_v", "backward_kv", "float32", (64, 64, 4, 1)),  # v's own head dim
-        ("att_d256", "backward_kv", "float32", (32, 32, 4, 1)),  # fp32's p, ds conversion
+        ("gemma2_attention", "forward", "bfloat16", (128, 64, 8, 3), "tf32"),  # over the H200
+        ("att_window_softcap", "backward_q", "float16", (64, 64, 4, 3), "tf32"),  # a bias tile
+        ("att_window_softcap", "backward_kv", "float16", (64, 64, 4, 2), "tf32"),  # transposed
+        ("att_wide_v", "backward_kv", "float32", (64, 64, 4, 1), "ieee"),  # v's own head dim
+        ("att_d256", "backward_kv", "float32", (32, 32, 4, 1), "ieee"),  # fp32's p, ds
+        # fp32 on an NVIDIA GPU at "highest": tf32x3's operand halves (an H100 failed the
+        # first one traced, 279 KB against 230 estimated, 227 there)
+        ("att_window_softcap", "backward_kv", "float32", (64, 64, 4, 2), "tf32x3"),
+        ("att_gqa_causal", "backward_q", "float32", (64, 64, 4, 1), "tf32x3"),  # 1.5x ieee's
     ],
 )
-def test_attention_shared_memory_estimate_holds(zoo, name, kernel_name, dtype, config):
+def test_attention_shared_memory_estimate_holds(zoo, name, kernel_name, dtype, config, precision):
     """While traced (attention as triton ops), the launcher picks pipeline stages from an
     estimate of shared memory, since Inductor compiles after the trace, where a config
     that does not fit is an error. The estimate must never be under what Triton gives
     the config at sm_90 (an H200 failed gemma2's forward so), nor far over (it would
     cut stages that fit, eagerly too). In bf16 and fp16, with a bias or without, it was
-    exact or within 4% over; in fp32 at one stage within 30%."""
+    exact or within 4% over; in fp32 at one stage within 30%; with tf32x3 dots, 1.5x that."""
     folder = Path(__file__).parent.parent / "generated" if name == "gemma2_attention" else zoo
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(
         [sys.executable, "-c", SM90_SHARED, str(folder), name, kernel_name, dtype,
-         *map(str, config)],
+         *map(str, config), precision],
         capture_output=True, text=True, env=env, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     triton_count, estimate = json.loads(done.stdout.splitlines()[-1])
-    assert triton_count <= estimate <= 1.35 * triton_count, (triton_count, estimate)
+    over = 1.35 if precision != "tf32x3" else 1.35 * 1.5  # tf32x3: half as much again
+    assert triton_count <= estimate <= over * triton_count, (triton_count, estimate)
 
 
 def test_a_launch_ptxas_crashes_on_retries_with_fewer_stages():

@@ -15,6 +15,7 @@ import random
 import pytest
 import torch
 
+from . import attention
 from .equivalence import DEVICE, ON_GPU, new_seed
 from .harness import poisoned_empty
 
@@ -260,11 +261,10 @@ def value_tests(suite):
         # key of the second entry masked (out 0, lse -inf). Out, lse and every gradient,
         # d bias summed to the bias's own shape. (Shorter lengths can leave each row one
         # key or none under a window, which makes every gradient exactly 0, where a
-        # kernel's rounding is all its error: seed 926466071.) One SM: the dq programs sum
-        # the shared bias's gradient over both batch entries, as at a large batch.
+        # kernel's rounding is all its error: seed 926466071.) Each dq program sums the
+        # shared bias's gradient over both batch entries, as at a large batch.
         poisoned_empty(monkeypatch)
-        monkeypatch.setattr(kernel._ATTENTION, "sm_count", lambda device: 1)
-        monkeypatch.setattr(kernel._ATTENTION, "plans", {})
+        monkeypatch.setattr(attention, "batch_chunk", lambda batch, programs, sms: batch)
         monkeypatch.setattr(kernel._ATTENTION, "backward_plans", {})
         seed = new_seed()
         batch, sq, skv = case = (2, 70, 45) if ON_GPU else (2, 19, 33)

@@ -992,7 +992,10 @@ class Attention:
         sm_90 (the three kernels, head dims 16 to 256, bf16, fp16 and fp32, with and
         without a bias): exact or up to 4% over in bf16 and fp16; in fp32, whose tiles
         Triton buffers fewer times past one stage, up to 60% over
-        (tests/test_kernels.py, test_attention_shared_memory_estimate_holds)."""
+        (tests/test_kernels.py, test_attention_shared_memory_estimate_holds). An fp32
+        call's tf32x3 dots (fp32_dot) hold each operand's two halves: up to 1.5x the
+        count at "ieee" (an H100 failed a traced fp32 backward at 279 KB against 230
+        estimated), so half as much again."""
         item = dtypes[0].itemsize
         m, n, d = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_D"]
         dv = meta.get("BLOCK_DV", d)
@@ -1010,14 +1013,15 @@ class Attention:
         if kv:
             per_stage += 8 * m
             once += m * n * 4 if item == 4 else 0
-        return once + stages * per_stage
+        total = once + stages * per_stage
+        return total * 3 // 2 if meta.get("PRECISION") == "tf32x3" else total
 
     def launch_of(self, kind, grid, dtypes, meta, warps, stages, device):
         """A _Launch of kernel `kind` with `stages` pipeline stages cut to the most that
-        fit shared memory by the estimate (shared_bytes), kept per kernel, dtypes and
-        tiles. Eager and traced calls take the same: Inductor compiles after the trace,
+        fit shared memory by the estimate (shared_bytes), kept per kernel, dtypes, tiles
+        and dot precision. Eager and traced calls take the same: Inductor compiles after the trace,
         where nothing is caught, and the stages can change an fp32 sum's last bits."""
-        key = (kind, dtypes, meta["BLOCK_M"], meta.get("BLOCK_N"), stages)
+        key = (kind, dtypes, meta["BLOCK_M"], meta.get("BLOCK_N"), meta["PRECISION"], stages)
         fitting = self.stages.get(key)
         if fitting is None:
             fitting, limit = stages, self.shared_limit(device)
@@ -1302,11 +1306,12 @@ def summed_to(d_scores, bias):
 
 def batch_chunk(batch, programs, sms):
     """The batch entries each dq program takes in turn, summing their d bias (a bias the
-    batch shares): the largest divisor of batch that leaves two programs an SM (two in all
-    on the interpreter, sms 0), so the d bias written is batch / chunk times the bias's
-    heads, not batch times."""
+    batch shares): the largest divisor of batch that leaves four programs an SM (four in
+    all on the interpreter, sms 0), so the d bias written is batch / chunk times the
+    bias's heads, not batch times. At two an SM (chunk 4) T5's 32 x 8 x 512 x 512 step was
+    0.92x the unchunked one on an H100, its 2048 programs cut to 512."""
     return max(
         c
         for c in range(1, batch + 1)
-        if batch % c == 0 and (c == 1 or programs // c >= 2 * max(sms, 1))
+        if batch % c == 0 and (c == 1 or programs // c >= 4 * max(sms, 1))
     )
