@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from conftest import ROOT  # noqa: E402
-from fusegen.runtime.attention import wide_offsets  # noqa: E402
+from fusegen.runtime.attention import batch_chunk, summed_to, wide_offsets  # noqa: E402
 
 
 def meta(*shape):
@@ -27,6 +27,24 @@ def test_wide_offsets_count_one_batch_entry():
     assert wide_offsets([], shapes=[(1, 524289, 32, 128)])  # the out the call makes
     assert wide_offsets([], bias_grad=46341 * 46341)  # one head's d bias
     assert not wide_offsets([], bias_grad=46340 * 46340)
+
+
+def test_batch_chunks_leave_four_programs_a_multiprocessor():
+    # 2 x 32 heads x 32 query blocks of a shared [1, 32, 2048, 2048] bias on 132 SMs
+    assert batch_chunk(2, 2 * 32 * 32, 132, 128) == 2
+    assert batch_chunk(32, 32 * 8 * 8, 132, 128) == 2  # 1024 programs; 4 would leave 512
+    assert batch_chunk(7, 7 * 256, 132, 128) == 1  # a prime batch: 7 would leave 256
+    assert batch_chunk(32, 32 * 8 * 8, 132, 64) == 1  # slower there (measured)
+    assert batch_chunk(6, 6 * 4, 0, 128) == 6  # the interpreter: four programs in all
+
+
+def test_summed_to_sums_the_chunks_and_broadcast_dims():
+    d_scores = torch.randn(4, 3, 5, 6, dtype=torch.float64)  # 4 chunks of the batch
+    assert torch.equal(summed_to(d_scores, torch.empty(3, 5, 6)), d_scores.sum(0).float())
+    rows = summed_to(d_scores, torch.empty(4, 1, 1, 6, dtype=torch.bfloat16))
+    assert torch.equal(rows, d_scores.sum((1, 2), keepdim=True).bfloat16())
+    one = d_scores[:1]  # a single chunk: reshaped and cast, no sum
+    assert torch.equal(summed_to(one, torch.empty(1, 3, 5, 6)), one.float())
 
 
 def test_64_bit_offsets_give_the_same_attention_and_gradients(monkeypatch):

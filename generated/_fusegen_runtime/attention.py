@@ -637,7 +637,7 @@ class Attention:
                 shared = bias.dim() < 4 or bias.shape[0] == 1
                 if wants_bias and shared and self.sums_bias_grad:
                     programs = cdiv(sq, block_m) * batch * heads
-                    chunk = batch_chunk(batch, programs, self.sm_count(q.device))
+                    chunk = batch_chunk(batch, programs, self.sm_count(q.device), m["HEAD_DIM"])
                 plan.d_scores_shape = (batch // chunk, heads, sq, skv) if wants_bias else (1,)
                 written = wants_bias and self.all_keys and key_lengths is None
                 # A [batch, heads, q_len, k_len] fp32 memset spared where every element
@@ -1304,12 +1304,18 @@ def summed_to(d_scores, bias):
     return summed.reshape(bias.shape).to(bias.dtype)
 
 
-def batch_chunk(batch, programs, sms):
+def batch_chunk(batch, programs, sms, head_dim):
     """The batch entries each dq program takes in turn, summing their d bias (a bias the
     batch shares): the largest divisor of batch that leaves four programs an SM (four in
     all on the interpreter, sms 0), so the d bias written is batch / chunk times the
-    bias's heads, not batch times. At two an SM (chunk 4) T5's 32 x 8 x 512 x 512 step was
-    0.92x the unchunked one on an H100, its 2048 programs cut to 512."""
+    bias's heads, not batch times; 1 (each entry's written, summed after) below head dim
+    128. Measured on an H100 (attention_anchors.py --anchors per-entry): at head dim 128
+    (2 x 32 x 2048 x 2048, chunk 2) the step took 0.95x the time written per entry; at
+    head dim 64 (T5's 32 x 8 x 512 x 512) 1.09x at chunk 4 and 1.11x at chunk 2 (not
+    understood: if each tile's read of the earlier entries' sum cost it, chunk 2, which
+    reads half as often, would have lost less)."""
+    if head_dim < 128:
+        return 1
     return max(
         c
         for c in range(1, batch + 1)
