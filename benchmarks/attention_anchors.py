@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -161,7 +162,7 @@ def variants(module, mods: Mods, anchors=("sdpa", "flex")):
         # The same module with a bias's gradient written per batch entry and summed
         # after (fp32 [batch, heads, q_len, k_len]), not summed by the dq kernel.
         twin = load(Path(module.__file__).parent, module.__name__)
-        twin._ATTENTION.sums_bias_grad = False
+        twin._ATTENTION.bias_grad_sum_from = math.inf
         out["fusegen per-entry"] = getattr(twin, module.__name__)
     if mods.sdpa_can() and "sdpa" in anchors:
         for name, backend in (
@@ -358,7 +359,8 @@ def _error(got, want):
 
 def check_case(name, module, shape, backward, bias_kind, dtype, anchors=("sdpa", "flex")):
     """(callables by variant, their errors, FLOPs): each variant's out (backward: dq, dk,
-    dv) against fp32 math attention on the first batch entry and 8 heads."""
+    dv) against fp32 math attention on the first batch entry and 8 heads; a learned
+    bias's gradient (shared by the batch: summed over it) on those heads' every entry."""
     batch, heads, sq, skv, dim = shape
     mods = Mods(module)
     torch.manual_seed(0)
@@ -378,6 +380,11 @@ def check_case(name, module, shape, backward, bias_kind, dtype, anchors=("sdpa",
         want = torch.autograd.grad(
             math_reference(*leaves32, mods, *few_bias), leaves32, d_out[:1, :few_q].float()
         )
+        if bias_kind == "learned":
+            heads32 = [q[:, :few_q].float()] + [t[:, :few_kv].float() for t in (k, v)]
+            bias32 = bias[0][:, :few_q].detach().float().requires_grad_()
+            out32 = math_reference(*heads32, mods, bias32)
+            want = (*want, *torch.autograd.grad(out32, bias32, d_out[:, :few_q].float()))
     else:
         want = (math_reference(*few, mods, *few_bias),)
     calls, errors = {}, {}

@@ -31,11 +31,10 @@ def test_wide_offsets_count_one_batch_entry():
 
 def test_batch_chunks_leave_four_programs_a_multiprocessor():
     # 2 x 32 heads x 32 query blocks of a shared [1, 32, 2048, 2048] bias on 132 SMs
-    assert batch_chunk(2, 2 * 32 * 32, 132, 128) == 2
-    assert batch_chunk(32, 32 * 8 * 8, 132, 128) == 2  # 1024 programs; 4 would leave 512
-    assert batch_chunk(7, 7 * 256, 132, 128) == 1  # a prime batch: 7 would leave 256
-    assert batch_chunk(32, 32 * 8 * 8, 132, 64) == 1  # slower there (measured)
-    assert batch_chunk(6, 6 * 4, 0, 128) == 6  # the interpreter: four programs in all
+    assert batch_chunk(2, 2 * 32 * 32, 132) == 2
+    assert batch_chunk(32, 32 * 8 * 8, 132) == 2  # 1024 programs; 4 would leave 512
+    assert batch_chunk(7, 7 * 256, 132) == 1  # a prime batch: 7 would leave 256
+    assert batch_chunk(6, 6 * 4, 0) == 6  # the interpreter: four programs in all
 
 
 def test_summed_to_sums_the_chunks_and_broadcast_dims():

@@ -20,6 +20,12 @@ Variants (combinations are joined with "+"):
   rescale-if-grown  the same `if` at threshold 0: the generated arithmetic (a rescale
                  whenever some row's max grew), to tell the `if`'s part from the skipped
                  multiplies' (on the CPU it runs the rescale branch with a nonzero state)
+  bias-sum       a shared bias's gradient summed over the batch by the dq kernel at any
+                 head dim (the runtime does from 128: at T5's 64 it measured 0.90-0.92x
+                 the per-entry buffer and its sum, which `base` runs there)
+  bias-sum-unrolled  the same, the dq kernel's loop over a chunk's batch entries unrolled
+                 (tl.static_range): the first entry's tiles read no earlier sum, and the
+                 loop bound is no runtime scalar
 
     python3 benchmarks/experiments/attention_variants.py [--cases causal full ...]
         [--variants base lazy-rescale ...] [--rounds 3] [--out FILE.json]
@@ -44,13 +50,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import attention_anchors  # noqa: E402
 from attention_anchors import CASES, build  # noqa: E402
 
-VARIANTS = ["base", "pointer", "heavy-first", "ws", "lazy-rescale", "rescale-if-grown"]
+VARIANTS = [
+    "base", "pointer", "heavy-first", "ws", "lazy-rescale", "rescale-if-grown", "bias-sum",
+    "bias-sum-unrolled",
+]  # fmt: skip
 WORTH = {  # case -> the variants that can differ there (no mask: all blocks weigh the same)
     "causal": ["base", "heavy-first", "ws", "lazy-rescale", "rescale-if-grown"],
     "full": ["base", "ws", "lazy-rescale", "rescale-if-grown"],
     "causal-d64": ["base", "lazy-rescale"],
     "gqa": ["base", "lazy-rescale"],
     "causal-backward": ["base", "heavy-first"],
+    "learned-bias-backward": ["base", "bias-sum", "bias-sum-unrolled"],
 }
 RESCALE_AT = 8.0  # base 2: rescale once some row's max grew by more than 2**8
 
@@ -106,8 +116,19 @@ def lazy_rescale(src: str, name: str, at: float = RESCALE_AT) -> str:
     return src[:first] + new + src[last + len("    return acc, row_sum, new_max\n") :]
 
 
+def unrolled_batch_chunk(src: str, name: str) -> str:
+    return _edit(
+        src,
+        f"def _{name}_backward_q(\n",
+        "\n\n\n",
+        "for member in range(BATCH_CHUNK):",
+        "for member in tl.static_range(BATCH_CHUNK):",
+    )
+
+
 EDITS = {
     "heavy-first": heavy_first,
+    "bias-sum-unrolled": unrolled_batch_chunk,
     "ws": warp_specialized,
     "lazy-rescale": lazy_rescale,
     "rescale-if-grown": lambda src, name: lazy_rescale(src, name, at=0.0),
@@ -130,6 +151,8 @@ def variant_module(folder: Path, name: str, variant: str):
     spec.loader.exec_module(module)
     if "pointer" in variant.split("+"):
         module.TMA_LOADS = False
+    if {"bias-sum", "bias-sum-unrolled"} & set(variant.split("+")):
+        module._ATTENTION.bias_grad_sum_from = 0
     return module
 
 
@@ -192,8 +215,9 @@ def check() -> int:
     with tempfile.TemporaryDirectory() as folder:
         build(Path(folder))
         for case, variants in WORTH.items():
-            _, (_, heads, _, _, dim), _, _, _ = CASES[case]
-            shape = (1, heads, 37, 37, dim)
+            _, (_, heads, _, _, dim), _, bias_kind, _ = CASES[case]
+            # two batch entries where a learned bias's gradient is summed over them
+            shape = (2 if bias_kind == "learned" else 1, heads, 37, 37, dim)
             for variant, row in run_case(case, Path(folder), variants, 0, shape).items():
                 # The interpreter has no TMA or warp specialization: only the edits'
                 # arithmetic is checked.

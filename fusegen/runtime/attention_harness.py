@@ -264,7 +264,8 @@ def value_tests(suite):
         # kernel's rounding is all its error: seed 926466071.) Each dq program sums the
         # shared bias's gradient over both batch entries, as at a large batch.
         poisoned_empty(monkeypatch)
-        monkeypatch.setattr(attention, "batch_chunk", lambda batch, programs, sms, head_dim: batch)
+        monkeypatch.setattr(attention, "batch_chunk", lambda batch, programs, sms: batch)
+        monkeypatch.setattr(kernel._ATTENTION, "bias_grad_sum_from", 0)
         monkeypatch.setattr(kernel._ATTENTION, "backward_plans", {})
         seed = new_seed()
         batch, sq, skv = case = (2, 70, 45) if ON_GPU else (2, 19, 33)

@@ -300,10 +300,14 @@ class Attention:
         self.backward_plans = {}  # backward_key -> _BackwardPlan
         self.forced = module.setdefault("FORCED", {})  # kernel -> config (`fusegen tune`)
         self.stages = {}  # (kernel, dtypes, tiles, stages asked) -> the stages that fit
-        # Whether the dq kernel sums a bias's gradient over the batch entries that share
-        # the bias (batch_chunk); off, one fp32 buffer per entry and a sum after (what
-        # attention_anchors.py times it against).
-        self.sums_bias_grad = True
+        # The head dim from which the dq kernel sums a bias's gradient over the batch
+        # entries that share the bias (batch_chunk); below it, one fp32 buffer per entry
+        # and a sum after. Against per entry on an H100 (attention_anchors.py --anchors
+        # per-entry): 1.05x at head dim 128 (2 x 32 x 2048 x 2048, chunk 2), 0.90-0.92x
+        # at T5's 64 (32 x 8 x 512 x 512, chunks 2 and 4), not understood: if each tile's
+        # read of the earlier entries' sum cost it, chunk 2 (half the reads) would have
+        # lost less than chunk 4. Benchmarks set it to time either way.
+        self.bias_grad_sum_from = 128
         self.last_compiled = {}  # kernel name -> its last launch's compiled kernel
         # thread -> depth, while a triton op runs the launcher in it (as_traced): another
         # thread's eager calls meanwhile are no trace (tracing_here).
@@ -635,9 +639,9 @@ class Attention:
             if self.bias:
                 bias = inputs[3]
                 shared = bias.dim() < 4 or bias.shape[0] == 1
-                if wants_bias and shared and self.sums_bias_grad:
+                if wants_bias and shared and m["HEAD_DIM"] >= self.bias_grad_sum_from:
                     programs = cdiv(sq, block_m) * batch * heads
-                    chunk = batch_chunk(batch, programs, self.sm_count(q.device), m["HEAD_DIM"])
+                    chunk = batch_chunk(batch, programs, self.sm_count(q.device))
                 plan.d_scores_shape = (batch // chunk, heads, sq, skv) if wants_bias else (1,)
                 written = wants_bias and self.all_keys and key_lengths is None
                 # A [batch, heads, q_len, k_len] fp32 memset spared where every element
@@ -1304,18 +1308,12 @@ def summed_to(d_scores, bias):
     return summed.reshape(bias.shape).to(bias.dtype)
 
 
-def batch_chunk(batch, programs, sms, head_dim):
+def batch_chunk(batch, programs, sms):
     """The batch entries each dq program takes in turn, summing their d bias (a bias the
     batch shares): the largest divisor of batch that leaves four programs an SM (four in
     all on the interpreter, sms 0), so the d bias written is batch / chunk times the
-    bias's heads, not batch times; 1 (each entry's written, summed after) below head dim
-    128. Measured on an H100 (attention_anchors.py --anchors per-entry): at head dim 128
-    (2 x 32 x 2048 x 2048, chunk 2) the step took 0.95x the time written per entry; at
-    head dim 64 (T5's 32 x 8 x 512 x 512) 1.09x at chunk 4 and 1.11x at chunk 2 (not
-    understood: if each tile's read of the earlier entries' sum cost it, chunk 2, which
-    reads half as often, would have lost less)."""
-    if head_dim < 128:
-        return 1
+    bias's heads, not batch times. At two an SM (chunk 4) T5's step was slower than at
+    four (chunk 2) on an H100, both slower than per entry (Attention.bias_grad_sum_from)."""
     return max(
         c
         for c in range(1, batch + 1)
