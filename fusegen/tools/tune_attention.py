@@ -222,7 +222,7 @@ def ran_as(module, att, kernel: str, config: tuple, dtype) -> tuple:
     block_m, block_n, warps, stages = config
     ran = [
         cut
-        for (kind, dtypes, m, n, asked), cut in module._ATTENTION.stages.items()
+        for (kind, dtypes, m, n, _precision, asked), cut in module._ATTENTION.stages.items()
         if kind == kernel and dtypes[0] == dtype and (m, n, asked) == (block_m, block_n, stages)
     ]
     return (block_m, block_n, warps, min(ran)) if ran else tuple(config)

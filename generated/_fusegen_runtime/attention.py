@@ -646,7 +646,8 @@ class Attention:
                 written = wants_bias and self.all_keys and key_lengths is None
                 # A [batch, heads, q_len, k_len] fp32 memset spared where every element
                 # is written (268 MB at T5's 32 x 8 x 512 x 512).
-                plan.d_scores = torch.empty if written else torch.zeros
+                # Without d bias, a 1-element stand-in the kernel never writes: no zeros.
+                plan.d_scores = torch.empty if written or not wants_bias else torch.zeros
                 meta["BIAS_GRAD"] = bool(wants_bias)
                 meta["BATCH_CHUNK"] = chunk
             grid = (cdiv(sq, block_m), batch // chunk * heads)
