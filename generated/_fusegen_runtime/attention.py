@@ -299,7 +299,7 @@ class Attention:
         self.plans = {}  # call signature -> _Plan (forward calls)
         self.backward_plans = {}  # backward_key -> _BackwardPlan
         self.forced = module.setdefault("FORCED", {})  # kernel -> config (`fusegen tune`)
-        self.stages = {}  # (kernel, dtypes, tiles, stages asked) -> the stages that fit
+        self.stages = {}  # (kernel, dtypes, tiles, precision, stages asked) -> those that fit
         # The head dim from which the dq kernel sums a bias's gradient over the batch
         # entries that share the bias (batch_chunk); below it, one fp32 buffer per entry
         # and a sum after. Against per entry on an H100 (attention_anchors.py --anchors
@@ -1024,8 +1024,9 @@ class Attention:
     def launch_of(self, kind, grid, dtypes, meta, warps, stages, device):
         """A _Launch of kernel `kind` with `stages` pipeline stages cut to the most that
         fit shared memory by the estimate (shared_bytes), kept per kernel, dtypes, tiles
-        and dot precision. Eager and traced calls take the same: Inductor compiles after the trace,
-        where nothing is caught, and the stages can change an fp32 sum's last bits."""
+        and dot precision. Eager and traced calls take the same: Inductor compiles after
+        the trace, where nothing is caught, and the stages can change an fp32 sum's last
+        bits."""
         key = (kind, dtypes, meta["BLOCK_M"], meta.get("BLOCK_N"), meta["PRECISION"], stages)
         fitting = self.stages.get(key)
         if fitting is None:
