@@ -1497,14 +1497,14 @@ ATTENTION_MUTATIONS = [
     ),
     (
         "att_window_softcap",
-        "tl.store(d_bias_base + d_bias_offs, d_bias + earlier, mask=d_bias_mask)",
-        "tl.store(d_bias_base + d_bias_offs, d_bias * 0.1 + earlier, mask=d_bias_mask)",
+        "d_bias_sum = (d_bias + earlier).to(",
+        "d_bias_sum = (d_bias * 0.1 + earlier).to(",
         "d bias scaled as the scores are",
     ),
     (
         "att_learned_bias",
-        "tl.store(d_bias_base + d_bias_offs, d_bias + earlier, mask=d_bias_mask)",
-        "tl.store(d_bias_base + d_bias_offs, d_bias, mask=d_bias_mask)",
+        "d_bias_sum = (d_bias + earlier).to(",
+        "d_bias_sum = (d_bias).to(",
         "a shared bias's gradient of the program's last batch entry only",
     ),
     (

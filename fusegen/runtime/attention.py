@@ -164,7 +164,7 @@ class _BackwardPlan:
     __slots__ = (
         "runs", "sq", "skv", "copies", "delta_shape", "delta_strides", "delta", "hopper",
         "reads", "bias_strides", "kv", "kv_strides", "q", "dq_strides", "d_scores",
-        "d_scores_shape", "tma",
+        "d_scores_shape", "d_scores_dtype", "tma",
     )  # fmt: skip
 
 
@@ -565,7 +565,9 @@ class Attention:
             d_q = torch.empty(size=q.shape, dtype=q.dtype, device=device)
             extra = ()
             if self.bias:
-                d_scores = plan.d_scores(size=plan.d_scores_shape, dtype=fp32, device=device)
+                d_scores = plan.d_scores(
+                    size=plan.d_scores_shape, dtype=plan.d_scores_dtype, device=device
+                )
                 extra = (*bias, d_scores)
             plan.q(q, k, v, d_out, lse, delta, d_q, lengths, *plan.reads, *plan.dq_strides, *extra)
             if self.bias:
@@ -641,6 +643,11 @@ class Attention:
                     programs = cdiv(sq, block_m) * batch * heads
                     chunk = batch_chunk(batch, programs, self.sm_count(q.device))
                 plan.d_scores_shape = (batch // chunk, heads, sq, skv) if wants_bias else (1,)
+                # Each score's gradient once, in the bias's dtype as eager's (half the
+                # bytes of fp32, summed with fp32 accumulation, no cast after); fp32 where
+                # the kernel sums batch entries into it.
+                wide = chunk > 1 or not wants_bias
+                plan.d_scores_dtype = torch.float32 if wide else bias.dtype
                 written = wants_bias and self.all_keys and key_lengths is None
                 # A [batch, heads, q_len, k_len] fp32 memset spared where every element
                 # is written (268 MB at T5's 32 x 8 x 512 x 512).
@@ -1297,7 +1304,8 @@ def bias_row(strides):
 
 def summed_to(d_scores, bias):
     """d bias: the scores' gradient (the dq kernel's: over the batch in chunks where the
-    bias is shared by it) summed over the dims the bias broadcast over."""
+    bias is shared by it) summed over the dims the bias broadcast over (a 16-bit sum
+    accumulates in fp32), in the bias's dtype."""
     lead = d_scores.dim() - bias.dim()
     dims = [
         d

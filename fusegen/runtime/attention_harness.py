@@ -261,12 +261,11 @@ def value_tests(suite):
         # key of the second entry masked (out 0, lse -inf). Out, lse and every gradient,
         # d bias summed to the bias's own shape. (Shorter lengths can leave each row one
         # key or none under a window, which makes every gradient exactly 0, where a
-        # kernel's rounding is all its error: seed 926466071.) Each dq program sums the
-        # shared bias's gradient over both batch entries, as at a large batch.
+        # kernel's rounding is all its error: seed 926466071.) The shared bias's gradient
+        # both ways: each entry's in the bias's dtype, summed after, and summed over both
+        # entries by each dq program, as at a large batch at a large head dim.
         poisoned_empty(monkeypatch)
         monkeypatch.setattr(attention, "batch_chunk", lambda batch, programs, sms: batch)
-        monkeypatch.setattr(kernel._ATTENTION, "bias_grad_sum_from", 0)
-        monkeypatch.setattr(kernel._ATTENTION, "backward_plans", {})
         seed = new_seed()
         batch, sq, skv = case = (2, 70, 45) if ON_GPU else (2, 19, 33)
         q, k, v, _ = suite.make_inputs(case, dtype, seed)
@@ -278,8 +277,12 @@ def value_tests(suite):
         padding[0, ..., 1] = torch.finfo(torch.float32).min
         padding[1] = float("-inf")
         upstream = torch.randn(suite.out_shape(q), generator=generator).to(dtype).to(DEVICE)
-        for bias in (shared, padding.to(DEVICE)):
-            inputs = [q, k, v, bias]
+        for bias, summed_in_kernel in ((shared, False), (shared, True), (padding, False)):
+            monkeypatch.setattr(
+                kernel._ATTENTION, "bias_grad_sum_from", 0 if summed_in_kernel else 1e9
+            )
+            monkeypatch.setattr(kernel._ATTENTION, "backward_plans", {})
+            inputs = [q, k, v, bias.to(DEVICE)]
             doubles = [t.double() for t in inputs]
             out, lse = launcher(*inputs, return_lse=True)
             want, want_lse = kernel.reference(*doubles, return_lse=True)
