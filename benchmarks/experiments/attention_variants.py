@@ -84,14 +84,9 @@ def heavy_first(src: str, name: str) -> str:
     return src
 
 
-def warp_specialized(src: str, name: str) -> str:
-    return _edit(
-        src,
-        f"def _{name}_forward(\n",
-        "\n\n\n",
-        "for start in range(full_lo, full_hi, BLOCK_N):",
-        "for start in tl.range(full_lo, full_hi, BLOCK_N, warp_specialize=True):",
-    )
+def replaced(kernel: str, old: str, new: str):
+    """The edit of one line of the module's `kernel` (forward, backward_q, ...)."""
+    return lambda src, name: _edit(src, f"def _{name}_{kernel}(\n", "\n\n\n", old, new)
 
 
 def lazy_rescale(src: str, name: str, at: float = RESCALE_AT) -> str:
@@ -116,20 +111,18 @@ def lazy_rescale(src: str, name: str, at: float = RESCALE_AT) -> str:
     return src[:first] + new + src[last + len("    return acc, row_sum, new_max\n") :]
 
 
-def unrolled_batch_chunk(src: str, name: str) -> str:
-    return _edit(
-        src,
-        f"def _{name}_backward_q(\n",
-        "\n\n\n",
-        "for member in range(BATCH_CHUNK):",
-        "for member in tl.static_range(BATCH_CHUNK):",
-    )
-
-
 EDITS = {
     "heavy-first": heavy_first,
-    "bias-sum-unrolled": unrolled_batch_chunk,
-    "ws": warp_specialized,
+    "bias-sum-unrolled": replaced(
+        "backward_q",
+        "for member in range(BATCH_CHUNK):",
+        "for member in tl.static_range(BATCH_CHUNK):",
+    ),
+    "ws": replaced(
+        "forward",
+        "for start in range(full_lo, full_hi, BLOCK_N):",
+        "for start in tl.range(full_lo, full_hi, BLOCK_N, warp_specialize=True):",
+    ),
     "lazy-rescale": lazy_rescale,
     "rescale-if-grown": lambda src, name: lazy_rescale(src, name, at=0.0),
 }
