@@ -54,6 +54,10 @@
 #   attention-host     the short training steps (BERT's padding bias, T5's learned bias: 512
 #                      tokens): each variant's host time per step against its wall time, and
 #                      where the host time goes (attention_anchors.py --host)
+#   attention-bias-grad  the bias rows' forward + backward with d bias (T5's learned bias,
+#                      BERT's padding, a d-128 bias) against SDPA, Flex and the same module
+#                      writing d bias per batch entry; then the dq kernel's batch sum at
+#                      T5's head dim 64 (attention_variants.py: bias-sum, bias-sum-unrolled)
 #   attention-configs  the attention kernels over a grid of launch configs (forward at each
 #                      case, the backward's dk/dv and dq kernels): what attention_text.py's CONFIGS hold
 #   attention-variants code variants of the attention kernels (benchmarks/experiments/
@@ -127,7 +131,7 @@ PYTHON=${PYTHON:-python3}
 SUITE=benchmarks/suite.yaml
 STEPS="generated-tests hopper-tests tune-tables tuning-repeat config-space first-calls row-layouts
 launch-cost call-cost split-k inspect tanh-approx launcher-tuning training-chains llama-training-step
-backward-configs llama-compiled llama-attention llama-prefill llama-decode attention-zoo attention-anchors attention-host attention-configs
+backward-configs llama-compiled llama-attention llama-prefill llama-decode attention-zoo attention-anchors attention-host attention-bias-grad attention-configs
 attention-variants attention-gluon-backward attention-backward-d64 attention-persistent attention-d64-profile attention-bench quantized-chains fp8-block-scales
 fp8-block-gluon fp8-block-runtime fp8-expert-rows int8-decode-gluon int4-decode-gluon stream-ceiling int4-gemv"
 ANCHOR_SHAPES="8192,4096,14336 4096,1024,4096 16,4096,14336 1000,1000,1000"
@@ -243,6 +247,11 @@ open('$out/attention-zoo/attention.yaml', 'w').write(t.ATTENTION_SPECS)"
     attention-host)
         run $PYTHON benchmarks/attention_anchors.py --cases padding-bias-backward \
             learned-bias-backward --host --rounds 5 ;;
+    attention-bias-grad)
+        run $PYTHON benchmarks/attention_anchors.py --cases learned-bias-backward \
+            padding-bias-backward bias-backward --anchors sdpa flex per-entry --rounds 5
+        run $PYTHON benchmarks/experiments/attention_variants.py --cases learned-bias-backward \
+            --rounds 5 ;;
     attention-configs)
         run $PYTHON benchmarks/attention_configs.py --out "$out/attention_configs.json" ;;
     attention-variants)
