@@ -1005,9 +1005,10 @@ class Attention:
         without a bias): exact or up to 4% over in bf16 and fp16; in fp32, whose tiles
         Triton buffers fewer times past one stage, up to 60% over
         (tests/test_kernels.py, test_attention_shared_memory_estimate_holds). An fp32
-        call's tf32x3 dots (fp32_dot) hold each operand's two halves: up to 1.5x the
-        count at "ieee" (an H100 failed a traced fp32 backward at 279 KB against 230
-        estimated), so half as much again."""
+        call's tf32x3 dots (fp32_dot) hold each operand's two halves: up to 1.67x the
+        estimate at "ieee" over 45 configs of five modules (MLA's dq at one stage; an H100
+        failed a traced fp32 backward at 279 KB against 230 estimated), so 1.75x; where
+        they add less (as little as nothing) that cuts a stage which would fit."""
         item = dtypes[0].itemsize
         m, n, d = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_D"]
         dv = meta.get("BLOCK_DV", d)
@@ -1026,7 +1027,7 @@ class Attention:
             per_stage += 8 * m
             once += m * n * 4 if item == 4 else 0
         total = once + stages * per_stage
-        return total * 3 // 2 if meta.get("PRECISION") == "tf32x3" else total
+        return total * 7 // 4 if meta.get("PRECISION") == "tf32x3" else total
 
     def launch_of(self, kind, grid, dtypes, meta, warps, stages, device):
         """A _Launch of kernel `kind` with `stages` pipeline stages cut to the most that
