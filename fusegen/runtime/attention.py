@@ -299,12 +299,13 @@ class Attention:
         self.forced = module.setdefault("FORCED", {})  # kernel -> config (`fusegen tune`)
         self.stages = {}  # (kernel, dtypes, tiles, precision, stages asked) -> those that fit
         # The head dim from which the dq kernel sums a bias's gradient over the batch
-        # entries that share the bias (batch_chunk); below it, one fp32 buffer per entry
-        # and a sum after. Against per entry on an H100 (attention_anchors.py --anchors
-        # per-entry): 1.05x at head dim 128 (2 x 32 x 2048 x 2048, chunk 2), 0.90-0.92x
-        # at T5's 64 (32 x 8 x 512 x 512, chunks 2 and 4), not understood: if each tile's
-        # read of the earlier entries' sum cost it, chunk 2 (half the reads) would have
-        # lost less than chunk 4. Benchmarks set it to time either way.
+        # entries that share the bias (batch_chunk); below it, one buffer per entry (in
+        # the bias's dtype) and a sum after. Against per entry (then fp32) on an H100
+        # (attention_anchors.py --anchors per-entry): 1.05x at head dim 128 (2 x 32 x
+        # 2048 x 2048, chunk 2), 0.90-0.92x at T5's 64 (32 x 8 x 512 x 512, chunks 2 and
+        # 4), not understood: if each tile's read of the earlier entries' sum cost it,
+        # chunk 2 (half the reads) would have lost less than chunk 4. Benchmarks set it
+        # to time either way.
         self.bias_grad_sum_from = 128
         self.last_compiled = {}  # kernel name -> its last launch's compiled kernel
         # thread -> depth, while a triton op runs the launcher in it (as_traced): another
@@ -649,8 +650,8 @@ class Attention:
                 wide = chunk > 1 or not wants_bias
                 plan.d_scores_dtype = torch.float32 if wide else bias.dtype
                 written = wants_bias and self.all_keys and key_lengths is None
-                # A [batch, heads, q_len, k_len] fp32 memset spared where every element
-                # is written (268 MB at T5's 32 x 8 x 512 x 512).
+                # A [batch, heads, q_len, k_len] memset spared where every element is
+                # written (134 MB in bf16 at T5's 32 x 8 x 512 x 512).
                 # Without d bias, a 1-element stand-in the kernel never writes: no zeros.
                 plan.d_scores = torch.empty if written or not wants_bias else torch.zeros
                 meta["BIAS_GRAD"] = bool(wants_bias)
