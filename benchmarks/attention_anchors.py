@@ -9,7 +9,7 @@ rounds, each round in a rotated order (do_bench medians; the row prints the medi
 rounds, their spread and TFLOP/s), so that a clock drift between calls cannot flip a verdict.
 
     python3 benchmarks/attention_anchors.py [--cases causal full ...] [--rounds 3]
-        [--built FOLDER] [--profile] [--host] [--anchors sdpa flex tl per-entry]
+        [--built FOLDER] [--profile] [--host] [--anchors sdpa flex tl summed]
         [--out FILE.json]
     TRITON_INTERPRET=1 python3 benchmarks/attention_anchors.py --check [--cases ...]
         (CPU: each case's inputs, checks and reference at small shapes, fusegen alone)
@@ -53,7 +53,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import statistics
 import subprocess
 import sys
@@ -158,12 +157,13 @@ def variants(module, mods: Mods, anchors=("sdpa", "flex")):
         twin = load(Path(module.__file__).parent, module.__name__)
         twin._ATTENTION.hopper = None
         out["fusegen tl"] = getattr(twin, module.__name__)
-    if "per-entry" in anchors and module._ATTENTION.bias:
-        # The same module with a bias's gradient written per batch entry and summed
-        # after (fp32 [batch, heads, q_len, k_len]), not summed by the dq kernel.
+    if "summed" in anchors and module._ATTENTION.bias:
+        # The same module with a shared bias's gradient summed over the batch by the dq
+        # kernel (fp32 [batch / chunk, heads, q_len, k_len]), where it runs by default
+        # only past Attention.bias_grad_buffer_cap.
         twin = load(Path(module.__file__).parent, module.__name__)
-        twin._ATTENTION.bias_grad_sum_from = math.inf
-        out["fusegen per-entry"] = getattr(twin, module.__name__)
+        twin._ATTENTION.bias_grad_buffer_cap = 0
+        out["fusegen summed"] = getattr(twin, module.__name__)
     if mods.sdpa_can() and "sdpa" in anchors:
         for name, backend in (
             ("sdpa flash", SDPBackend.FLASH_ATTENTION),
@@ -530,10 +530,10 @@ def main() -> int:
     parser.add_argument("--host", action="store_true", help="each variant's host time per step")
     parser.add_argument(
         "--anchors", nargs="*", default=["sdpa", "flex"],
-        choices=["sdpa", "flex", "tl", "per-entry"],
+        choices=["sdpa", "flex", "tl", "summed"],
         help="the anchors to run (FlexAttention's compiles take most of a run's time; tl:"
-        " the module's `tl` kernels where it has a Hopper path; per-entry: a learned"
-        " bias's gradient per batch entry, summed after the dq kernel)",
+        " the module's `tl` kernels where it has a Hopper path; summed: a shared bias's"
+        " gradient summed over the batch by the dq kernel)",
     )  # fmt: skip
     args = parser.parse_args()
     if args.check:

@@ -56,8 +56,8 @@
 #                      where the host time goes (attention_anchors.py --host)
 #   attention-bias-grad  the bias rows' forward + backward with d bias (T5's learned bias,
 #                      BERT's padding, a d-128 bias) against SDPA, Flex and the same module
-#                      writing d bias per batch entry; then the dq kernel's batch sum at
-#                      T5's head dim 64 (attention_variants.py: bias-sum, bias-sum-unrolled)
+#                      summing d bias over the batch in its dq kernel; then that sum at T5's
+#                      head dim 64 (attention_variants.py: bias-sum, bias-sum-unrolled)
 #   attention-configs  the attention kernels over a grid of launch configs (forward at each
 #                      case, the backward's dk/dv and dq kernels): what attention_text.py's CONFIGS hold
 #   attention-variants code variants of the attention kernels (benchmarks/experiments/
@@ -249,7 +249,7 @@ open('$out/attention-zoo/attention.yaml', 'w').write(t.ATTENTION_SPECS)"
             learned-bias-backward --host --rounds 5 ;;
     attention-bias-grad)
         run $PYTHON benchmarks/attention_anchors.py --cases learned-bias-backward \
-            padding-bias-backward bias-backward --anchors sdpa flex per-entry --rounds 5
+            padding-bias-backward bias-backward --anchors sdpa flex summed --rounds 5
         run $PYTHON benchmarks/experiments/attention_variants.py --cases learned-bias-backward \
             --rounds 5 ;;
     attention-configs)

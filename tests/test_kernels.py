@@ -1647,3 +1647,35 @@ def test_a_backward_keeps_its_plan_per_call_signature(zoo):
     assert q_plan.kv is None and q_plan.q is not None
     strided = trained(4, strided=True)
     assert len(strided) == 3
+
+
+def test_a_shared_bias_gradient_is_summed_in_the_kernel_only_past_the_buffer_cap(zoo, monkeypatch):
+    """A bias the batch shares takes its gradient per batch entry, in the bias's dtype,
+    and a sum after (faster on an H100 at head dims 64 and 128), unless that buffer
+    would pass Attention.bias_grad_buffer_cap: then the dq kernel sums the entries into
+    fp32, a buffer batch / chunk the size. Both give float64's gradient."""
+    kernel, tests = load(zoo, "att_learned_bias")
+    attention = kernel._ATTENTION
+    suite, dtype = tests.SUITE, torch.float16
+    batch, sq, skv = case = (4, 33, 17)
+    q, k, v, full = suite.make_inputs(case, dtype, 5)
+    shared = full[0].clone()
+    per_entry = batch * kernel.HEADS * sq * skv * shared.element_size()
+
+    def plan_at(cap):
+        monkeypatch.setattr(attention, "bias_grad_buffer_cap", cap)
+        monkeypatch.setattr(attention, "backward_plans", {})
+        leaves = [t.clone().requires_grad_() for t in (q, k, v, shared)]
+        d_out = suite.upstream(q, dtype, 6)
+        kernel.att_learned_bias(*leaves).backward(d_out)
+        wants = [t.double().requires_grad_() for t in (q, k, v, shared)]
+        kernel.reference(*wants).backward(d_out.double())
+        error = (leaves[3].grad.double() - wants[3].grad).abs().max().item()
+        assert error <= 2e-3 * wants[3].grad.abs().max().item(), error
+        (plan,) = attention.backward_plans.values()
+        return plan.d_scores_shape, plan.d_scores_dtype
+
+    assert attention.bias_grad_buffer_cap >= 2**30
+    assert plan_at(per_entry) == ((batch, kernel.HEADS, sq, skv), dtype)
+    shape, summed_dtype = plan_at(per_entry - 1)
+    assert shape[0] < batch and batch % shape[0] == 0 and summed_dtype == torch.float32

@@ -20,9 +20,10 @@ Variants (combinations are joined with "+"):
   rescale-if-grown  the same `if` at threshold 0: the generated arithmetic (a rescale
                  whenever some row's max grew), to tell the `if`'s part from the skipped
                  multiplies' (on the CPU it runs the rescale branch with a nonzero state)
-  bias-sum       a shared bias's gradient summed over the batch by the dq kernel at any
-                 head dim (the runtime does from 128: at T5's 64 it measured 0.90-0.92x
-                 the per-entry buffer and its sum, which `base` runs there)
+  bias-sum       a shared bias's gradient summed over the batch by the dq kernel (the
+                 runtime does only where the per-entry buffer would pass
+                 Attention.bias_grad_buffer_cap: on an H100 the per-entry buffer in
+                 the bias's dtype and its sum, which `base` runs, won at d 64 and 128)
   bias-sum-unrolled  the same, the dq kernel's loop over a chunk's batch entries unrolled
                  (tl.static_range): the first entry's tiles read no earlier sum, and the
                  loop bound is no runtime scalar
@@ -57,7 +58,7 @@ VARIANTS = [
 WORTH = {  # case -> the variants that can differ there (no mask: all blocks weigh the same)
     "causal": ["base", "heavy-first", "ws", "lazy-rescale", "rescale-if-grown"],
     "full": ["base", "ws", "lazy-rescale", "rescale-if-grown"],
-    "causal-d64": ["base", "lazy-rescale"],
+    "causal-d64": ["base", "heavy-first", "lazy-rescale"],
     "gqa": ["base", "lazy-rescale"],
     "causal-backward": ["base", "heavy-first"],
     "learned-bias-backward": ["base", "bias-sum", "bias-sum-unrolled"],
@@ -145,7 +146,7 @@ def variant_module(folder: Path, name: str, variant: str):
     if "pointer" in variant.split("+"):
         module.TMA_LOADS = False
     if {"bias-sum", "bias-sum-unrolled"} & set(variant.split("+")):
-        module._ATTENTION.bias_grad_sum_from = 0
+        module._ATTENTION.bias_grad_buffer_cap = 0
     return module
 
 

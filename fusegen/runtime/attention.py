@@ -298,15 +298,15 @@ class Attention:
         self.backward_plans = {}  # backward_key -> _BackwardPlan
         self.forced = module.setdefault("FORCED", {})  # kernel -> config (`fusegen tune`)
         self.stages = {}  # (kernel, dtypes, tiles, precision, stages asked) -> those that fit
-        # The head dim from which the dq kernel sums a bias's gradient over the batch
-        # entries that share the bias (batch_chunk); below it, one buffer per entry (in
-        # the bias's dtype) and a sum after. Against per entry (then fp32) on an H100
-        # (attention_anchors.py --anchors per-entry): 1.05x at head dim 128 (2 x 32 x
-        # 2048 x 2048, chunk 2), 0.90-0.92x at T5's 64 (32 x 8 x 512 x 512, chunks 2 and
-        # 4), not understood: if each tile's read of the earlier entries' sum cost it,
-        # chunk 2 (half the reads) would have lost less than chunk 4. Benchmarks set it
-        # to time either way.
-        self.bias_grad_sum_from = 128
+        # Bytes of per-entry d scores (one [batch, heads, q_len, k_len] buffer in the
+        # bias's dtype, then a sum over the entries that share the bias) past which the
+        # dq kernel sums the entries itself (batch_chunk) into an fp32 buffer batch /
+        # chunk the size: a memory bound, not a speed one. On an H100 the per-entry
+        # buffer won at both dims timed (attention_anchors.py --anchors summed): T5's
+        # 32 x 8 x 512 x 512 at d 64 (0.442 ms against 0.549-0.610 summed) and 2 x 32 x
+        # 2048 x 2048 at d 128 (2.557 against 3.366): the summing kernel's grid is batch /
+        # chunk the size. Benchmarks and tests set it to 0 to time or test either way.
+        self.bias_grad_buffer_cap = 2**31
         self.last_compiled = {}  # kernel name -> its last launch's compiled kernel
         # thread -> depth, while a triton op runs the launcher in it (as_traced): another
         # thread's eager calls meanwhile are no trace (tracing_here).
@@ -640,7 +640,8 @@ class Attention:
             if self.bias:
                 bias = inputs[3]
                 shared = bias.dim() < 4 or bias.shape[0] == 1
-                if wants_bias and shared and m["HEAD_DIM"] >= self.bias_grad_sum_from:
+                per_entry = batch * heads * sq * skv * bias.element_size()
+                if wants_bias and shared and per_entry > self.bias_grad_buffer_cap:
                     programs = cdiv(sq, block_m) * batch * heads
                     chunk = batch_chunk(batch, programs, self.sm_count(q.device))
                 plan.d_scores_shape = (batch // chunk, heads, sq, skv) if wants_bias else (1,)
@@ -1323,7 +1324,8 @@ def batch_chunk(batch, programs, sms):
     batch shares): the largest divisor of batch that leaves four programs an SM (four in
     all on the interpreter, sms 0), so the d bias written is batch / chunk times the
     bias's heads, not batch times. At two an SM (chunk 4) T5's step was slower than at
-    four (chunk 2) on an H100, both slower than per entry (Attention.bias_grad_sum_from)."""
+    four (chunk 2) on an H100, both slower than per entry: it runs only where the
+    per-entry buffer would pass Attention.bias_grad_buffer_cap."""
     return max(
         c
         for c in range(1, batch + 1)

@@ -10,6 +10,7 @@ roundings of the result; element-wise 8x eager's worst plus four roundings of th
 largest value. Only the generated tests import this.
 """
 
+import math
 import random
 
 import pytest
@@ -279,7 +280,7 @@ def value_tests(suite):
         upstream = torch.randn(suite.out_shape(q), generator=generator).to(dtype).to(DEVICE)
         for bias, summed_in_kernel in ((shared, False), (shared, True), (padding, False)):
             monkeypatch.setattr(
-                kernel._ATTENTION, "bias_grad_sum_from", 0 if summed_in_kernel else 1e9
+                kernel._ATTENTION, "bias_grad_buffer_cap", 0 if summed_in_kernel else math.inf
             )
             monkeypatch.setattr(kernel._ATTENTION, "backward_plans", {})
             inputs = [q, k, v, bias.to(DEVICE)]
