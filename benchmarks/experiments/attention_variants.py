@@ -58,7 +58,7 @@ VARIANTS = [
 WORTH = {  # case -> the variants that can differ there (no mask: all blocks weigh the same)
     "causal": ["base", "heavy-first", "ws", "lazy-rescale", "rescale-if-grown"],
     "full": ["base", "ws", "lazy-rescale", "rescale-if-grown"],
-    "causal-d64": ["base", "heavy-first", "lazy-rescale"],
+    "causal-d64": ["base", "heavy-first", "ws", "lazy-rescale"],
     "gqa": ["base", "lazy-rescale"],
     "causal-backward": ["base", "heavy-first"],
     "learned-bias-backward": ["base", "bias-sum", "bias-sum-unrolled"],
