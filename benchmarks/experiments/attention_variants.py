@@ -10,6 +10,12 @@ Variants (combinations are joined with "+"):
   heavy-first    the forward and dq kernels take their query blocks last-first: under a
                  causal mask the last blocks see the most keys, so the long programs start
                  first and the short ones fill the tail
+  hoisted-offsets  each step's tile pointers (forward, dk/dv, dq) as a base moved to the
+                 step's first key or row (a scalar) plus a tile of offsets no step
+                 changes, computed once outside the loop. Compiled for sm_90 at causal
+                 d 64 (64 x 64 tiles, 4 warps, 3 stages; nvdisasm): the forward's
+                 unmasked step 305 -> 287 instructions, dk/dv's 359 -> 349, dq's 244 ->
+                 239, the same 16-byte loads
   ws             the forward's unmasked key loop asks for warp specialization
                  (tl.range(..., warp_specialize=True))
   lazy-rescale   the forward rescales its accumulator only when some row's running max
@@ -52,16 +58,16 @@ import attention_anchors  # noqa: E402
 from attention_anchors import CASES, build  # noqa: E402
 
 VARIANTS = [
-    "base", "pointer", "heavy-first", "ws", "lazy-rescale", "rescale-if-grown", "bias-sum",
-    "bias-sum-unrolled",
+    "base", "pointer", "heavy-first", "hoisted-offsets", "ws", "lazy-rescale",
+    "rescale-if-grown", "bias-sum", "bias-sum-unrolled",
 ]  # fmt: skip
 WORTH = {  # case -> the variants that can differ there (no mask: all blocks weigh the same)
     "causal": ["base", "heavy-first", "ws", "lazy-rescale", "rescale-if-grown"],
     "full": ["base", "ws", "lazy-rescale", "rescale-if-grown"],
-    "causal-d64": ["base", "heavy-first", "ws", "lazy-rescale"],
+    "causal-d64": ["base", "heavy-first", "hoisted-offsets", "ws", "lazy-rescale"],
     "gqa": ["base", "lazy-rescale"],
-    "causal-backward": ["base", "heavy-first"],
-    "learned-bias-backward": ["base", "bias-sum", "bias-sum-unrolled"],
+    "causal-backward": ["base", "heavy-first", "hoisted-offsets"],
+    "learned-bias-backward": ["base", "hoisted-offsets", "bias-sum", "bias-sum-unrolled"],
 }
 RESCALE_AT = 8.0  # base 2: rescale once some row's max grew by more than 2**8
 
@@ -82,6 +88,44 @@ def heavy_first(src: str, name: str) -> str:
         src = _edit(
             src, f"def _{name}_{kernel}(\n", "\n\n\n", "pid_m = tl.program_id(0)", reversed_m
         )
+    return src
+
+
+# (kernel step, [(old, new), ...]): each step's tile pointers as a base moved to the step's
+# first row (a scalar) plus a tile of offsets that no step changes, so the offsets are
+# computed once, outside the key (or query) loop, not again each step.
+HOISTED = {
+    "forward_step": [
+        ("keys[None, :] * stride_k_s + offs_d[:, None]",
+         "tl.arange(0, BLOCK_N)[None, :] * stride_k_s + offs_d[:, None]"),
+        ("keys[:, None] * stride_v_s + offs_d[None, :]",
+         "tl.arange(0, BLOCK_N)[:, None] * stride_v_s + offs_d[None, :]"),
+        ("k_base + k_offs", "(k_base + start * stride_k_s) + k_offs"),
+        ("v_base + v_offs", "(v_base + start * stride_v_s) + v_offs"),
+    ],
+    "backward_kv_step": [
+        ("rows[:, None] * stride_q_s + offs_d[None, :]",
+         "tl.arange(0, BLOCK_M)[:, None] * stride_q_s + offs_d[None, :]"),
+        ("rows[:, None] * stride_do_s + offs_d[None, :]",
+         "tl.arange(0, BLOCK_M)[:, None] * stride_do_s + offs_d[None, :]"),
+        ("q_base + q_offs", "(q_base + start * stride_q_s) + q_offs"),
+        ("do_base + do_offs", "(do_base + start * stride_do_s) + do_offs"),
+    ],
+    "backward_q_step": [
+        ("keys[:, None] * stride_k_s + offs_d[None, :]",
+         "tl.arange(0, BLOCK_N)[:, None] * stride_k_s + offs_d[None, :]"),
+        ("k_base + kv_offs", "(k_base + start * stride_k_s) + kv_offs"),
+        ("v_base + keys[:, None] * stride_v_s + offs_d[None, :]",
+         "(v_base + start * stride_v_s) + (tl.arange(0, BLOCK_N)[:, None] * stride_v_s"
+         " + offs_d[None, :])"),
+    ],
+}  # fmt: skip
+
+
+def hoisted_offsets(src: str, name: str) -> str:
+    for step, pairs in HOISTED.items():
+        for old, new in pairs:
+            src = _edit(src, f"def _{name}_{step}(\n", "\n\n\n", old, new)
     return src
 
 
@@ -114,6 +158,7 @@ def lazy_rescale(src: str, name: str, at: float = RESCALE_AT) -> str:
 
 EDITS = {
     "heavy-first": heavy_first,
+    "hoisted-offsets": hoisted_offsets,
     "bias-sum-unrolled": replaced(
         "backward_q",
         "for member in range(BATCH_CHUNK):",
