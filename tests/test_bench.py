@@ -541,6 +541,23 @@ def test_the_stream_ceilings_read_kernel_reads_every_word_once():
     assert "PASS" in done.stdout, done.stdout[-3000:]
 
 
+def test_dot_waits_compiles_the_attention_kernels_for_sm90(tmp_path):
+    # dot_waits.py compiles the generated attention kernels ahead of time with its own
+    # list of their constexprs: one the generator adds must reach that list (it went
+    # stale once on INT64), or reading the compiler's schedule needs a GPU call to fail.
+    subprocess.run(
+        [sys.executable, "-m", "fusegen", "build", "benchmarks/specs/attention_anchors.yaml",
+         "--out", str(tmp_path)],
+        cwd=ROOT, check=True, capture_output=True,
+    )  # fmt: skip
+    for kernel in ("forward", "kv", "q"):
+        done = run_experiment(
+            "dot_waits", "attention", str(tmp_path), "anchor_attention_t5", "--kernel", kernel,
+            "--config", "64,64,4,2", interpret=False,
+        )  # fmt: skip
+        assert "0 bytes spill stores" in done.stdout, done.stdout
+
+
 def test_the_gluon_attention_experiments_compile_for_sm90():
     # Gluon has no interpreter: the variants are compiled for sm_90 (no GPU needed), so a
     # Triton update that breaks them fails here, not in a GPU call.
