@@ -18,10 +18,10 @@ from .equivalence import (  # noqa: F401 - the generated modules' bounds use U32
     INTERPRETER_OUT_ROUNDING,
     ON_GPU,
     OUT_ROUNDING,
-    OUT_TINY,
     U32,
     U_ACC,
     dot_error,
+    norm_error,
     new_seed,
     outside_bound,
 )
@@ -208,10 +208,7 @@ class Suite:
         """||out - value|| / ||value|| over the elements `value` has in out's range."""
         value = value.reshape(out.shape)
         finite = torch.isfinite(out) & (value.abs() <= torch.finfo(out.dtype).max)
-        want = value[finite]
-        return (out[finite].double() - want).norm().item() / (
-            want.norm().item() + OUT_TINY[out.dtype]
-        )
+        return norm_error(out[finite], value[finite], out.dtype)
 
     def eager_allowance(self, inputs, value, out, dtype):
         """The norm-wise error a 16-bit output may have against float64: twice the chain's

@@ -88,6 +88,12 @@ def outside_bound(out, expected, bound, rounding):
     return ~((error <= bound) | overflowed), bound
 
 
+def norm_error(got, want, dtype):
+    """||got - want|| / ||want|| (want in float64; `dtype`'s tiny keeps an all-zero want
+    finite): the norm-wise error the checks hold against eager's."""
+    return (got.double() - want).norm().item() / (want.norm().item() + OUT_TINY[dtype])
+
+
 def new_seed():
     fixed = os.environ.get("FUSEGEN_TEST_SEED")
     return int(fixed) if fixed else random.SystemRandom().randrange(2**31)
@@ -259,9 +265,8 @@ class Chain:
                 & (want.abs() <= torch.finfo(out.dtype).max)
             )
             want = want[finite]
-            scale = want.norm().item() + OUT_TINY[out.dtype]
-            error = (out[finite].double() - want).norm().item() / scale
-            eager_error = (theirs[finite].double() - want).norm().item() / scale
+            error = norm_error(out[finite], want, out.dtype)
+            eager_error = norm_error(theirs[finite], want, out.dtype)
             rounding = self.out_rounding[out.dtype]
             if not error <= 2 * eager_error + rounding:
                 pytest.fail(
