@@ -30,6 +30,14 @@ Variants (combinations are joined with "+"):
   rescale-if-grown  the same `if` at threshold 0: the generated arithmetic (a rescale
                  whenever some row's max grew), to tell the `if`'s part from the skipped
                  multiplies' (on the CPU it runs the rescale branch with a nonzero state)
+  ones-sum       the forward's rows' sums of probabilities on the tensor cores: P times a
+                 tile of ones (N = 16) into an accumulator of its own, rescaled as out's,
+                 in place of an add a score and each row's shuffles (at d 64 the forward
+                 issues more instructions than cuDNN's for the same dots)
+  persistent     the Gluon forward on its persistent grid, head by head, where the
+                 runtime's hopper_grid runs every tile (a window's tiles weigh the same,
+                 as no mask's, where the persistent grid won)
+  longest-first  the same grid, every head's last query tile first
   bias-sum       a shared bias's gradient summed over the batch by the dq kernel (the
                  runtime does only where the per-entry buffer would pass
                  Attention.bias_grad_buffer_cap: on an H100 the per-entry buffer in
@@ -63,11 +71,12 @@ from attention_anchors import CASES, build  # noqa: E402
 
 VARIANTS = [
     "base", "pointer", "heavy-first", "hoisted-offsets", "row-limit-mask", "ws",
-    "lazy-rescale", "rescale-if-grown", "bias-sum", "bias-sum-unrolled",
+    "lazy-rescale", "rescale-if-grown", "ones-sum", "persistent", "longest-first", "bias-sum",
+    "bias-sum-unrolled",
 ]  # fmt: skip
 WORTH = {  # case -> the variants that can differ there (no mask: all blocks weigh the same)
     "causal": ["base", "heavy-first", "ws", "lazy-rescale", "rescale-if-grown"],
-    "full": ["base", "ws", "lazy-rescale", "rescale-if-grown"],
+    "full": ["base", "ws", "lazy-rescale", "rescale-if-grown", "ones-sum"],
     "causal-d64": [
         "base",
         "heavy-first",
@@ -75,8 +84,11 @@ WORTH = {  # case -> the variants that can differ there (no mask: all blocks wei
         "row-limit-mask",
         "ws",
         "lazy-rescale",
+        "ones-sum",
     ],
-    "gqa": ["base", "lazy-rescale"],
+    "gqa": ["base", "lazy-rescale", "ones-sum"],
+    "window": ["base", "persistent", "longest-first"],
+    "alibi": ["base", "persistent"],
     "causal-backward": ["base", "heavy-first", "hoisted-offsets"],
     "learned-bias-backward": ["base", "hoisted-offsets", "bias-sum", "bias-sum-unrolled"],
 }
@@ -167,6 +179,33 @@ def lazy_rescale(src: str, name: str, at: float = RESCALE_AT) -> str:
     return src[:first] + new + src[last + len("    return acc, row_sum, new_max\n") :]
 
 
+def ones_sum(src: str, name: str) -> str:
+    """The rows' sums of probabilities by the tensor cores: P times a [BLOCK_N, 16] tile of
+    ones, into a [BLOCK_M, 16] accumulator rescaled as out's is (each of its columns
+    the same sum), in place of a per-score add and the rows' shuffles."""
+    forward = f"def _{name}_forward(\n"
+    src = _edit(
+        src, forward, "\n\n\n",
+        "    row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)\n",
+        "    row_sum = tl.zeros([BLOCK_M, 16], dtype=tl.float32)\n",
+    )
+    src = _edit(
+        src, forward, "\n\n\n",
+        "    # A row that sees no key of",
+        "    row_sum = tl.max(row_sum, axis=1)  # its columns are equal\n"
+        "    # A row that sees no key of",
+    )
+    return _edit(
+        src, f"def _{name}_forward_step(\n", "\n\n\n",
+        "    row_sum = row_sum * rescale + tl.sum(probs, axis=1)\n"
+        "    acc = tl.dot(probs.to(v.dtype), v, acc * rescale[:, None], input_precision=PRECISION)\n",
+        "    probs = probs.to(v.dtype)\n"
+        "    ones = tl.full([BLOCK_N, 16], 1.0, v.dtype)\n"
+        "    row_sum = tl.dot(probs, ones, row_sum * rescale[:, None], input_precision=PRECISION)\n"
+        "    acc = tl.dot(probs, v, acc * rescale[:, None], input_precision=PRECISION)\n",
+    )  # fmt: skip
+
+
 EDITS = {
     "heavy-first": heavy_first,
     "hoisted-offsets": hoisted_offsets,
@@ -192,6 +231,7 @@ EDITS = {
     ),
     "lazy-rescale": lazy_rescale,
     "rescale-if-grown": lambda src, name: lazy_rescale(src, name, at=0.0),
+    "ones-sum": ones_sum,
 }
 
 
@@ -211,6 +251,10 @@ def variant_module(folder: Path, name: str, variant: str):
     spec.loader.exec_module(module)
     if "pointer" in variant.split("+"):
         module.TMA_LOADS = False
+    if "persistent" in variant.split("+"):
+        module._ATTENTION.hopper_grid = (True, False)
+    if "longest-first" in variant.split("+"):
+        module._ATTENTION.hopper_grid = (True, True)
     if {"bias-sum", "bias-sum-unrolled"} & set(variant.split("+")):
         module._ATTENTION.bias_grad_buffer_cap = 0
     return module
