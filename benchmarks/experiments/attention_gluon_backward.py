@@ -9,8 +9,8 @@ dP^T), dk/dv's query blocks of 32 or 64 rows (the runtime: 32 past head dim 128)
 programs keys-major (every kv head's first keys, then every one's next: under GQA a kv
 head's program runs every query head of its group, so the heads-major grid ends on the
 last kv head's longest programs, a tail of a quarter of the kernel at 4 x 28/4 x 4096 in a
-model of equal steps), and dq's key blocks of 128 (the runtime: 64; 128 compiles without spills at head dim 128, in
-197 KB of shared memory: unmeasured when added).
+model of equal steps), and dq's key blocks of 128 (the runtime: 64; 128 compiles without
+spills at head dim 128, in 197 KB of shared memory: unmeasured when added).
 Removed after their runs: three stages in either kernel's ring (within the spreads),
 dk/dv's programs in the other order (causal: the longest last; within 2-3% either way),
 and dq fused into the dk/dv kernel (FA3's way: the dq kernel recomputes S and dP, 7 dots

@@ -509,14 +509,15 @@ def backward(
     alibi=False, window=0, stages=STAGES, paired_dots=PAIRED_DOTS, rows_dkdv=None,
     keys_dq=BLOCK_N, keys_major=KEYS_MAJOR, launches=None,
 ):  # fmt: skip
-    """(dq, dk, dv), each None where needs says it is not wanted, of attention over q, k,
-    v (contiguous, 16-byte aligned, bf16 or fp16, head dims in HEAD_DIMS) given d_out
-    (out's shape and layout, contiguous), the forward's lse and delta = rowsum(d_out * out), both
-    [batch, heads, q_len] fp32; and the compiled kernels by name (`fusegen inspect`).
-    stages, paired_dots, rows_dkdv (dkdv_rows by default), keys_dq (the dq kernel's
-    key blocks) and keys_major (the dk/dv kernel's program order): what benchmarks/experiments/attention_gluon_backward.py varies. launches:
-    a dict its caller keeps for calls like this one (the same shapes but the tensors),
-    where each kernel's launch.Described is kept (launched without triton's dispatch)."""
+    """(dq, dk, dv), each None where needs says it is not wanted, of attention over q, k, v
+    (contiguous, 16-byte aligned, bf16 or fp16, head dims in HEAD_DIMS) given d_out
+    (out's shape and layout, contiguous), the forward's lse and delta = rowsum(d_out *
+    out), both [batch, heads, q_len] fp32; and the compiled kernels by name (`fusegen
+    inspect`). stages, paired_dots, rows_dkdv (dkdv_rows by default), keys_dq (the dq
+    kernel's key blocks) and keys_major (the dk/dv kernel's program order): what
+    benchmarks/experiments/attention_gluon_backward.py varies. launches: a dict its
+    caller keeps for calls like this one (the same shapes but the tensors), where each
+    kernel's launch.Described is kept (launched without triton's dispatch)."""
     launches = {} if launches is None else launches
     sources = (q, q, k, k, v, v, d_out, d_out)
 
