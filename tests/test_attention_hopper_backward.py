@@ -33,7 +33,7 @@ def test_the_kernels_compile_for_sm90_within_shared_memory(kernel, dim, dv, caus
     rows = 64
     if kernel == "_attention_dkdv":
         rows = attention_hopper_backward.dkdv_rows(dim)
-        meta |= {"PAIRED_DOTS": True, "KEYS_MAJOR": False, "Q_ROWS": rows}
+        meta |= {"PAIRED_DOTS": True, "HEAD_MAJOR": 4, "Q_ROWS": rows}
     shared, wgmma = compiled_for_sm90(
         "attention_hopper_backward", kernel, dim, "float16", meta, dv=dv
     )
