@@ -27,6 +27,7 @@ Cases (B, H[/KV heads], Sq, Skv, D[/Dv]); "+ backward": forward + backward:
     causal-d64           16, 16, 1024, 1024, 64, causal
     full-d64             the same, no mask
     gqa-d64              4, 32/8, 4096, 4096, 64, causal (LLaMA-3.2-1B's heads)
+    gqa-d64-backward     the same, + backward (no target: LLaMA-3.2-1B's training step)
     gqa, gqa-backward    4, 28/4, 4096, 4096, 128, causal (Qwen2-7B's heads)
     d96, d96-backward    4, 32, 4096, 4096, 96, causal (Phi-3-mini's head dim)
     mla, mla-backward    4, 16, 4096, 4096, 192/128, causal (DeepSeek-V2-Lite: q, k 192, v 128)
@@ -72,6 +73,7 @@ CASES = {  # name: (module, (B, H, Sq, Skv, D), backward, bias kind or None, dty
     "causal-d64": ("anchor_attention_causal_d64", (16, 16, 1024, 1024, 64), False, None, BF16),
     "full-d64": ("anchor_attention_full_d64", (16, 16, 1024, 1024, 64), False, None, BF16),
     "gqa-d64": ("anchor_attention_gqa_d64", (4, 32, 4096, 4096, 64), False, None, BF16),
+    "gqa-d64-backward": ("anchor_attention_gqa_d64", (4, 32, 4096, 4096, 64), True, None, BF16),
     "gqa": ("anchor_attention_gqa28", (4, 28, 4096, 4096, 128), False, None, BF16),
     "gqa-backward": ("anchor_attention_gqa28", (4, 28, 4096, 4096, 128), True, None, BF16),
     "d96": ("anchor_attention_d96", (4, 32, 4096, 4096, 96), False, None, BF16),

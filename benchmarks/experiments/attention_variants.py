@@ -41,6 +41,10 @@ Variants (combinations are joined with "+"):
                  runtime's hopper_grid runs every tile (a window's tiles weigh the same,
                  as no mask's, where the persistent grid won)
   longest-first  the same grid, every head's last query tile first
+  kv-keys-major  the `tl` dk/dv kernel's programs keys-major (every kv head's first keys,
+                 then every one's next), so that (causal) the grid ends on short programs:
+                 under GQA a program runs its kv head's every query head, and heads-major
+                 the last kv heads' longest programs start last
   bias-sum       a shared bias's gradient summed over the batch by the dq kernel (the
                  runtime does only where the per-entry buffer would pass
                  Attention.bias_grad_buffer_cap: on an H100 the per-entry buffer in
@@ -61,6 +65,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -74,8 +79,8 @@ from attention_anchors import CASES, build  # noqa: E402
 
 VARIANTS = [
     "base", "pointer", "heavy-first", "hoisted-offsets", "row-limit-mask", "ws",
-    "lazy-rescale", "rescale-if-grown", "ones-sum", "persistent", "longest-first", "bias-sum",
-    "bias-sum-unrolled",
+    "lazy-rescale", "rescale-if-grown", "ones-sum", "persistent", "longest-first",
+    "kv-keys-major", "bias-sum", "bias-sum-unrolled",
 ]  # fmt: skip
 WORTH = {  # case -> the variants that can differ there (no mask: all blocks weigh the same)
     "causal": ["base", "heavy-first", "ws", "lazy-rescale", "rescale-if-grown"],
@@ -90,6 +95,7 @@ WORTH = {  # case -> the variants that can differ there (no mask: all blocks wei
         "ones-sum",
     ],
     "gqa": ["base", "lazy-rescale", "ones-sum"],
+    "gqa-d64-backward": ["base", "kv-keys-major"],
     "window": ["base", "persistent", "longest-first"],
     "alibi": ["base", "persistent"],
     "causal-backward": ["base", "heavy-first", "hoisted-offsets"],
@@ -214,6 +220,28 @@ def ones_sum(src: str, name: str) -> str:
     )  # fmt: skip
 
 
+def kv_keys_major(src: str, name: str) -> str:
+    """The `tl` dk/dv kernel's programs keys-major: program (n, pair) of the grid (key
+    blocks, batch * kv heads) takes the key block and pair of its place in launch order
+    counted pair-fastest, so every kv head's first keys run before any one's next."""
+    kernel = f"def _{name}_backward_kv(\n"
+    lo = src.index(kernel)
+    part = src[lo : src.index("\n\n\n", lo)]
+    kv_heads = re.search(r"batch = tl\.program_id\(1\) // (\d+)\n", part).group(1)
+    old = (
+        "    pid_n = tl.program_id(0)\n"
+        f"    batch = tl.program_id(1) // {kv_heads}\n"
+        f"    kv_head = tl.program_id(1) % {kv_heads}\n"
+    )
+    new = (
+        "    order = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)\n"
+        "    pid_n = order // tl.num_programs(1)\n"
+        f"    batch = order % tl.num_programs(1) // {kv_heads}\n"
+        f"    kv_head = order % tl.num_programs(1) % {kv_heads}\n"
+    )
+    return _edit(src, kernel, "\n\n\n", old, new)
+
+
 EDITS = {
     "heavy-first": heavy_first,
     "hoisted-offsets": hoisted_offsets,
@@ -240,6 +268,7 @@ EDITS = {
     "lazy-rescale": lazy_rescale,
     "rescale-if-grown": lambda src, name: lazy_rescale(src, name, at=0.0),
     "ones-sum": ones_sum,
+    "kv-keys-major": kv_keys_major,
 }
 
 
