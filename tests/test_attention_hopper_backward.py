@@ -117,6 +117,30 @@ def test_dq_dk_dv_match_float64(
 
 @on_hopper
 @needs_gluon
+@pytest.mark.parametrize("head_major", [0, 1, 2, 3])
+@pytest.mark.parametrize("batch, heads, kv_heads, seq", [(2, 8, 2, 300), (3, 4, 4, 1000)])
+def test_every_dkdv_program_order_gives_the_same_gradients(head_major, batch, heads, kv_heads, seq):
+    """Each dk/dv program computes its keys alone, so HEAD_MAJOR (the grid's order) must
+    not change a bit of dk or dv: a program that skipped or repeated a key block would
+    leave poison or a double."""
+    torch.manual_seed(seq + head_major)
+    q_shape, k_shape = shapes("bshd", batch, heads, kv_heads, seq, seq, 128)
+    q, d_out = (torch.randn(q_shape, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(k_shape, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    lse = torch.randn(batch, heads, seq, device="cuda") + 8.0
+    delta = torch.randn(batch, heads, seq, device="cuda")
+    call = dict(layout="bshd", causal=True, scale=128**-0.5)
+    needs = (False, True, True)
+    _, d_k, d_v = attention_hopper_backward.backward(q, k, v, d_out, lse, delta, needs, **call)[0]
+    _poison_cached_blocks(q_shape, k_shape, k_shape, dtype=torch.bfloat16)
+    _, k_got, v_got = attention_hopper_backward.backward(
+        q, k, v, d_out, lse, delta, needs, head_major=head_major, **call
+    )[0]
+    assert torch.equal(k_got, d_k) and torch.equal(v_got, d_v)
+
+
+@on_hopper
+@needs_gluon
 def test_needs_picks_the_kernels():
     q, d_out = (torch.randn(1, 4, 256, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     k, v = (torch.randn(1, 4, 256, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
