@@ -47,8 +47,10 @@ from . import attention_hopper, launch
 LOG2E = attention_hopper.LOG2E
 # Query rows a step, keys a consumer (two consumers a program), the ring's stages;
 # whether dk/dv's unmasked blocks issue S^T with dP^T and dV with dK (else dV with dP^T;
-# the masked blocks do, where the pairing spilled). The experiment varies the last two.
-BLOCK_M, BLOCK_N, STAGES, PAIRED_DOTS = 64, 64, 2, True
+# the masked blocks do, where the pairing spilled); the quarters of a kv head's key blocks
+# whose dk/dv programs run kv head by kv head, the rest keys-major (_attention_dkdv). The
+# experiment varies the last three.
+BLOCK_M, BLOCK_N, STAGES, PAIRED_DOTS, HEAD_MAJOR = 64, 64, 2, True, 4
 # (q and k's head dim, v's) the kernels are written for: the forward's, each a tile or two
 # (attention_hopper.parts); a module of other dims runs the `tl` backward.
 HEAD_DIMS = attention_hopper.HEAD_DIMS
@@ -286,12 +288,16 @@ if attention_hopper.AVAILABLE:
                         stride_dv_h, stride_dv_s,
                         GROUP: gl.constexpr, CAUSAL: gl.constexpr, ALIBI: gl.constexpr,
                         WINDOW: gl.constexpr, STAGES: gl.constexpr,
-                        PAIRED_DOTS: gl.constexpr, SPLIT_QK: gl.constexpr,
-                        SPLIT_V: gl.constexpr, num_warps: gl.constexpr):
-        """One program: 2 x 64 keys of one (batch, kv head), programs kv head by kv head,
-        the first keys (causal: the most query blocks) first. Tiles' places and the parts
-        of the head dims (*_rest, SPLIT_*), ALIBI and WINDOW as in attention_hopper's
-        forward (a window's program streams the query blocks that see its keys)."""
+                        PAIRED_DOTS: gl.constexpr, HEAD_MAJOR: gl.constexpr,
+                        SPLIT_QK: gl.constexpr, SPLIT_V: gl.constexpr,
+                        num_warps: gl.constexpr):
+        """One program: 2 x 64 keys of one (batch, kv head). The programs of a kv head's
+        first HEAD_MAJOR quarters of key blocks run kv head by kv head, its first keys
+        (causal: the most query blocks) first; then the rest keys-major: every kv head's
+        next keys, and so on, so that (causal) the grid ends on short programs. Tiles'
+        places and the parts of the head dims (*_rest, SPLIT_*), ALIBI and WINDOW as in
+        attention_hopper's forward (a window's program streams the query blocks that see
+        its keys)."""
         q_descs = _parts_of(q_desc, q_rest, SPLIT_QK)
         k_descs = _parts_of(k_desc, k_rest, SPLIT_QK)
         v_descs = _parts_of(v_desc, v_rest, SPLIT_V)
@@ -301,9 +307,16 @@ if attention_hopper.AVAILABLE:
         k_blocks = gl.cdiv(skv, 2 * BN)
         pid = gl.program_id(0)
         kv_heads = heads // GROUP
-        batch = pid // k_blocks // kv_heads
-        kv_head = pid // k_blocks % kv_heads
-        key0 = pid % k_blocks * (2 * BN)
+        ranks = k_blocks * HEAD_MAJOR // 4  # a kv head's key blocks taken head by head
+        pairs = gl.num_programs(0) // k_blocks  # (batch, kv head) pairs
+        if pid < pairs * ranks:
+            pair = pid // gl.maximum(ranks, 1)
+            key0 = pid % gl.maximum(ranks, 1) * (2 * BN)
+        else:
+            pair = (pid - pairs * ranks) % pairs
+            key0 = (ranks + (pid - pairs * ranks) // pairs) * (2 * BN)
+        batch = pair // kv_heads
+        kv_head = pair % kv_heads
         if CAUSAL:
             first_block = key0 // BM  # the query blocks at or after the first key
         else:
@@ -499,16 +512,17 @@ def dkdv_rows(dim):
 def backward(
     q, k, v, d_out, lse, delta, needs, *, layout, causal, scale,
     alibi=False, window=0, stages=STAGES, paired_dots=PAIRED_DOTS, rows_dkdv=None,
-    keys_dq=BLOCK_N, launches=None,
+    keys_dq=BLOCK_N, head_major=HEAD_MAJOR, launches=None,
 ):  # fmt: skip
-    """(dq, dk, dv), each None where needs says it is not wanted, of attention over q, k,
-    v (contiguous, 16-byte aligned, bf16 or fp16, head dims in HEAD_DIMS) given d_out
-    (out's shape and layout, contiguous), the forward's lse and delta = rowsum(d_out * out), both
-    [batch, heads, q_len] fp32; and the compiled kernels by name (`fusegen inspect`).
-    stages, paired_dots, rows_dkdv (dkdv_rows by default) and keys_dq (the dq kernel's
-    key blocks): what benchmarks/experiments/attention_gluon_backward.py varies. launches:
-    a dict its caller keeps for calls like this one (the same shapes but the tensors),
-    where each kernel's launch.Described is kept (launched without triton's dispatch)."""
+    """(dq, dk, dv), each None where needs says it is not wanted, of attention over q, k, v
+    (contiguous, 16-byte aligned, bf16 or fp16, head dims in HEAD_DIMS) given d_out
+    (out's shape and layout, contiguous), the forward's lse and delta = rowsum(d_out *
+    out), both [batch, heads, q_len] fp32; and the compiled kernels by name (`fusegen
+    inspect`). stages, paired_dots, rows_dkdv (dkdv_rows by default), keys_dq (the dq
+    kernel's key blocks) and head_major (the dk/dv kernel's program order): what
+    benchmarks/experiments/attention_gluon_backward.py varies. launches: a dict its
+    caller keeps for calls like this one (the same shapes but the tensors), where each
+    kernel's launch.Described is kept (launched without triton's dispatch)."""
     launches = {} if launches is None else launches
     sources = (q, q, k, k, v, v, d_out, d_out)
 
@@ -542,7 +556,7 @@ def backward(
         compiled["hopper_dkdv"] = launches.setdefault("dkdv", launch.Described())(
             sources, (d_k, d_v, lse, delta), lambda: first(
                 _attention_dkdv, key_blocks, rows_dkdv or dkdv_rows(q.shape[-1]), BLOCK_N,
-                (d_k, d_v), {"PAIRED_DOTS": paired_dots},
+                (d_k, d_v), {"PAIRED_DOTS": paired_dots, "HEAD_MAJOR": head_major},
             ),
         )  # fmt: skip
     if needs[0]:
