@@ -160,8 +160,8 @@ def test_only_plain_attention_at_head_dims_it_takes_runs_the_hopper_forward():
 
 def test_the_grid_and_the_backward_by_head_dim_and_mask():
     """What runtime/attention.py took from the persistent grid's measurements: persistent
-    without a mask at 64 and 128, longest first causal at 64 (from 4096 queries), the grid
-    of every tile elsewhere; the `tl` backward at 64."""
+    without a mask at 64 and 128 and with a window at 128, longest first causal at 64
+    (from 4096 queries), the grid of every tile elsewhere; the `tl` backward at 64."""
     from fusegen.runtime import attention as runtime
 
     assert runtime.hopper_grid(64, "none") == (True, False)
@@ -170,6 +170,8 @@ def test_the_grid_and_the_backward_by_head_dim_and_mask():
     assert runtime.hopper_grid(128, "causal") == (False, False)
     assert runtime.hopper_grid(96, "none") == (False, False)
     assert runtime.hopper_grid(192, "causal") == (False, False)
+    assert runtime.hopper_grid(128, "causal", 1024) == (True, False)  # a window
+    assert runtime.hopper_grid(64, "causal", 1024) == (False, False)
     assert (64, 64) not in runtime.HOPPER_BACKWARD_HEAD_DIMS
     assert (128, 128) in runtime.HOPPER_BACKWARD_HEAD_DIMS
     fits = runtime.Attention.persistent_fits

@@ -46,9 +46,11 @@ LOG2E = attention_hopper.LOG2E
 # Query rows a step, keys a consumer (two consumers a program), the ring's stages;
 # whether dk/dv's unmasked blocks issue S^T with dP^T and dV with dK (else dV with dP^T;
 # the masked blocks do, where the pairing spilled); the quarters of a kv head's key blocks
-# whose dk/dv programs run kv head by kv head, the rest keys-major (_attention_dkdv). The
-# experiment varies the last three.
-BLOCK_M, BLOCK_N, STAGES, PAIRED_DOTS, HEAD_MAJOR = 64, 64, 2, True, 4
+# whose dk/dv programs run kv head by kv head, the rest keys-major (_attention_dkdv), under
+# a causal mask without a window (elsewhere the programs weigh the same: 4, head by head):
+# at 4 x 28/4 x 4096 dk/dv took 1.686 ms against 1.919 all head by head, at 1 x 32/8 x
+# 8192 1.795 against 1.995 (H100). The experiment varies the last three.
+BLOCK_M, BLOCK_N, STAGES, PAIRED_DOTS, HEAD_MAJOR = 64, 64, 2, True, 2
 # (q and k's head dim, v's) the kernels are written for: the forward's, each a tile or two
 # (attention_hopper.parts); a module of other dims runs the `tl` backward.
 HEAD_DIMS = attention_hopper.HEAD_DIMS
@@ -510,18 +512,21 @@ def dkdv_rows(dim):
 def backward(
     q, k, v, d_out, lse, delta, needs, *, layout, causal, scale,
     alibi=False, window=0, stages=STAGES, paired_dots=PAIRED_DOTS, rows_dkdv=None,
-    keys_dq=BLOCK_N, head_major=HEAD_MAJOR, launches=None,
+    keys_dq=BLOCK_N, head_major=None, launches=None,
 ):  # fmt: skip
     """(dq, dk, dv), each None where needs says it is not wanted, of attention over q, k, v
     (contiguous, 16-byte aligned, bf16 or fp16, head dims in HEAD_DIMS) given d_out
     (out's shape and layout, contiguous), the forward's lse and delta = rowsum(d_out *
     out), both [batch, heads, q_len] fp32; and the compiled kernels by name (`fusegen
     inspect`). stages, paired_dots, rows_dkdv (dkdv_rows by default), keys_dq (the dq
-    kernel's key blocks) and head_major (the dk/dv kernel's program order): what
+    kernel's key blocks) and head_major (the dk/dv kernel's program order; HEAD_MAJOR where
+    causal without a window, else 4): what
     benchmarks/experiments/attention_gluon_backward.py varies. launches: a dict its
     caller keeps for calls like this one (the same shapes but the tensors), where each
     kernel's launch.Described is kept (launched without triton's dispatch)."""
     launches = {} if launches is None else launches
+    if head_major is None:
+        head_major = HEAD_MAJOR if causal and not window else 4
     sources = (q, q, k, k, v, v, d_out, d_out)
 
     def first(kernel, programs, q_rows, kv_rows, outs, extra):
