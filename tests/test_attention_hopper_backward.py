@@ -30,10 +30,11 @@ from test_attention_hopper import compiled_for_sm90, needs_gluon, on_hopper, ref
 )
 def test_the_kernels_compile_for_sm90_within_shared_memory(kernel, dim, dv, causal, group, masks):
     meta = {"GROUP": group, "CAUSAL": causal, "STAGES": 2, "ALIBI": 0, "WINDOW": 0, **masks}
+    meta["HEAD_MAJOR"] = 2 if causal else 4
     rows = 64
     if kernel == "_attention_dkdv":
         rows = attention_hopper_backward.dkdv_rows(dim)
-        meta |= {"PAIRED_DOTS": True, "HEAD_MAJOR": 4, "Q_ROWS": rows}
+        meta |= {"PAIRED_DOTS": True, "Q_ROWS": rows}
     shared, wgmma = compiled_for_sm90(
         "attention_hopper_backward", kernel, dim, "float16", meta, dv=dv
     )
@@ -119,10 +120,10 @@ def test_dq_dk_dv_match_float64(
 @needs_gluon
 @pytest.mark.parametrize("head_major", [0, 1, 2, 3])
 @pytest.mark.parametrize("batch, heads, kv_heads, seq", [(2, 8, 2, 300), (3, 4, 4, 1000)])
-def test_every_dkdv_program_order_gives_the_same_gradients(head_major, batch, heads, kv_heads, seq):
-    """Each dk/dv program computes its keys alone, so HEAD_MAJOR (the grid's order) must
-    not change a bit of dk or dv: a program that skipped or repeated a key block would
-    leave poison or a double."""
+def test_every_program_order_gives_the_same_gradients(head_major, batch, heads, kv_heads, seq):
+    """Each program computes its keys (dk/dv) or queries (dq) alone, so HEAD_MAJOR (the
+    grids' order) must not change a bit of dq, dk or dv: a program that skipped or repeated
+    a block would leave poison or a double."""
     torch.manual_seed(seq + head_major)
     q_shape, k_shape = shapes("bshd", batch, heads, kv_heads, seq, seq, 128)
     q, d_out = (torch.randn(q_shape, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -130,13 +131,23 @@ def test_every_dkdv_program_order_gives_the_same_gradients(head_major, batch, he
     lse = torch.randn(batch, heads, seq, device="cuda") + 8.0
     delta = torch.randn(batch, heads, seq, device="cuda")
     call = dict(layout="bshd", causal=True, scale=128**-0.5)
-    needs = (False, True, True)
-    _, d_k, d_v = attention_hopper_backward.backward(q, k, v, d_out, lse, delta, needs, **call)[0]
+    needs = (True, True, True)
+    wants = attention_hopper_backward.backward(q, k, v, d_out, lse, delta, needs, **call)[0]
     _poison_cached_blocks(q_shape, k_shape, k_shape, dtype=torch.bfloat16)
-    _, k_got, v_got = attention_hopper_backward.backward(
-        q, k, v, d_out, lse, delta, needs, head_major=head_major, **call
+    grads = attention_hopper_backward.backward(
+        q,
+        k,
+        v,
+        d_out,
+        lse,
+        delta,
+        needs,
+        head_major=head_major,
+        dq_head_major=head_major,
+        **call,
     )[0]
-    assert torch.equal(k_got, d_k) and torch.equal(v_got, d_v)
+    for name, got, want in zip(("dq", "dk", "dv"), grads, wants, strict=True):
+        assert torch.equal(got, want), name
 
 
 @on_hopper

@@ -5,13 +5,14 @@ own for dq, so both stay deterministic) checked against float64 and timed agains
 `tl` backward kernels of the generated module (the same module with its Hopper kernels
 turned off), both given the runtime forward's lse; beside the runtime's kernels, dk/dv's
 unmasked blocks' dots paired (S^T with dP^T, dV with dK, the runtime's) or not (dV with
-dP^T), dk/dv's query blocks of 32 or 64 rows (the runtime: 32 past head dim 128), dk/dv's
-programs keys-major from the first or the middle rank on (every kv head's first keys,
-then every one's next: under GQA a kv head's program runs every query head of its group,
-so the heads-major grid ends on the last kv head's longest programs; in a model of equal
-steps, one program an SM, a tail of 28% of the kernel at 4 x 28/4 x 4096 and 59% at 1 x
-32/8 x 4096, about 1% either way), and dq's key blocks of 128 (the runtime: 64; 128 compiles without
-spills at head dim 128, in 197 KB of shared memory: unmeasured when added).
+dP^T), dk/dv's query blocks of 32 or 64 rows (the runtime: 32 past head dim 128), the
+grids' order (`head_major`, `dq_head_major`: the quarters of a kv head's key blocks, or a
+head's query blocks, run head by head, the rest blocks-major; under GQA a dk/dv program
+runs every query head of its group, so the heads-major grid ended on the last kv heads'
+longest programs: keys-major past half took the dk/dv kernel from 1.919 to 1.686 ms at 4 x
+28/4 x 4096 and is the runtime's under a causal mask; the dq kernel's is unmeasured, a
+tail of 3-14% in a model of equal steps), and dq's key blocks of 128 (the runtime: 64;
+2-5% slower when measured).
 Removed after their runs: three stages in either kernel's ring (within the spreads),
 dk/dv's programs in the other order (causal: the longest last; within 2-3% either way),
 and dq fused into the dk/dv kernel (FA3's way: the dq kernel recomputes S and dP, 7 dots
@@ -78,7 +79,8 @@ def compile_report(
         meta = {"GROUP": group, "CAUSAL": causal, "ALIBI": alibi, "WINDOW": window}
         meta |= {"STAGES": 2, "num_warps": 4}
         meta |= split
-        meta |= {"PAIRED_DOTS": paired_dots, "HEAD_MAJOR": 4} if "PAIRED_DOTS" in names else {}
+        meta |= {"PAIRED_DOTS": paired_dots} if "PAIRED_DOTS" in names else {}
+        meta |= {"HEAD_MAJOR": 2 if causal else 4}
         types |= {name: "constexpr" for name in meta}
         constants = {(names.index(name),): value for name, value in meta.items()}
         compiled = compile_sm90(kernel, types, constants, {"num_warps": 4})
@@ -195,6 +197,7 @@ def run_case(case, shape, kv_heads, rounds, built, profile=False, v_dim=None, mo
     checked |= {" (dq 128 keys)": {"keys_dq": 128}} if wide_dq else {}
     checked |= {" (dk/dv keys-major)": {"head_major": 0}}
     checked |= {" (dk/dv keys-major past half)": {"head_major": 2}}
+    checked |= {" (dq blocks-major past half)": {"dq_head_major": 2}}
     for variant, knobs in checked.items():
         grads = gluon((True, True, True), **knobs)
         for name, got, want, part in zip(("dq", "dk", "dv"), grads, wants, parts, strict=True):
@@ -227,6 +230,7 @@ def run_case(case, shape, kv_heads, rounds, built, profile=False, v_dim=None, mo
         "gluon dk/dv keys-major": lambda: gluon(kv, head_major=0),
         "gluon dk/dv keys-major past half": lambda: gluon(kv, head_major=2),
         "gluon dq": lambda: gluon(q_only),
+        "gluon dq blocks-major past half": lambda: gluon(q_only, dq_head_major=2),
         "gluon dk/dv + dq": lambda: gluon((True, True, True)),
     }
     if wide_dq:

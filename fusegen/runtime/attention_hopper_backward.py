@@ -49,8 +49,9 @@ LOG2E = attention_hopper.LOG2E
 # whose dk/dv programs run kv head by kv head, the rest keys-major (_attention_dkdv), under
 # a causal mask without a window (elsewhere the programs weigh the same: 4, head by head):
 # at 4 x 28/4 x 4096 dk/dv took 1.686 ms against 1.919 all head by head, at 1 x 32/8 x
-# 8192 1.795 against 1.995 (H100). The experiment varies the last three.
-BLOCK_M, BLOCK_N, STAGES, PAIRED_DOTS, HEAD_MAJOR = 64, 64, 2, True, 2
+# 8192 1.795 against 1.995 (H100); the same for the dq kernel's query blocks (there
+# unmeasured, so head by head). The experiment varies the last four.
+BLOCK_M, BLOCK_N, STAGES, PAIRED_DOTS, HEAD_MAJOR, DQ_HEAD_MAJOR = 64, 64, 2, True, 2, 4
 # (q and k's head dim, v's) the kernels are written for: the forward's, each a tile or two
 # (attention_hopper.parts); a module of other dims runs the `tl` backward.
 HEAD_DIMS = attention_hopper.HEAD_DIMS
@@ -281,6 +282,22 @@ if attention_hopper.AVAILABLE:
             _copy(do_descs, do_bufs, stage, bar, row, head * v_cols_h)
 
     @gluon.jit
+    def _grid_place(blocks, HEAD_MAJOR: gl.constexpr):
+        """(pair, rank) of this program in a grid of `blocks` programs a (batch, head)
+        pair: the first HEAD_MAJOR quarters of each pair's ranks pair by pair, then the
+        rest rank-major (every pair's next rank before any one's after)."""
+        pid = gl.program_id(0)
+        ranks = blocks * HEAD_MAJOR // 4
+        pairs = gl.num_programs(0) // blocks
+        if pid < pairs * ranks:
+            pair = pid // gl.maximum(ranks, 1)
+            rank = pid % gl.maximum(ranks, 1)
+        else:
+            pair = (pid - pairs * ranks) % pairs
+            rank = ranks + (pid - pairs * ranks) // pairs
+        return pair, rank
+
+    @gluon.jit
     def _attention_dkdv(q_desc, q_rest, k_desc, k_rest, v_desc, v_rest, do_desc, do_rest,
                         dk_ptr, dv_ptr, lse_ptr, delta_ptr, sq, skv, heads, qk_scale, scale,
                         q_rows_b, q_rows_h, q_cols_h, kv_rows_b, kv_rows_h, kv_cols_h,
@@ -304,19 +321,11 @@ if attention_hopper.AVAILABLE:
         do_descs = _parts_of(do_desc, do_rest, SPLIT_V)
         BM: gl.constexpr = q_desc.block_type.shape[0]
         BN: gl.constexpr = k_desc.block_type.shape[0]
-        k_blocks = gl.cdiv(skv, 2 * BN)
-        pid = gl.program_id(0)
         kv_heads = heads // GROUP
-        ranks = k_blocks * HEAD_MAJOR // 4  # a kv head's key blocks taken head by head
-        pairs = gl.num_programs(0) // k_blocks  # (batch, kv head) pairs
-        if pid < pairs * ranks:
-            pair = pid // gl.maximum(ranks, 1)
-            key0 = pid % gl.maximum(ranks, 1) * (2 * BN)
-        else:
-            pair = (pid - pairs * ranks) % pairs
-            key0 = (ranks + (pid - pairs * ranks) // pairs) * (2 * BN)
+        pair, rank = _grid_place(gl.cdiv(skv, 2 * BN), HEAD_MAJOR)  # pair: (batch, kv head)
         batch = pair // kv_heads
         kv_head = pair % kv_heads
+        key0 = rank * (2 * BN)
         if CAUSAL:
             first_block = key0 // BM  # the query blocks at or after the first key
         else:
@@ -445,11 +454,13 @@ if attention_hopper.AVAILABLE:
                       q_rows_b, q_rows_h, q_cols_h, kv_rows_b, kv_rows_h, kv_cols_h,
                       v_cols_h, stride_q_b, stride_q_h, stride_q_s,
                       GROUP: gl.constexpr, CAUSAL: gl.constexpr, ALIBI: gl.constexpr,
-                      WINDOW: gl.constexpr, STAGES: gl.constexpr, SPLIT_QK: gl.constexpr,
-                      SPLIT_V: gl.constexpr, num_warps: gl.constexpr):
-        """One program: 2 x 64 query rows of one (batch, head), programs head by head,
-        the last query block (causal: the longest) first; WINDOW: the key blocks from
-        its first row's window start."""
+                      WINDOW: gl.constexpr, STAGES: gl.constexpr, HEAD_MAJOR: gl.constexpr,
+                      SPLIT_QK: gl.constexpr, SPLIT_V: gl.constexpr,
+                      num_warps: gl.constexpr):
+        """One program: 2 x 64 query rows of one (batch, head), programs head by head
+        for a head's first HEAD_MAJOR quarters of query blocks (then the rest blocks-major,
+        as _grid_place orders them), the last query block (causal: the longest) first;
+        WINDOW: the key blocks from its first row's window start."""
         q_descs = _parts_of(q_desc, q_rest, SPLIT_QK)
         k_descs = _parts_of(k_desc, k_rest, SPLIT_QK)
         v_descs = _parts_of(v_desc, v_rest, SPLIT_V)
@@ -457,11 +468,11 @@ if attention_hopper.AVAILABLE:
         BM: gl.constexpr = q_desc.block_type.shape[0]
         BN: gl.constexpr = k_desc.block_type.shape[0]
         m_blocks = gl.cdiv(sq, 2 * BM)
-        pid = gl.program_id(0)
-        batch = pid // m_blocks // heads
-        head = pid // m_blocks % heads
+        pair, rank = _grid_place(m_blocks, HEAD_MAJOR)  # pair: (batch, head)
+        batch = pair // heads
+        head = pair % heads
         kv_head = head // GROUP
-        row0 = (m_blocks - 1 - pid % m_blocks) * (2 * BM)
+        row0 = (m_blocks - 1 - rank) * (2 * BM)
         if CAUSAL:
             n_blocks = gl.cdiv(gl.minimum(row0 + 2 * BM, skv), BN)
         else:
@@ -512,15 +523,15 @@ def dkdv_rows(dim):
 def backward(
     q, k, v, d_out, lse, delta, needs, *, layout, causal, scale,
     alibi=False, window=0, stages=STAGES, paired_dots=PAIRED_DOTS, rows_dkdv=None,
-    keys_dq=BLOCK_N, head_major=None, launches=None,
+    keys_dq=BLOCK_N, head_major=None, dq_head_major=DQ_HEAD_MAJOR, launches=None,
 ):  # fmt: skip
     """(dq, dk, dv), each None where needs says it is not wanted, of attention over q, k, v
     (contiguous, 16-byte aligned, bf16 or fp16, head dims in HEAD_DIMS) given d_out
     (out's shape and layout, contiguous), the forward's lse and delta = rowsum(d_out *
     out), both [batch, heads, q_len] fp32; and the compiled kernels by name (`fusegen
     inspect`). stages, paired_dots, rows_dkdv (dkdv_rows by default), keys_dq (the dq
-    kernel's key blocks) and head_major (the dk/dv kernel's program order; HEAD_MAJOR where
-    causal without a window, else 4): what
+    kernel's key blocks), head_major (the dk/dv kernel's program order; HEAD_MAJOR where
+    causal without a window, else 4) and dq_head_major (the dq kernel's): what
     benchmarks/experiments/attention_gluon_backward.py varies. launches: a dict its
     caller keeps for calls like this one (the same shapes but the tensors), where each
     kernel's launch.Described is kept (launched without triton's dispatch)."""
@@ -566,6 +577,9 @@ def backward(
         d_q = torch.empty_like(q)
         compiled["hopper_dq"] = launches.setdefault("dq", launch.Described())(
             sources, (d_q, lse, delta),
-            lambda: first(_attention_dq, query_blocks, BLOCK_M, keys_dq, (d_q,), {}),
+            lambda: first(
+                _attention_dq, query_blocks, BLOCK_M, keys_dq, (d_q,),
+                {"HEAD_MAJOR": dq_head_major},
+            ),
         )  # fmt: skip
     return (d_q, d_k if needs[1] else None, d_v if needs[2] else None), compiled
