@@ -47,10 +47,13 @@ LOG2E = attention_hopper.LOG2E
 # whether dk/dv's unmasked blocks issue S^T with dP^T and dV with dK (else dV with dP^T;
 # the masked blocks do, where the pairing spilled); the quarters of a kv head's key blocks
 # whose dk/dv programs run kv head by kv head, the rest keys-major (_attention_dkdv), under
-# a causal mask without a window (elsewhere the programs weigh the same: 4, head by head):
-# at 4 x 28/4 x 4096 dk/dv took 1.686 ms against 1.919 all head by head, at 1 x 32/8 x
-# 8192 1.795 against 1.995 (H100); the same for the dq kernel's query blocks (there
-# unmeasured, so head by head). The experiment varies the last four.
+# a causal mask with grouped heads and no window, where a program runs a whole group of
+# query heads and the heads-major grid ended on the last kv heads' longest ones: at 4 x
+# 28/4 x 4096 dk/dv took 1.686 ms against 1.919 all head by head, at 1 x 32/8 x 8192 1.795
+# against 1.995 (H100). Elsewhere head by head (4): MHA's programs are a seventh as long
+# and share a head's queries in L2 that way (unmeasured keys-major), windows' weigh the
+# same. The same for the dq kernel's query blocks (unmeasured, so head by head). The
+# experiment varies the last four.
 BLOCK_M, BLOCK_N, STAGES, PAIRED_DOTS, HEAD_MAJOR, DQ_HEAD_MAJOR = 64, 64, 2, True, 2, 4
 # (q and k's head dim, v's) the kernels are written for: the forward's, each a tile or two
 # (attention_hopper.parts); a module of other dims runs the `tl` backward.
@@ -531,13 +534,15 @@ def backward(
     out), both [batch, heads, q_len] fp32; and the compiled kernels by name (`fusegen
     inspect`). stages, paired_dots, rows_dkdv (dkdv_rows by default), keys_dq (the dq
     kernel's key blocks), head_major (the dk/dv kernel's program order; HEAD_MAJOR where
-    causal without a window, else 4) and dq_head_major (the dq kernel's): what
+    causal GQA or MQA without a window, else 4) and dq_head_major (the dq kernel's): what
     benchmarks/experiments/attention_gluon_backward.py varies. launches: a dict its
     caller keeps for calls like this one (the same shapes but the tensors), where each
     kernel's launch.Described is kept (launched without triton's dispatch)."""
     launches = {} if launches is None else launches
     if head_major is None:
-        head_major = HEAD_MAJOR if causal and not window else 4
+        heads_dim = 2 if layout == "bshd" else 1
+        grouped = q.shape[heads_dim] != k.shape[heads_dim]
+        head_major = HEAD_MAJOR if causal and grouped and not window else 4
     sources = (q, q, k, k, v, v, d_out, d_out)
 
     def first(kernel, programs, q_rows, kv_rows, outs, extra):
