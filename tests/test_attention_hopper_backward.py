@@ -116,6 +116,24 @@ def test_dq_dk_dv_match_float64(
         assert error <= 8 * unit * want.abs().max().item(), (name, error)
 
 
+@pytest.mark.parametrize(
+    "layout, heads, kv_heads, causal, window, order",
+    [
+        ("bhsd", 28, 4, True, 0, attention_hopper_backward.HEAD_MAJOR),  # GQA: keys-major
+        ("bshd", 8, 1, True, 0, attention_hopper_backward.HEAD_MAJOR),  # MQA
+        ("bshd", 8, 8, True, 0, 4),  # MHA: head by head
+        ("bhsd", 32, 8, True, 1024, 4),  # a window's programs weigh the same
+        ("bhsd", 32, 8, False, 0, 4),  # so do unmasked ones
+    ],
+)
+def test_the_dkdv_grid_goes_keys_major_only_for_causal_grouped_heads(
+    layout, heads, kv_heads, causal, window, order
+):
+    q_shape, k_shape = shapes(layout, 1, heads, kv_heads, 256, 256, 128)
+    q, k = torch.empty(q_shape), torch.empty(k_shape)
+    assert attention_hopper_backward.dkdv_order(q, k, layout, causal, window) == order
+
+
 @on_hopper
 @needs_gluon
 @pytest.mark.parametrize("head_major", [0, 1, 2, 3])

@@ -523,6 +523,15 @@ def dkdv_rows(dim):
     return 32 if dim > 128 else BLOCK_M
 
 
+def dkdv_order(q, k, layout, causal, window):
+    """The dk/dv grid's HEAD_MAJOR for a call: keys-major past half where causal with
+    grouped heads and no window (the long programs the order was measured on), else head
+    by head."""
+    heads_dim = 2 if layout == "bshd" else 1
+    grouped = q.shape[heads_dim] != k.shape[heads_dim]
+    return HEAD_MAJOR if causal and grouped and not window else 4
+
+
 def backward(
     q, k, v, d_out, lse, delta, needs, *, layout, causal, scale,
     alibi=False, window=0, stages=STAGES, paired_dots=PAIRED_DOTS, rows_dkdv=None,
@@ -540,9 +549,7 @@ def backward(
     kernel's launch.Described is kept (launched without triton's dispatch)."""
     launches = {} if launches is None else launches
     if head_major is None:
-        heads_dim = 2 if layout == "bshd" else 1
-        grouped = q.shape[heads_dim] != k.shape[heads_dim]
-        head_major = HEAD_MAJOR if causal and grouped and not window else 4
+        head_major = dkdv_order(q, k, layout, causal, window)
     sources = (q, q, k, k, v, v, d_out, d_out)
 
     def first(kernel, programs, q_rows, kv_rows, outs, extra):
