@@ -30,7 +30,7 @@ from test_attention_hopper import compiled_for_sm90, needs_gluon, on_hopper, ref
 )
 def test_the_kernels_compile_for_sm90_within_shared_memory(kernel, dim, dv, causal, group, masks):
     meta = {"GROUP": group, "CAUSAL": causal, "STAGES": 2, "ALIBI": 0, "WINDOW": 0, **masks}
-    meta["HEAD_MAJOR"] = 2 if causal else 4
+    meta["HEAD_MAJOR"] = attention_hopper_backward.HEAD_MAJOR if causal else 4
     rows = 64
     if kernel == "_attention_dkdv":
         rows = attention_hopper_backward.dkdv_rows(dim)

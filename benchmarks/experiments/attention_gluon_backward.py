@@ -80,7 +80,7 @@ def compile_report(
         meta |= {"STAGES": 2, "num_warps": 4}
         meta |= split
         meta |= {"PAIRED_DOTS": paired_dots} if "PAIRED_DOTS" in names else {}
-        meta |= {"HEAD_MAJOR": 2 if causal else 4}
+        meta |= {"HEAD_MAJOR": hb.HEAD_MAJOR if causal else 4}
         types |= {name: "constexpr" for name in meta}
         constants = {(names.index(name),): value for name, value in meta.items()}
         compiled = compile_sm90(kernel, types, constants, {"num_warps": 4})

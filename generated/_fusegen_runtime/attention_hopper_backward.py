@@ -529,9 +529,8 @@ def dkdv_order(q, k, layout, causal, window):
     """The dk/dv grid's HEAD_MAJOR for a call: keys-major past half where causal with
     grouped heads and no window (the long programs the order was measured on), else head
     by head."""
-    heads_dim = 2 if layout == "bshd" else 1
-    grouped = q.shape[heads_dim] != k.shape[heads_dim]
-    return HEAD_MAJOR if causal and grouped and not window else 4
+    heads, kv_heads = attention_hopper.places(q, k, layout)[1:3]
+    return HEAD_MAJOR if causal and heads != kv_heads and not window else 4
 
 
 def backward(
