@@ -26,15 +26,22 @@ from test_attention_hopper import compiled_for_sm90, needs_gluon, on_hopper, ref
         ("_attention_dq", 128, 128, True, 4, {"WINDOW": 4096}),
         ("_attention_dkdv", 96, 96, True, 1, {"ALIBI": 4, "WINDOW": 300}),
         ("_attention_dq", 96, 96, True, 1, {"ALIBI": 4, "WINDOW": 300}),
+        # delta from the dq kernel's own d_out tiles, one tile of v's head dim or two.
+        ("_attention_dq", 128, 128, True, 4, {"DELTA": True}),
+        ("_attention_dq", 96, 96, False, 1, {"DELTA": True}),
+        ("_attention_dq", 192, 128, True, 1, {"DELTA": True, "ALIBI": 8}),
     ],
 )
 def test_the_kernels_compile_for_sm90_within_shared_memory(kernel, dim, dv, causal, group, masks):
-    meta = {"GROUP": group, "CAUSAL": causal, "STAGES": 2, "ALIBI": 0, "WINDOW": 0, **masks}
+    meta = {"GROUP": group, "CAUSAL": causal, "STAGES": 2, "ALIBI": 0, "WINDOW": 0}
     meta["HEAD_MAJOR"] = attention_hopper_backward.HEAD_MAJOR if causal else 4
     rows = 64
     if kernel == "_attention_dkdv":
         rows = attention_hopper_backward.dkdv_rows(dim)
         meta |= {"PAIRED_DOTS": True, "Q_ROWS": rows}
+    else:
+        meta["DELTA"] = False
+    meta |= masks
     shared, wgmma = compiled_for_sm90(
         "attention_hopper_backward", kernel, dim, "float16", meta, dv=dv
     )
@@ -114,6 +121,58 @@ def test_dq_dk_dv_match_float64(
     for name, got, want in zip(("dq", "dk", "dv"), grads, wants, strict=True):
         error = (got.double() - want).abs().max().item()
         assert error <= 8 * unit * want.abs().max().item(), (name, error)
+
+
+@on_hopper
+@needs_gluon
+@pytest.mark.parametrize(
+    "layout, causal, batch, heads, kv_heads, seq, dim, dv, dtype",
+    [
+        ("bhsd", True, 2, 4, 4, 512, 128, 128, torch.bfloat16),
+        ("bshd", True, 2, 8, 2, 300, 128, 128, torch.float16),  # GQA, a ragged last block
+        ("bshd", False, 1, 4, 4, 257, 96, 96, torch.bfloat16),  # v's head dim in two tiles
+        ("bhsd", True, 1, 4, 4, 384, 192, 128, torch.float16),  # MLA
+    ],
+)
+def test_the_dq_kernel_writes_the_delta_the_dkdv_kernel_reads(
+    layout, causal, batch, heads, kv_heads, seq, dim, dv, dtype
+):
+    """Given out, the dq kernel computes delta = rowsum(d_out * out) from its d_out tiles,
+    stores it (every row: the buffer starts as NaN), and the dk/dv kernel after it reads it:
+    delta to fp32's rounding, every gradient as with a given delta."""
+    torch.manual_seed(seq + dim)
+    q_shape, k_shape = shapes(layout, batch, heads, kv_heads, seq, seq, dim)
+    v_shape, out_shape = k_shape[:3] + (dv,), q_shape[:3] + (dv,)
+    q = torch.randn(q_shape, device="cuda", dtype=dtype)
+    k = torch.randn(k_shape, device="cuda", dtype=dtype)
+    v = torch.randn(v_shape, device="cuda", dtype=dtype)
+    d_out = torch.randn(out_shape, device="cuda", dtype=dtype)
+    out, lse, wants = _reference_grads(q, k, v, d_out, causal, layout)
+    out = out.to(dtype)
+    delta = (out.double() * d_out.double()).sum(-1)
+    delta = delta.transpose(1, 2) if layout == "bshd" else delta
+    written = torch.full(delta.shape, float("nan"), device="cuda")
+    _poison_cached_blocks(q_shape, k_shape, v_shape, dtype=dtype)
+    grads, compiled = attention_hopper_backward.backward(
+        q, k, v, d_out, lse.float(), written, (True, True, True),
+        layout=layout, causal=causal, scale=dim**-0.5, out=out,
+    )  # fmt: skip
+    assert set(compiled) == {"hopper_dkdv", "hopper_dq"}
+    error = (written.double() - delta).abs().max().item()
+    assert error <= 1e-5 * delta.abs().max().item(), error
+    unit = 2**-8 if dtype == torch.bfloat16 else 2**-11
+    for name, got, want in zip(("dq", "dk", "dv"), grads, wants, strict=True):
+        error = (got.double() - want).abs().max().item()
+        assert error <= 8 * unit * want.abs().max().item(), (name, error)
+
+
+def test_delta_from_the_dq_kernel_needs_dq():
+    q = torch.empty(1, 1, 64, 128)
+    with pytest.raises(ValueError, match="needs dq"):
+        attention_hopper_backward.backward(
+            q, q, q, q, None, None, (False, True, True), layout="bhsd", causal=True, scale=1.0,
+            out=q,
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -569,8 +569,15 @@ def test_the_gluon_attention_experiments_compile_for_sm90():
     assert len(reports) == 4 and all("0 bytes spill stores" in r for r in reports), done.stdout
     done = run_experiment("attention_gluon_backward", "--compile", interpret=False)
     # The runtime's dk/dv and dq kernels at four of the experiment's settings at head dim
-    # 128, at 96, MLA's 192/128 and MLA's with 64-row dk/dv blocks, with ALiBi and a window.
-    assert done.stdout.count("registers") == 18, done.stdout
+    # 128, at 96, MLA's 192/128 and MLA's with 64-row dk/dv blocks, with ALiBi and a window,
+    # and with delta from the dq kernel at 128, 96 and 192/128 (no spills in that kernel).
+    assert done.stdout.count("registers") == 24, done.stdout
+    delta_dq = [
+        r
+        for r in done.stdout.splitlines()
+        if r.startswith("_attention_dq") and "delta_in_dq=True" in r
+    ]
+    assert len(delta_dq) == 3 and all("0 bytes spill stores" in r for r in delta_dq), delta_dq
 
 
 def test_the_gluon_fp8_block_kernel_compiles_for_sm90_without_spills():

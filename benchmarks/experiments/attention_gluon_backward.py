@@ -57,7 +57,15 @@ from fusegen.runtime import attention_hopper, attention_hopper_backward
 
 
 def compile_report(
-    causal=True, dim=128, dv=128, group=1, paired_dots=True, rows=None, alibi=0, window=0
+    causal=True,
+    dim=128,
+    dv=128,
+    group=1,
+    paired_dots=True,
+    rows=None,
+    alibi=0,
+    window=0,
+    delta_in_dq=False,
 ):
     """Registers, spills and shared memory of the runtime's kernels compiled for sm_90
     (CPU); rows: the dk/dv kernel's query rows (dkdv_rows by default); alibi, window:
@@ -74,18 +82,19 @@ def compile_report(
         types = {name: "i32" for name in names}
         for name, desc in zip(names, descs, strict=False):
             types[name] = triton.runtime.jit.mangle_type(desc)
-        types |= {n: "*bf16" for n in ("dk_ptr", "dv_ptr", "dq_ptr") if n in names}
+        types |= {n: "*bf16" for n in ("dk_ptr", "dv_ptr", "dq_ptr", "out_ptr") if n in names}
         types |= {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "qk_scale": "fp32", "scale": "fp32"}
         meta = {"GROUP": group, "CAUSAL": causal, "ALIBI": alibi, "WINDOW": window}
         meta |= {"STAGES": 2, "num_warps": 4}
         meta |= split
         meta |= {"PAIRED_DOTS": paired_dots} if "PAIRED_DOTS" in names else {}
         meta |= {"HEAD_MAJOR": hb.HEAD_MAJOR if causal else 4}
+        meta |= {"DELTA": delta_in_dq} if "DELTA" in names else {}
         types |= {name: "constexpr" for name in meta}
         constants = {(names.index(name),): value for name, value in meta.items()}
         compiled = compile_sm90(kernel, types, constants, {"num_warps": 4})
         print(f"{kernel.__name__} d={dim}/{dv} rows={q_rows} causal={causal} group={group} "
-              f"paired={paired_dots} alibi={alibi} window={window}: "
+              f"paired={paired_dots} alibi={alibi} window={window} delta_in_dq={delta_in_dq}: "
               f"{ptxas_report(compiled.asm['ptx'])} | "
               f"shared {compiled.metadata.shared} bytes", flush=True)  # fmt: skip
 
@@ -147,6 +156,8 @@ def main() -> int:
             compile_report(True, dim, dv, rows=rows)
         compile_report(True, alibi=32)  # BLOOM-style: ALiBi's slopes of 32 heads
         compile_report(True, group=4, window=1024)  # Mistral-style
+        for dim, dv in ((128, 128), (96, 96), (192, 128)):  # delta from the dq kernel's tiles
+            compile_report(True, dim, dv, delta_in_dq=True)
         return 0
 
     failed = sum(
@@ -178,11 +189,33 @@ def run_case(case, shape, kv_heads, rounds, built, profile=False, v_dim=None, mo
     attention_hopper.forward(q, k, v, out, lse, layout="bhsd", scale=dim**-0.5, **masks)
     delta = (out.float() * d_out.float()).sum(-1)
 
-    def gluon(needs, **variant):
+    def gluon(needs, delta=delta, **variant):
         return attention_hopper_backward.backward(
             q, k, v, d_out, lse, delta, needs, layout="bhsd", scale=dim**-0.5, **masks,
             **variant,
         )[0]  # fmt: skip
+
+    from fusegen.runtime.attention import backward_delta
+
+    def delta_kernel():
+        """The runtime's row-sum kernel (what the module launches before the Gluon ones)."""
+        written = torch.empty_like(delta)
+        meta = {
+            "HEADS": heads,
+            "DV": v_dim,
+            "BLOCK_M": 64,
+            "BLOCK_D": triton.next_power_of_2(v_dim),
+        }
+        grid = (triton.cdiv(seq, 64), batch * heads)
+        backward_delta[grid](out, d_out, written, seq, *out.stride()[:3], *d_out.stride()[:3],
+                             **meta)  # fmt: skip
+        return written
+
+    def delta_in_dq():
+        """The dq kernel computing delta, then the dk/dv kernel reading it: the delta."""
+        written = torch.full_like(delta, float("nan"))
+        gluon((True, True, True), delta=written, out=out)
+        return written
 
     # The first batch entry's first kv head and its query heads, in float64.
     q_part, kv_part = (slice(0, 1), slice(0, group)), (slice(0, 1), slice(0, 1))
@@ -198,6 +231,7 @@ def run_case(case, shape, kv_heads, rounds, built, profile=False, v_dim=None, mo
     checked |= {" (dk/dv keys-major)": {"head_major": 0}}
     checked |= {" (dk/dv keys-major past half)": {"head_major": 2}}
     checked |= {" (dq blocks-major past half)": {"dq_head_major": 2}}
+    checked |= {" (delta in dq)": {"out": out, "delta": torch.full_like(delta, float("nan"))}}
     for variant, knobs in checked.items():
         grads = gluon((True, True, True), **knobs)
         for name, got, want, part in zip(("dq", "dk", "dv"), grads, wants, parts, strict=True):
@@ -206,6 +240,11 @@ def run_case(case, shape, kv_heads, rounds, built, profile=False, v_dim=None, mo
             failed += not ok
             print(f"{case} {name}{variant}: max error {error:.2e} of max |grad| "
                   f"{'ok' if ok else 'FAIL'}")  # fmt: skip
+    for name, written in (("delta kernel", delta_kernel()), ("delta in dq", delta_in_dq())):
+        error = ((written - delta).abs().max() / delta.abs().max()).item()
+        ok = error < 1e-5
+        failed += not ok
+        print(f"{case} {name}: max error {error:.2e} of max |delta| {'ok' if ok else 'FAIL'}")
     kv, q_only = (False, True, True), (True, False, False)
     if profile:  # ncu --profile-from-start off: these calls alone
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -232,6 +271,8 @@ def run_case(case, shape, kv_heads, rounds, built, profile=False, v_dim=None, mo
         "gluon dq": lambda: gluon(q_only),
         "gluon dq blocks-major past half": lambda: gluon(q_only, dq_head_major=2),
         "gluon dk/dv + dq": lambda: gluon((True, True, True)),
+        "delta kernel, gluon dq + dk/dv": lambda: gluon((True, True, True), delta=delta_kernel()),
+        "gluon dq with delta + dk/dv": delta_in_dq,
     }
     if wide_dq:
         calls["gluon dq 128-key blocks"] = lambda: gluon(q_only, keys_dq=128)

@@ -55,6 +55,11 @@ LOG2E = attention_hopper.LOG2E
 # same. The same for the dq kernel's query blocks (unmeasured, so head by head). The
 # experiment varies the last four.
 BLOCK_M, BLOCK_N, STAGES, PAIRED_DOTS, HEAD_MAJOR, DQ_HEAD_MAJOR = 64, 64, 2, True, 2, 4
+# Whether a backward that wants dq leaves delta = rowsum(d_out * out) to the dq kernel
+# (from the d_out tiles it holds and out, one extra read of out) instead of a row-sum
+# kernel of its own (reads out and d_out: about 2% of the backward at 4 x 32 x 4096,
+# d 128); the dq kernel then runs first. Unmeasured, so off.
+DELTA_IN_DQ = False
 # (q and k's head dim, v's) the kernels are written for: the forward's, each a tile or two
 # (attention_hopper.parts); a module of other dims runs the `tl` backward.
 HEAD_DIMS = attention_hopper.HEAD_DIMS
@@ -93,13 +98,43 @@ if attention_hopper.AVAILABLE:
         return held, ready, empty
 
     @gluon.jit
-    def _row_terms(lse_ptr, delta_ptr, row_base, rows, sq):
-        """lse in base 2 and delta of the rows; rows past the queries get lse = inf (P = 0
-        there: their q and d_out are another head's or batch entry's)."""
+    def _row_terms(lse_ptr, delta_ptr, row_base, rows, sq, READ_DELTA: gl.constexpr = True):
+        """lse in base 2 and delta of the rows (zeros unless READ_DELTA); rows past the
+        queries get lse = inf (P = 0 there: their q and d_out are another head's or batch
+        entry's)."""
         inside = rows < sq
         lse = gl.load(lse_ptr + row_base + rows, mask=inside, other=float("inf"))
-        delta = gl.load(delta_ptr + row_base + rows, mask=inside, other=0.0)
+        if READ_DELTA:
+            delta = gl.load(delta_ptr + row_base + rows, mask=inside, other=0.0)
+        else:
+            delta = gl.zeros_like(lse)
         return lse * 1.4426950408889634, delta
+
+    @gluon.jit
+    def _delta_part(do_smem, out_ptr, base, rows, stride_s, col0, sq, layout: gl.constexpr):
+        """The rows' sums of d_out * out over one part's columns (from col0): d_out from
+        the consumer's shared-memory tile, out from memory (rows past sq read as 0)."""
+        WIDTH: gl.constexpr = do_smem.type.shape[1]
+        cols = col0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
+        offsets = base + rows.to(gl.int64)[:, None] * stride_s + cols[None, :]
+        out = gl.load(out_ptr + offsets, mask=(rows < sq)[:, None], other=0.0)
+        d_out = do_smem.load(layout)
+        return gl.sum(out.to(gl.float32) * d_out.to(gl.float32), axis=1)
+
+    @gluon.jit
+    def _delta(do_smems, out_ptr, delta_ptr, row_base, base, row0, sq, stride_s,
+               row_layout: gl.constexpr, num_warps: gl.constexpr):
+        """delta = rowsum(d_out * out) of the consumer's rows, stored for the dk/dv kernel
+        (launched after this one) and returned in row_layout."""
+        BM: gl.constexpr = do_smems[0].type.shape[0]
+        layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+        rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
+        delta = _delta_part(do_smems[0], out_ptr, base, rows, stride_s, 0, sq, layout)
+        if len(do_smems) == 2:
+            delta += _delta_part(do_smems[1], out_ptr, base, rows, stride_s,
+                                 do_smems[0].type.shape[1], sq, layout)
+        gl.store(delta_ptr + row_base + rows, delta, mask=rows < sq)
+        return gl.convert_layout(delta, row_layout)
 
     @gluon.jit
     def _store_parts(ptr, accs, factor, row0, n_rows, base, stride_s, dtype: gl.constexpr):
@@ -362,12 +397,15 @@ if attention_hopper.AVAILABLE:
         ], [num_warps, 1], [240, 24])
 
     @gluon.jit
-    def _q_consume(descs, bufs, bars, dq_ptr, lse_ptr, delta_ptr, at, sq, skv, heads,
-                   qk_scale, scale, strides, CAUSAL: gl.constexpr, ALIBI: gl.constexpr,
-                   WINDOW: gl.constexpr, PART: gl.constexpr, num_warps: gl.constexpr):
+    def _q_consume(descs, bufs, bars, dq_ptr, lse_ptr, delta_ptr, out_ptr, at, sq, skv,
+                   heads, qk_scale, scale, strides, CAUSAL: gl.constexpr,
+                   ALIBI: gl.constexpr, WINDOW: gl.constexpr, DELTA: gl.constexpr,
+                   PART: gl.constexpr, num_warps: gl.constexpr):
         """Consumer PART of the dq kernel: its 64 query rows over every key block the
         producer streams; then its rows of dq. ALIBI: slope * (key - row0) on the scores,
-        slope * (row - row0 + skv - sq) on lse (ALiBi's term, as the forward splits it)."""
+        slope * (row - row0 + skv - sq) on lse (ALiBi's term, as the forward splits it).
+        DELTA: the rows' delta is this kernel's to compute (from its d_out tile and out)
+        and store, not to read."""
         q_descs, k_descs, v_descs, do_descs = descs
         q_bufs, do_bufs, k_bufs, v_bufs = bufs
         qdo_ready, ready, empty = bars
@@ -384,13 +422,18 @@ if attention_hopper.AVAILABLE:
         s_zero = gl.zeros([BM, BN], gl.float32, layout=s_layout)
         dq = _accumulators(q_descs, num_warps)
         rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
-        lse, delta = _row_terms(lse_ptr, delta_ptr, (batch * heads + head).to(gl.int64) * sq,
-                                rows, sq)
+        row_base = (batch * heads + head).to(gl.int64) * sq
+        lse, delta = _row_terms(lse_ptr, delta_ptr, row_base, rows, sq, not DELTA)
         slope = 0.0
         if ALIBI:
             slope = _alibi_slope(head, ALIBI)
             lse = lse + slope * (rows - row0 + skv - sq).to(gl.float32)
+        stride_b, stride_h, stride_s, stride_o_b, stride_o_h, stride_o_s = strides
         mbarrier.wait(qdo_ready.index(PART), 0)
+        if DELTA:
+            delta = _delta(do_smems, out_ptr, delta_ptr, row_base,
+                           batch.to(gl.int64) * stride_o_b + head * stride_o_h, row0, sq,
+                           stride_o_s, gl.SliceLayout(1, s_layout), num_warps)
         for j in range(n_blocks):
             stage = j % STAGES
             k_smems = _slots(k_bufs, stage)
@@ -419,14 +462,14 @@ if attention_hopper.AVAILABLE:
             dq = warpgroup_mma_wait(0, deps=_dot_into(ds_ops, k_smems, dq) + ds_ops)[:len(dq)]
             mbarrier.arrive(empty.index(stage))
 
-        stride_b, stride_h, stride_s = strides
         base = batch.to(gl.int64) * stride_b + head * stride_h
         _store_parts(dq_ptr, dq, scale, row0, sq, base, stride_s, dtype)
 
     @gluon.jit
-    def _q_produce(descs, bufs, bars, dq_ptr, lse_ptr, delta_ptr, at, sq, skv, heads,
-                   qk_scale, scale, strides, CAUSAL: gl.constexpr, ALIBI: gl.constexpr,
-                   WINDOW: gl.constexpr, PART: gl.constexpr, num_warps: gl.constexpr):
+    def _q_produce(descs, bufs, bars, dq_ptr, lse_ptr, delta_ptr, out_ptr, at, sq, skv,
+                   heads, qk_scale, scale, strides, CAUSAL: gl.constexpr,
+                   ALIBI: gl.constexpr, WINDOW: gl.constexpr, DELTA: gl.constexpr,
+                   PART: gl.constexpr, num_warps: gl.constexpr):
         """The dq kernel's producer warp: both consumers' q and d_out, then each key
         block's K and V into the ring once both consumers have released its stage."""
         q_descs, k_descs, v_descs, do_descs = descs
@@ -453,12 +496,13 @@ if attention_hopper.AVAILABLE:
 
     @gluon.jit
     def _attention_dq(q_desc, q_rest, k_desc, k_rest, v_desc, v_rest, do_desc, do_rest,
-                      dq_ptr, lse_ptr, delta_ptr, sq, skv, heads, qk_scale, scale,
+                      dq_ptr, lse_ptr, delta_ptr, out_ptr, sq, skv, heads, qk_scale, scale,
                       q_rows_b, q_rows_h, q_cols_h, kv_rows_b, kv_rows_h, kv_cols_h,
-                      v_cols_h, stride_q_b, stride_q_h, stride_q_s,
+                      v_cols_h, stride_q_b, stride_q_h, stride_q_s, stride_o_b, stride_o_h,
+                      stride_o_s,
                       GROUP: gl.constexpr, CAUSAL: gl.constexpr, ALIBI: gl.constexpr,
                       WINDOW: gl.constexpr, STAGES: gl.constexpr, HEAD_MAJOR: gl.constexpr,
-                      SPLIT_QK: gl.constexpr, SPLIT_V: gl.constexpr,
+                      DELTA: gl.constexpr, SPLIT_QK: gl.constexpr, SPLIT_V: gl.constexpr,
                       num_warps: gl.constexpr):
         """One program: 2 x 64 query rows of one (batch, head), programs head by head
         for a head's first HEAD_MAJOR quarters of query blocks (then the rest blocks-major,
@@ -490,14 +534,17 @@ if attention_hopper.AVAILABLE:
         at = (batch, head, row0, n_blocks, first_key, batch * q_rows_b + head * q_rows_h + row0,
               head * q_cols_h, head * v_cols_h, batch * kv_rows_b + kv_head * kv_rows_h,
               kv_head * kv_cols_h, kv_head * v_cols_h)
-        out_strides = (stride_q_b, stride_q_h, stride_q_s)
+        strides = (stride_q_b, stride_q_h, stride_q_s, stride_o_b, stride_o_h, stride_o_s)
         gl.warp_specialize([
-            (_q_consume, (descs, bufs, bars, dq_ptr, lse_ptr, delta_ptr, at, sq, skv, heads,
-                          qk_scale, scale, out_strides, CAUSAL, ALIBI, WINDOW, 0, num_warps)),
-            (_q_consume, (descs, bufs, bars, dq_ptr, lse_ptr, delta_ptr, at, sq, skv, heads,
-                          qk_scale, scale, out_strides, CAUSAL, ALIBI, WINDOW, 1, num_warps)),
-            (_q_produce, (descs, bufs, bars, dq_ptr, lse_ptr, delta_ptr, at, sq, skv, heads,
-                          qk_scale, scale, out_strides, CAUSAL, ALIBI, WINDOW, 0, num_warps)),
+            (_q_consume, (descs, bufs, bars, dq_ptr, lse_ptr, delta_ptr, out_ptr, at, sq, skv,
+                          heads, qk_scale, scale, strides, CAUSAL, ALIBI, WINDOW, DELTA, 0,
+                          num_warps)),
+            (_q_consume, (descs, bufs, bars, dq_ptr, lse_ptr, delta_ptr, out_ptr, at, sq, skv,
+                          heads, qk_scale, scale, strides, CAUSAL, ALIBI, WINDOW, DELTA, 1,
+                          num_warps)),
+            (_q_produce, (descs, bufs, bars, dq_ptr, lse_ptr, delta_ptr, out_ptr, at, sq, skv,
+                          heads, qk_scale, scale, strides, CAUSAL, ALIBI, WINDOW, DELTA, 0,
+                          num_warps)),
         ], [num_warps, 1], [240, 24])
     # fmt: on
 
@@ -534,7 +581,7 @@ def dkdv_order(q, k, layout, causal, window):
 def backward(
     q, k, v, d_out, lse, delta, needs, *, layout, causal, scale,
     alibi=False, window=0, stages=STAGES, paired_dots=PAIRED_DOTS, rows_dkdv=None,
-    keys_dq=BLOCK_N, head_major=None, dq_head_major=DQ_HEAD_MAJOR, launches=None,
+    keys_dq=BLOCK_N, head_major=None, dq_head_major=DQ_HEAD_MAJOR, launches=None, out=None,
 ):  # fmt: skip
     """(dq, dk, dv), each None where needs says it is not wanted, of attention over q, k, v
     (contiguous, 16-byte aligned, bf16 or fp16, head dims in HEAD_DIMS) given d_out
@@ -545,8 +592,12 @@ def backward(
     causal GQA or MQA without a window, else 4) and dq_head_major (the dq kernel's): what
     benchmarks/experiments/attention_gluon_backward.py varies. launches: a dict its
     caller keeps for calls like this one (the same shapes but the tensors), where each
-    kernel's launch.Described is kept (launched without triton's dispatch)."""
+    kernel's launch.Described is kept (launched without triton's dispatch). out (the
+    forward's, given with needs[0]): delta is not read but written, by the dq kernel
+    from its d_out tiles and out, before the dk/dv kernel reads it (DELTA_IN_DQ)."""
     launches = {} if launches is None else launches
+    if out is not None and not needs[0]:
+        raise ValueError("delta is written by the dq kernel: out needs dq wanted")
     if head_major is None:
         head_major = dkdv_order(q, k, layout, causal, window)
     sources = (q, q, k, k, v, v, d_out, d_out)
@@ -576,21 +627,23 @@ def backward(
 
     d_q = d_k = d_v = None
     compiled = {}
+    if needs[0]:  # first: with out given, it writes the delta the dk/dv kernel reads
+        d_q = torch.empty_like(q)
+        o = d_q if out is None else out  # DELTA off: an unread pointer and strides
+        kept = launches.setdefault("dq" if out is None else "dq, delta", launch.Described())
+        compiled["hopper_dq"] = kept(
+            sources, (d_q, lse, delta, o),
+            lambda: first(
+                _attention_dq, query_blocks, BLOCK_M, keys_dq, (d_q, o),
+                {"HEAD_MAJOR": dq_head_major, "DELTA": out is not None},
+            ),
+        )  # fmt: skip
     if needs[1] or needs[2]:
         d_k, d_v = torch.empty_like(k), torch.empty_like(v)
         compiled["hopper_dkdv"] = launches.setdefault("dkdv", launch.Described())(
             sources, (d_k, d_v, lse, delta), lambda: first(
                 _attention_dkdv, key_blocks, rows_dkdv or dkdv_rows(q.shape[-1]), BLOCK_N,
                 (d_k, d_v), {"PAIRED_DOTS": paired_dots, "HEAD_MAJOR": head_major},
-            ),
-        )  # fmt: skip
-    if needs[0]:
-        d_q = torch.empty_like(q)
-        compiled["hopper_dq"] = launches.setdefault("dq", launch.Described())(
-            sources, (d_q, lse, delta),
-            lambda: first(
-                _attention_dq, query_blocks, BLOCK_M, keys_dq, (d_q,),
-                {"HEAD_MAJOR": dq_head_major},
             ),
         )  # fmt: skip
     return (d_q, d_k if needs[1] else None, d_v if needs[2] else None), compiled

@@ -170,7 +170,7 @@ class _BackwardPlan:
     __slots__ = (
         "runs", "sq", "skv", "copies", "delta_shape", "delta_strides", "delta", "hopper",
         "reads", "bias_strides", "kv", "kv_strides", "q", "dq_strides", "d_scores",
-        "d_scores_shape", "d_scores_dtype", "tma",
+        "d_scores_shape", "d_scores_dtype", "tma", "delta_in_dq",
     )  # fmt: skip
 
 
@@ -549,13 +549,15 @@ class Attention:
         if plan.tma:  # triton's allocator is set per thread: this one may not have it yet
             ensure_allocator(device)
         delta = torch.empty(size=plan.delta_shape, dtype=fp32, device=device)
-        plan.delta(out, d_out, delta, plan.sq, *plan.delta_strides)
+        if not plan.delta_in_dq:
+            plan.delta(out, d_out, delta, plan.sq, *plan.delta_strides)
         if plan.hopper is not None:
             m = self.module
             grads, compiled = attention_hopper_backward.backward(
                 q, k, v, d_out.contiguous(), lse, delta, needs,
                 layout=m["LAYOUT"], causal=self.hopper == "causal", scale=m["SCALE"],
                 alibi=self.alibi, window=self.window, launches=plan.hopper,
+                out=out if plan.delta_in_dq else None,
             )  # fmt: skip
             self.last_compiled.update(compiled)
             return grads
@@ -607,9 +609,10 @@ class Attention:
         meta = {"HEADS": heads, "DV": m["V_HEAD_DIM"], "BLOCK_M": 64, "BLOCK_D": block_dv}
         plan.delta = _Launch(self, backward_delta, (cdiv(sq, 64), batch * heads), meta)
         plan.hopper = plan.kv = plan.q = None
-        plan.tma = False
+        plan.tma = plan.delta_in_dq = False
         if self.hopper_backward_fits(inputs, key_lengths, batch, sq, skv):
             plan.hopper = {}  # attention_hopper_backward's launch.Described, by kernel
+            plan.delta_in_dq = needs[0] and attention_hopper_backward.DELTA_IN_DQ
             return plan
         plan.reads = (sq, skv, *strides(q), *strides(k), *strides(v), *strides(d_out))
         plan.bias_strides = self.bias_strides(inputs[3], batch, sq, skv) if self.bias else ()
