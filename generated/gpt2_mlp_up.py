@@ -41,7 +41,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("de6d8252599056c1", "chains")
+_rt = _runtime("b80101d24c17ae5c", "chains")
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
 DIMS = {"M": None, "K": 768, "N": 3072}

@@ -113,28 +113,33 @@ if attention_hopper.AVAILABLE:
         return lse * 1.4426950408889634, delta
 
     @gluon.jit
-    def _delta_part(do_smem, out_ptr, base, rows, stride_s, col0, sq, layout: gl.constexpr):
-        """The rows' sums of d_out * out over one part's columns (from col0): d_out from
-        the consumer's shared-memory tile, out from memory (rows past sq read as 0)."""
-        WIDTH: gl.constexpr = do_smem.type.shape[1]
+    def _out_part(out_ptr, base, rows, sq, stride_s, col0, WIDTH: gl.constexpr):
+        """out's [rows, WIDTH] tile from column col0, in the layout rows slice (rows past
+        sq read as 0)."""
+        layout: gl.constexpr = rows.type.layout.parent
         cols = col0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
         offsets = base + rows.to(gl.int64)[:, None] * stride_s + cols[None, :]
-        out = gl.load(out_ptr + offsets, mask=(rows < sq)[:, None], other=0.0)
-        d_out = do_smem.load(layout)
-        return gl.sum(out.to(gl.float32) * d_out.to(gl.float32), axis=1)
+        return gl.load(out_ptr + offsets, mask=(rows < sq)[:, None], other=0.0)
 
     @gluon.jit
-    def _delta(do_smems, out_ptr, delta_ptr, row_base, base, row0, sq, stride_s,
-               row_layout: gl.constexpr, num_warps: gl.constexpr):
-        """delta = rowsum(d_out * out) of the consumer's rows, stored for the dk/dv kernel
-        (launched after this one) and returned in row_layout."""
-        BM: gl.constexpr = do_smems[0].type.shape[0]
-        layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
-        rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
-        delta = _delta_part(do_smems[0], out_ptr, base, rows, stride_s, 0, sq, layout)
+    def _out_tiles(do_smems, out_ptr, base, rows, sq, stride_s):
+        """out's tiles of the rows, one a part of v's head dim (as d_out's tiles)."""
+        W0: gl.constexpr = do_smems[0].type.shape[1]
+        tiles = (_out_part(out_ptr, base, rows, sq, stride_s, 0, W0),)
         if len(do_smems) == 2:
-            delta += _delta_part(do_smems[1], out_ptr, base, rows, stride_s,
-                                 do_smems[0].type.shape[1], sq, layout)
+            W1: gl.constexpr = do_smems[1].type.shape[1]
+            tiles = tiles + (_out_part(out_ptr, base, rows, sq, stride_s, W0, W1),)
+        return tiles
+
+    @gluon.jit
+    def _delta(do_smems, outs, delta_ptr, row_base, rows, sq, row_layout: gl.constexpr):
+        """delta = rowsum(d_out * out) of the rows (d_out from the consumer's tiles in
+        shared memory), stored for the dk/dv kernel (launched after this one) and returned
+        in row_layout."""
+        layout: gl.constexpr = rows.type.layout.parent
+        delta = gl.sum(outs[0].to(gl.float32) * do_smems[0].load(layout).to(gl.float32), 1)
+        if len(outs) == 2:
+            delta += gl.sum(outs[1].to(gl.float32) * do_smems[1].load(layout).to(gl.float32), 1)
         gl.store(delta_ptr + row_base + rows, delta, mask=rows < sq)
         return gl.convert_layout(delta, row_layout)
 
@@ -431,11 +436,16 @@ if attention_hopper.AVAILABLE:
             slope = _alibi_slope(head, ALIBI)
             lse = lse + slope * (rows - row0 + skv - sq).to(gl.float32)
         stride_b, stride_h, stride_s, stride_o_b, stride_o_h, stride_o_s = strides
+        if DELTA:  # out's loads in flight while q and d_out's tiles arrive
+            o_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+            o_rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, o_layout))
+            outs = _out_tiles(do_smems, out_ptr,
+                              batch.to(gl.int64) * stride_o_b + head * stride_o_h, o_rows, sq,
+                              stride_o_s)
         mbarrier.wait(qdo_ready.index(PART), 0)
         if DELTA:
-            delta = _delta(do_smems, out_ptr, delta_ptr, row_base,
-                           batch.to(gl.int64) * stride_o_b + head * stride_o_h, row0, sq,
-                           stride_o_s, gl.SliceLayout(1, s_layout), num_warps)
+            delta = _delta(do_smems, outs, delta_ptr, row_base, o_rows, sq,
+                           gl.SliceLayout(1, s_layout))
         for j in range(n_blocks):
             stage = j % STAGES
             k_smems = _slots(k_bufs, stage)
