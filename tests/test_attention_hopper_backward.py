@@ -166,6 +166,41 @@ def test_the_dq_kernel_writes_the_delta_the_dkdv_kernel_reads(
         assert error <= 8 * unit * want.abs().max().item(), (name, error)
 
 
+@needs_gluon
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("delta_in_dq", [False, True])
+def test_each_launch_binds_every_kernel_parameter(monkeypatch, layout, delta_in_dq):
+    """The Gluon kernels do not run on the CPU: what backward() would launch each with
+    (descriptors, tensors, scalars, constexprs) is bound to the kernel's parameters here,
+    so that a parameter added to a kernel and not to its launch fails without a GPU."""
+    launched = {}
+
+    def bind(self, sources, tensors, first):
+        kernel, grid, descriptors, scalars, meta = first()
+        names = [p.name for p in kernel.params]
+        args = (*descriptors, *tensors, *scalars)
+        assert len(args) + len(meta) == len(names) and not set(meta) & set(names[: len(args)])
+        launched[kernel.__name__] = dict(zip(names, args, strict=False)) | meta
+        return None
+
+    monkeypatch.setattr(attention_hopper_backward.launch.Described, "__call__", bind)
+    q_shape, k_shape = shapes(layout, 2, 8, 2, 300, 300, 128)
+    q, d_out, out = (torch.randn(q_shape, dtype=torch.bfloat16) for _ in range(3))
+    k, v = (torch.randn(k_shape, dtype=torch.bfloat16) for _ in range(2))
+    lse, delta = torch.zeros(2, 8, 300), torch.zeros(2, 8, 300)
+    attention_hopper_backward.backward(
+        q, k, v, d_out, lse, delta, (True, True, True), layout=layout, causal=True,
+        scale=0.1, out=out if delta_in_dq else None,
+    )  # fmt: skip
+    dq, dkdv = launched["_attention_dq"], launched["_attention_dkdv"]
+    assert list(launched) == ["_attention_dq", "_attention_dkdv"]  # delta written first
+    assert dq["DELTA"] is delta_in_dq and dq["delta_ptr"] is delta and dkdv["delta_ptr"] is delta
+    assert dq["out_ptr"] is (out if delta_in_dq else dq["dq_ptr"])
+    assert (dq["stride_o_b"], dq["stride_o_h"], dq["stride_o_s"]) == (
+        attention_hopper_backward.attention_hopper.strides(out, layout)
+    )
+
+
 def test_delta_from_the_dq_kernel_needs_dq():
     q = torch.empty(1, 1, 64, 128)
     with pytest.raises(ValueError, match="needs dq"):
