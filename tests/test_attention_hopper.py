@@ -120,6 +120,36 @@ def test_the_kernel_compiles_for_sm90_within_shared_memory(dim, dv, causal, grou
     assert wgmma
 
 
+@needs_gluon
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("dim, dv, masks", [(128, 128, {}), (96, 96, {"alibi": True}),
+                                            (192, 128, {"window": 256})])  # fmt: skip
+def test_the_forward_launch_binds_every_kernel_parameter(monkeypatch, layout, dim, dv, masks):
+    """The Gluon kernel does not run on the CPU: what forward() would launch it with is
+    bound to the kernel's parameters here, so that a parameter added to the kernel and not
+    to its launch (or the reverse) fails without a GPU."""
+    launched = {}
+
+    def bind(self, sources, tensors, first):
+        kernel, grid, descriptors, scalars, meta = first()
+        names = [p.name for p in kernel.params]
+        args = (*descriptors, *tensors, *scalars)
+        assert len(args) + len(meta) - ("maxnreg" in meta) == len(names)
+        assert not set(meta) & set(names[: len(args)])
+        launched.update(dict(zip(names, args, strict=False)) | meta)
+
+    monkeypatch.setattr(attention_hopper.launch.Described, "__call__", bind)
+    q_shape, k_shape = shapes(layout, 2, 8, 2, 300, 300, dim)
+    q, k = torch.randn(q_shape, dtype=torch.bfloat16), torch.randn(k_shape, dtype=torch.bfloat16)
+    v = torch.randn(k_shape[:3] + (dv,), dtype=torch.bfloat16)
+    out, lse = torch.empty(q_shape[:3] + (dv,), dtype=torch.bfloat16), torch.empty(2, 8, 300)
+    attention_hopper.forward(q, k, v, out, lse, layout=layout, causal=True, scale=0.1, **masks)
+    assert launched["out_ptr"] is out and launched["lse_ptr"] is lse
+    assert launched["GROUP"] == 4 and launched["SPLIT_QK"] is (dim != 128)
+    assert launched["ALIBI"] == (8 if masks.get("alibi") else 0)
+    assert launched["WINDOW"] == masks.get("window", 0)
+
+
 def test_a_head_dim_is_cut_into_tiles_of_powers_of_two():
     assert attention_hopper.parts(128) == (128,)
     assert attention_hopper.parts(96) == (64, 32)
