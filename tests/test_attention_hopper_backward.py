@@ -61,6 +61,16 @@ def _reference_grads(q, k, v, d_out, causal, layout, alibi=False, window=0):
     return out.detach(), lse.detach(), [t.grad for t in leaves]
 
 
+def _inputs(layout, batch, heads, kv_heads, sq, skv, dim, dv, dtype):
+    """Random q, k, v and d_out on the GPU in the layout (v and d_out of head dim dv)."""
+    q_shape, k_shape = shapes(layout, batch, heads, kv_heads, sq, skv, dim)
+    v_shape, out_shape = k_shape[:3] + (dv,), q_shape[:3] + (dv,)
+    return tuple(
+        torch.randn(shape, device="cuda", dtype=dtype)
+        for shape in (q_shape, k_shape, v_shape, out_shape)
+    )
+
+
 def _poison_cached_blocks(*shapes, dtype):
     """Blocks of the caching allocator filled with NaN and freed, so that the kernel's own
     torch.empty outputs reuse them: an element the kernel leaves unwritten fails."""
@@ -100,16 +110,11 @@ def test_dq_dk_dv_match_float64(
     layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype, masks
 ):
     torch.manual_seed(sq * 7 + skv + dim)
-    q_shape, k_shape = shapes(layout, batch, heads, kv_heads, sq, skv, dim)
-    v_shape, out_shape = k_shape[:3] + (dv,), q_shape[:3] + (dv,)
-    q = torch.randn(q_shape, device="cuda", dtype=dtype)
-    k = torch.randn(k_shape, device="cuda", dtype=dtype)
-    v = torch.randn(v_shape, device="cuda", dtype=dtype)
-    d_out = torch.randn(out_shape, device="cuda", dtype=dtype)
+    q, k, v, d_out = _inputs(layout, batch, heads, kv_heads, sq, skv, dim, dv, dtype)
     out, lse, wants = _reference_grads(q, k, v, d_out, causal, layout, **masks)
     delta = (out * d_out.double()).sum(-1)
     delta = (delta.transpose(1, 2) if layout == "bshd" else delta).float().contiguous()
-    _poison_cached_blocks(q_shape, k_shape, v_shape, dtype=dtype)
+    _poison_cached_blocks(q.shape, k.shape, v.shape, dtype=dtype)
     grads, compiled = attention_hopper_backward.backward(
         q, k, v, d_out, lse.float(), delta, (True, True, True),
         layout=layout, causal=causal, scale=dim**-0.5, **masks,
@@ -141,18 +146,13 @@ def test_the_dq_kernel_writes_the_delta_the_dkdv_kernel_reads(
     stores it (every row: the buffer starts as NaN), and the dk/dv kernel after it reads it:
     delta to fp32's rounding, every gradient as with a given delta."""
     torch.manual_seed(seq + dim)
-    q_shape, k_shape = shapes(layout, batch, heads, kv_heads, seq, seq, dim)
-    v_shape, out_shape = k_shape[:3] + (dv,), q_shape[:3] + (dv,)
-    q = torch.randn(q_shape, device="cuda", dtype=dtype)
-    k = torch.randn(k_shape, device="cuda", dtype=dtype)
-    v = torch.randn(v_shape, device="cuda", dtype=dtype)
-    d_out = torch.randn(out_shape, device="cuda", dtype=dtype)
+    q, k, v, d_out = _inputs(layout, batch, heads, kv_heads, seq, seq, dim, dv, dtype)
     out, lse, wants = _reference_grads(q, k, v, d_out, causal, layout)
     out = out.to(dtype)
     delta = (out.double() * d_out.double()).sum(-1)
     delta = delta.transpose(1, 2) if layout == "bshd" else delta
     written = torch.full(delta.shape, float("nan"), device="cuda")
-    _poison_cached_blocks(q_shape, k_shape, v_shape, dtype=dtype)
+    _poison_cached_blocks(q.shape, k.shape, v.shape, dtype=dtype)
     grads, compiled = attention_hopper_backward.backward(
         q, k, v, d_out, lse.float(), written, (True, True, True),
         layout=layout, causal=causal, scale=dim**-0.5, out=out,
