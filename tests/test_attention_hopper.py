@@ -120,6 +120,24 @@ def test_the_kernel_compiles_for_sm90_within_shared_memory(dim, dv, causal, grou
     assert wgmma
 
 
+def bound_launches(monkeypatch):
+    """{kernel name: its arguments by parameter name} of each launch.Described launch made
+    after this call, bound on the CPU instead of launched (the Gluon kernels do not run
+    there): a launch whose arguments do not match its kernel's parameters fails."""
+    launched = {}
+
+    def bind(self, sources, tensors, first):
+        kernel, grid, descriptors, scalars, meta = first()
+        names = [p.name for p in kernel.params]
+        args = (*descriptors, *tensors, *scalars)
+        assert len(args) + len(meta) - ("maxnreg" in meta) == len(names), kernel.__name__
+        assert not set(meta) & set(names[: len(args)]), kernel.__name__
+        launched[kernel.__name__] = dict(zip(names, args, strict=False)) | meta
+
+    monkeypatch.setattr(attention_hopper.launch.Described, "__call__", bind)
+    return launched
+
+
 @needs_gluon
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
 @pytest.mark.parametrize("dim, dv, masks", [(128, 128, {}), (96, 96, {"alibi": True}),
@@ -128,22 +146,13 @@ def test_the_forward_launch_binds_every_kernel_parameter(monkeypatch, layout, di
     """The Gluon kernel does not run on the CPU: what forward() would launch it with is
     bound to the kernel's parameters here, so that a parameter added to the kernel and not
     to its launch (or the reverse) fails without a GPU."""
-    launched = {}
-
-    def bind(self, sources, tensors, first):
-        kernel, grid, descriptors, scalars, meta = first()
-        names = [p.name for p in kernel.params]
-        args = (*descriptors, *tensors, *scalars)
-        assert len(args) + len(meta) - ("maxnreg" in meta) == len(names)
-        assert not set(meta) & set(names[: len(args)])
-        launched.update(dict(zip(names, args, strict=False)) | meta)
-
-    monkeypatch.setattr(attention_hopper.launch.Described, "__call__", bind)
+    launched = bound_launches(monkeypatch)
     q_shape, k_shape = shapes(layout, 2, 8, 2, 300, 300, dim)
     q, k = torch.randn(q_shape, dtype=torch.bfloat16), torch.randn(k_shape, dtype=torch.bfloat16)
     v = torch.randn(k_shape[:3] + (dv,), dtype=torch.bfloat16)
     out, lse = torch.empty(q_shape[:3] + (dv,), dtype=torch.bfloat16), torch.empty(2, 8, 300)
     attention_hopper.forward(q, k, v, out, lse, layout=layout, causal=True, scale=0.1, **masks)
+    launched = launched["_attention_forward"]
     assert launched["out_ptr"] is out and launched["lse_ptr"] is lse
     assert launched["GROUP"] == 4 and launched["SPLIT_QK"] is (dim != 128)
     assert launched["ALIBI"] == (8 if masks.get("alibi") else 0)

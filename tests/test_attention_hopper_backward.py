@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from fusegen.runtime import attention_hopper_backward
-from test_attention_hopper import compiled_for_sm90, needs_gluon, on_hopper, reference, shapes
+from test_attention_hopper import (
+    bound_launches,
+    compiled_for_sm90,
+    needs_gluon,
+    on_hopper,
+    reference,
+    shapes,
+)
 
 
 @needs_gluon
@@ -173,17 +180,7 @@ def test_each_launch_binds_every_kernel_parameter(monkeypatch, layout, delta_in_
     """The Gluon kernels do not run on the CPU: what backward() would launch each with
     (descriptors, tensors, scalars, constexprs) is bound to the kernel's parameters here,
     so that a parameter added to a kernel and not to its launch fails without a GPU."""
-    launched = {}
-
-    def bind(self, sources, tensors, first):
-        kernel, grid, descriptors, scalars, meta = first()
-        names = [p.name for p in kernel.params]
-        args = (*descriptors, *tensors, *scalars)
-        assert len(args) + len(meta) == len(names) and not set(meta) & set(names[: len(args)])
-        launched[kernel.__name__] = dict(zip(names, args, strict=False)) | meta
-        return None
-
-    monkeypatch.setattr(attention_hopper_backward.launch.Described, "__call__", bind)
+    launched = bound_launches(monkeypatch)
     q_shape, k_shape = shapes(layout, 2, 8, 2, 300, 300, 128)
     q, d_out, out = (torch.randn(q_shape, dtype=torch.bfloat16) for _ in range(3))
     k, v = (torch.randn(k_shape, dtype=torch.bfloat16) for _ in range(2))
