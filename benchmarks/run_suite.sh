@@ -102,6 +102,11 @@
 #   int4-decode-gluon  the int4 SwiGLU at decode as a Gluon kernel (the int8 one's
 #                      structure; the packed bytes loaded as wgmma's register operand),
 #                      at 16 rows and one, beside the generated kernel and the bf16 chain
+#   int4-decode-runtime
+#                      the runtime's copy of that kernel's words variant (int4_hopper, opt-in
+#                      by FUSEGEN_QUANT_HOPPER=1): its float64 tests, then by rows against
+#                      the generated kernel and the bf16 chain (benchmarks/int4_decode_rows.py:
+#                      what HOPPER_INT4_MIN_ROWS and int4_hopper.DEFAULT should be)
 #   stream-ceiling     how fast one kernel streams 29-235 MB from memory (a Triton read over
 #                      its launch settings, torch's copy and sum): the ceiling issue 31's
 #                      decode rows are held to (benchmarks/experiments/stream_ceiling.py)
@@ -133,7 +138,7 @@ STEPS="generated-tests hopper-tests tune-tables tuning-repeat config-space first
 launch-cost call-cost split-k inspect tanh-approx launcher-tuning training-chains llama-training-step
 backward-configs llama-compiled llama-attention llama-prefill llama-decode attention-zoo attention-anchors attention-host attention-bias-grad attention-configs
 attention-variants attention-gluon-backward attention-backward-d64 attention-persistent attention-d64-profile attention-bench quantized-chains fp8-block-scales
-fp8-block-gluon fp8-block-runtime fp8-expert-rows int8-decode-gluon int4-decode-gluon stream-ceiling int4-gemv"
+fp8-block-gluon fp8-block-runtime fp8-expert-rows int8-decode-gluon int4-decode-gluon int4-decode-runtime stream-ceiling int4-gemv"
 ANCHOR_SHAPES="8192,4096,14336 4096,1024,4096 16,4096,14336 1000,1000,1000"
 
 listing=$($PYTHON -m fusegen bench --suite "$SUITE" --list) || {
@@ -325,6 +330,11 @@ open('$out/attention-zoo/attention.yaml', 'w').write(t.ATTENTION_SPECS)"
         run $PYTHON -m fusegen build specs/quantized.yaml benchmarks/specs/anchors.yaml \
             --out "$out/int4-gluon-build"
         run $PYTHON benchmarks/experiments/int4_decode_gluon.py --built "$out/int4-gluon-build" ;;
+    int4-decode-runtime)
+        run $PYTHON -m pytest tests/test_int4_hopper.py -q -p no:cacheprovider
+        run $PYTHON -m fusegen build specs/quantized.yaml benchmarks/specs/anchors.yaml \
+            --out "$out/int4-runtime-build"
+        run $PYTHON benchmarks/int4_decode_rows.py --built "$out/int4-runtime-build" ;;
     stream-ceiling)
         run $PYTHON benchmarks/experiments/stream_ceiling.py ;;
     int4-gemv)

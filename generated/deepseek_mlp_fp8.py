@@ -49,7 +49,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("b80101d24c17ae5c", "quant")
+_rt = _runtime("482d1a6b5198f3de", "quant")
 
 # The dims from the spec: a number is checked at every call; None is dynamic.
 DIMS = {"M": None, "K": None, "N": None}
@@ -123,8 +123,7 @@ ROW, COL, K = "M", "N", "K"  # the output's dims, the reduction dim
 FP8_DOT = True
 # Activations may run on tanh.approx (16-bit outputs on NVIDIA GPUs).
 FAST_TANH_USED = True
-# On an H100/H200 the runtime's Gluon kernel (quant_hopper) runs calls that fit it: this
-# chain with these operands (x, the gate's weight, the up's).
+# The runtime's Gluon kernel of this chain (x, the gate's weight, the up's) on H100/H200.
 HOPPER = {"chain": "swiglu", "operands": ("x", "w_gate", "w_up")}
 NO_GPU = "reference"  # no GPU and the interpreter off: "reference" runs, or "error"
 

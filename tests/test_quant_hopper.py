@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import ROOT
-from fusegen.codegen.quant_text import hopper_operands
+from fusegen.codegen.quant_text import hopper_chain
 from fusegen.lower.kernels import lower_file
 from fusegen.runtime import quant_hopper
 from fusegen.spec import source
@@ -118,7 +118,7 @@ kernels:
 def test_only_the_block_scaled_swiglu_takes_it(write_spec, changes, takes):
     fields = {"x_scale": "{per_group: 128}", "w_dtype": "fp8_e4m3", "act": "silu", "more": ""}
     (qc,) = lower_file(source.load(write_spec(CHAIN.format(**{**fields, **changes}))))
-    assert hopper_operands(qc) == (("x", "w_gate", "w_up") if takes else None)
+    assert hopper_chain(qc) == (("swiglu", ("x", "w_gate", "w_up")) if takes else None)
 
 
 def test_the_example_module_names_its_operands_to_the_runtime():

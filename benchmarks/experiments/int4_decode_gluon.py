@@ -55,14 +55,21 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The words variant's pieces are the runtime's kernel's (fusegen/runtime/int4_hopper.py).
+from fusegen.runtime.int4_hopper import (  # noqa: E402
+    _group_sums,
+    _permuted_x,
+    _row_quant,
+    _word_floats,
+)
 from gluon_pieces import (  # noqa: E402
     add_partials,
     arrive_last,
@@ -130,77 +137,6 @@ def _nibble_floats(packed, a_layout: gl.constexpr):
     # A register permutation at most: the bytes' layout gives each thread the K pairs
     # wgmma's layout wants of it (checked by --compile: no shared memory round trip).
     return gl.convert_layout(gl.reshape(gl.join(lo, hi), [R, 2 * KB]), a_layout)
-
-
-@gluon.constexpr_function
-def _words_layout(layout):
-    """The shared layout of a byte tile's bytes read as 32-bit words (the same swizzle)."""
-    return gl.NVMMASharedLayout(swizzle_byte_width=layout.swizzle_byte_width,
-                                element_bitwidth=32, rank=2)
-
-
-@gluon.jit
-def _word_floats(packed, a_layout: gl.constexpr):
-    """A [rows, K / 2] shared tile of bytes as [rows, K] bf16 128 + q in wgmma's
-    register-operand layout, K permuted within each 32 (the permutation _permuted_x
-    applies to x): a thread reads, for each 32 of K, one 32-bit word (8 nibbles: K 8t +
-    p, p < 8) and makes its four operand registers with one shift and one LOP3 each,
-    (w >> 4j) & 0x000F000F | 0x43004300 pairing nibbles j and j + 4. With j = 2s + h, the
-    pair stands at K 16s + 8h + 2t + e (e: 0 low, 1 high) of the operand's order."""
-    R: gl.constexpr = packed.type.shape[0]
-    KB: gl.constexpr = packed.type.shape[1]
-    # Words w = 4c + t of a row: registers row 8 and words 4, 8; lanes words 1, 2 (t)
-    # and rows 1, 2, 4; warps rows 16, 32.
-    word_layout: gl.constexpr = gl.DistributedLinearLayout(
-        reg_bases=[[8, 0], [0, 4], [0, 8]], lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
-        warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[R, KB // 4])
-    words = packed._reinterpret(gl.int32, [R, KB // 4], _words_layout(packed.type.layout))
-    words = words.load(word_layout)
-    both = gl.join(gl.join(_pair(words, 0), _pair(words, 1)),
-                   gl.join(_pair(words, 2), _pair(words, 3)))  # row, word, e, h, s
-    both = gl.reshape(both, [R, KB // 16, 4, 2, 2, 2])  # row, c, t, e, h, s
-    both = gl.reshape(gl.permute(both, (0, 1, 5, 4, 2, 3)), [R, 2 * KB])  # c, s, h, t, e
-    return gl.convert_layout(both, a_layout)
-
-
-@gluon.jit
-def _pair(words, j: gl.constexpr):
-    """Nibbles j and j + 4 of each word as bf16 128 + q: [rows, words, 2]."""
-    bits = ((words >> (4 * j)) & 0x000F000F) | 0x43004300
-    lo = bits.to(gl.int16).to(gl.bfloat16, bitcast=True)
-    hi = (bits >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True)
-    return gl.join(lo, hi)
-
-
-@gluon.jit
-def _permuted_x(x_smem, xp_smem):
-    """x's [rows, K] tile into xp_smem with K permuted within each 32 as _word_floats
-    orders the weights: K 32c + 8t + 4e + 2s + h to 32c + 16s + 8h + 2t + e. Every
-    thread's stores are made visible to wgmma before it returns."""
-    R: gl.constexpr = x_smem.type.shape[0]
-    BK: gl.constexpr = x_smem.type.shape[1]
-    layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16],
-                                            warps_per_cta=[4, 1], order=[1, 0])
-    x = gl.reshape(x_smem.load(layout), [R, BK // 32, 2, 2, 2, 2, 2])  # row, c, t1, t0, e, s, h
-    x = gl.reshape(gl.permute(x, (0, 1, 5, 6, 2, 3, 4)), [R, BK])  # c, s, h, t1, t0, e
-    xp_smem.store(x)
-    fence_async_shared()
-    gl.thread_barrier()
-
-
-@gluon.jit
-def _group_sums(p, ones_p, scale, zero):
-    """A group's part of the sums: scale * (sum (128 + q) x - (128 + zero) sum x), per
-    weight row (scale, zero: [rows] in the sums' row layout)."""
-    return scale[:, None] * (p - (128.0 + zero)[:, None] * ones_p)
-
-
-@gluon.jit
-def _row_quant(s_ptr, z_ptr, rows, keep, group, stride_s_n, stride_z_n):
-    """Group `group`'s scales and zero points of these weight rows, fp32."""
-    scale = gl.load(s_ptr + rows * stride_s_n + group, mask=keep, other=0.0).to(gl.float32)
-    zero = gl.load(z_ptr + rows * stride_z_n + group, mask=keep, other=0).to(gl.float32)
-    return scale, zero
 
 
 @gluon.jit

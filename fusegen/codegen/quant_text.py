@@ -620,7 +620,7 @@ def context(
         "gemv": gemv_mainloop(qc) if qc.gemv else None,
         "byte_pairs": qc.gemv and byte_pairs(qc),
         "checkpoint_packing": checkpoint_packing(qc),
-        "hopper_operands": hopper_operands(qc),
+        "hopper": hopper_chain(qc),
         "interpreter_gemv_config": (
             config_literal(qc.interpreter_gemv_config) if qc.gemv else None
         ),
@@ -637,11 +637,15 @@ def context(
     }
 
 
-def hopper_operands(qc: QuantChain) -> tuple[str, str, str] | None:
-    """(x, the gate's weight, the up's) where the chain is the one the runtime's Gluon
-    kernel (quant_hopper) computes on Hopper: silu(x @ w_gate.T) * (x @ w_up.T), x fp8
-    e4m3 scaled per 1 x 128 group along K, both weights fp8 e4m3 per 128 x 128 block, no
-    zero points and nothing else in the chain; else None (the `tl` kernel only)."""
+def hopper_chain(qc: QuantChain) -> tuple[str, tuple[str, str, str]] | None:
+    """(its name, (x, the gate's weight, the up's)) where the chain is one a Gluon kernel
+    of the runtime computes on Hopper: silu(x @ w_gate.T) * (x @ w_up.T), nothing else in
+    the chain, and
+      - "swiglu" (quant_hopper): x fp8 e4m3 scaled per 1 x 128 group along K, both
+        weights fp8 e4m3 per 128 x 128 block, no zero points;
+      - "int4_swiglu" (int4_hopper): x unquantized, both weights int4 as AWQ stores them
+        (the even K index in the low nibble, one scale and zero point per 128 along K);
+    else None (the `tl` kernel only)."""
     chain = qc.chain
     if len(chain.steps) != 2:
         return None
@@ -656,19 +660,21 @@ def hopper_operands(qc: QuantChain) -> tuple[str, str, str] | None:
     if not (mm.b_transposed and mm2.b_transposed):
         return None
 
-    def quantized(name: str, scale: str, rows_per: int) -> bool:
+    def quantized(name: str, *kind) -> bool:
         q = qc.quant_of(name)
-        return q is not None and (q.dtype, q.scale, q.group, q.rows_per, q.zero_point) == (
-            "fp8_e4m3",
-            scale,
-            128,
-            rows_per,
-            False,
-        )
+        return q is not None and (q.dtype, q.scale, q.group, q.rows_per, q.zero_point) == kind
 
-    if not (quantized(mm.a, "group", 1) and all(quantized(b, "block", 128) for b in (mm.b, mm2.b))):
-        return None
-    return mm.a, mm.b, mm2.b
+    weights = (mm.b, mm2.b)
+    if quantized(mm.a, "fp8_e4m3", "group", 128, 1, False) and all(
+        quantized(b, "fp8_e4m3", "block", 128, 128, False) for b in weights
+    ):
+        return "swiglu", (mm.a, mm.b, mm2.b)
+    if qc.quant_of(mm.a) is None and all(
+        quantized(b, "int4", "group", 128, 1, True) and qc.quant_of(b).packing == "low_first"
+        for b in weights
+    ):
+        return "int4_swiglu", (mm.a, mm.b, mm2.b)
+    return None
 
 
 def checkpoint_packing(qc: QuantChain) -> str | None:

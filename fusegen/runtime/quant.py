@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import launch, quant_hopper, tables
+from . import int4_hopper, launch, quant_hopper, tables
 from .checks import (
     Shapes,
     autocast_inputs,
@@ -62,10 +62,23 @@ HOPPER_MIN_ROWS = 256
 # columns under 2,176 rows make, run the `tl` kernel, whose tuned configs can fill the GPU
 # with smaller tiles.
 HOPPER_MIN_WAVES = 2
+# The fewest rows a call may have to run int4_hopper's Gluon kernel (it takes up to
+# int4_hopper.ROWS): at one row the generated GEMV ran 28.6 us against its 35.9 (4096 ->
+# 14336 x 2, H200); at 16 it ran 37.1 against the tiles' 45.3. Between, unmeasured.
+HOPPER_INT4_MIN_ROWS = 2
 
 
 def cdiv(a, b):
     return -(-a // b)
+
+
+def _row_major(*tensors):
+    """Whether each tensor is 2-D, contiguous and 16-byte aligned (a TMA descriptor's
+    source); not a traced one (torch.compile's fake tensors have no address)."""
+    try:
+        return all(t.dim() == 2 and t.is_contiguous() and tma_ready(t) for t in tensors)
+    except RuntimeError:
+        return False
 
 
 def unpack_int4(packed, packing, signed):
@@ -301,16 +314,19 @@ class QuantChain:
                 self.arguments.append((f"{name_}_scale", "scale", name_))
                 if q.zero_point:
                     self.arguments.append((f"{name_}_zero", "zero", name_))
-        # The module's Gluon kernel (quant_hopper), if it has one: its operands' places
-        # among the launcher's tensors (a, a's scale, the weight, its scale, the gate's
-        # weight, its scale).
+        # The module's Gluon kernel (quant_hopper's for "swiglu", int4_hopper's for
+        # "int4_swiglu"), if it has one: its operands' places among the launcher's tensors
+        # (x, the weight, the gate's weight; each followed by its scale and zero point
+        # where it has them).
         self.hopper = None
-        if module.get("HOPPER") and quant_hopper.AVAILABLE:
+        self.hopper_chain = (module.get("HOPPER") or {}).get("chain")
+        if self.hopper_chain and quant_hopper.AVAILABLE:
             names = [n for n, _, _ in self.arguments]
             self.hopper = [
                 names.index(f"{n}{suffix}")
                 for n in module["HOPPER"]["operands"]
-                for suffix in ("", "_scale")
+                for suffix in ("", "_scale", "_zero")
+                if f"{n}{suffix}" in names
             ]
         self.op = self._custom_op()
 
@@ -355,7 +371,7 @@ class QuantChain:
             return self.without_gpu(tensors, out, plan)
         views = plan["views"](tensors)
         out2d = out.view(-1, out.shape[-1])
-        if config is None and plan["hopper"] and out2d.is_contiguous() and tma_ready(out2d):
+        if config is None and plan["hopper"] and self.hopper_takes(out2d):
             self.launch_hopper(plan, views, out2d)
             return out
         if config is None:
@@ -373,17 +389,26 @@ class QuantChain:
         }
         return out
 
+    def hopper_takes(self, out2d):
+        """Whether the Gluon kernel can write out2d: unit strides along its columns, and
+        for quant_hopper's TMA stores, 16-byte-aligned rows."""
+        if self.hopper_chain == "int4_swiglu":  # stores by pointers
+            return out2d.stride(1) == 1
+        return out2d.is_contiguous() and tma_ready(out2d)
+
     def launch_hopper(self, plan, views, out2d):
-        """The call on quant_hopper's Gluon kernel (plan["hopper"]: it fits); from the
+        """The call on the module's Gluon kernel (plan["hopper"]: it fits); from the
         plan's second call, launched directly with descriptors at the call's addresses."""
         operands = [views[i] for i in self.hopper]
-        self.last_compiled = quant_hopper.fp8_block_swiglu(
-            *operands, out2d, launches=plan["hopper_launches"]
-        )
+        if self.hopper_chain == "int4_swiglu":
+            kernel, config = int4_hopper.int4_swiglu, int4_hopper.CONFIG
+        else:
+            kernel, config = quant_hopper.fp8_block_swiglu, quant_hopper.CONFIG
+        self.last_compiled = kernel(*operands, out2d, launches=plan["hopper_launches"])
         self.last_launch = {
             "source": "kernel",
             "path": "hopper",
-            "config": dict(quant_hopper.CONFIG),
+            "config": dict(config),
             "config_from": "hopper",
             "dot": plan["dot"],
             "fast_tanh": False,
@@ -391,35 +416,68 @@ class QuantChain:
         }
 
     def hopper_fits(self, views, plan):
-        """Whether a call runs the module's Gluon kernel (quant_hopper), given that its
-        output is contiguous and 16-byte aligned: a module that has one, on a GPU of
-        compute capability 9.0 (H100, H200), at HOPPER_MIN_ROWS or more and
-        HOPPER_MIN_WAVES of output tiles, a 16-bit output of a multiple of 8 columns, the
-        fp8 e4m3 operands row-major, contiguous and 16-byte aligned (K a multiple of 16),
-        their scales fp32, and FUSEGEN_QUANT_HOPPER not 0 (the way back to the `tl`
-        kernel). Else the `tl` kernel."""
-        if self.hopper is None or switch("FUSEGEN_QUANT_HOPPER") == "0":
+        """Whether a call runs the module's Gluon kernel: a module that has one, on a GPU
+        of compute capability 9.0 (H100, H200), a 16-bit output, the operands row-major,
+        contiguous and 16-byte aligned, what the chain's kernel takes besides
+        (_fp8_fits, _int4_fits), and FUSEGEN_QUANT_HOPPER not 0 (the way back to the `tl`
+        kernel; int4_hopper's kernel, until its default is measured, only with
+        FUSEGEN_QUANT_HOPPER=1). Else the `tl` kernel."""
+        value = switch("FUSEGEN_QUANT_HOPPER")
+        if self.hopper is None or value == "0":
+            return False
+        if self.hopper_chain == "int4_swiglu" and not (int4_hopper.DEFAULT or value == "1"):
             return False
         if plan["interpreted"] or plan["device"].type != "cuda":
             return False
-        capability = torch.cuda.get_device_capability(plan["device"])
-        if capability != (9, 0) or plan["rows"] < HOPPER_MIN_ROWS:
+        if torch.cuda.get_device_capability(plan["device"]) != (9, 0):
+            return False
+        if plan["out_dtype"] not in (torch.bfloat16, torch.float16):
+            return False
+        operands = [views[i] for i in self.hopper]
+        if self.hopper_chain == "int4_swiglu":
+            return self._int4_fits(operands, plan)
+        return self._fp8_fits(operands, plan)
+
+    def _fp8_fits(self, operands, plan):
+        """quant_hopper's block-scaled fp8 SwiGLU: HOPPER_MIN_ROWS or more and
+        HOPPER_MIN_WAVES of output tiles, a multiple of 8 columns, the operands fp8 e4m3
+        (K a multiple of 16), their scales fp32."""
+        if plan["rows"] < HOPPER_MIN_ROWS or plan["cols"] % 8:
             return False
         tiles = cdiv(plan["rows"], 128) * cdiv(plan["cols"], 128)
         if tiles < HOPPER_MIN_WAVES * device_facts(plan["device"])[1]:
             return False
-        if plan["out_dtype"] not in (torch.bfloat16, torch.float16) or plan["cols"] % 8:
-            return False
-        x, xs, wg, wgs, wu, wus = (views[i] for i in self.hopper)
-        try:
-            stored = all(t.dim() == 2 and t.is_contiguous() and tma_ready(t) for t in (x, wg, wu))
-        except RuntimeError:  # torch.compile's fake tensors have no address
-            return False
+        x, xs, wg, wgs, wu, wus = operands
         return (
-            stored
+            _row_major(x, wg, wu)
             and all(t.dtype == torch.float8_e4m3fn for t in (x, wg, wu))
             and all(t.dtype == torch.float32 for t in (xs, wgs, wus))
             and plan["k"] % 16 == 0
+        )
+
+    def _int4_fits(self, operands, plan):
+        """int4_hopper's int4 SwiGLU: HOPPER_INT4_MIN_ROWS to int4_hopper.ROWS rows of
+        bf16 x, K a multiple of 128, the packed weights uint8 [N, K / 2], their scales
+        (any float dtype) and uint8 zero points [N, K / 128] with unit stride along K, the
+        gate's and the up's with the same strides."""
+        if not HOPPER_INT4_MIN_ROWS <= plan["rows"] <= int4_hopper.ROWS:
+            return False
+        if plan["dtype"] != torch.bfloat16 or plan["k"] % int4_hopper.GROUP:
+            return False
+        x, wg, sg, zg, wu, su, zu = operands
+        groups = (plan["cols"], plan["k"] // int4_hopper.GROUP)
+        return (
+            _row_major(x, wg, wu)
+            and all(
+                w.dtype == torch.uint8 and w.shape == (plan["cols"], plan["k"] // 2)
+                for w in (wg, wu)
+            )
+            and all(t.shape == groups and t.stride(1) == 1 for t in (sg, zg, su, zu))
+            and sg.dtype in SCALE_DTYPES
+            and su.dtype == sg.dtype
+            and zg.dtype == zu.dtype == torch.uint8
+            and sg.stride() == su.stride()
+            and zg.stride() == zu.stride()
         )
 
     def nibble_base(self, config, dot):

@@ -249,6 +249,7 @@ if AVAILABLE:
     # fmt: on
 
     _GL_DTYPES = {
+        torch.uint8: gl.uint8,  # int4_hopper's packed weights
         torch.float8_e4m3fn: gl.float8e4nv,
         torch.bfloat16: gl.bfloat16,
         torch.float16: gl.float16,

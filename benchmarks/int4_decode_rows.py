@@ -1,0 +1,91 @@
+"""The int4 SwiGLU at decode (specs/quantized.yaml's llama_mlp_int4, AWQ-style weights)
+at several row counts: its call on the runtime's Gluon kernel (int4_hopper, at every row
+count it takes: this script sets FUSEGEN_QUANT_HOPPER=1 and HOPPER_INT4_MIN_ROWS to 1)
+against the same call on the generated `tl` kernel (its tuned config: the GEMV at one
+row, tiles past a few) and fusegen's bf16 chain on the dequantized weights; GPU time of
+CUDA-graph replays in alternating rounds, each call on its own weight copy where they
+would otherwise sit in L2. Where the Gluon kernel starts winning sets the runtime's
+HOPPER_INT4_MIN_ROWS, and whether it wins at all int4_hopper.DEFAULT.
+
+    python3 -m fusegen build specs/quantized.yaml benchmarks/specs/anchors.yaml --out FOLDER
+    python3 benchmarks/int4_decode_rows.py --built FOLDER [--rows 1 2 4 8 16] [--k 4096]
+        [--n 14336] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from quantized_chains import copies_for, int4_weights, load, max_error, table, timed
+
+GROUP = 128
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--built", type=Path, required=True)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--k", type=int, default=4096)
+    parser.add_argument("--n", type=int, default=14336)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    os.environ["FUSEGEN_QUANT_HOPPER"] = "1"
+    module = load(args.built, "llama_mlp_int4")
+    bf16 = load(args.built, "anchor_swiglu")
+    chain = module._CHAIN
+    runtime = sys.modules[type(chain).__module__]
+    runtime.HOPPER_INT4_MIN_ROWS = 1
+    gluon_operands = chain.hopper
+    print(torch.cuda.get_device_name(), "torch", torch.__version__)
+    k, n = args.k, args.n
+    int4_bytes = 2 * (n * k // 2 + n * (k // GROUP) * 3)  # packed weights, scales, zeros
+    copies = copies_for(int4_bytes)
+    sets = [(*int4_weights(n, k, GROUP), *int4_weights(n, k, GROUP)) for _ in range(copies)]
+
+    def dequant(q, scale, zero):
+        s = scale.float().repeat_interleave(GROUP, 1)
+        return ((q.float() - zero.float().repeat_interleave(GROUP, 1)) * s).bfloat16()
+
+    bf16_copies = copies_for(2 * n * k * 2)
+    dense = [
+        (dequant(s[0], s[2], s[3]), dequant(s[4], s[6], s[7]))
+        for s in (sets * bf16_copies)[:bf16_copies]
+    ]
+    for m in args.rows:
+        torch.manual_seed(m)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        _, pg, sg, zg, _, pu, su, zu = sets[0]
+        want = module.reference(
+            x.double(), pg, sg.double(), zg, pu, su.double(), zu, out_dtype=torch.float64
+        )
+
+        def on(operands, x=x):
+            def call(i):
+                chain.hopper, chain.plans = operands, {}
+                _, pg, sg, zg, _, pu, su, zu = sets[i % copies]
+                return module.llama_mlp_int4(x, pg, sg, zg, pu, su, zu)
+
+            return call
+
+        errors, variants = {}, {}
+        for name, fn in (("fusegen gluon", on(gluon_operands)), ("fusegen tl", on(None))):
+            errors[name] = max_error(fn(0), want)
+            path = module.last_launch().get("path") or "tl"
+            config = module.last_launch()["config"]
+            # Each variant's plan is made again at its first call in a round (the path is
+            # chosen there): replays keep the kernel it chose.
+            variants[f"{name} ({path}, BLOCK_M {config['BLOCK_M']})"] = fn
+        variants["bf16 chain"] = lambda i, x=x: bf16.anchor_swiglu(x, *dense[i % bf16_copies])
+        nbytes = {v: int4_bytes for v in variants} | {"bf16 chain": 4 * n * k}
+        facts = {"shape": f"{m}x{k}->{n} x2", "bytes": nbytes, "errors": errors}
+        print(table({"row": "int4 SwiGLU at decode", **timed(variants, facts, args.rounds)}))
+    chain.hopper, chain.plans = gluon_operands, {}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,262 @@
+"""Decode's int4 SwiGLU on Hopper (compute capability 9.0), written in Gluon:
+silu(x @ w_gate.T) * (x @ w_up.T) for a few rows of bf16 x, the weights int4 as AWQ
+stores them (unsigned, two a byte with the even K index in the low nibble, one scale and
+one uint8 zero point per 128 values along K).
+
+Why Gluon: at decode the weights' bytes are the cost, and the generated `tl` kernel's
+tiles at 16 rows stream them at 1.4 TB/s (45.3 us at 4096 -> 14336 x 2 on an H200), its
+loads latency-bound with the issue slots half idle. This kernel: 37.1 us [36.6-37.4]
+there (benchmarks/experiments/int4_decode_gluon.py, its "words s6" variant; at one row
+the generated GEMV stays ahead, 28.6 us against 35.9). Its schedule:
+  - a program takes 64 rows of both weights (wgmma's M; out's columns) over all of K; a
+    one-warp producer streams each 128-value K step (one scale group) of both weights'
+    packed tiles ([64, 64] bytes) and x's [16, 128] tile through a ring of STAGES slots
+    with TMA (rows of x past M read as zeros);
+  - one consumer warpgroup reads each packed tile as 32-bit words (ldmatrix): a thread's
+    word for each 32 of K holds nibbles K 8t .. 8t + 7, and one shift and one LOP3
+    ((w >> 4j) & 0x000F000F | 0x43004300) make an operand register of the bf16 floats
+    128 + q of nibbles j and j + 4, with no conversion instruction. That pairs K values
+    wgmma's order does not, so K is permuted within each 32 for the weights and, through
+    a shared buffer a step, for x: the dots' sums do not change;
+  - the dots run transposed (out.T = w @ x.T: x's rows are wgmma's N of 16); a third
+    dot, of ones against x's tile, gives each row's sum of x over the group, and a
+    group's sums are scale * (P - (128 + zero) * sum(x)): an FFMA or two an element of
+    the [64, 16] sums, not a subtraction a weight. 128 + q and 128 + zero are exact in
+    bf16 and fp32, and the products (128 + q) * x in fp32;
+  - the epilogue takes silu(gate) * up and stores out's [M, 64] columns. No split of K:
+    every output's sum has one order, so calls are deterministic.
+
+What it takes (QuantChain.hopper_fits checks): a module whose chain is this one (its
+HOPPER chain "int4_swiglu"), 1 to ROWS rows of bf16 x [M, K] row-major and 16-byte
+aligned, K a multiple of 128, the packed weights [N, K / 2] uint8 likewise, scales [N, K
+/ 128] of any float dtype and zero points [N, K / 128] uint8 with unit stride along K,
+the gate's and the up's alike; out [M, N] bf16 or fp16 with unit stride along N.
+"""
+
+import triton
+
+from . import launch, quant_hopper
+from .gluon_hopper import AVAILABLE
+
+if AVAILABLE:  # else (a Triton without Gluon) the `tl` kernel runs
+    from .gluon_hopper import fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma
+    from .gluon_hopper import warpgroup_mma_wait
+
+# Weight rows a program (wgmma's M), x's rows at most (its N), K a step (a scale group),
+# the ring's slots (12 KB each), ptxas's registers a thread (128: two programs an SM, the
+# 4 + 1 warps allocated as 8).
+BLOCK_N, ROWS, GROUP, STAGES, REGISTERS = 64, 16, 128, 6, 128
+# Whether calls that fit take the kernel without FUSEGEN_QUANT_HOPPER=1: not until its
+# GPU tests have run in the runtime and a rows sweep has set quant.HOPPER_INT4_MIN_ROWS.
+DEFAULT = False
+# What `fusegen inspect` and last_launch show as the kernel's config.
+CONFIG = {
+    "BLOCK_M": ROWS,
+    "BLOCK_N": BLOCK_N,
+    "BLOCK_K": GROUP,
+    "num_warps": 5,
+    "num_stages": STAGES,
+}
+
+if AVAILABLE:
+    # fmt: off
+    @gluon.jit
+    def _produce(descs, bufs, bars, ptrs, M, N, K, num_warps: gl.constexpr):
+        """The producer warp: each K step's packed tiles of both weights and x's tile into
+        the ring, a slot once the consumer has released it (a fresh mbarrier counts as
+        having completed the phase before 0)."""
+        wg_desc, wu_desc, x_desc = descs
+        wg_bufs, wu_bufs, x_bufs, xp_smem = bufs
+        ready, empty = bars
+        BN: gl.constexpr = wg_desc.block_type.shape[0]
+        BK: gl.constexpr = x_desc.block_type.shape[1]
+        STAGES: gl.constexpr = x_bufs.type.shape[0]
+        nbytes: gl.constexpr = (wg_desc.block_type.nbytes + wu_desc.block_type.nbytes
+                                + x_desc.block_type.nbytes)
+        n0 = gl.program_id(0) * BN
+        for i in range(K // BK):
+            s = i % STAGES
+            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(s), nbytes)
+            k = i * BK
+            tma.async_copy_global_to_shared(wg_desc, [n0, k // 2], ready.index(s),
+                                            wg_bufs.index(s))
+            tma.async_copy_global_to_shared(wu_desc, [n0, k // 2], ready.index(s),
+                                            wu_bufs.index(s))
+            tma.async_copy_global_to_shared(x_desc, [0, k], ready.index(s), x_bufs.index(s))
+
+    @gluon.constexpr_function
+    def _words_layout(layout):
+        """The shared layout of a byte tile's bytes read as 32-bit words (the same
+        swizzle)."""
+        return gl.NVMMASharedLayout(swizzle_byte_width=layout.swizzle_byte_width,
+                                    element_bitwidth=32, rank=2)
+
+    @gluon.jit
+    def _pair(words, j: gl.constexpr):
+        """Nibbles j and j + 4 of each word as bf16 128 + q: [rows, words, 2]."""
+        bits = ((words >> (4 * j)) & 0x000F000F) | 0x43004300
+        lo = bits.to(gl.int16).to(gl.bfloat16, bitcast=True)
+        hi = (bits >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True)
+        return gl.join(lo, hi)
+
+    @gluon.jit
+    def _word_floats(packed, a_layout: gl.constexpr):
+        """A [rows, K / 2] shared tile of bytes as [rows, K] bf16 128 + q in wgmma's
+        register-operand layout, K permuted within each 32 (as _permuted_x permutes x): a
+        thread reads, for each 32 of K, one 32-bit word (8 nibbles: K 8t + p, p < 8) and
+        makes its four operand registers with one shift and one LOP3 each, pairing
+        nibbles j and j + 4. With j = 2s + h, the pair stands at K 16s + 8h + 2t + e (e:
+        0 low, 1 high) of the operand's order."""
+        R: gl.constexpr = packed.type.shape[0]
+        KB: gl.constexpr = packed.type.shape[1]
+        # Words w = 4c + t of a row: registers row 8 and words 4, 8; lanes words 1, 2 (t)
+        # and rows 1, 2, 4; warps rows 16, 32.
+        word_layout: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[8, 0], [0, 4], [0, 8]],
+            lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
+            warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[R, KB // 4])
+        words = packed._reinterpret(gl.int32, [R, KB // 4], _words_layout(packed.type.layout))
+        words = words.load(word_layout)
+        both = gl.join(gl.join(_pair(words, 0), _pair(words, 1)),
+                       gl.join(_pair(words, 2), _pair(words, 3)))  # row, word, e, h, s
+        both = gl.reshape(both, [R, KB // 16, 4, 2, 2, 2])  # row, c, t, e, h, s
+        both = gl.reshape(gl.permute(both, (0, 1, 5, 4, 2, 3)), [R, 2 * KB])  # c, s, h, t, e
+        return gl.convert_layout(both, a_layout)
+
+    @gluon.jit
+    def _permuted_x(x_smem, xp_smem):
+        """x's [rows, K] tile into xp_smem with K permuted within each 32 as _word_floats
+        orders the weights: K 32c + 8t + 4e + 2s + h to 32c + 16s + 8h + 2t + e. Every
+        thread's stores are made visible to wgmma before it returns."""
+        R: gl.constexpr = x_smem.type.shape[0]
+        BK: gl.constexpr = x_smem.type.shape[1]
+        layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8],
+                                                threads_per_warp=[2, 16],
+                                                warps_per_cta=[4, 1], order=[1, 0])
+        x = gl.reshape(x_smem.load(layout), [R, BK // 32, 2, 2, 2, 2, 2])  # row, c, t1, t0, e, s, h
+        x = gl.reshape(gl.permute(x, (0, 1, 5, 6, 2, 3, 4)), [R, BK])  # c, s, h, t1, t0, e
+        xp_smem.store(x)
+        fence_async_shared()
+        gl.thread_barrier()
+
+    @gluon.jit
+    def _group_sums(p, ones_p, scale, zero):
+        """A group's part of the sums: scale * (sum (128 + q) x - (128 + zero) sum x), per
+        weight row (scale, zero: [rows] in the sums' row layout)."""
+        return scale[:, None] * (p - (128.0 + zero)[:, None] * ones_p)
+
+    @gluon.jit
+    def _row_quant(s_ptr, z_ptr, rows, keep, group, stride_s_n, stride_z_n):
+        """Group `group`'s scales and zero points of these weight rows, fp32."""
+        scale = gl.load(s_ptr + rows * stride_s_n + group, mask=keep, other=0.0)
+        zero = gl.load(z_ptr + rows * stride_z_n + group, mask=keep, other=0)
+        return scale.to(gl.float32), zero.to(gl.float32)
+
+    @gluon.jit
+    def _consume(descs, bufs, bars, ptrs, M, N, K, num_warps: gl.constexpr):
+        """The consumer warpgroup: each step's packed tiles into registers as wgmma's
+        operand, three dots (gate, up, ones) against x's permuted tile transposed, the
+        group's scales and zero points applied to the sums; then out's columns."""
+        wg_desc, wu_desc, x_desc = descs
+        wg_bufs, wu_bufs, x_bufs, xp_smem = bufs
+        ready, empty = bars
+        sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, stride_s_n, stride_z_n, stride_out_m = ptrs
+        BN: gl.constexpr = wg_desc.block_type.shape[0]
+        BK: gl.constexpr = x_desc.block_type.shape[1]
+        R: gl.constexpr = x_desc.block_type.shape[0]
+        STAGES: gl.constexpr = x_bufs.type.shape[0]
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, R, 16])  # one warpgroup
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout,
+                                                     k_width=2)
+        row_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
+        ones = gl.full([BN, BK], 1.0, gl.bfloat16, layout=a_layout)
+        zero_acc = gl.zeros([BN, R], gl.float32, layout=acc_layout)
+        steps = K // BK
+        rows = gl.program_id(0) * BN + gl.arange(0, BN, layout=row_layout)  # out's columns
+        row_ok = rows < N
+        acc_g = zero_acc
+        acc_u = zero_acc
+        qg = _row_quant(sg_ptr, zg_ptr, rows, row_ok, 0, stride_s_n, stride_z_n)
+        qu = _row_quant(su_ptr, zu_ptr, rows, row_ok, 0, stride_s_n, stride_z_n)
+        for i in range(steps):
+            s = i % STAGES
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            a_g = _word_floats(wg_bufs.index(s), a_layout)
+            a_u = _word_floats(wu_bufs.index(s), a_layout)
+            _permuted_x(x_bufs.index(s), xp_smem)
+            mbarrier.arrive(empty.index(s))  # the slot is in registers and xp_smem now
+            xt = xp_smem.permute((1, 0))
+            p_g = warpgroup_mma(a_g, xt, zero_acc, use_acc=False, is_async=True)
+            p_u = warpgroup_mma(a_u, xt, zero_acc, use_acc=False, is_async=True)
+            p_1 = warpgroup_mma(ones, xt, zero_acc, use_acc=False, is_async=True)
+            # The next group's scales and zero points load while the dots run.
+            group = gl.minimum(i + 1, steps - 1)
+            qg_n = _row_quant(sg_ptr, zg_ptr, rows, row_ok, group, stride_s_n, stride_z_n)
+            qu_n = _row_quant(su_ptr, zu_ptr, rows, row_ok, group, stride_s_n, stride_z_n)
+            p_g, p_u, p_1, a_g, a_u = warpgroup_mma_wait(0, deps=(p_g, p_u, p_1, a_g, a_u))
+            acc_g += _group_sums(p_g, p_1, qg[0], qg[1])
+            acc_u += _group_sums(p_u, p_1, qu[0], qu[1])
+            qg = qg_n
+            qu = qu_n
+
+        cols = gl.arange(0, R, layout=gl.SliceLayout(0, acc_layout))  # x's rows
+        out = acc_g / (1.0 + gl.exp2(-1.4426950408889634 * acc_g)) * acc_u  # silu * up
+        gl.store(out_ptr + cols[None, :] * stride_out_m + rows[:, None],
+                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (cols < M)[None, :])
+
+    @gluon.jit
+    def _int4_swiglu(wg_desc, wu_desc, x_desc, sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, M, N,
+                     K, stride_s_n, stride_z_n, stride_out_m, STAGES: gl.constexpr,
+                     num_warps: gl.constexpr):
+        """out [M, N] (M <= 16) over programs of 64 weight rows (the module docstring's
+        schedule); the weights packed [N, K / 2] in tiles of [64, 64] bytes, x [M, K] in
+        tiles of [16, 128]; scales and zero points [N, K / 128], both weights' with the
+        same strides, unit stride along K."""
+        wg_bufs = gl.allocate_shared_memory(wg_desc.dtype, [STAGES] + wg_desc.block_type.shape,
+                                            wg_desc.layout)
+        wu_bufs = gl.allocate_shared_memory(wu_desc.dtype, [STAGES] + wu_desc.block_type.shape,
+                                            wu_desc.layout)
+        x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape,
+                                           x_desc.layout)
+        # x's tile with K permuted as the weights' words give it (one a step).
+        xp_smem = gl.allocate_shared_memory(x_desc.dtype, x_desc.block_type.shape,
+                                            x_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        descs = (wg_desc, wu_desc, x_desc)
+        bufs = (wg_bufs, wu_bufs, x_bufs, xp_smem)
+        bars = (ready, empty)
+        ptrs = (sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, stride_s_n, stride_z_n, stride_out_m)
+        gl.warp_specialize([
+            (_consume, (descs, bufs, bars, ptrs, M, N, K, num_warps)),
+            (_produce, (descs, bufs, bars, ptrs, M, N, K, num_warps)),
+        ], [1], [24])
+    # fmt: on
+
+
+def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None):
+    """out = silu(x @ wg.T) * (x @ wu.T), x [M, K] bf16 (M <= ROWS), the weights packed
+    int4 [N, K / 2] uint8 dequantized as (q - zero) * scale by their scales sg, su and
+    zero points zg, zu [N, K / 128]; out [M, N] bf16 or fp16. launches: the
+    launch.Described its caller keeps for calls like this one. Returns the compiled
+    kernel."""
+
+    def first():
+        m, k = x.shape
+        n = wg.shape[0]
+        descs = (
+            quant_hopper.descriptor(wg, [BLOCK_N, GROUP // 2]),
+            quant_hopper.descriptor(wu, [BLOCK_N, GROUP // 2]),
+            quant_hopper.descriptor(x, [ROWS, GROUP]),
+        )
+        scalars = (m, n, k, sg.stride(0), zg.stride(0), out.stride(0))
+        meta = {"STAGES": STAGES, "num_warps": 4, "maxnreg": REGISTERS}
+        return _int4_swiglu, (triton.cdiv(n, BLOCK_N),), descs, scalars, meta
+
+    launches = launches or launch.Described()
+    return launches((wg, wu, x), (sg, zg, su, zu, out), first)
