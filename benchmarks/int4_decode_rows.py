@@ -9,7 +9,9 @@ HOPPER_INT4_MIN_ROWS, and whether it wins at all int4_hopper.DEFAULT.
 
     python3 -m fusegen build specs/quantized.yaml benchmarks/specs/anchors.yaml --out FOLDER
     python3 benchmarks/int4_decode_rows.py --built FOLDER [--rows 1 2 4 8 16] [--k 4096]
-        [--n 14336] [--rounds 5]
+        [--n 14336] [--dtype bf16|fp16] [--rounds 5]
+
+--dtype: x's, the output's and the bf16 chain's (fp16: AWQ's own, the scales too).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--k", type=int, default=4096)
     parser.add_argument("--n", type=int, default=14336)
+    parser.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     os.environ["FUSEGEN_QUANT_HOPPER"] = "1"
@@ -45,11 +48,17 @@ def main() -> None:
     k, n = args.k, args.n
     int4_bytes = 2 * (n * k // 2 + n * (k // GROUP) * 3)  # packed weights, scales, zeros
     copies = copies_for(int4_bytes)
-    sets = [(*int4_weights(n, k, GROUP), *int4_weights(n, k, GROUP)) for _ in range(copies)]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+
+    def weights():
+        q, packed, scale, zero = int4_weights(n, k, GROUP)
+        return q, packed, scale.to(dtype), zero
+
+    sets = [(*weights(), *weights()) for _ in range(copies)]
 
     def dequant(q, scale, zero):
         s = scale.float().repeat_interleave(GROUP, 1)
-        return ((q.float() - zero.float().repeat_interleave(GROUP, 1)) * s).bfloat16()
+        return ((q.float() - zero.float().repeat_interleave(GROUP, 1)) * s).to(dtype)
 
     bf16_copies = copies_for(2 * n * k * 2)
     dense = [
@@ -58,7 +67,7 @@ def main() -> None:
     ]
     for m in args.rows:
         torch.manual_seed(m)
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
         _, pg, sg, zg, _, pu, su, zu = sets[0]
         want = module.reference(
             x.double(), pg, sg.double(), zg, pu, su.double(), zu, out_dtype=torch.float64
@@ -82,7 +91,7 @@ def main() -> None:
             variants[f"{name} ({path}, BLOCK_M {config['BLOCK_M']})"] = fn
         variants["bf16 chain"] = lambda i, x=x: bf16.anchor_swiglu(x, *dense[i % bf16_copies])
         nbytes = {v: int4_bytes for v in variants} | {"bf16 chain": 4 * n * k}
-        facts = {"shape": f"{m}x{k}->{n} x2", "bytes": nbytes, "errors": errors}
+        facts = {"shape": f"{m}x{k}->{n} x2, {args.dtype}", "bytes": nbytes, "errors": errors}
         print(table({"row": "int4 SwiGLU at decode", **timed(variants, facts, args.rounds)}))
     chain.hopper, chain.plans = gluon_operands, {}
 

@@ -334,7 +334,9 @@ open('$out/attention-zoo/attention.yaml', 'w').write(t.ATTENTION_SPECS)"
         run $PYTHON -m pytest tests/test_int4_hopper.py -q -p no:cacheprovider
         run $PYTHON -m fusegen build specs/quantized.yaml benchmarks/specs/anchors.yaml \
             --out "$out/int4-runtime-build"
-        run $PYTHON benchmarks/int4_decode_rows.py --built "$out/int4-runtime-build" ;;
+        run $PYTHON benchmarks/int4_decode_rows.py --built "$out/int4-runtime-build"
+        run $PYTHON benchmarks/int4_decode_rows.py --built "$out/int4-runtime-build" --dtype fp16 \
+            --rows 1 16 ;;
     stream-ceiling)
         run $PYTHON benchmarks/experiments/stream_ceiling.py ;;
     int4-gemv)

@@ -38,7 +38,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from fusegen.runtime import int4_hopper as ih, quant_hopper as qh
 
 w = torch.empty(256, 256, dtype=torch.uint8)
-x = torch.empty(16, 512, dtype=torch.bfloat16)
+x = torch.empty(16, 512, dtype=getattr(torch, sys.argv[3]))
 tile = [ih.BLOCK_N, ih.GROUP // 2]
 descs = (qh.descriptor(w, tile), qh.descriptor(w, tile), qh.descriptor(x, [ih.ROWS, ih.GROUP]))
 kernel = ih._int4_swiglu
@@ -71,11 +71,13 @@ print(json.dumps({"shared": compiled.metadata.shared, "wgmma": ptx.count("wgmma.
 
 
 @needs_gluon
-@pytest.mark.parametrize("scales, out", [("*bf16", "*bf16"), ("*fp32", "*fp16")])
-def test_the_kernel_compiles_for_sm90_without_spills(scales, out):
+@pytest.mark.parametrize(
+    "scales, out, x", [("*bf16", "*bf16", "bfloat16"), ("*fp32", "*fp16", "float16")]
+)
+def test_the_kernel_compiles_for_sm90_without_spills(scales, out, x):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(
-        [sys.executable, "-c", SM90_COMPILE, scales, out],
+        [sys.executable, "-c", SM90_COMPILE, scales, out, x],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -145,7 +147,7 @@ def test_the_example_module_names_its_chain_to_the_runtime():
     assert not hasattr(generated("linear_int8"), "HOPPER")
 
 
-def int4_call(m=16, k=512, n=200, scale_dtype=torch.bfloat16, device="cpu"):
+def int4_call(m=16, k=512, n=200, scale_dtype=torch.bfloat16, device="cpu", dtype=torch.bfloat16):
     """llama_mlp_int4's tensors of a call (x, w_gate, its scales and zero points, w_up,
     its scales and zero points), random."""
     gen = torch.Generator(device=device).manual_seed(m + k + n)
@@ -156,7 +158,7 @@ def int4_call(m=16, k=512, n=200, scale_dtype=torch.bfloat16, device="cpu"):
         zero = torch.randint(0, 16, (n, k // 128), generator=gen, device=device)
         return packed.to(torch.uint8), scale.to(scale_dtype), zero.to(torch.uint8)
 
-    x = torch.randn(m, k, generator=gen, device=device).bfloat16()
+    x = torch.randn(m, k, generator=gen, device=device).to(dtype)
     return (x, *weight(), *weight())
 
 
@@ -189,11 +191,12 @@ def test_calls_that_fit_it(monkeypatch):
     monkeypatch.setenv("FUSEGEN_QUANT_HOPPER", "1")
     assert chain.hopper_fits(views, plan)
     assert chain.hopper_fits(views, {**plan, "out_dtype": torch.float16})
+    assert chain.hopper_fits(views, {**plan, "dtype": torch.float16})  # fp16's 1024 + q
     assert chain.hopper_fits(views, {**plan, "rows": runtime.HOPPER_INT4_MIN_ROWS})
     x, wg, sg, zg, wu, su, zu = views
     refused = [
         {"plan": {"out_dtype": torch.float32}},
-        {"plan": {"dtype": torch.float16}},  # 128 + q is bf16's bits
+        {"plan": {"dtype": torch.float32}},
         {"plan": {"rows": runtime.HOPPER_INT4_MIN_ROWS - 1}},  # the GEMV's
         {"plan": {"rows": int4_hopper.ROWS + 1}},  # the tiles'
         {"plan": {"interpreted": True}},
@@ -260,21 +263,22 @@ def every_row_count(monkeypatch):
 @on_hopper
 @needs_gluon
 @pytest.mark.parametrize(
-    "m, k, n, scale_dtype",
+    "m, k, n, scale_dtype, dtype",
     [
-        (16, 4096, 14336, torch.bfloat16),
-        (5, 384, 200, torch.float16),  # N not a multiple of 64, K three groups
-        (1, 128, 1, torch.float32),
-        (13, 1152, 4160, torch.bfloat16),
-        (2, 4096, 1000, torch.float16),
+        (16, 4096, 14336, torch.bfloat16, torch.bfloat16),
+        (16, 4096, 14336, torch.float16, torch.float16),  # AWQ's: fp16 x and scales
+        (5, 384, 200, torch.float16, torch.bfloat16),  # N not a multiple of 64, K 3 groups
+        (1, 128, 1, torch.float32, torch.float16),
+        (13, 1152, 4160, torch.bfloat16, torch.float16),
+        (2, 4096, 1000, torch.float16, torch.bfloat16),
     ],
 )
-def test_module_calls_match_float64(m, k, n, scale_dtype, monkeypatch):
+def test_module_calls_match_float64(m, k, n, scale_dtype, dtype, monkeypatch):
     """Each output poisoned first; against the module's reference in float64 within one
     bf16 rounding of the output (fp32 sums of exact products); a second call, launched
     directly at a new output's address, gives the same bits (no split of K)."""
     module = every_row_count(monkeypatch)
-    x, wg, sg, zg, wu, su, zu = int4_call(m, k, n, scale_dtype, device="cuda")
+    x, wg, sg, zg, wu, su, zu = int4_call(m, k, n, scale_dtype, "cuda", dtype)
     want = module.reference(
         x.double(), wg, sg.double(), zg, wu, su.double(), zu, out_dtype=torch.float64
     )
@@ -292,9 +296,9 @@ def test_module_calls_match_float64(m, k, n, scale_dtype, monkeypatch):
 @on_hopper
 @needs_gluon
 def test_which_calls_take_it_on_the_gpu(monkeypatch):
-    """With FUSEGEN_QUANT_HOPPER=1, from HOPPER_INT4_MIN_ROWS to ROWS rows of bf16 x; a
-    caller's config, a row more, one row, fp16 x and the default (until measured) take
-    the `tl` kernel, which gives the same output within bf16's rounding; torch.compile's
+    """With FUSEGEN_QUANT_HOPPER=1, from HOPPER_INT4_MIN_ROWS to ROWS rows of bf16 or fp16
+    x; a caller's config, a row more, one row and the default (until measured) take the
+    `tl` kernel, which gives the same output within bf16's rounding; torch.compile's
     call takes the eager call's kernel."""
     monkeypatch.setenv("FUSEGEN_QUANT_HOPPER", "1")
     module = generated("llama_mlp_int4")
@@ -308,9 +312,10 @@ def test_which_calls_take_it_on_the_gpu(monkeypatch):
     tl_out = module.llama_mlp_int4(rows, *weights, config=module.DEFAULT_CONFIG)
     assert module.last_launch().get("path") is None
     torch.testing.assert_close(tl_out, hopper, rtol=8e-3, atol=8e-3 * hopper.abs().max().item())
-    module.llama_mlp_int4(x[: runtime.HOPPER_INT4_MIN_ROWS], *weights)
-    assert module.last_launch()["path"] == "hopper"
-    for refused in (x, x[: runtime.HOPPER_INT4_MIN_ROWS - 1], rows.half()):
+    for taken in (x[: runtime.HOPPER_INT4_MIN_ROWS], rows.half()):
+        module.llama_mlp_int4(taken, *weights)
+        assert module.last_launch()["path"] == "hopper", taken.dtype
+    for refused in (x, x[: runtime.HOPPER_INT4_MIN_ROWS - 1]):
         module.llama_mlp_int4(refused, *weights)
         assert module.last_launch().get("path") is None, refused.shape
     compiled = torch.compile(module.llama_mlp_int4, fullgraph=True)

@@ -1,5 +1,5 @@
 """Decode's int4 SwiGLU on Hopper (compute capability 9.0), written in Gluon:
-silu(x @ w_gate.T) * (x @ w_up.T) for a few rows of bf16 x, the weights int4 as AWQ
+silu(x @ w_gate.T) * (x @ w_up.T) for a few rows of bf16 or fp16 x, the weights int4 as AWQ
 stores them (unsigned, two a byte with the even K index in the low nibble, one scale and
 one uint8 zero point per 128 values along K).
 
@@ -15,19 +15,21 @@ the generated GEMV stays ahead, 28.6 us against 35.9). Its schedule:
   - one consumer warpgroup reads each packed tile as 32-bit words (ldmatrix): a thread's
     word for each 32 of K holds nibbles K 8t .. 8t + 7, and one shift and one LOP3
     ((w >> 4j) & 0x000F000F | 0x43004300) make an operand register of the bf16 floats
-    128 + q of nibbles j and j + 4, with no conversion instruction. That pairs K values
+    128 + q of nibbles j and j + 4 (fp16's 1024 + q: | 0x64006400), with no conversion
+    instruction. That pairs K values
     wgmma's order does not, so K is permuted within each 32 for the weights and, through
     a shared buffer a step, for x: the dots' sums do not change;
   - the dots run transposed (out.T = w @ x.T: x's rows are wgmma's N of 16); a third
     dot, of ones against x's tile, gives each row's sum of x over the group, and a
     group's sums are scale * (P - (128 + zero) * sum(x)): an FFMA or two an element of
     the [64, 16] sums, not a subtraction a weight. 128 + q and 128 + zero are exact in
-    bf16 and fp32, and the products (128 + q) * x in fp32;
+    bf16 and fp32, and the products (128 + q) * x in fp32 (fp16's 1024 + q likewise:
+    11 bits times 11);
   - the epilogue takes silu(gate) * up and stores out's [M, 64] columns. No split of K:
     every output's sum has one order, so calls are deterministic.
 
 What it takes (QuantChain.hopper_fits checks): a module whose chain is this one (its
-HOPPER chain "int4_swiglu"), 1 to ROWS rows of bf16 x [M, K] row-major and 16-byte
+HOPPER chain "int4_swiglu"), 1 to ROWS rows of bf16 or fp16 x [M, K] row-major and 16-byte
 aligned, K a multiple of 128, the packed weights [N, K / 2] uint8 likewise, scales [N, K
 / 128] of any float dtype and zero points [N, K / 128] uint8 with unit stride along K,
 the gate's and the up's alike; out [M, N] bf16 or fp16 with unit stride along N.
@@ -92,17 +94,24 @@ if AVAILABLE:
         return gl.NVMMASharedLayout(swizzle_byte_width=layout.swizzle_byte_width,
                                     element_bitwidth=32, rank=2)
 
+    @gluon.constexpr_function
+    def _nibble_base(dtype):
+        """(the bits of the float BASE in dtype, BASE): the float whose mantissa's last
+        bits a nibble q is OR-ed into, making BASE + q (bf16: 128, fp16: 1024)."""
+        return (0x6400, 1024.0) if str(dtype) == "fp16" else (0x4300, 128.0)
+
     @gluon.jit
-    def _pair(words, j: gl.constexpr):
-        """Nibbles j and j + 4 of each word as bf16 128 + q: [rows, words, 2]."""
-        bits = ((words >> (4 * j)) & 0x000F000F) | 0x43004300
-        lo = bits.to(gl.int16).to(gl.bfloat16, bitcast=True)
-        hi = (bits >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True)
+    def _pair(words, j: gl.constexpr, dtype: gl.constexpr):
+        """Nibbles j and j + 4 of each word as dtype's BASE + q: [rows, words, 2]."""
+        BITS: gl.constexpr = _nibble_base(dtype)[0]
+        bits = ((words >> (4 * j)) & 0x000F000F) | (BITS * 0x00010001)
+        lo = bits.to(gl.int16).to(dtype, bitcast=True)
+        hi = (bits >> 16).to(gl.int16).to(dtype, bitcast=True)
         return gl.join(lo, hi)
 
     @gluon.jit
-    def _word_floats(packed, a_layout: gl.constexpr):
-        """A [rows, K / 2] shared tile of bytes as [rows, K] bf16 128 + q in wgmma's
+    def _word_floats(packed, a_layout: gl.constexpr, dtype: gl.constexpr = gl.bfloat16):
+        """A [rows, K / 2] shared tile of bytes as [rows, K] dtype BASE + q in wgmma's
         register-operand layout, K permuted within each 32 (as _permuted_x permutes x): a
         thread reads, for each 32 of K, one 32-bit word (8 nibbles: K 8t + p, p < 8) and
         makes its four operand registers with one shift and one LOP3 each, pairing
@@ -118,8 +127,8 @@ if AVAILABLE:
             warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[R, KB // 4])
         words = packed._reinterpret(gl.int32, [R, KB // 4], _words_layout(packed.type.layout))
         words = words.load(word_layout)
-        both = gl.join(gl.join(_pair(words, 0), _pair(words, 1)),
-                       gl.join(_pair(words, 2), _pair(words, 3)))  # row, word, e, h, s
+        both = gl.join(gl.join(_pair(words, 0, dtype), _pair(words, 1, dtype)),  # row, word,
+                       gl.join(_pair(words, 2, dtype), _pair(words, 3, dtype)))  # e, h, s
         both = gl.reshape(both, [R, KB // 16, 4, 2, 2, 2])  # row, c, t, e, h, s
         both = gl.reshape(gl.permute(both, (0, 1, 5, 4, 2, 3)), [R, 2 * KB])  # c, s, h, t, e
         return gl.convert_layout(both, a_layout)
@@ -141,10 +150,10 @@ if AVAILABLE:
         gl.thread_barrier()
 
     @gluon.jit
-    def _group_sums(p, ones_p, scale, zero):
-        """A group's part of the sums: scale * (sum (128 + q) x - (128 + zero) sum x), per
-        weight row (scale, zero: [rows] in the sums' row layout)."""
-        return scale[:, None] * (p - (128.0 + zero)[:, None] * ones_p)
+    def _group_sums(p, ones_p, scale, zero, BASE: gl.constexpr = 128.0):
+        """A group's part of the sums: scale * (sum (BASE + q) x - (BASE + zero) sum x),
+        per weight row (scale, zero: [rows] in the sums' row layout)."""
+        return scale[:, None] * (p - (BASE + zero)[:, None] * ones_p)
 
     @gluon.jit
     def _row_quant(s_ptr, z_ptr, rows, keep, group, stride_s_n, stride_z_n):
@@ -171,7 +180,9 @@ if AVAILABLE:
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout,
                                                      k_width=2)
         row_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
-        ones = gl.full([BN, BK], 1.0, gl.bfloat16, layout=a_layout)
+        dtype: gl.constexpr = x_desc.dtype
+        BASE: gl.constexpr = _nibble_base(dtype)[1]
+        ones = gl.full([BN, BK], 1.0, dtype, layout=a_layout)
         zero_acc = gl.zeros([BN, R], gl.float32, layout=acc_layout)
         steps = K // BK
         rows = gl.program_id(0) * BN + gl.arange(0, BN, layout=row_layout)  # out's columns
@@ -183,8 +194,8 @@ if AVAILABLE:
         for i in range(steps):
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            a_g = _word_floats(wg_bufs.index(s), a_layout)
-            a_u = _word_floats(wu_bufs.index(s), a_layout)
+            a_g = _word_floats(wg_bufs.index(s), a_layout, dtype)
+            a_u = _word_floats(wu_bufs.index(s), a_layout, dtype)
             _permuted_x(x_bufs.index(s), xp_smem)
             mbarrier.arrive(empty.index(s))  # the slot is in registers and xp_smem now
             xt = xp_smem.permute((1, 0))
@@ -196,8 +207,8 @@ if AVAILABLE:
             qg_n = _row_quant(sg_ptr, zg_ptr, rows, row_ok, group, stride_s_n, stride_z_n)
             qu_n = _row_quant(su_ptr, zu_ptr, rows, row_ok, group, stride_s_n, stride_z_n)
             p_g, p_u, p_1, a_g, a_u = warpgroup_mma_wait(0, deps=(p_g, p_u, p_1, a_g, a_u))
-            acc_g += _group_sums(p_g, p_1, qg[0], qg[1])
-            acc_u += _group_sums(p_u, p_1, qu[0], qu[1])
+            acc_g += _group_sums(p_g, p_1, qg[0], qg[1], BASE)
+            acc_u += _group_sums(p_u, p_1, qu[0], qu[1], BASE)
             qg = qg_n
             qu = qu_n
 
@@ -240,7 +251,7 @@ if AVAILABLE:
 
 
 def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None):
-    """out = silu(x @ wg.T) * (x @ wu.T), x [M, K] bf16 (M <= ROWS), the weights packed
+    """out = silu(x @ wg.T) * (x @ wu.T), x [M, K] bf16 or fp16 (M <= ROWS), the weights packed
     int4 [N, K / 2] uint8 dequantized as (q - zero) * scale by their scales sg, su and
     zero points zg, zu [N, K / 128]; out [M, N] bf16 or fp16. launches: the
     launch.Described its caller keeps for calls like this one. Returns the compiled

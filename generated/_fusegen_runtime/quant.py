@@ -459,12 +459,12 @@ class QuantChain:
 
     def _int4_fits(self, operands, plan):
         """int4_hopper's int4 SwiGLU: HOPPER_INT4_MIN_ROWS to int4_hopper.ROWS rows of
-        bf16 x, K a multiple of 128, the packed weights uint8 [N, K / 2], their scales
+        bf16 or fp16 x, K a multiple of 128, the packed weights uint8 [N, K / 2], their scales
         (any float dtype) and uint8 zero points [N, K / 128] with unit stride along K, the
         gate's and the up's with the same strides."""
         if not HOPPER_INT4_MIN_ROWS <= plan["rows"] <= int4_hopper.ROWS:
             return False
-        if plan["dtype"] != torch.bfloat16 or plan["k"] % int4_hopper.GROUP:
+        if plan["dtype"] not in (torch.bfloat16, torch.float16) or plan["k"] % int4_hopper.GROUP:
             return False
         x, wg, sg, zg, wu, su, zu = operands
         groups = (plan["cols"], plan["k"] // int4_hopper.GROUP)
