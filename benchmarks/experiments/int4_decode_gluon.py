@@ -55,6 +55,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
@@ -82,30 +83,38 @@ from gluon_pieces import (  # noqa: E402
 # Weight rows a program (wgmma's M), x's rows at most (its N), K a step (the group).
 BLOCK_N, ROWS, GROUP = 64, 16, 128
 K, N = 4096, 14336
-# name: (STAGES, SPLIT_K, the kernel's registers a thread: ptxas's maxnreg). Its 5 warps
-# take 256 threads' registers: 128 a thread fits two programs an SM, 80 three. A slot is
-# 12 KB.
+# name: (STAGES, SPLIT_K, the kernel's registers a thread: ptxas's maxnreg, WORDS: 0 the
+# bytes, 1 the words, 2 the words with the ones-dot's operand from shared memory, not 32
+# registers a thread; AHEAD: the K steps ahead of its use a group's scales and zero points
+# are loaded, where one step may be shorter than the loads' latency). Its 5 warps take 256
+# threads' registers: 128 a thread fits two programs an SM, 80 three. A slot is 12 KB.
 VARIANTS = {
-    "s6": (6, 1, 128, False),
-    "s8": (8, 1, 128, False),
-    "s6 r80": (6, 1, 80, False),
-    "s6 split2": (6, 2, 128, False),
-    "s6 r80 split2": (6, 2, 80, False),
-    "words s6": (6, 1, 128, True),
-    "words s8": (8, 1, 128, True),
-    "words s6 r80": (6, 1, 80, True),
-    "words s6 split2": (6, 2, 128, True),
+    "s6": (6, 1, 128, False, 1),
+    "s8": (8, 1, 128, False, 1),
+    "s6 r80": (6, 1, 80, False, 1),
+    "s6 split2": (6, 2, 128, False, 1),
+    "s6 r80 split2": (6, 2, 80, False, 1),
+    "words s6": (6, 1, 128, True, 1),
+    "words s8": (8, 1, 128, True, 1),
+    "words s6 r80": (6, 1, 80, True, 1),
+    "words s6 split2": (6, 2, 128, True, 1),
+    "words s6 ones-smem": (6, 1, 128, 2, 1),
+    "words s6 ones-smem r96": (6, 1, 96, 2, 1),
+    "words s6 ahead3": (6, 1, 128, True, 3),
+    "words s6 ones-smem ahead3": (6, 1, 128, 2, 3),
+    "words s6 ones-smem ahead3 r96": (6, 1, 96, 2, 3),
 }
 
 
 # fmt: off
 @gluon.jit
-def _produce(descs, bufs, bars, ptrs, M, N, K, WORDS: gl.constexpr, num_warps: gl.constexpr):
+def _produce(descs, bufs, bars, ptrs, M, N, K, WORDS: gl.constexpr, AHEAD: gl.constexpr,
+             num_warps: gl.constexpr):
     """The producer warp: this program's K steps of both weights' packed tiles and x's
     tile into the ring, a slot once the consumer has released it (a fresh mbarrier counts
     as having completed the phase before 0)."""
     wg_desc, wu_desc, x_desc = descs
-    wg_bufs, wu_bufs, x_bufs, xp_smem = bufs
+    wg_bufs, wu_bufs, x_bufs, xp_smem, _ = bufs
     ready, empty = bars
     BN: gl.constexpr = wg_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
@@ -140,12 +149,13 @@ def _nibble_floats(packed, a_layout: gl.constexpr):
 
 
 @gluon.jit
-def _consume(descs, bufs, bars, ptrs, M, N, K, WORDS: gl.constexpr, num_warps: gl.constexpr):
+def _consume(descs, bufs, bars, ptrs, M, N, K, WORDS: gl.constexpr, AHEAD: gl.constexpr,
+             num_warps: gl.constexpr):
     """The consumer warpgroup: each step's packed tiles into registers as wgmma's
     operand, three dots (gate, up, ones) against x's tile transposed, the group's scales
     and zero points applied to the sums. Then the epilogue (the module docstring's)."""
     wg_desc, wu_desc, x_desc = descs
-    wg_bufs, wu_bufs, x_bufs, xp_smem = bufs
+    wg_bufs, wu_bufs, x_bufs, xp_smem, ones_smem = bufs
     ready, empty = bars
     (sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, partials_ptr, arrivals_ptr, stride_s_n,
      stride_z_n, stride_out_m) = ptrs
@@ -165,7 +175,14 @@ def _consume(descs, bufs, bars, ptrs, M, N, K, WORDS: gl.constexpr, num_warps: g
         lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
         warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[BN, BK // 2])
     row_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
-    ones = gl.full([BN, BK], 1.0, gl.bfloat16, layout=a_layout)
+    if WORDS == 2:  # filled once, by every thread, before the first dot reads it
+        fill: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        ones_smem.store(gl.full([BN, BK], 1.0, gl.bfloat16, layout=fill))
+        fence_async_shared()
+        gl.thread_barrier()
+        ones = ones_smem
+    else:
+        ones = gl.full([BN, BK], 1.0, gl.bfloat16, layout=a_layout)
     zero_acc = gl.zeros([BN, R], gl.float32, layout=acc_layout)
     first, steps = k_split(K, BK)
     n0 = gl.program_id(0) * BN
@@ -173,8 +190,18 @@ def _consume(descs, bufs, bars, ptrs, M, N, K, WORDS: gl.constexpr, num_warps: g
     row_ok = rows < N
     acc_g = zero_acc
     acc_u = zero_acc
+    last = first + steps - 1
     qg = _row_quant(sg_ptr, zg_ptr, rows, row_ok, first, stride_s_n, stride_z_n)
     qu = _row_quant(su_ptr, zu_ptr, rows, row_ok, first, stride_s_n, stride_z_n)
+    if AHEAD == 3:  # the next two groups' too
+        qg1 = _row_quant(sg_ptr, zg_ptr, rows, row_ok, gl.minimum(first + 1, last), stride_s_n,
+                         stride_z_n)
+        qu1 = _row_quant(su_ptr, zu_ptr, rows, row_ok, gl.minimum(first + 1, last), stride_s_n,
+                         stride_z_n)
+        qg2 = _row_quant(sg_ptr, zg_ptr, rows, row_ok, gl.minimum(first + 2, last), stride_s_n,
+                         stride_z_n)
+        qu2 = _row_quant(su_ptr, zu_ptr, rows, row_ok, gl.minimum(first + 2, last), stride_s_n,
+                         stride_z_n)
     for i in range(steps):
         s = i % STAGES
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
@@ -191,8 +218,8 @@ def _consume(descs, bufs, bars, ptrs, M, N, K, WORDS: gl.constexpr, num_warps: g
         p_g = warpgroup_mma(a_g, xt, zero_acc, use_acc=False, is_async=True)
         p_u = warpgroup_mma(a_u, xt, zero_acc, use_acc=False, is_async=True)
         p_1 = warpgroup_mma(ones, xt, zero_acc, use_acc=False, is_async=True)
-        # The next group's scales and zero points load while the dots run.
-        group = gl.minimum(first + i + 1, first + steps - 1)
+        # Group i + AHEAD's scales and zero points load while the dots run.
+        group = gl.minimum(first + i + AHEAD, last)
         qg_n = _row_quant(sg_ptr, zg_ptr, rows, row_ok, group, stride_s_n, stride_z_n)
         qu_n = _row_quant(su_ptr, zu_ptr, rows, row_ok, group, stride_s_n, stride_z_n)
         p_g, p_u, p_1, a_g, a_u = warpgroup_mma_wait(0, deps=(p_g, p_u, p_1, a_g, a_u))
@@ -200,8 +227,16 @@ def _consume(descs, bufs, bars, ptrs, M, N, K, WORDS: gl.constexpr, num_warps: g
             mbarrier.arrive(empty.index(s))
         acc_g += _group_sums(p_g, p_1, qg[0], qg[1])
         acc_u += _group_sums(p_u, p_1, qu[0], qu[1])
-        qg = qg_n
-        qu = qu_n
+        if AHEAD == 3:
+            qg = qg1
+            qu = qu1
+            qg1 = qg2
+            qu1 = qu2
+            qg2 = qg_n
+            qu2 = qu_n
+        else:
+            qg = qg_n
+            qu = qu_n
 
     cols = gl.arange(0, R, layout=gl.SliceLayout(0, acc_layout))  # x's rows
     keep = row_ok[:, None] & (cols < M)[None, :]
@@ -221,7 +256,7 @@ def _consume(descs, bufs, bars, ptrs, M, N, K, WORDS: gl.constexpr, num_warps: g
 def int4_swiglu_kernel(wg_desc, wu_desc, x_desc, sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr,
                        partials_ptr, arrivals_ptr, M, N, K, stride_s_n, stride_z_n,
                        stride_out_m, STAGES: gl.constexpr, WORDS: gl.constexpr,
-                       num_warps: gl.constexpr):
+                       AHEAD: gl.constexpr, num_warps: gl.constexpr):
     """out [M, N] = silu(x @ w_gate.T) * (x @ w_up.T) for M <= 16, the weights packed
     [N, K / 2] (K a multiple of 128), their scales [N, K / 128] bf16 and zero points
     [N, K / 128] uint8 (both weights' with the same strides): a program's 64 weight rows
@@ -235,19 +270,24 @@ def int4_swiglu_kernel(wg_desc, wu_desc, x_desc, sg_ptr, zg_ptr, su_ptr, zu_ptr,
                                        x_desc.layout)
     # WORDS: x's tile with K permuted as the weights' words give it (one a step).
     xp_smem = gl.allocate_shared_memory(x_desc.dtype, x_desc.block_type.shape, x_desc.layout)
+    # WORDS == 2: the ones-dot's operand, [64, 128] bf16 (wgmma's A from shared memory).
+    ones_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
+                                                     rank=2)
+    ones_smem = gl.allocate_shared_memory(gl.bfloat16, [wg_desc.block_type.shape[0],
+                                                        x_desc.block_type.shape[1]], ones_layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     descs = (wg_desc, wu_desc, x_desc)
-    bufs = (wg_bufs, wu_bufs, x_bufs, xp_smem)
+    bufs = (wg_bufs, wu_bufs, x_bufs, xp_smem, ones_smem)
     bars = (ready, empty)
     ptrs = (sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, partials_ptr, arrivals_ptr, stride_s_n,
             stride_z_n, stride_out_m)
     gl.warp_specialize([
-        (_consume, (descs, bufs, bars, ptrs, M, N, K, WORDS, num_warps)),
-        (_produce, (descs, bufs, bars, ptrs, M, N, K, WORDS, num_warps)),
+        (_consume, (descs, bufs, bars, ptrs, M, N, K, WORDS, AHEAD, num_warps)),
+        (_produce, (descs, bufs, bars, ptrs, M, N, K, WORDS, AHEAD, num_warps)),
     ], [1], [24])
 # fmt: on
 
@@ -257,7 +297,7 @@ class Int4SwiGLU:
     split-K scratch (zeroed once; the kernel leaves it zeroed)."""
 
     def __init__(self, variant: str, n: int, device="cuda"):
-        self.stages, self.split_k, self.maxnreg, self.words = VARIANTS[variant]
+        self.stages, self.split_k, self.maxnreg, self.words, self.ahead = VARIANTS[variant]
         self.partials = torch.zeros(2, ROWS, n, dtype=torch.float32, device=device)
         self.arrivals = torch.zeros(triton.cdiv(n, BLOCK_N), dtype=torch.int32, device=device)
 
@@ -291,6 +331,7 @@ class Int4SwiGLU:
             out.stride(0),
             STAGES=self.stages,
             WORDS=self.words,
+            AHEAD=self.ahead,
             num_warps=4,
             maxnreg=self.maxnreg,
         )
@@ -312,8 +353,12 @@ def compile_report() -> None:
     pointers = {"sg_ptr": "*bf16", "su_ptr": "*bf16", "zg_ptr": "*u8", "zu_ptr": "*u8"}
     pointers |= {"out_ptr": "*bf16", "partials_ptr": "*fp32", "arrivals_ptr": "*i32"}
     settings = {
-        name: ({"STAGES": stages, "WORDS": words}, {"num_warps": 4, "maxnreg": regs}, ["st.shared"])
-        for name, (stages, _, regs, words) in VARIANTS.items()
+        name: (
+            {"STAGES": stages, "WORDS": words, "AHEAD": ahead},
+            {"num_warps": 4, "maxnreg": regs},
+            ["st.shared"],
+        )
+        for name, (stages, _, regs, words, ahead) in VARIANTS.items()
     }
     for line in compile_lines(int4_swiglu_kernel, descs, pointers, settings):
         print(line, flush=True)
