@@ -4,12 +4,14 @@ count it takes: this script sets FUSEGEN_QUANT_HOPPER=1 and HOPPER_INT4_MIN_ROWS
 against the same call on the generated `tl` kernel (its tuned config: the GEMV at one
 row, tiles past a few) and fusegen's bf16 chain on the dequantized weights; GPU time of
 CUDA-graph replays in alternating rounds, each call on its own weight copy where they
-would otherwise sit in L2. Where the Gluon kernel starts winning sets the runtime's
-HOPPER_INT4_MIN_ROWS, and whether it wins at all int4_hopper.DEFAULT.
+would otherwise sit in L2. The Gluon kernel runs as the runtime has it and in the variants
+of --variants (AHEAD, ONES_SMEM: int4_hopper's knobs). Where the Gluon kernel starts
+winning sets the runtime's HOPPER_INT4_MIN_ROWS, and whether it wins at all
+int4_hopper.DEFAULT.
 
     python3 -m fusegen build specs/quantized.yaml benchmarks/specs/anchors.yaml --out FOLDER
     python3 benchmarks/int4_decode_rows.py --built FOLDER [--rows 1 2 4 8 16] [--k 4096]
-        [--n 14336] [--dtype bf16|fp16] [--rounds 5]
+        [--n 14336] [--dtype bf16|fp16] [--variants 3,0 3,1] [--rounds 5]
 
 --dtype: x's, the output's and the bf16 chain's (fp16: AWQ's own, the scales too).
 """
@@ -35,6 +37,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4096)
     parser.add_argument("--n", type=int, default=14336)
     parser.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    parser.add_argument("--variants", nargs="*", default=["3,0", "3,1"], help="AHEAD,ONES_SMEM")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     os.environ["FUSEGEN_QUANT_HOPPER"] = "1"
@@ -43,6 +46,9 @@ def main() -> None:
     chain = module._CHAIN
     runtime = sys.modules[type(chain).__module__]
     runtime.HOPPER_INT4_MIN_ROWS = 1
+    kernel = sys.modules[runtime.__name__.rsplit(".", 1)[0] + ".int4_hopper"]
+    shipped = (kernel.AHEAD, kernel.ONES_SMEM)
+    knobs = [shipped] + [(int(a), o == "1") for a, o in (v.split(",") for v in args.variants)]
     gluon_operands = chain.hopper
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     k, n = args.k, args.n
@@ -73,16 +79,21 @@ def main() -> None:
             x.double(), pg, sg.double(), zg, pu, su.double(), zu, out_dtype=torch.float64
         )
 
-        def on(operands, x=x):
+        def on(operands, knob=shipped, x=x):
             def call(i):
                 chain.hopper, chain.plans = operands, {}
+                kernel.AHEAD, kernel.ONES_SMEM = knob
                 _, pg, sg, zg, _, pu, su, zu = sets[i % copies]
                 return module.llama_mlp_int4(x, pg, sg, zg, pu, su, zu)
 
             return call
 
         errors, variants = {}, {}
-        for name, fn in (("fusegen gluon", on(gluon_operands)), ("fusegen tl", on(None))):
+        runs = [
+            (f"fusegen gluon ahead {a}{' ones-smem' * o}", on(gluon_operands, (a, o)))
+            for a, o in knobs
+        ]
+        for name, fn in runs + [("fusegen tl", on(None))]:
             errors[name] = max_error(fn(0), want)
             path = module.last_launch().get("path") or "tl"
             config = module.last_launch()["config"]
@@ -94,6 +105,7 @@ def main() -> None:
         facts = {"shape": f"{m}x{k}->{n} x2, {args.dtype}", "bytes": nbytes, "errors": errors}
         print(table({"row": "int4 SwiGLU at decode", **timed(variants, facts, args.rounds)}))
     chain.hopper, chain.plans = gluon_operands, {}
+    kernel.AHEAD, kernel.ONES_SMEM = shipped
 
 
 if __name__ == "__main__":

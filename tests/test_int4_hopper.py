@@ -48,7 +48,8 @@ for n, d in zip(names, descs):
     types[n] = triton.runtime.jit.mangle_type(d)
 types |= {"sg_ptr": sys.argv[1], "su_ptr": sys.argv[1], "zg_ptr": "*u8", "zu_ptr": "*u8"}
 types["out_ptr"] = sys.argv[2]
-meta = {"STAGES": ih.STAGES, "num_warps": 4}
+meta = {"STAGES": ih.STAGES, "AHEAD": int(sys.argv[4]), "ONES_SMEM": sys.argv[5] == "1",
+        "num_warps": 4}
 types |= {n: "constexpr" for n in meta}
 constants = {(names.index(n),): v for n, v in meta.items()}
 options = {"num_warps": 4, "maxnreg": ih.REGISTERS}
@@ -72,12 +73,18 @@ print(json.dumps({"shared": compiled.metadata.shared, "wgmma": ptx.count("wgmma.
 
 @needs_gluon
 @pytest.mark.parametrize(
-    "scales, out, x", [("*bf16", "*bf16", "bfloat16"), ("*fp32", "*fp16", "float16")]
+    "scales, out, x, ahead, ones_smem",
+    [
+        ("*bf16", "*bf16", "bfloat16", int4_hopper.AHEAD, int4_hopper.ONES_SMEM),
+        ("*fp32", "*fp16", "float16", int4_hopper.AHEAD, int4_hopper.ONES_SMEM),
+        ("*bf16", "*bf16", "bfloat16", 3, True),  # the variants int4_decode_rows.py times
+        ("*fp16", "*fp16", "float16", 3, False),
+    ],
 )
-def test_the_kernel_compiles_for_sm90_without_spills(scales, out, x):
+def test_the_kernel_compiles_for_sm90_without_spills(scales, out, x, ahead, ones_smem):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(
-        [sys.executable, "-c", SM90_COMPILE, scales, out, x],
+        [sys.executable, "-c", SM90_COMPILE, scales, out, x, str(ahead), str(int(ones_smem))],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -87,14 +94,16 @@ def test_the_kernel_compiles_for_sm90_without_spills(scales, out, x):
     assert done.returncode == 0, done.stderr[-3000:]
     facts = json.loads(done.stdout.strip().splitlines()[-1])
     # Six ring slots of both weights' packed tiles [64, 64] bytes and x's [16, 128] bf16,
-    # x's permuted tile, + barriers.
-    tiles = 6 * (2 * 64 * 64 + 16 * 128 * 2) + 16 * 128 * 2
+    # x's permuted tile, the ones-dot's operand [64, 128] where it is in shared memory,
+    # + barriers.
+    tiles = 6 * (2 * 64 * 64 + 16 * 128 * 2) + 16 * 128 * 2 + ones_smem * 64 * 128 * 2
     assert tiles <= facts["shared"] < tiles + 1024, facts
     # A step's three dots (gate, up, ones: m64n16k16 x 8 each), all waited for at once.
     assert facts["wgmma"] == 24 and facts["waits"] == 1, facts
-    # The nibbles reach wgmma in registers: x's permuted tile is the only shared store
-    # (a layout conversion of the weights through shared memory would add dozens).
-    assert facts["st_shared"] <= 3, facts
+    # The nibbles reach wgmma in registers: x's permuted tile is the only shared store in
+    # the loop (a layout conversion of the weights through shared memory would add
+    # dozens); the ones' tile, stored once, 8 more.
+    assert facts["st_shared"] <= 3 + 8 * ones_smem, facts
     assert facts["registers"] <= int4_hopper.REGISTERS and facts["spills"] == 0, facts
 
 
@@ -291,6 +300,24 @@ def test_module_calls_match_float64(m, k, n, scale_dtype, dtype, monkeypatch):
         assert error < 8e-3, error  # bf16's rounding is 3.9e-3 of a value
         outs.append(out)
     assert torch.equal(outs[0], outs[1])
+
+
+@on_hopper
+@needs_gluon
+@pytest.mark.parametrize("ahead, ones_smem", [(3, False), (3, True), (2, True)])
+@pytest.mark.parametrize("m, k, n", [(16, 4096, 4160), (3, 384, 200)])
+def test_the_kernels_variants_match_float64(ahead, ones_smem, m, k, n):
+    """The variants int4_decode_rows.py times (scales loaded further ahead, the ones in
+    shared memory), K of fewer groups than they look ahead included."""
+    module = generated("llama_mlp_int4")
+    x, wg, sg, zg, wu, su, zu = int4_call(m, k, n, device="cuda")
+    want = module.reference(
+        x.double(), wg, sg.double(), zg, wu, su.double(), zu, out_dtype=torch.float64
+    )
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    int4_hopper.int4_swiglu(x, wg, sg, zg, wu, su, zu, out, ahead=ahead, ones_smem=ones_smem)
+    error = (out.double() - want).abs().max() / want.abs().max()
+    assert error < 8e-3, error
 
 
 @on_hopper

@@ -48,6 +48,11 @@ if AVAILABLE:  # else (a Triton without Gluon) the `tl` kernel runs
 # the ring's slots (12 KB each), ptxas's registers a thread (128: two programs an SM, the
 # 4 + 1 warps allocated as 8).
 BLOCK_N, ROWS, GROUP, STAGES, REGISTERS = 64, 16, 128, 6, 128
+# The K steps ahead of its use a group's scales and zero points are loaded (global loads,
+# whose latency one step may not cover), and whether the ones-dot's operand comes from
+# shared memory (16 KB) rather than 32 registers a thread: the experiment's "ahead3" and
+# "ones-smem" variants, unmeasured, so the measured kernel's 1 and False.
+AHEAD, ONES_SMEM = 1, False
 # Whether calls that fit take the kernel without FUSEGEN_QUANT_HOPPER=1: not until its
 # GPU tests have run in the runtime and a rows sweep has set quant.HOPPER_INT4_MIN_ROWS.
 DEFAULT = False
@@ -68,7 +73,7 @@ if AVAILABLE:
         the ring, a slot once the consumer has released it (a fresh mbarrier counts as
         having completed the phase before 0)."""
         wg_desc, wu_desc, x_desc = descs
-        wg_bufs, wu_bufs, x_bufs, xp_smem = bufs
+        wg_bufs, wu_bufs, x_bufs, xp_smem, _ = bufs
         ready, empty = bars
         BN: gl.constexpr = wg_desc.block_type.shape[0]
         BK: gl.constexpr = x_desc.block_type.shape[1]
@@ -163,12 +168,28 @@ if AVAILABLE:
         return scale.to(gl.float32), zero.to(gl.float32)
 
     @gluon.jit
-    def _consume(descs, bufs, bars, ptrs, M, N, K, num_warps: gl.constexpr):
+    def _ones(ones_smem, shape: gl.constexpr, a_layout: gl.constexpr, dtype: gl.constexpr,
+              ONES_SMEM: gl.constexpr):
+        """The ones-dot's operand of `shape`: ones_smem filled (by every thread, made
+        visible to wgmma before it returns), or registers in a_layout."""
+        if ONES_SMEM:
+            fill: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+            ones_smem.store(gl.full(shape, 1.0, dtype, layout=fill))
+            fence_async_shared()
+            gl.thread_barrier()
+            return ones_smem
+        else:
+            return gl.full(shape, 1.0, dtype, layout=a_layout)
+
+    @gluon.jit
+    def _consume(descs, bufs, bars, ptrs, M, N, K, AHEAD: gl.constexpr,
+                 ONES_SMEM: gl.constexpr, num_warps: gl.constexpr):
         """The consumer warpgroup: each step's packed tiles into registers as wgmma's
         operand, three dots (gate, up, ones) against x's permuted tile transposed, the
-        group's scales and zero points applied to the sums; then out's columns."""
+        group's scales and zero points (loaded AHEAD steps before) applied to the sums;
+        then out's columns."""
         wg_desc, wu_desc, x_desc = descs
-        wg_bufs, wu_bufs, x_bufs, xp_smem = bufs
+        wg_bufs, wu_bufs, x_bufs, xp_smem, ones_smem = bufs
         ready, empty = bars
         sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, stride_s_n, stride_z_n, stride_out_m = ptrs
         BN: gl.constexpr = wg_desc.block_type.shape[0]
@@ -182,15 +203,20 @@ if AVAILABLE:
         row_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
         dtype: gl.constexpr = x_desc.dtype
         BASE: gl.constexpr = _nibble_base(dtype)[1]
-        ones = gl.full([BN, BK], 1.0, dtype, layout=a_layout)
+        ones = _ones(ones_smem, [BN, BK], a_layout, dtype, ONES_SMEM)
         zero_acc = gl.zeros([BN, R], gl.float32, layout=acc_layout)
         steps = K // BK
         rows = gl.program_id(0) * BN + gl.arange(0, BN, layout=row_layout)  # out's columns
         row_ok = rows < N
         acc_g = zero_acc
         acc_u = zero_acc
-        qg = _row_quant(sg_ptr, zg_ptr, rows, row_ok, 0, stride_s_n, stride_z_n)
-        qu = _row_quant(su_ptr, zu_ptr, rows, row_ok, 0, stride_s_n, stride_z_n)
+        # The groups ahead's scales and zero points, nearest first: a tuple of AHEAD.
+        qg = (_row_quant(sg_ptr, zg_ptr, rows, row_ok, 0, stride_s_n, stride_z_n),)
+        qu = (_row_quant(su_ptr, zu_ptr, rows, row_ok, 0, stride_s_n, stride_z_n),)
+        for j in gl.static_range(1, AHEAD):
+            group = gl.minimum(j, steps - 1)
+            qg = qg + (_row_quant(sg_ptr, zg_ptr, rows, row_ok, group, stride_s_n, stride_z_n),)
+            qu = qu + (_row_quant(su_ptr, zu_ptr, rows, row_ok, group, stride_s_n, stride_z_n),)
         for i in range(steps):
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
@@ -202,15 +228,15 @@ if AVAILABLE:
             p_g = warpgroup_mma(a_g, xt, zero_acc, use_acc=False, is_async=True)
             p_u = warpgroup_mma(a_u, xt, zero_acc, use_acc=False, is_async=True)
             p_1 = warpgroup_mma(ones, xt, zero_acc, use_acc=False, is_async=True)
-            # The next group's scales and zero points load while the dots run.
-            group = gl.minimum(i + 1, steps - 1)
+            # Group i + AHEAD's scales and zero points load while the dots run.
+            group = gl.minimum(i + AHEAD, steps - 1)
             qg_n = _row_quant(sg_ptr, zg_ptr, rows, row_ok, group, stride_s_n, stride_z_n)
             qu_n = _row_quant(su_ptr, zu_ptr, rows, row_ok, group, stride_s_n, stride_z_n)
             p_g, p_u, p_1, a_g, a_u = warpgroup_mma_wait(0, deps=(p_g, p_u, p_1, a_g, a_u))
-            acc_g += _group_sums(p_g, p_1, qg[0], qg[1], BASE)
-            acc_u += _group_sums(p_u, p_1, qu[0], qu[1], BASE)
-            qg = qg_n
-            qu = qu_n
+            acc_g += _group_sums(p_g, p_1, qg[0][0], qg[0][1], BASE)
+            acc_u += _group_sums(p_u, p_1, qu[0][0], qu[0][1], BASE)
+            qg = qg[1:] + (qg_n,)
+            qu = qu[1:] + (qu_n,)
 
         cols = gl.arange(0, R, layout=gl.SliceLayout(0, acc_layout))  # x's rows
         out = acc_g / (1.0 + gl.exp2(-1.4426950408889634 * acc_g)) * acc_u  # silu * up
@@ -220,7 +246,7 @@ if AVAILABLE:
     @gluon.jit
     def _int4_swiglu(wg_desc, wu_desc, x_desc, sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, M, N,
                      K, stride_s_n, stride_z_n, stride_out_m, STAGES: gl.constexpr,
-                     num_warps: gl.constexpr):
+                     AHEAD: gl.constexpr, ONES_SMEM: gl.constexpr, num_warps: gl.constexpr):
         """out [M, N] (M <= 16) over programs of 64 weight rows (the module docstring's
         schedule); the weights packed [N, K / 2] in tiles of [64, 64] bytes, x [M, K] in
         tiles of [16, 128]; scales and zero points [N, K / 128], both weights' with the
@@ -234,28 +260,35 @@ if AVAILABLE:
         # x's tile with K permuted as the weights' words give it (one a step).
         xp_smem = gl.allocate_shared_memory(x_desc.dtype, x_desc.block_type.shape,
                                             x_desc.layout)
+        # ONES_SMEM: the ones-dot's operand, [64, 128] (else one row, unused).
+        ones_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128,
+                                                         element_bitwidth=16, rank=2)
+        ones_smem = gl.allocate_shared_memory(
+            x_desc.dtype, [wg_desc.block_type.shape[0] if ONES_SMEM else 1,
+                           x_desc.block_type.shape[1]], ones_layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
         descs = (wg_desc, wu_desc, x_desc)
-        bufs = (wg_bufs, wu_bufs, x_bufs, xp_smem)
+        bufs = (wg_bufs, wu_bufs, x_bufs, xp_smem, ones_smem)
         bars = (ready, empty)
         ptrs = (sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, stride_s_n, stride_z_n, stride_out_m)
         gl.warp_specialize([
-            (_consume, (descs, bufs, bars, ptrs, M, N, K, num_warps)),
+            (_consume, (descs, bufs, bars, ptrs, M, N, K, AHEAD, ONES_SMEM, num_warps)),
             (_produce, (descs, bufs, bars, ptrs, M, N, K, num_warps)),
         ], [1], [24])
     # fmt: on
 
 
-def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None):
+def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, ahead=None, ones_smem=None):
     """out = silu(x @ wg.T) * (x @ wu.T), x [M, K] bf16 or fp16 (M <= ROWS), the weights packed
     int4 [N, K / 2] uint8 dequantized as (q - zero) * scale by their scales sg, su and
     zero points zg, zu [N, K / 128]; out [M, N] bf16 or fp16. launches: the
-    launch.Described its caller keeps for calls like this one. Returns the compiled
-    kernel."""
+    launch.Described its caller keeps for calls like this one; ahead and ones_smem (AHEAD
+    and ONES_SMEM by default): what benchmarks/int4_decode_rows.py varies. Returns the
+    compiled kernel."""
 
     def first():
         m, k = x.shape
@@ -266,7 +299,13 @@ def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None):
             quant_hopper.descriptor(x, [ROWS, GROUP]),
         )
         scalars = (m, n, k, sg.stride(0), zg.stride(0), out.stride(0))
-        meta = {"STAGES": STAGES, "num_warps": 4, "maxnreg": REGISTERS}
+        meta = {
+            "STAGES": STAGES,
+            "AHEAD": AHEAD if ahead is None else ahead,
+            "ONES_SMEM": ONES_SMEM if ones_smem is None else ones_smem,
+            "num_warps": 4,
+            "maxnreg": REGISTERS,
+        }
         return _int4_swiglu, (triton.cdiv(n, BLOCK_N),), descs, scalars, meta
 
     launches = launches or launch.Described()
