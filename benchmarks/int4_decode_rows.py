@@ -5,13 +5,13 @@ against the same call on the generated `tl` kernel (its tuned config: the GEMV a
 row, tiles past a few) and fusegen's bf16 chain on the dequantized weights; GPU time of
 CUDA-graph replays in alternating rounds, each call on its own weight copy where they
 would otherwise sit in L2. The Gluon kernel runs as the runtime has it and in the variants
-of --variants (AHEAD, ONES_SMEM: int4_hopper's knobs). Where the Gluon kernel starts
-winning sets the runtime's HOPPER_INT4_MIN_ROWS, and whether it wins at all
+of --variants (AHEAD,ONES_SMEM[,STAGES,REGISTERS]: int4_hopper's knobs). Where the Gluon
+kernel starts winning sets the runtime's HOPPER_INT4_MIN_ROWS, and whether it wins at all
 int4_hopper.DEFAULT.
 
     python3 -m fusegen build specs/quantized.yaml benchmarks/specs/anchors.yaml --out FOLDER
     python3 benchmarks/int4_decode_rows.py --built FOLDER [--rows 1 2 4 8 16] [--k 4096]
-        [--n 14336] [--dtype bf16|fp16] [--variants 3,0 3,1] [--rounds 5]
+        [--n 14336] [--dtype bf16|fp16] [--variants 3,0 3,1 3,0,4,80] [--rounds 5]
 
 --dtype: x's, the output's and the bf16 chain's (fp16: AWQ's own, the scales too).
 """
@@ -37,7 +37,12 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4096)
     parser.add_argument("--n", type=int, default=14336)
     parser.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
-    parser.add_argument("--variants", nargs="*", default=["3,0", "3,1"], help="AHEAD,ONES_SMEM")
+    parser.add_argument(
+        "--variants",
+        nargs="*",
+        default=["3,0", "3,1", "3,0,4,80", "3,0,4,64"],
+        help="AHEAD,ONES_SMEM[,STAGES,REGISTERS]",
+    )
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     os.environ["FUSEGEN_QUANT_HOPPER"] = "1"
@@ -47,8 +52,9 @@ def main() -> None:
     runtime = sys.modules[type(chain).__module__]
     runtime.HOPPER_INT4_MIN_ROWS = 1
     kernel = sys.modules[runtime.__name__.rsplit(".", 1)[0] + ".int4_hopper"]
-    shipped = (kernel.AHEAD, kernel.ONES_SMEM)
-    knobs = [shipped] + [(int(a), o == "1") for a, o in (v.split(",") for v in args.variants)]
+    names = ("AHEAD", "ONES_SMEM", "STAGES", "REGISTERS")
+    shipped = {name: getattr(kernel, name) for name in names}
+    knobs = [shipped] + [shipped | parsed(v, names) for v in args.variants]
     gluon_operands = chain.hopper
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     k, n = args.k, args.n
@@ -82,17 +88,15 @@ def main() -> None:
         def on(operands, knob=shipped, x=x):
             def call(i):
                 chain.hopper, chain.plans = operands, {}
-                kernel.AHEAD, kernel.ONES_SMEM = knob
+                for name, value in knob.items():
+                    setattr(kernel, name, value)
                 _, pg, sg, zg, _, pu, su, zu = sets[i % copies]
                 return module.llama_mlp_int4(x, pg, sg, zg, pu, su, zu)
 
             return call
 
         errors, variants = {}, {}
-        runs = [
-            (f"fusegen gluon ahead {a}{' ones-smem' * o}", on(gluon_operands, (a, o)))
-            for a, o in knobs
-        ]
+        runs = [(f"fusegen gluon {described(knob)}", on(gluon_operands, knob)) for knob in knobs]
         for name, fn in runs + [("fusegen tl", on(None))]:
             errors[name] = max_error(fn(0), want)
             path = module.last_launch().get("path") or "tl"
@@ -105,7 +109,25 @@ def main() -> None:
         facts = {"shape": f"{m}x{k}->{n} x2, {args.dtype}", "bytes": nbytes, "errors": errors}
         print(table({"row": "int4 SwiGLU at decode", **timed(variants, facts, args.rounds)}))
     chain.hopper, chain.plans = gluon_operands, {}
-    kernel.AHEAD, kernel.ONES_SMEM = shipped
+    for name, value in shipped.items():
+        setattr(kernel, name, value)
+
+
+def parsed(variant: str, names: tuple) -> dict:
+    """--variants' "3,0" or "3,0,4,80" as int4_hopper's knobs."""
+    values = [int(v) for v in variant.split(",")]
+    if len(values) not in (2, 4):
+        raise SystemExit(
+            f"--variants {variant!r}: AHEAD,ONES_SMEM or AHEAD,ONES_SMEM,STAGES,REGISTERS"
+        )
+    knob = dict(zip(names, values, strict=False))
+    knob["ONES_SMEM"] = bool(knob["ONES_SMEM"])
+    return knob
+
+
+def described(knob: dict) -> str:
+    ones = " ones-smem" if knob["ONES_SMEM"] else ""
+    return f"ahead {knob['AHEAD']}{ones} s{knob['STAGES']} r{knob['REGISTERS']}"
 
 
 if __name__ == "__main__":

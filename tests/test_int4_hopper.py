@@ -48,11 +48,12 @@ for n, d in zip(names, descs):
     types[n] = triton.runtime.jit.mangle_type(d)
 types |= {"sg_ptr": sys.argv[1], "su_ptr": sys.argv[1], "zg_ptr": "*u8", "zu_ptr": "*u8"}
 types["out_ptr"] = sys.argv[2]
-meta = {"STAGES": ih.STAGES, "AHEAD": int(sys.argv[4]), "ONES_SMEM": sys.argv[5] == "1",
+stages, registers = int(sys.argv[6]), int(sys.argv[7])
+meta = {"STAGES": stages, "AHEAD": int(sys.argv[4]), "ONES_SMEM": sys.argv[5] == "1",
         "num_warps": 4}
 types |= {n: "constexpr" for n in meta}
 constants = {(names.index(n),): v for n, v in meta.items()}
-options = {"num_warps": 4, "maxnreg": ih.REGISTERS}
+options = {"num_warps": 4, "maxnreg": registers}
 compiled = triton.compile(GluonASTSource(kernel, types, constants),
                           target=GPUTarget("cuda", 90, 32), options=options)
 ptx = compiled.asm["ptx"]
@@ -61,7 +62,7 @@ with tempfile.TemporaryDirectory() as folder:
     path = os.path.join(folder, "kernel.ptx")
     Path(path).write_text(ptx)
     done = subprocess.run([str(ptxas), "-v", "--gpu-name=sm_90a", "--maxrregcount",
-                           str(ih.REGISTERS), path, "-o", path + ".cubin"],
+                           str(registers), path, "-o", path + ".cubin"],
                           capture_output=True, text=True, check=True)
 report = done.stderr + done.stdout
 print(json.dumps({"shared": compiled.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
@@ -70,21 +71,29 @@ print(json.dumps({"shared": compiled.metadata.shared, "wgmma": ptx.count("wgmma.
                   "spills": int(re.search(r"(\\d+) bytes spill stores", report)[1])}))
 """
 
+# The knobs the runtime ships (AHEAD, ONES_SMEM, STAGES, REGISTERS).
+SHIPPED = (int4_hopper.AHEAD, int4_hopper.ONES_SMEM, int4_hopper.STAGES, int4_hopper.REGISTERS)
+
 
 @needs_gluon
 @pytest.mark.parametrize(
-    "scales, out, x, ahead, ones_smem",
+    "scales, out, x, ahead, ones_smem, stages, registers",
     [
-        ("*bf16", "*bf16", "bfloat16", int4_hopper.AHEAD, int4_hopper.ONES_SMEM),
-        ("*fp32", "*fp16", "float16", int4_hopper.AHEAD, int4_hopper.ONES_SMEM),
-        ("*bf16", "*bf16", "bfloat16", 3, True),  # the variants int4_decode_rows.py times
-        ("*fp16", "*fp16", "float16", 3, False),
+        ("*bf16", "*bf16", "bfloat16", *SHIPPED),
+        ("*fp32", "*fp16", "float16", *SHIPPED),
+        ("*bf16", "*bf16", "bfloat16", 3, True, 6, 128),  # the variants int4_decode_rows.py times
+        ("*fp16", "*fp16", "float16", 3, False, 6, 128),
+        ("*bf16", "*bf16", "bfloat16", 3, False, 4, 80),  # three programs an SM
+        ("*fp16", "*fp16", "float16", 3, False, 4, 64),  # four
     ],
 )
-def test_the_kernel_compiles_for_sm90_without_spills(scales, out, x, ahead, ones_smem):
+def test_the_kernel_compiles_for_sm90_without_spills(
+    scales, out, x, ahead, ones_smem, stages, registers
+):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    args = [scales, out, x, str(ahead), str(int(ones_smem)), str(stages), str(registers)]
     done = subprocess.run(
-        [sys.executable, "-c", SM90_COMPILE, scales, out, x, str(ahead), str(int(ones_smem))],
+        [sys.executable, "-c", SM90_COMPILE, *args],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -93,10 +102,10 @@ def test_the_kernel_compiles_for_sm90_without_spills(scales, out, x, ahead, ones
     )
     assert done.returncode == 0, done.stderr[-3000:]
     facts = json.loads(done.stdout.strip().splitlines()[-1])
-    # Six ring slots of both weights' packed tiles [64, 64] bytes and x's [16, 128] bf16,
+    # The ring's slots of both weights' packed tiles [64, 64] bytes and x's [16, 128] bf16,
     # x's permuted tile, the ones-dot's operand [64, 128] where it is in shared memory,
     # + barriers.
-    tiles = 6 * (2 * 64 * 64 + 16 * 128 * 2) + 16 * 128 * 2 + ones_smem * 64 * 128 * 2
+    tiles = stages * (2 * 64 * 64 + 16 * 128 * 2) + 16 * 128 * 2 + ones_smem * 64 * 128 * 2
     assert tiles <= facts["shared"] < tiles + 1024, facts
     # A step's three dots (gate, up, ones: m64n16k16 x 8 each), all waited for at once.
     assert facts["wgmma"] == 24 and facts["waits"] == 1, facts
@@ -104,7 +113,7 @@ def test_the_kernel_compiles_for_sm90_without_spills(scales, out, x, ahead, ones
     # the loop (a layout conversion of the weights through shared memory would add
     # dozens); the ones' tile, stored once, 8 more.
     assert facts["st_shared"] <= 3 + 8 * ones_smem, facts
-    assert facts["registers"] <= int4_hopper.REGISTERS and facts["spills"] == 0, facts
+    assert facts["registers"] <= registers and facts["spills"] == 0, facts
 
 
 CHAIN = """
@@ -304,18 +313,29 @@ def test_module_calls_match_float64(m, k, n, scale_dtype, dtype, monkeypatch):
 
 @on_hopper
 @needs_gluon
-@pytest.mark.parametrize("ahead, ones_smem", [(3, False), (3, True), (2, True)])
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"AHEAD": 3},
+        {"AHEAD": 3, "ONES_SMEM": True},
+        {"AHEAD": 2, "ONES_SMEM": True},
+        {"AHEAD": 6},
+        {"AHEAD": 3, "STAGES": 4, "REGISTERS": 80},
+        {"AHEAD": 3, "STAGES": 4, "REGISTERS": 64},
+    ],
+)
 @pytest.mark.parametrize("m, k, n", [(16, 4096, 4160), (3, 384, 200)])
-def test_the_kernels_variants_match_float64(ahead, ones_smem, m, k, n):
+def test_the_kernels_variants_match_float64(knobs, m, k, n):
     """The variants int4_decode_rows.py times (scales loaded further ahead, the ones in
-    shared memory), K of fewer groups than they look ahead included."""
+    shared memory, fewer registers and slots for more programs an SM), K of fewer groups
+    than they look ahead included."""
     module = generated("llama_mlp_int4")
     x, wg, sg, zg, wu, su, zu = int4_call(m, k, n, device="cuda")
     want = module.reference(
         x.double(), wg, sg.double(), zg, wu, su.double(), zu, out_dtype=torch.float64
     )
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    int4_hopper.int4_swiglu(x, wg, sg, zg, wu, su, zu, out, ahead=ahead, ones_smem=ones_smem)
+    int4_hopper.int4_swiglu(x, wg, sg, zg, wu, su, zu, out, **knobs)
     error = (out.double() - want).abs().max() / want.abs().max()
     assert error < 8e-3, error
 
