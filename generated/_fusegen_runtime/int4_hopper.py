@@ -48,7 +48,8 @@ if AVAILABLE:  # else (a Triton without Gluon) the `tl` kernel runs
 
 # Weight rows a program (wgmma's M), x's rows at most (its N), K a step (a scale group),
 # the ring's slots (12 KB each), ptxas's registers a thread (128: two programs an SM, the
-# 4 + 1 warps allocated as 8).
+# 4 + 1 warps allocated as 8; 80 would make three, 64 four, with 4 slots: ptxas then
+# serializes the wgmmas, unmeasured).
 BLOCK_N, ROWS, GROUP, STAGES, REGISTERS = 64, 16, 128, 6, 128
 # The K steps ahead of its use a group's scales and zero points are loaded (global loads,
 # whose latency one step may not cover), and whether the ones-dot's operand comes from
@@ -284,13 +285,19 @@ if AVAILABLE:
     # fmt: on
 
 
-def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, ahead=None, ones_smem=None):
+def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, **knobs):
     """out = silu(x @ wg.T) * (x @ wu.T), x [M, K] bf16 or fp16 (M <= ROWS), the weights packed
     int4 [N, K / 2] uint8 dequantized as (q - zero) * scale by their scales sg, su and
     zero points zg, zu [N, K / 128]; out [M, N] bf16 or fp16. launches: the
-    launch.Described its caller keeps for calls like this one; ahead and ones_smem (AHEAD
-    and ONES_SMEM by default): what benchmarks/int4_decode_rows.py varies. Returns the
-    compiled kernel."""
+    launch.Described its caller keeps for calls like this one; knobs: AHEAD, ONES_SMEM,
+    STAGES and REGISTERS by other values (what benchmarks/int4_decode_rows.py varies).
+    Returns the compiled kernel."""
+    knobs = {
+        "AHEAD": AHEAD,
+        "ONES_SMEM": ONES_SMEM,
+        "STAGES": STAGES,
+        "REGISTERS": REGISTERS,
+    } | knobs
 
     def first():
         m, k = x.shape
@@ -302,11 +309,11 @@ def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, ahead=None, ones_
         )
         scalars = (m, n, k, sg.stride(0), zg.stride(0), out.stride(0))
         meta = {
-            "STAGES": STAGES,
-            "AHEAD": AHEAD if ahead is None else ahead,
-            "ONES_SMEM": ONES_SMEM if ones_smem is None else ones_smem,
+            "STAGES": knobs["STAGES"],
+            "AHEAD": knobs["AHEAD"],
+            "ONES_SMEM": knobs["ONES_SMEM"],
             "num_warps": 4,
-            "maxnreg": REGISTERS,
+            "maxnreg": knobs["REGISTERS"],
         }
         return _int4_swiglu, (triton.cdiv(n, BLOCK_N),), descs, scalars, meta
 
