@@ -47,16 +47,18 @@ if AVAILABLE:  # else (a Triton without Gluon) the `tl` kernel runs
 # Weight rows a program (wgmma's M), x's rows at most (its N), K a step (a scale group),
 # the ring's slots (12 KB each), ptxas's registers a thread (128: two programs an SM, the
 # 4 + 1 warps allocated as 8; 80 would make three, 64 four, with 4 slots: ptxas then
-# serializes the wgmmas, unmeasured).
+# serializes the wgmmas, and they ran slower, see AHEAD).
 BLOCK_N, ROWS, GROUP, STAGES, REGISTERS = 64, 16, 128, 6, 128
-# The K steps ahead of its use a group's scales and zero points are loaded (global loads,
-# whose latency one step may not cover), and whether the ones-dot's operand comes from
-# shared memory (16 KB) rather than 32 registers a thread: the experiment's "ahead3" and
-# "ones-smem" variants, unmeasured, so the measured kernel's 1 and False.
-AHEAD, ONES_SMEM = 1, False
-# Whether calls that fit take the kernel without FUSEGEN_QUANT_HOPPER=1: not until its
-# GPU tests have run in the runtime and a rows sweep has set quant.HOPPER_INT4_MIN_ROWS.
-DEFAULT = False
+# The K steps ahead of its use a group's scales and zero points are loaded (global loads),
+# and whether the ones-dot's operand comes from shared memory (16 KB) rather than 32
+# registers a thread. 16 x 4096 -> 14336 x 2, H100 (benchmarks/int4_decode_rows.py): 6
+# ahead 37.5 us [37.3-37.5], 1 ahead 38.4, 3 ahead 39.0, ones from shared memory 40.4; 80
+# registers and 4 slots (three programs an SM) 42.8, 64 (four) 47.4. The scales' latency
+# is not what holds it at 1.6 TB/s.
+AHEAD, ONES_SMEM = 6, False
+# Whether calls that fit take the kernel without FUSEGEN_QUANT_HOPPER=1 (=0 turns it off):
+# its float64 tests passed on an H100, and it ran 1.2x the generated tiles from 4 to 16 rows.
+DEFAULT = True
 # What `fusegen inspect` and last_launch show as the kernel's config.
 CONFIG = {
     "BLOCK_M": ROWS,

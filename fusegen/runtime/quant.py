@@ -64,7 +64,8 @@ HOPPER_MIN_ROWS = 256
 HOPPER_MIN_WAVES = 2
 # The fewest rows a call may have to run int4_hopper's Gluon kernel (it takes up to
 # int4_hopper.ROWS): at one row the generated GEMV ran 28.6 us against its 35.9 (4096 ->
-# 14336 x 2, H200); at 16 it ran 37.1 against the tiles' 45.3. Between, unmeasured.
+# 14336 x 2, H200; H100 30.8 against 36.9); at 4 rows 37.3 against the tiles' 44.1, at
+# 16 37.5 against 44.8 (H100). 2 rows unmeasured (the tiles' 16 rows run at any count).
 HOPPER_INT4_MIN_ROWS = 2
 
 
@@ -420,7 +421,7 @@ class QuantChain:
         of compute capability 9.0 (H100, H200), a 16-bit output, the operands row-major,
         contiguous and 16-byte aligned, what the chain's kernel takes besides
         (_fp8_fits, _int4_fits), and FUSEGEN_QUANT_HOPPER not 0 (the way back to the `tl`
-        kernel; int4_hopper's kernel, until its default is measured, only with
+        kernel; int4_hopper's kernel, where its DEFAULT is off, only with
         FUSEGEN_QUANT_HOPPER=1). Else the `tl` kernel."""
         value = switch("FUSEGEN_QUANT_HOPPER")
         if self.hopper is None or value == "0":
