@@ -264,6 +264,13 @@ def test_the_launch_binds_every_kernel_parameter(monkeypatch, m, k, n):
     assert bound["STAGES"] == int4_hopper.STAGES and bound["maxnreg"] == int4_hopper.REGISTERS
     assert chain.last_launch["path"] == "hopper"
     assert chain.last_launch["config"]["BLOCK_N"] == int4_hopper.BLOCK_N
+    # What the generated tests' bound carries for the weights' 128 + q in the dots
+    # (quant_harness.carried_error), as for a transposed `tl` tile.
+    assert chain.last_launch["nibble_base"] == 128.0
+    chain.launch_hopper(
+        {"hopper_launches": launch.Described(), "dot": None}, [views[0].half(), *views[1:]], out
+    )
+    assert chain.last_launch["nibble_base"] == 1024.0
 
 
 def every_row_count(monkeypatch):

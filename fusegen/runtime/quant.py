@@ -403,8 +403,10 @@ class QuantChain:
         operands = [views[i] for i in self.hopper]
         if self.hopper_chain == "int4_swiglu":
             kernel, config = int4_hopper.int4_swiglu, int4_hopper.CONFIG
+            # Its dots take each weight as BASE + q in x's dtype, as a transposed tile's.
+            base = NIBBLE_BASES[str(operands[0].dtype).removeprefix("torch.")]
         else:
-            kernel, config = quant_hopper.fp8_block_swiglu, quant_hopper.CONFIG
+            kernel, config, base = quant_hopper.fp8_block_swiglu, quant_hopper.CONFIG, 0.0
         self.last_compiled = kernel(*operands, out2d, launches=plan["hopper_launches"])
         self.last_launch = {
             "source": "kernel",
@@ -413,7 +415,7 @@ class QuantChain:
             "config_from": "hopper",
             "dot": plan["dot"],
             "fast_tanh": False,
-            "nibble_base": 0.0,
+            "nibble_base": base,
         }
 
     def hopper_fits(self, views, plan):
