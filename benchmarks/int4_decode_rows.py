@@ -5,13 +5,13 @@ against the same call on the generated `tl` kernel (its tuned config: the GEMV a
 row, tiles past a few) and fusegen's bf16 chain on the dequantized weights; GPU time of
 CUDA-graph replays in alternating rounds, each call on its own weight copy where they
 would otherwise sit in L2. The Gluon kernel runs as the runtime has it and in the variants
-of --variants (AHEAD,ONES_SMEM[,STAGES,REGISTERS]: int4_hopper's knobs). Where the Gluon
+of --variants (AHEAD,ONES_SMEM[,STAGES,REGISTERS[,CONSUMERS]]: int4_hopper's knobs). Where the Gluon
 kernel starts winning sets the runtime's HOPPER_INT4_MIN_ROWS, and whether it wins at all
 int4_hopper.DEFAULT.
 
     python3 -m fusegen build specs/quantized.yaml benchmarks/specs/anchors.yaml --out FOLDER
     python3 benchmarks/int4_decode_rows.py --built FOLDER [--rows 1 2 4 8 16] [--k 4096]
-        [--n 14336] [--dtype bf16|fp16] [--variants 3,0 3,1 3,0,4,80] [--rounds 5]
+        [--n 14336] [--dtype bf16|fp16] [--variants 1,0 6,0,6,80,2] [--rounds 5]
 
 --dtype: x's, the output's and the bf16 chain's (fp16: AWQ's own, the scales too).
 """
@@ -40,8 +40,8 @@ def main() -> None:
     parser.add_argument(
         "--variants",
         nargs="*",
-        default=["3,0", "3,1", "3,0,4,80", "3,0,4,64"],
-        help="AHEAD,ONES_SMEM[,STAGES,REGISTERS]",
+        default=["1,0", "6,0,6,80,2", "6,0,6,128,2"],
+        help="AHEAD,ONES_SMEM[,STAGES,REGISTERS[,CONSUMERS]]",
     )
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
@@ -52,7 +52,7 @@ def main() -> None:
     runtime = sys.modules[type(chain).__module__]
     runtime.HOPPER_INT4_MIN_ROWS = 1
     kernel = sys.modules[runtime.__name__.rsplit(".", 1)[0] + ".int4_hopper"]
-    names = ("AHEAD", "ONES_SMEM", "STAGES", "REGISTERS")
+    names = ("AHEAD", "ONES_SMEM", "STAGES", "REGISTERS", "CONSUMERS")
     shipped = {name: getattr(kernel, name) for name in names}
     knobs = [shipped] + [shipped | parsed(v, names) for v in args.variants]
     gluon_operands = chain.hopper
@@ -114,12 +114,10 @@ def main() -> None:
 
 
 def parsed(variant: str, names: tuple) -> dict:
-    """--variants' "3,0" or "3,0,4,80" as int4_hopper's knobs."""
+    """--variants' "3,0", "3,0,4,80" or "6,0,6,80,2" as int4_hopper's knobs."""
     values = [int(v) for v in variant.split(",")]
-    if len(values) not in (2, 4):
-        raise SystemExit(
-            f"--variants {variant!r}: AHEAD,ONES_SMEM or AHEAD,ONES_SMEM,STAGES,REGISTERS"
-        )
+    if len(values) not in (2, 4, 5):
+        raise SystemExit(f"--variants {variant!r}: AHEAD,ONES_SMEM[,STAGES,REGISTERS[,CONSUMERS]]")
     knob = dict(zip(names, values, strict=False))
     knob["ONES_SMEM"] = bool(knob["ONES_SMEM"])
     return knob
@@ -127,7 +125,8 @@ def parsed(variant: str, names: tuple) -> dict:
 
 def described(knob: dict) -> str:
     ones = " ones-smem" if knob["ONES_SMEM"] else ""
-    return f"ahead {knob['AHEAD']}{ones} s{knob['STAGES']} r{knob['REGISTERS']}"
+    consumers = f" c{knob['CONSUMERS']}" if knob["CONSUMERS"] > 1 else ""
+    return f"ahead {knob['AHEAD']}{ones} s{knob['STAGES']} r{knob['REGISTERS']}{consumers}"
 
 
 if __name__ == "__main__":

@@ -48,9 +48,9 @@ for n, d in zip(names, descs):
     types[n] = triton.runtime.jit.mangle_type(d)
 types |= {"sg_ptr": sys.argv[1], "su_ptr": sys.argv[1], "zg_ptr": "*u8", "zu_ptr": "*u8"}
 types["out_ptr"] = sys.argv[2]
-stages, registers = int(sys.argv[6]), int(sys.argv[7])
+stages, registers, consumers = int(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8])
 meta = {"STAGES": stages, "AHEAD": int(sys.argv[4]), "ONES_SMEM": sys.argv[5] == "1",
-        "num_warps": 4}
+        "CONSUMERS": consumers, "CONSUMER_REGISTERS": ih.CONSUMER_REGISTERS, "num_warps": 4}
 types |= {n: "constexpr" for n in meta}
 constants = {(names.index(n),): v for n, v in meta.items()}
 options = {"num_warps": 4, "maxnreg": registers}
@@ -65,33 +65,43 @@ with tempfile.TemporaryDirectory() as folder:
                            str(registers), path, "-o", path + ".cubin"],
                           capture_output=True, text=True, check=True)
 report = done.stderr + done.stdout
-print(json.dumps({"shared": compiled.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
+print(json.dumps({"shared": compiled.metadata.shared, "warps": compiled.metadata.num_warps,
+                  "wgmma": ptx.count("wgmma.mma_async"),
                   "waits": ptx.count("wgmma.wait_group"), "st_shared": ptx.count("st.shared"),
                   "registers": int(re.search(r"Used (\\d+) registers", report)[1]),
                   "spills": int(re.search(r"(\\d+) bytes spill stores", report)[1])}))
 """
 
-# The knobs the runtime ships (AHEAD, ONES_SMEM, STAGES, REGISTERS).
-SHIPPED = (int4_hopper.AHEAD, int4_hopper.ONES_SMEM, int4_hopper.STAGES, int4_hopper.REGISTERS)
+# The knobs the runtime ships (AHEAD, ONES_SMEM, STAGES, REGISTERS, CONSUMERS).
+SHIPPED = (
+    int4_hopper.AHEAD,
+    int4_hopper.ONES_SMEM,
+    int4_hopper.STAGES,
+    int4_hopper.REGISTERS,
+    int4_hopper.CONSUMERS,
+)
 
 
 @needs_gluon
 @pytest.mark.parametrize(
-    "scales, out, x, ahead, ones_smem, stages, registers",
+    "scales, out, x, ahead, ones_smem, stages, registers, consumers",
     [
         ("*bf16", "*bf16", "bfloat16", *SHIPPED),
         ("*fp32", "*fp16", "float16", *SHIPPED),
-        ("*bf16", "*bf16", "bfloat16", 3, True, 6, 128),  # the variants int4_decode_rows.py times
-        ("*fp16", "*fp16", "float16", 3, False, 6, 128),
-        ("*bf16", "*bf16", "bfloat16", 3, False, 4, 80),  # three programs an SM
-        ("*fp16", "*fp16", "float16", 3, False, 4, 64),  # four
+        ("*bf16", "*bf16", "bfloat16", 3, True, 6, 128, 1),  # variants int4_decode_rows.py times
+        ("*fp16", "*fp16", "float16", 3, False, 6, 128, 1),
+        ("*bf16", "*bf16", "bfloat16", 3, False, 4, 80, 1),  # three programs an SM
+        ("*fp16", "*fp16", "float16", 3, False, 4, 64, 1),  # four
+        # Two consumers, two programs an SM (fp16 x spills 64 bytes there).
+        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 80, 2),
     ],
 )
 def test_the_kernel_compiles_for_sm90_without_spills(
-    scales, out, x, ahead, ones_smem, stages, registers
+    scales, out, x, ahead, ones_smem, stages, registers, consumers
 ):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     args = [scales, out, x, str(ahead), str(int(ones_smem)), str(stages), str(registers)]
+    args.append(str(consumers))
     done = subprocess.run(
         [sys.executable, "-c", SM90_COMPILE, *args],
         env=env,
@@ -103,16 +113,19 @@ def test_the_kernel_compiles_for_sm90_without_spills(
     assert done.returncode == 0, done.stderr[-3000:]
     facts = json.loads(done.stdout.strip().splitlines()[-1])
     # The ring's slots of both weights' packed tiles [64, 64] bytes and x's [16, 128] bf16,
-    # x's permuted tile, the ones-dot's operand [64, 128] where it is in shared memory,
-    # + barriers.
-    tiles = stages * (2 * 64 * 64 + 16 * 128 * 2) + 16 * 128 * 2 + ones_smem * 64 * 128 * 2
+    # x's permuted tile (a consumer's), the ones-dot's operand [64, 128] where it is in
+    # shared memory, the second consumer's gate and up sums [64, 16] fp32, + barriers.
+    tiles = stages * (2 * 64 * 64 + 16 * 128 * 2) + consumers * 16 * 128 * 2
+    tiles += ones_smem * 64 * 128 * 2 + (consumers - 1) * 2 * 64 * 16 * 4
     assert tiles <= facts["shared"] < tiles + 1024, facts
     # A step's three dots (gate, up, ones: m64n16k16 x 8 each), all waited for at once.
-    assert facts["wgmma"] == 24 and facts["waits"] == 1, facts
+    assert facts["wgmma"] == 24 * consumers and facts["waits"] == consumers, facts
     # The nibbles reach wgmma in registers: x's permuted tile is the only shared store in
     # the loop (a layout conversion of the weights through shared memory would add
-    # dozens); the ones' tile, stored once, 8 more.
-    assert facts["st_shared"] <= 3 + 8 * ones_smem, facts
+    # dozens); the ones' tile, stored once, 8 more; the second consumer's sums, 8.
+    assert facts["st_shared"] <= consumers * 3 + 8 * ones_smem + 8 * (consumers - 1), facts
+    # The consumers' warpgroups and the producer's warp, allocated as whole warpgroups.
+    assert facts["warps"] == 4 * (consumers + 1), facts
     assert facts["registers"] <= registers and facts["spills"] == 0, facts
 
 
@@ -329,13 +342,15 @@ def test_module_calls_match_float64(m, k, n, scale_dtype, dtype, monkeypatch):
         {"AHEAD": 6},
         {"AHEAD": 3, "STAGES": 4, "REGISTERS": 80},
         {"AHEAD": 3, "STAGES": 4, "REGISTERS": 64},
+        {"CONSUMERS": 2, "REGISTERS": 80},
+        {"CONSUMERS": 2, "AHEAD": 1},
     ],
 )
 @pytest.mark.parametrize("m, k, n", [(16, 4096, 4160), (3, 384, 200)])
 def test_the_kernels_variants_match_float64(knobs, m, k, n):
     """The variants int4_decode_rows.py times (scales loaded further ahead, the ones in
-    shared memory, fewer registers and slots for more programs an SM), K of fewer groups
-    than they look ahead included."""
+    shared memory, fewer registers and slots for more programs an SM, two consumers), K of
+    fewer groups than they look ahead (and than the consumers) included."""
     module = generated("llama_mlp_int4")
     x, wg, sg, zg, wu, su, zu = int4_call(m, k, n, device="cuda")
     want = module.reference(
@@ -377,3 +392,11 @@ def test_which_calls_take_it_on_the_gpu(monkeypatch):
     monkeypatch.delenv("FUSEGEN_QUANT_HOPPER")
     module.llama_mlp_int4(rows, *weights)
     assert (module.last_launch().get("path") == "hopper") == int4_hopper.DEFAULT
+
+
+def test_the_ones_in_shared_memory_take_one_consumer():
+    """Each consumer would fill the ones' tile while the other's dots read it."""
+    x, wg, sg, zg, wu, su, zu = int4_call(4, 256, 64)
+    out = torch.empty(4, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="ONES_SMEM takes one consumer"):
+        int4_hopper.int4_swiglu(x, wg, sg, zg, wu, su, zu, out, ONES_SMEM=True, CONSUMERS=2)

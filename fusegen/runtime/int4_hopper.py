@@ -45,9 +45,11 @@ if AVAILABLE:  # else (a Triton without Gluon) the `tl` kernel runs
     from .gluon_hopper import warpgroup_mma_wait
 
 # Weight rows a program (wgmma's M), x's rows at most (its N), K a step (a scale group),
-# the ring's slots (12 KB each), ptxas's registers a thread (128: two programs an SM, the
-# 4 + 1 warps allocated as 8; 80 would make three, 64 four, with 4 slots: ptxas then
-# serializes the wgmmas, and they ran slower, see AHEAD).
+# the ring's slots (12 KB each), the launch's registers a thread (maxnreg; 128: two
+# programs an SM, the 4 + 1 warps allocated as 8, setmaxnreg then moving the producer's
+# warpgroup to 24 and the consumer to 232; 80 would make three programs an SM, 64 four,
+# with 4 slots: the consumer's 136 or 104 make ptxas serialize the wgmmas, and they ran
+# slower, see AHEAD).
 BLOCK_N, ROWS, GROUP, STAGES, REGISTERS = 64, 16, 128, 6, 128
 # The K steps ahead of its use a group's scales and zero points are loaded (global loads),
 # and whether the ones-dot's operand comes from shared memory (16 KB) rather than 32
@@ -56,6 +58,14 @@ BLOCK_N, ROWS, GROUP, STAGES, REGISTERS = 64, 16, 128, 6, 128
 # registers and 4 slots (three programs an SM) 42.8, 64 (four) 47.4. The scales' latency
 # is not what holds it at 1.6 TB/s.
 AHEAD, ONES_SMEM = 6, False
+# The consumer warpgroups a program runs and, for a second, its registers a thread. The
+# time is flat from 1 to 16 rows and the grid's 224 programs (N 14336) all fit at two an
+# SM, so each program's serial step bounds it: a second consumer warpgroup taking the odd
+# K steps (handing its sums to the first at the end, in a fixed order) would run twice the
+# steps at once. With REGISTERS 80 two programs of 4 + 4 + 1 warps (allocated as 12) fit
+# an SM, the setmaxnreg split leaving the consumers 112 and 104 registers: no spills with
+# bf16 x (fp16 32 bytes), but ptxas serializes their wgmmas. Unmeasured, so 1.
+CONSUMERS, CONSUMER_REGISTERS = 1, 104
 # Whether calls that fit take the kernel without FUSEGEN_QUANT_HOPPER=1 (=0 turns it off):
 # its float64 tests passed on an H100, and it ran 1.2x the generated tiles from 4 to 16 rows.
 DEFAULT = True
@@ -76,8 +86,8 @@ if AVAILABLE:
         the ring, a slot once the consumer has released it (a fresh mbarrier counts as
         having completed the phase before 0)."""
         wg_desc, wu_desc, x_desc = descs
-        wg_bufs, wu_bufs, x_bufs, xp_smem, _ = bufs
-        ready, empty = bars
+        wg_bufs, wu_bufs, x_bufs = bufs[:3]
+        ready, empty, _ = bars
         BN: gl.constexpr = wg_desc.block_type.shape[0]
         BK: gl.constexpr = x_desc.block_type.shape[1]
         STAGES: gl.constexpr = x_bufs.type.shape[0]
@@ -186,14 +196,17 @@ if AVAILABLE:
 
     @gluon.jit
     def _consume(descs, bufs, bars, ptrs, M, N, K, AHEAD: gl.constexpr,
-                 ONES_SMEM: gl.constexpr, num_warps: gl.constexpr):
-        """The consumer warpgroup: each step's packed tiles into registers as wgmma's
-        operand, three dots (gate, up, ones) against x's permuted tile transposed, the
-        group's scales and zero points (loaded AHEAD steps before) applied to the sums;
-        then out's columns."""
+                 ONES_SMEM: gl.constexpr, PART: gl.constexpr, PARTS: gl.constexpr,
+                 num_warps: gl.constexpr):
+        """A consumer warpgroup, PART of PARTS taking every PARTS-th K step: each step's
+        packed tiles into registers as wgmma's operand, three dots (gate, up, ones)
+        against x's permuted tile transposed, the group's scales and zero points (loaded
+        AHEAD of its steps before) applied to the sums. Part 0 then adds the others'
+        sums (handed over in shared memory, in part order) and stores out's columns."""
         wg_desc, wu_desc, x_desc = descs
-        wg_bufs, wu_bufs, x_bufs, xp_smem, ones_smem = bufs
-        ready, empty = bars
+        wg_bufs, wu_bufs, x_bufs, xp_bufs, ones_smem, partials = bufs
+        ready, empty, handed = bars
+        xp_smem = xp_bufs.index(PART)
         sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, stride_s_n, stride_z_n, stride_out_m = ptrs
         BN: gl.constexpr = wg_desc.block_type.shape[0]
         BK: gl.constexpr = x_desc.block_type.shape[1]
@@ -213,14 +226,15 @@ if AVAILABLE:
         row_ok = rows < N
         acc_g = zero_acc
         acc_u = zero_acc
-        # The groups ahead's scales and zero points, nearest first: a tuple of AHEAD.
-        qg = (_row_quant(sg_ptr, zg_ptr, rows, row_ok, 0, stride_s_n, stride_z_n),)
-        qu = (_row_quant(su_ptr, zu_ptr, rows, row_ok, 0, stride_s_n, stride_z_n),)
+        # The scales and zero points of this part's next AHEAD groups, nearest first.
+        first = gl.minimum(PART, steps - 1)
+        qg = (_row_quant(sg_ptr, zg_ptr, rows, row_ok, first, stride_s_n, stride_z_n),)
+        qu = (_row_quant(su_ptr, zu_ptr, rows, row_ok, first, stride_s_n, stride_z_n),)
         for j in gl.static_range(1, AHEAD):
-            group = gl.minimum(j, steps - 1)
+            group = gl.minimum(PART + j * PARTS, steps - 1)
             qg = qg + (_row_quant(sg_ptr, zg_ptr, rows, row_ok, group, stride_s_n, stride_z_n),)
             qu = qu + (_row_quant(su_ptr, zu_ptr, rows, row_ok, group, stride_s_n, stride_z_n),)
-        for i in range(steps):
+        for i in range(PART, steps, PARTS):
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
             a_g = _word_floats(wg_bufs.index(s), a_layout, dtype)
@@ -231,8 +245,8 @@ if AVAILABLE:
             p_g = warpgroup_mma(a_g, xt, zero_acc, use_acc=False, is_async=True)
             p_u = warpgroup_mma(a_u, xt, zero_acc, use_acc=False, is_async=True)
             p_1 = warpgroup_mma(ones, xt, zero_acc, use_acc=False, is_async=True)
-            # Group i + AHEAD's scales and zero points load while the dots run.
-            group = gl.minimum(i + AHEAD, steps - 1)
+            # The scales and zero points AHEAD of this part's steps on load while the dots run.
+            group = gl.minimum(i + AHEAD * PARTS, steps - 1)
             qg_n = _row_quant(sg_ptr, zg_ptr, rows, row_ok, group, stride_s_n, stride_z_n)
             qu_n = _row_quant(su_ptr, zu_ptr, rows, row_ok, group, stride_s_n, stride_z_n)
             p_g, p_u, p_1, a_g, a_u = warpgroup_mma_wait(0, deps=(p_g, p_u, p_1, a_g, a_u))
@@ -241,15 +255,27 @@ if AVAILABLE:
             qg = qg[1:] + (qg_n,)
             qu = qu[1:] + (qu_n,)
 
-        cols = gl.arange(0, R, layout=gl.SliceLayout(0, acc_layout))  # x's rows
-        out = acc_g / (1.0 + gl.exp2(-1.4426950408889634 * acc_g)) * acc_u  # silu * up
-        gl.store(out_ptr + cols[None, :] * stride_out_m + rows[:, None],
-                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (cols < M)[None, :])
+        if PART > 0:  # its sums to part 0, which adds every part's in part order
+            partials.index(2 * PART - 2).store(acc_g)
+            partials.index(2 * PART - 1).store(acc_u)
+            gl.thread_barrier()
+            mbarrier.arrive(handed.index(PART - 1))
+        else:
+            for p in gl.static_range(1, PARTS):
+                mbarrier.wait(handed.index(p - 1), 0)
+                acc_g += partials.index(2 * p - 2).load(acc_layout)
+                acc_u += partials.index(2 * p - 1).load(acc_layout)
+            cols = gl.arange(0, R, layout=gl.SliceLayout(0, acc_layout))  # x's rows
+            out = acc_g / (1.0 + gl.exp2(-1.4426950408889634 * acc_g)) * acc_u  # silu * up
+            gl.store(out_ptr + cols[None, :] * stride_out_m + rows[:, None],
+                     out.to(out_ptr.dtype.element_ty),
+                     mask=row_ok[:, None] & (cols < M)[None, :])
 
     @gluon.jit
     def _int4_swiglu(wg_desc, wu_desc, x_desc, sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, M, N,
                      K, stride_s_n, stride_z_n, stride_out_m, STAGES: gl.constexpr,
-                     AHEAD: gl.constexpr, ONES_SMEM: gl.constexpr, num_warps: gl.constexpr):
+                     AHEAD: gl.constexpr, ONES_SMEM: gl.constexpr, CONSUMERS: gl.constexpr,
+                     CONSUMER_REGISTERS: gl.constexpr, num_warps: gl.constexpr):
         """out [M, N] (M <= 16) over programs of 64 weight rows (the module docstring's
         schedule); the weights packed [N, K / 2] in tiles of [64, 64] bytes, x [M, K] in
         tiles of [16, 128]; scales and zero points [N, K / 128], both weights' with the
@@ -260,9 +286,15 @@ if AVAILABLE:
                                             wu_desc.layout)
         x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape,
                                            x_desc.layout)
-        # x's tile with K permuted as the weights' words give it (one a step).
-        xp_smem = gl.allocate_shared_memory(x_desc.dtype, x_desc.block_type.shape,
+        # x's tile with K permuted as the weights' words give it (one a step, a consumer).
+        xp_bufs = gl.allocate_shared_memory(x_desc.dtype, [CONSUMERS] + x_desc.block_type.shape,
                                             x_desc.layout)
+        # The other consumers' sums, gate's and up's, handed to the first (else unused).
+        partials = gl.allocate_shared_memory(
+            gl.float32, [2 * (CONSUMERS - 1) if CONSUMERS > 1 else 1,
+                         wg_desc.block_type.shape[0] if CONSUMERS > 1 else 1,
+                         x_desc.block_type.shape[0]],
+            gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
         # ONES_SMEM: the ones-dot's operand, [64, 128] (else one row, unused).
         ones_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128,
                                                          element_bitwidth=16, rank=2)
@@ -271,17 +303,30 @@ if AVAILABLE:
                            x_desc.block_type.shape[1]], ones_layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        handed = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
+        for i in gl.static_range(CONSUMERS):
+            mbarrier.init(handed.index(i), count=1)
         descs = (wg_desc, wu_desc, x_desc)
-        bufs = (wg_bufs, wu_bufs, x_bufs, xp_smem, ones_smem)
-        bars = (ready, empty)
+        bufs = (wg_bufs, wu_bufs, x_bufs, xp_bufs, ones_smem, partials)
+        bars = (ready, empty, handed)
         ptrs = (sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, stride_s_n, stride_z_n, stride_out_m)
-        gl.warp_specialize([
-            (_consume, (descs, bufs, bars, ptrs, M, N, K, AHEAD, ONES_SMEM, num_warps)),
-            (_produce, (descs, bufs, bars, ptrs, M, N, K, num_warps)),
-        ], [1], [24])
+        if CONSUMERS == 1:
+            gl.warp_specialize([
+                (_consume, (descs, bufs, bars, ptrs, M, N, K, AHEAD, ONES_SMEM, 0, 1,
+                            num_warps)),
+                (_produce, (descs, bufs, bars, ptrs, M, N, K, num_warps)),
+            ], [1], [24])
+        else:  # a second consumer warpgroup on the odd K steps
+            gl.warp_specialize([
+                (_consume, (descs, bufs, bars, ptrs, M, N, K, AHEAD, ONES_SMEM, 0, 2,
+                            num_warps)),
+                (_consume, (descs, bufs, bars, ptrs, M, N, K, AHEAD, ONES_SMEM, 1, 2,
+                            num_warps)),
+                (_produce, (descs, bufs, bars, ptrs, M, N, K, num_warps)),
+            ], [4, 1], [CONSUMER_REGISTERS, 24])
     # fmt: on
 
 
@@ -297,7 +342,11 @@ def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, **knobs):
         "ONES_SMEM": ONES_SMEM,
         "STAGES": STAGES,
         "REGISTERS": REGISTERS,
+        "CONSUMERS": CONSUMERS,
+        "CONSUMER_REGISTERS": CONSUMER_REGISTERS,
     } | knobs
+    if knobs["ONES_SMEM"] and knobs["CONSUMERS"] > 1:
+        raise ValueError("int4_swiglu: ONES_SMEM takes one consumer (each would fill it)")
 
     def first():
         m, k = x.shape
@@ -312,6 +361,8 @@ def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, **knobs):
             "STAGES": knobs["STAGES"],
             "AHEAD": knobs["AHEAD"],
             "ONES_SMEM": knobs["ONES_SMEM"],
+            "CONSUMERS": knobs["CONSUMERS"],
+            "CONSUMER_REGISTERS": knobs["CONSUMER_REGISTERS"],
             "num_warps": 4,
             "maxnreg": knobs["REGISTERS"],
         }
