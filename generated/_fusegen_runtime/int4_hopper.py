@@ -337,8 +337,8 @@ def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, **knobs):
     int4 [N, K / 2] uint8 dequantized as (q - zero) * scale by their scales sg, su and
     zero points zg, zu [N, K / 128]; out [M, N] bf16 or fp16. launches: the
     launch.Described its caller keeps for calls like this one; knobs: AHEAD, ONES_SMEM,
-    STAGES and REGISTERS by other values (what benchmarks/int4_decode_rows.py varies).
-    Returns the compiled kernel."""
+    STAGES, REGISTERS, CONSUMERS and CONSUMER_REGISTERS by other values (what
+    benchmarks/int4_decode_rows.py varies). Returns the compiled kernel."""
     knobs = {
         "AHEAD": AHEAD,
         "ONES_SMEM": ONES_SMEM,
