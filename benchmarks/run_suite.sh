@@ -103,10 +103,11 @@
 #                      structure; the packed bytes loaded as wgmma's register operand),
 #                      at 16 rows and one, beside the generated kernel and the bf16 chain
 #   int4-decode-runtime
-#                      the runtime's copy of that kernel's words variant (int4_hopper, opt-in
-#                      by FUSEGEN_QUANT_HOPPER=1): its float64 tests, then by rows against
-#                      the generated kernel and the bf16 chain (benchmarks/int4_decode_rows.py:
-#                      what HOPPER_INT4_MIN_ROWS and int4_hopper.DEFAULT should be)
+#                      the runtime's copy of that kernel's words variant (int4_hopper, the
+#                      default from 2 to 16 rows): its float64 tests and the generated
+#                      module's, then by rows against the generated kernel and the bf16 chain,
+#                      with its knobs' variants (benchmarks/int4_decode_rows.py: what
+#                      HOPPER_INT4_MIN_ROWS and the knobs should be)
 #   stream-ceiling     how fast one kernel streams 29-235 MB from memory (a Triton read over
 #                      its launch settings, torch's copy and sum): the ceiling issue 31's
 #                      decode rows are held to (benchmarks/experiments/stream_ceiling.py)
@@ -331,7 +332,8 @@ open('$out/attention-zoo/attention.yaml', 'w').write(t.ATTENTION_SPECS)"
             --out "$out/int4-gluon-build"
         run $PYTHON benchmarks/experiments/int4_decode_gluon.py --built "$out/int4-gluon-build" ;;
     int4-decode-runtime)
-        run $PYTHON -m pytest tests/test_int4_hopper.py -q -p no:cacheprovider
+        run $PYTHON -m pytest tests/test_int4_hopper.py generated/test_llama_mlp_int4.py -q \
+            -p no:cacheprovider
         run $PYTHON -m fusegen build specs/quantized.yaml benchmarks/specs/anchors.yaml \
             --out "$out/int4-runtime-build"
         run $PYTHON benchmarks/int4_decode_rows.py --built "$out/int4-runtime-build"
