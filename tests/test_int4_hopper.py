@@ -92,7 +92,7 @@ SHIPPED = (
         ("*fp16", "*fp16", "float16", 3, False, 6, 128, 1),
         ("*bf16", "*bf16", "bfloat16", 3, False, 4, 80, 1),  # three programs an SM
         ("*fp16", "*fp16", "float16", 3, False, 4, 64, 1),  # four
-        # Two consumers, two programs an SM (fp16 x spills 64 bytes there).
+        # Two consumers, two programs an SM (fp16 x spills 32 bytes there).
         ("*bf16", "*bf16", "bfloat16", 6, False, 6, 80, 2),
     ],
 )
