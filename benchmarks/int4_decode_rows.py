@@ -5,13 +5,15 @@ against the same call on the generated `tl` kernel (its tuned config: the GEMV a
 row, tiles past a few) and fusegen's bf16 chain on the dequantized weights; GPU time of
 CUDA-graph replays in alternating rounds, each call on its own weight copy where they
 would otherwise sit in L2. The Gluon kernel runs as the runtime has it and in the variants
-of --variants (AHEAD,ONES_SMEM[,STAGES,REGISTERS[,CONSUMERS]]: int4_hopper's knobs). Where the Gluon
-kernel starts winning sets the runtime's HOPPER_INT4_MIN_ROWS, and whether it wins at all
-int4_hopper.DEFAULT.
+of --variants, each int4_hopper's knobs by name (AHEAD=6,CONSUMERS=2,REGISTERS=80; the
+older positional form AHEAD,ONES_SMEM[,STAGES,REGISTERS[,CONSUMERS]] too). Where the Gluon
+kernel starts winning sets the runtime's HOPPER_INT4_MIN_ROWS, and which variant wins its
+knobs.
 
     python3 -m fusegen build specs/quantized.yaml benchmarks/specs/anchors.yaml --out FOLDER
     python3 benchmarks/int4_decode_rows.py --built FOLDER [--rows 1 2 4 8 16] [--k 4096]
-        [--n 14336] [--dtype bf16|fp16] [--variants 1,0 6,0,6,80,2] [--rounds 5]
+        [--n 14336] [--dtype bf16|fp16] [--variants X_SUMS=1 CONSUMERS=2,REGISTERS=80]
+        [--rounds 5]
 
 --dtype: x's, the output's and the bf16 chain's (fp16: AWQ's own, the scales too).
 """
@@ -28,6 +30,11 @@ import torch
 from quantized_chains import copies_for, int4_weights, load, max_error, table, timed
 
 GROUP = 128
+# int4_hopper's knobs this script varies, those that are on or off, and the order of the
+# positional form.
+KNOBS = ("AHEAD", "ONES_SMEM", "X_SUMS", "STAGES", "REGISTERS", "CONSUMERS")
+FLAGS = ("ONES_SMEM", "X_SUMS")
+POSITIONAL = ("AHEAD", "ONES_SMEM", "STAGES", "REGISTERS", "CONSUMERS")
 
 
 def main() -> None:
@@ -40,8 +47,8 @@ def main() -> None:
     parser.add_argument(
         "--variants",
         nargs="*",
-        default=["1,0", "6,0,6,80,2", "6,0,6,128,2"],
-        help="AHEAD,ONES_SMEM[,STAGES,REGISTERS[,CONSUMERS]]",
+        default=["AHEAD=1", "X_SUMS=1", "CONSUMERS=2,REGISTERS=80", "CONSUMERS=2"],
+        help="KNOB=VALUE,... (int4_hopper's knobs: " + ", ".join(KNOBS) + ")",
     )
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
@@ -52,9 +59,8 @@ def main() -> None:
     runtime = sys.modules[type(chain).__module__]
     runtime.HOPPER_INT4_MIN_ROWS = 1
     kernel = sys.modules[runtime.__name__.rsplit(".", 1)[0] + ".int4_hopper"]
-    names = ("AHEAD", "ONES_SMEM", "STAGES", "REGISTERS", "CONSUMERS")
-    shipped = {name: getattr(kernel, name) for name in names}
-    knobs = [shipped] + [shipped | parsed(v, names) for v in args.variants]
+    shipped = {name: getattr(kernel, name) for name in KNOBS}
+    knobs = [shipped] + [shipped | parsed(v) for v in args.variants]
     gluon_operands = chain.hopper
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     k, n = args.k, args.n
@@ -113,20 +119,25 @@ def main() -> None:
         setattr(kernel, name, value)
 
 
-def parsed(variant: str, names: tuple) -> dict:
-    """--variants' "3,0", "3,0,4,80" or "6,0,6,80,2" as int4_hopper's knobs."""
-    values = [int(v) for v in variant.split(",")]
-    if len(values) not in (2, 4, 5):
-        raise SystemExit(f"--variants {variant!r}: AHEAD,ONES_SMEM[,STAGES,REGISTERS[,CONSUMERS]]")
-    knob = dict(zip(names, values, strict=False))
-    knob["ONES_SMEM"] = bool(knob["ONES_SMEM"])
+def parsed(variant: str) -> dict:
+    """A --variants entry ("X_SUMS=1,AHEAD=3", or positionally "3,0", "3,0,4,80",
+    "6,0,6,80,2") as int4_hopper's knobs."""
+    parts = variant.split(",")
+    if all("=" not in p for p in parts) and len(parts) in (2, 4, 5):
+        parts = [f"{name}={value}" for name, value in zip(POSITIONAL, parts, strict=False)]
+    knob = {}
+    for part in parts:
+        name, _, value = part.partition("=")
+        if name not in KNOBS or not value.lstrip("-").isdigit():
+            raise SystemExit(f"--variants {variant!r}: KNOB=VALUE,... with KNOB one of {KNOBS}")
+        knob[name] = bool(int(value)) if name in FLAGS else int(value)
     return knob
 
 
 def described(knob: dict) -> str:
-    ones = " ones-smem" if knob["ONES_SMEM"] else ""
+    flags = "".join(f" {name.lower().replace('_', '-')}" for name in FLAGS if knob[name])
     consumers = f" c{knob['CONSUMERS']}" if knob["CONSUMERS"] > 1 else ""
-    return f"ahead {knob['AHEAD']}{ones} s{knob['STAGES']} r{knob['REGISTERS']}{consumers}"
+    return f"ahead {knob['AHEAD']}{flags} s{knob['STAGES']} r{knob['REGISTERS']}{consumers}"
 
 
 if __name__ == "__main__":

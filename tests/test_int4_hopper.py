@@ -50,7 +50,8 @@ types |= {"sg_ptr": sys.argv[1], "su_ptr": sys.argv[1], "zg_ptr": "*u8", "zu_ptr
 types["out_ptr"] = sys.argv[2]
 stages, registers, consumers = int(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8])
 meta = {"STAGES": stages, "AHEAD": int(sys.argv[4]), "ONES_SMEM": sys.argv[5] == "1",
-        "CONSUMERS": consumers, "CONSUMER_REGISTERS": ih.CONSUMER_REGISTERS, "num_warps": 4}
+        "X_SUMS": sys.argv[9] == "1", "CONSUMERS": consumers,
+        "CONSUMER_REGISTERS": ih.CONSUMER_REGISTERS, "num_warps": 4}
 types |= {n: "constexpr" for n in meta}
 constants = {(names.index(n),): v for n, v in meta.items()}
 options = {"num_warps": 4, "maxnreg": registers}
@@ -72,36 +73,41 @@ print(json.dumps({"shared": compiled.metadata.shared, "warps": compiled.metadata
                   "spills": int(re.search(r"(\\d+) bytes spill stores", report)[1])}))
 """
 
-# The knobs the runtime ships (AHEAD, ONES_SMEM, STAGES, REGISTERS, CONSUMERS).
+# The knobs the runtime ships (AHEAD, ONES_SMEM, STAGES, REGISTERS, CONSUMERS, X_SUMS).
 SHIPPED = (
     int4_hopper.AHEAD,
     int4_hopper.ONES_SMEM,
     int4_hopper.STAGES,
     int4_hopper.REGISTERS,
     int4_hopper.CONSUMERS,
+    int4_hopper.X_SUMS,
 )
 
 
 @needs_gluon
 @pytest.mark.parametrize(
-    "scales, out, x, ahead, ones_smem, stages, registers, consumers",
+    "scales, out, x, ahead, ones_smem, stages, registers, consumers, x_sums",
     [
         ("*bf16", "*bf16", "bfloat16", *SHIPPED),
         ("*fp32", "*fp16", "float16", *SHIPPED),
-        ("*bf16", "*bf16", "bfloat16", 3, True, 6, 128, 1),  # variants int4_decode_rows.py times
-        ("*fp16", "*fp16", "float16", 3, False, 6, 128, 1),
-        ("*bf16", "*bf16", "bfloat16", 3, False, 4, 80, 1),  # three programs an SM
-        ("*fp16", "*fp16", "float16", 3, False, 4, 64, 1),  # four
+        # The variants int4_decode_rows.py times.
+        ("*bf16", "*bf16", "bfloat16", 3, True, 6, 128, 1, False),
+        ("*fp16", "*fp16", "float16", 3, False, 6, 128, 1, False),
+        ("*bf16", "*bf16", "bfloat16", 3, False, 4, 80, 1, False),  # three programs an SM
+        ("*fp16", "*fp16", "float16", 3, False, 4, 64, 1, False),  # four
         # Two consumers, two programs an SM (fp16 x spills 32 bytes there).
-        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 80, 2),
+        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 80, 2, False),
+        # x's sums on the CUDA cores, no ones-dot.
+        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 128, 1, True),
+        ("*fp32", "*fp16", "float16", 6, False, 6, 128, 1, True),
     ],
 )
 def test_the_kernel_compiles_for_sm90_without_spills(
-    scales, out, x, ahead, ones_smem, stages, registers, consumers
+    scales, out, x, ahead, ones_smem, stages, registers, consumers, x_sums
 ):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     args = [scales, out, x, str(ahead), str(int(ones_smem)), str(stages), str(registers)]
-    args.append(str(consumers))
+    args += [str(consumers), str(int(x_sums))]
     done = subprocess.run(
         [sys.executable, "-c", SM90_COMPILE, *args],
         env=env,
@@ -118,12 +124,16 @@ def test_the_kernel_compiles_for_sm90_without_spills(
     tiles = stages * (2 * 64 * 64 + 16 * 128 * 2) + consumers * 16 * 128 * 2
     tiles += ones_smem * 64 * 128 * 2 + (consumers - 1) * 2 * 64 * 16 * 4
     assert tiles <= facts["shared"] < tiles + 1024, facts
-    # A step's three dots (gate, up, ones: m64n16k16 x 8 each), all waited for at once.
-    assert facts["wgmma"] == 24 * consumers and facts["waits"] == consumers, facts
+    # A step's three dots (gate, up, ones: m64n16k16 x 8 each; two without the ones),
+    # all waited for at once.
+    dots = 2 if x_sums else 3
+    assert facts["wgmma"] == 8 * dots * consumers and facts["waits"] == consumers, facts
     # The nibbles reach wgmma in registers: x's permuted tile is the only shared store in
     # the loop (a layout conversion of the weights through shared memory would add
-    # dozens); the ones' tile, stored once, 8 more; the second consumer's sums, 8.
-    assert facts["st_shared"] <= consumers * 3 + 8 * ones_smem + 8 * (consumers - 1), facts
+    # dozens); the ones' tile, stored once, 8 more; the second consumer's sums, 8; x's
+    # sums' layout conversion, 1.
+    stores = consumers * 3 + 8 * ones_smem + 8 * (consumers - 1) + x_sums
+    assert facts["st_shared"] <= stores, facts
     # The consumers' warpgroups and the producer's warp, allocated as whole warpgroups.
     assert facts["warps"] == 4 * (consumers + 1), facts
     assert facts["registers"] <= registers and facts["spills"] == 0, facts
@@ -344,13 +354,16 @@ def test_module_calls_match_float64(m, k, n, scale_dtype, dtype, monkeypatch):
         {"AHEAD": 3, "STAGES": 4, "REGISTERS": 64},
         {"CONSUMERS": 2, "REGISTERS": 80},
         {"CONSUMERS": 2, "AHEAD": 1},
+        {"X_SUMS": True},
+        {"X_SUMS": True, "AHEAD": 1, "CONSUMERS": 2},
     ],
 )
 @pytest.mark.parametrize("m, k, n", [(16, 4096, 4160), (3, 384, 200)])
 def test_the_kernels_variants_match_float64(knobs, m, k, n):
     """The variants int4_decode_rows.py times (scales loaded further ahead, the ones in
-    shared memory, fewer registers and slots for more programs an SM, two consumers), K of
-    fewer groups than they look ahead (and than the consumers) included."""
+    shared memory, fewer registers and slots for more programs an SM, two consumers, x's
+    sums on the CUDA cores), K of fewer groups than they look ahead (and than the
+    consumers) included."""
     module = generated("llama_mlp_int4")
     x, wg, sg, zg, wu, su, zu = int4_call(m, k, n, device="cuda")
     want = module.reference(

@@ -60,6 +60,10 @@ BLOCK_N, ROWS, GROUP, STAGES, REGISTERS = 64, 16, 128, 6, 128
 # registers and 4 slots (three programs an SM) 42.8, 64 (four) 47.4. The scales' latency
 # is not what holds it at 1.6 TB/s.
 AHEAD, ONES_SMEM = 6, False
+# Whether x's sums over each group (what the zero points and the nibbles' BASE multiply)
+# come from its tile on the CUDA cores while the two dots run, rather than from a third
+# dot of ones (8 more wgmmas a step and 32 registers a thread for its operand). Unmeasured.
+X_SUMS = False
 # The consumer warpgroups a program runs and, for a second, its registers a thread. The
 # time is flat from 1 to 16 rows and the grid's 224 programs (N 14336) all fit at two an
 # SM, so each program's serial step bounds it: a second consumer warpgroup taking the odd
@@ -170,6 +174,16 @@ if AVAILABLE:
         gl.thread_barrier()
 
     @gluon.jit
+    def _x_sums(xp_smem, acc_layout: gl.constexpr):
+        """Each of x's rows summed over the tile's K (the group), fp32, as a [1, rows] row
+        of the dots' sums layout: what the ones-dot gives every weight row alike."""
+        layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8],
+                                                threads_per_warp=[2, 16],
+                                                warps_per_cta=[4, 1], order=[1, 0])
+        sums = gl.sum(xp_smem.load(layout).to(gl.float32), axis=1)
+        return gl.convert_layout(sums, gl.SliceLayout(0, acc_layout))[None, :]
+
+    @gluon.jit
     def _group_sums(p, ones_p, scale, zero, BASE: gl.constexpr = 128.0):
         """A group's part of the sums: scale * (sum (BASE + q) x - (BASE + zero) sum x),
         per weight row (scale, zero: [rows] in the sums' row layout)."""
@@ -198,13 +212,14 @@ if AVAILABLE:
 
     @gluon.jit
     def _consume(descs, bufs, bars, ptrs, M, N, K, AHEAD: gl.constexpr,
-                 ONES_SMEM: gl.constexpr, PART: gl.constexpr, PARTS: gl.constexpr,
-                 num_warps: gl.constexpr):
+                 ONES_SMEM: gl.constexpr, X_SUMS: gl.constexpr, PART: gl.constexpr,
+                 PARTS: gl.constexpr, num_warps: gl.constexpr):
         """A consumer warpgroup, PART of PARTS taking every PARTS-th K step: each step's
         packed tiles into registers as wgmma's operand, three dots (gate, up, ones)
         against x's permuted tile transposed, the group's scales and zero points (loaded
-        AHEAD of its steps before) applied to the sums. Part 0 then adds the others'
-        sums (handed over in shared memory, in part order) and stores out's columns."""
+        AHEAD of its steps before) applied to the sums (X_SUMS: x's sums over the group
+        from its tile on the CUDA cores, no ones-dot). Part 0 then adds the others' sums
+        (handed over in shared memory, in part order) and stores out's columns."""
         wg_desc, wu_desc, x_desc = descs
         wg_bufs, wu_bufs, x_bufs, xp_bufs, ones_smem, partials = bufs
         ready, empty, handed = bars
@@ -221,7 +236,8 @@ if AVAILABLE:
         row_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
         dtype: gl.constexpr = x_desc.dtype
         BASE: gl.constexpr = _nibble_base(dtype)[1]
-        ones = _ones(ones_smem, [BN, BK], a_layout, dtype, ONES_SMEM)
+        if not X_SUMS:
+            ones = _ones(ones_smem, [BN, BK], a_layout, dtype, ONES_SMEM)
         zero_acc = gl.zeros([BN, R], gl.float32, layout=acc_layout)
         steps = K // BK
         rows = gl.program_id(0) * BN + gl.arange(0, BN, layout=row_layout)  # out's columns
@@ -246,12 +262,18 @@ if AVAILABLE:
             xt = xp_smem.permute((1, 0))
             p_g = warpgroup_mma(a_g, xt, zero_acc, use_acc=False, is_async=True)
             p_u = warpgroup_mma(a_u, xt, zero_acc, use_acc=False, is_async=True)
-            p_1 = warpgroup_mma(ones, xt, zero_acc, use_acc=False, is_async=True)
+            if X_SUMS:  # while the two dots run
+                p_1 = _x_sums(xp_smem, acc_layout)
+            else:
+                p_1 = warpgroup_mma(ones, xt, zero_acc, use_acc=False, is_async=True)
             # The scales and zero points AHEAD of this part's steps on load while the dots run.
             group = gl.minimum(i + AHEAD * PARTS, steps - 1)
             qg_n = _row_quant(sg_ptr, zg_ptr, rows, row_ok, group, stride_s_n, stride_z_n)
             qu_n = _row_quant(su_ptr, zu_ptr, rows, row_ok, group, stride_s_n, stride_z_n)
-            p_g, p_u, p_1, a_g, a_u = warpgroup_mma_wait(0, deps=(p_g, p_u, p_1, a_g, a_u))
+            if X_SUMS:
+                p_g, p_u, a_g, a_u = warpgroup_mma_wait(0, deps=(p_g, p_u, a_g, a_u))
+            else:
+                p_g, p_u, p_1, a_g, a_u = warpgroup_mma_wait(0, deps=(p_g, p_u, p_1, a_g, a_u))
             acc_g += _group_sums(p_g, p_1, qg[0][0], qg[0][1], BASE)
             acc_u += _group_sums(p_u, p_1, qu[0][0], qu[0][1], BASE)
             qg = qg[1:] + (qg_n,)
@@ -276,8 +298,9 @@ if AVAILABLE:
     @gluon.jit
     def _int4_swiglu(wg_desc, wu_desc, x_desc, sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, M, N,
                      K, stride_s_n, stride_z_n, stride_out_m, STAGES: gl.constexpr,
-                     AHEAD: gl.constexpr, ONES_SMEM: gl.constexpr, CONSUMERS: gl.constexpr,
-                     CONSUMER_REGISTERS: gl.constexpr, num_warps: gl.constexpr):
+                     AHEAD: gl.constexpr, ONES_SMEM: gl.constexpr, X_SUMS: gl.constexpr,
+                     CONSUMERS: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr,
+                     num_warps: gl.constexpr):
         """out [M, N] (M <= 16) over programs of 64 weight rows (the module docstring's
         schedule); the weights packed [N, K / 2] in tiles of [64, 64] bytes, x [M, K] in
         tiles of [16, 128]; scales and zero points [N, K / 128], both weights' with the
@@ -317,15 +340,15 @@ if AVAILABLE:
         ptrs = (sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, stride_s_n, stride_z_n, stride_out_m)
         if CONSUMERS == 1:
             gl.warp_specialize([
-                (_consume, (descs, bufs, bars, ptrs, M, N, K, AHEAD, ONES_SMEM, 0, 1,
+                (_consume, (descs, bufs, bars, ptrs, M, N, K, AHEAD, ONES_SMEM, X_SUMS, 0, 1,
                             num_warps)),
                 (_produce, (descs, bufs, bars, ptrs, M, N, K, num_warps)),
             ], [1], [24])
         else:  # a second consumer warpgroup on the odd K steps
             gl.warp_specialize([
-                (_consume, (descs, bufs, bars, ptrs, M, N, K, AHEAD, ONES_SMEM, 0, 2,
+                (_consume, (descs, bufs, bars, ptrs, M, N, K, AHEAD, ONES_SMEM, X_SUMS, 0, 2,
                             num_warps)),
-                (_consume, (descs, bufs, bars, ptrs, M, N, K, AHEAD, ONES_SMEM, 1, 2,
+                (_consume, (descs, bufs, bars, ptrs, M, N, K, AHEAD, ONES_SMEM, X_SUMS, 1, 2,
                             num_warps)),
                 (_produce, (descs, bufs, bars, ptrs, M, N, K, num_warps)),
             ], [4, 1], [CONSUMER_REGISTERS, 24])
@@ -337,11 +360,12 @@ def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, **knobs):
     int4 [N, K / 2] uint8 dequantized as (q - zero) * scale by their scales sg, su and
     zero points zg, zu [N, K / 128]; out [M, N] bf16 or fp16. launches: the
     launch.Described its caller keeps for calls like this one; knobs: AHEAD, ONES_SMEM,
-    STAGES, REGISTERS, CONSUMERS and CONSUMER_REGISTERS by other values (what
+    X_SUMS, STAGES, REGISTERS, CONSUMERS and CONSUMER_REGISTERS by other values (what
     benchmarks/int4_decode_rows.py varies). Returns the compiled kernel."""
     knobs = {
         "AHEAD": AHEAD,
         "ONES_SMEM": ONES_SMEM,
+        "X_SUMS": X_SUMS,
         "STAGES": STAGES,
         "REGISTERS": REGISTERS,
         "CONSUMERS": CONSUMERS,
@@ -363,6 +387,7 @@ def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, **knobs):
             "STAGES": knobs["STAGES"],
             "AHEAD": knobs["AHEAD"],
             "ONES_SMEM": knobs["ONES_SMEM"],
+            "X_SUMS": knobs["X_SUMS"],
             "CONSUMERS": knobs["CONSUMERS"],
             "CONSUMER_REGISTERS": knobs["CONSUMER_REGISTERS"],
             "num_warps": 4,
