@@ -271,7 +271,7 @@ def test_the_launch_binds_every_kernel_parameter(monkeypatch, m, k, n):
     chain = generated("llama_mlp_int4")._CHAIN
     views = list(int4_call(m, k, n))
     out = torch.empty(m, n, dtype=torch.bfloat16)
-    chain.launch_hopper({"hopper_launches": launch.Described(), "dot": None}, views, out)
+    chain.launch_hopper({"hopper_launches": launch.Described(), "dot": "bfloat16"}, views, out)
     bound = launched["_int4_swiglu"]
     x, wg, sg, zg, wu, su, zu = views
     assert bound["wg_desc"].base is wg and bound["wu_desc"].base is wu
@@ -289,7 +289,9 @@ def test_the_launch_binds_every_kernel_parameter(monkeypatch, m, k, n):
     # (quant_harness.carried_error), as for a transposed `tl` tile.
     assert chain.last_launch["nibble_base"] == 128.0
     chain.launch_hopper(
-        {"hopper_launches": launch.Described(), "dot": None}, [views[0].half(), *views[1:]], out
+        {"hopper_launches": launch.Described(), "dot": "float16"},
+        [views[0].half(), *views[1:]],
+        out,
     )
     assert chain.last_launch["nibble_base"] == 1024.0
 

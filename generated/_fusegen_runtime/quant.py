@@ -405,10 +405,8 @@ class QuantChain:
         operands = [views[i] for i in self.hopper]
         if self.hopper_chain == "int4_swiglu":
             kernel, config = int4_hopper.int4_swiglu, int4_hopper.CONFIG
-            # Its dots take each weight as BASE + q in x's dtype, as a transposed tile's.
-            base = NIBBLE_BASES[str(operands[0].dtype).removeprefix("torch.")]
         else:
-            kernel, config, base = quant_hopper.fp8_block_swiglu, quant_hopper.CONFIG, 0.0
+            kernel, config = quant_hopper.fp8_block_swiglu, quant_hopper.CONFIG
         self.last_compiled = kernel(*operands, out2d, launches=plan["hopper_launches"])
         self.last_launch = {
             "source": "kernel",
@@ -417,7 +415,7 @@ class QuantChain:
             "config_from": "hopper",
             "dot": plan["dot"],
             "fast_tanh": False,
-            "nibble_base": base,
+            "nibble_base": self.nibble_base(config, plan["dot"]),
         }
 
     def hopper_fits(self, views, plan):
@@ -488,7 +486,7 @@ class QuantChain:
     def nibble_base(self, config, dot):
         """What each int4 weight carried into the launch's dot beyond its value: the
         kernel's NIBBLE_BASE where the tile ran transposed (its SWAP_AB: BLOCK_M from 2
-        to 63, BLOCK_N 64 and up) on a 16-bit dot, else 0."""
+        to 63, BLOCK_N 64 and up; int4_hopper's tiles are such) on a 16-bit dot, else 0."""
         transposed = 1 < config["BLOCK_M"] < 64 <= config["BLOCK_N"]
         if not (self.module.get("NIBBLE_FLOATS") and transposed):
             return 0.0
