@@ -32,8 +32,8 @@ from quantized_chains import copies_for, int4_weights, load, max_error, table, t
 GROUP = 128
 # int4_hopper's knobs this script varies, those that are on or off, and the order of the
 # positional form.
-KNOBS = ("AHEAD", "ONES_SMEM", "X_SUMS", "STAGES", "REGISTERS", "CONSUMERS")
-FLAGS = ("ONES_SMEM", "X_SUMS")
+KNOBS = ("AHEAD", "ONES_SMEM", "X_SUMS", "OVERLAP", "STAGES", "REGISTERS", "CONSUMERS")
+FLAGS = ("ONES_SMEM", "X_SUMS", "OVERLAP")
 POSITIONAL = ("AHEAD", "ONES_SMEM", "STAGES", "REGISTERS", "CONSUMERS")
 
 
@@ -47,7 +47,13 @@ def main() -> None:
     parser.add_argument(
         "--variants",
         nargs="*",
-        default=["AHEAD=1", "X_SUMS=1", "CONSUMERS=2,REGISTERS=80", "CONSUMERS=2"],
+        default=[
+            "OVERLAP=1",
+            "OVERLAP=1,X_SUMS=1",
+            "X_SUMS=1",
+            "CONSUMERS=2,REGISTERS=80",
+            "CONSUMERS=2",
+        ],
         help="KNOB=VALUE,... (int4_hopper's knobs: " + ", ".join(KNOBS) + ")",
     )
     parser.add_argument("--rounds", type=int, default=5)

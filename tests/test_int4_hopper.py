@@ -50,7 +50,7 @@ types |= {"sg_ptr": sys.argv[1], "su_ptr": sys.argv[1], "zg_ptr": "*u8", "zu_ptr
 types["out_ptr"] = sys.argv[2]
 stages, registers, consumers = int(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8])
 meta = {"STAGES": stages, "AHEAD": int(sys.argv[4]), "ONES_SMEM": sys.argv[5] == "1",
-        "X_SUMS": sys.argv[9] == "1", "CONSUMERS": consumers,
+        "X_SUMS": sys.argv[9] == "1", "OVERLAP": sys.argv[10] == "1", "CONSUMERS": consumers,
         "CONSUMER_REGISTERS": ih.CONSUMER_REGISTERS, "num_warps": 4}
 types |= {n: "constexpr" for n in meta}
 constants = {(names.index(n),): v for n, v in meta.items()}
@@ -73,7 +73,8 @@ print(json.dumps({"shared": compiled.metadata.shared, "warps": compiled.metadata
                   "spills": int(re.search(r"(\\d+) bytes spill stores", report)[1])}))
 """
 
-# The knobs the runtime ships (AHEAD, ONES_SMEM, STAGES, REGISTERS, CONSUMERS, X_SUMS).
+# The knobs the runtime ships (AHEAD, ONES_SMEM, STAGES, REGISTERS, CONSUMERS, X_SUMS,
+# OVERLAP).
 SHIPPED = (
     int4_hopper.AHEAD,
     int4_hopper.ONES_SMEM,
@@ -81,31 +82,35 @@ SHIPPED = (
     int4_hopper.REGISTERS,
     int4_hopper.CONSUMERS,
     int4_hopper.X_SUMS,
+    int4_hopper.OVERLAP,
 )
 
 
 @needs_gluon
 @pytest.mark.parametrize(
-    "scales, out, x, ahead, ones_smem, stages, registers, consumers, x_sums",
+    "scales, out, x, ahead, ones_smem, stages, registers, consumers, x_sums, overlap",
     [
         ("*bf16", "*bf16", "bfloat16", *SHIPPED),
         ("*fp32", "*fp16", "float16", *SHIPPED),
         # Variants int4_decode_rows.py times (those measured slower, 3 ahead, 3 or 4
         # programs an SM, are left to the GPU test): the ones from shared memory,
-        ("*bf16", "*bf16", "bfloat16", 3, True, 6, 128, 1, False),
+        ("*bf16", "*bf16", "bfloat16", 3, True, 6, 128, 1, False, False),
         # two consumers, two programs an SM (fp16 x spills 32 bytes there),
-        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 80, 2, False),
-        # x's sums on the CUDA cores, no ones-dot.
-        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 128, 1, True),
-        ("*fp32", "*fp16", "float16", 6, False, 6, 128, 1, True),
+        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 80, 2, False, False),
+        # x's sums on the CUDA cores, no ones-dot,
+        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 128, 1, True, False),
+        ("*fp32", "*fp16", "float16", 6, False, 6, 128, 1, True, False),
+        # the next step's operands made while a step's dots run.
+        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 128, 1, False, True),
+        ("*fp32", "*fp16", "float16", 6, False, 6, 128, 1, True, True),
     ],
 )
 def test_the_kernel_compiles_for_sm90_without_spills(
-    scales, out, x, ahead, ones_smem, stages, registers, consumers, x_sums
+    scales, out, x, ahead, ones_smem, stages, registers, consumers, x_sums, overlap
 ):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     args = [scales, out, x, str(ahead), str(int(ones_smem)), str(stages), str(registers)]
-    args += [str(consumers), str(int(x_sums))]
+    args += [str(consumers), str(int(x_sums)), str(int(overlap))]
     done = subprocess.run(
         [sys.executable, "-c", SM90_COMPILE, *args],
         env=env,
@@ -117,20 +122,22 @@ def test_the_kernel_compiles_for_sm90_without_spills(
     assert done.returncode == 0, done.stderr[-3000:]
     facts = json.loads(done.stdout.strip().splitlines()[-1])
     # The ring's slots of both weights' packed tiles [64, 64] bytes and x's [16, 128] bf16,
-    # x's permuted tile (a consumer's), the ones-dot's operand [64, 128] where it is in
-    # shared memory, the second consumer's gate and up sums [64, 16] fp32, + barriers.
-    tiles = stages * (2 * 64 * 64 + 16 * 128 * 2) + consumers * 16 * 128 * 2
+    # x's permuted tile (a consumer's; two with OVERLAP), the ones-dot's operand [64, 128]
+    # where it is in shared memory, the second consumer's gate and up sums [64, 16] fp32,
+    # + barriers.
+    tiles = stages * (2 * 64 * 64 + 16 * 128 * 2) + consumers * (1 + overlap) * 16 * 128 * 2
     tiles += ones_smem * 64 * 128 * 2 + (consumers - 1) * 2 * 64 * 16 * 4
     assert tiles <= facts["shared"] < tiles + 1024, facts
-    # A step's three dots (gate, up, ones: m64n16k16 x 8 each; two without the ones),
-    # all waited for at once.
-    dots = 2 if x_sums else 3
-    assert facts["wgmma"] == 8 * dots * consumers and facts["waits"] == consumers, facts
+    # A step's three dots (gate, up, ones: m64n16k16 x 8 each; two without the ones), all
+    # waited for at once; OVERLAP writes them twice (the steps with a next one, the last).
+    dots = (2 if x_sums else 3) * (1 + overlap)
+    assert facts["wgmma"] == 8 * dots * consumers, facts
+    assert facts["waits"] == consumers * (1 + overlap), facts
     # The nibbles reach wgmma in registers: x's permuted tile is the only shared store in
     # the loop (a layout conversion of the weights through shared memory would add
     # dozens); the ones' tile, stored once, 8 more; the second consumer's sums, 8; x's
-    # sums' layout conversion, 1.
-    stores = consumers * 3 + 8 * ones_smem + 8 * (consumers - 1) + x_sums
+    # sums' layout conversion, 1 (each twice with OVERLAP).
+    stores = (consumers * 3 + x_sums) * (1 + overlap) + 8 * ones_smem + 8 * (consumers - 1)
     assert facts["st_shared"] <= stores, facts
     # The consumers' warpgroups and the producer's warp, allocated as whole warpgroups.
     assert facts["warps"] == 4 * (consumers + 1), facts
@@ -356,14 +363,17 @@ def test_module_calls_match_float64(m, k, n, scale_dtype, dtype, monkeypatch):
         {"CONSUMERS": 2, "AHEAD": 1},
         {"X_SUMS": True},
         {"X_SUMS": True, "AHEAD": 1, "CONSUMERS": 2},
+        {"OVERLAP": True},
+        {"OVERLAP": True, "X_SUMS": True},
+        {"OVERLAP": True, "AHEAD": 1, "ONES_SMEM": True},
     ],
 )
-@pytest.mark.parametrize("m, k, n", [(16, 4096, 4160), (3, 384, 200)])
+@pytest.mark.parametrize("m, k, n", [(16, 4096, 4160), (3, 384, 200), (5, 128, 72)])
 def test_the_kernels_variants_match_float64(knobs, m, k, n):
     """The variants int4_decode_rows.py times (scales loaded further ahead, the ones in
     shared memory, fewer registers and slots for more programs an SM, two consumers, x's
-    sums on the CUDA cores), K of fewer groups than they look ahead (and than the
-    consumers) included."""
+    sums on the CUDA cores, the next step's operands made while a step's dots run), K of
+    fewer groups than they look ahead (and than the consumers; one group) included."""
     module = generated("llama_mlp_int4")
     x, wg, sg, zg, wu, su, zu = int4_call(m, k, n, device="cuda")
     want = module.reference(
@@ -413,3 +423,11 @@ def test_the_ones_in_shared_memory_take_one_consumer():
     out = torch.empty(4, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="ONES_SMEM takes one consumer"):
         int4_hopper.int4_swiglu(x, wg, sg, zg, wu, su, zu, out, ONES_SMEM=True, CONSUMERS=2)
+
+
+def test_the_overlapped_steps_take_one_consumer():
+    """Two steps' operands in each of two consumers' registers spill."""
+    x, wg, sg, zg, wu, su, zu = int4_call(4, 256, 64)
+    out = torch.empty(4, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="OVERLAP takes one consumer"):
+        int4_hopper.int4_swiglu(x, wg, sg, zg, wu, su, zu, out, OVERLAP=True, CONSUMERS=2)

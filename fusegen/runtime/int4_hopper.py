@@ -70,6 +70,11 @@ X_SUMS = False
 # an SM, the setmaxnreg split leaving the consumers 112 and 104 registers: no spills with
 # bf16 x (fp16 32 bytes), but ptxas serializes their wgmmas. Unmeasured, so 1.
 CONSUMERS, CONSUMER_REGISTERS = 1, 104
+# Whether a consumer makes the next step's operands (its weights' words into floats, x's
+# tile permuted, into a second buffer) while this step's dots run, rather than waiting for
+# them first: a step's chain would then take the longer of the two, not their sum, at the
+# cost of a second step's operand registers. Unmeasured, so off.
+OVERLAP = False
 # Whether calls that fit take the kernel without FUSEGEN_QUANT_HOPPER=1 (=0 turns it off):
 # its float64 tests passed on an H100, and it ran 1.2x the generated tiles from 4 to 16 rows.
 DEFAULT = True
@@ -212,24 +217,62 @@ if AVAILABLE:
             return gl.full(shape, 1.0, dtype, layout=a_layout)
 
     @gluon.jit
+    def _step_operands(i, bufs, bars, xp_smem, a_layout: gl.constexpr, dtype: gl.constexpr):
+        """Step i's packed tiles of both weights as wgmma's register operands, and x's tile
+        permuted into xp_smem; then the ring's slot is released."""
+        wg_bufs, wu_bufs, x_bufs = bufs[:3]
+        ready, empty, _ = bars
+        STAGES: gl.constexpr = x_bufs.type.shape[0]
+        s = i % STAGES
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        a_g = _word_floats(wg_bufs.index(s), a_layout, dtype)
+        a_u = _word_floats(wu_bufs.index(s), a_layout, dtype)
+        _permuted_x(x_bufs.index(s), xp_smem)
+        mbarrier.arrive(empty.index(s))  # the slot is in registers and xp_smem now
+        return a_g, a_u
+
+    @gluon.jit
+    def _dots(a_g, a_u, ones, xp_smem, zero_acc, X_SUMS: gl.constexpr):
+        """A step's dots against x's permuted tile, started: the gate's, the up's and the
+        ones' (X_SUMS: x's sums over the group from the tile while the two run)."""
+        xt = xp_smem.permute((1, 0))
+        p_g = warpgroup_mma(a_g, xt, zero_acc, use_acc=False, is_async=True)
+        p_u = warpgroup_mma(a_u, xt, zero_acc, use_acc=False, is_async=True)
+        if X_SUMS:
+            p_1 = _x_sums(xp_smem, gl.constexpr(zero_acc.type.layout))
+        else:
+            p_1 = warpgroup_mma(ones, xt, zero_acc, use_acc=False, is_async=True)
+        return p_g, p_u, p_1
+
+    @gluon.jit
+    def _dots_done(p, a_g, a_u, X_SUMS: gl.constexpr):
+        """_dots' sums once its dots are done (their register operands a_g, a_u kept
+        until then)."""
+        p_g, p_u, p_1 = p
+        if X_SUMS:
+            p_g, p_u, a_g, a_u = warpgroup_mma_wait(0, deps=(p_g, p_u, a_g, a_u))
+        else:
+            p_g, p_u, p_1, a_g, a_u = warpgroup_mma_wait(0, deps=(p_g, p_u, p_1, a_g, a_u))
+        return p_g, p_u, p_1
+
+    @gluon.jit
     def _consume(descs, bufs, bars, ptrs, M, N, K, AHEAD: gl.constexpr,
-                 ONES_SMEM: gl.constexpr, X_SUMS: gl.constexpr, PART: gl.constexpr,
-                 PARTS: gl.constexpr, num_warps: gl.constexpr):
+                 ONES_SMEM: gl.constexpr, X_SUMS: gl.constexpr, OVERLAP: gl.constexpr,
+                 PART: gl.constexpr, PARTS: gl.constexpr, num_warps: gl.constexpr):
         """A consumer warpgroup, PART of PARTS taking every PARTS-th K step: each step's
         packed tiles into registers as wgmma's operand, three dots (gate, up, ones)
         against x's permuted tile transposed, the group's scales and zero points (loaded
         AHEAD of its steps before) applied to the sums (X_SUMS: x's sums over the group
-        from its tile on the CUDA cores, no ones-dot). Part 0 then adds the others' sums
-        (handed over in shared memory, in part order) and stores out's columns."""
+        from its tile on the CUDA cores, no ones-dot; OVERLAP: the next step's operands made
+        while a step's dots run). Part 0 then adds the others' sums (handed over in shared
+        memory, in part order) and stores out's columns."""
         wg_desc, wu_desc, x_desc = descs
-        wg_bufs, wu_bufs, x_bufs, xp_bufs, ones_smem, partials = bufs
-        ready, empty, handed = bars
-        xp_smem = xp_bufs.index(PART)
+        xp_bufs, ones_smem, partials = bufs[3:]
+        handed = bars[2]
         sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, stride_s_n, stride_z_n, stride_out_m = ptrs
         BN: gl.constexpr = wg_desc.block_type.shape[0]
         BK: gl.constexpr = x_desc.block_type.shape[1]
         R: gl.constexpr = x_desc.block_type.shape[0]
-        STAGES: gl.constexpr = x_bufs.type.shape[0]
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, R, 16])  # one warpgroup
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout,
@@ -237,7 +280,9 @@ if AVAILABLE:
         row_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
         dtype: gl.constexpr = x_desc.dtype
         BASE: gl.constexpr = _nibble_base(dtype)[1]
-        if not X_SUMS:
+        if X_SUMS:
+            ones = 0  # no ones-dot
+        else:
             ones = _ones(ones_smem, [BN, BK], a_layout, dtype, ONES_SMEM)
         zero_acc = gl.zeros([BN, R], gl.float32, layout=acc_layout)
         steps = K // BK
@@ -253,32 +298,46 @@ if AVAILABLE:
             group = gl.minimum(PART + j * PARTS, steps - 1)
             qg = qg + (_row_quant(sg_ptr, zg_ptr, rows, row_ok, group, stride_s_n, stride_z_n),)
             qu = qu + (_row_quant(su_ptr, zu_ptr, rows, row_ok, group, stride_s_n, stride_z_n),)
-        for i in range(PART, steps, PARTS):
-            s = i % STAGES
-            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            a_g = _word_floats(wg_bufs.index(s), a_layout, dtype)
-            a_u = _word_floats(wu_bufs.index(s), a_layout, dtype)
-            _permuted_x(x_bufs.index(s), xp_smem)
-            mbarrier.arrive(empty.index(s))  # the slot is in registers and xp_smem now
-            xt = xp_smem.permute((1, 0))
-            p_g = warpgroup_mma(a_g, xt, zero_acc, use_acc=False, is_async=True)
-            p_u = warpgroup_mma(a_u, xt, zero_acc, use_acc=False, is_async=True)
-            if X_SUMS:  # while the two dots run
-                p_1 = _x_sums(xp_smem, acc_layout)
-            else:
-                p_1 = warpgroup_mma(ones, xt, zero_acc, use_acc=False, is_async=True)
-            # The scales and zero points AHEAD of this part's steps on load while the dots run.
-            group = gl.minimum(i + AHEAD * PARTS, steps - 1)
-            qg_n = _row_quant(sg_ptr, zg_ptr, rows, row_ok, group, stride_s_n, stride_z_n)
-            qu_n = _row_quant(su_ptr, zu_ptr, rows, row_ok, group, stride_s_n, stride_z_n)
-            if X_SUMS:
-                p_g, p_u, a_g, a_u = warpgroup_mma_wait(0, deps=(p_g, p_u, a_g, a_u))
-            else:
-                p_g, p_u, p_1, a_g, a_u = warpgroup_mma_wait(0, deps=(p_g, p_u, p_1, a_g, a_u))
+        if not OVERLAP:
+            xp_smem = xp_bufs.index(PART)
+            for i in range(PART, steps, PARTS):
+                a_g, a_u = _step_operands(i, bufs, bars, xp_smem, a_layout, dtype)
+                p = _dots(a_g, a_u, ones, xp_smem, zero_acc, X_SUMS)
+                # The scales and zero points AHEAD of this part's steps on load while the
+                # dots run.
+                group = gl.minimum(i + AHEAD * PARTS, steps - 1)
+                qg_n = _row_quant(sg_ptr, zg_ptr, rows, row_ok, group, stride_s_n, stride_z_n)
+                qu_n = _row_quant(su_ptr, zu_ptr, rows, row_ok, group, stride_s_n, stride_z_n)
+                p_g, p_u, p_1 = _dots_done(p, a_g, a_u, X_SUMS)
+                acc_g += _group_sums(p_g, p_1, qg[0][0], qg[0][1], BASE)
+                acc_u += _group_sums(p_u, p_1, qu[0][0], qu[0][1], BASE)
+                qg = qg[1:] + (qg_n,)
+                qu = qu[1:] + (qu_n,)
+        elif PART < steps:
+            # A step's operands are made before the step (the first's here), the next's
+            # while its dots run, into the other of this part's two buffers of x's tile.
+            a_g, a_u = _step_operands(PART, bufs, bars, xp_bufs.index(2 * PART), a_layout, dtype)
+            for i in range(PART, steps - PARTS, PARTS):  # the steps with a next one
+                b = (i // PARTS) % 2
+                p = _dots(a_g, a_u, ones, xp_bufs.index(2 * PART + b), zero_acc, X_SUMS)
+                n_g, n_u = _step_operands(i + PARTS, bufs, bars, xp_bufs.index(2 * PART + 1 - b),
+                                          a_layout, dtype)
+                group = gl.minimum(i + AHEAD * PARTS, steps - 1)
+                qg_n = _row_quant(sg_ptr, zg_ptr, rows, row_ok, group, stride_s_n, stride_z_n)
+                qu_n = _row_quant(su_ptr, zu_ptr, rows, row_ok, group, stride_s_n, stride_z_n)
+                p_g, p_u, p_1 = _dots_done(p, a_g, a_u, X_SUMS)
+                acc_g += _group_sums(p_g, p_1, qg[0][0], qg[0][1], BASE)
+                acc_u += _group_sums(p_u, p_1, qu[0][0], qu[0][1], BASE)
+                qg = qg[1:] + (qg_n,)
+                qu = qu[1:] + (qu_n,)
+                a_g = n_g
+                a_u = n_u
+            last = steps - 1 - (steps - 1 - PART) % PARTS
+            p = _dots(a_g, a_u, ones, xp_bufs.index(2 * PART + (last // PARTS) % 2), zero_acc,
+                      X_SUMS)
+            p_g, p_u, p_1 = _dots_done(p, a_g, a_u, X_SUMS)
             acc_g += _group_sums(p_g, p_1, qg[0][0], qg[0][1], BASE)
             acc_u += _group_sums(p_u, p_1, qu[0][0], qu[0][1], BASE)
-            qg = qg[1:] + (qg_n,)
-            qu = qu[1:] + (qu_n,)
 
         if PART > 0:  # its sums to part 0, which adds every part's in part order
             partials.index(2 * PART - 2).store(acc_g)
@@ -300,8 +359,8 @@ if AVAILABLE:
     def _int4_swiglu(wg_desc, wu_desc, x_desc, sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, M, N,
                      K, stride_s_n, stride_z_n, stride_out_m, STAGES: gl.constexpr,
                      AHEAD: gl.constexpr, ONES_SMEM: gl.constexpr, X_SUMS: gl.constexpr,
-                     CONSUMERS: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr,
-                     num_warps: gl.constexpr):
+                     OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr,
+                     CONSUMER_REGISTERS: gl.constexpr, num_warps: gl.constexpr):
         """out [M, N] (M <= 16) over programs of 64 weight rows (the module docstring's
         schedule); the weights packed [N, K / 2] in tiles of [64, 64] bytes, x [M, K] in
         tiles of [16, 128]; scales and zero points [N, K / 128], both weights' with the
@@ -312,8 +371,10 @@ if AVAILABLE:
                                             wu_desc.layout)
         x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape,
                                            x_desc.layout)
-        # x's tile with K permuted as the weights' words give it (one a step, a consumer).
-        xp_bufs = gl.allocate_shared_memory(x_desc.dtype, [CONSUMERS] + x_desc.block_type.shape,
+        # x's tile with K permuted as the weights' words give it (a consumer's, two where
+        # the next step's is made while a step's dots run).
+        xp_bufs = gl.allocate_shared_memory(x_desc.dtype,
+                                            [CONSUMERS * (1 + OVERLAP)] + x_desc.block_type.shape,
                                             x_desc.layout)
         # The other consumers' sums, gate's and up's, handed to the first (else unused).
         partials = gl.allocate_shared_memory(
@@ -341,16 +402,16 @@ if AVAILABLE:
         ptrs = (sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, stride_s_n, stride_z_n, stride_out_m)
         if CONSUMERS == 1:
             gl.warp_specialize([
-                (_consume, (descs, bufs, bars, ptrs, M, N, K, AHEAD, ONES_SMEM, X_SUMS, 0, 1,
-                            num_warps)),
+                (_consume, (descs, bufs, bars, ptrs, M, N, K, AHEAD, ONES_SMEM, X_SUMS, OVERLAP,
+                            0, 1, num_warps)),
                 (_produce, (descs, bufs, bars, ptrs, M, N, K, num_warps)),
             ], [1], [24])
         else:  # a second consumer warpgroup on the odd K steps
             gl.warp_specialize([
-                (_consume, (descs, bufs, bars, ptrs, M, N, K, AHEAD, ONES_SMEM, X_SUMS, 0, 2,
-                            num_warps)),
-                (_consume, (descs, bufs, bars, ptrs, M, N, K, AHEAD, ONES_SMEM, X_SUMS, 1, 2,
-                            num_warps)),
+                (_consume, (descs, bufs, bars, ptrs, M, N, K, AHEAD, ONES_SMEM, X_SUMS, OVERLAP,
+                            0, 2, num_warps)),
+                (_consume, (descs, bufs, bars, ptrs, M, N, K, AHEAD, ONES_SMEM, X_SUMS, OVERLAP,
+                            1, 2, num_warps)),
                 (_produce, (descs, bufs, bars, ptrs, M, N, K, num_warps)),
             ], [4, 1], [CONSUMER_REGISTERS, 24])
     # fmt: on
@@ -361,12 +422,13 @@ def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, **knobs):
     int4 [N, K / 2] uint8 dequantized as (q - zero) * scale by their scales sg, su and
     zero points zg, zu [N, K / 128]; out [M, N] bf16 or fp16. launches: the
     launch.Described its caller keeps for calls like this one; knobs: AHEAD, ONES_SMEM,
-    X_SUMS, STAGES, REGISTERS, CONSUMERS and CONSUMER_REGISTERS by other values (what
+    X_SUMS, OVERLAP, STAGES, REGISTERS, CONSUMERS and CONSUMER_REGISTERS by other values (what
     benchmarks/int4_decode_rows.py varies). Returns the compiled kernel."""
     knobs = {
         "AHEAD": AHEAD,
         "ONES_SMEM": ONES_SMEM,
         "X_SUMS": X_SUMS,
+        "OVERLAP": OVERLAP,
         "STAGES": STAGES,
         "REGISTERS": REGISTERS,
         "CONSUMERS": CONSUMERS,
@@ -374,6 +436,11 @@ def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, **knobs):
     } | knobs
     if knobs["ONES_SMEM"] and knobs["CONSUMERS"] > 1:
         raise ValueError("int4_swiglu: ONES_SMEM takes one consumer (each would fill it)")
+    if knobs["OVERLAP"] and knobs["CONSUMERS"] > 1:
+        raise ValueError(
+            "int4_swiglu: OVERLAP takes one consumer (two steps' operands in each of two"
+            " consumers' registers spill)"
+        )
 
     def first():
         m, k = x.shape
@@ -389,6 +456,7 @@ def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, **knobs):
             "AHEAD": knobs["AHEAD"],
             "ONES_SMEM": knobs["ONES_SMEM"],
             "X_SUMS": knobs["X_SUMS"],
+            "OVERLAP": knobs["OVERLAP"],
             "CONSUMERS": knobs["CONSUMERS"],
             "CONSUMER_REGISTERS": knobs["CONSUMER_REGISTERS"],
             "num_warps": 4,
