@@ -32,8 +32,17 @@ from quantized_chains import copies_for, int4_weights, load, max_error, table, t
 GROUP = 128
 # int4_hopper's knobs this script varies, those that are on or off, and the order of the
 # positional form.
-KNOBS = ("AHEAD", "ONES_SMEM", "X_SUMS", "OVERLAP", "STAGES", "REGISTERS", "CONSUMERS")
-FLAGS = ("ONES_SMEM", "X_SUMS", "OVERLAP")
+KNOBS = (
+    "AHEAD",
+    "ONES_SMEM",
+    "X_SUMS",
+    "OVERLAP",
+    "PAIRED",
+    "STAGES",
+    "REGISTERS",
+    "CONSUMERS",
+)
+FLAGS = ("ONES_SMEM", "X_SUMS", "OVERLAP", "PAIRED")
 POSITIONAL = ("AHEAD", "ONES_SMEM", "STAGES", "REGISTERS", "CONSUMERS")
 
 
@@ -50,6 +59,8 @@ def main() -> None:
         default=[
             "OVERLAP=1",
             "OVERLAP=1,X_SUMS=1",
+            "PAIRED=1",
+            "PAIRED=1,OVERLAP=1",
             "X_SUMS=1",
             "CONSUMERS=2,REGISTERS=80",
             "CONSUMERS=2",

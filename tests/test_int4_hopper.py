@@ -50,7 +50,8 @@ types |= {"sg_ptr": sys.argv[1], "su_ptr": sys.argv[1], "zg_ptr": "*u8", "zu_ptr
 types["out_ptr"] = sys.argv[2]
 stages, registers, consumers = int(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8])
 meta = {"STAGES": stages, "AHEAD": int(sys.argv[4]), "ONES_SMEM": sys.argv[5] == "1",
-        "X_SUMS": sys.argv[9] == "1", "OVERLAP": sys.argv[10] == "1", "CONSUMERS": consumers,
+        "X_SUMS": sys.argv[9] == "1", "OVERLAP": sys.argv[10] == "1",
+        "PAIRED": sys.argv[11] == "1", "CONSUMERS": consumers,
         "CONSUMER_REGISTERS": ih.CONSUMER_REGISTERS, "num_warps": 4}
 types |= {n: "constexpr" for n in meta}
 constants = {(names.index(n),): v for n, v in meta.items()}
@@ -74,7 +75,7 @@ print(json.dumps({"shared": compiled.metadata.shared, "warps": compiled.metadata
 """
 
 # The knobs the runtime ships (AHEAD, ONES_SMEM, STAGES, REGISTERS, CONSUMERS, X_SUMS,
-# OVERLAP).
+# OVERLAP, PAIRED).
 SHIPPED = (
     int4_hopper.AHEAD,
     int4_hopper.ONES_SMEM,
@@ -83,34 +84,37 @@ SHIPPED = (
     int4_hopper.CONSUMERS,
     int4_hopper.X_SUMS,
     int4_hopper.OVERLAP,
+    int4_hopper.PAIRED,
 )
 
 
 @needs_gluon
 @pytest.mark.parametrize(
-    "scales, out, x, ahead, ones_smem, stages, registers, consumers, x_sums, overlap",
+    "scales, out, x, ahead, ones_smem, stages, registers, consumers, x_sums, overlap, paired",
     [
         ("*bf16", "*bf16", "bfloat16", *SHIPPED),
         ("*fp32", "*fp16", "float16", *SHIPPED),
         # Variants int4_decode_rows.py times (those measured slower, 3 ahead, 3 or 4
         # programs an SM, are left to the GPU test): the ones from shared memory,
-        ("*bf16", "*bf16", "bfloat16", 3, True, 6, 128, 1, False, False),
+        ("*bf16", "*bf16", "bfloat16", 3, True, 6, 128, 1, False, False, False),
         # two consumers, two programs an SM (fp16 x spills 32 bytes there),
-        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 80, 2, False, False),
+        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 80, 2, False, False, False),
         # x's sums on the CUDA cores, no ones-dot,
-        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 128, 1, True, False),
-        ("*fp32", "*fp16", "float16", 6, False, 6, 128, 1, True, False),
-        # the next step's operands made while a step's dots run.
-        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 128, 1, False, True),
-        ("*fp32", "*fp16", "float16", 6, False, 6, 128, 1, True, True),
+        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 128, 1, True, False, False),
+        ("*fp32", "*fp16", "float16", 6, False, 6, 128, 1, True, False, False),
+        # the next step's operands made while a step's dots run,
+        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 128, 1, False, True, False),
+        ("*fp32", "*fp16", "float16", 6, False, 6, 128, 1, True, True, False),
+        # two steps' loads issued together.
+        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 128, 1, False, False, True),
     ],
 )
 def test_the_kernel_compiles_for_sm90_without_spills(
-    scales, out, x, ahead, ones_smem, stages, registers, consumers, x_sums, overlap
+    scales, out, x, ahead, ones_smem, stages, registers, consumers, x_sums, overlap, paired
 ):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     args = [scales, out, x, str(ahead), str(int(ones_smem)), str(stages), str(registers)]
-    args += [str(consumers), str(int(x_sums)), str(int(overlap))]
+    args += [str(consumers), str(int(x_sums)), str(int(overlap)), str(int(paired))]
     done = subprocess.run(
         [sys.executable, "-c", SM90_COMPILE, *args],
         env=env,
@@ -366,13 +370,16 @@ def test_module_calls_match_float64(m, k, n, scale_dtype, dtype, monkeypatch):
         {"OVERLAP": True},
         {"OVERLAP": True, "X_SUMS": True},
         {"OVERLAP": True, "AHEAD": 1, "ONES_SMEM": True},
+        {"PAIRED": True},
+        {"PAIRED": True, "OVERLAP": True, "STAGES": 5},
     ],
 )
 @pytest.mark.parametrize("m, k, n", [(16, 4096, 4160), (3, 384, 200), (5, 128, 72)])
 def test_the_kernels_variants_match_float64(knobs, m, k, n):
     """The variants int4_decode_rows.py times (scales loaded further ahead, the ones in
     shared memory, fewer registers and slots for more programs an SM, two consumers, x's
-    sums on the CUDA cores, the next step's operands made while a step's dots run), K of
+    sums on the CUDA cores, the next step's operands made while a step's dots run, two
+    steps' loads issued together, an odd number of slots), K of
     fewer groups than they look ahead (and than the consumers; one group) included."""
     module = generated("llama_mlp_int4")
     x, wg, sg, zg, wu, su, zu = int4_call(m, k, n, device="cuda")
@@ -423,6 +430,15 @@ def test_the_ones_in_shared_memory_take_one_consumer():
     out = torch.empty(4, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="ONES_SMEM takes one consumer"):
         int4_hopper.int4_swiglu(x, wg, sg, zg, wu, su, zu, out, ONES_SMEM=True, CONSUMERS=2)
+
+
+def test_paired_loads_take_two_slots():
+    """With one slot the producer would wait for the second step's slot before loading the
+    first: a deadlock."""
+    x, wg, sg, zg, wu, su, zu = int4_call(4, 256, 64)
+    out = torch.empty(4, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="PAIRED takes 2 slots"):
+        int4_hopper.int4_swiglu(x, wg, sg, zg, wu, su, zu, out, PAIRED=True, STAGES=1)
 
 
 def test_the_overlapped_steps_take_one_consumer():

@@ -75,6 +75,11 @@ CONSUMERS, CONSUMER_REGISTERS = 1, 104
 # them first: a step's chain would then take the longer of the two, not their sum, at the
 # cost of a second step's operand registers. Unmeasured, so off.
 OVERLAP = False
+# Whether the producer issues two steps' loads together (the two 64-byte halves of each
+# weight row's 128-byte line back to back; each step's load alone asks for 64 rows of 64
+# bytes, 2 KB apart, where the generated GEMV's 512 values a row ask for 256 bytes, and
+# it streamed 2.0 TB/s at one row against this kernel's 1.6). Unmeasured, so off.
+PAIRED = False
 # Whether calls that fit take the kernel without FUSEGEN_QUANT_HOPPER=1 (=0 turns it off):
 # its float64 tests passed on an H100, and it ran 1.2x the generated tiles from 4 to 16 rows.
 DEFAULT = True
@@ -90,29 +95,41 @@ CONFIG = {
 if AVAILABLE:
     # fmt: off
     @gluon.jit
-    def _produce(descs, bufs, bars, ptrs, M, N, K, num_warps: gl.constexpr):
+    def _produce(descs, bufs, bars, ptrs, M, N, K, PAIRED: gl.constexpr,
+                 num_warps: gl.constexpr):
         """The producer warp: each K step's packed tiles of both weights and x's tile into
         the ring, a slot once the consumer has released it (a fresh mbarrier counts as
-        having completed the phase before 0)."""
+        having completed the phase before 0); PAIRED: two steps' loads issued together,
+        once both slots are free, so that the two 64-byte halves of each weight row's
+        128-byte line reach the memory back to back."""
         wg_desc, wu_desc, x_desc = descs
         wg_bufs, wu_bufs, x_bufs = bufs[:3]
         ready, empty, _ = bars
         BN: gl.constexpr = wg_desc.block_type.shape[0]
         BK: gl.constexpr = x_desc.block_type.shape[1]
         STAGES: gl.constexpr = x_bufs.type.shape[0]
+        BATCH: gl.constexpr = 2 if PAIRED else 1
         nbytes: gl.constexpr = (wg_desc.block_type.nbytes + wu_desc.block_type.nbytes
                                 + x_desc.block_type.nbytes)
         n0 = gl.program_id(0) * BN
-        for i in range(K // BK):
-            s = i % STAGES
-            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-            mbarrier.expect(ready.index(s), nbytes)
-            k = i * BK
-            tma.async_copy_global_to_shared(wg_desc, [n0, k // 2], ready.index(s),
-                                            wg_bufs.index(s))
-            tma.async_copy_global_to_shared(wu_desc, [n0, k // 2], ready.index(s),
-                                            wu_bufs.index(s))
-            tma.async_copy_global_to_shared(x_desc, [0, k], ready.index(s), x_bufs.index(s))
+        steps = K // BK
+        for first in range(0, steps, BATCH):
+            for j in gl.static_range(BATCH):
+                i = first + j
+                if i < steps:
+                    mbarrier.wait(empty.index(i % STAGES), ((i // STAGES) & 1) ^ 1)
+            for j in gl.static_range(BATCH):
+                i = first + j
+                if i < steps:
+                    s = i % STAGES
+                    mbarrier.expect(ready.index(s), nbytes)
+                    k = i * BK
+                    tma.async_copy_global_to_shared(wg_desc, [n0, k // 2], ready.index(s),
+                                                    wg_bufs.index(s))
+                    tma.async_copy_global_to_shared(wu_desc, [n0, k // 2], ready.index(s),
+                                                    wu_bufs.index(s))
+                    tma.async_copy_global_to_shared(x_desc, [0, k], ready.index(s),
+                                                    x_bufs.index(s))
 
     @gluon.constexpr_function
     def _x_layout():
@@ -359,7 +376,7 @@ if AVAILABLE:
     def _int4_swiglu(wg_desc, wu_desc, x_desc, sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, M, N,
                      K, stride_s_n, stride_z_n, stride_out_m, STAGES: gl.constexpr,
                      AHEAD: gl.constexpr, ONES_SMEM: gl.constexpr, X_SUMS: gl.constexpr,
-                     OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr,
+                     OVERLAP: gl.constexpr, PAIRED: gl.constexpr, CONSUMERS: gl.constexpr,
                      CONSUMER_REGISTERS: gl.constexpr, num_warps: gl.constexpr):
         """out [M, N] (M <= 16) over programs of 64 weight rows (the module docstring's
         schedule); the weights packed [N, K / 2] in tiles of [64, 64] bytes, x [M, K] in
@@ -404,7 +421,7 @@ if AVAILABLE:
             gl.warp_specialize([
                 (_consume, (descs, bufs, bars, ptrs, M, N, K, AHEAD, ONES_SMEM, X_SUMS, OVERLAP,
                             0, 1, num_warps)),
-                (_produce, (descs, bufs, bars, ptrs, M, N, K, num_warps)),
+                (_produce, (descs, bufs, bars, ptrs, M, N, K, PAIRED, num_warps)),
             ], [1], [24])
         else:  # a second consumer warpgroup on the odd K steps
             gl.warp_specialize([
@@ -412,7 +429,7 @@ if AVAILABLE:
                             0, 2, num_warps)),
                 (_consume, (descs, bufs, bars, ptrs, M, N, K, AHEAD, ONES_SMEM, X_SUMS, OVERLAP,
                             1, 2, num_warps)),
-                (_produce, (descs, bufs, bars, ptrs, M, N, K, num_warps)),
+                (_produce, (descs, bufs, bars, ptrs, M, N, K, PAIRED, num_warps)),
             ], [4, 1], [CONSUMER_REGISTERS, 24])
     # fmt: on
 
@@ -422,13 +439,14 @@ def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, **knobs):
     int4 [N, K / 2] uint8 dequantized as (q - zero) * scale by their scales sg, su and
     zero points zg, zu [N, K / 128]; out [M, N] bf16 or fp16. launches: the
     launch.Described its caller keeps for calls like this one; knobs: AHEAD, ONES_SMEM,
-    X_SUMS, OVERLAP, STAGES, REGISTERS, CONSUMERS and CONSUMER_REGISTERS by other values (what
-    benchmarks/int4_decode_rows.py varies). Returns the compiled kernel."""
+    X_SUMS, OVERLAP, PAIRED, STAGES, REGISTERS, CONSUMERS and CONSUMER_REGISTERS by other
+    values (what benchmarks/int4_decode_rows.py varies). Returns the compiled kernel."""
     knobs = {
         "AHEAD": AHEAD,
         "ONES_SMEM": ONES_SMEM,
         "X_SUMS": X_SUMS,
         "OVERLAP": OVERLAP,
+        "PAIRED": PAIRED,
         "STAGES": STAGES,
         "REGISTERS": REGISTERS,
         "CONSUMERS": CONSUMERS,
@@ -436,6 +454,8 @@ def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, **knobs):
     } | knobs
     if knobs["ONES_SMEM"] and knobs["CONSUMERS"] > 1:
         raise ValueError("int4_swiglu: ONES_SMEM takes one consumer (each would fill it)")
+    if knobs["PAIRED"] and knobs["STAGES"] < 2:
+        raise ValueError("int4_swiglu: PAIRED takes 2 slots or more (STAGES)")
     if knobs["OVERLAP"] and knobs["CONSUMERS"] > 1:
         raise ValueError(
             "int4_swiglu: OVERLAP takes one consumer (two steps' operands in each of two"
@@ -457,6 +477,7 @@ def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, **knobs):
             "ONES_SMEM": knobs["ONES_SMEM"],
             "X_SUMS": knobs["X_SUMS"],
             "OVERLAP": knobs["OVERLAP"],
+            "PAIRED": knobs["PAIRED"],
             "CONSUMERS": knobs["CONSUMERS"],
             "CONSUMER_REGISTERS": knobs["CONSUMER_REGISTERS"],
             "num_warps": 4,
