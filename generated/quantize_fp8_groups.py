@@ -63,8 +63,15 @@ NO_GPU = "reference"  # no GPU and the interpreter off: "reference" runs, or "er
 
 @triton.jit
 def _max_keeping_nan(a, b):
-    """max(a, b), NaN where either is: the row max's combine (torch.amax's)"""
+    """max(a, b), NaN where either is (torch.amax's)"""
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _row_max_keeping_nan(x):
+    """each row's max (x's axis 1), NaN where the row has one (torch.amax's)"""
+    nan_in_row = tl.max((x != x).to(tl.int32), axis=1) > 0
+    return tl.where(nan_in_row, float("nan"), tl.max(x, axis=1))
 
 
 @triton.jit
@@ -96,7 +103,7 @@ def _quantize_fp8_groups_kernel(
         mask=in_bounds,
         other=0.0,
     ).to(tl.float32)
-    amax = tl.reduce(tl.where(in_bounds, tl.abs(value), 0.0), 1, _max_keeping_nan)
+    amax = _row_max_keeping_nan(tl.where(in_bounds, tl.abs(value), 0.0))
     scale = tl.maximum(amax, 1e-12, propagate_nan=tl.PropagateNan.ALL) / 448.0
     tl.store(
         scale_ptr + offs_m * stride_scale_rows + pid_g * stride_scale_groups, scale, mask=mask_m

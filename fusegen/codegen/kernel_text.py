@@ -75,11 +75,12 @@ def fast_tanh(kernel: Kernel) -> bool:
 
 
 ROW_MAX_COMBINE = "_max_keeping_nan"
+ROW_MAX = "_row_max_keeping_nan"
 
 
 def row_max(value: str) -> str:
     """A row max of a 2-D block that keeps NaN, as torch.amax does."""
-    return f"tl.reduce({value}, 1, {ROW_MAX_COMBINE})"
+    return f"{ROW_MAX}({value})"
 
 
 def helpers(kernel: Kernel) -> list[dict]:
@@ -106,21 +107,38 @@ def helpers(kernel: Kernel) -> list[dict]:
             }
         )
     if any(isinstance(item, RowStep) and item.op == "max" for item in kernel.steps):
-        out.append(row_max_helper())
+        out += row_max_helpers()
     return out
 
 
-def row_max_helper() -> dict:
-    """The combine of row_max, as `helpers` lists a helper."""
-    return {
-        "name": ROW_MAX_COMBINE,
-        "args": "a, b",
-        "math": "max(a, b), NaN where either is: the row max's combine (torch.amax's)",
-        "why": "tl.max would drop a NaN on the GPU (its combine is the plain max)",
-        "body": [f"return {ops.nan_max('a', 'b')}"],
-        "fast": [],
-        "fast_why": "",
-    }
+def row_max_helpers() -> list[dict]:
+    """row_max's helper and the combine of row maxes block by block, as `helpers` lists
+    helpers."""
+    plain = "tl.max would drop a NaN on the GPU (its combine is the plain max)"
+    return [
+        {
+            "name": ROW_MAX_COMBINE,
+            "args": "a, b",
+            "math": "max(a, b), NaN where either is (torch.amax's)",
+            "why": plain,
+            "body": [f"return {ops.nan_max('a', 'b')}"],
+            "fast": [],
+            "fast_why": "",
+        },
+        {
+            "name": ROW_MAX,
+            "args": "x",
+            "math": "each row's max (x's axis 1), NaN where the row has one (torch.amax's)",
+            "why": f"{plain}; a tl.reduce with a NaN-keeping combine runs element by"
+            " element on the interpreter",
+            "body": [
+                "nan_in_row = tl.max((x != x).to(tl.int32), axis=1) > 0",
+                'return tl.where(nan_in_row, float("nan"), tl.max(x, axis=1))',
+            ],
+            "fast": [],
+            "fast_why": "",
+        },
+    ]
 
 
 def mainloop(kernel: Kernel) -> tuple[list[dict], list[dict]]:

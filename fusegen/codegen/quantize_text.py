@@ -19,7 +19,7 @@ from fusegen.codegen.kernel_text import (
     fast_tanh,
     helpers,
     row_max,
-    row_max_helper,
+    row_max_helpers,
     tile_addr,
 )
 from fusegen.codegen.python_text import reference_lines
@@ -107,7 +107,7 @@ def context(qz: Quantizer, header: list[str], runtime_hash: str, doc_width: int,
             ]
         ),
         "fast_tanh": fast_tanh(chain),
-        "helpers": [*helpers(chain), row_max_helper()],
+        "helpers": [*helpers(chain), *row_max_helpers()],
         "amax": row_max("tl.where(in_bounds, tl.abs(value), 0.0)"),
         "scale_floor": ops.nan_max("amax", "1e-12"),
         "clamped": ops.nan_min(ops.nan_max("value / scale[:, None]", f"-{fp8_max}"), fp8_max),
