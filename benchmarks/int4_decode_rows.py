@@ -6,9 +6,10 @@ row, tiles past a few) and fusegen's bf16 chain on the dequantized weights; GPU 
 CUDA-graph replays in alternating rounds, each call on its own weight copy where they
 would otherwise sit in L2. The Gluon kernel runs as the runtime has it and in the variants
 of --variants, each int4_hopper's knobs by name (AHEAD=6,CONSUMERS=2,REGISTERS=80; the
-older positional form AHEAD,ONES_SMEM[,STAGES,REGISTERS[,CONSUMERS]] too). Where the Gluon
-kernel starts winning sets the runtime's HOPPER_INT4_MIN_ROWS, and which variant wins its
-knobs.
+older positional form AHEAD,ONES_SMEM[,STAGES,REGISTERS[,CONSUMERS]] too); TILED variants
+call the kernel directly on the weights laid out as int4_hopper.tiles lays them (no module
+passes tiles). Where the Gluon kernel starts winning sets the runtime's
+HOPPER_INT4_MIN_ROWS, and which variant wins its knobs.
 
     python3 -m fusegen build specs/quantized.yaml benchmarks/specs/anchors.yaml --out FOLDER
     python3 benchmarks/int4_decode_rows.py --built FOLDER [--rows 1 2 4 8 16] [--k 4096]
@@ -38,11 +39,12 @@ KNOBS = (
     "X_SUMS",
     "OVERLAP",
     "PAIRED",
+    "TILED",
     "STAGES",
     "REGISTERS",
     "CONSUMERS",
 )
-FLAGS = ("ONES_SMEM", "X_SUMS", "OVERLAP", "PAIRED")
+FLAGS = ("ONES_SMEM", "X_SUMS", "OVERLAP", "PAIRED", "TILED")
 POSITIONAL = ("AHEAD", "ONES_SMEM", "STAGES", "REGISTERS", "CONSUMERS")
 
 
@@ -56,15 +58,7 @@ def main() -> None:
     parser.add_argument(
         "--variants",
         nargs="*",
-        default=[
-            "OVERLAP=1",
-            "OVERLAP=1,X_SUMS=1",
-            "PAIRED=1",
-            "PAIRED=1,OVERLAP=1",
-            "X_SUMS=1",
-            "CONSUMERS=2,REGISTERS=80",
-            "CONSUMERS=2",
-        ],
+        default=["TILED=1", "TILED=1,PAIRED=1", "TILED=1,STAGES=4"],
         help="KNOB=VALUE,... (int4_hopper's knobs: " + ", ".join(KNOBS) + ")",
     )
     parser.add_argument("--rounds", type=int, default=5)
@@ -90,6 +84,11 @@ def main() -> None:
         return q, packed, scale.to(dtype), zero
 
     sets = [(*weights(), *weights()) for _ in range(copies)]
+    if any(knob["TILED"] for knob in knobs):  # the same weights as the TILED kernel reads them
+        tiled = [
+            (q, kernel.tiles(p), s, z, q2, kernel.tiles(p2), s2, z2)
+            for q, p, s, z, q2, p2, s2, z2 in sets
+        ]
 
     def dequant(q, scale, zero):
         s = scale.float().repeat_interleave(GROUP, 1)
@@ -109,6 +108,16 @@ def main() -> None:
         )
 
         def on(operands, knob=shipped, x=x):
+            if knob["TILED"]:  # no module passes tiles: the kernel called directly
+                out = torch.empty(x.shape[0], n, device="cuda", dtype=dtype)
+
+                def direct(i):
+                    _, pg, sg, zg, _, pu, su, zu = tiled[i % copies]
+                    kernel.int4_swiglu(x, pg, sg, zg, pu, su, zu, out, **knob)
+                    return out
+
+                return direct
+
             def call(i):
                 chain.hopper, chain.plans = operands, {}
                 for name, value in knob.items():
@@ -122,6 +131,9 @@ def main() -> None:
         runs = [(f"fusegen gluon {described(knob)}", on(gluon_operands, knob)) for knob in knobs]
         for name, fn in runs + [("fusegen tl", on(None))]:
             errors[name] = max_error(fn(0), want)
+            if "tiled" in name:
+                variants[f"{name} (hopper, called directly)"] = fn
+                continue
             path = module.last_launch().get("path") or "tl"
             config = module.last_launch()["config"]
             # Each variant's plan is made again at its first call in a round (the path is

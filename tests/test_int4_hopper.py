@@ -51,7 +51,7 @@ types["out_ptr"] = sys.argv[2]
 stages, registers, consumers = int(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8])
 meta = {"STAGES": stages, "AHEAD": int(sys.argv[4]), "ONES_SMEM": sys.argv[5] == "1",
         "X_SUMS": sys.argv[9] == "1", "OVERLAP": sys.argv[10] == "1",
-        "PAIRED": sys.argv[11] == "1", "CONSUMERS": consumers,
+        "PAIRED": sys.argv[11] == "1", "TILED": sys.argv[12] == "1", "CONSUMERS": consumers,
         "CONSUMER_REGISTERS": ih.CONSUMER_REGISTERS, "num_warps": 4}
 types |= {n: "constexpr" for n in meta}
 constants = {(names.index(n),): v for n, v in meta.items()}
@@ -75,7 +75,7 @@ print(json.dumps({"shared": compiled.metadata.shared, "warps": compiled.metadata
 """
 
 # The knobs the runtime ships (AHEAD, ONES_SMEM, STAGES, REGISTERS, CONSUMERS, X_SUMS,
-# OVERLAP, PAIRED).
+# OVERLAP, PAIRED, TILED).
 SHIPPED = (
     int4_hopper.AHEAD,
     int4_hopper.ONES_SMEM,
@@ -85,36 +85,40 @@ SHIPPED = (
     int4_hopper.X_SUMS,
     int4_hopper.OVERLAP,
     int4_hopper.PAIRED,
+    int4_hopper.TILED,
 )
 
 
 @needs_gluon
 @pytest.mark.parametrize(
-    "scales, out, x, ahead, ones_smem, stages, registers, consumers, x_sums, overlap, paired",
+    "scales, out, x, ahead, ones_smem, stages, registers, consumers, x_sums, overlap, paired,"
+    " tiled",
     [
         ("*bf16", "*bf16", "bfloat16", *SHIPPED),
         ("*fp32", "*fp16", "float16", *SHIPPED),
         # Variants int4_decode_rows.py times (those measured slower, 3 ahead, 3 or 4
         # programs an SM, are left to the GPU test): the ones from shared memory,
-        ("*bf16", "*bf16", "bfloat16", 3, True, 6, 128, 1, False, False, False),
+        ("*bf16", "*bf16", "bfloat16", 3, True, 6, 128, 1, False, False, False, False),
         # two consumers, two programs an SM (fp16 x spills 32 bytes there),
-        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 80, 2, False, False, False),
+        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 80, 2, False, False, False, False),
         # x's sums on the CUDA cores, no ones-dot,
-        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 128, 1, True, False, False),
-        ("*fp32", "*fp16", "float16", 6, False, 6, 128, 1, True, False, False),
+        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 128, 1, True, False, False, False),
+        ("*fp32", "*fp16", "float16", 6, False, 6, 128, 1, True, False, False, False),
         # the next step's operands made while a step's dots run,
-        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 128, 1, False, True, False),
-        ("*fp32", "*fp16", "float16", 6, False, 6, 128, 1, True, True, False),
-        # two steps' loads issued together.
-        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 128, 1, False, False, True),
+        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 128, 1, False, True, False, False),
+        ("*fp32", "*fp16", "float16", 6, False, 6, 128, 1, True, True, False, False),
+        # two steps' loads issued together, the weights as tiles.
+        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 128, 1, False, False, True, False),
+        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 128, 1, False, False, False, True),
     ],
 )
 def test_the_kernel_compiles_for_sm90_without_spills(
-    scales, out, x, ahead, ones_smem, stages, registers, consumers, x_sums, overlap, paired
+    scales, out, x, ahead, ones_smem, stages, registers, consumers, x_sums, overlap, paired, tiled
 ):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     args = [scales, out, x, str(ahead), str(int(ones_smem)), str(stages), str(registers)]
     args += [str(consumers), str(int(x_sums)), str(int(overlap)), str(int(paired))]
+    args += [str(int(tiled))]
     done = subprocess.run(
         [sys.executable, "-c", SM90_COMPILE, *args],
         env=env,
@@ -372,6 +376,8 @@ def test_module_calls_match_float64(m, k, n, scale_dtype, dtype, monkeypatch):
         {"OVERLAP": True, "AHEAD": 1, "ONES_SMEM": True},
         {"PAIRED": True},
         {"PAIRED": True, "OVERLAP": True, "STAGES": 5},
+        {"TILED": True},
+        {"TILED": True, "PAIRED": True},
     ],
 )
 @pytest.mark.parametrize("m, k, n", [(16, 4096, 4160), (3, 384, 200), (5, 128, 72)])
@@ -379,7 +385,7 @@ def test_the_kernels_variants_match_float64(knobs, m, k, n):
     """The variants int4_decode_rows.py times (scales loaded further ahead, the ones in
     shared memory, fewer registers and slots for more programs an SM, two consumers, x's
     sums on the CUDA cores, the next step's operands made while a step's dots run, two
-    steps' loads issued together, an odd number of slots), K of
+    steps' loads issued together, an odd number of slots, the weights as tiles), K of
     fewer groups than they look ahead (and than the consumers; one group) included."""
     module = generated("llama_mlp_int4")
     x, wg, sg, zg, wu, su, zu = int4_call(m, k, n, device="cuda")
@@ -387,6 +393,12 @@ def test_the_kernels_variants_match_float64(knobs, m, k, n):
         x.double(), wg, sg.double(), zg, wu, su.double(), zu, out_dtype=torch.float64
     )
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    if knobs.get("TILED"):
+        if n % int4_hopper.BLOCK_N:
+            with pytest.raises(ValueError, match="TILED takes N a multiple of 64"):
+                int4_hopper.int4_swiglu(x, wg, sg, zg, wu, su, zu, out, **knobs)
+            return
+        wg, wu = int4_hopper.tiles(wg), int4_hopper.tiles(wu)
     int4_hopper.int4_swiglu(x, wg, sg, zg, wu, su, zu, out, **knobs)
     error = (out.double() - want).abs().max() / want.abs().max()
     assert error < 8e-3, error
@@ -439,6 +451,19 @@ def test_paired_loads_take_two_slots():
     out = torch.empty(4, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="PAIRED takes 2 slots"):
         int4_hopper.int4_swiglu(x, wg, sg, zg, wu, su, zu, out, PAIRED=True, STAGES=1)
+
+
+def test_tiles_hold_each_programs_step_in_a_row():
+    """Tile (program b, step i) of the TILED kernel's weights: rows (b * steps + i) * 64 on
+    hold weight rows 64 b .. 64 b + 63 at K 128 i .. 128 i + 127, as AWQ packs them."""
+    packed = torch.randint(0, 256, (192, 256), dtype=torch.uint8)  # N 192, K 512
+    tiled = int4_hopper.tiles(packed)
+    assert tiled.shape == (192 * 512 // 128, 64) and tiled.is_contiguous()
+    for b, i in [(0, 0), (1, 2), (2, 3)]:
+        row = (b * 4 + i) * 64
+        assert torch.equal(
+            tiled[row : row + 64], packed[64 * b : 64 * b + 64, 64 * i : 64 * i + 64]
+        )
 
 
 def test_the_overlapped_steps_take_one_consumer():

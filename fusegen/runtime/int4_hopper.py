@@ -80,6 +80,12 @@ OVERLAP = False
 # bytes, 2 KB apart, where the generated GEMV's 512 values a row ask for 256 bytes, and
 # it streamed 2.0 TB/s at one row against this kernel's 1.6). Unmeasured, so off.
 PAIRED = False
+# Whether the packed weights come as tiles (`tiles`: each program's [64, 64]-byte tile of
+# each K step contiguous, 4 KB), not as AWQ's rows: each step's load then reads 4 KB in a
+# row, where AWQ's rows make it 64 pieces of 64 bytes 2 KB apart. An experiment
+# (int4_decode_rows.py's TILED variants call the kernel directly on tiled copies); no
+# module passes tiles yet.
+TILED = False
 # Whether calls that fit take the kernel without FUSEGEN_QUANT_HOPPER=1 (=0 turns it off):
 # its float64 tests passed on an H100, and it ran 1.2x the generated tiles from 4 to 16 rows.
 DEFAULT = True
@@ -95,13 +101,14 @@ CONFIG = {
 if AVAILABLE:
     # fmt: off
     @gluon.jit
-    def _produce(descs, bufs, bars, ptrs, M, N, K, PAIRED: gl.constexpr,
+    def _produce(descs, bufs, bars, ptrs, M, N, K, PAIRED: gl.constexpr, TILED: gl.constexpr,
                  num_warps: gl.constexpr):
         """The producer warp: each K step's packed tiles of both weights and x's tile into
         the ring, a slot once the consumer has released it (a fresh mbarrier counts as
         having completed the phase before 0); PAIRED: two steps' loads issued together,
         once both slots are free, so that the two 64-byte halves of each weight row's
-        128-byte line reach the memory back to back."""
+        128-byte line reach the memory back to back; TILED: the weights as `tiles` lays
+        them out."""
         wg_desc, wu_desc, x_desc = descs
         wg_bufs, wu_bufs, x_bufs = bufs[:3]
         ready, empty, _ = bars
@@ -124,9 +131,13 @@ if AVAILABLE:
                     s = i % STAGES
                     mbarrier.expect(ready.index(s), nbytes)
                     k = i * BK
-                    tma.async_copy_global_to_shared(wg_desc, [n0, k // 2], ready.index(s),
+                    if TILED:  # tile (program, step): rows (program * steps + step) * BN on
+                        w_at = [(gl.program_id(0) * steps + i) * BN, 0]
+                    else:
+                        w_at = [n0, k // 2]
+                    tma.async_copy_global_to_shared(wg_desc, w_at, ready.index(s),
                                                     wg_bufs.index(s))
-                    tma.async_copy_global_to_shared(wu_desc, [n0, k // 2], ready.index(s),
+                    tma.async_copy_global_to_shared(wu_desc, w_at, ready.index(s),
                                                     wu_bufs.index(s))
                     tma.async_copy_global_to_shared(x_desc, [0, k], ready.index(s),
                                                     x_bufs.index(s))
@@ -376,7 +387,8 @@ if AVAILABLE:
     def _int4_swiglu(wg_desc, wu_desc, x_desc, sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, M, N,
                      K, stride_s_n, stride_z_n, stride_out_m, STAGES: gl.constexpr,
                      AHEAD: gl.constexpr, ONES_SMEM: gl.constexpr, X_SUMS: gl.constexpr,
-                     OVERLAP: gl.constexpr, PAIRED: gl.constexpr, CONSUMERS: gl.constexpr,
+                     OVERLAP: gl.constexpr, PAIRED: gl.constexpr, TILED: gl.constexpr,
+                     CONSUMERS: gl.constexpr,
                      CONSUMER_REGISTERS: gl.constexpr, num_warps: gl.constexpr):
         """out [M, N] (M <= 16) over programs of 64 weight rows (the module docstring's
         schedule); the weights packed [N, K / 2] in tiles of [64, 64] bytes, x [M, K] in
@@ -421,7 +433,7 @@ if AVAILABLE:
             gl.warp_specialize([
                 (_consume, (descs, bufs, bars, ptrs, M, N, K, AHEAD, ONES_SMEM, X_SUMS, OVERLAP,
                             0, 1, num_warps)),
-                (_produce, (descs, bufs, bars, ptrs, M, N, K, PAIRED, num_warps)),
+                (_produce, (descs, bufs, bars, ptrs, M, N, K, PAIRED, TILED, num_warps)),
             ], [1], [24])
         else:  # a second consumer warpgroup on the odd K steps
             gl.warp_specialize([
@@ -429,7 +441,7 @@ if AVAILABLE:
                             0, 2, num_warps)),
                 (_consume, (descs, bufs, bars, ptrs, M, N, K, AHEAD, ONES_SMEM, X_SUMS, OVERLAP,
                             1, 2, num_warps)),
-                (_produce, (descs, bufs, bars, ptrs, M, N, K, PAIRED, num_warps)),
+                (_produce, (descs, bufs, bars, ptrs, M, N, K, PAIRED, TILED, num_warps)),
             ], [4, 1], [CONSUMER_REGISTERS, 24])
     # fmt: on
 
@@ -439,14 +451,16 @@ def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, **knobs):
     int4 [N, K / 2] uint8 dequantized as (q - zero) * scale by their scales sg, su and
     zero points zg, zu [N, K / 128]; out [M, N] bf16 or fp16. launches: the
     launch.Described its caller keeps for calls like this one; knobs: AHEAD, ONES_SMEM,
-    X_SUMS, OVERLAP, PAIRED, STAGES, REGISTERS, CONSUMERS and CONSUMER_REGISTERS by other
-    values (what benchmarks/int4_decode_rows.py varies). Returns the compiled kernel."""
+    X_SUMS, OVERLAP, PAIRED, TILED (wg, wu as `tiles` makes them), STAGES, REGISTERS,
+    CONSUMERS and CONSUMER_REGISTERS by other values (what benchmarks/int4_decode_rows.py
+    varies). Returns the compiled kernel."""
     knobs = {
         "AHEAD": AHEAD,
         "ONES_SMEM": ONES_SMEM,
         "X_SUMS": X_SUMS,
         "OVERLAP": OVERLAP,
         "PAIRED": PAIRED,
+        "TILED": TILED,
         "STAGES": STAGES,
         "REGISTERS": REGISTERS,
         "CONSUMERS": CONSUMERS,
@@ -462,9 +476,15 @@ def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, **knobs):
             " consumers' registers spill)"
         )
 
+    n, k = sg.shape[0], x.shape[1]
+    if knobs["TILED"] and (n % BLOCK_N or wg.shape != (n * k // GROUP, GROUP // 2)):
+        raise ValueError(
+            f"int4_swiglu: TILED takes N a multiple of {BLOCK_N} and the weights as `tiles`"
+            f" makes them, [N * K / {GROUP}, {GROUP // 2}]; got N {n}, {tuple(wg.shape)}"
+        )
+
     def first():
-        m, k = x.shape
-        n = wg.shape[0]
+        m = x.shape[0]
         descs = (
             quant_hopper.descriptor(wg, [BLOCK_N, GROUP // 2]),
             quant_hopper.descriptor(wu, [BLOCK_N, GROUP // 2]),
@@ -478,6 +498,7 @@ def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, **knobs):
             "X_SUMS": knobs["X_SUMS"],
             "OVERLAP": knobs["OVERLAP"],
             "PAIRED": knobs["PAIRED"],
+            "TILED": knobs["TILED"],
             "CONSUMERS": knobs["CONSUMERS"],
             "CONSUMER_REGISTERS": knobs["CONSUMER_REGISTERS"],
             "num_warps": 4,
@@ -487,3 +508,13 @@ def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, **knobs):
 
     launches = launches or launch.Described()
     return launches((wg, wu, x), (sg, zg, su, zu, out), first)
+
+
+def tiles(packed):
+    """AWQ's packed int4 weights [N, K / 2] (N a multiple of BLOCK_N, K of GROUP) laid out
+    as the TILED kernel reads them: [N * K / GROUP, GROUP / 2], the [BLOCK_N, GROUP / 2]
+    tile of weight rows n0.. and step i at rows (n0 / BLOCK_N * steps + i) * BLOCK_N."""
+    n, half = packed.shape
+    steps = 2 * half // GROUP
+    blocks = packed.view(n // BLOCK_N, BLOCK_N, steps, GROUP // 2).permute(0, 2, 1, 3)
+    return blocks.contiguous().view(-1, GROUP // 2)
