@@ -5,15 +5,13 @@ against the same call on the generated `tl` kernel (its tuned config: the GEMV a
 row, tiles past a few) and fusegen's bf16 chain on the dequantized weights; GPU time of
 CUDA-graph replays in alternating rounds, each call on its own weight copy where they
 would otherwise sit in L2. The Gluon kernel runs as the runtime has it and in the variants
-of --variants, each int4_hopper's knobs by name (AHEAD=6,CONSUMERS=2,REGISTERS=80; the
-older positional form AHEAD,ONES_SMEM[,STAGES,REGISTERS[,CONSUMERS]] too); TILED variants
-call the kernel directly on the weights laid out as int4_hopper.tiles lays them (no module
-passes tiles). Where the Gluon kernel starts winning sets the runtime's
-HOPPER_INT4_MIN_ROWS, and which variant wins its knobs.
+of --variants, each int4_hopper's knobs by name (AHEAD=3,STAGES=4,REGISTERS=80). Where the
+Gluon kernel starts winning sets the runtime's HOPPER_INT4_MIN_ROWS, and which variant
+wins its knobs.
 
     python3 -m fusegen build specs/quantized.yaml benchmarks/specs/anchors.yaml --out FOLDER
     python3 benchmarks/int4_decode_rows.py --built FOLDER [--rows 1 2 4 8 16] [--k 4096]
-        [--n 14336] [--dtype bf16|fp16] [--variants X_SUMS=1 CONSUMERS=2,REGISTERS=80]
+        [--n 14336] [--dtype bf16|fp16] [--variants AHEAD=1 STAGES=4]
         [--rounds 5]
 
 --dtype: x's, the output's and the bf16 chain's (fp16: AWQ's own, the scales too).
@@ -31,21 +29,8 @@ import torch
 from quantized_chains import copies_for, int4_weights, load, max_error, table, timed
 
 GROUP = 128
-# int4_hopper's knobs this script varies, those that are on or off, and the order of the
-# positional form.
-KNOBS = (
-    "AHEAD",
-    "ONES_SMEM",
-    "X_SUMS",
-    "OVERLAP",
-    "PAIRED",
-    "TILED",
-    "STAGES",
-    "REGISTERS",
-    "CONSUMERS",
-)
-FLAGS = ("ONES_SMEM", "X_SUMS", "OVERLAP", "PAIRED", "TILED")
-POSITIONAL = ("AHEAD", "ONES_SMEM", "STAGES", "REGISTERS", "CONSUMERS")
+# int4_hopper's knobs this script varies.
+KNOBS = ("AHEAD", "STAGES", "REGISTERS")
 
 
 def main() -> None:
@@ -58,7 +43,7 @@ def main() -> None:
     parser.add_argument(
         "--variants",
         nargs="*",
-        default=["TILED=1", "TILED=1,PAIRED=1", "TILED=1,STAGES=4"],
+        default=["AHEAD=1", "STAGES=4"],
         help="KNOB=VALUE,... (int4_hopper's knobs: " + ", ".join(KNOBS) + ")",
     )
     parser.add_argument("--rounds", type=int, default=5)
@@ -84,11 +69,6 @@ def main() -> None:
         return q, packed, scale.to(dtype), zero
 
     sets = [(*weights(), *weights()) for _ in range(copies)]
-    if any(knob["TILED"] for knob in knobs):  # the same weights as the TILED kernel reads them
-        tiled = [
-            (q, kernel.tiles(p), s, z, q2, kernel.tiles(p2), s2, z2)
-            for q, p, s, z, q2, p2, s2, z2 in sets
-        ]
 
     def dequant(q, scale, zero):
         s = scale.float().repeat_interleave(GROUP, 1)
@@ -108,16 +88,6 @@ def main() -> None:
         )
 
         def on(operands, knob=shipped, x=x):
-            if knob["TILED"]:  # no module passes tiles: the kernel called directly
-                out = torch.empty(x.shape[0], n, device="cuda", dtype=dtype)
-
-                def direct(i):
-                    _, pg, sg, zg, _, pu, su, zu = tiled[i % copies]
-                    kernel.int4_swiglu(x, pg, sg, zg, pu, su, zu, out, **knob)
-                    return out
-
-                return direct
-
             def call(i):
                 chain.hopper, chain.plans = operands, {}
                 for name, value in knob.items():
@@ -131,9 +101,6 @@ def main() -> None:
         runs = [(f"fusegen gluon {described(knob)}", on(gluon_operands, knob)) for knob in knobs]
         for name, fn in runs + [("fusegen tl", on(None))]:
             errors[name] = max_error(fn(0), want)
-            if "tiled" in name:
-                variants[f"{name} (hopper, called directly)"] = fn
-                continue
             path = module.last_launch().get("path") or "tl"
             config = module.last_launch()["config"]
             # Each variant's plan is made again at its first call in a round (the path is
@@ -149,24 +116,18 @@ def main() -> None:
 
 
 def parsed(variant: str) -> dict:
-    """A --variants entry ("X_SUMS=1,AHEAD=3", or positionally "3,0", "3,0,4,80",
-    "6,0,6,80,2") as int4_hopper's knobs."""
-    parts = variant.split(",")
-    if all("=" not in p for p in parts) and len(parts) in (2, 4, 5):
-        parts = [f"{name}={value}" for name, value in zip(POSITIONAL, parts, strict=False)]
+    """A --variants entry ("AHEAD=3,STAGES=4") as int4_hopper's knobs."""
     knob = {}
-    for part in parts:
+    for part in variant.split(","):
         name, _, value = part.partition("=")
-        if name not in KNOBS or not value.lstrip("-").isdigit():
+        if name not in KNOBS or not value.isdigit():
             raise SystemExit(f"--variants {variant!r}: KNOB=VALUE,... with KNOB one of {KNOBS}")
-        knob[name] = bool(int(value)) if name in FLAGS else int(value)
+        knob[name] = int(value)
     return knob
 
 
 def described(knob: dict) -> str:
-    flags = "".join(f" {name.lower().replace('_', '-')}" for name in FLAGS if knob[name])
-    consumers = f" c{knob['CONSUMERS']}" if knob["CONSUMERS"] > 1 else ""
-    return f"ahead {knob['AHEAD']}{flags} s{knob['STAGES']} r{knob['REGISTERS']}{consumers}"
+    return f"ahead {knob['AHEAD']} s{knob['STAGES']} r{knob['REGISTERS']}"
 
 
 if __name__ == "__main__":

@@ -48,11 +48,8 @@ for n, d in zip(names, descs):
     types[n] = triton.runtime.jit.mangle_type(d)
 types |= {"sg_ptr": sys.argv[1], "su_ptr": sys.argv[1], "zg_ptr": "*u8", "zu_ptr": "*u8"}
 types["out_ptr"] = sys.argv[2]
-stages, registers, consumers = int(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8])
-meta = {"STAGES": stages, "AHEAD": int(sys.argv[4]), "ONES_SMEM": sys.argv[5] == "1",
-        "X_SUMS": sys.argv[9] == "1", "OVERLAP": sys.argv[10] == "1",
-        "PAIRED": sys.argv[11] == "1", "TILED": sys.argv[12] == "1", "CONSUMERS": consumers,
-        "CONSUMER_REGISTERS": ih.CONSUMER_REGISTERS, "num_warps": 4}
+stages, registers = int(sys.argv[5]), int(sys.argv[6])
+meta = {"STAGES": stages, "AHEAD": int(sys.argv[4]), "num_warps": 4}
 types |= {n: "constexpr" for n in meta}
 constants = {(names.index(n),): v for n, v in meta.items()}
 options = {"num_warps": 4, "maxnreg": registers}
@@ -74,51 +71,24 @@ print(json.dumps({"shared": compiled.metadata.shared, "warps": compiled.metadata
                   "spills": int(re.search(r"(\\d+) bytes spill stores", report)[1])}))
 """
 
-# The knobs the runtime ships (AHEAD, ONES_SMEM, STAGES, REGISTERS, CONSUMERS, X_SUMS,
-# OVERLAP, PAIRED, TILED).
-SHIPPED = (
-    int4_hopper.AHEAD,
-    int4_hopper.ONES_SMEM,
-    int4_hopper.STAGES,
-    int4_hopper.REGISTERS,
-    int4_hopper.CONSUMERS,
-    int4_hopper.X_SUMS,
-    int4_hopper.OVERLAP,
-    int4_hopper.PAIRED,
-    int4_hopper.TILED,
-)
+# The knobs the runtime ships (AHEAD, STAGES, REGISTERS).
+SHIPPED = (int4_hopper.AHEAD, int4_hopper.STAGES, int4_hopper.REGISTERS)
 
 
 @needs_gluon
 @pytest.mark.parametrize(
-    "scales, out, x, ahead, ones_smem, stages, registers, consumers, x_sums, overlap, paired,"
-    " tiled",
+    "scales, out, x, ahead, stages, registers",
     [
         ("*bf16", "*bf16", "bfloat16", *SHIPPED),
         ("*fp32", "*fp16", "float16", *SHIPPED),
-        # Variants int4_decode_rows.py times (those measured slower, 3 ahead, 3 or 4
-        # programs an SM, are left to the GPU test): the ones from shared memory,
-        ("*bf16", "*bf16", "bfloat16", 3, True, 6, 128, 1, False, False, False, False),
-        # two consumers, two programs an SM (fp16 x spills 32 bytes there),
-        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 80, 2, False, False, False, False),
-        # x's sums on the CUDA cores, no ones-dot,
-        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 128, 1, True, False, False, False),
-        ("*fp32", "*fp16", "float16", 6, False, 6, 128, 1, True, False, False, False),
-        # the next step's operands made while a step's dots run,
-        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 128, 1, False, True, False, False),
-        ("*fp32", "*fp16", "float16", 6, False, 6, 128, 1, True, True, False, False),
-        # two steps' loads issued together, the weights as tiles.
-        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 128, 1, False, False, True, False),
-        ("*bf16", "*bf16", "bfloat16", 6, False, 6, 128, 1, False, False, False, True),
+        # The variant int4_decode_rows.py times (those measured slower, fewer registers
+        # for more programs an SM, are left to the GPU test): 4 slots.
+        ("*bf16", "*bf16", "bfloat16", int4_hopper.AHEAD, 4, int4_hopper.REGISTERS),
     ],
 )
-def test_the_kernel_compiles_for_sm90_without_spills(
-    scales, out, x, ahead, ones_smem, stages, registers, consumers, x_sums, overlap, paired, tiled
-):
+def test_the_kernel_compiles_for_sm90_without_spills(scales, out, x, ahead, stages, registers):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    args = [scales, out, x, str(ahead), str(int(ones_smem)), str(stages), str(registers)]
-    args += [str(consumers), str(int(x_sums)), str(int(overlap)), str(int(paired))]
-    args += [str(int(tiled))]
+    args = [scales, out, x, str(ahead), str(stages), str(registers)]
     done = subprocess.run(
         [sys.executable, "-c", SM90_COMPILE, *args],
         env=env,
@@ -130,25 +100,17 @@ def test_the_kernel_compiles_for_sm90_without_spills(
     assert done.returncode == 0, done.stderr[-3000:]
     facts = json.loads(done.stdout.strip().splitlines()[-1])
     # The ring's slots of both weights' packed tiles [64, 64] bytes and x's [16, 128] bf16,
-    # x's permuted tile (a consumer's; two with OVERLAP), the ones-dot's operand [64, 128]
-    # where it is in shared memory, the second consumer's gate and up sums [64, 16] fp32,
-    # + barriers.
-    tiles = stages * (2 * 64 * 64 + 16 * 128 * 2) + consumers * (1 + overlap) * 16 * 128 * 2
-    tiles += ones_smem * 64 * 128 * 2 + (consumers - 1) * 2 * 64 * 16 * 4
+    # x's permuted tile, + barriers.
+    tiles = stages * (2 * 64 * 64 + 16 * 128 * 2) + 16 * 128 * 2
     assert tiles <= facts["shared"] < tiles + 1024, facts
-    # A step's three dots (gate, up, ones: m64n16k16 x 8 each; two without the ones), all
-    # waited for at once; OVERLAP writes them twice (the steps with a next one, the last).
-    dots = (2 if x_sums else 3) * (1 + overlap)
-    assert facts["wgmma"] == 8 * dots * consumers, facts
-    assert facts["waits"] == consumers * (1 + overlap), facts
+    # A step's three dots (gate, up, ones: m64n16k16 x 8 each), all waited for at once.
+    assert facts["wgmma"] == 8 * 3 and facts["waits"] == 1, facts
     # The nibbles reach wgmma in registers: x's permuted tile is the only shared store in
     # the loop (a layout conversion of the weights through shared memory would add
-    # dozens); the ones' tile, stored once, 8 more; the second consumer's sums, 8; x's
-    # sums' layout conversion, 1 (each twice with OVERLAP).
-    stores = (consumers * 3 + x_sums) * (1 + overlap) + 8 * ones_smem + 8 * (consumers - 1)
-    assert facts["st_shared"] <= stores, facts
-    # The consumers' warpgroups and the producer's warp, allocated as whole warpgroups.
-    assert facts["warps"] == 4 * (consumers + 1), facts
+    # dozens).
+    assert facts["st_shared"] <= 3, facts
+    # The consumer's warpgroup and the producer's warp, allocated as two warpgroups.
+    assert facts["warps"] == 8, facts
     assert facts["registers"] <= registers and facts["spills"] == 0, facts
 
 
@@ -361,44 +323,24 @@ def test_module_calls_match_float64(m, k, n, scale_dtype, dtype, monkeypatch):
 @pytest.mark.parametrize(
     "knobs",
     [
+        {"AHEAD": 1},
         {"AHEAD": 3},
-        {"AHEAD": 3, "ONES_SMEM": True},
-        {"AHEAD": 2, "ONES_SMEM": True},
-        {"AHEAD": 6},
+        {"STAGES": 4},
         {"AHEAD": 3, "STAGES": 4, "REGISTERS": 80},
         {"AHEAD": 3, "STAGES": 4, "REGISTERS": 64},
-        {"CONSUMERS": 2, "REGISTERS": 80},
-        {"CONSUMERS": 2, "AHEAD": 1},
-        {"X_SUMS": True},
-        {"X_SUMS": True, "AHEAD": 1, "CONSUMERS": 2},
-        {"OVERLAP": True},
-        {"OVERLAP": True, "X_SUMS": True},
-        {"OVERLAP": True, "AHEAD": 1, "ONES_SMEM": True},
-        {"PAIRED": True},
-        {"PAIRED": True, "OVERLAP": True, "STAGES": 5},
-        {"TILED": True},
-        {"TILED": True, "PAIRED": True},
     ],
 )
 @pytest.mark.parametrize("m, k, n", [(16, 4096, 4160), (3, 384, 200), (5, 128, 72)])
 def test_the_kernels_variants_match_float64(knobs, m, k, n):
-    """The variants int4_decode_rows.py times (scales loaded further ahead, the ones in
-    shared memory, fewer registers and slots for more programs an SM, two consumers, x's
-    sums on the CUDA cores, the next step's operands made while a step's dots run, two
-    steps' loads issued together, an odd number of slots, the weights as tiles), K of
-    fewer groups than they look ahead (and than the consumers; one group) included."""
+    """The variants int4_decode_rows.py times (scales loaded nearer or further ahead, fewer
+    slots, fewer registers for more programs an SM), K of fewer groups than they look
+    ahead (one group) included."""
     module = generated("llama_mlp_int4")
     x, wg, sg, zg, wu, su, zu = int4_call(m, k, n, device="cuda")
     want = module.reference(
         x.double(), wg, sg.double(), zg, wu, su.double(), zu, out_dtype=torch.float64
     )
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    if knobs.get("TILED"):
-        if n % int4_hopper.BLOCK_N:
-            with pytest.raises(ValueError, match="TILED takes N a multiple of 64"):
-                int4_hopper.int4_swiglu(x, wg, sg, zg, wu, su, zu, out, **knobs)
-            return
-        wg, wu = int4_hopper.tiles(wg), int4_hopper.tiles(wu)
     int4_hopper.int4_swiglu(x, wg, sg, zg, wu, su, zu, out, **knobs)
     error = (out.double() - want).abs().max() / want.abs().max()
     assert error < 8e-3, error
@@ -434,41 +376,3 @@ def test_which_calls_take_it_on_the_gpu(monkeypatch):
     monkeypatch.delenv("FUSEGEN_QUANT_HOPPER")
     module.llama_mlp_int4(rows, *weights)
     assert (module.last_launch().get("path") == "hopper") == int4_hopper.DEFAULT
-
-
-def test_the_ones_in_shared_memory_take_one_consumer():
-    """Each consumer would fill the ones' tile while the other's dots read it."""
-    x, wg, sg, zg, wu, su, zu = int4_call(4, 256, 64)
-    out = torch.empty(4, 64, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="ONES_SMEM takes one consumer"):
-        int4_hopper.int4_swiglu(x, wg, sg, zg, wu, su, zu, out, ONES_SMEM=True, CONSUMERS=2)
-
-
-def test_paired_loads_take_two_slots():
-    """With one slot the producer would wait for the second step's slot before loading the
-    first: a deadlock."""
-    x, wg, sg, zg, wu, su, zu = int4_call(4, 256, 64)
-    out = torch.empty(4, 64, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="PAIRED takes 2 slots"):
-        int4_hopper.int4_swiglu(x, wg, sg, zg, wu, su, zu, out, PAIRED=True, STAGES=1)
-
-
-def test_tiles_hold_each_programs_step_in_a_row():
-    """Tile (program b, step i) of the TILED kernel's weights: rows (b * steps + i) * 64 on
-    hold weight rows 64 b .. 64 b + 63 at K 128 i .. 128 i + 127, as AWQ packs them."""
-    packed = torch.randint(0, 256, (192, 256), dtype=torch.uint8)  # N 192, K 512
-    tiled = int4_hopper.tiles(packed)
-    assert tiled.shape == (192 * 512 // 128, 64) and tiled.is_contiguous()
-    for b, i in [(0, 0), (1, 2), (2, 3)]:
-        row = (b * 4 + i) * 64
-        assert torch.equal(
-            tiled[row : row + 64], packed[64 * b : 64 * b + 64, 64 * i : 64 * i + 64]
-        )
-
-
-def test_the_overlapped_steps_take_one_consumer():
-    """Two steps' operands in each of two consumers' registers spill."""
-    x, wg, sg, zg, wu, su, zu = int4_call(4, 256, 64)
-    out = torch.empty(4, 64, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="OVERLAP takes one consumer"):
-        int4_hopper.int4_swiglu(x, wg, sg, zg, wu, su, zu, out, OVERLAP=True, CONSUMERS=2)

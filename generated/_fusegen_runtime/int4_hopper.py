@@ -53,35 +53,20 @@ if AVAILABLE:  # else (a Triton without Gluon) the `tl` kernel runs
 # with 4 slots: the consumer's 136 or 104 make ptxas serialize the wgmmas, and they ran
 # slower, see AHEAD).
 BLOCK_N, ROWS, GROUP, STAGES, REGISTERS = 64, 16, 128, 6, 128
-# The K steps ahead of its use a group's scales and zero points are loaded (global loads),
-# and whether the ones-dot's operand comes from shared memory (16 KB) rather than 32
-# registers a thread. 16 x 4096 -> 14336 x 2, H100 (benchmarks/int4_decode_rows.py): 6
-# ahead 37.5 us [37.3-37.5], 1 ahead 38.4, 3 ahead 39.0, ones from shared memory 40.4; 80
-# registers and 4 slots (three programs an SM) 42.8, 64 (four) 47.4. The scales' latency
-# is not what holds it at 1.6 TB/s.
-AHEAD, ONES_SMEM = 6, False
-# Whether x's sums over each group (what the zero points and the nibbles' BASE multiply)
-# come from its tile on the CUDA cores while the two dots run, rather than from a third
-# dot of ones (8 more wgmmas a step and 32 registers a thread for its operand). Unmeasured.
-X_SUMS = False
-# The consumer warpgroups a program runs and, for a second, its registers a thread. The
-# time is flat from 1 to 16 rows and the grid's 224 programs (N 14336) all fit at two an
-# SM, so each program's serial step bounds it: a second consumer warpgroup taking the odd
-# K steps (handing its sums to the first at the end, in a fixed order) would run twice the
-# steps at once. With REGISTERS 80 two programs of 4 + 4 + 1 warps (allocated as 12) fit
-# an SM, the setmaxnreg split leaving the consumers 112 and 104 registers: no spills with
-# bf16 x (fp16 32 bytes), but ptxas serializes their wgmmas. Unmeasured, so 1.
-CONSUMERS, CONSUMER_REGISTERS = 1, 104
-# Whether a consumer makes the next step's operands (its weights' words into floats, x's
-# tile permuted, into a second buffer) while this step's dots run, rather than waiting for
-# them first: a step's chain would then take the longer of the two, not their sum, at the
-# cost of a second step's operand registers. Unmeasured, so off.
-OVERLAP = False
-# Whether the producer issues two steps' loads together (the two 64-byte halves of each
-# weight row's 128-byte line back to back; each step's load alone asks for 64 rows of 64
-# bytes, 2 KB apart, where the generated GEMV's 512 values a row ask for 256 bytes, and
-# it streamed 2.0 TB/s at one row against this kernel's 1.6). Unmeasured, so off.
-PAIRED = False
+# The K steps ahead of its use a group's scales and zero points are loaded (global loads).
+# 16 x 4096 -> 14336 x 2, H100 (benchmarks/int4_decode_rows.py): 6 ahead 37.5 us
+# [37.3-37.5], 1 ahead 38.4, 3 ahead 39.0; 80 registers and 4 slots (three programs an SM)
+# 42.8, 64 (four) 47.4.
+#
+# What else was built and measured, and lost or tied (benchmarks/RESULTS.md, 2026-12-07;
+# the code is in git history, before "int4 Gluon SwiGLU: the variants that lost
+# removed"): the ones-dot's operand from shared memory (5% slower); x's group sums on the
+# CUDA cores instead of the ones-dot (11%); a second consumer warpgroup on the odd K steps
+# (8% at 80 registers, 43% at 128); the next step's operands made while a step's dots run
+# (12%); two steps' loads issued together (a tie); the weights laid out as contiguous
+# 4 KB tiles a step (a tie). Neither the consumer's step nor the weights' access pattern
+# is what holds the kernel at 1.7 TB/s.
+AHEAD = 6
 # Whether calls that fit take the kernel without FUSEGEN_QUANT_HOPPER=1 (=0 turns it off):
 # its float64 tests passed on an H100, and it ran 1.2x the generated tiles from 4 to 16 rows.
 DEFAULT = True
@@ -97,41 +82,28 @@ CONFIG = {
 if AVAILABLE:
     # fmt: off
     @gluon.jit
-    def _produce(descs, bufs, bars, ptrs, M, N, K, PAIRED: gl.constexpr,
-                 num_warps: gl.constexpr):
+    def _produce(descs, bufs, M, N, K, num_warps: gl.constexpr):
         """The producer warp: each K step's packed tiles of both weights and x's tile into
         the ring, a slot once the consumer has released it (a fresh mbarrier counts as
-        having completed the phase before 0); PAIRED: two steps' loads issued together,
-        once both slots are free, so that the two 64-byte halves of each weight row's
-        128-byte line reach the memory back to back."""
+        having completed the phase before 0)."""
         wg_desc, wu_desc, x_desc = descs
-        wg_bufs, wu_bufs, x_bufs = bufs[:3]
-        ready, empty, _ = bars
+        wg_bufs, wu_bufs, x_bufs, ready, empty = bufs[:5]
         BN: gl.constexpr = wg_desc.block_type.shape[0]
         BK: gl.constexpr = x_desc.block_type.shape[1]
         STAGES: gl.constexpr = x_bufs.type.shape[0]
-        BATCH: gl.constexpr = 2 if PAIRED else 1
         nbytes: gl.constexpr = (wg_desc.block_type.nbytes + wu_desc.block_type.nbytes
                                 + x_desc.block_type.nbytes)
         n0 = gl.program_id(0) * BN
-        steps = K // BK
-        for first in range(0, steps, BATCH):
-            for j in gl.static_range(BATCH):
-                i = first + j
-                if i < steps:
-                    mbarrier.wait(empty.index(i % STAGES), ((i // STAGES) & 1) ^ 1)
-            for j in gl.static_range(BATCH):
-                i = first + j
-                if i < steps:
-                    s = i % STAGES
-                    mbarrier.expect(ready.index(s), nbytes)
-                    k = i * BK
-                    tma.async_copy_global_to_shared(wg_desc, [n0, k // 2], ready.index(s),
-                                                    wg_bufs.index(s))
-                    tma.async_copy_global_to_shared(wu_desc, [n0, k // 2], ready.index(s),
-                                                    wu_bufs.index(s))
-                    tma.async_copy_global_to_shared(x_desc, [0, k], ready.index(s),
-                                                    x_bufs.index(s))
+        for i in range(K // BK):
+            s = i % STAGES
+            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(s), nbytes)
+            k = i * BK
+            tma.async_copy_global_to_shared(wg_desc, [n0, k // 2], ready.index(s),
+                                            wg_bufs.index(s))
+            tma.async_copy_global_to_shared(wu_desc, [n0, k // 2], ready.index(s),
+                                            wu_bufs.index(s))
+            tma.async_copy_global_to_shared(x_desc, [0, k], ready.index(s), x_bufs.index(s))
 
     @gluon.constexpr_function
     def _x_layout():
@@ -201,14 +173,6 @@ if AVAILABLE:
         gl.thread_barrier()
 
     @gluon.jit
-    def _x_sums(xp_smem, acc_layout: gl.constexpr):
-        """Each of x's rows summed over the tile's K (the group), fp32, as a [1, rows] row
-        of the dots' sums layout: what the ones-dot gives every weight row alike."""
-        layout: gl.constexpr = _x_layout()
-        sums = gl.sum(xp_smem.load(layout).to(gl.float32), axis=1)
-        return gl.convert_layout(sums, gl.SliceLayout(0, acc_layout))[None, :]
-
-    @gluon.jit
     def _group_sums(p, ones_p, scale, zero, BASE: gl.constexpr = 128.0):
         """A group's part of the sums: scale * (sum (BASE + q) x - (BASE + zero) sum x),
         per weight row (scale, zero: [rows] in the sums' row layout)."""
@@ -222,76 +186,18 @@ if AVAILABLE:
         return scale.to(gl.float32), zero.to(gl.float32)
 
     @gluon.jit
-    def _ones(ones_smem, shape: gl.constexpr, a_layout: gl.constexpr, dtype: gl.constexpr,
-              ONES_SMEM: gl.constexpr):
-        """The ones-dot's operand of `shape`: ones_smem filled (by every thread, made
-        visible to wgmma before it returns), or registers in a_layout."""
-        if ONES_SMEM:
-            fill: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-            ones_smem.store(gl.full(shape, 1.0, dtype, layout=fill))
-            fence_async_shared()
-            gl.thread_barrier()
-            return ones_smem
-        else:
-            return gl.full(shape, 1.0, dtype, layout=a_layout)
-
-    @gluon.jit
-    def _step_operands(i, bufs, bars, xp_smem, a_layout: gl.constexpr, dtype: gl.constexpr):
-        """Step i's packed tiles of both weights as wgmma's register operands, and x's tile
-        permuted into xp_smem; then the ring's slot is released."""
-        wg_bufs, wu_bufs, x_bufs = bufs[:3]
-        ready, empty, _ = bars
-        STAGES: gl.constexpr = x_bufs.type.shape[0]
-        s = i % STAGES
-        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-        a_g = _word_floats(wg_bufs.index(s), a_layout, dtype)
-        a_u = _word_floats(wu_bufs.index(s), a_layout, dtype)
-        _permuted_x(x_bufs.index(s), xp_smem)
-        mbarrier.arrive(empty.index(s))  # the slot is in registers and xp_smem now
-        return a_g, a_u
-
-    @gluon.jit
-    def _dots(a_g, a_u, ones, xp_smem, zero_acc, X_SUMS: gl.constexpr):
-        """A step's dots against x's permuted tile, started: the gate's, the up's and the
-        ones' (X_SUMS: x's sums over the group from the tile while the two run)."""
-        xt = xp_smem.permute((1, 0))
-        p_g = warpgroup_mma(a_g, xt, zero_acc, use_acc=False, is_async=True)
-        p_u = warpgroup_mma(a_u, xt, zero_acc, use_acc=False, is_async=True)
-        if X_SUMS:
-            p_1 = _x_sums(xp_smem, gl.constexpr(zero_acc.type.layout))
-        else:
-            p_1 = warpgroup_mma(ones, xt, zero_acc, use_acc=False, is_async=True)
-        return p_g, p_u, p_1
-
-    @gluon.jit
-    def _dots_done(p, a_g, a_u, X_SUMS: gl.constexpr):
-        """_dots' sums once its dots are done (their register operands a_g, a_u kept
-        until then)."""
-        p_g, p_u, p_1 = p
-        if X_SUMS:
-            p_g, p_u, a_g, a_u = warpgroup_mma_wait(0, deps=(p_g, p_u, a_g, a_u))
-        else:
-            p_g, p_u, p_1, a_g, a_u = warpgroup_mma_wait(0, deps=(p_g, p_u, p_1, a_g, a_u))
-        return p_g, p_u, p_1
-
-    @gluon.jit
-    def _consume(descs, bufs, bars, ptrs, M, N, K, AHEAD: gl.constexpr,
-                 ONES_SMEM: gl.constexpr, X_SUMS: gl.constexpr, OVERLAP: gl.constexpr,
-                 PART: gl.constexpr, PARTS: gl.constexpr, num_warps: gl.constexpr):
-        """A consumer warpgroup, PART of PARTS taking every PARTS-th K step: each step's
-        packed tiles into registers as wgmma's operand, three dots (gate, up, ones)
-        against x's permuted tile transposed, the group's scales and zero points (loaded
-        AHEAD of its steps before) applied to the sums (X_SUMS: x's sums over the group
-        from its tile on the CUDA cores, no ones-dot; OVERLAP: the next step's operands made
-        while a step's dots run). Part 0 then adds the others' sums (handed over in shared
-        memory, in part order) and stores out's columns."""
+    def _consume(descs, bufs, ptrs, M, N, K, AHEAD: gl.constexpr, num_warps: gl.constexpr):
+        """The consumer warpgroup: each step's packed tiles into registers as wgmma's
+        operand, three dots (gate, up, ones) against x's permuted tile transposed, the
+        group's scales and zero points (loaded AHEAD steps before) applied to the sums;
+        then out's columns."""
         wg_desc, wu_desc, x_desc = descs
-        xp_bufs, ones_smem, partials = bufs[3:]
-        handed = bars[2]
+        wg_bufs, wu_bufs, x_bufs, ready, empty, xp_smem = bufs
         sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, stride_s_n, stride_z_n, stride_out_m = ptrs
         BN: gl.constexpr = wg_desc.block_type.shape[0]
         BK: gl.constexpr = x_desc.block_type.shape[1]
         R: gl.constexpr = x_desc.block_type.shape[0]
+        STAGES: gl.constexpr = x_bufs.type.shape[0]
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, R, 16])  # one warpgroup
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout,
@@ -299,87 +205,50 @@ if AVAILABLE:
         row_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
         dtype: gl.constexpr = x_desc.dtype
         BASE: gl.constexpr = _nibble_base(dtype)[1]
-        if X_SUMS:
-            ones = 0  # no ones-dot
-        else:
-            ones = _ones(ones_smem, [BN, BK], a_layout, dtype, ONES_SMEM)
+        ones = gl.full([BN, BK], 1.0, dtype, layout=a_layout)
         zero_acc = gl.zeros([BN, R], gl.float32, layout=acc_layout)
         steps = K // BK
         rows = gl.program_id(0) * BN + gl.arange(0, BN, layout=row_layout)  # out's columns
         row_ok = rows < N
         acc_g = zero_acc
         acc_u = zero_acc
-        # The scales and zero points of this part's next AHEAD groups, nearest first.
-        first = gl.minimum(PART, steps - 1)
-        qg = (_row_quant(sg_ptr, zg_ptr, rows, row_ok, first, stride_s_n, stride_z_n),)
-        qu = (_row_quant(su_ptr, zu_ptr, rows, row_ok, first, stride_s_n, stride_z_n),)
+        # The scales and zero points of the next AHEAD groups, nearest first.
+        qg = (_row_quant(sg_ptr, zg_ptr, rows, row_ok, 0, stride_s_n, stride_z_n),)
+        qu = (_row_quant(su_ptr, zu_ptr, rows, row_ok, 0, stride_s_n, stride_z_n),)
         for j in gl.static_range(1, AHEAD):
-            group = gl.minimum(PART + j * PARTS, steps - 1)
+            group = gl.minimum(j, steps - 1)
             qg = qg + (_row_quant(sg_ptr, zg_ptr, rows, row_ok, group, stride_s_n, stride_z_n),)
             qu = qu + (_row_quant(su_ptr, zu_ptr, rows, row_ok, group, stride_s_n, stride_z_n),)
-        if not OVERLAP:
-            xp_smem = xp_bufs.index(PART)
-            for i in range(PART, steps, PARTS):
-                a_g, a_u = _step_operands(i, bufs, bars, xp_smem, a_layout, dtype)
-                p = _dots(a_g, a_u, ones, xp_smem, zero_acc, X_SUMS)
-                # The scales and zero points AHEAD of this part's steps on load while the
-                # dots run.
-                group = gl.minimum(i + AHEAD * PARTS, steps - 1)
-                qg_n = _row_quant(sg_ptr, zg_ptr, rows, row_ok, group, stride_s_n, stride_z_n)
-                qu_n = _row_quant(su_ptr, zu_ptr, rows, row_ok, group, stride_s_n, stride_z_n)
-                p_g, p_u, p_1 = _dots_done(p, a_g, a_u, X_SUMS)
-                acc_g += _group_sums(p_g, p_1, qg[0][0], qg[0][1], BASE)
-                acc_u += _group_sums(p_u, p_1, qu[0][0], qu[0][1], BASE)
-                qg = qg[1:] + (qg_n,)
-                qu = qu[1:] + (qu_n,)
-        elif PART < steps:
-            # A step's operands are made before the step (the first's here), the next's
-            # while its dots run, into the other of this part's two buffers of x's tile.
-            a_g, a_u = _step_operands(PART, bufs, bars, xp_bufs.index(2 * PART), a_layout, dtype)
-            for i in range(PART, steps - PARTS, PARTS):  # the steps with a next one
-                b = (i // PARTS) % 2
-                p = _dots(a_g, a_u, ones, xp_bufs.index(2 * PART + b), zero_acc, X_SUMS)
-                n_g, n_u = _step_operands(i + PARTS, bufs, bars, xp_bufs.index(2 * PART + 1 - b),
-                                          a_layout, dtype)
-                group = gl.minimum(i + AHEAD * PARTS, steps - 1)
-                qg_n = _row_quant(sg_ptr, zg_ptr, rows, row_ok, group, stride_s_n, stride_z_n)
-                qu_n = _row_quant(su_ptr, zu_ptr, rows, row_ok, group, stride_s_n, stride_z_n)
-                p_g, p_u, p_1 = _dots_done(p, a_g, a_u, X_SUMS)
-                acc_g += _group_sums(p_g, p_1, qg[0][0], qg[0][1], BASE)
-                acc_u += _group_sums(p_u, p_1, qu[0][0], qu[0][1], BASE)
-                qg = qg[1:] + (qg_n,)
-                qu = qu[1:] + (qu_n,)
-                a_g = n_g
-                a_u = n_u
-            last = steps - 1 - (steps - 1 - PART) % PARTS
-            p = _dots(a_g, a_u, ones, xp_bufs.index(2 * PART + (last // PARTS) % 2), zero_acc,
-                      X_SUMS)
-            p_g, p_u, p_1 = _dots_done(p, a_g, a_u, X_SUMS)
+        xt = xp_smem.permute((1, 0))
+        for i in range(steps):
+            s = i % STAGES
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            a_g = _word_floats(wg_bufs.index(s), a_layout, dtype)
+            a_u = _word_floats(wu_bufs.index(s), a_layout, dtype)
+            _permuted_x(x_bufs.index(s), xp_smem)
+            mbarrier.arrive(empty.index(s))  # the slot is in registers and xp_smem now
+            p_g = warpgroup_mma(a_g, xt, zero_acc, use_acc=False, is_async=True)
+            p_u = warpgroup_mma(a_u, xt, zero_acc, use_acc=False, is_async=True)
+            p_1 = warpgroup_mma(ones, xt, zero_acc, use_acc=False, is_async=True)
+            # The scales and zero points AHEAD steps on load while the dots run.
+            group = gl.minimum(i + AHEAD, steps - 1)
+            qg_n = _row_quant(sg_ptr, zg_ptr, rows, row_ok, group, stride_s_n, stride_z_n)
+            qu_n = _row_quant(su_ptr, zu_ptr, rows, row_ok, group, stride_s_n, stride_z_n)
+            p_g, p_u, p_1, a_g, a_u = warpgroup_mma_wait(0, deps=(p_g, p_u, p_1, a_g, a_u))
             acc_g += _group_sums(p_g, p_1, qg[0][0], qg[0][1], BASE)
             acc_u += _group_sums(p_u, p_1, qu[0][0], qu[0][1], BASE)
-
-        if PART > 0:  # its sums to part 0, which adds every part's in part order
-            partials.index(2 * PART - 2).store(acc_g)
-            partials.index(2 * PART - 1).store(acc_u)
-            gl.thread_barrier()
-            mbarrier.arrive(handed.index(PART - 1))
-        else:
-            for p in gl.static_range(1, PARTS):
-                mbarrier.wait(handed.index(p - 1), 0)
-                acc_g += partials.index(2 * p - 2).load(acc_layout)
-                acc_u += partials.index(2 * p - 1).load(acc_layout)
-            cols = gl.arange(0, R, layout=gl.SliceLayout(0, acc_layout))  # x's rows
-            out = acc_g / (1.0 + gl.exp2(-1.4426950408889634 * acc_g)) * acc_u  # silu * up
-            gl.store(out_ptr + cols[None, :] * stride_out_m + rows[:, None],
-                     out.to(out_ptr.dtype.element_ty),
-                     mask=row_ok[:, None] & (cols < M)[None, :])
+            qg = qg[1:] + (qg_n,)
+            qu = qu[1:] + (qu_n,)
+        cols = gl.arange(0, R, layout=gl.SliceLayout(0, acc_layout))  # x's rows
+        out = acc_g / (1.0 + gl.exp2(-1.4426950408889634 * acc_g)) * acc_u  # silu * up
+        gl.store(out_ptr + cols[None, :] * stride_out_m + rows[:, None],
+                 out.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & (cols < M)[None, :])
 
     @gluon.jit
     def _int4_swiglu(wg_desc, wu_desc, x_desc, sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, M, N,
                      K, stride_s_n, stride_z_n, stride_out_m, STAGES: gl.constexpr,
-                     AHEAD: gl.constexpr, ONES_SMEM: gl.constexpr, X_SUMS: gl.constexpr,
-                     OVERLAP: gl.constexpr, PAIRED: gl.constexpr, CONSUMERS: gl.constexpr,
-                     CONSUMER_REGISTERS: gl.constexpr, num_warps: gl.constexpr):
+                     AHEAD: gl.constexpr, num_warps: gl.constexpr):
         """out [M, N] (M <= 16) over programs of 64 weight rows (the module docstring's
         schedule); the weights packed [N, K / 2] in tiles of [64, 64] bytes, x [M, K] in
         tiles of [16, 128]; scales and zero points [N, K / 128], both weights' with the
@@ -390,49 +259,21 @@ if AVAILABLE:
                                             wu_desc.layout)
         x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape,
                                            x_desc.layout)
-        # x's tile with K permuted as the weights' words give it (a consumer's, two where
-        # the next step's is made while a step's dots run).
-        xp_bufs = gl.allocate_shared_memory(x_desc.dtype,
-                                            [CONSUMERS * (1 + OVERLAP)] + x_desc.block_type.shape,
+        # x's tile with K permuted as the weights' words give it, a step's.
+        xp_smem = gl.allocate_shared_memory(x_desc.dtype, x_desc.block_type.shape,
                                             x_desc.layout)
-        # The other consumers' sums, gate's and up's, handed to the first (else unused).
-        partials = gl.allocate_shared_memory(
-            gl.float32, [2 * (CONSUMERS - 1) if CONSUMERS > 1 else 1,
-                         wg_desc.block_type.shape[0] if CONSUMERS > 1 else 1,
-                         x_desc.block_type.shape[0]],
-            gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
-        # ONES_SMEM: the ones-dot's operand, [64, 128] (else one row, unused).
-        ones_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128,
-                                                         element_bitwidth=16, rank=2)
-        ones_smem = gl.allocate_shared_memory(
-            x_desc.dtype, [wg_desc.block_type.shape[0] if ONES_SMEM else 1,
-                           x_desc.block_type.shape[1]], ones_layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        handed = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
-        for i in gl.static_range(CONSUMERS):
-            mbarrier.init(handed.index(i), count=1)
         descs = (wg_desc, wu_desc, x_desc)
-        bufs = (wg_bufs, wu_bufs, x_bufs, xp_bufs, ones_smem, partials)
-        bars = (ready, empty, handed)
+        bufs = (wg_bufs, wu_bufs, x_bufs, ready, empty, xp_smem)
         ptrs = (sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, stride_s_n, stride_z_n, stride_out_m)
-        if CONSUMERS == 1:
-            gl.warp_specialize([
-                (_consume, (descs, bufs, bars, ptrs, M, N, K, AHEAD, ONES_SMEM, X_SUMS, OVERLAP,
-                            0, 1, num_warps)),
-                (_produce, (descs, bufs, bars, ptrs, M, N, K, PAIRED, num_warps)),
-            ], [1], [24])
-        else:  # a second consumer warpgroup on the odd K steps
-            gl.warp_specialize([
-                (_consume, (descs, bufs, bars, ptrs, M, N, K, AHEAD, ONES_SMEM, X_SUMS, OVERLAP,
-                            0, 2, num_warps)),
-                (_consume, (descs, bufs, bars, ptrs, M, N, K, AHEAD, ONES_SMEM, X_SUMS, OVERLAP,
-                            1, 2, num_warps)),
-                (_produce, (descs, bufs, bars, ptrs, M, N, K, PAIRED, num_warps)),
-            ], [4, 1], [CONSUMER_REGISTERS, 24])
+        gl.warp_specialize([
+            (_consume, (descs, bufs, ptrs, M, N, K, AHEAD, num_warps)),
+            (_produce, (descs, bufs, M, N, K, num_warps)),
+        ], [1], [24])
     # fmt: on
 
 
@@ -440,29 +281,10 @@ def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, **knobs):
     """out = silu(x @ wg.T) * (x @ wu.T), x [M, K] bf16 or fp16 (M <= ROWS), the weights packed
     int4 [N, K / 2] uint8 dequantized as (q - zero) * scale by their scales sg, su and
     zero points zg, zu [N, K / 128]; out [M, N] bf16 or fp16. launches: the
-    launch.Described its caller keeps for calls like this one; knobs: AHEAD, ONES_SMEM,
-    X_SUMS, OVERLAP, PAIRED, STAGES, REGISTERS, CONSUMERS and CONSUMER_REGISTERS by other
-    values (what benchmarks/int4_decode_rows.py varies). Returns the compiled kernel."""
-    knobs = {
-        "AHEAD": AHEAD,
-        "ONES_SMEM": ONES_SMEM,
-        "X_SUMS": X_SUMS,
-        "OVERLAP": OVERLAP,
-        "PAIRED": PAIRED,
-        "STAGES": STAGES,
-        "REGISTERS": REGISTERS,
-        "CONSUMERS": CONSUMERS,
-        "CONSUMER_REGISTERS": CONSUMER_REGISTERS,
-    } | knobs
-    if knobs["ONES_SMEM"] and knobs["CONSUMERS"] > 1:
-        raise ValueError("int4_swiglu: ONES_SMEM takes one consumer (each would fill it)")
-    if knobs["PAIRED"] and knobs["STAGES"] < 2:
-        raise ValueError("int4_swiglu: PAIRED takes 2 slots or more (STAGES)")
-    if knobs["OVERLAP"] and knobs["CONSUMERS"] > 1:
-        raise ValueError(
-            "int4_swiglu: OVERLAP takes one consumer (two steps' operands in each of two"
-            " consumers' registers spill)"
-        )
+    launch.Described its caller keeps for calls like this one; knobs: AHEAD, STAGES and
+    REGISTERS by other values (what benchmarks/int4_decode_rows.py varies). Returns the
+    compiled kernel."""
+    knobs = {"AHEAD": AHEAD, "STAGES": STAGES, "REGISTERS": REGISTERS} | knobs
 
     def first():
         m, k = x.shape
@@ -476,12 +298,6 @@ def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, **knobs):
         meta = {
             "STAGES": knobs["STAGES"],
             "AHEAD": knobs["AHEAD"],
-            "ONES_SMEM": knobs["ONES_SMEM"],
-            "X_SUMS": knobs["X_SUMS"],
-            "OVERLAP": knobs["OVERLAP"],
-            "PAIRED": knobs["PAIRED"],
-            "CONSUMERS": knobs["CONSUMERS"],
-            "CONSUMER_REGISTERS": knobs["CONSUMER_REGISTERS"],
             "num_warps": 4,
             "maxnreg": knobs["REGISTERS"],
         }
