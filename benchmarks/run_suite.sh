@@ -108,6 +108,11 @@
 #                      module's, then by rows against the generated kernel and the bf16 chain,
 #                      with its knobs' variants (benchmarks/int4_decode_rows.py: what
 #                      HOPPER_INT4_MIN_ROWS and the knobs should be)
+#   quant-decode-profile
+#                      Nsight Compute on one call each of the quantized decode kernels as the
+#                      runtime picks them (int4 SwiGLU at 1 row: the GEMV; at 16: the Gluon
+#                      kernel; int8 at 16): memory workload, warp stalls, scheduler: what
+#                      holds the Gluon int4 kernel at 1.7 TB/s
 #   stream-ceiling     how fast one kernel streams 29-235 MB from memory (a Triton read over
 #                      its launch settings, torch's copy and sum): the ceiling issue 31's
 #                      decode rows are held to (benchmarks/experiments/stream_ceiling.py)
@@ -139,7 +144,7 @@ STEPS="generated-tests hopper-tests tune-tables tuning-repeat config-space first
 launch-cost call-cost split-k inspect tanh-approx launcher-tuning training-chains llama-training-step
 backward-configs llama-compiled llama-attention llama-prefill llama-decode attention-zoo attention-anchors attention-host attention-bias-grad attention-configs
 attention-variants attention-gluon-backward attention-backward-d64 attention-persistent attention-d64-profile attention-bench quantized-chains fp8-block-scales
-fp8-block-gluon fp8-block-runtime fp8-expert-rows int8-decode-gluon int4-decode-gluon int4-decode-runtime stream-ceiling int4-gemv"
+fp8-block-gluon fp8-block-runtime fp8-expert-rows int8-decode-gluon int4-decode-gluon int4-decode-runtime quant-decode-profile stream-ceiling int4-gemv"
 ANCHOR_SHAPES="8192,4096,14336 4096,1024,4096 16,4096,14336 1000,1000,1000"
 
 listing=$($PYTHON -m fusegen bench --suite "$SUITE" --list) || {
@@ -339,6 +344,13 @@ open('$out/attention-zoo/attention.yaml', 'w').write(t.ATTENTION_SPECS)"
         run $PYTHON benchmarks/int4_decode_rows.py --built "$out/int4-runtime-build"
         run $PYTHON benchmarks/int4_decode_rows.py --built "$out/int4-runtime-build" --dtype fp16 \
             --rows 1 16 ;;
+    quant-decode-profile)
+        run $PYTHON -m fusegen build specs/quantized.yaml --out "$out/quant-profile-build"
+        run ncu --profile-from-start off --clock-control none --section SpeedOfLight \
+            --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+            --section Occupancy --section LaunchStats \
+            $PYTHON benchmarks/experiments/profile_quant_decode.py \
+            --built "$out/quant-profile-build" ;;
     stream-ceiling)
         run $PYTHON benchmarks/experiments/stream_ceiling.py ;;
     int4-gemv)

@@ -8,9 +8,11 @@ cudaProfilerStart and cudaProfilerStop, for Nsight Compute to read their counter
 
 FOLDER: `fusegen build specs/quantized.yaml`. Calls: llama_mlp_int4 at 1 and 16 rows,
 linear_int8 at 16 rows (the shapes of benchmarks/quantized_chains.py's decode rows);
-each prints the config its tuning chose. Tuning under the profiler picks other configs
-than without it (each kernel is serialized and replayed): --as-tuned runs each call at
-the config the tuning chose in a normal run (AS_TUNED) instead.
+each prints the path and config the runtime chose (at 16 rows the int4 call takes the
+Gluon kernel, int4_hopper, unless --as-tuned forces a `tl` config). Tuning under the
+profiler picks other configs than without it (each kernel is serialized and replayed):
+--as-tuned runs each call at the config the tuning chose in a normal run (AS_TUNED)
+instead.
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ def main() -> None:
         for name, module, call in calls:
             call()  # tunes
             call()
-            print(name, module.last_launch()["config"], flush=True)
+            launched = module.last_launch()
+            print(name, launched.get("path") or "tl", launched["config"], flush=True)
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStart()
         for _, _, call in calls:
