@@ -104,13 +104,6 @@ if AVAILABLE:
             tma.async_copy_global_to_shared(x_desc, [0, k], ready.index(s), x_bufs.index(s))
 
     @gluon.constexpr_function
-    def _x_layout():
-        """The registers' layout of x's [16, 128] tile a warpgroup loads (8 values a thread
-        along K)."""
-        return gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16],
-                                warps_per_cta=[4, 1], order=[1, 0])
-
-    @gluon.constexpr_function
     def _words_layout(layout):
         """The shared layout of a byte tile's bytes read as 32-bit words (the same
         swizzle)."""
@@ -163,7 +156,9 @@ if AVAILABLE:
         thread's stores are made visible to wgmma before it returns."""
         R: gl.constexpr = x_smem.type.shape[0]
         BK: gl.constexpr = x_smem.type.shape[1]
-        layout: gl.constexpr = _x_layout()
+        layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8],
+                                                threads_per_warp=[2, 16],
+                                                warps_per_cta=[4, 1], order=[1, 0])
         x = gl.reshape(x_smem.load(layout), [R, BK // 32, 2, 2, 2, 2, 2])  # row, c, t1, t0, e, s, h
         x = gl.reshape(gl.permute(x, (0, 1, 5, 6, 2, 3, 4)), [R, BK])  # c, s, h, t1, t0, e
         xp_smem.store(x)
