@@ -30,7 +30,7 @@ from quantized_chains import copies_for, int4_weights, load, max_error, table, t
 
 GROUP = 128
 # int4_hopper's knobs this script varies.
-KNOBS = ("AHEAD", "STAGES", "REGISTERS")
+KNOBS = ("AHEAD", "STAGES", "REGISTERS", "HELD")
 
 
 def main() -> None:
@@ -127,7 +127,7 @@ def parsed(variant: str) -> dict:
 
 
 def described(knob: dict) -> str:
-    return f"ahead {knob['AHEAD']} s{knob['STAGES']} r{knob['REGISTERS']}"
+    return f"ahead {knob['AHEAD']} s{knob['STAGES']} r{knob['REGISTERS']} held {knob['HELD']}"
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ for n, d in zip(names, descs):
 types |= {"sg_ptr": sys.argv[1], "su_ptr": sys.argv[1], "zg_ptr": "*u8", "zu_ptr": "*u8"}
 types["out_ptr"] = sys.argv[2]
 stages, registers = int(sys.argv[5]), int(sys.argv[6])
-meta = {"STAGES": stages, "AHEAD": int(sys.argv[4]), "num_warps": 4}
+meta = {"STAGES": stages, "AHEAD": int(sys.argv[4]), "HELD": int(sys.argv[7]), "num_warps": 4}
 types |= {n: "constexpr" for n in meta}
 constants = {(names.index(n),): v for n, v in meta.items()}
 options = {"num_warps": 4, "maxnreg": registers}
@@ -71,24 +71,28 @@ print(json.dumps({"shared": compiled.metadata.shared, "warps": compiled.metadata
                   "spills": int(re.search(r"(\\d+) bytes spill stores", report)[1])}))
 """
 
-# The knobs the runtime ships (AHEAD, STAGES, REGISTERS).
-SHIPPED = (int4_hopper.AHEAD, int4_hopper.STAGES, int4_hopper.REGISTERS)
+# The knobs the runtime ships (AHEAD, STAGES, REGISTERS, HELD).
+SHIPPED = (int4_hopper.AHEAD, int4_hopper.STAGES, int4_hopper.REGISTERS, int4_hopper.HELD)
 
 
 @needs_gluon
 @pytest.mark.parametrize(
-    "scales, out, x, ahead, stages, registers",
+    "scales, out, x, ahead, stages, registers, held",
     [
         ("*bf16", "*bf16", "bfloat16", *SHIPPED),
         ("*fp32", "*fp16", "float16", *SHIPPED),
-        # The variant int4_decode_rows.py times (those measured slower, fewer registers
-        # for more programs an SM, are left to the GPU test): 4 slots.
-        ("*bf16", "*bf16", "bfloat16", int4_hopper.AHEAD, 4, int4_hopper.REGISTERS),
+        # The variants int4_decode_rows.py times (those measured slower, fewer registers
+        # for more programs an SM, are left to the GPU test): 4 slots; the base's bits
+        # held in a register.
+        ("*bf16", "*bf16", "bfloat16", int4_hopper.AHEAD, 4, int4_hopper.REGISTERS, 0),
+        ("*fp32", "*fp16", "float16", *SHIPPED[:3], 1),
     ],
 )
-def test_the_kernel_compiles_for_sm90_without_spills(scales, out, x, ahead, stages, registers):
+def test_the_kernel_compiles_for_sm90_without_spills(
+    scales, out, x, ahead, stages, registers, held
+):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    args = [scales, out, x, str(ahead), str(stages), str(registers)]
+    args = [scales, out, x, str(ahead), str(stages), str(registers), str(held)]
     done = subprocess.run(
         [sys.executable, "-c", SM90_COMPILE, *args],
         env=env,
@@ -321,26 +325,29 @@ def test_module_calls_match_float64(m, k, n, scale_dtype, dtype, monkeypatch):
 @on_hopper
 @needs_gluon
 @pytest.mark.parametrize(
-    "knobs",
+    "knobs, dtype",
     [
-        {"AHEAD": 1},
-        {"AHEAD": 3},
-        {"STAGES": 4},
-        {"AHEAD": 3, "STAGES": 4, "REGISTERS": 80},
-        {"AHEAD": 3, "STAGES": 4, "REGISTERS": 64},
+        ({"AHEAD": 1}, torch.bfloat16),
+        ({"AHEAD": 3}, torch.bfloat16),
+        ({"STAGES": 4}, torch.bfloat16),
+        ({"AHEAD": 3, "STAGES": 4, "REGISTERS": 80}, torch.bfloat16),
+        ({"AHEAD": 3, "STAGES": 4, "REGISTERS": 64}, torch.bfloat16),
+        ({"HELD": 1}, torch.bfloat16),
+        ({"HELD": 1}, torch.float16),  # fp16's base, 1024
     ],
+    ids=["ahead1", "ahead3", "stages4", "registers80", "registers64", "held", "held-fp16"],
 )
 @pytest.mark.parametrize("m, k, n", [(16, 4096, 4160), (3, 384, 200), (5, 128, 72)])
-def test_the_kernels_variants_match_float64(knobs, m, k, n):
+def test_the_kernels_variants_match_float64(knobs, dtype, m, k, n):
     """The variants int4_decode_rows.py times (scales loaded nearer or further ahead, fewer
-    slots, fewer registers for more programs an SM), K of fewer groups than they look
-    ahead (one group) included."""
+    slots, fewer registers for more programs an SM, the base's bits held in a register),
+    K of fewer groups than they look ahead (one group) included."""
     module = generated("llama_mlp_int4")
-    x, wg, sg, zg, wu, su, zu = int4_call(m, k, n, device="cuda")
+    x, wg, sg, zg, wu, su, zu = int4_call(m, k, n, device="cuda", dtype=dtype)
     want = module.reference(
         x.double(), wg, sg.double(), zg, wu, su.double(), zu, out_dtype=torch.float64
     )
-    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
     int4_hopper.int4_swiglu(x, wg, sg, zg, wu, su, zu, out, **knobs)
     error = (out.double() - want).abs().max() / want.abs().max()
     assert error < 8e-3, error

@@ -67,6 +67,12 @@ BLOCK_N, ROWS, GROUP, STAGES, REGISTERS = 64, 16, 128, 6, 128
 # 4 KB tiles a step (a tie). Neither the consumer's step nor the weights' access pattern
 # is what holds the kernel at 1.7 TB/s.
 AHEAD = 6
+# Whether the nibbles' float base bits are held in a register: a LOP3 takes one immediate,
+# so with both the mask and the base immediate ptxas makes the mask-and-OR two LOP3s an
+# operand register (64 of a step's ~384 instructions a thread); with the base a value it
+# cannot fold (N >> 31 is 0, but not to the compiler) it is one, as the generated GEMV
+# does (benchmarks/RESULTS.md, 2026-12-04).
+HELD = 0
 # Whether calls that fit take the kernel without FUSEGEN_QUANT_HOPPER=1 (=0 turns it off):
 # its float64 tests passed on an H100, and it ran 1.2x the generated tiles from 4 to 16 rows.
 DEFAULT = True
@@ -119,16 +125,16 @@ if AVAILABLE:
         return (0x6400, 1024.0) if str(dtype) == "fp16" else (0x4300, 128.0)
 
     @gluon.jit
-    def _pair(words, j: gl.constexpr, dtype: gl.constexpr):
-        """Nibbles j and j + 4 of each word as dtype's BASE + q: [rows, words, 2]."""
-        BITS: gl.constexpr = _nibble_base(dtype)[0]
-        bits = ((words >> (4 * j)) & 0x000F000F) | (BITS * 0x00010001)
+    def _pair(words, j: gl.constexpr, base_bits, dtype: gl.constexpr):
+        """Nibbles j and j + 4 of each word as dtype's BASE + q: [rows, words, 2]
+        (base_bits: BASE's bits in both halves of an int32)."""
+        bits = ((words >> (4 * j)) & 0x000F000F) | base_bits
         lo = bits.to(gl.int16).to(dtype, bitcast=True)
         hi = (bits >> 16).to(gl.int16).to(dtype, bitcast=True)
         return gl.join(lo, hi)
 
     @gluon.jit
-    def _word_floats(packed, a_layout: gl.constexpr, dtype: gl.constexpr = gl.bfloat16):
+    def _word_floats(packed, base_bits, a_layout: gl.constexpr, dtype: gl.constexpr):
         """A [rows, K / 2] shared tile of bytes as [rows, K] dtype BASE + q in wgmma's
         register-operand layout, K permuted within each 32 (as _permuted_x permutes x): a
         thread reads, for each 32 of K, one 32-bit word (8 nibbles: K 8t + p, p < 8) and
@@ -145,8 +151,10 @@ if AVAILABLE:
             warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[R, KB // 4])
         words = packed._reinterpret(gl.int32, [R, KB // 4], _words_layout(packed.type.layout))
         words = words.load(word_layout)
-        both = gl.join(gl.join(_pair(words, 0, dtype), _pair(words, 1, dtype)),  # row, word,
-                       gl.join(_pair(words, 2, dtype), _pair(words, 3, dtype)))  # e, h, s
+        both = gl.join(gl.join(_pair(words, 0, base_bits, dtype),  # row, word, e, h, s
+                               _pair(words, 1, base_bits, dtype)),
+                       gl.join(_pair(words, 2, base_bits, dtype),
+                               _pair(words, 3, base_bits, dtype)))
         both = gl.reshape(both, [R, KB // 16, 4, 2, 2, 2])  # row, c, t, e, h, s
         both = gl.reshape(gl.permute(both, (0, 1, 5, 4, 2, 3)), [R, 2 * KB])  # c, s, h, t, e
         return gl.convert_layout(both, a_layout)
@@ -181,7 +189,8 @@ if AVAILABLE:
         return scale.to(gl.float32), zero.to(gl.float32)
 
     @gluon.jit
-    def _consume(descs, bufs, ptrs, M, N, K, AHEAD: gl.constexpr, num_warps: gl.constexpr):
+    def _consume(descs, bufs, ptrs, M, N, K, AHEAD: gl.constexpr, HELD: gl.constexpr,
+                 num_warps: gl.constexpr):
         """The consumer warpgroup: each step's packed tiles into registers as wgmma's
         operand, three dots (gate, up, ones) against x's permuted tile transposed, the
         group's scales and zero points (loaded AHEAD steps before) applied to the sums;
@@ -199,7 +208,12 @@ if AVAILABLE:
                                                      k_width=2)
         row_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
         dtype: gl.constexpr = x_desc.dtype
+        BITS: gl.constexpr = _nibble_base(dtype)[0]
         BASE: gl.constexpr = _nibble_base(dtype)[1]
+        if HELD:  # see HELD
+            base_bits = (N >> 31) | (BITS * 0x00010001)
+        else:
+            base_bits = BITS * 0x00010001
         ones = gl.full([BN, BK], 1.0, dtype, layout=a_layout)
         zero_acc = gl.zeros([BN, R], gl.float32, layout=acc_layout)
         steps = K // BK
@@ -218,8 +232,8 @@ if AVAILABLE:
         for i in range(steps):
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            a_g = _word_floats(wg_bufs.index(s), a_layout, dtype)
-            a_u = _word_floats(wu_bufs.index(s), a_layout, dtype)
+            a_g = _word_floats(wg_bufs.index(s), base_bits, a_layout, dtype)
+            a_u = _word_floats(wu_bufs.index(s), base_bits, a_layout, dtype)
             _permuted_x(x_bufs.index(s), xp_smem)
             mbarrier.arrive(empty.index(s))  # the slot is in registers and xp_smem now
             p_g = warpgroup_mma(a_g, xt, zero_acc, use_acc=False, is_async=True)
@@ -243,7 +257,7 @@ if AVAILABLE:
     @gluon.jit
     def _int4_swiglu(wg_desc, wu_desc, x_desc, sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, M, N,
                      K, stride_s_n, stride_z_n, stride_out_m, STAGES: gl.constexpr,
-                     AHEAD: gl.constexpr, num_warps: gl.constexpr):
+                     AHEAD: gl.constexpr, HELD: gl.constexpr, num_warps: gl.constexpr):
         """out [M, N] (M <= 16) over programs of 64 weight rows (the module docstring's
         schedule); the weights packed [N, K / 2] in tiles of [64, 64] bytes, x [M, K] in
         tiles of [16, 128]; scales and zero points [N, K / 128], both weights' with the
@@ -266,7 +280,7 @@ if AVAILABLE:
         bufs = (wg_bufs, wu_bufs, x_bufs, ready, empty, xp_smem)
         ptrs = (sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, stride_s_n, stride_z_n, stride_out_m)
         gl.warp_specialize([
-            (_consume, (descs, bufs, ptrs, M, N, K, AHEAD, num_warps)),
+            (_consume, (descs, bufs, ptrs, M, N, K, AHEAD, HELD, num_warps)),
             (_produce, (descs, bufs, M, N, K, num_warps)),
         ], [1], [24])
     # fmt: on
@@ -276,10 +290,10 @@ def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, **knobs):
     """out = silu(x @ wg.T) * (x @ wu.T), x [M, K] bf16 or fp16 (M <= ROWS), the weights packed
     int4 [N, K / 2] uint8 dequantized as (q - zero) * scale by their scales sg, su and
     zero points zg, zu [N, K / 128]; out [M, N] bf16 or fp16. launches: the
-    launch.Described its caller keeps for calls like this one; knobs: AHEAD, STAGES and
+    launch.Described its caller keeps for calls like this one; knobs: AHEAD, STAGES, HELD and
     REGISTERS by other values (what benchmarks/int4_decode_rows.py varies). Returns the
     compiled kernel."""
-    knobs = {"AHEAD": AHEAD, "STAGES": STAGES, "REGISTERS": REGISTERS} | knobs
+    knobs = {"AHEAD": AHEAD, "STAGES": STAGES, "REGISTERS": REGISTERS, "HELD": HELD} | knobs
 
     def first():
         m, k = x.shape
@@ -293,6 +307,7 @@ def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, **knobs):
         meta = {
             "STAGES": knobs["STAGES"],
             "AHEAD": knobs["AHEAD"],
+            "HELD": knobs["HELD"],
             "num_warps": 4,
             "maxnreg": knobs["REGISTERS"],
         }
