@@ -30,7 +30,7 @@ from quantized_chains import copies_for, int4_weights, load, max_error, table, t
 
 GROUP = 128
 # int4_hopper's knobs this script varies.
-KNOBS = ("AHEAD", "STAGES", "REGISTERS", "HELD")
+KNOBS = ("AHEAD", "STAGES", "REGISTERS", "HELD", "SUBTRACT")
 
 
 def main() -> None:
@@ -127,7 +127,10 @@ def parsed(variant: str) -> dict:
 
 
 def described(knob: dict) -> str:
-    return f"ahead {knob['AHEAD']} s{knob['STAGES']} r{knob['REGISTERS']} held {knob['HELD']}"
+    return (
+        f"ahead {knob['AHEAD']} s{knob['STAGES']} r{knob['REGISTERS']}"
+        f" held {knob['HELD']} subtract {knob['SUBTRACT']}"
+    )
 
 
 if __name__ == "__main__":

@@ -49,7 +49,8 @@ for n, d in zip(names, descs):
 types |= {"sg_ptr": sys.argv[1], "su_ptr": sys.argv[1], "zg_ptr": "*u8", "zu_ptr": "*u8"}
 types["out_ptr"] = sys.argv[2]
 stages, registers = int(sys.argv[5]), int(sys.argv[6])
-meta = {"STAGES": stages, "AHEAD": int(sys.argv[4]), "HELD": int(sys.argv[7]), "num_warps": 4}
+meta = {"STAGES": stages, "AHEAD": int(sys.argv[4]), "HELD": int(sys.argv[7]),
+        "SUBTRACT": int(sys.argv[8]), "num_warps": 4}
 types |= {n: "constexpr" for n in meta}
 constants = {(names.index(n),): v for n, v in meta.items()}
 options = {"num_warps": 4, "maxnreg": registers}
@@ -71,28 +72,36 @@ print(json.dumps({"shared": compiled.metadata.shared, "warps": compiled.metadata
                   "spills": int(re.search(r"(\\d+) bytes spill stores", report)[1])}))
 """
 
-# The knobs the runtime ships (AHEAD, STAGES, REGISTERS, HELD).
-SHIPPED = (int4_hopper.AHEAD, int4_hopper.STAGES, int4_hopper.REGISTERS, int4_hopper.HELD)
+# The knobs the runtime ships (AHEAD, STAGES, REGISTERS, HELD, SUBTRACT).
+SHIPPED = (
+    int4_hopper.AHEAD,
+    int4_hopper.STAGES,
+    int4_hopper.REGISTERS,
+    int4_hopper.HELD,
+    int4_hopper.SUBTRACT,
+)
 
 
 @needs_gluon
 @pytest.mark.parametrize(
-    "scales, out, x, ahead, stages, registers, held",
+    "scales, out, x, ahead, stages, registers, held, subtract",
     [
         ("*bf16", "*bf16", "bfloat16", *SHIPPED),
         ("*fp32", "*fp16", "float16", *SHIPPED),
         # The variants int4_decode_rows.py times (those measured slower, fewer registers
         # for more programs an SM, are left to the GPU test): 4 slots; the base's bits
-        # held in a register.
-        ("*bf16", "*bf16", "bfloat16", int4_hopper.AHEAD, 4, int4_hopper.REGISTERS, 0),
-        ("*fp32", "*fp16", "float16", *SHIPPED[:3], 1),
+        # held in a register; the zero points off the operands, no ones-dot.
+        ("*bf16", "*bf16", "bfloat16", int4_hopper.AHEAD, 4, int4_hopper.REGISTERS, 0, 0),
+        ("*fp32", "*fp16", "float16", *SHIPPED[:3], 1, 0),
+        ("*bf16", "*bf16", "bfloat16", *SHIPPED[:3], 1, 1),
+        ("*fp32", "*fp16", "float16", *SHIPPED[:3], 0, 1),
     ],
 )
 def test_the_kernel_compiles_for_sm90_without_spills(
-    scales, out, x, ahead, stages, registers, held
+    scales, out, x, ahead, stages, registers, held, subtract
 ):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    args = [scales, out, x, str(ahead), str(stages), str(registers), str(held)]
+    args = [scales, out, x, str(ahead), str(stages), str(registers), str(held), str(subtract)]
     done = subprocess.run(
         [sys.executable, "-c", SM90_COMPILE, *args],
         env=env,
@@ -107,8 +116,9 @@ def test_the_kernel_compiles_for_sm90_without_spills(
     # x's permuted tile, + barriers.
     tiles = stages * (2 * 64 * 64 + 16 * 128 * 2) + 16 * 128 * 2
     assert tiles <= facts["shared"] < tiles + 1024, facts
-    # A step's three dots (gate, up, ones: m64n16k16 x 8 each), all waited for at once.
-    assert facts["wgmma"] == 8 * 3 and facts["waits"] == 1, facts
+    # A step's three dots (gate, up, ones: m64n16k16 x 8 each; SUBTRACT: no ones), all
+    # waited for at once.
+    assert facts["wgmma"] == 8 * (2 if subtract else 3) and facts["waits"] == 1, facts
     # The nibbles reach wgmma in registers: x's permuted tile is the only shared store in
     # the loop (a layout conversion of the weights through shared memory would add
     # dozens).
@@ -334,13 +344,26 @@ def test_module_calls_match_float64(m, k, n, scale_dtype, dtype, monkeypatch):
         ({"AHEAD": 3, "STAGES": 4, "REGISTERS": 64}, torch.bfloat16),
         ({"HELD": 1}, torch.bfloat16),
         ({"HELD": 1}, torch.float16),  # fp16's base, 1024
+        ({"SUBTRACT": 1, "HELD": 1}, torch.bfloat16),
+        ({"SUBTRACT": 1}, torch.float16),
     ],
-    ids=["ahead1", "ahead3", "stages4", "registers80", "registers64", "held", "held-fp16"],
+    ids=[
+        "ahead1",
+        "ahead3",
+        "stages4",
+        "registers80",
+        "registers64",
+        "held",
+        "held-fp16",
+        "subtract-held",
+        "subtract-fp16",
+    ],
 )
 @pytest.mark.parametrize("m, k, n", [(16, 4096, 4160), (3, 384, 200), (5, 128, 72)])
 def test_the_kernels_variants_match_float64(knobs, dtype, m, k, n):
     """The variants int4_decode_rows.py times (scales loaded nearer or further ahead, fewer
-    slots, fewer registers for more programs an SM, the base's bits held in a register),
+    slots, fewer registers for more programs an SM, the base's bits held in a register, the
+    zero points off the operands),
     K of fewer groups than they look ahead (one group) included."""
     module = generated("llama_mlp_int4")
     x, wg, sg, zg, wu, su, zu = int4_call(m, k, n, device="cuda", dtype=dtype)

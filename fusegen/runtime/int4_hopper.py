@@ -71,6 +71,11 @@ AHEAD = 6
 # cannot fold (N >> 31 is 0, but not to the compiler) it is one, as the generated GEMV
 # does (benchmarks/RESULTS.md, 2026-12-04).
 HELD = 0
+# Whether a group's zero point is taken off the weights' operand registers (BASE + q less
+# BASE + zero: q - zero, exact in bf16 and fp16, a subtraction per register pair) instead
+# of by the ones-dot (a third of a step's wgmmas, and its 32 operand registers remade each
+# step).
+SUBTRACT = 0
 # Whether calls that fit take the kernel without FUSEGEN_QUANT_HOPPER=1 (=0 turns it off):
 # its float64 tests passed on an H100, and it ran 1.2x the generated tiles from 4 to 16 rows.
 DEFAULT = True
@@ -122,17 +127,39 @@ if AVAILABLE:
         bits a nibble q is OR-ed into, making BASE + q (bf16: 128, fp16: 1024)."""
         return (0x6400, 1024.0) if str(dtype) == "fp16" else (0x4300, 128.0)
 
+    @gluon.constexpr_function
+    def _subtract_pair(dtype):
+        """PTX subtracting two packed pairs of dtype."""
+        return f"sub.rn.{'f16x2' if str(dtype) == 'fp16' else 'bf16x2'} $0, $1, $2;"
+
+    @gluon.constexpr_function
+    def _word_layout(rows, words):
+        """A [rows, words] tile of 32-bit words as _word_floats reads it: words w = 4c + t
+        of a row: registers row 8 and words 4, 8; lanes words 1, 2 (t) and rows 1, 2, 4;
+        warps rows 16, 32."""
+        return gl.DistributedLinearLayout(
+            reg_bases=[[8, 0], [0, 4], [0, 8]],
+            lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
+            warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[rows, words])
+
     @gluon.jit
-    def _pair(words, j: gl.constexpr, base_bits, dtype: gl.constexpr):
-        """Nibbles j and j + 4 of each word as dtype's BASE + q: [rows, words, 2]
-        (base_bits: BASE's bits in both halves of an int32)."""
+    def _pair(words, j: gl.constexpr, base_bits, zero_bits, dtype: gl.constexpr,
+              SUBTRACT: gl.constexpr):
+        """Nibbles j and j + 4 of each word as dtype's BASE + q, or with SUBTRACT q -
+        zero: [rows, words, 2] (base_bits: BASE's bits in both halves of an int32;
+        zero_bits: [rows] BASE + zero's likewise)."""
         bits = ((words >> (4 * j)) & 0x000F000F) | base_bits
+        if SUBTRACT:  # on the packed pair, so that it stays one register
+            bits, zero_bits = gl.broadcast(bits, zero_bits[:, None])
+            bits = gl.inline_asm_elementwise(_subtract_pair(dtype), "=r,r,r", [bits, zero_bits],
+                                             dtype=gl.int32, is_pure=True, pack=1)
         lo = bits.to(gl.int16).to(dtype, bitcast=True)
         hi = (bits >> 16).to(gl.int16).to(dtype, bitcast=True)
         return gl.join(lo, hi)
 
     @gluon.jit
-    def _word_floats(packed, base_bits, a_layout: gl.constexpr, dtype: gl.constexpr):
+    def _word_floats(packed, base_bits, zero_bits, a_layout: gl.constexpr, dtype: gl.constexpr,
+                     SUBTRACT: gl.constexpr):
         """A [rows, K / 2] shared tile of bytes as [rows, K] dtype BASE + q in wgmma's
         register-operand layout, K permuted within each 32 (as _permuted_x permutes x): a
         thread reads, for each 32 of K, one 32-bit word (8 nibbles: K 8t + p, p < 8) and
@@ -141,18 +168,13 @@ if AVAILABLE:
         0 low, 1 high) of the operand's order."""
         R: gl.constexpr = packed.type.shape[0]
         KB: gl.constexpr = packed.type.shape[1]
-        # Words w = 4c + t of a row: registers row 8 and words 4, 8; lanes words 1, 2 (t)
-        # and rows 1, 2, 4; warps rows 16, 32.
-        word_layout: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[8, 0], [0, 4], [0, 8]],
-            lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
-            warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[R, KB // 4])
         words = packed._reinterpret(gl.int32, [R, KB // 4], _words_layout(packed.type.layout))
-        words = words.load(word_layout)
-        both = gl.join(gl.join(_pair(words, 0, base_bits, dtype),  # row, word, e, h, s
-                               _pair(words, 1, base_bits, dtype)),
-                       gl.join(_pair(words, 2, base_bits, dtype),
-                               _pair(words, 3, base_bits, dtype)))
+        words = words.load(_word_layout(R, KB // 4))
+        z = zero_bits
+        both = gl.join(gl.join(_pair(words, 0, base_bits, z, dtype, SUBTRACT),  # row, word,
+                               _pair(words, 1, base_bits, z, dtype, SUBTRACT)),  # e, h, s
+                       gl.join(_pair(words, 2, base_bits, z, dtype, SUBTRACT),
+                               _pair(words, 3, base_bits, z, dtype, SUBTRACT)))
         both = gl.reshape(both, [R, KB // 16, 4, 2, 2, 2])  # row, c, t, e, h, s
         both = gl.reshape(gl.permute(both, (0, 1, 5, 4, 2, 3)), [R, 2 * KB])  # c, s, h, t, e
         return gl.convert_layout(both, a_layout)
@@ -177,18 +199,20 @@ if AVAILABLE:
     def _group_sums(p, ones_p, scale, zero, BASE: gl.constexpr = 128.0):
         """A group's part of the sums: scale * (sum (BASE + q) x - (BASE + zero) sum x),
         per weight row (scale, zero: [rows] in the sums' row layout)."""
-        return scale[:, None] * (p - (BASE + zero)[:, None] * ones_p)
+        return scale[:, None] * (p - (BASE + zero.to(gl.float32))[:, None] * ones_p)
 
     @gluon.jit
-    def _row_quant(s_ptr, z_ptr, rows, keep, group, stride_s_n, stride_z_n):
-        """Group `group`'s scales and zero points of these weight rows, fp32."""
-        scale = gl.load(s_ptr + rows * stride_s_n + group, mask=keep, other=0.0)
-        zero = gl.load(z_ptr + rows * stride_z_n + group, mask=keep, other=0)
-        return scale.to(gl.float32), zero.to(gl.float32)
+    def _row_quant(s_ptr, z_ptr, where, group):
+        """Group `group`'s scales (fp32) and zero points (int32) of these weight rows;
+        where: (rows, the same rows in the zero points' layout, N, the strides)."""
+        rows, zero_rows, N, stride_s_n, stride_z_n = where
+        scale = gl.load(s_ptr + rows * stride_s_n + group, mask=rows < N, other=0.0)
+        zero = gl.load(z_ptr + zero_rows * stride_z_n + group, mask=zero_rows < N, other=0)
+        return scale.to(gl.float32), zero.to(gl.int32)
 
     @gluon.jit
     def _consume(descs, bufs, ptrs, M, N, K, AHEAD: gl.constexpr, HELD: gl.constexpr,
-                 num_warps: gl.constexpr):
+                 SUBTRACT: gl.constexpr, num_warps: gl.constexpr):
         """The consumer warpgroup: each step's packed tiles into registers as wgmma's
         operand, three dots (gate, up, ones) against x's permuted tile transposed, the
         group's scales and zero points (loaded AHEAD steps before) applied to the sums;
@@ -217,33 +241,51 @@ if AVAILABLE:
         steps = K // BK
         rows = gl.program_id(0) * BN + gl.arange(0, BN, layout=row_layout)  # out's columns
         row_ok = rows < N
+        if SUBTRACT:  # the zero points where _word_floats's words are
+            zero_layout: gl.constexpr = gl.SliceLayout(1, _word_layout(BN, BK // 8))
+            zero_rows = gl.program_id(0) * BN + gl.arange(0, BN, layout=zero_layout)
+        else:
+            zero_rows = rows
+        where = (rows, zero_rows, N, stride_s_n, stride_z_n)
         acc_g = zero_acc
         acc_u = zero_acc
         # The scales and zero points of the next AHEAD groups, nearest first.
-        qg = (_row_quant(sg_ptr, zg_ptr, rows, row_ok, 0, stride_s_n, stride_z_n),)
-        qu = (_row_quant(su_ptr, zu_ptr, rows, row_ok, 0, stride_s_n, stride_z_n),)
+        qg = (_row_quant(sg_ptr, zg_ptr, where, 0),)
+        qu = (_row_quant(su_ptr, zu_ptr, where, 0),)
         for j in gl.static_range(1, AHEAD):
             group = gl.minimum(j, steps - 1)
-            qg = qg + (_row_quant(sg_ptr, zg_ptr, rows, row_ok, group, stride_s_n, stride_z_n),)
-            qu = qu + (_row_quant(su_ptr, zu_ptr, rows, row_ok, group, stride_s_n, stride_z_n),)
+            qg = qg + (_row_quant(sg_ptr, zg_ptr, where, group),)
+            qu = qu + (_row_quant(su_ptr, zu_ptr, where, group),)
         xt = xp_smem.permute((1, 0))
         for i in range(steps):
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            a_g = _word_floats(wg_bufs.index(s), base_bits, a_layout, dtype)
-            a_u = _word_floats(wu_bufs.index(s), base_bits, a_layout, dtype)
+            # BASE + zero's bits in both halves (SUBTRACT; else unused)
+            a_g = _word_floats(wg_bufs.index(s), base_bits, base_bits | (qg[0][1] * 0x00010001),
+                               a_layout, dtype, SUBTRACT)
+            a_u = _word_floats(wu_bufs.index(s), base_bits, base_bits | (qu[0][1] * 0x00010001),
+                               a_layout, dtype, SUBTRACT)
             _permuted_x(x_bufs.index(s), xp_smem)
             mbarrier.arrive(empty.index(s))  # the slot is in registers and xp_smem now
-            p_g = warpgroup_mma(a_g, xt, zero_acc, use_acc=False, is_async=True)
-            p_u = warpgroup_mma(a_u, xt, zero_acc, use_acc=False, is_async=True)
-            p_1 = warpgroup_mma(ones, xt, zero_acc, use_acc=False, is_async=True)
+            if SUBTRACT:  # see SUBTRACT
+                p_g = warpgroup_mma(a_g, xt, zero_acc, use_acc=False, is_async=True)
+                p_u = warpgroup_mma(a_u, xt, zero_acc, use_acc=False, is_async=True)
+            else:
+                p_g = warpgroup_mma(a_g, xt, zero_acc, use_acc=False, is_async=True)
+                p_u = warpgroup_mma(a_u, xt, zero_acc, use_acc=False, is_async=True)
+                p_1 = warpgroup_mma(ones, xt, zero_acc, use_acc=False, is_async=True)
             # The scales and zero points AHEAD steps on load while the dots run.
             group = gl.minimum(i + AHEAD, steps - 1)
-            qg_n = _row_quant(sg_ptr, zg_ptr, rows, row_ok, group, stride_s_n, stride_z_n)
-            qu_n = _row_quant(su_ptr, zu_ptr, rows, row_ok, group, stride_s_n, stride_z_n)
-            p_g, p_u, p_1, a_g, a_u = warpgroup_mma_wait(0, deps=(p_g, p_u, p_1, a_g, a_u))
-            acc_g += _group_sums(p_g, p_1, qg[0][0], qg[0][1], BASE)
-            acc_u += _group_sums(p_u, p_1, qu[0][0], qu[0][1], BASE)
+            qg_n = _row_quant(sg_ptr, zg_ptr, where, group)
+            qu_n = _row_quant(su_ptr, zu_ptr, where, group)
+            if SUBTRACT:
+                p_g, p_u, a_g, a_u = warpgroup_mma_wait(0, deps=(p_g, p_u, a_g, a_u))
+                acc_g += qg[0][0][:, None] * p_g
+                acc_u += qu[0][0][:, None] * p_u
+            else:
+                p_g, p_u, p_1, a_g, a_u = warpgroup_mma_wait(0, deps=(p_g, p_u, p_1, a_g, a_u))
+                acc_g += _group_sums(p_g, p_1, qg[0][0], qg[0][1], BASE)
+                acc_u += _group_sums(p_u, p_1, qu[0][0], qu[0][1], BASE)
             qg = qg[1:] + (qg_n,)
             qu = qu[1:] + (qu_n,)
         cols = gl.arange(0, R, layout=gl.SliceLayout(0, acc_layout))  # x's rows
@@ -255,7 +297,8 @@ if AVAILABLE:
     @gluon.jit
     def _int4_swiglu(wg_desc, wu_desc, x_desc, sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, M, N,
                      K, stride_s_n, stride_z_n, stride_out_m, STAGES: gl.constexpr,
-                     AHEAD: gl.constexpr, HELD: gl.constexpr, num_warps: gl.constexpr):
+                     AHEAD: gl.constexpr, HELD: gl.constexpr, SUBTRACT: gl.constexpr,
+                     num_warps: gl.constexpr):
         """out [M, N] (M <= 16) over programs of 64 weight rows (the module docstring's
         schedule); the weights packed [N, K / 2] in tiles of [64, 64] bytes, x [M, K] in
         tiles of [16, 128]; scales and zero points [N, K / 128], both weights' with the
@@ -278,7 +321,7 @@ if AVAILABLE:
         bufs = (wg_bufs, wu_bufs, x_bufs, ready, empty, xp_smem)
         ptrs = (sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, stride_s_n, stride_z_n, stride_out_m)
         gl.warp_specialize([
-            (_consume, (descs, bufs, ptrs, M, N, K, AHEAD, HELD, num_warps)),
+            (_consume, (descs, bufs, ptrs, M, N, K, AHEAD, HELD, SUBTRACT, num_warps)),
             (_produce, (descs, bufs, M, N, K, num_warps)),
         ], [1], [24])
     # fmt: on
@@ -288,10 +331,11 @@ def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, **knobs):
     """out = silu(x @ wg.T) * (x @ wu.T), x [M, K] bf16 or fp16 (M <= ROWS), the weights packed
     int4 [N, K / 2] uint8 dequantized as (q - zero) * scale by their scales sg, su and
     zero points zg, zu [N, K / 128]; out [M, N] bf16 or fp16. launches: the
-    launch.Described its caller keeps for calls like this one; knobs: AHEAD, STAGES, HELD and
-    REGISTERS by other values (what benchmarks/int4_decode_rows.py varies). Returns the
+    launch.Described its caller keeps for calls like this one; knobs: AHEAD, STAGES, HELD,
+    SUBTRACT and REGISTERS by other values (what benchmarks/int4_decode_rows.py varies). Returns the
     compiled kernel."""
-    knobs = {"AHEAD": AHEAD, "STAGES": STAGES, "REGISTERS": REGISTERS, "HELD": HELD} | knobs
+    shipped = {"AHEAD": AHEAD, "STAGES": STAGES, "REGISTERS": REGISTERS, "HELD": HELD}
+    knobs = shipped | {"SUBTRACT": SUBTRACT} | knobs
 
     def first():
         m, k = x.shape
@@ -306,6 +350,7 @@ def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, **knobs):
             "STAGES": knobs["STAGES"],
             "AHEAD": knobs["AHEAD"],
             "HELD": knobs["HELD"],
+            "SUBTRACT": knobs["SUBTRACT"],
             "num_warps": 4,
             "maxnreg": knobs["REGISTERS"],
         }
