@@ -30,7 +30,7 @@ from quantized_chains import copies_for, int4_weights, load, max_error, table, t
 
 GROUP = 128
 # int4_hopper's knobs this script varies.
-KNOBS = ("AHEAD", "STAGES", "REGISTERS", "HELD", "SUBTRACT")
+KNOBS = ("AHEAD", "STAGES", "REGISTERS", "HELD", "SUBTRACT", "PERMUTED_X")
 
 
 def main() -> None:
@@ -129,7 +129,7 @@ def parsed(variant: str) -> dict:
 def described(knob: dict) -> str:
     return (
         f"ahead {knob['AHEAD']} s{knob['STAGES']} r{knob['REGISTERS']}"
-        f" held {knob['HELD']} subtract {knob['SUBTRACT']}"
+        f" held {knob['HELD']} subtract {knob['SUBTRACT']} px {knob['PERMUTED_X']}"
     )
 
 

@@ -76,6 +76,10 @@ HELD = 0
 # of by the ones-dot (a third of a step's wgmmas, and its 32 operand registers remade each
 # step).
 SUBTRACT = 0
+# Whether x is permuted along K (as the weights' words pair K) by the launcher, one copy of
+# x a call (torch), so that TMA's tile is the dots' operand as it lands: no shared-memory
+# round trip, fence and barrier a step in the consumer.
+PERMUTED_X = 0
 # Whether calls that fit take the kernel without FUSEGEN_QUANT_HOPPER=1 (=0 turns it off):
 # its float64 tests passed on an H100, and it ran 1.2x the generated tiles from 4 to 16 rows.
 DEFAULT = True
@@ -212,7 +216,7 @@ if AVAILABLE:
 
     @gluon.jit
     def _consume(descs, bufs, ptrs, M, N, K, AHEAD: gl.constexpr, HELD: gl.constexpr,
-                 SUBTRACT: gl.constexpr, num_warps: gl.constexpr):
+                 SUBTRACT: gl.constexpr, PERMUTED_X: gl.constexpr, num_warps: gl.constexpr):
         """The consumer warpgroup: each step's packed tiles into registers as wgmma's
         operand, three dots (gate, up, ones) against x's permuted tile transposed, the
         group's scales and zero points (loaded AHEAD steps before) applied to the sums;
@@ -265,8 +269,11 @@ if AVAILABLE:
                                a_layout, dtype, SUBTRACT)
             a_u = _word_floats(wu_bufs.index(s), base_bits, base_bits | (qu[0][1] * 0x00010001),
                                a_layout, dtype, SUBTRACT)
-            _permuted_x(x_bufs.index(s), xp_smem)
-            mbarrier.arrive(empty.index(s))  # the slot is in registers and xp_smem now
+            if PERMUTED_X:  # see PERMUTED_X: x's tile is the dots' operand as it came
+                xt = x_bufs.index(s).permute((1, 0))
+            else:
+                _permuted_x(x_bufs.index(s), xp_smem)
+                mbarrier.arrive(empty.index(s))  # the slot is in registers and xp_smem now
             if SUBTRACT:  # see SUBTRACT
                 p_g = warpgroup_mma(a_g, xt, zero_acc, use_acc=False, is_async=True)
                 p_u = warpgroup_mma(a_u, xt, zero_acc, use_acc=False, is_async=True)
@@ -286,6 +293,8 @@ if AVAILABLE:
                 p_g, p_u, p_1, a_g, a_u = warpgroup_mma_wait(0, deps=(p_g, p_u, p_1, a_g, a_u))
                 acc_g += _group_sums(p_g, p_1, qg[0][0], qg[0][1], BASE)
                 acc_u += _group_sums(p_u, p_1, qu[0][0], qu[0][1], BASE)
+            if PERMUTED_X:
+                mbarrier.arrive(empty.index(s))  # the dots are done with x's tile
             qg = qg[1:] + (qg_n,)
             qu = qu[1:] + (qu_n,)
         cols = gl.arange(0, R, layout=gl.SliceLayout(0, acc_layout))  # x's rows
@@ -298,7 +307,7 @@ if AVAILABLE:
     def _int4_swiglu(wg_desc, wu_desc, x_desc, sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, M, N,
                      K, stride_s_n, stride_z_n, stride_out_m, STAGES: gl.constexpr,
                      AHEAD: gl.constexpr, HELD: gl.constexpr, SUBTRACT: gl.constexpr,
-                     num_warps: gl.constexpr):
+                     PERMUTED_X: gl.constexpr, num_warps: gl.constexpr):
         """out [M, N] (M <= 16) over programs of 64 weight rows (the module docstring's
         schedule); the weights packed [N, K / 2] in tiles of [64, 64] bytes, x [M, K] in
         tiles of [16, 128]; scales and zero points [N, K / 128], both weights' with the
@@ -321,21 +330,31 @@ if AVAILABLE:
         bufs = (wg_bufs, wu_bufs, x_bufs, ready, empty, xp_smem)
         ptrs = (sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, stride_s_n, stride_z_n, stride_out_m)
         gl.warp_specialize([
-            (_consume, (descs, bufs, ptrs, M, N, K, AHEAD, HELD, SUBTRACT, num_warps)),
+            (_consume, (descs, bufs, ptrs, M, N, K, AHEAD, HELD, SUBTRACT, PERMUTED_X,
+                        num_warps)),
             (_produce, (descs, bufs, M, N, K, num_warps)),
         ], [1], [24])
     # fmt: on
+
+
+def permuted_x(x):
+    """x [M, K] with K permuted within each 32 as _permuted_x does in the kernel (K 32c + 8t
+    + 4e + 2s + h to 32c + 16s + 8h + 2t + e), contiguous."""
+    m, k = x.shape
+    return x.reshape(m, k // 32, 2, 2, 2, 2, 2).permute(0, 1, 5, 6, 2, 3, 4).reshape(m, k)
 
 
 def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, **knobs):
     """out = silu(x @ wg.T) * (x @ wu.T), x [M, K] bf16 or fp16 (M <= ROWS), the weights packed
     int4 [N, K / 2] uint8 dequantized as (q - zero) * scale by their scales sg, su and
     zero points zg, zu [N, K / 128]; out [M, N] bf16 or fp16. launches: the
-    launch.Described its caller keeps for calls like this one; knobs: AHEAD, STAGES, HELD,
-    SUBTRACT and REGISTERS by other values (what benchmarks/int4_decode_rows.py varies). Returns the
-    compiled kernel."""
+    launch.Described its caller keeps for calls like this one; knobs: AHEAD, STAGES,
+    REGISTERS, HELD, SUBTRACT and PERMUTED_X by other values (what
+    benchmarks/int4_decode_rows.py varies). Returns the compiled kernel."""
     shipped = {"AHEAD": AHEAD, "STAGES": STAGES, "REGISTERS": REGISTERS, "HELD": HELD}
-    knobs = shipped | {"SUBTRACT": SUBTRACT} | knobs
+    knobs = shipped | {"SUBTRACT": SUBTRACT, "PERMUTED_X": PERMUTED_X} | knobs
+    if knobs["PERMUTED_X"]:
+        x = permuted_x(x)
 
     def first():
         m, k = x.shape
@@ -351,6 +370,7 @@ def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, **knobs):
             "AHEAD": knobs["AHEAD"],
             "HELD": knobs["HELD"],
             "SUBTRACT": knobs["SUBTRACT"],
+            "PERMUTED_X": knobs["PERMUTED_X"],
             "num_warps": 4,
             "maxnreg": knobs["REGISTERS"],
         }
