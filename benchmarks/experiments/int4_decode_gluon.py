@@ -188,26 +188,24 @@ def _consume(descs, bufs, bars, ptrs, M, N, K, WORDS: gl.constexpr, AHEAD: gl.co
     n0 = gl.program_id(0) * BN
     rows = n0 + gl.arange(0, BN, layout=row_layout)  # weight rows: out's columns
     row_ok = rows < N
+    where = (rows, rows, N, stride_s_n, stride_z_n)
+    base_bits = 0x4300 * 0x00010001  # bf16's 128 in both halves: see _nibble_base
     acc_g = zero_acc
     acc_u = zero_acc
     last = first + steps - 1
-    qg = _row_quant(sg_ptr, zg_ptr, rows, row_ok, first, stride_s_n, stride_z_n)
-    qu = _row_quant(su_ptr, zu_ptr, rows, row_ok, first, stride_s_n, stride_z_n)
+    qg = _row_quant(sg_ptr, zg_ptr, where, first)
+    qu = _row_quant(su_ptr, zu_ptr, where, first)
     if AHEAD == 3:  # the next two groups' too
-        qg1 = _row_quant(sg_ptr, zg_ptr, rows, row_ok, gl.minimum(first + 1, last), stride_s_n,
-                         stride_z_n)
-        qu1 = _row_quant(su_ptr, zu_ptr, rows, row_ok, gl.minimum(first + 1, last), stride_s_n,
-                         stride_z_n)
-        qg2 = _row_quant(sg_ptr, zg_ptr, rows, row_ok, gl.minimum(first + 2, last), stride_s_n,
-                         stride_z_n)
-        qu2 = _row_quant(su_ptr, zu_ptr, rows, row_ok, gl.minimum(first + 2, last), stride_s_n,
-                         stride_z_n)
+        qg1 = _row_quant(sg_ptr, zg_ptr, where, gl.minimum(first + 1, last))
+        qu1 = _row_quant(su_ptr, zu_ptr, where, gl.minimum(first + 1, last))
+        qg2 = _row_quant(sg_ptr, zg_ptr, where, gl.minimum(first + 2, last))
+        qu2 = _row_quant(su_ptr, zu_ptr, where, gl.minimum(first + 2, last))
     for i in range(steps):
         s = i % STAGES
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         if WORDS:
-            a_g = _word_floats(wg_bufs.index(s), a_layout)
-            a_u = _word_floats(wu_bufs.index(s), a_layout)
+            a_g = _word_floats(wg_bufs.index(s), base_bits, 0, a_layout, gl.bfloat16, False)
+            a_u = _word_floats(wu_bufs.index(s), base_bits, 0, a_layout, gl.bfloat16, False)
             _permuted_x(x_bufs.index(s), xp_smem)
             mbarrier.arrive(empty.index(s))  # the slot is in registers and xp_smem now
             xt = xp_smem.permute((1, 0))
@@ -220,8 +218,8 @@ def _consume(descs, bufs, bars, ptrs, M, N, K, WORDS: gl.constexpr, AHEAD: gl.co
         p_1 = warpgroup_mma(ones, xt, zero_acc, use_acc=False, is_async=True)
         # Group i + AHEAD's scales and zero points load while the dots run.
         group = gl.minimum(first + i + AHEAD, last)
-        qg_n = _row_quant(sg_ptr, zg_ptr, rows, row_ok, group, stride_s_n, stride_z_n)
-        qu_n = _row_quant(su_ptr, zu_ptr, rows, row_ok, group, stride_s_n, stride_z_n)
+        qg_n = _row_quant(sg_ptr, zg_ptr, where, group)
+        qu_n = _row_quant(su_ptr, zu_ptr, where, group)
         p_g, p_u, p_1, a_g, a_u = warpgroup_mma_wait(0, deps=(p_g, p_u, p_1, a_g, a_u))
         if not WORDS:
             mbarrier.arrive(empty.index(s))
