@@ -49,8 +49,7 @@ for n, d in zip(names, descs):
 types |= {"sg_ptr": sys.argv[1], "su_ptr": sys.argv[1], "zg_ptr": "*u8", "zu_ptr": "*u8"}
 types["out_ptr"] = sys.argv[2]
 stages, registers = int(sys.argv[5]), int(sys.argv[6])
-meta = {"STAGES": stages, "AHEAD": int(sys.argv[4]), "HELD": int(sys.argv[7]),
-        "SUBTRACT": int(sys.argv[8]), "PERMUTED_X": int(sys.argv[9]), "num_warps": 4}
+meta = {"STAGES": stages, "AHEAD": int(sys.argv[4]), "num_warps": 4}
 types |= {n: "constexpr" for n in meta}
 constants = {(names.index(n),): v for n, v in meta.items()}
 options = {"num_warps": 4, "maxnreg": registers}
@@ -72,39 +71,24 @@ print(json.dumps({"shared": compiled.metadata.shared, "warps": compiled.metadata
                   "spills": int(re.search(r"(\\d+) bytes spill stores", report)[1])}))
 """
 
-# The knobs the runtime ships (AHEAD, STAGES, REGISTERS, HELD, SUBTRACT).
-SHIPPED = (
-    int4_hopper.AHEAD,
-    int4_hopper.STAGES,
-    int4_hopper.REGISTERS,
-    int4_hopper.HELD,
-    int4_hopper.SUBTRACT,
-    int4_hopper.PERMUTED_X,
-)
+# The knobs the runtime ships (AHEAD, STAGES, REGISTERS).
+SHIPPED = (int4_hopper.AHEAD, int4_hopper.STAGES, int4_hopper.REGISTERS)
 
 
 @needs_gluon
 @pytest.mark.parametrize(
-    "scales, out, x, ahead, stages, registers, held, subtract, permuted",
+    "scales, out, x, ahead, stages, registers",
     [
         ("*bf16", "*bf16", "bfloat16", *SHIPPED),
         ("*fp32", "*fp16", "float16", *SHIPPED),
-        # The variants int4_decode_rows.py times (those measured slower, fewer registers
-        # for more programs an SM, are left to the GPU test): 4 slots; the base's bits
-        # held in a register; the zero points off the operands, no ones-dot; x permuted by
-        # the launcher.
-        ("*bf16", "*bf16", "bfloat16", int4_hopper.AHEAD, 4, int4_hopper.REGISTERS, 0, 0, 0),
-        ("*fp32", "*fp16", "float16", *SHIPPED[:3], 1, 0, 0),
-        ("*bf16", "*bf16", "bfloat16", *SHIPPED[:3], 1, 1, 1),
-        ("*fp32", "*fp16", "float16", *SHIPPED[:3], 0, 1, 0),
+        # A variant int4_decode_rows.py times (those measured slower, fewer registers for
+        # more programs an SM, are left to the GPU test): 6 slots, 6 groups ahead.
+        ("*bf16", "*bf16", "bfloat16", 6, 6, int4_hopper.REGISTERS),
     ],
 )
-def test_the_kernel_compiles_for_sm90_without_spills(
-    scales, out, x, ahead, stages, registers, held, subtract, permuted
-):
+def test_the_kernel_compiles_for_sm90_without_spills(scales, out, x, ahead, stages, registers):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    args = [scales, out, x, str(ahead), str(stages), str(registers), str(held), str(subtract)]
-    args.append(str(permuted))
+    args = [scales, out, x, str(ahead), str(stages), str(registers)]
     done = subprocess.run(
         [sys.executable, "-c", SM90_COMPILE, *args],
         env=env,
@@ -116,12 +100,12 @@ def test_the_kernel_compiles_for_sm90_without_spills(
     assert done.returncode == 0, done.stderr[-3000:]
     facts = json.loads(done.stdout.strip().splitlines()[-1])
     # The ring's slots of both weights' packed tiles [64, 64] bytes and x's [16, 128] bf16,
-    # x's permuted tile (none where the launcher permutes x), + barriers.
-    tiles = stages * (2 * 64 * 64 + 16 * 128 * 2) + (0 if permuted else 16 * 128 * 2)
+    # x's permuted tile, + barriers.
+    tiles = stages * (2 * 64 * 64 + 16 * 128 * 2) + 16 * 128 * 2
     assert tiles <= facts["shared"] < tiles + 1024, facts
-    # A step's three dots (gate, up, ones: m64n16k16 x 8 each; SUBTRACT: no ones), all
-    # waited for at once.
-    assert facts["wgmma"] == 8 * (2 if subtract else 3) and facts["waits"] == 1, facts
+    # A step's two dots (gate, up: m64n16k16 x 8 each; the zero points are off the
+    # operands, no ones-dot), both waited for at once.
+    assert facts["wgmma"] == 16 and facts["waits"] == 1, facts
     # The nibbles reach wgmma in registers: x's permuted tile is the only shared store in
     # the loop (a layout conversion of the weights through shared memory would add
     # dozens).
@@ -230,7 +214,7 @@ def test_calls_that_fit_it(monkeypatch):
     refused = [
         {"plan": {"out_dtype": torch.float32}},
         {"plan": {"dtype": torch.float32}},
-        {"plan": {"rows": runtime.HOPPER_INT4_MIN_ROWS - 1}},  # the GEMV's
+        {"plan": {"rows": runtime.HOPPER_INT4_MIN_ROWS - 1}},  # fewer than it takes
         {"plan": {"rows": int4_hopper.ROWS + 1}},  # the tiles'
         {"plan": {"interpreted": True}},
         {"plan": {"device": torch.device("cpu")}},
@@ -341,37 +325,26 @@ def test_module_calls_match_float64(m, k, n, scale_dtype, dtype, monkeypatch):
     "knobs, dtype",
     [
         ({"AHEAD": 1}, torch.bfloat16),
-        ({"AHEAD": 3}, torch.bfloat16),
-        ({"STAGES": 4}, torch.bfloat16),
-        ({"AHEAD": 3, "STAGES": 4, "REGISTERS": 80}, torch.bfloat16),
-        ({"AHEAD": 3, "STAGES": 4, "REGISTERS": 64}, torch.bfloat16),
-        ({"HELD": 1}, torch.bfloat16),
-        ({"HELD": 1}, torch.float16),  # fp16's base, 1024
-        ({"SUBTRACT": 1, "HELD": 1}, torch.bfloat16),
-        ({"SUBTRACT": 1}, torch.float16),
-        ({"SUBTRACT": 1, "HELD": 1, "PERMUTED_X": 1}, torch.bfloat16),
-        ({"PERMUTED_X": 1}, torch.float16),
+        ({"AHEAD": 6, "STAGES": 6}, torch.bfloat16),  # the defaults before 2026-12-07
+        ({"AHEAD": 6, "STAGES": 6}, torch.float16),
+        ({"STAGES": 2}, torch.bfloat16),
+        ({"REGISTERS": 96}, torch.bfloat16),
+        ({"AHEAD": 2, "STAGES": 2, "REGISTERS": 80}, torch.bfloat16),
     ],
     ids=[
         "ahead1",
-        "ahead3",
-        "stages4",
+        "ahead6-stages6",
+        "ahead6-stages6-fp16",
+        "stages2",
+        "registers96",
         "registers80",
-        "registers64",
-        "held",
-        "held-fp16",
-        "subtract-held",
-        "subtract-fp16",
-        "subtract-held-permuted",
-        "permuted-fp16",
     ],
 )
 @pytest.mark.parametrize("m, k, n", [(16, 4096, 4160), (3, 384, 200), (5, 128, 72)])
 def test_the_kernels_variants_match_float64(knobs, dtype, m, k, n):
-    """The variants int4_decode_rows.py times (scales loaded nearer or further ahead, fewer
-    slots, fewer registers for more programs an SM, the base's bits held in a register, the
-    zero points off the operands, x permuted by the launcher),
-    K of fewer groups than they look ahead (one group) included."""
+    """The variants int4_decode_rows.py times (scales loaded nearer or further ahead, more
+    or fewer slots, fewer registers for more programs an SM), K of fewer groups than they
+    look ahead (one group) included."""
     module = generated("llama_mlp_int4")
     x, wg, sg, zg, wu, su, zu = int4_call(m, k, n, device="cuda", dtype=dtype)
     want = module.reference(
@@ -387,7 +360,7 @@ def test_the_kernels_variants_match_float64(knobs, dtype, m, k, n):
 @needs_gluon
 def test_which_calls_take_it_on_the_gpu(monkeypatch):
     """With FUSEGEN_QUANT_HOPPER=1, from HOPPER_INT4_MIN_ROWS to ROWS rows of bf16 or fp16
-    x; a caller's config, a row more, one row and the default (until measured) take the
+    x; a caller's config, a row more, fewer rows and the default (until measured) take the
     `tl` kernel, which gives the same output within bf16's rounding; torch.compile's
     call takes the eager call's kernel."""
     monkeypatch.setenv("FUSEGEN_QUANT_HOPPER", "1")
@@ -413,14 +386,3 @@ def test_which_calls_take_it_on_the_gpu(monkeypatch):
     monkeypatch.delenv("FUSEGEN_QUANT_HOPPER")
     module.llama_mlp_int4(rows, *weights)
     assert (module.last_launch().get("path") == "hopper") == int4_hopper.DEFAULT
-
-
-def test_the_launchers_permutation_of_x_is_the_kernels():
-    """permuted_x (PERMUTED_X) moves K 32c + 8t + 4e + 2s + h to 32c + 16s + 8h + 2t + e,
-    where _permuted_x puts it in the kernel."""
-    x = torch.randn(3, 256)
-    want = torch.empty_like(x)
-    for k in range(256):
-        c, t, e, s, h = k // 32, k % 32 // 8, k % 8 // 4, k % 4 // 2, k % 2
-        want[:, 32 * c + 16 * s + 8 * h + 2 * t + e] = x[:, k]
-    assert torch.equal(int4_hopper.permuted_x(x), want)

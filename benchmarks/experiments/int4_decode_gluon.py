@@ -66,10 +66,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # The words variant's pieces are the runtime's kernel's (fusegen/runtime/int4_hopper.py).
 from fusegen.runtime.int4_hopper import (  # noqa: E402
-    _group_sums,
     _permuted_x,
     _row_quant,
     _word_floats,
+    _word_layout,
 )
 from gluon_pieces import (  # noqa: E402
     add_partials,
@@ -149,6 +149,13 @@ def _nibble_floats(packed, a_layout: gl.constexpr):
 
 
 @gluon.jit
+def _group_sums(p, ones_p, scale, zero, BASE: gl.constexpr):
+    """A group's part of the sums: scale * (sum (BASE + q) x - (BASE + zero) sum x), per
+    weight row (scale, zero: [rows] in the sums' row layout)."""
+    return scale[:, None] * (p - (BASE + zero.to(gl.float32))[:, None] * ones_p)
+
+
+@gluon.jit
 def _consume(descs, bufs, bars, ptrs, M, N, K, WORDS: gl.constexpr, AHEAD: gl.constexpr,
              num_warps: gl.constexpr):
     """The consumer warpgroup: each step's packed tiles into registers as wgmma's
@@ -190,6 +197,10 @@ def _consume(descs, bufs, bars, ptrs, M, N, K, WORDS: gl.constexpr, AHEAD: gl.co
     row_ok = rows < N
     where = (rows, rows, N, stride_s_n, stride_z_n)
     base_bits = 0x4300 * 0x00010001  # bf16's 128 in both halves: see _nibble_base
+    # The runtime's words are q - zero: with 128 + 0 subtracted they are q, and the
+    # ones-dot takes the zero points (the words variants as measured had no subtraction).
+    word_rows: gl.constexpr = gl.SliceLayout(1, _word_layout(BN, BK // 8))
+    no_zero = gl.full([BN], base_bits, gl.int32, layout=word_rows)
     acc_g = zero_acc
     acc_u = zero_acc
     last = first + steps - 1
@@ -204,8 +215,8 @@ def _consume(descs, bufs, bars, ptrs, M, N, K, WORDS: gl.constexpr, AHEAD: gl.co
         s = i % STAGES
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         if WORDS:
-            a_g = _word_floats(wg_bufs.index(s), base_bits, 0, a_layout, gl.bfloat16, False)
-            a_u = _word_floats(wu_bufs.index(s), base_bits, 0, a_layout, gl.bfloat16, False)
+            a_g = _word_floats(wg_bufs.index(s), base_bits, no_zero, a_layout, gl.bfloat16)
+            a_u = _word_floats(wu_bufs.index(s), base_bits, no_zero, a_layout, gl.bfloat16)
             _permuted_x(x_bufs.index(s), xp_smem)
             mbarrier.arrive(empty.index(s))  # the slot is in registers and xp_smem now
             xt = xp_smem.permute((1, 0))
@@ -223,8 +234,12 @@ def _consume(descs, bufs, bars, ptrs, M, N, K, WORDS: gl.constexpr, AHEAD: gl.co
         p_g, p_u, p_1, a_g, a_u = warpgroup_mma_wait(0, deps=(p_g, p_u, p_1, a_g, a_u))
         if not WORDS:
             mbarrier.arrive(empty.index(s))
-        acc_g += _group_sums(p_g, p_1, qg[0], qg[1])
-        acc_u += _group_sums(p_u, p_1, qu[0], qu[1])
+        if WORDS:  # operands q
+            acc_g += _group_sums(p_g, p_1, qg[0], qg[1], 0.0)
+            acc_u += _group_sums(p_u, p_1, qu[0], qu[1], 0.0)
+        else:  # operands 128 + q
+            acc_g += _group_sums(p_g, p_1, qg[0], qg[1], 128.0)
+            acc_u += _group_sums(p_u, p_1, qu[0], qu[1], 128.0)
         if AHEAD == 3:
             qg = qg1
             qu = qu1

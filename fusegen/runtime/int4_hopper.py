@@ -7,24 +7,24 @@ Why Gluon: at decode the weights' bytes are the cost, and the generated `tl` ker
 tiles at 16 rows stream them at 1.4 TB/s (45.3 us at 4096 -> 14336 x 2 on an H200), its
 loads latency-bound with the issue slots half idle. This kernel: 37.1 us [36.6-37.4]
 there (benchmarks/experiments/int4_decode_gluon.py, its "words s6" variant; at one row
-the generated GEMV stays ahead, 28.6 us against 35.9). Its schedule:
+the generated GEMV stayed ahead, 28.6 us against 35.9); with the zero points subtracted
+in the operands, the base bits held and 3 slots, 27.2 us at 16 rows and 26.5 at one
+(benchmarks/RESULTS.md, 2026-12-07), ahead of the GEMV too. Its schedule:
   - a program takes 64 rows of both weights (wgmma's M; out's columns) over all of K; a
     one-warp producer streams each 128-value K step (one scale group) of both weights'
     packed tiles ([64, 64] bytes) and x's [16, 128] tile through a ring of STAGES slots
     with TMA (rows of x past M read as zeros);
   - one consumer warpgroup reads each packed tile as 32-bit words (ldmatrix): a thread's
     word for each 32 of K holds nibbles K 8t .. 8t + 7, and one shift and one LOP3
-    ((w >> 4j) & 0x000F000F | 0x43004300) make an operand register of the bf16 floats
-    128 + q of nibbles j and j + 4 (fp16's 1024 + q: | 0x64006400), with no conversion
-    instruction. That pairs K values
+    ((w >> 4j) & 0x000F000F | 0x43004300) make a register of the bf16 pair 128 + q of
+    nibbles j and j + 4 (fp16's 1024 + q: | 0x64006400), with no conversion
+    instruction; one packed subtraction of the pair 128 + zero (sub.rn.bf16x2) makes it
+    the operand q - zero, exact in bf16 and fp16 (|q - zero| <= 15). That pairs K values
     wgmma's order does not, so K is permuted within each 32 for the weights and, through
     a shared buffer a step, for x: the dots' sums do not change;
-  - the dots run transposed (out.T = w @ x.T: x's rows are wgmma's N of 16); a third
-    dot, of ones against x's tile, gives each row's sum of x over the group, and a
-    group's sums are scale * (P - (128 + zero) * sum(x)): an FFMA or two an element of
-    the [64, 16] sums, not a subtraction a weight. 128 + q and 128 + zero are exact in
-    bf16 and fp32, and the products (128 + q) * x in fp32 (fp16's 1024 + q likewise:
-    11 bits times 11);
+  - the dots run transposed (out.T = w @ x.T: x's rows are wgmma's N of 16), two a
+    step (gate, up), and a group's sums times its scale are added to the accumulators:
+    one FFMA an element of the [64, 16] sums;
   - the epilogue takes silu(gate) * up and stores out's [M, 64] columns. No split of K:
     every output's sum has one order, so calls are deterministic.
 
@@ -45,16 +45,13 @@ if AVAILABLE:  # else (a Triton without Gluon) the `tl` kernel runs
     from .gluon_hopper import warpgroup_mma_wait
 
 # Weight rows a program (wgmma's M), x's rows at most (its N), K a step (a scale group),
-# the ring's slots (12 KB each), the launch's registers a thread (maxnreg; 128: two
+# the ring's slots (12 KB each; 3 ran 9% faster than 4, 5 or 6 and tied 2: 27.7 us
+# against 30.3 at 16 rows, H200), the launch's registers a thread (maxnreg; 128: two
 # programs an SM, the 4 + 1 warps allocated as 8, setmaxnreg then moving the producer's
-# warpgroup to 24 and the consumer to 232; 80 would make three programs an SM, 64 four,
-# with 4 slots: the consumer's 136 or 104 make ptxas serialize the wgmmas, and they ran
-# slower, see AHEAD).
-BLOCK_N, ROWS, GROUP, STAGES, REGISTERS = 64, 16, 128, 6, 128
-# The K steps ahead of its use a group's scales and zero points are loaded (global loads).
-# 16 x 4096 -> 14336 x 2, H100 (benchmarks/int4_decode_rows.py): 6 ahead 37.5 us
-# [37.3-37.5], 1 ahead 38.4, 3 ahead 39.0; 80 registers and 4 slots (three programs an SM)
-# 42.8, 64 (four) 47.4.
+# warpgroup to 24 and the consumer to 232; 96 ran 4% slower, 80 three times slower).
+BLOCK_N, ROWS, GROUP, STAGES, REGISTERS = 64, 16, 128, 3, 128
+# The K steps ahead of its use a group's scales and zero points are loaded (global loads):
+# 3 and 2 tie, 6 (the best before the subtraction and 3 slots) 2% slower (H200).
 #
 # What else was built and measured, and lost or tied (benchmarks/RESULTS.md, 2026-12-07;
 # the code is in git history, before "int4 Gluon SwiGLU: the variants that lost
@@ -62,24 +59,11 @@ BLOCK_N, ROWS, GROUP, STAGES, REGISTERS = 64, 16, 128, 6, 128
 # CUDA cores instead of the ones-dot (11%); a second consumer warpgroup on the odd K steps
 # (8% at 80 registers, 43% at 128); the next step's operands made while a step's dots run
 # (12%); two steps' loads issued together (a tie); the weights laid out as contiguous
-# 4 KB tiles a step (a tie). Neither the consumer's step nor the weights' access pattern
-# is what holds the kernel at 1.7 TB/s.
-AHEAD = 6
-# Whether the nibbles' float base bits are held in a register: a LOP3 takes one immediate,
-# so with both the mask and the base immediate ptxas makes the mask-and-OR two LOP3s an
-# operand register (64 of a step's ~384 instructions a thread); with the base a value it
-# cannot fold (N >> 31 is 0, but not to the compiler) it is one, as the generated GEMV
-# does (benchmarks/RESULTS.md, 2026-12-04).
-HELD = 0
-# Whether a group's zero point is taken off the weights' operand registers (BASE + q less
-# BASE + zero: q - zero, exact in bf16 and fp16, a subtraction per register pair) instead
-# of by the ones-dot (a third of a step's wgmmas, and its 32 operand registers remade each
-# step).
-SUBTRACT = 0
-# Whether x is permuted along K (as the weights' words pair K) by the launcher, one copy of
-# x a call (torch), so that TMA's tile is the dots' operand as it lands: no shared-memory
-# round trip, fence and barrier a step in the consumer.
-PERMUTED_X = 0
+# 4 KB tiles a step (a tie); x permuted along K by the launcher (a torch copy a call), so
+# that TMA's tile is the dots' operand with no shared round trip and barrier a step (5%
+# slower with the copy: "int4 Gluon SwiGLU: PERMUTED_X knob"). What holds it at 2.3 TB/s
+# of the 3.8 a read of its 61.5 MB reaches (H200): RESULTS.md's profile.
+AHEAD = 3
 # Whether calls that fit take the kernel without FUSEGEN_QUANT_HOPPER=1 (=0 turns it off):
 # its float64 tests passed on an H100, and it ran 1.2x the generated tiles from 4 to 16 rows.
 DEFAULT = True
@@ -127,9 +111,9 @@ if AVAILABLE:
 
     @gluon.constexpr_function
     def _nibble_base(dtype):
-        """(the bits of the float BASE in dtype, BASE): the float whose mantissa's last
-        bits a nibble q is OR-ed into, making BASE + q (bf16: 128, fp16: 1024)."""
-        return (0x6400, 1024.0) if str(dtype) == "fp16" else (0x4300, 128.0)
+        """The bits of the float BASE in dtype whose mantissa's last bits a nibble q is
+        OR-ed into, making BASE + q (bf16: 128, fp16: 1024)."""
+        return 0x6400 if str(dtype) == "fp16" else 0x4300
 
     @gluon.constexpr_function
     def _subtract_pair(dtype):
@@ -147,38 +131,37 @@ if AVAILABLE:
             warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[rows, words])
 
     @gluon.jit
-    def _pair(words, j: gl.constexpr, base_bits, zero_bits, dtype: gl.constexpr,
-              SUBTRACT: gl.constexpr):
-        """Nibbles j and j + 4 of each word as dtype's BASE + q, or with SUBTRACT q -
-        zero: [rows, words, 2] (base_bits: BASE's bits in both halves of an int32;
-        zero_bits: [rows] BASE + zero's likewise)."""
+    def _pair(words, j: gl.constexpr, base_bits, zero_bits, dtype: gl.constexpr):
+        """Nibbles j and j + 4 of each word as dtype's q - zero: [rows, words, 2]
+        (base_bits: BASE's bits in both halves of an int32; zero_bits: [rows] BASE +
+        zero's likewise). BASE + q less BASE + zero, on the packed pair so that it stays
+        one register (a subtraction of the two halves made 137 PRMTs a step)."""
         bits = ((words >> (4 * j)) & 0x000F000F) | base_bits
-        if SUBTRACT:  # on the packed pair, so that it stays one register
-            bits, zero_bits = gl.broadcast(bits, zero_bits[:, None])
-            bits = gl.inline_asm_elementwise(_subtract_pair(dtype), "=r,r,r", [bits, zero_bits],
-                                             dtype=gl.int32, is_pure=True, pack=1)
+        bits, zero_bits = gl.broadcast(bits, zero_bits[:, None])
+        bits = gl.inline_asm_elementwise(_subtract_pair(dtype), "=r,r,r", [bits, zero_bits],
+                                         dtype=gl.int32, is_pure=True, pack=1)
         lo = bits.to(gl.int16).to(dtype, bitcast=True)
         hi = (bits >> 16).to(gl.int16).to(dtype, bitcast=True)
         return gl.join(lo, hi)
 
     @gluon.jit
-    def _word_floats(packed, base_bits, zero_bits, a_layout: gl.constexpr, dtype: gl.constexpr,
-                     SUBTRACT: gl.constexpr):
-        """A [rows, K / 2] shared tile of bytes as [rows, K] dtype BASE + q in wgmma's
+    def _word_floats(packed, base_bits, zero_bits, a_layout: gl.constexpr, dtype: gl.constexpr):
+        """A [rows, K / 2] shared tile of bytes as [rows, K] dtype q - zero in wgmma's
         register-operand layout, K permuted within each 32 (as _permuted_x permutes x): a
         thread reads, for each 32 of K, one 32-bit word (8 nibbles: K 8t + p, p < 8) and
-        makes its four operand registers with one shift and one LOP3 each, pairing
-        nibbles j and j + 4. With j = 2s + h, the pair stands at K 16s + 8h + 2t + e (e:
-        0 low, 1 high) of the operand's order."""
+        makes its four operand registers with one shift, one LOP3 and one subtraction
+        each, pairing nibbles j and j + 4. With j = 2s + h, the pair stands at K 16s + 8h
+        + 2t + e (e: 0 low, 1 high) of the operand's order. base_bits, zero_bits: as
+        _pair's (zero_bits in the words' row layout, _word_layout's)."""
         R: gl.constexpr = packed.type.shape[0]
         KB: gl.constexpr = packed.type.shape[1]
         words = packed._reinterpret(gl.int32, [R, KB // 4], _words_layout(packed.type.layout))
         words = words.load(_word_layout(R, KB // 4))
         z = zero_bits
-        both = gl.join(gl.join(_pair(words, 0, base_bits, z, dtype, SUBTRACT),  # row, word,
-                               _pair(words, 1, base_bits, z, dtype, SUBTRACT)),  # e, h, s
-                       gl.join(_pair(words, 2, base_bits, z, dtype, SUBTRACT),
-                               _pair(words, 3, base_bits, z, dtype, SUBTRACT)))
+        both = gl.join(gl.join(_pair(words, 0, base_bits, z, dtype),  # row, word, e, h, s
+                               _pair(words, 1, base_bits, z, dtype)),
+                       gl.join(_pair(words, 2, base_bits, z, dtype),
+                               _pair(words, 3, base_bits, z, dtype)))
         both = gl.reshape(both, [R, KB // 16, 4, 2, 2, 2])  # row, c, t, e, h, s
         both = gl.reshape(gl.permute(both, (0, 1, 5, 4, 2, 3)), [R, 2 * KB])  # c, s, h, t, e
         return gl.convert_layout(both, a_layout)
@@ -200,12 +183,6 @@ if AVAILABLE:
         gl.thread_barrier()
 
     @gluon.jit
-    def _group_sums(p, ones_p, scale, zero, BASE: gl.constexpr = 128.0):
-        """A group's part of the sums: scale * (sum (BASE + q) x - (BASE + zero) sum x),
-        per weight row (scale, zero: [rows] in the sums' row layout)."""
-        return scale[:, None] * (p - (BASE + zero.to(gl.float32))[:, None] * ones_p)
-
-    @gluon.jit
     def _row_quant(s_ptr, z_ptr, where, group):
         """Group `group`'s scales (fp32) and zero points (int32) of these weight rows;
         where: (rows, the same rows in the zero points' layout, N, the strides)."""
@@ -215,12 +192,11 @@ if AVAILABLE:
         return scale.to(gl.float32), zero.to(gl.int32)
 
     @gluon.jit
-    def _consume(descs, bufs, ptrs, M, N, K, AHEAD: gl.constexpr, HELD: gl.constexpr,
-                 SUBTRACT: gl.constexpr, PERMUTED_X: gl.constexpr, num_warps: gl.constexpr):
+    def _consume(descs, bufs, ptrs, M, N, K, AHEAD: gl.constexpr, num_warps: gl.constexpr):
         """The consumer warpgroup: each step's packed tiles into registers as wgmma's
-        operand, three dots (gate, up, ones) against x's permuted tile transposed, the
-        group's scales and zero points (loaded AHEAD steps before) applied to the sums;
-        then out's columns."""
+        operand q - zero, two dots (gate, up) against x's permuted tile transposed, the
+        group's scales (loaded AHEAD steps before, with the zero points) applied to the
+        sums; then out's columns."""
         wg_desc, wu_desc, x_desc = descs
         wg_bufs, wu_bufs, x_bufs, ready, empty, xp_smem = bufs
         sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, stride_s_n, stride_z_n, stride_out_m = ptrs
@@ -234,22 +210,20 @@ if AVAILABLE:
                                                      k_width=2)
         row_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
         dtype: gl.constexpr = x_desc.dtype
-        BITS: gl.constexpr = _nibble_base(dtype)[0]
-        BASE: gl.constexpr = _nibble_base(dtype)[1]
-        if HELD:  # see HELD
-            base_bits = (N >> 31) | (BITS * 0x00010001)
-        else:
-            base_bits = BITS * 0x00010001
-        ones = gl.full([BN, BK], 1.0, dtype, layout=a_layout)
+        BITS: gl.constexpr = _nibble_base(dtype)
+        # BASE's bits in both halves, held in a register: a LOP3 takes one immediate, so
+        # with both the mask and the base immediate ptxas makes the mask-and-OR two LOP3s
+        # an operand register; with the base a value it cannot fold (N >> 31 is 0, but not
+        # to the compiler) one, as the generated GEMV does (377 -> 314 SASS instructions a
+        # thread a step, 13% faster).
+        base_bits = (N >> 31) | (BITS * 0x00010001)
         zero_acc = gl.zeros([BN, R], gl.float32, layout=acc_layout)
         steps = K // BK
         rows = gl.program_id(0) * BN + gl.arange(0, BN, layout=row_layout)  # out's columns
         row_ok = rows < N
-        if SUBTRACT:  # the zero points where _word_floats's words are
-            zero_layout: gl.constexpr = gl.SliceLayout(1, _word_layout(BN, BK // 8))
-            zero_rows = gl.program_id(0) * BN + gl.arange(0, BN, layout=zero_layout)
-        else:
-            zero_rows = rows
+        # The zero points where _word_floats's words are.
+        zero_layout: gl.constexpr = gl.SliceLayout(1, _word_layout(BN, BK // 8))
+        zero_rows = gl.program_id(0) * BN + gl.arange(0, BN, layout=zero_layout)
         where = (rows, zero_rows, N, stride_s_n, stride_z_n)
         acc_g = zero_acc
         acc_u = zero_acc
@@ -264,37 +238,22 @@ if AVAILABLE:
         for i in range(steps):
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            # BASE + zero's bits in both halves (SUBTRACT; else unused)
+            # BASE + zero's bits in both halves
             a_g = _word_floats(wg_bufs.index(s), base_bits, base_bits | (qg[0][1] * 0x00010001),
-                               a_layout, dtype, SUBTRACT)
+                               a_layout, dtype)
             a_u = _word_floats(wu_bufs.index(s), base_bits, base_bits | (qu[0][1] * 0x00010001),
-                               a_layout, dtype, SUBTRACT)
-            if PERMUTED_X:  # see PERMUTED_X: x's tile is the dots' operand as it came
-                xt = x_bufs.index(s).permute((1, 0))
-            else:
-                _permuted_x(x_bufs.index(s), xp_smem)
-                mbarrier.arrive(empty.index(s))  # the slot is in registers and xp_smem now
-            if SUBTRACT:  # see SUBTRACT
-                p_g = warpgroup_mma(a_g, xt, zero_acc, use_acc=False, is_async=True)
-                p_u = warpgroup_mma(a_u, xt, zero_acc, use_acc=False, is_async=True)
-            else:
-                p_g = warpgroup_mma(a_g, xt, zero_acc, use_acc=False, is_async=True)
-                p_u = warpgroup_mma(a_u, xt, zero_acc, use_acc=False, is_async=True)
-                p_1 = warpgroup_mma(ones, xt, zero_acc, use_acc=False, is_async=True)
+                               a_layout, dtype)
+            _permuted_x(x_bufs.index(s), xp_smem)
+            mbarrier.arrive(empty.index(s))  # the slot is in registers and xp_smem now
+            p_g = warpgroup_mma(a_g, xt, zero_acc, use_acc=False, is_async=True)
+            p_u = warpgroup_mma(a_u, xt, zero_acc, use_acc=False, is_async=True)
             # The scales and zero points AHEAD steps on load while the dots run.
             group = gl.minimum(i + AHEAD, steps - 1)
             qg_n = _row_quant(sg_ptr, zg_ptr, where, group)
             qu_n = _row_quant(su_ptr, zu_ptr, where, group)
-            if SUBTRACT:
-                p_g, p_u, a_g, a_u = warpgroup_mma_wait(0, deps=(p_g, p_u, a_g, a_u))
-                acc_g += qg[0][0][:, None] * p_g
-                acc_u += qu[0][0][:, None] * p_u
-            else:
-                p_g, p_u, p_1, a_g, a_u = warpgroup_mma_wait(0, deps=(p_g, p_u, p_1, a_g, a_u))
-                acc_g += _group_sums(p_g, p_1, qg[0][0], qg[0][1], BASE)
-                acc_u += _group_sums(p_u, p_1, qu[0][0], qu[0][1], BASE)
-            if PERMUTED_X:
-                mbarrier.arrive(empty.index(s))  # the dots are done with x's tile
+            p_g, p_u, a_g, a_u = warpgroup_mma_wait(0, deps=(p_g, p_u, a_g, a_u))
+            acc_g += qg[0][0][:, None] * p_g
+            acc_u += qu[0][0][:, None] * p_u
             qg = qg[1:] + (qg_n,)
             qu = qu[1:] + (qu_n,)
         cols = gl.arange(0, R, layout=gl.SliceLayout(0, acc_layout))  # x's rows
@@ -306,8 +265,7 @@ if AVAILABLE:
     @gluon.jit
     def _int4_swiglu(wg_desc, wu_desc, x_desc, sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, M, N,
                      K, stride_s_n, stride_z_n, stride_out_m, STAGES: gl.constexpr,
-                     AHEAD: gl.constexpr, HELD: gl.constexpr, SUBTRACT: gl.constexpr,
-                     PERMUTED_X: gl.constexpr, num_warps: gl.constexpr):
+                     AHEAD: gl.constexpr, num_warps: gl.constexpr):
         """out [M, N] (M <= 16) over programs of 64 weight rows (the module docstring's
         schedule); the weights packed [N, K / 2] in tiles of [64, 64] bytes, x [M, K] in
         tiles of [16, 128]; scales and zero points [N, K / 128], both weights' with the
@@ -330,31 +288,20 @@ if AVAILABLE:
         bufs = (wg_bufs, wu_bufs, x_bufs, ready, empty, xp_smem)
         ptrs = (sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, stride_s_n, stride_z_n, stride_out_m)
         gl.warp_specialize([
-            (_consume, (descs, bufs, ptrs, M, N, K, AHEAD, HELD, SUBTRACT, PERMUTED_X,
-                        num_warps)),
+            (_consume, (descs, bufs, ptrs, M, N, K, AHEAD, num_warps)),
             (_produce, (descs, bufs, M, N, K, num_warps)),
         ], [1], [24])
     # fmt: on
-
-
-def permuted_x(x):
-    """x [M, K] with K permuted within each 32 as _permuted_x does in the kernel (K 32c + 8t
-    + 4e + 2s + h to 32c + 16s + 8h + 2t + e), contiguous."""
-    m, k = x.shape
-    return x.reshape(m, k // 32, 2, 2, 2, 2, 2).permute(0, 1, 5, 6, 2, 3, 4).reshape(m, k)
 
 
 def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, **knobs):
     """out = silu(x @ wg.T) * (x @ wu.T), x [M, K] bf16 or fp16 (M <= ROWS), the weights packed
     int4 [N, K / 2] uint8 dequantized as (q - zero) * scale by their scales sg, su and
     zero points zg, zu [N, K / 128]; out [M, N] bf16 or fp16. launches: the
-    launch.Described its caller keeps for calls like this one; knobs: AHEAD, STAGES,
-    REGISTERS, HELD, SUBTRACT and PERMUTED_X by other values (what
-    benchmarks/int4_decode_rows.py varies). Returns the compiled kernel."""
-    shipped = {"AHEAD": AHEAD, "STAGES": STAGES, "REGISTERS": REGISTERS, "HELD": HELD}
-    knobs = shipped | {"SUBTRACT": SUBTRACT, "PERMUTED_X": PERMUTED_X} | knobs
-    if knobs["PERMUTED_X"]:
-        x = permuted_x(x)
+    launch.Described its caller keeps for calls like this one; knobs: AHEAD, STAGES and
+    REGISTERS by other values (what benchmarks/int4_decode_rows.py varies). Returns the
+    compiled kernel."""
+    knobs = {"AHEAD": AHEAD, "STAGES": STAGES, "REGISTERS": REGISTERS} | knobs
 
     def first():
         m, k = x.shape
@@ -368,9 +315,6 @@ def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, **knobs):
         meta = {
             "STAGES": knobs["STAGES"],
             "AHEAD": knobs["AHEAD"],
-            "HELD": knobs["HELD"],
-            "SUBTRACT": knobs["SUBTRACT"],
-            "PERMUTED_X": knobs["PERMUTED_X"],
             "num_warps": 4,
             "maxnreg": knobs["REGISTERS"],
         }

@@ -63,10 +63,11 @@ HOPPER_MIN_ROWS = 256
 # with smaller tiles.
 HOPPER_MIN_WAVES = 2
 # The fewest rows a call may have to run int4_hopper's Gluon kernel (it takes up to
-# int4_hopper.ROWS): at one row the generated GEMV ran 28.6 us against its 35.9 (4096 ->
-# 14336 x 2, H200; H100 30.8 against 36.9); at 4 rows 37.3 against the tiles' 44.1, at
-# 16 37.5 against 44.8 (H100). 2 rows unmeasured (the tiles' 16 rows run at any count).
-HOPPER_INT4_MIN_ROWS = 2
+# int4_hopper.ROWS): at one row it ran 26.5 us against the generated GEMV's 28.5 (4096 ->
+# 14336 x 2, H200, benchmarks/int4_decode_rows.py), at 16 rows 27.2 against the tiles'
+# 44.5. (Before its operands took the zero points, at one row the GEMV was ahead: 28.6
+# against 35.9.)
+HOPPER_INT4_MIN_ROWS = 1
 
 
 def cdiv(a, b):
