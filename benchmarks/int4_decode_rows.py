@@ -11,7 +11,7 @@ wins its knobs.
 
     python3 -m fusegen build specs/quantized.yaml benchmarks/specs/anchors.yaml --out FOLDER
     python3 benchmarks/int4_decode_rows.py --built FOLDER [--rows 1 2 4 8 16] [--k 4096]
-        [--n 14336] [--dtype bf16|fp16] [--variants AHEAD=6,STAGES=6 STAGES=2]
+        [--n 14336] [--dtype bf16|fp16] [--variants PERMUTE_ROWS=4 X_ROWS=8]
         [--rounds 5]
 
 --dtype: x's, the output's and the bf16 chain's (fp16: AWQ's own, the scales too).
@@ -30,7 +30,7 @@ from quantized_chains import copies_for, int4_weights, load, max_error, table, t
 
 GROUP = 128
 # int4_hopper's knobs this script varies.
-KNOBS = ("AHEAD", "STAGES", "REGISTERS")
+KNOBS = ("AHEAD", "STAGES", "REGISTERS", "PERMUTE_ROWS", "X_ROWS")
 
 
 def main() -> None:
@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument(
         "--variants",
         nargs="*",
-        default=["AHEAD=6,STAGES=6", "STAGES=2"],
+        default=["PERMUTE_ROWS=4", "X_ROWS=8", "PERMUTE_ROWS=4,X_ROWS=8"],
         help="KNOB=VALUE,... (int4_hopper's knobs: " + ", ".join(KNOBS) + ")",
     )
     parser.add_argument("--rounds", type=int, default=5)
@@ -127,7 +127,10 @@ def parsed(variant: str) -> dict:
 
 
 def described(knob: dict) -> str:
-    return f"ahead {knob['AHEAD']} s{knob['STAGES']} r{knob['REGISTERS']}"
+    return (
+        f"ahead {knob['AHEAD']} s{knob['STAGES']} r{knob['REGISTERS']}"
+        f" permute {knob['PERMUTE_ROWS']} x {knob['X_ROWS']}"
+    )
 
 
 if __name__ == "__main__":

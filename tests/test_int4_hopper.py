@@ -40,7 +40,8 @@ from fusegen.runtime import int4_hopper as ih, quant_hopper as qh
 w = torch.empty(256, 256, dtype=torch.uint8)
 x = torch.empty(16, 512, dtype=getattr(torch, sys.argv[3]))
 tile = [ih.BLOCK_N, ih.GROUP // 2]
-descs = (qh.descriptor(w, tile), qh.descriptor(w, tile), qh.descriptor(x, [ih.ROWS, ih.GROUP]))
+x_rows = int(sys.argv[8])
+descs = (qh.descriptor(w, tile), qh.descriptor(w, tile), qh.descriptor(x, [x_rows, ih.GROUP]))
 kernel = ih._int4_swiglu
 names = [p.name for p in kernel.params]
 types = {n: "i32" for n in names}
@@ -49,7 +50,8 @@ for n, d in zip(names, descs):
 types |= {"sg_ptr": sys.argv[1], "su_ptr": sys.argv[1], "zg_ptr": "*u8", "zu_ptr": "*u8"}
 types["out_ptr"] = sys.argv[2]
 stages, registers = int(sys.argv[5]), int(sys.argv[6])
-meta = {"STAGES": stages, "AHEAD": int(sys.argv[4]), "num_warps": 4}
+meta = {"STAGES": stages, "AHEAD": int(sys.argv[4]), "PERMUTE_ROWS": int(sys.argv[7]),
+        "num_warps": 4}
 types |= {n: "constexpr" for n in meta}
 constants = {(names.index(n),): v for n, v in meta.items()}
 options = {"num_warps": 4, "maxnreg": registers}
@@ -71,24 +73,37 @@ print(json.dumps({"shared": compiled.metadata.shared, "warps": compiled.metadata
                   "spills": int(re.search(r"(\\d+) bytes spill stores", report)[1])}))
 """
 
-# The knobs the runtime ships (AHEAD, STAGES, REGISTERS).
-SHIPPED = (int4_hopper.AHEAD, int4_hopper.STAGES, int4_hopper.REGISTERS)
+# The knobs the runtime ships (AHEAD, STAGES, REGISTERS, PERMUTE_ROWS, X_ROWS).
+SHIPPED = (
+    int4_hopper.AHEAD,
+    int4_hopper.STAGES,
+    int4_hopper.REGISTERS,
+    int4_hopper.PERMUTE_ROWS,
+    int4_hopper.X_ROWS,
+)
 
 
 @needs_gluon
 @pytest.mark.parametrize(
-    "scales, out, x, ahead, stages, registers",
+    "scales, out, x, ahead, stages, registers, permute_rows, x_rows",
     [
         ("*bf16", "*bf16", "bfloat16", *SHIPPED),
         ("*fp32", "*fp16", "float16", *SHIPPED),
-        # A variant int4_decode_rows.py times (those measured slower, fewer registers for
-        # more programs an SM, are left to the GPU test): 6 slots, 6 groups ahead.
-        ("*bf16", "*bf16", "bfloat16", 6, 6, int4_hopper.REGISTERS),
+        # Variants int4_decode_rows.py times (those measured slower, fewer registers for
+        # more programs an SM, are left to the GPU test): 6 slots, 6 groups ahead; x's
+        # permute 4 rows a warp; x's tile of 8 rows (calls of up to 8).
+        ("*bf16", "*bf16", "bfloat16", 6, 6, *SHIPPED[2:]),
+        ("*bf16", "*bf16", "bfloat16", *SHIPPED[:3], 4, 16),
+        ("*fp32", "*fp16", "float16", *SHIPPED[:3], 2, 8),
+        ("*bf16", "*bf16", "bfloat16", *SHIPPED[:3], 4, 8),
     ],
 )
-def test_the_kernel_compiles_for_sm90_without_spills(scales, out, x, ahead, stages, registers):
+def test_the_kernel_compiles_for_sm90_without_spills(
+    scales, out, x, ahead, stages, registers, permute_rows, x_rows
+):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    args = [scales, out, x, str(ahead), str(stages), str(registers)]
+    args = [scales, out, x, str(ahead), str(stages), str(registers), str(permute_rows)]
+    args.append(str(x_rows))
     done = subprocess.run(
         [sys.executable, "-c", SM90_COMPILE, *args],
         env=env,
@@ -99,11 +114,11 @@ def test_the_kernel_compiles_for_sm90_without_spills(scales, out, x, ahead, stag
     )
     assert done.returncode == 0, done.stderr[-3000:]
     facts = json.loads(done.stdout.strip().splitlines()[-1])
-    # The ring's slots of both weights' packed tiles [64, 64] bytes and x's [16, 128] bf16,
-    # x's permuted tile, + barriers.
-    tiles = stages * (2 * 64 * 64 + 16 * 128 * 2) + 16 * 128 * 2
+    # The ring's slots of both weights' packed tiles [64, 64] bytes and x's [x_rows, 128]
+    # bf16, x's permuted tile, + barriers.
+    tiles = stages * (2 * 64 * 64 + x_rows * 128 * 2) + x_rows * 128 * 2
     assert tiles <= facts["shared"] < tiles + 1024, facts
-    # A step's two dots (gate, up: m64n16k16 x 8 each; the zero points are off the
+    # A step's two dots (gate, up: m64nXk16 x 8 each; the zero points are off the
     # operands, no ones-dot), both waited for at once.
     assert facts["wgmma"] == 16 and facts["waits"] == 1, facts
     # The nibbles reach wgmma in registers: x's permuted tile is the only shared store in
@@ -330,6 +345,9 @@ def test_module_calls_match_float64(m, k, n, scale_dtype, dtype, monkeypatch):
         ({"STAGES": 2}, torch.bfloat16),
         ({"REGISTERS": 96}, torch.bfloat16),
         ({"AHEAD": 2, "STAGES": 2, "REGISTERS": 80}, torch.bfloat16),
+        ({"PERMUTE_ROWS": 4}, torch.bfloat16),
+        ({"X_ROWS": 8}, torch.bfloat16),  # the 3- and 5-row calls; 16 rows keep 16
+        ({"X_ROWS": 8, "PERMUTE_ROWS": 4}, torch.float16),
     ],
     ids=[
         "ahead1",
@@ -338,13 +356,16 @@ def test_module_calls_match_float64(m, k, n, scale_dtype, dtype, monkeypatch):
         "stages2",
         "registers96",
         "registers80",
+        "permute-rows4",
+        "x-rows8",
+        "x-rows8-permute-rows4-fp16",
     ],
 )
 @pytest.mark.parametrize("m, k, n", [(16, 4096, 4160), (3, 384, 200), (5, 128, 72)])
 def test_the_kernels_variants_match_float64(knobs, dtype, m, k, n):
     """The variants int4_decode_rows.py times (scales loaded nearer or further ahead, more
-    or fewer slots, fewer registers for more programs an SM), K of fewer groups than they
-    look ahead (one group) included."""
+    or fewer slots, fewer registers for more programs an SM, x's permute 4 rows a warp,
+    x's tile of 8 rows), K of fewer groups than they look ahead (one group) included."""
     module = generated("llama_mlp_int4")
     x, wg, sg, zg, wu, su, zu = int4_call(m, k, n, device="cuda", dtype=dtype)
     want = module.reference(

@@ -217,7 +217,7 @@ def _consume(descs, bufs, bars, ptrs, M, N, K, WORDS: gl.constexpr, AHEAD: gl.co
         if WORDS:
             a_g = _word_floats(wg_bufs.index(s), base_bits, no_zero, a_layout, gl.bfloat16)
             a_u = _word_floats(wu_bufs.index(s), base_bits, no_zero, a_layout, gl.bfloat16)
-            _permuted_x(x_bufs.index(s), xp_smem)
+            _permuted_x(x_bufs.index(s), xp_smem, 2)
             mbarrier.arrive(empty.index(s))  # the slot is in registers and xp_smem now
             xt = xp_smem.permute((1, 0))
         else:

@@ -66,6 +66,16 @@ BLOCK_N, ROWS, GROUP, STAGES, REGISTERS = 64, 16, 128, 3, 128
 # slower with the copy: "int4 Gluon SwiGLU: PERMUTED_X knob"). What holds it at 2.3 TB/s
 # of the 3.8 a read of its 61.5 MB reaches (H200): RESULTS.md's profile.
 AHEAD = 3
+# x's rows a warp permutes at once (_permuted_x): with 2, a warp's 16 threads along K span
+# both 128-byte halves of x's swizzled tile, and each shared store meets a 2-way bank
+# conflict (Nsight Compute: 52% of the stores' wavefronts, H200); with 4 a warp's stores
+# fall in one half, on 32 banks. Built without a GPU (the same SASS but for 8 fewer
+# instructions); 2 until timed.
+PERMUTE_ROWS = 2
+# The rows of x's tile (wgmma's N) for calls of up to 8 rows: 16, or 8 (half of x's bytes
+# a step, its permute and the dots' N; the step's loop 316 -> 305 SASS instructions a
+# thread). Built without a GPU; 16 until timed.
+X_ROWS = 16
 # Whether calls that fit take the kernel without FUSEGEN_QUANT_HOPPER=1 (=0 turns it off):
 # its float64 tests passed on an H100, and it ran 1.2x the generated tiles from 4 to 16 rows.
 DEFAULT = True
@@ -169,15 +179,18 @@ if AVAILABLE:
         return gl.convert_layout(both, a_layout)
 
     @gluon.jit
-    def _permuted_x(x_smem, xp_smem):
+    def _permuted_x(x_smem, xp_smem, ROWS_A_WARP: gl.constexpr):
         """x's [rows, K] tile into xp_smem with K permuted within each 32 as _word_floats
-        orders the weights: K 32c + 8t + 4e + 2s + h to 32c + 16s + 8h + 2t + e. Every
-        thread's stores are made visible to wgmma before it returns."""
+        orders the weights: K 32c + 8t + 4e + 2s + h to 32c + 16s + 8h + 2t + e, a warp
+        ROWS_A_WARP rows at once (PERMUTE_ROWS). Every thread's stores are made visible
+        to wgmma before it returns."""
         R: gl.constexpr = x_smem.type.shape[0]
         BK: gl.constexpr = x_smem.type.shape[1]
+        warp_rows: gl.constexpr = min(4, R // ROWS_A_WARP)  # the warps over R, then K
         layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8],
-                                                threads_per_warp=[2, 16],
-                                                warps_per_cta=[4, 1], order=[1, 0])
+                                                threads_per_warp=[ROWS_A_WARP, 32 // ROWS_A_WARP],
+                                                warps_per_cta=[warp_rows, 4 // warp_rows],
+                                                order=[1, 0])
         x = gl.reshape(x_smem.load(layout), [R, BK // 32, 2, 2, 2, 2, 2])  # row, c, t1, t0, e, s, h
         x = gl.reshape(gl.permute(x, (0, 1, 5, 6, 2, 3, 4)), [R, BK])  # c, s, h, t1, t0, e
         xp_smem.store(x)
@@ -194,7 +207,8 @@ if AVAILABLE:
         return scale.to(gl.float32), zero.to(gl.int32)
 
     @gluon.jit
-    def _consume(descs, bufs, ptrs, M, N, K, AHEAD: gl.constexpr, num_warps: gl.constexpr):
+    def _consume(descs, bufs, ptrs, M, N, K, AHEAD: gl.constexpr, PERMUTE_ROWS: gl.constexpr,
+                 num_warps: gl.constexpr):
         """The consumer warpgroup: each step's packed tiles into registers as wgmma's
         operand q - zero, two dots (gate, up) against x's permuted tile transposed, the
         group's scales (loaded AHEAD steps before, with the zero points) applied to the
@@ -245,7 +259,7 @@ if AVAILABLE:
                                a_layout, dtype)
             a_u = _word_floats(wu_bufs.index(s), base_bits, base_bits | (qu[0][1] * 0x00010001),
                                a_layout, dtype)
-            _permuted_x(x_bufs.index(s), xp_smem)
+            _permuted_x(x_bufs.index(s), xp_smem, PERMUTE_ROWS)
             mbarrier.arrive(empty.index(s))  # the slot is in registers and xp_smem now
             p_g = warpgroup_mma(a_g, xt, zero_acc, use_acc=False, is_async=True)
             p_u = warpgroup_mma(a_u, xt, zero_acc, use_acc=False, is_async=True)
@@ -267,7 +281,7 @@ if AVAILABLE:
     @gluon.jit
     def _int4_swiglu(wg_desc, wu_desc, x_desc, sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, M, N,
                      K, stride_s_n, stride_z_n, stride_out_m, STAGES: gl.constexpr,
-                     AHEAD: gl.constexpr, num_warps: gl.constexpr):
+                     AHEAD: gl.constexpr, PERMUTE_ROWS: gl.constexpr, num_warps: gl.constexpr):
         """out [M, N] (M <= 16) over programs of 64 weight rows (the module docstring's
         schedule); the weights packed [N, K / 2] in tiles of [64, 64] bytes, x [M, K] in
         tiles of [16, 128]; scales and zero points [N, K / 128], both weights' with the
@@ -290,7 +304,7 @@ if AVAILABLE:
         bufs = (wg_bufs, wu_bufs, x_bufs, ready, empty, xp_smem)
         ptrs = (sg_ptr, zg_ptr, su_ptr, zu_ptr, out_ptr, stride_s_n, stride_z_n, stride_out_m)
         gl.warp_specialize([
-            (_consume, (descs, bufs, ptrs, M, N, K, AHEAD, num_warps)),
+            (_consume, (descs, bufs, ptrs, M, N, K, AHEAD, PERMUTE_ROWS, num_warps)),
             (_produce, (descs, bufs, M, N, K, num_warps)),
         ], [1], [24])
     # fmt: on
@@ -300,23 +314,26 @@ def int4_swiglu(x, wg, sg, zg, wu, su, zu, out, launches=None, **knobs):
     """out = silu(x @ wg.T) * (x @ wu.T), x [M, K] bf16 or fp16 (M <= ROWS), the weights packed
     int4 [N, K / 2] uint8 dequantized as (q - zero) * scale by their scales sg, su and
     zero points zg, zu [N, K / 128]; out [M, N] bf16 or fp16. launches: the
-    launch.Described its caller keeps for calls like this one; knobs: AHEAD, STAGES and
-    REGISTERS by other values (what benchmarks/int4_decode_rows.py varies). Returns the
-    compiled kernel."""
-    knobs = {"AHEAD": AHEAD, "STAGES": STAGES, "REGISTERS": REGISTERS} | knobs
+    launch.Described its caller keeps for calls like this one; knobs: AHEAD, STAGES,
+    REGISTERS, PERMUTE_ROWS and X_ROWS by other values (what
+    benchmarks/int4_decode_rows.py varies). Returns the compiled kernel."""
+    shipped = {"AHEAD": AHEAD, "STAGES": STAGES, "REGISTERS": REGISTERS}
+    knobs = shipped | {"PERMUTE_ROWS": PERMUTE_ROWS, "X_ROWS": X_ROWS} | knobs
 
     def first():
         m, k = x.shape
         n = wg.shape[0]
+        x_rows = 8 if knobs["X_ROWS"] == 8 and m <= 8 else ROWS
         descs = (
             quant_hopper.descriptor(wg, [BLOCK_N, GROUP // 2]),
             quant_hopper.descriptor(wu, [BLOCK_N, GROUP // 2]),
-            quant_hopper.descriptor(x, [ROWS, GROUP]),
+            quant_hopper.descriptor(x, [x_rows, GROUP]),
         )
         scalars = (m, n, k, sg.stride(0), zg.stride(0), out.stride(0))
         meta = {
             "STAGES": knobs["STAGES"],
             "AHEAD": knobs["AHEAD"],
+            "PERMUTE_ROWS": knobs["PERMUTE_ROWS"],
             "num_warps": 4,
             "maxnreg": knobs["REGISTERS"],
         }
