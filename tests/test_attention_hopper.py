@@ -47,9 +47,6 @@ options = {"num_warps": 4, **({"maxnreg": meta.pop("maxnreg")} if "maxnreg" in m
 descs, split = ah.tile_args(q, q, v, v, (256, 256), q_rows, meta.pop("KV_ROWS", module.BLOCK_N))
 meta |= split
 names = [p.name for p in kernel.params]
-if "dq_desc" in names:  # the dk/dv kernel's: dq's fp32 tiles where it adds dq, else unused
-    dq = torch.empty(256, dim, dtype=torch.float32)
-    descs.append(module.dq_descriptor(dq, 256) if meta.get("FUSED_DQ") else descs[6])
 types = {name: "i32" for name in names}
 for name, desc in zip(names, descs):
     types[name] = triton.runtime.jit.mangle_type(desc)

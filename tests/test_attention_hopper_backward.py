@@ -37,10 +37,6 @@ from test_attention_hopper import (
         ("_attention_dq", 128, 128, True, 4, {"DELTA": True}),
         ("_attention_dq", 96, 96, False, 1, {"DELTA": True}),
         ("_attention_dq", 192, 128, True, 1, {"DELTA": True, "ALIBI": 8}),
-        # dq added by the dk/dv kernel (fused_dq), its dK's operand from shared memory and
-        # from registers.
-        ("_attention_dkdv", 128, 128, True, 4, {"FUSED_DQ": 1}),
-        ("_attention_dkdv", 128, 128, False, 1, {"FUSED_DQ": 2, "ALIBI": 8}),
     ],
 )
 def test_the_kernels_compile_for_sm90_within_shared_memory(kernel, dim, dv, causal, group, masks):
@@ -49,7 +45,7 @@ def test_the_kernels_compile_for_sm90_within_shared_memory(kernel, dim, dv, caus
     rows = 64
     if kernel == "_attention_dkdv":
         rows = attention_hopper_backward.dkdv_rows(dim)
-        meta |= {"PAIRED_DOTS": True, "Q_ROWS": rows, "FUSED_DQ": 0}
+        meta |= {"PAIRED_DOTS": True, "Q_ROWS": rows}
     else:
         meta["DELTA"] = False
     meta |= masks
@@ -57,11 +53,8 @@ def test_the_kernels_compile_for_sm90_within_shared_memory(kernel, dim, dv, caus
         "attention_hopper_backward", kernel, dim, "float16", meta, dv=dv
     )
     # Two streamed stages of a tile of q and one of d_out (or of K and V), and the two
-    # consumers' own pair of tiles, + barriers; where the dk/dv kernel adds dq, two
-    # blocks' dS^T of each consumer and each one's fp32 half of a dq tile.
+    # consumers' own pair of tiles, + barriers.
     tiles = 2 * rows * (dim + dv) * 2 + 2 * 64 * (dim + dv) * 2
-    if meta.get("FUSED_DQ"):
-        tiles += 2 * 2 * 64 * rows * 2 + 2 * rows * dim // 2 * 4
     assert tiles <= shared < tiles + 1024
     assert wgmma
 
@@ -144,44 +137,6 @@ def test_dq_dk_dv_match_float64(
 
 @on_hopper
 @needs_gluon
-@pytest.mark.parametrize("fused_dq", [1, 2])
-@pytest.mark.parametrize(
-    "layout, causal, batch, heads, kv_heads, sq, skv, dtype, masks",
-    [
-        ("bhsd", True, 2, 4, 4, 512, 512, torch.bfloat16, {}),
-        ("bshd", True, 2, 8, 2, 300, 300, torch.bfloat16, {}),  # GQA, a ragged last block
-        ("bshd", False, 1, 4, 1, 200, 333, torch.float16, {}),  # MQA, more keys than queries
-        ("bhsd", False, 3, 2, 2, 129, 130, torch.bfloat16, {}),
-        ("bhsd", True, 2, 8, 8, 512, 512, torch.bfloat16, {"alibi": True}),
-        ("bhsd", True, 2, 8, 2, 1024, 1024, torch.bfloat16, {"window": 256}),
-        ("bshd", True, 1, 8, 8, 640, 640, torch.float16, {"alibi": True, "window": 200}),
-    ],
-)
-def test_dq_added_by_the_dkdv_kernel_matches_float64(
-    fused_dq, layout, causal, batch, heads, kv_heads, sq, skv, dtype, masks
-):
-    """fused_dq: the dk/dv kernel adds each block's dq into an fp32 buffer by TMA reduces
-    (no dq kernel); every row of dq gets every key block's share, rows past the queries
-    add nothing to the next head's."""
-    torch.manual_seed(sq * 3 + skv + fused_dq)
-    q, k, v, d_out = _inputs(layout, batch, heads, kv_heads, sq, skv, 128, 128, dtype)
-    out, lse, wants = _reference_grads(q, k, v, d_out, causal, layout, **masks)
-    delta = (out * d_out.double()).sum(-1)
-    delta = (delta.transpose(1, 2) if layout == "bshd" else delta).float().contiguous()
-    _poison_cached_blocks(q.shape, k.shape, v.shape, dtype=dtype)
-    grads, compiled = attention_hopper_backward.backward(
-        q, k, v, d_out, lse.float(), delta, (True, True, True),
-        layout=layout, causal=causal, scale=128**-0.5, fused_dq=fused_dq, **masks,
-    )  # fmt: skip
-    assert set(compiled) == {"hopper_dkdv"}
-    unit = 2**-8 if dtype == torch.bfloat16 else 2**-11
-    for name, got, want in zip(("dq", "dk", "dv"), grads, wants, strict=True):
-        error = (got.double() - want).abs().max().item()
-        assert error <= 8 * unit * want.abs().max().item(), (name, error)
-
-
-@on_hopper
-@needs_gluon
 @pytest.mark.parametrize(
     "layout, causal, batch, heads, kv_heads, seq, dim, dv, dtype",
     [
@@ -241,56 +196,6 @@ def test_each_launch_binds_every_kernel_parameter(monkeypatch, layout, delta_in_
     assert (dq["stride_o_b"], dq["stride_o_h"], dq["stride_o_s"]) == (
         attention_hopper_backward.attention_hopper.strides(out, layout)
     )
-
-
-@needs_gluon
-@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
-def test_the_fused_dq_launch_binds_every_kernel_parameter(monkeypatch, layout):
-    """fused_dq: one launch, the dk/dv kernel's, with dq's fp32 descriptor (tiles of 64
-    rows and half a head's columns, one consumer's) over a buffer of q's shape."""
-    launched = bound_launches(monkeypatch)
-    q_shape, k_shape = shapes(layout, 2, 8, 2, 300, 300, 128)
-    q, d_out = (torch.randn(q_shape, dtype=torch.bfloat16) for _ in range(2))
-    k, v = (torch.randn(k_shape, dtype=torch.bfloat16) for _ in range(2))
-    lse, delta = torch.zeros(2, 8, 300), torch.zeros(2, 8, 300)
-    grads, _ = attention_hopper_backward.backward(
-        q, k, v, d_out, lse, delta, (True, True, True), layout=layout, causal=True,
-        scale=0.1, fused_dq=1,
-    )  # fmt: skip
-    assert list(launched) == ["_attention_dkdv"]
-    dkdv = launched["_attention_dkdv"]
-    assert dkdv["FUSED_DQ"] == 1 and dkdv["delta_ptr"] is delta
-    assert list(dkdv["dq_desc"].block_shape) == [64, 64]
-    assert dkdv["dq_desc"].base.dtype == torch.float32
-    assert dkdv["dq_desc"].base.numel() == q.numel()
-    assert grads[0].shape == q.shape and grads[0].dtype == q.dtype
-
-
-@needs_gluon
-@pytest.mark.parametrize("dim, dv, needs", [(96, 96, (True, True, True)),
-                                            (192, 128, (True, True, True)),
-                                            (128, 128, (False, True, True))])  # fmt: skip
-def test_fused_dq_falls_back_to_two_kernels_where_it_does_not_fit(monkeypatch, dim, dv, needs):
-    launched = bound_launches(monkeypatch)
-    q_shape, k_shape = shapes("bhsd", 1, 4, 4, 256, 256, dim)
-    q, k = torch.randn(q_shape, dtype=torch.bfloat16), torch.randn(k_shape, dtype=torch.bfloat16)
-    v = torch.randn(k_shape[:3] + (dv,), dtype=torch.bfloat16)
-    d_out = torch.randn(q_shape[:3] + (dv,), dtype=torch.bfloat16)
-    lse, delta = torch.zeros(1, 4, 256), torch.zeros(1, 4, 256)
-    attention_hopper_backward.backward(
-        q, k, v, d_out, lse, delta, needs, layout="bhsd", causal=True, scale=0.1, fused_dq=1
-    )
-    assert launched["_attention_dkdv"]["FUSED_DQ"] == 0
-    assert ("_attention_dq" in launched) is needs[0]
-
-
-def test_fused_dq_reads_a_given_delta():
-    q = torch.empty(1, 1, 64, 128)
-    with pytest.raises(ValueError, match="fused_dq has none"):
-        attention_hopper_backward.backward(
-            q, q, q, q, None, None, (True, True, True), layout="bhsd", causal=True, scale=1.0,
-            out=q, fused_dq=1,
-        )  # fmt: skip
 
 
 def test_delta_from_the_dq_kernel_needs_dq():

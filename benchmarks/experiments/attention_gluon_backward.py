@@ -21,7 +21,14 @@ it and the order, `longest_first=False`, `fused_dq=True`); by TMA reduces (dS^T 
 shared memory, dq = dS K in 64-column chunks, each added into an fp32 dq by one
 `cp.reduce.async.bulk.tensor`, Gluon's builder's `create_async_tma_reduce`) 56% slower at
 4 x 32 x 4096, d 128, causal (5.24 ms against 3.37; 4.77 with the first chunk's dot
-between dV's and dK's; 788 bytes of spills against 100), commit fe74470 has it.
+between dV's and dK's; 788 bytes of spills against 100), commit fe74470 has it; and
+FA3's split (`fused_dq`, commit 53dfc14 has it: both consumers' dS^T in shared memory,
+each consumer half of dq's columns over the program's 128 keys, one 16 KB reduce a
+consumer a block, the previous block's dq under this one's dV and dK): correct, and on an
+H100 with the delta kernel 17% slower causal (4.18 ms against 3.56), 19% unmasked (7.26
+against 6.08), 37% at GQA 28/4 (4.08 against 2.97); 864 bytes of spills against 200,
+Nsight: 6.1 of 14.8 cycles between a warp's issues waiting on L1TEX (the spills' loads),
+compute 40% against the kernel's 62%, L2 57% (the reduces) against 27%.
 The Gluon timing leaves out delta (the `tl` rows include it: a row-sum kernel, about 2%
 of the backward at the default shape).
 
@@ -66,7 +73,6 @@ def compile_report(
     alibi=0,
     window=0,
     delta_in_dq=False,
-    fused_dq=False,
 ):
     """Registers, spills and shared memory of the runtime's kernels compiled for sm_90
     (CPU); rows: the dk/dv kernel's query rows (dkdv_rows by default); alibi, window:
@@ -81,9 +87,6 @@ def compile_report(
         descs, split = attention_hopper.tile_args(q, q, v, v, (256, 256), q_rows, hb.BLOCK_N)
         names = [p.name for p in kernel.params]
         types = {name: "i32" for name in names}
-        if kernel is hb._attention_dkdv:  # dq's fp32 tiles, or d_out's again (unused)
-            fp32 = torch.empty(256, dim, dtype=torch.float32)
-            descs.append(hb.dq_descriptor(fp32, 256) if fused_dq else descs[6])
         for name, desc in zip(names, descs, strict=False):
             types[name] = triton.runtime.jit.mangle_type(desc)
         types |= {n: "*bf16" for n in ("dk_ptr", "dv_ptr", "dq_ptr", "out_ptr") if n in names}
@@ -94,13 +97,11 @@ def compile_report(
         meta |= {"PAIRED_DOTS": paired_dots} if "PAIRED_DOTS" in names else {}
         meta |= {"HEAD_MAJOR": hb.HEAD_MAJOR if causal else 4}
         meta |= {"DELTA": delta_in_dq} if "DELTA" in names else {}
-        meta |= {"FUSED_DQ": fused_dq} if "FUSED_DQ" in names else {}
         types |= {name: "constexpr" for name in meta}
         constants = {(names.index(name),): value for name, value in meta.items()}
         compiled = compile_sm90(kernel, types, constants, {"num_warps": 4})
         print(f"{kernel.__name__} d={dim}/{dv} rows={q_rows} causal={causal} group={group} "
-              f"paired={paired_dots} alibi={alibi} window={window} delta_in_dq={delta_in_dq} "
-              f"fused_dq={fused_dq}: "
+              f"paired={paired_dots} alibi={alibi} window={window} delta_in_dq={delta_in_dq}: "
               f"{ptxas_report(compiled.asm['ptx'])} | "
               f"shared {compiled.metadata.shared} bytes", flush=True)  # fmt: skip
 
@@ -238,8 +239,6 @@ def run_case(case, shape, kv_heads, rounds, built, profile=False, v_dim=None, mo
     checked |= {" (dk/dv keys-major past half)": {"head_major": 2}}
     checked |= {" (dq blocks-major past half)": {"dq_head_major": 2}}
     checked |= {" (delta in dq)": {"out": out, "delta": torch.full_like(delta, float("nan"))}}
-    if attention_hopper_backward.fused_dq_fits(q, v):
-        checked |= {f" (fused dq {n})": {"fused_dq": n} for n in (1, 2)}
     for variant, knobs in checked.items():
         grads = gluon((True, True, True), **knobs)
         for name, got, want, part in zip(("dq", "dk", "dv"), grads, wants, parts, strict=True):
@@ -282,11 +281,6 @@ def run_case(case, shape, kv_heads, rounds, built, profile=False, v_dim=None, mo
         "delta kernel, gluon dq + dk/dv": lambda: gluon((True, True, True), delta=delta_kernel()),
         "gluon dq with delta + dk/dv": delta_in_dq,
     }
-    if attention_hopper_backward.fused_dq_fits(q, v):
-        for n in (1, 2):
-            calls[f"delta kernel, gluon dk/dv fused dq {n}"] = lambda n=n: gluon(
-                (True, True, True), delta=delta_kernel(), fused_dq=n
-            )
     if wide_dq:
         calls["gluon dq 128-key blocks"] = lambda: gluon(q_only, keys_dq=128)
     if built and (module or group == 1):

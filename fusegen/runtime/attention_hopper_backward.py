@@ -67,18 +67,7 @@ DELTA_IN_DQ = True
 HEAD_DIMS = attention_hopper.HEAD_DIMS
 
 if attention_hopper.AVAILABLE:
-    from triton._C.libtriton import ir
-    from triton.experimental.gluon.language._core import builtin
-
-    from .gluon_hopper import (
-        fence_async_shared,
-        gl,
-        gluon,
-        mbarrier,
-        tma,
-        warpgroup_mma,
-        warpgroup_mma_wait,
-    )
+    from .gluon_hopper import gl, gluon, mbarrier, warpgroup_mma_wait
 
     from .attention_hopper import (
         _accumulators,
@@ -94,16 +83,6 @@ if attention_hopper.AVAILABLE:
         _slots,
         _store_rows,
     )
-
-    @builtin
-    def _reduce_add(tensor_desc, coord, src, _semantic=None):
-        """tensor_desc's tile at coord += src (shared memory): one TMA reduce
-        (cp.reduce.async.bulk.tensor). Gluon 3.6's builder has the op, its Python no
-        wrapper."""
-        coord = _semantic._convert_to_ir_values(coord, require_i64=False)
-        _semantic.builder.create_async_tma_reduce(
-            ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle
-        )
 
     # fmt: off
     @gluon.jit
@@ -222,100 +201,14 @@ if attention_hopper.AVAILABLE:
         return dk, dv
 
     @gluon.jit
-    def _dq_block(fused, n, row, col, PART: gl.constexpr, num_warps: gl.constexpr):
-        """Consumer PART's half of dq's columns for the n-th query block of the program:
-        dS K over the program's 128 keys (both consumers' dS^T, left in the block's slot),
-        times scale, added into the fp32 dq at [row, col + its first column] by a TMA
-        reduce from the consumer's buffer (once the last reduce has read it); then the
-        slot is released. Waits for every dot this consumer has in flight."""
-        ds_bufs, k_bufs, dq_buf, dq_desc, ds_full, ds_free, scale = fused
-        BM: gl.constexpr = dq_buf.type.shape[0]
-        W: gl.constexpr = dq_buf.type.shape[1]
-        layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, W, 16])
-        slot = n % 2
-        mbarrier.wait(ds_full.index(slot), (n // 2) & 1)
-        zero = gl.zeros([BM, W], gl.float32, layout=layout)
-        tok = warpgroup_mma(ds_bufs.index(2 * slot).permute((1, 0)),
-                            k_bufs.index(0).slice(PART * W, W, dim=1), zero, use_acc=False,
-                            is_async=True)
-        tok = warpgroup_mma(ds_bufs.index(2 * slot + 1).permute((1, 0)),
-                            k_bufs.index(1).slice(PART * W, W, dim=1), tok, is_async=True)
-        dq = warpgroup_mma_wait(0, deps=(tok,))
-        mbarrier.arrive(ds_free.index(slot))
-        tma.store_wait(0)
-        dq_buf.store(dq * scale)
-        fence_async_shared()
-        _reduce_add(dq_desc, [row, col + PART * W], dq_buf)
-
-    @gluon.jit
-    def _fused_step(q_smems, do_smems, k_smems, v_smems, dk, dv, lse, delta, keys, rows, skv,
-                    qk_scale, bias, fused, i, prev, CAUSAL: gl.constexpr,
-                    ALIBI: gl.constexpr, WINDOW: gl.constexpr, MASKED: gl.constexpr,
-                    FUSED: gl.constexpr, PART: gl.constexpr, num_warps: gl.constexpr):
-        """_kv_step with dq in the same kernel (FA3's way): dS^T goes to the block's slot
-        in shared memory (dK's A operand there, and dq's, transposed, for both consumers),
-        and under this block's dV and dK the consumer takes its half of the previous
-        block's dq (_dq_block at prev, that block's place in dq), whose dS^T the other
-        consumer, half a block behind, has left by then. FUSED 1: dK's A operand is dS^T
-        in shared memory; 2: in registers."""
-        BN: gl.constexpr = k_smems[0].type.shape[0]
-        BM: gl.constexpr = q_smems[0].type.shape[0]
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BM, 16])
-        dtype: gl.constexpr = q_smems[0].dtype
-        ds_bufs, k_bufs, dq_buf, dq_desc, ds_full, ds_free, scale = fused
-        s_zero = gl.zeros([BN, BM], gl.float32, layout=s_layout)
-        s_tok = _dot_t(k_smems, q_smems, s_zero)
-        dp_tok = _dot_t(v_smems, do_smems, s_zero)
-        s = warpgroup_mma_wait(1, deps=(s_tok,))
-        if ALIBI:
-            p = gl.exp2(s * qk_scale + bias[:, None] - lse[None, :])
-        else:
-            p = gl.exp2(s * qk_scale - lse[None, :])
-        if MASKED:  # the diagonal (queries before a key see none of it), the last key
-            seen = keys[:, None] < skv
-            if CAUSAL:
-                seen = seen & (keys[:, None] <= rows[None, :])
-            if WINDOW:  # a query sees its WINDOW latest keys
-                seen = seen & (keys[:, None] > rows[None, :] - WINDOW)
-            p = gl.where(seen, p, 0.0)
-        p_ops = _operands(p.to(dtype), dv)
-        dp = warpgroup_mma_wait(0, deps=(dp_tok,))
-        ds = (p * (dp - delta[None, :])).to(dtype)
-        slot = i % 2
-        mbarrier.wait(ds_free.index(slot), ((i // 2) & 1) ^ 1)  # block i - 2's dq is done
-        ds_smem = ds_bufs.index(2 * slot + PART)
-        ds_smem.store(ds)
-        fence_async_shared()
-        gl.thread_barrier()  # every thread's part stored before the other consumer reads
-        mbarrier.arrive(ds_full.index(slot))
-        toks = _dot_into(p_ops, do_smems, dv)
-        if FUSED == 2:
-            ops = p_ops + _operands(ds, dk)
-            toks = toks + _dot_into(ops[len(dv):], q_smems, dk)
-        else:
-            ops = p_ops
-            toks = toks + (warpgroup_mma(ds_smem, q_smems[0], dk[0], is_async=True),)
-            if len(dk) == 2:
-                toks = toks + (warpgroup_mma(ds_smem, q_smems[1], dk[1], is_async=True),)
-        if i > 0:
-            _dq_block(fused, i - 1, prev[0], prev[1], PART, num_warps)
-        done = warpgroup_mma_wait(0, deps=toks + ops)
-        return done[len(dv):len(dv) + len(dk)], done[:len(dv)]
-
-    @gluon.jit
     def _kv_blocks(bufs, bars, dk, dv, lse_ptr, delta_ptr, row_base, keys, i, row0, end,
-                   sq, skv, qk_scale, slope, key0, fused, dq_at, prev, CAUSAL: gl.constexpr,
-                   ALIBI: gl.constexpr, WINDOW: gl.constexpr, MASKED: gl.constexpr,
-                   PAIRED: gl.constexpr, FUSED: gl.constexpr, PART: gl.constexpr,
+                   sq, skv, qk_scale, slope, key0, CAUSAL: gl.constexpr, ALIBI: gl.constexpr,
+                   WINDOW: gl.constexpr, MASKED: gl.constexpr, PAIRED: gl.constexpr,
                    num_warps: gl.constexpr):
         """Query blocks from row0 to end (one head's) into dK and dV, i: the ring's count
-        so far; returns dk, dv, the count and prev. ALIBI: slope * (key - key0), key0 the
+        so far; returns dk, dv and the count. ALIBI: slope * (key - key0), key0 the
         consumer's first key, goes on the scores, and slope * (row - key0 + skv - sq) on
-        lse: ALiBi's slope * (key - row - (skv - sq)), the scores' part under a block.
-        FUSED: dq too (_fused_step; dq_at: the head's first row and column in dq's view,
-        prev: the last block's place there)."""
+        lse: ALiBi's slope * (key - row - (skv - sq)), the scores' part under a block."""
         q_bufs, do_bufs, k_smems, v_smems = bufs
         ready, empty = bars
         BM: gl.constexpr = q_bufs[0].type.shape[1]
@@ -332,34 +225,23 @@ if attention_hopper.AVAILABLE:
             if ALIBI:
                 lse = lse + slope * (rows - key0 + skv - sq).to(gl.float32)
             mbarrier.wait(ready.index(stage), (i // STAGES) & 1)
-            if FUSED:
-                dk, dv = _fused_step(_slots(q_bufs, stage), _slots(do_bufs, stage), k_smems,
-                                     v_smems, dk, dv, lse, delta, keys, rows, skv, qk_scale,
-                                     bias, fused, i, prev, CAUSAL, ALIBI, WINDOW, MASKED, FUSED,
-                                     PART, num_warps)
-                prev = (dq_at[0] + start, dq_at[1])
-            else:
-                dk, dv = _kv_step(_slots(q_bufs, stage), _slots(do_bufs, stage), k_smems,
-                                  v_smems, dk, dv, lse, delta, keys, rows, skv, qk_scale, bias,
-                                  CAUSAL, ALIBI, WINDOW, MASKED, PAIRED and not MASKED,
-                                  num_warps)
+            dk, dv = _kv_step(_slots(q_bufs, stage), _slots(do_bufs, stage), k_smems,
+                              v_smems, dk, dv, lse, delta, keys, rows, skv, qk_scale, bias,
+                              CAUSAL, ALIBI, WINDOW, MASKED, PAIRED and not MASKED, num_warps)
             mbarrier.arrive(empty.index(stage))
             i += 1
-        return dk, dv, i, prev
+        return dk, dv, i
 
     @gluon.jit
     def _kv_consume(descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
-                    heads, qk_scale, scale, strides, fused_at, GROUP: gl.constexpr,
+                    heads, qk_scale, scale, strides, GROUP: gl.constexpr,
                     CAUSAL: gl.constexpr, ALIBI: gl.constexpr, WINDOW: gl.constexpr,
-                    PAIRED_DOTS: gl.constexpr, FUSED_DQ: gl.constexpr, PART: gl.constexpr,
-                    num_warps: gl.constexpr):
+                    PAIRED_DOTS: gl.constexpr, PART: gl.constexpr, num_warps: gl.constexpr):
         """Consumer PART: its 64 keys over every query block the producer streams (each
         query head of the kv head in turn): a head's blocks that need a mask (causal: those
         that cross the diagonal; all, where the keys run past the last; WINDOW: those
         from the first row past its first key's window) by a loop of their own, the rest
-        by another without the mask's code; then its rows of dk and dv. FUSED_DQ: dq too,
-        into the fp32 dq by TMA reduces (fused_at: the dS^T slots, K's ring, the dq
-        buffers and descriptor, the slots' barriers, q's place in its view)."""
+        by another without the mask's code; then its rows of dk and dv."""
         q_descs, k_descs, v_descs, do_descs = descs
         q_bufs, do_bufs, k_bufs, v_bufs = bufs
         kv_ready, ready, empty = bars
@@ -386,42 +268,25 @@ if attention_hopper.AVAILABLE:
             tail = gl.minimum(gl.maximum((key0 + WINDOW) // BM * BM, split), end)
         step_bufs = (q_bufs, do_bufs, _slots(k_bufs, PART), _slots(v_bufs, PART))
         step_bars = (ready, empty)
-        fused = scale  # unused unless FUSED_DQ
-        if FUSED_DQ:  # dq's dot reads both consumers' keys
-            ds_bufs, dq_bufs, dq_desc, ds_full, ds_free, q_place = fused_at
-            q_rows_b, q_rows_h, q_cols_h, v_cols_h = q_place
-            fused = (ds_bufs, k_bufs[0], dq_bufs.index(PART), dq_desc, ds_full, ds_free, scale)
-            mbarrier.wait(kv_ready.index(1 - PART), 0)
         mbarrier.wait(kv_ready.index(PART), 0)
         i = 0
-        prev = (0, 0)
         for h in range(GROUP):
             head = kv_head * GROUP + h
             row_base = (batch * heads + head).to(gl.int64) * sq
             slope = 0.0
             if ALIBI:
                 slope = _alibi_slope(head, ALIBI)
-            dq_at = (0, 0)
-            if FUSED_DQ:  # the head's place in dq's view (q's)
-                dq_at = (batch * q_rows_b + head * q_rows_h, head * q_cols_h)
-            dk, dv, i, prev = _kv_blocks(step_bufs, step_bars, dk, dv, lse_ptr, delta_ptr,
-                                         row_base, keys, i, row0, split, sq, skv, qk_scale,
-                                         slope, key0, fused, dq_at, prev, CAUSAL, ALIBI,
-                                         WINDOW, True, PAIRED_DOTS, FUSED_DQ, PART, num_warps)
-            dk, dv, i, prev = _kv_blocks(step_bufs, step_bars, dk, dv, lse_ptr, delta_ptr,
-                                         row_base, keys, i, split, tail, sq, skv, qk_scale,
-                                         slope, key0, fused, dq_at, prev, CAUSAL, ALIBI,
-                                         WINDOW, False, PAIRED_DOTS, FUSED_DQ, PART, num_warps)
+            dk, dv, i = _kv_blocks(step_bufs, step_bars, dk, dv, lse_ptr, delta_ptr, row_base,
+                                   keys, i, row0, split, sq, skv, qk_scale, slope, key0,
+                                   CAUSAL, ALIBI, WINDOW, True, PAIRED_DOTS, num_warps)
+            dk, dv, i = _kv_blocks(step_bufs, step_bars, dk, dv, lse_ptr, delta_ptr, row_base,
+                                   keys, i, split, tail, sq, skv, qk_scale, slope, key0,
+                                   CAUSAL, ALIBI, WINDOW, False, PAIRED_DOTS, num_warps)
             if WINDOW:
-                dk, dv, i, prev = _kv_blocks(step_bufs, step_bars, dk, dv, lse_ptr, delta_ptr,
-                                             row_base, keys, i, tail, end, sq, skv, qk_scale,
-                                             slope, key0, fused, dq_at, prev, CAUSAL, ALIBI,
-                                             WINDOW, True, PAIRED_DOTS, FUSED_DQ, PART,
-                                             num_warps)
-        if FUSED_DQ:  # the last block's dq, then every reduce done reading its buffer
-            if i > 0:
-                _dq_block(fused, i - 1, prev[0], prev[1], PART, num_warps)
-            tma.store_wait(0)
+                dk, dv, i = _kv_blocks(step_bufs, step_bars, dk, dv, lse_ptr, delta_ptr,
+                                       row_base, keys, i, tail, end, sq, skv, qk_scale, slope,
+                                       key0, CAUSAL, ALIBI, WINDOW, True, PAIRED_DOTS,
+                                       num_warps)
 
         dk_strides, dv_strides = strides
         base = batch.to(gl.int64) * dk_strides[0] + kv_head * dk_strides[1]
@@ -479,24 +344,22 @@ if attention_hopper.AVAILABLE:
 
     @gluon.jit
     def _attention_dkdv(q_desc, q_rest, k_desc, k_rest, v_desc, v_rest, do_desc, do_rest,
-                        dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, sq, skv, heads, qk_scale,
-                        scale, q_rows_b, q_rows_h, q_cols_h, kv_rows_b, kv_rows_h, kv_cols_h,
+                        dk_ptr, dv_ptr, lse_ptr, delta_ptr, sq, skv, heads, qk_scale, scale,
+                        q_rows_b, q_rows_h, q_cols_h, kv_rows_b, kv_rows_h, kv_cols_h,
                         v_cols_h, stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b,
                         stride_dv_h, stride_dv_s,
                         GROUP: gl.constexpr, CAUSAL: gl.constexpr, ALIBI: gl.constexpr,
                         WINDOW: gl.constexpr, STAGES: gl.constexpr,
                         PAIRED_DOTS: gl.constexpr, HEAD_MAJOR: gl.constexpr,
                         SPLIT_QK: gl.constexpr, SPLIT_V: gl.constexpr,
-                        FUSED_DQ: gl.constexpr, num_warps: gl.constexpr):
+                        num_warps: gl.constexpr):
         """One program: 2 x 64 keys of one (batch, kv head). The programs of a kv head's
         first HEAD_MAJOR quarters of key blocks run kv head by kv head, its first keys
         (causal: the most query blocks) first; then the rest keys-major: every kv head's
         next keys, and so on, so that (causal) the grid ends on short programs. Tiles'
         places and the parts of the head dims (*_rest, SPLIT_*), ALIBI and WINDOW as in
         attention_hopper's forward (a window's program streams the query blocks that see
-        its keys). FUSED_DQ: dq too, added into the fp32 dq that dq_desc tiles (the dq
-        kernel's work, without its recomputed dots; not deterministic), else dq_desc is
-        unused."""
+        its keys)."""
         q_descs = _parts_of(q_desc, q_rest, SPLIT_QK)
         k_descs = _parts_of(k_desc, k_rest, SPLIT_QK)
         v_descs = _parts_of(v_desc, v_rest, SPLIT_V)
@@ -527,27 +390,14 @@ if attention_hopper.AVAILABLE:
         out_strides = ((stride_dk_b, stride_dk_h, stride_dk_s),
                        (stride_dv_b, stride_dv_h, stride_dv_s))
         q_place = (q_rows_b, q_rows_h, q_cols_h, v_cols_h)
-        fused_at = q_place  # unused unless FUSED_DQ
-        if FUSED_DQ:  # two blocks' dS^T of each consumer, a dq buffer a consumer
-            dtype: gl.constexpr = q_desc.dtype
-            ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BM], dtype)
-            ds_bufs = gl.allocate_shared_memory(dtype, [4, BN, BM], ds_layout)
-            dq_bufs = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape,
-                                                dq_desc.layout)
-            ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-            ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-            for slot in gl.static_range(2):
-                mbarrier.init(ds_full.index(slot), count=2)
-                mbarrier.init(ds_free.index(slot), count=2)
-            fused_at = (ds_bufs, dq_bufs, dq_desc, ds_full, ds_free, q_place)
         # (Constexprs keep their kind only written out in each partition's tuple.)
         gl.warp_specialize([
             (_kv_consume, (descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
-                           heads, qk_scale, scale, out_strides, fused_at, GROUP, CAUSAL, ALIBI,
-                           WINDOW, PAIRED_DOTS, FUSED_DQ, 0, num_warps)),
+                           heads, qk_scale, scale, out_strides, GROUP, CAUSAL, ALIBI, WINDOW,
+                           PAIRED_DOTS, 0, num_warps)),
             (_kv_consume, (descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
-                           heads, qk_scale, scale, out_strides, fused_at, GROUP, CAUSAL, ALIBI,
-                           WINDOW, PAIRED_DOTS, FUSED_DQ, 1, num_warps)),
+                           heads, qk_scale, scale, out_strides, GROUP, CAUSAL, ALIBI, WINDOW,
+                           PAIRED_DOTS, 1, num_warps)),
             (_kv_produce, (descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
                            heads, qk_scale, scale, q_place, GROUP, CAUSAL, ALIBI, WINDOW,
                            PAIRED_DOTS, 0, num_warps)),
@@ -732,22 +582,6 @@ def dkdv_rows(dim):
     return 32 if dim > 128 else BLOCK_M
 
 
-def fused_dq_fits(q, v):
-    """Whether the dk/dv kernel can add dq itself (backward's fused_dq): head dims of one
-    tile of 128 (each consumer takes 64 of dq's columns) and query blocks of 64 rows (a
-    wgmma's M)."""
-    return q.shape[-1] == v.shape[-1] == 128 and dkdv_rows(q.shape[-1]) == 64
-
-
-def dq_descriptor(dq, rows):
-    """A TMA descriptor over the fp32 dq (q's shape and layout) viewed as q is, [rows,
-    ...], in tiles of BLOCK_M rows and half a head's columns (one consumer's)."""
-    view = dq.view(rows, dq.numel() // rows)
-    shape = [BLOCK_M, dq.shape[-1] // 2]
-    layout = gl.NVMMASharedLayout.get_default_for(shape, gl.float32)
-    return attention_hopper.TensorDescriptor.from_tensor(view, shape, layout)
-
-
 def dkdv_order(q, k, layout, causal, window):
     """The dk/dv grid's HEAD_MAJOR for a call: keys-major past half where causal with
     grouped heads and no window (the long programs the order was measured on), else head
@@ -760,7 +594,6 @@ def backward(
     q, k, v, d_out, lse, delta, needs, *, layout, causal, scale,
     alibi=False, window=0, stages=STAGES, paired_dots=PAIRED_DOTS, rows_dkdv=None,
     keys_dq=BLOCK_N, head_major=None, dq_head_major=DQ_HEAD_MAJOR, launches=None, out=None,
-    fused_dq=0,
 ):  # fmt: skip
     """(dq, dk, dv), each None where needs says it is not wanted, of attention over q, k, v
     (contiguous, 16-byte aligned, bf16 or fp16, head dims in HEAD_DIMS) given d_out
@@ -773,31 +606,21 @@ def backward(
     caller keeps for calls like this one (the same shapes but the tensors), where each
     kernel's launch.Described is kept (launched without triton's dispatch). out (the
     forward's, given with needs[0]): delta is not read but written, by the dq kernel
-    from its d_out tiles and out, before the dk/dv kernel reads it (DELTA_IN_DQ).
-    fused_dq (1 or 2, where fused_dq_fits and dq is wanted): no dq kernel, the dk/dv
-    kernel adds dq into an fp32 buffer by TMA reduces (FA3's way: 5 dots a block where the
-    two kernels do 7; the adds' order varies, so dq is not deterministic; 2: dK's dot
-    takes dS^T from registers, 1: from shared memory); delta is read."""
+    from its d_out tiles and out, before the dk/dv kernel reads it (DELTA_IN_DQ)."""
     launches = {} if launches is None else launches
-    fused = fused_dq if needs[0] and fused_dq_fits(q, v) else 0
     if out is not None and not needs[0]:
         raise ValueError("delta is written by the dq kernel: out needs dq wanted")
-    if out is not None and fused:
-        raise ValueError("delta is written by the dq kernel, and fused_dq has none")
     if head_major is None:
         head_major = dkdv_order(q, k, layout, causal, window)
     sources = (q, q, k, k, v, v, d_out, d_out)
 
-    def first(kernel, programs, q_rows, kv_rows, outs, extra, dq_sum=None):
+    def first(kernel, programs, q_rows, kv_rows, outs, extra):
         """A kernel's first launch (launch.Described): programs(batch, heads, kv_heads,
-        sq, skv) its grid, q_rows and kv_rows its descriptors' tiles, outs its outputs;
-        the dk/dv kernel's dq descriptor over dq_sum (else over d_out, unused)."""
+        sq, skv) its grid, q_rows and kv_rows its descriptors' tiles, outs its outputs."""
         batch, heads, kv_heads, sq, skv, rows, q_place, kv_place = attention_hopper.places(
             q, k, layout
         )
         descs = attention_hopper.tile_args(q, k, v, d_out, rows, q_rows, kv_rows)[0]
-        if kernel is _attention_dkdv:
-            descs.append(descs[6] if dq_sum is None else dq_descriptor(dq_sum, rows[0]))
         grid = (programs(batch, heads, kv_heads, sq, skv),)
         v_cols = v.shape[-1] if layout == "bshd" else 0  # a head's columns in v and d_out
         scalars = (sq, skv, heads, scale * LOG2E, scale, *q_place, *kv_place, v_cols)
@@ -816,18 +639,6 @@ def backward(
 
     d_q = d_k = d_v = None
     compiled = {}
-    if fused:
-        d_k, d_v = torch.empty_like(k), torch.empty_like(v)
-        dq_sum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        compiled["hopper_dkdv"] = launches.setdefault("dkdv, dq", launch.Described())(
-            (*sources, dq_sum), (d_k, d_v, lse, delta), lambda: first(
-                _attention_dkdv, key_blocks, BLOCK_M, BLOCK_N, (d_k, d_v),
-                {"PAIRED_DOTS": paired_dots, "HEAD_MAJOR": head_major, "FUSED_DQ": fused},
-                dq_sum,
-            ),
-        )  # fmt: skip
-        grads = (dq_sum.to(q.dtype), d_k if needs[1] else None, d_v if needs[2] else None)
-        return grads, compiled
     if needs[0]:  # first: with out given, it writes the delta the dk/dv kernel reads
         d_q = torch.empty_like(q)
         o = d_q if out is None else out  # DELTA off: an unread pointer and strides
@@ -842,10 +653,9 @@ def backward(
     if needs[1] or needs[2]:
         d_k, d_v = torch.empty_like(k), torch.empty_like(v)
         compiled["hopper_dkdv"] = launches.setdefault("dkdv", launch.Described())(
-            (*sources, d_out), (d_k, d_v, lse, delta), lambda: first(
+            sources, (d_k, d_v, lse, delta), lambda: first(
                 _attention_dkdv, key_blocks, rows_dkdv or dkdv_rows(q.shape[-1]), BLOCK_N,
-                (d_k, d_v),
-                {"PAIRED_DOTS": paired_dots, "HEAD_MAJOR": head_major, "FUSED_DQ": 0},
+                (d_k, d_v), {"PAIRED_DOTS": paired_dots, "HEAD_MAJOR": head_major},
             ),
         )  # fmt: skip
     return (d_q, d_k if needs[1] else None, d_v if needs[2] else None), compiled
