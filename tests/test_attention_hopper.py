@@ -47,6 +47,9 @@ options = {"num_warps": 4, **({"maxnreg": meta.pop("maxnreg")} if "maxnreg" in m
 descs, split = ah.tile_args(q, q, v, v, (256, 256), q_rows, meta.pop("KV_ROWS", module.BLOCK_N))
 meta |= split
 names = [p.name for p in kernel.params]
+if "lse_desc" in names:  # the dk/dv kernel's lse and delta, 1-D in blocks of q's tile rows
+    rows = torch.empty(256, dtype=torch.float32)
+    descs += [module.row_descriptor(rows, q_rows)] * 2
 types = {name: "i32" for name in names}
 for name, desc in zip(names, descs):
     types[name] = triton.runtime.jit.mangle_type(desc)

@@ -37,6 +37,9 @@ from test_attention_hopper import (
         ("_attention_dq", 128, 128, True, 4, {"DELTA": True}),
         ("_attention_dq", 96, 96, False, 1, {"DELTA": True}),
         ("_attention_dq", 192, 128, True, 1, {"DELTA": True, "ALIBI": 8}),
+        # lse and delta streamed with q and d_out: two stages of 64 rows of each more.
+        ("_attention_dkdv", 128, 128, True, 4, {"ROW_TMA": True}),
+        ("_attention_dkdv", 192, 128, True, 1, {"ROW_TMA": True, "ALIBI": 8}),
     ],
 )
 def test_the_kernels_compile_for_sm90_within_shared_memory(kernel, dim, dv, causal, group, masks):
@@ -45,7 +48,7 @@ def test_the_kernels_compile_for_sm90_within_shared_memory(kernel, dim, dv, caus
     rows = 64
     if kernel == "_attention_dkdv":
         rows = attention_hopper_backward.dkdv_rows(dim)
-        meta |= {"PAIRED_DOTS": True, "Q_ROWS": rows}
+        meta |= {"PAIRED_DOTS": True, "Q_ROWS": rows, "ROW_TMA": False}
     else:
         meta["DELTA"] = False
     meta |= masks
@@ -55,6 +58,7 @@ def test_the_kernels_compile_for_sm90_within_shared_memory(kernel, dim, dv, caus
     # Two streamed stages of a tile of q and one of d_out (or of K and V), and the two
     # consumers' own pair of tiles, + barriers.
     tiles = 2 * rows * (dim + dv) * 2 + 2 * 64 * (dim + dv) * 2
+    tiles += 2 * 2 * rows * 4 if meta.get("ROW_TMA") else 0
     assert tiles <= shared < tiles + 1024
     assert wgmma
 
@@ -129,6 +133,40 @@ def test_dq_dk_dv_match_float64(
     assert set(compiled) == {"hopper_dkdv", "hopper_dq"}
     # bf16/fp16 probabilities and dS into the dots, fp32 accumulators: a few units of the
     # operands' rounding of the largest gradient.
+    unit = 2**-8 if dtype == torch.bfloat16 else 2**-11
+    for name, got, want in zip(("dq", "dk", "dv"), grads, wants, strict=True):
+        error = (got.double() - want).abs().max().item()
+        assert error <= 8 * unit * want.abs().max().item(), (name, error)
+
+
+@on_hopper
+@needs_gluon
+@pytest.mark.parametrize(
+    "layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype, masks",
+    [
+        ("bhsd", True, 2, 4, 4, 512, 512, 128, 128, torch.bfloat16, {}),
+        ("bshd", True, 2, 8, 2, 300, 300, 128, 128, torch.bfloat16, {}),  # GQA, ragged
+        ("bshd", False, 1, 4, 1, 200, 333, 128, 128, torch.float16, {}),  # MQA
+        ("bshd", True, 1, 4, 4, 384, 384, 192, 128, torch.bfloat16, {}),  # MLA: 32 rows
+        ("bshd", True, 1, 8, 8, 640, 640, 128, 128, torch.bfloat16, {"alibi": True, "window": 200}),
+        ("bhsd", False, 1, 3, 3, 257, 400, 96, 96, torch.float16, {}),
+    ],
+)
+def test_lse_and_delta_streamed_by_the_producer_match_float64(
+    layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype, masks
+):
+    """row_tma: the dk/dv kernel's producer streams each block's lse and delta with its q
+    and d_out; rows past the queries (the next head's lse in the flat view) see no key."""
+    torch.manual_seed(sq * 5 + skv + dim)
+    q, k, v, d_out = _inputs(layout, batch, heads, kv_heads, sq, skv, dim, dv, dtype)
+    out, lse, wants = _reference_grads(q, k, v, d_out, causal, layout, **masks)
+    delta = (out * d_out.double()).sum(-1)
+    delta = (delta.transpose(1, 2) if layout == "bshd" else delta).float().contiguous()
+    _poison_cached_blocks(q.shape, k.shape, v.shape, dtype=dtype)
+    grads, _ = attention_hopper_backward.backward(
+        q, k, v, d_out, lse.float().contiguous(), delta, (True, True, True),
+        layout=layout, causal=causal, scale=dim**-0.5, row_tma=True, **masks,
+    )  # fmt: skip
     unit = 2**-8 if dtype == torch.bfloat16 else 2**-11
     for name, got, want in zip(("dq", "dk", "dv"), grads, wants, strict=True):
         error = (got.double() - want).abs().max().item()

@@ -73,6 +73,7 @@ def compile_report(
     alibi=0,
     window=0,
     delta_in_dq=False,
+    row_tma=False,
 ):
     """Registers, spills and shared memory of the runtime's kernels compiled for sm_90
     (CPU); rows: the dk/dv kernel's query rows (dkdv_rows by default); alibi, window:
@@ -87,6 +88,8 @@ def compile_report(
         descs, split = attention_hopper.tile_args(q, q, v, v, (256, 256), q_rows, hb.BLOCK_N)
         names = [p.name for p in kernel.params]
         types = {name: "i32" for name in names}
+        if kernel is hb._attention_dkdv:  # lse's and delta's, 1-D
+            descs += [hb.row_descriptor(torch.empty(256), q_rows)] * 2
         for name, desc in zip(names, descs, strict=False):
             types[name] = triton.runtime.jit.mangle_type(desc)
         types |= {n: "*bf16" for n in ("dk_ptr", "dv_ptr", "dq_ptr", "out_ptr") if n in names}
@@ -97,11 +100,13 @@ def compile_report(
         meta |= {"PAIRED_DOTS": paired_dots} if "PAIRED_DOTS" in names else {}
         meta |= {"HEAD_MAJOR": hb.HEAD_MAJOR if causal else 4}
         meta |= {"DELTA": delta_in_dq} if "DELTA" in names else {}
+        meta |= {"ROW_TMA": row_tma} if "ROW_TMA" in names else {}
         types |= {name: "constexpr" for name in meta}
         constants = {(names.index(name),): value for name, value in meta.items()}
         compiled = compile_sm90(kernel, types, constants, {"num_warps": 4})
         print(f"{kernel.__name__} d={dim}/{dv} rows={q_rows} causal={causal} group={group} "
-              f"paired={paired_dots} alibi={alibi} window={window} delta_in_dq={delta_in_dq}: "
+              f"paired={paired_dots} alibi={alibi} window={window} delta_in_dq={delta_in_dq} "
+              f"row_tma={row_tma}: "
               f"{ptxas_report(compiled.asm['ptx'])} | "
               f"shared {compiled.metadata.shared} bytes", flush=True)  # fmt: skip
 
@@ -218,10 +223,10 @@ def run_case(case, shape, kv_heads, rounds, built, profile=False, v_dim=None, mo
                              **meta)  # fmt: skip
         return written
 
-    def delta_in_dq():
+    def delta_in_dq(**knobs):
         """The dq kernel computing delta, then the dk/dv kernel reading it: the delta."""
         written = torch.full_like(delta, float("nan"))
-        gluon((True, True, True), delta=written, out=out)
+        gluon((True, True, True), delta=written, out=out, **knobs)
         return written
 
     # The first batch entry's first kv head and its query heads, in float64.
@@ -239,6 +244,14 @@ def run_case(case, shape, kv_heads, rounds, built, profile=False, v_dim=None, mo
     checked |= {" (dk/dv keys-major past half)": {"head_major": 2}}
     checked |= {" (dq blocks-major past half)": {"dq_head_major": 2}}
     checked |= {" (delta in dq)": {"out": out, "delta": torch.full_like(delta, float("nan"))}}
+    checked |= {" (lse, delta by TMA)": {"row_tma": True}}
+    checked |= {
+        " (delta in dq, read by TMA)": {
+            "out": out,
+            "delta": torch.full_like(delta, float("nan")),
+            "row_tma": True,
+        }
+    }
     for variant, knobs in checked.items():
         grads = gluon((True, True, True), **knobs)
         for name, got, want, part in zip(("dq", "dk", "dv"), grads, wants, parts, strict=True):
@@ -280,6 +293,8 @@ def run_case(case, shape, kv_heads, rounds, built, profile=False, v_dim=None, mo
         "gluon dk/dv + dq": lambda: gluon((True, True, True)),
         "delta kernel, gluon dq + dk/dv": lambda: gluon((True, True, True), delta=delta_kernel()),
         "gluon dq with delta + dk/dv": delta_in_dq,
+        "gluon dk/dv, lse and delta by TMA": lambda: gluon(kv, row_tma=True),
+        "gluon dq with delta + dk/dv, by TMA": lambda: delta_in_dq(row_tma=True),
     }
     if wide_dq:
         calls["gluon dq 128-key blocks"] = lambda: gluon(q_only, keys_dq=128)
