@@ -34,7 +34,7 @@ of the backward at the default shape).
 
     python3 benchmarks/experiments/attention_gluon_backward.py [--built FOLDER]
         [--cases causal full alibi window] [--shape B H S D] [--v-dim DV] [--kv-heads N]
-        [--module NAME] [--rounds 5]
+        [--module NAME] [--rounds 5] [--only CALL...]
         (on an H100/H200: dq, dk and dv against float64, then timed against the `tl`
         backward kernels of the built module NAME, else anchor_attention_CASE, FOLDER:
         benchmarks/specs/attention_anchors.yaml built)
@@ -155,6 +155,7 @@ def main() -> int:
         "--module", help="the built module whose `tl` kernels are timed (default: the case's)"
     )
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--only", nargs="+", help="time only the calls of these names")
     parser.add_argument(
         "--profile", action="store_true", help="one call of each, under the CUDA profiler only"
     )
@@ -174,15 +175,17 @@ def main() -> int:
 
     failed = sum(
         run_case(case, args.shape, args.kv_heads, args.rounds, args.built, args.profile,
-                 args.v_dim, args.module)
+                 args.v_dim, args.module, args.only)
         for case in args.cases
     )  # fmt: skip
     return 1 if failed else 0
 
 
-def run_case(case, shape, kv_heads, rounds, built, profile=False, v_dim=None, module=None):
-    """dq, dk and dv of one case against float64, then timed; the number of failed
-    checks."""
+def run_case(
+    case, shape, kv_heads, rounds, built, profile=False, v_dim=None, module=None, only=None
+):
+    """dq, dk and dv of one case against float64, then timed (only: the calls of these
+    names); the number of failed checks."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import attention_anchors
 
@@ -316,6 +319,8 @@ def run_case(case, shape, kv_heads, rounds, built, profile=False, v_dim=None, mo
 
         calls["tl dk/dv (with delta)"] = lambda: tl_backward((False, True, True))
         calls["tl backward (with delta)"] = lambda: tl_backward((True, True, True))
+    if only:
+        calls = {name: call for name, call in calls.items() if name in only}
     times = {name: [] for name in calls}
     names = list(calls)
     for r in range(rounds):
