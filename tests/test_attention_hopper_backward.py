@@ -37,9 +37,9 @@ from test_attention_hopper import (
         ("_attention_dq", 128, 128, True, 4, {"DELTA": True}),
         ("_attention_dq", 96, 96, False, 1, {"DELTA": True}),
         ("_attention_dq", 192, 128, True, 1, {"DELTA": True, "ALIBI": 8}),
-        # lse and delta streamed with q and d_out: two stages of 64 rows of each more.
-        ("_attention_dkdv", 128, 128, True, 4, {"ROW_TMA": True}),
-        ("_attention_dkdv", 192, 128, True, 1, {"ROW_TMA": True, "ALIBI": 8}),
+        # lse and delta loaded by the consumers (q_len not a multiple of 4).
+        ("_attention_dkdv", 128, 128, True, 4, {"ROW_TMA": False}),
+        ("_attention_dkdv", 192, 128, True, 1, {"ROW_TMA": False, "ALIBI": 8}),
     ],
 )
 def test_the_kernels_compile_for_sm90_within_shared_memory(kernel, dim, dv, causal, group, masks):
@@ -48,7 +48,8 @@ def test_the_kernels_compile_for_sm90_within_shared_memory(kernel, dim, dv, caus
     rows = 64
     if kernel == "_attention_dkdv":
         rows = attention_hopper_backward.dkdv_rows(dim)
-        meta |= {"PAIRED_DOTS": True, "Q_ROWS": rows, "ROW_TMA": False}
+        meta |= {"PAIRED_DOTS": True, "Q_ROWS": rows}
+        meta["ROW_TMA"] = attention_hopper_backward.ROW_TMA
     else:
         meta["DELTA"] = False
     meta |= masks
@@ -56,7 +57,8 @@ def test_the_kernels_compile_for_sm90_within_shared_memory(kernel, dim, dv, caus
         "attention_hopper_backward", kernel, dim, "float16", meta, dv=dv
     )
     # Two streamed stages of a tile of q and one of d_out (or of K and V), and the two
-    # consumers' own pair of tiles, + barriers.
+    # consumers' own pair of tiles, + barriers; ROW_TMA: two stages of the rows' lse and
+    # delta.
     tiles = 2 * rows * (dim + dv) * 2 + 2 * 64 * (dim + dv) * 2
     tiles += 2 * 2 * rows * 4 if meta.get("ROW_TMA") else 0
     assert tiles <= shared < tiles + 1024
@@ -156,7 +158,9 @@ def test_lse_and_delta_streamed_by_the_producer_match_float64(
     layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype, masks
 ):
     """row_tma: the dk/dv kernel's producer streams each block's lse and delta with its q
-    and d_out; rows past the queries (the next head's lse in the flat view) see no key."""
+    and d_out; rows past the queries (the next head's lse in the flat view) see no key. At
+    257 queries a head's rows start unaligned: the consumers load them (a 1-D TMA box
+    that starts off 16 bytes is an illegal instruction)."""
     torch.manual_seed(sq * 5 + skv + dim)
     q, k, v, d_out = _inputs(layout, batch, heads, kv_heads, sq, skv, dim, dv, dtype)
     out, lse, wants = _reference_grads(q, k, v, d_out, causal, layout, **masks)
@@ -234,6 +238,23 @@ def test_each_launch_binds_every_kernel_parameter(monkeypatch, layout, delta_in_
     assert (dq["stride_o_b"], dq["stride_o_h"], dq["stride_o_s"]) == (
         attention_hopper_backward.attention_hopper.strides(out, layout)
     )
+
+
+@needs_gluon
+@pytest.mark.parametrize("sq, streamed", [(300, True), (257, False), (1, False), (4096, True)])
+def test_lse_and_delta_are_streamed_where_each_heads_rows_start_aligned(monkeypatch, sq, streamed):
+    launched = bound_launches(monkeypatch)
+    q_shape, k_shape = shapes("bhsd", 1, 4, 2, sq, 300, 128)
+    q, d_out = (torch.randn(q_shape, dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(k_shape, dtype=torch.bfloat16) for _ in range(2))
+    lse, delta = torch.zeros(1, 4, sq), torch.zeros(1, 4, sq)
+    attention_hopper_backward.backward(
+        q, k, v, d_out, lse, delta, (False, True, True), layout="bhsd", causal=True, scale=0.1
+    )
+    dkdv = launched["_attention_dkdv"]
+    assert dkdv["ROW_TMA"] is streamed
+    assert dkdv["lse_desc"].base.data_ptr() == lse.data_ptr()
+    assert list(dkdv["delta_desc"].block_shape) == [64]
 
 
 def test_delta_from_the_dq_kernel_needs_dq():

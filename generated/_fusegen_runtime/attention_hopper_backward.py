@@ -64,12 +64,20 @@ BLOCK_M, BLOCK_N, STAGES, PAIRED_DOTS, HEAD_MAJOR, DQ_HEAD_MAJOR = 64, 64, 2, Tr
 # 3.490 ms [3.446-3.540] against 3.531 [3.492-3.566] after the row-sum kernel, and one
 # launch fewer.
 DELTA_IN_DQ = True
+# Whether the dk/dv kernel's producer streams each query block's lse and delta with its q
+# and d_out (TMA into the ring) instead of each consumer loading them from memory at the
+# block's start and holding them across the block's waits: spills 200 -> 40 bytes at d 128,
+# the dk/dv kernel 2.074 -> 1.901 ms causal at 4 x 32 x 4096, 1.736 -> 1.530 at GQA 28/4
+# (H100). Taken where q_len is a multiple of 4 (row_tma_fits): a 1-D TMA box must start
+# 16-byte aligned (at 257 queries the kernel died of an illegal instruction). The
+# experiment varies it.
+ROW_TMA = True
 # (q and k's head dim, v's) the kernels are written for: the forward's, each a tile or two
 # (attention_hopper.parts); a module of other dims runs the `tl` backward.
 HEAD_DIMS = attention_hopper.HEAD_DIMS
 
 if attention_hopper.AVAILABLE:
-    from .gluon_hopper import gl, gluon, mbarrier, warpgroup_mma_wait
+    from .gluon_hopper import gl, gluon, mbarrier, tma, warpgroup_mma_wait
 
     from .attention_hopper import (
         _accumulators,
@@ -113,6 +121,17 @@ if attention_hopper.AVAILABLE:
         else:
             delta = gl.zeros_like(lse)
         return lse * 1.4426950408889634, delta
+
+    @gluon.jit
+    def _staged_row_terms(row_bufs, stage, rows, sq):
+        """_row_terms from the ring's stage, where the producer put the block's lse and
+        delta with its q and d_out (rows past the queries hold the next head's: lse = inf
+        there)."""
+        lse_bufs, delta_bufs = row_bufs
+        layout: gl.constexpr = rows.type.layout
+        lse = lse_bufs.index(stage).load(layout)
+        delta = delta_bufs.index(stage).load(layout)
+        return gl.where(rows < sq, lse * 1.4426950408889634, float("inf")), delta
 
     @gluon.jit
     def _out_part(out_ptr, base, rows, sq, stride_s, col0, WIDTH: gl.constexpr):
@@ -204,13 +223,14 @@ if attention_hopper.AVAILABLE:
 
     @gluon.jit
     def _kv_blocks(bufs, bars, dk, dv, lse_ptr, delta_ptr, row_base, keys, i, row0, end,
-                   sq, skv, qk_scale, slope, key0, CAUSAL: gl.constexpr, ALIBI: gl.constexpr,
-                   WINDOW: gl.constexpr, MASKED: gl.constexpr, PAIRED: gl.constexpr,
-                   num_warps: gl.constexpr):
+                   sq, skv, qk_scale, slope, key0, row_bufs, CAUSAL: gl.constexpr,
+                   ALIBI: gl.constexpr, WINDOW: gl.constexpr, MASKED: gl.constexpr,
+                   PAIRED: gl.constexpr, ROW_TMA: gl.constexpr, num_warps: gl.constexpr):
         """Query blocks from row0 to end (one head's) into dK and dV, i: the ring's count
         so far; returns dk, dv and the count. ALIBI: slope * (key - key0), key0 the
         consumer's first key, goes on the scores, and slope * (row - key0 + skv - sq) on
-        lse: ALiBi's slope * (key - row - (skv - sq)), the scores' part under a block."""
+        lse: ALiBi's slope * (key - row - (skv - sq)), the scores' part under a block.
+        ROW_TMA: each block's lse and delta from the ring (row_bufs), not from memory."""
         q_bufs, do_bufs, k_smems, v_smems = bufs
         ready, empty = bars
         BM: gl.constexpr = q_bufs[0].type.shape[1]
@@ -223,10 +243,15 @@ if attention_hopper.AVAILABLE:
         for start in range(row0, end, BM):
             stage = i % STAGES
             rows = start + gl.arange(0, BM, layout=gl.SliceLayout(0, s_layout))
-            lse, delta = _row_terms(lse_ptr, delta_ptr, row_base, rows, sq)
+            if ROW_TMA:
+                mbarrier.wait(ready.index(stage), (i // STAGES) & 1)
+                lse, delta = _staged_row_terms(row_bufs, stage, rows, sq)
+            else:
+                lse, delta = _row_terms(lse_ptr, delta_ptr, row_base, rows, sq)
             if ALIBI:
                 lse = lse + slope * (rows - key0 + skv - sq).to(gl.float32)
-            mbarrier.wait(ready.index(stage), (i // STAGES) & 1)
+            if not ROW_TMA:
+                mbarrier.wait(ready.index(stage), (i // STAGES) & 1)
             dk, dv = _kv_step(_slots(q_bufs, stage), _slots(do_bufs, stage), k_smems,
                               v_smems, dk, dv, lse, delta, keys, rows, skv, qk_scale, bias,
                               CAUSAL, ALIBI, WINDOW, MASKED, PAIRED and not MASKED, num_warps)
@@ -236,15 +261,18 @@ if attention_hopper.AVAILABLE:
 
     @gluon.jit
     def _kv_consume(descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
-                    heads, qk_scale, scale, strides, GROUP: gl.constexpr,
+                    heads, qk_scale, scale, strides, rows_at, GROUP: gl.constexpr,
                     CAUSAL: gl.constexpr, ALIBI: gl.constexpr, WINDOW: gl.constexpr,
-                    PAIRED_DOTS: gl.constexpr, PART: gl.constexpr, num_warps: gl.constexpr):
+                    PAIRED_DOTS: gl.constexpr, ROW_TMA: gl.constexpr, PART: gl.constexpr,
+                    num_warps: gl.constexpr):
         """Consumer PART: its 64 keys over every query block the producer streams (each
         query head of the kv head in turn): a head's blocks that need a mask (causal: those
         that cross the diagonal; all, where the keys run past the last; WINDOW: those
         from the first row past its first key's window) by a loop of their own, the rest
-        by another without the mask's code; then its rows of dk and dv."""
+        by another without the mask's code; then its rows of dk and dv. rows_at: the
+        ring's lse and delta (ROW_TMA) and their descriptors."""
         q_descs, k_descs, v_descs, do_descs = descs
+        row_bufs = (rows_at[0], rows_at[1])
         q_bufs, do_bufs, k_bufs, v_bufs = bufs
         kv_ready, ready, empty = bars
         batch, kv_head, key0, first_block, n_blocks, kv_row, kv_col, v_col = at
@@ -280,15 +308,17 @@ if attention_hopper.AVAILABLE:
                 slope = _alibi_slope(head, ALIBI)
             dk, dv, i = _kv_blocks(step_bufs, step_bars, dk, dv, lse_ptr, delta_ptr, row_base,
                                    keys, i, row0, split, sq, skv, qk_scale, slope, key0,
-                                   CAUSAL, ALIBI, WINDOW, True, PAIRED_DOTS, num_warps)
+                                   row_bufs, CAUSAL, ALIBI, WINDOW, True, PAIRED_DOTS, ROW_TMA,
+                                   num_warps)
             dk, dv, i = _kv_blocks(step_bufs, step_bars, dk, dv, lse_ptr, delta_ptr, row_base,
                                    keys, i, split, tail, sq, skv, qk_scale, slope, key0,
-                                   CAUSAL, ALIBI, WINDOW, False, PAIRED_DOTS, num_warps)
+                                   row_bufs, CAUSAL, ALIBI, WINDOW, False, PAIRED_DOTS, ROW_TMA,
+                                   num_warps)
             if WINDOW:
                 dk, dv, i = _kv_blocks(step_bufs, step_bars, dk, dv, lse_ptr, delta_ptr,
                                        row_base, keys, i, tail, end, sq, skv, qk_scale, slope,
-                                       key0, CAUSAL, ALIBI, WINDOW, True, PAIRED_DOTS,
-                                       num_warps)
+                                       key0, row_bufs, CAUSAL, ALIBI, WINDOW, True, PAIRED_DOTS,
+                                       ROW_TMA, num_warps)
 
         dk_strides, dv_strides = strides
         base = batch.to(gl.int64) * dk_strides[0] + kv_head * dk_strides[1]
@@ -298,12 +328,15 @@ if attention_hopper.AVAILABLE:
 
     @gluon.jit
     def _kv_produce(descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
-                    heads, qk_scale, scale, q_place, GROUP: gl.constexpr,
+                    heads, qk_scale, scale, q_place, rows_at, GROUP: gl.constexpr,
                     CAUSAL: gl.constexpr, ALIBI: gl.constexpr, WINDOW: gl.constexpr,
-                    PAIRED_DOTS: gl.constexpr, PART: gl.constexpr, num_warps: gl.constexpr):
+                    PAIRED_DOTS: gl.constexpr, ROW_TMA: gl.constexpr, PART: gl.constexpr,
+                    num_warps: gl.constexpr):
         """The producer warp: both consumers' K and V, then each query block's q and
-        d_out into the ring once both consumers have released its stage (a fresh
-        mbarrier counts as having completed the phase before 0)."""
+        d_out (ROW_TMA: and its lse and delta) into the ring once both consumers have
+        released its stage (a fresh mbarrier counts as having completed the phase before
+        0)."""
+        lse_bufs, delta_bufs, lse_desc, delta_desc = rows_at
         q_descs, k_descs, v_descs, do_descs = descs
         q_bufs, do_bufs, k_bufs, v_bufs = bufs
         kv_ready, ready, empty = bars
@@ -324,7 +357,15 @@ if attention_hopper.AVAILABLE:
             row = batch * q_rows_b + head * q_rows_h + (first_block + i % n_blocks) * BM
             mbarrier.wait(empty.index(stage), ((i // STAGES) & 1) ^ 1)
             bar = ready.index(stage)
-            mbarrier.expect(bar, _nbytes(q_descs) + _nbytes(do_descs))
+            if ROW_TMA:
+                mbarrier.expect(bar, _nbytes(q_descs) + _nbytes(do_descs)
+                                + _nbytes((lse_desc, delta_desc)))
+                flat = (batch * heads + head) * sq + (first_block + i % n_blocks) * BM
+                tma.async_copy_global_to_shared(lse_desc, [flat], bar, lse_bufs.index(stage))
+                tma.async_copy_global_to_shared(delta_desc, [flat], bar,
+                                                delta_bufs.index(stage))
+            else:
+                mbarrier.expect(bar, _nbytes(q_descs) + _nbytes(do_descs))
             _copy(q_descs, q_bufs, stage, bar, row, head * q_cols_h)
             _copy(do_descs, do_bufs, stage, bar, row, head * v_cols_h)
 
@@ -346,22 +387,23 @@ if attention_hopper.AVAILABLE:
 
     @gluon.jit
     def _attention_dkdv(q_desc, q_rest, k_desc, k_rest, v_desc, v_rest, do_desc, do_rest,
-                        dk_ptr, dv_ptr, lse_ptr, delta_ptr, sq, skv, heads, qk_scale, scale,
-                        q_rows_b, q_rows_h, q_cols_h, kv_rows_b, kv_rows_h, kv_cols_h,
-                        v_cols_h, stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b,
-                        stride_dv_h, stride_dv_s,
+                        lse_desc, delta_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, sq, skv,
+                        heads, qk_scale, scale, q_rows_b, q_rows_h, q_cols_h, kv_rows_b,
+                        kv_rows_h, kv_cols_h, v_cols_h, stride_dk_b, stride_dk_h,
+                        stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
                         GROUP: gl.constexpr, CAUSAL: gl.constexpr, ALIBI: gl.constexpr,
                         WINDOW: gl.constexpr, STAGES: gl.constexpr,
                         PAIRED_DOTS: gl.constexpr, HEAD_MAJOR: gl.constexpr,
                         SPLIT_QK: gl.constexpr, SPLIT_V: gl.constexpr,
-                        num_warps: gl.constexpr):
+                        ROW_TMA: gl.constexpr, num_warps: gl.constexpr):
         """One program: 2 x 64 keys of one (batch, kv head). The programs of a kv head's
         first HEAD_MAJOR quarters of key blocks run kv head by kv head, its first keys
         (causal: the most query blocks) first; then the rest keys-major: every kv head's
         next keys, and so on, so that (causal) the grid ends on short programs. Tiles'
         places and the parts of the head dims (*_rest, SPLIT_*), ALIBI and WINDOW as in
         attention_hopper's forward (a window's program streams the query blocks that see
-        its keys)."""
+        its keys). ROW_TMA: the producer streams each block's lse and delta (lse_desc,
+        delta_desc: 1-D over [batch * heads * q_len]) with its q and d_out."""
         q_descs = _parts_of(q_desc, q_rest, SPLIT_QK)
         k_descs = _parts_of(k_desc, k_rest, SPLIT_QK)
         v_descs = _parts_of(v_desc, v_rest, SPLIT_V)
@@ -392,17 +434,22 @@ if attention_hopper.AVAILABLE:
         out_strides = ((stride_dk_b, stride_dk_h, stride_dk_s),
                        (stride_dv_b, stride_dv_h, stride_dv_s))
         q_place = (q_rows_b, q_rows_h, q_cols_h, v_cols_h)
+        if ROW_TMA:
+            rows_at = (_ring((lse_desc,), STAGES)[0], _ring((delta_desc,), STAGES)[0],
+                       lse_desc, delta_desc)
+        else:  # unused
+            rows_at = (bufs[0][0], bufs[0][0], lse_desc, delta_desc)
         # (Constexprs keep their kind only written out in each partition's tuple.)
         gl.warp_specialize([
             (_kv_consume, (descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
-                           heads, qk_scale, scale, out_strides, GROUP, CAUSAL, ALIBI, WINDOW,
-                           PAIRED_DOTS, 0, num_warps)),
+                           heads, qk_scale, scale, out_strides, rows_at, GROUP, CAUSAL, ALIBI,
+                           WINDOW, PAIRED_DOTS, ROW_TMA, 0, num_warps)),
             (_kv_consume, (descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
-                           heads, qk_scale, scale, out_strides, GROUP, CAUSAL, ALIBI, WINDOW,
-                           PAIRED_DOTS, 1, num_warps)),
+                           heads, qk_scale, scale, out_strides, rows_at, GROUP, CAUSAL, ALIBI,
+                           WINDOW, PAIRED_DOTS, ROW_TMA, 1, num_warps)),
             (_kv_produce, (descs, bufs, bars, dk_ptr, dv_ptr, lse_ptr, delta_ptr, at, sq, skv,
-                           heads, qk_scale, scale, q_place, GROUP, CAUSAL, ALIBI, WINDOW,
-                           PAIRED_DOTS, 0, num_warps)),
+                           heads, qk_scale, scale, q_place, rows_at, GROUP, CAUSAL, ALIBI,
+                           WINDOW, PAIRED_DOTS, ROW_TMA, 0, num_warps)),
         ], [num_warps, 1], [240, 24])
 
     @gluon.jit
@@ -584,6 +631,19 @@ def dkdv_rows(dim):
     return 32 if dim > 128 else BLOCK_M
 
 
+def row_tma_fits(sq):
+    """Whether a call of q_len sq can stream lse and delta by TMA: each head's rows start
+    16-byte aligned in the flat [batch * heads * q_len] fp32 view."""
+    return sq % 4 == 0
+
+
+def row_descriptor(t, block):
+    """A TMA descriptor over the fp32 [batch, heads, q_len] t (lse or delta) as one row,
+    in blocks of `block` rows."""
+    layout = gl.NVMMASharedLayout.get_default_for([block], gl.float32)
+    return attention_hopper.TensorDescriptor.from_tensor(t.view(-1), [block], layout)
+
+
 def dkdv_order(q, k, layout, causal, window):
     """The dk/dv grid's HEAD_MAJOR for a call: keys-major past half where causal with
     grouped heads and no window (the long programs the order was measured on), else head
@@ -596,6 +656,7 @@ def backward(
     q, k, v, d_out, lse, delta, needs, *, layout, causal, scale,
     alibi=False, window=0, stages=STAGES, paired_dots=PAIRED_DOTS, rows_dkdv=None,
     keys_dq=BLOCK_N, head_major=None, dq_head_major=DQ_HEAD_MAJOR, launches=None, out=None,
+    row_tma=ROW_TMA,
 ):  # fmt: skip
     """(dq, dk, dv), each None where needs says it is not wanted, of attention over q, k, v
     (contiguous, 16-byte aligned, bf16 or fp16, head dims in HEAD_DIMS) given d_out
@@ -608,7 +669,8 @@ def backward(
     caller keeps for calls like this one (the same shapes but the tensors), where each
     kernel's launch.Described is kept (launched without triton's dispatch). out (the
     forward's, given with needs[0]): delta is not read but written, by the dq kernel
-    from its d_out tiles and out, before the dk/dv kernel reads it (DELTA_IN_DQ)."""
+    from its d_out tiles and out, before the dk/dv kernel reads it (DELTA_IN_DQ).
+    row_tma: the dk/dv kernel's ROW_TMA where row_tma_fits."""
     launches = {} if launches is None else launches
     if out is not None and not needs[0]:
         raise ValueError("delta is written by the dq kernel: out needs dq wanted")
@@ -623,6 +685,8 @@ def backward(
             q, k, layout
         )
         descs = attention_hopper.tile_args(q, k, v, d_out, rows, q_rows, kv_rows)[0]
+        if kernel is _attention_dkdv:  # lse's and delta's, 1-D in blocks of q_rows
+            descs += [row_descriptor(t, q_rows) for t in (lse, delta)]
         grid = (programs(batch, heads, kv_heads, sq, skv),)
         v_cols = v.shape[-1] if layout == "bshd" else 0  # a head's columns in v and d_out
         scalars = (sq, skv, heads, scale * LOG2E, scale, *q_place, *kv_place, v_cols)
@@ -655,9 +719,11 @@ def backward(
     if needs[1] or needs[2]:
         d_k, d_v = torch.empty_like(k), torch.empty_like(v)
         compiled["hopper_dkdv"] = launches.setdefault("dkdv", launch.Described())(
-            sources, (d_k, d_v, lse, delta), lambda: first(
+            (*sources, lse, delta), (d_k, d_v, lse, delta), lambda: first(
                 _attention_dkdv, key_blocks, rows_dkdv or dkdv_rows(q.shape[-1]), BLOCK_N,
-                (d_k, d_v), {"PAIRED_DOTS": paired_dots, "HEAD_MAJOR": head_major},
+                (d_k, d_v),
+                {"PAIRED_DOTS": paired_dots, "HEAD_MAJOR": head_major,
+                 "ROW_TMA": row_tma and row_tma_fits(lse.shape[-1])},
             ),
         )  # fmt: skip
     return (d_q, d_k if needs[1] else None, d_v if needs[2] else None), compiled
