@@ -39,7 +39,6 @@ from test_attention_hopper import (
         ("_attention_dq", 192, 128, True, 1, {"DELTA": True, "ALIBI": 8}),
         # lse and delta loaded by the consumers (q_len not a multiple of 4).
         ("_attention_dkdv", 128, 128, True, 4, {"ROW_TMA": False}),
-        ("_attention_dkdv", 192, 128, True, 1, {"ROW_TMA": False, "ALIBI": 8}),
     ],
 )
 def test_the_kernels_compile_for_sm90_within_shared_memory(kernel, dim, dv, causal, group, masks):
