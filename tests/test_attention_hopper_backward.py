@@ -92,7 +92,7 @@ def _poison_cached_blocks(*shapes, dtype):
 
 @on_hopper
 @needs_gluon
-@pytest.mark.parametrize("row_tma", [True, False])
+@pytest.mark.parametrize("knobs", [{}, {"row_tma": False}, {"paired_dots": 2}])
 @pytest.mark.parametrize(
     "layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype, masks",
     [
@@ -120,12 +120,13 @@ def _poison_cached_blocks(*shapes, dtype):
     ],
 )
 def test_dq_dk_dv_match_float64(
-    row_tma, layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype, masks
+    knobs, layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype, masks
 ):
-    """row_tma: the dk/dv kernel's producer streams each block's lse and delta where
-    q_len % 4 == 0 (rows past the queries, the next head's in the flat view, see no key),
-    the consumers load them otherwise (a 1-D TMA box that starts off 16 bytes, as a head's
-    rows at 257 queries do, is an illegal instruction)."""
+    """The runtime's kernels and two knobs. By default the dk/dv kernel's producer streams
+    each block's lse and delta where q_len % 4 == 0 (rows past the queries, the next head's
+    in the flat view, see no key), the consumers load them otherwise (a 1-D TMA box that
+    starts off 16 bytes, as a head's rows at 257 queries do, is an illegal instruction);
+    row_tma=False: always loaded. paired_dots=2: the masked blocks pair their dots too."""
     torch.manual_seed(sq * 7 + skv + dim)
     q, k, v, d_out = _inputs(layout, batch, heads, kv_heads, sq, skv, dim, dv, dtype)
     out, lse, wants = _reference_grads(q, k, v, d_out, causal, layout, **masks)
@@ -134,7 +135,7 @@ def test_dq_dk_dv_match_float64(
     _poison_cached_blocks(q.shape, k.shape, v.shape, dtype=dtype)
     grads, compiled = attention_hopper_backward.backward(
         q, k, v, d_out, lse.float(), delta, (True, True, True),
-        layout=layout, causal=causal, scale=dim**-0.5, row_tma=row_tma, **masks,
+        layout=layout, causal=causal, scale=dim**-0.5, **knobs, **masks,
     )  # fmt: skip
     assert set(compiled) == {"hopper_dkdv", "hopper_dq"}
     # bf16/fp16 probabilities and dS into the dots, fp32 accumulators: a few units of the

@@ -5,9 +5,10 @@ own for dq, so both stay deterministic) checked against float64 and timed agains
 `tl` backward kernels of the generated module (the same module with its Hopper kernels
 turned off), both given the runtime forward's lse; beside the runtime's kernels, dk/dv's
 unmasked blocks' dots paired (S^T with dP^T, dV with dK, the runtime's) or not (dV with
-dP^T), dk/dv's query blocks of 32 or 64 rows (the runtime: 32 past head dim 128), the
-grids' order (`head_major`, `dq_head_major`: the quarters of a kv head's key blocks, or a
-head's query blocks, run head by head, the rest blocks-major; under GQA a dk/dv program
+dP^T; `paired_dots=2`: the masked blocks' too, untimed), dk/dv's query blocks of 32 or
+64 rows (the runtime: 32 past head dim 128), the grids' order (`head_major`,
+`dq_head_major`: the quarters of a kv head's key blocks, or a head's query blocks, run
+head by head, the rest blocks-major; under GQA a dk/dv program
 runs every query head of its group, so the heads-major grid ended on the last kv heads'
 longest programs: keys-major past half took the dk/dv kernel from 1.919 to 1.686 ms at 4 x
 28/4 x 4096 and is the runtime's under a causal mask; the dq kernel's is unmeasured, a
@@ -251,6 +252,7 @@ def run_case(
     checked |= {" (dq blocks-major past half)": {"dq_head_major": 2}}
     checked |= {" (delta in dq)": {"out": out, "delta": torch.full_like(delta, float("nan"))}}
     checked |= {" (lse, delta loaded)": {"row_tma": False}}
+    checked |= {" (masked blocks paired too)": {"paired_dots": 2}}
     checked |= {
         " (delta in dq, loaded)": {
             "out": out,
@@ -259,7 +261,13 @@ def run_case(
         }
     }
     if only:  # the variants the timed calls run
-        kept = ("", " (delta in dq)", " (lse, delta loaded)", " (delta in dq, loaded)")
+        kept = (
+            "",
+            " (delta in dq)",
+            " (lse, delta loaded)",
+            " (delta in dq, loaded)",
+            " (masked blocks paired too)",
+        )
         checked = {name: checked[name] for name in kept}
     for variant, knobs in checked.items():
         grads = gluon((True, True, True), **knobs)
@@ -303,6 +311,7 @@ def run_case(
         "delta kernel, gluon dq + dk/dv": lambda: gluon((True, True, True), delta=delta_kernel()),
         "gluon dq with delta + dk/dv": delta_in_dq,
         "gluon dk/dv, lse and delta loaded": lambda: gluon(kv, row_tma=False),
+        "gluon dk/dv, masked blocks paired too": lambda: gluon(kv, paired_dots=2),
         "gluon dq with delta + dk/dv, loaded": lambda: delta_in_dq(row_tma=False),
     }
     if wide_dq:

@@ -45,7 +45,8 @@ from . import attention_hopper, launch
 LOG2E = attention_hopper.LOG2E
 # Query rows a step, keys a consumer (two consumers a program), the ring's stages;
 # whether dk/dv's unmasked blocks issue S^T with dP^T and dV with dK (else dV with dP^T;
-# the masked blocks do, where the pairing spilled); the quarters of a kv head's key blocks
+# the masked blocks do, where the pairing spilled 292 bytes; 2: the masked ones too, 52
+# bytes with ROW_TMA, untimed); the quarters of a kv head's key blocks
 # whose dk/dv programs run kv head by kv head, the rest keys-major (_attention_dkdv), under
 # a causal mask with grouped heads and no window, where a program runs a whole group of
 # query heads and the heads-major grid ended on the last kv heads' longest ones: at 4 x
@@ -252,7 +253,8 @@ if attention_hopper.AVAILABLE:
                 mbarrier.wait(ready.index(stage), (i // STAGES) & 1)
             dk, dv = _kv_step(_slots(q_bufs, stage), _slots(do_bufs, stage), k_smems,
                               v_smems, dk, dv, lse, delta, keys, rows, skv, qk_scale, bias,
-                              CAUSAL, ALIBI, WINDOW, MASKED, PAIRED and not MASKED, num_warps)
+                              CAUSAL, ALIBI, WINDOW, MASKED, PAIRED == 2 or (PAIRED and not MASKED),
+                              num_warps)
             mbarrier.arrive(empty.index(stage))
             i += 1
         return dk, dv, i
