@@ -203,7 +203,8 @@ def test_only_plain_attention_at_head_dims_it_takes_runs_the_hopper_forward():
 def test_the_grid_and_the_backward_by_head_dim_and_mask():
     """What runtime/attention.py took from the persistent grid's measurements: persistent
     without a mask at 64 and 128 and with a window at 128, longest first causal at 64
-    (from 4096 queries), the grid of every tile elsewhere; the `tl` backward at 64."""
+    (from 4096 queries), the grid of every tile elsewhere; the Gluon backward at every
+    head dim it takes, 64 included."""
     from fusegen.runtime import attention as runtime
 
     assert runtime.hopper_grid(64, "none") == (True, False)
@@ -214,8 +215,7 @@ def test_the_grid_and_the_backward_by_head_dim_and_mask():
     assert runtime.hopper_grid(192, "causal") == (False, False)
     assert runtime.hopper_grid(128, "causal", 1024) == (True, False)  # a window
     assert runtime.hopper_grid(64, "causal", 1024) == (False, False)
-    assert (64, 64) not in runtime.HOPPER_BACKWARD_HEAD_DIMS
-    assert (128, 128) in runtime.HOPPER_BACKWARD_HEAD_DIMS
+    assert {(64, 64), (96, 96), (128, 128), (192, 128)} <= set(runtime.HOPPER_BACKWARD_HEAD_DIMS)
     fits = runtime.Attention.persistent_fits
     unmasked, causal_64 = (SimpleNamespace(hopper_grid=runtime.hopper_grid(64, mask))
                            for mask in ("none", "causal"))  # fmt: skip
@@ -380,13 +380,15 @@ def _load(path, name):
     return module
 
 
-def _trains_like_float64(module, function, q, k, v, hopper_backward):
-    """A module's eager call takes the Hopper forward (its plan says so) and the Hopper
-    backward where hopper_backward (its compiled kernels say so; else the `tl` one), and
-    its out and gradients match float64."""
+def _trains_like_float64(module, function, q, k, v, hopper_backward, hopper_forward=True):
+    """A module's eager call takes the Hopper forward where hopper_forward (its plan says
+    so; else the `tl` one) and the Hopper backward where hopper_backward (its compiled
+    kernels say so), and its out and gradients match float64."""
+    module._ATTENTION.last_compiled.clear()
     out = function(q, k, v)
     plans = list(module._ATTENTION.plans.values())
-    assert any(type(plan.forward).__name__ == "_HopperLaunch" for plan in plans)
+    took = any(type(plan.forward).__name__ == "_HopperLaunch" for plan in plans)
+    assert took == hopper_forward
     d_out = torch.randn_like(out)
     out.backward(d_out)
     taken = {"hopper_dkdv", "hopper_dq"} <= set(module._ATTENTION.last_compiled)
@@ -475,6 +477,40 @@ def test_a_compiled_call_runs_it_as_an_opaque_op_with_the_eager_bits():
         assert torch.equal(got, want)
 
 
+@on_hopper
+@needs_gluon
+def test_a_compiled_call_at_64_takes_the_tl_forward_and_the_opaque_backward():
+    """At head dim 64 a causal call under 4096 queries runs the `tl` forward (Inductor
+    launches it) and the Gluon backward through the module's opaque op, the eager call's
+    bits."""
+    from torch._inductor.utils import run_and_get_code
+
+    module = _load(ROOT / "generated" / "llama32_1b_attention.py", "llama32_compiled_test")
+    torch.manual_seed(4)
+    bf16 = {"device": "cuda", "dtype": torch.bfloat16, "requires_grad": True}
+    q, k, v = (torch.randn(4, 1024, h, 64, **bf16) for h in (32, 8, 8))
+    d_out = torch.randn(4, 1024, 32, 64, device="cuda", dtype=torch.bfloat16)
+
+    def step(attention):
+        out = attention(q, k, v)
+        out.backward(d_out)
+        grads = [t.grad for t in (q, k, v)]
+        for t in (q, k, v):
+            t.grad = None
+        return out.detach(), grads
+
+    eager, eager_grads = step(module.llama32_1b_attention)
+    compiled = torch.compile(module.llama32_1b_attention, fullgraph=True)
+    (out, grads), sources = run_and_get_code(step, compiled)
+    source = "\n".join(sources)
+    op = module._ATTENTION.op_name
+    assert f"{op}_hopper.default(" not in source
+    assert f"{op}_hopper_backward.default(" in source
+    assert torch.equal(out, eager)
+    for got, want in zip(grads, eager_grads, strict=True):
+        assert torch.equal(got, want)
+
+
 HOPPER_MODULE_SPECS = """
 version: 1
 kernels:
@@ -526,18 +562,18 @@ def test_modules_of_head_dims_in_two_tiles_alibi_or_a_window_run_it(name, tmp_pa
 @pytest.mark.parametrize(
     "name, shapes, grid, hopper_backward",
     [
-        ("vit_attention", [(2, 1024, 16, 64)] * 3, (True, False), False),
+        ("vit_attention", [(2, 1024, 16, 64)] * 3, (True, False), True),
         ("bert_attention", [(2, 16, 1024, 128)] * 3, (True, False), True),
-        ("llama32_attention", [(1, 4096, h, 64) for h in (32, 8, 8)], (True, True), False),
+        ("llama32_attention", [(1, 4096, h, 64) for h in (32, 8, 8)], (True, True), True),
     ],
 )
 def test_modules_on_the_persistent_grid_train_like_float64(
     name, shapes, grid, hopper_backward, tmp_path
 ):
     """No mask at head dims 64 and 128 and causal at 64 from 4096 queries: the Gluon
-    forward on its persistent grid (in the order hopper_grid gives), the Gluon backward
-    at 128 and the `tl` one at 64 (reading the Gluon forward's lse); at 64 a causal call
-    with fewer queries and a cross-attention call run the `tl` forward."""
+    forward on its persistent grid (in the order hopper_grid gives), then the Gluon
+    backward; at 64 a causal call with fewer queries and a cross-attention call run the
+    `tl` forward, and the causal one trains through the Gluon backward from its lse."""
     from fusegen.cli import main
 
     (tmp_path / "specs.yaml").write_text(HOPPER_MODULE_SPECS)
@@ -549,11 +585,10 @@ def test_modules_on_the_persistent_grid_train_like_float64(
     _trains_like_float64(module, getattr(module, name), q, k, v, hopper_backward)
     (plan,) = module._ATTENTION.plans.values()
     assert (plan.forward.persistent, plan.forward.longest_first) == grid
-    if name == "llama32_attention":  # a causal call under 4096 queries
+    if name == "llama32_attention":  # a causal call under 4096 queries, 4 x 1024
         module._ATTENTION.plans.clear()
-        getattr(module, name)(*(t[:, :1024].detach().contiguous() for t in (q, k, v)))
-        (plan,) = module._ATTENTION.plans.values()
-        assert type(plan.forward).__name__ != "_HopperLaunch"
+        short = [torch.randn(4, 1024, h, 64, **bf16) for h in (32, 8, 8)]
+        _trains_like_float64(module, getattr(module, name), *short, True, hopper_forward=False)
     if name == "vit_attention":  # cross-attention: fewer queries than keys (a wave of them)
         module._ATTENTION.plans.clear()
         getattr(module, name)(q[:, :768].detach().contiguous(), k.detach(), v.detach())

@@ -61,9 +61,12 @@ _NEAR = sorted(
 # - 96 and 192/128 (MLA): every tile, as measured before the persistent grid.
 PERSISTENT_HEAD_DIMS = (64, 128)
 LONGEST_FIRST_MIN_QUERIES = 4096
-# The head dims whose calls take the Gluon backward: not 64, where it is unmeasured
-# against the `tl` backward.
-HOPPER_BACKWARD_HEAD_DIMS = tuple(d for d in attention_hopper_backward.HEAD_DIMS if d[0] != 64)
+# The head dims whose calls take the Gluon backward: all of its own. At 64 it ran faster
+# than the `tl` backward (with delta, H100, 5 alternated rounds; RESULTS.md, issue 29):
+# 1.906 ms against 2.375 at 4 x 32/8 x 4096 causal, 0.547 against 0.611 at 16 x 16 x 1024
+# unmasked, 0.387 against 0.401 causal; so at 64 a call takes it wherever the Gluon
+# kernels fit, whichever forward (the same lse) ran before it (hopper_fits's `backward`).
+HOPPER_BACKWARD_HEAD_DIMS = attention_hopper_backward.HEAD_DIMS
 
 
 def hopper_grid(head_dim: int, mask: str | None, window: int | None = None) -> tuple[bool, bool]:
@@ -862,13 +865,14 @@ class Attention:
             for t in tensors
         )
 
-    def hopper_fits(self, inputs, key_lengths, batch, sq, skv, traced=False):
+    def hopper_fits(self, inputs, key_lengths, batch, sq, skv, traced=False, backward=False):
         """Whether a call runs the Gluon kernels (attention_hopper's forward,
         attention_hopper_backward's): a module that has them (hopper), Gluon in this
         Triton, a GPU of compute capability 9.0 (its wgmma), no key lengths or ranges,
         bf16 or fp16, q, k, v contiguous and 16-byte aligned, at least 128 queries (fewer:
         the decode paths) and, causal, as many keys, at head dim 64 only where the
-        persistent grid runs (persistent_fits), and a wave of programs at least (128
+        persistent grid runs (persistent_fits; not for the `backward`'s kernels, which
+        beat the `tl` backward there), and a wave of programs at least (128
         query rows of a head each, one an SM): a smaller call is bound by its launch,
         which the `tl` forward's direct launch makes cheaper. Not while `fusegen tune`
         times the `tl` kernels' configs. While traced (a triton op's body, on fake
@@ -881,7 +885,7 @@ class Attention:
             return False
         if self.hopper == "causal" and sq != skv:
             return False
-        if self.module["HEAD_DIM"] == 64 and not self.persistent_fits(sq, skv):
+        if self.module["HEAD_DIM"] == 64 and not backward and not self.persistent_fits(sq, skv):
             return False  # the grid of every tile: slower than the `tl` forward at 64
         q = inputs[0]
         if q.device.type != "cuda" or torch.version.hip or self.interpreted():
@@ -909,7 +913,7 @@ class Attention:
         """hopper_fits and head dims whose calls take the backward's kernels."""
         dims = (self.module["HEAD_DIM"], self.module["V_HEAD_DIM"])
         return dims in HOPPER_BACKWARD_HEAD_DIMS and self.hopper_fits(
-            inputs, key_lengths, batch, sq, skv, traced
+            inputs, key_lengths, batch, sq, skv, traced, backward=True
         )
 
     def forward_plan(self, device, batch, sq, skv, dtype):
