@@ -77,10 +77,9 @@
 #                      alone beside the `tl` backward, and the causal and GQA forward +
 #                      backward rows against cuDNN
 #   attention-backward-d64
-#                      the Gluon backward at head dim 64 (the runtime keeps the `tl` one
-#                      there, unmeasured) against it: d 64's causal and unmasked rows and
-#                      LLaMA-3.2-1B's GQA 32/8 at 4096 (whether HOPPER_BACKWARD_HEAD_DIMS
-#                      should take 64)
+#                      the Gluon backward at head dim 64 (the runtime's since it beat the
+#                      `tl` one here, 2026-12-07) against the `tl` one: d 64's causal and
+#                      unmasked rows and LLaMA-3.2-1B's GQA 32/8 at 4096
 #   attention-d64-profile
 #                      Nsight Compute on issue 29's causal d 64 row (16 x 16 x 1024): one call
 #                      of cuDNN's forward, the `tl` one and the Gluon ones (every grid), each

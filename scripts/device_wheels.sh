@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Fill .whl/ with the wheels the GPU machine lacks: it has torch, triton and transformers,
-# not pydantic or black (fusegen's own needs), nor gemlite (issue 31's int4 anchor). A
+# not pydantic or black (fusegen's own needs), nor pytest-xdist (run_suite.sh's hopper-tests
+# run four at a time: one by one the GPU tests take minutes of device time), nor gemlite
+# (issue 31's int4 anchor). A
 # `run` call carries them (carry [".whl"]) and installs them there, in every call (the
 # machine is a fresh one after 30 s idle):
 #   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
@@ -15,7 +17,7 @@ pip_quiet() { .venv/bin/python -m pip "$@" --quiet --disable-pip-version-check 2
     | grep -v "^WARNING: Location" || true; }
 version() { .venv/bin/python -c "import importlib.metadata as m; print(m.version('$1'))"; }
 for package in pydantic pydantic_core annotated-types typing-inspection black platformdirs \
-    pytokens; do
+    pytokens pytest-xdist execnet; do
     pip_quiet download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 -d .whl "$package==$(version "$package")"
