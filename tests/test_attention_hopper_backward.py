@@ -39,6 +39,9 @@ from test_attention_hopper import (
         ("_attention_dq", 192, 128, True, 1, {"DELTA": True, "ALIBI": 8}),
         # lse and delta loaded by the consumers (q_len not a multiple of 4).
         ("_attention_dkdv", 128, 128, True, 4, {"ROW_TMA": False}),
+        # Head dim 64 (LLaMA-3.2-1B's GQA 32/8), with a window.
+        ("_attention_dkdv", 64, 64, True, 4, {"WINDOW": 1024}),
+        ("_attention_dq", 64, 64, True, 4, {"DELTA": True}),
     ],
 )
 def test_the_kernels_compile_for_sm90_within_shared_memory(kernel, dim, dv, causal, group, masks):
@@ -112,11 +115,12 @@ def _poison_cached_blocks(*shapes, dtype):
         ("bshd", False, 1, 12, 4, 200, 333, 64, 64, torch.float16, {"alibi": True}),
         ("bshd", True, 1, 6, 3, 300, 300, 96, 96, torch.bfloat16, {"alibi": True}),
         # Windows: of whole blocks (GQA), of a part of one at d 96, with ALiBi, of fewer
-        # keys than a block.
+        # keys than a block, at d 64 (GQA; its forward is the `tl` one there).
         ("bhsd", True, 2, 8, 2, 1024, 1024, 128, 128, torch.bfloat16, {"window": 256}),
         ("bshd", True, 1, 4, 4, 700, 700, 96, 96, torch.float16, {"window": 300}),
         ("bshd", True, 1, 8, 8, 640, 640, 128, 128, torch.bfloat16, {"alibi": True, "window": 200}),
         ("bhsd", True, 1, 4, 4, 384, 384, 128, 128, torch.float16, {"window": 100}),
+        ("bshd", True, 2, 8, 2, 600, 600, 64, 64, torch.bfloat16, {"window": 160}),
     ],
 )
 def test_dq_dk_dv_match_float64(
