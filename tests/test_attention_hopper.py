@@ -445,17 +445,29 @@ def test_later_calls_launch_directly_with_descriptors_at_their_own_addresses():
 
 @on_hopper
 @needs_gluon
-def test_a_compiled_call_runs_it_as_an_opaque_op_with_the_eager_bits():
+@pytest.mark.parametrize(
+    "name, seq, dim, opaque_forward",
+    [
+        ("llama3_attention", 512, 128, True),
+        # At head dim 64 a causal call under 4096 queries runs the `tl` forward (Inductor
+        # launches it), then the Gluon backward through the opaque op.
+        ("llama32_1b_attention", 1024, 64, False),
+    ],
+)
+def test_a_compiled_call_runs_it_as_an_opaque_op_with_the_eager_bits(
+    name, seq, dim, opaque_forward
+):
     """Inductor cannot launch the Gluon kernels: a traced call that fits them goes through
     the module's opaque Hopper ops, whose eager bodies run them, so compiled and eager
     give the same bits, forward and backward."""
     from torch._inductor.utils import run_and_get_code
 
-    module = _load(ROOT / "generated" / "llama3_attention.py", "llama3_attention_compiled_test")
+    module = _load(ROOT / "generated" / f"{name}.py", f"{name}_compiled_test")
+    function = getattr(module, name)
     torch.manual_seed(3)
     bf16 = {"device": "cuda", "dtype": torch.bfloat16, "requires_grad": True}
-    q, k, v = (torch.randn(2, 512, h, 128, **bf16) for h in (32, 8, 8))
-    d_out = torch.randn(2, 512, 32, 128, device="cuda", dtype=torch.bfloat16)
+    q, k, v = (torch.randn(4, seq, h, dim, **bf16) for h in (32, 8, 8))
+    d_out = torch.randn(4, seq, 32, dim, device="cuda", dtype=torch.bfloat16)
 
     def step(attention):
         out = attention(q, k, v)
@@ -465,46 +477,11 @@ def test_a_compiled_call_runs_it_as_an_opaque_op_with_the_eager_bits():
             t.grad = None
         return out.detach(), grads
 
-    eager, eager_grads = step(module.llama3_attention)
-    compiled = torch.compile(module.llama3_attention, fullgraph=True)
-    (out, grads), sources = run_and_get_code(step, compiled)
+    eager, eager_grads = step(function)
+    (out, grads), sources = run_and_get_code(step, torch.compile(function, fullgraph=True))
     source = "\n".join(sources)
     op = module._ATTENTION.op_name  # the ops' names carry the spec's hash
-    assert f"{op}_hopper.default(" in source
-    assert f"{op}_hopper_backward.default(" in source
-    assert torch.equal(out, eager)
-    for got, want in zip(grads, eager_grads, strict=True):
-        assert torch.equal(got, want)
-
-
-@on_hopper
-@needs_gluon
-def test_a_compiled_call_at_64_takes_the_tl_forward_and_the_opaque_backward():
-    """At head dim 64 a causal call under 4096 queries runs the `tl` forward (Inductor
-    launches it) and the Gluon backward through the module's opaque op, the eager call's
-    bits."""
-    from torch._inductor.utils import run_and_get_code
-
-    module = _load(ROOT / "generated" / "llama32_1b_attention.py", "llama32_compiled_test")
-    torch.manual_seed(4)
-    bf16 = {"device": "cuda", "dtype": torch.bfloat16, "requires_grad": True}
-    q, k, v = (torch.randn(4, 1024, h, 64, **bf16) for h in (32, 8, 8))
-    d_out = torch.randn(4, 1024, 32, 64, device="cuda", dtype=torch.bfloat16)
-
-    def step(attention):
-        out = attention(q, k, v)
-        out.backward(d_out)
-        grads = [t.grad for t in (q, k, v)]
-        for t in (q, k, v):
-            t.grad = None
-        return out.detach(), grads
-
-    eager, eager_grads = step(module.llama32_1b_attention)
-    compiled = torch.compile(module.llama32_1b_attention, fullgraph=True)
-    (out, grads), sources = run_and_get_code(step, compiled)
-    source = "\n".join(sources)
-    op = module._ATTENTION.op_name
-    assert f"{op}_hopper.default(" not in source
+    assert (f"{op}_hopper.default(" in source) == opaque_forward
     assert f"{op}_hopper_backward.default(" in source
     assert torch.equal(out, eager)
     for got, want in zip(grads, eager_grads, strict=True):
