@@ -63,7 +63,7 @@ LONGEST_FIRST_MIN_QUERIES = 4096
 # than the `tl` backward (with delta, H100, 5 alternated rounds; RESULTS.md, issue 29):
 # 1.906 ms against 2.375 at 4 x 32/8 x 4096 causal, 0.547 against 0.611 at 16 x 16 x 1024
 # unmasked, 0.387 against 0.401 causal; so at 64 a call takes it wherever the Gluon
-# kernels fit, whichever forward (the same lse) ran before it (hopper_fits's `backward`).
+# kernels fit, whichever forward (the same lse) ran before it (hopper_backward_fits).
 HOPPER_BACKWARD_HEAD_DIMS = attention_hopper_backward.HEAD_DIMS
 
 
@@ -276,8 +276,9 @@ class Attention:
         decode call packs a group's into one block; tma: the kernels take TMA.
     hopper: "causal" or "none" where the module's attention is plain, ALiBi's or a
         window's (no softcap or bias) at head dims attention_hopper takes, with that mask:
-        a call that fits (hopper_fits) runs the Gluon kernels of attention_hopper (forward)
-        and attention_hopper_backward on an H100/H200.
+        a call that fits (hopper_forward_fits, hopper_backward_fits) runs the Gluon
+        kernels of attention_hopper (forward) and attention_hopper_backward on an
+        H100/H200.
     """
 
     def __init__(
@@ -475,7 +476,7 @@ class Attention:
         if not plan.runs or plan.empty:
             return plan
         m = self.module
-        if self.hopper_fits(inputs, key_lengths, batch, sq, skv):
+        if self.hopper_forward_fits(inputs, key_lengths, batch, sq, skv):
             causal = self.hopper == "causal"
             grid = self.hopper_grid if self.persistent_fits(sq, skv) else (False, False)
             plan.forward = _HopperLaunch(self, m["LAYOUT"], causal, m["SCALE"], *grid)
@@ -526,7 +527,7 @@ class Attention:
         """(dq, dk, dv[, d bias]) from the forward's out and lse: delta = rowsum(d_out *
         out), then one kernel for dk and dv (per kv block, over its query heads) and one
         for dq (and d bias): attention_hopper_backward's where the call fits the Hopper
-        kernels (hopper_fits), the `tl` kernels otherwise. The checks, configs, grids and
+        kernels (hopper_backward_fits), the `tl` kernels otherwise. The checks, configs, grids and
         strides of a call are its _BackwardPlan's, made at the first call of its
         backward_key: a later call allocates the gradients and launches."""
         needs = tuple(needs)
@@ -863,14 +864,12 @@ class Attention:
             for t in tensors
         )
 
-    def hopper_fits(self, inputs, key_lengths, batch, sq, skv, traced=False, backward=False):
+    def hopper_fits(self, inputs, key_lengths, batch, sq, skv, traced=False):
         """Whether a call runs the Gluon kernels (attention_hopper's forward,
         attention_hopper_backward's): a module that has them (hopper), Gluon in this
         Triton, a GPU of compute capability 9.0 (its wgmma), no key lengths or ranges,
         bf16 or fp16, q, k, v contiguous and 16-byte aligned, at least 128 queries (fewer:
-        the decode paths) and, causal, as many keys, at head dim 64 only where the
-        persistent grid runs (persistent_fits; not for the `backward`'s kernels, which
-        beat the `tl` backward there), and a wave of programs at least (128
+        the decode paths) and, causal, as many keys, and a wave of programs at least (128
         query rows of a head each, one an SM): a smaller call is bound by its launch,
         which the `tl` forward's direct launch makes cheaper. Not while `fusegen tune`
         times the `tl` kernels' configs. While traced (a triton op's body, on fake
@@ -883,8 +882,6 @@ class Attention:
             return False
         if self.hopper == "causal" and sq != skv:
             return False
-        if self.module["HEAD_DIM"] == 64 and not backward and not self.persistent_fits(sq, skv):
-            return False  # the grid of every tile: slower than the `tl` forward at 64
         q = inputs[0]
         if q.device.type != "cuda" or torch.version.hip or self.interpreted():
             return False
@@ -901,17 +898,25 @@ class Attention:
     def persistent_fits(self, sq, skv):
         """Whether a call that fits the Gluon forward runs it on the persistent grid
         (hopper_grid): as many keys as queries (its measured calls; cross-attention runs
-        the grid of every tile at 128, the `tl` forward at 64: hopper_fits) and, causal
+        the grid of every tile at 128, the `tl` forward at 64: hopper_forward_fits) and, causal
         at head dim 64, LONGEST_FIRST_MIN_QUERIES."""
         if not self.hopper_grid[0] or sq != skv:
             return False
         return not self.hopper_grid[1] or sq >= LONGEST_FIRST_MIN_QUERIES
 
+    def hopper_forward_fits(self, inputs, key_lengths, batch, sq, skv, traced=False):
+        """hopper_fits, and at head dim 64 only where the persistent grid runs
+        (persistent_fits): the grid of every tile is slower than the `tl` forward there."""
+        if self.module["HEAD_DIM"] == 64 and not self.persistent_fits(sq, skv):
+            return False
+        return self.hopper_fits(inputs, key_lengths, batch, sq, skv, traced)
+
     def hopper_backward_fits(self, inputs, key_lengths, batch, sq, skv, traced=False):
-        """hopper_fits and head dims whose calls take the backward's kernels."""
+        """hopper_fits and head dims whose calls take the backward's kernels (at 64 too
+        where the forward was the `tl` one: its lse is the same)."""
         dims = (self.module["HEAD_DIM"], self.module["V_HEAD_DIM"])
         return dims in HOPPER_BACKWARD_HEAD_DIMS and self.hopper_fits(
-            inputs, key_lengths, batch, sq, skv, traced, backward=True
+            inputs, key_lengths, batch, sq, skv, traced
         )
 
     def forward_plan(self, device, batch, sq, skv, dtype):
@@ -1120,9 +1125,10 @@ class Attention:
         )
 
     def fits_traced(self, inputs, key_lengths, fits=None):
-        """Whether a traced call fits the Gluon kernels (hopper_fits on its shapes)."""
+        """Whether a traced call fits the Gluon kernels (fits, by default
+        hopper_forward_fits, on its shapes)."""
         batch, sq, skv = self.checked(inputs, key_lengths)
-        return (fits or self.hopper_fits)(inputs, key_lengths, batch, sq, skv, traced=True)
+        return (fits or self.hopper_forward_fits)(inputs, key_lengths, batch, sq, skv, traced=True)
 
     def fake_forward(self, *args):
         """(out, lse) as empty tensors of the forward op's outputs (its fake)."""
