@@ -419,10 +419,20 @@ RUNTIME_D64 = {
 # The runtime kernel's persistent grid (forward's persistent, longest_first), at every
 # head dim: the experiments' pingpong-persistent-heads in the product's kernel, and the
 # order that takes every head's last query block first (causal: the longest tiles first).
+# chained: each tile's first QK issued before the tile before's last PV, its out stored
+# under the next tile's first softmax (_consume_chained).
 RUNTIME_PERSISTENT = {
     "runtime persistent": {"persistent": True},
     "runtime persistent longest-first": {"persistent": True, "longest_first": True},
+    "runtime persistent chained": {"persistent": True, "chained": True},
+    "runtime persistent longest-first chained": {
+        "persistent": True,
+        "longest_first": True,
+        "chained": True,
+    },
 }
+# The window case's keys a query sees (the anchors' Mistral-style module's).
+WINDOW = 1024
 
 
 # (q's shape, causal, knobs) -> the runtime forward's launch.Described: launched as the
@@ -444,9 +454,18 @@ def runtime_forward(q, k, v, causal, **knobs):
     return out
 
 
-def reference(q, k, v, causal):
+def reference(q, k, v, causal, window=0):
+    """float64 attention; window: (causal) a query sees its `window` latest keys."""
+    q, k, v = q.double(), k.double(), v.double()
+    if not window:
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=causal, enable_gqa=True
+        )
+    rows = torch.arange(q.shape[2], device=q.device)[:, None]
+    keys = torch.arange(k.shape[2], device=q.device)[None, :]
+    seen = (keys <= rows) & (keys > rows - window)
     return torch.nn.functional.scaled_dot_product_attention(
-        q.double(), k.double(), v.double(), is_causal=causal, enable_gqa=True
+        q, k, v, attn_mask=seen, enable_gqa=True
     )
 
 
@@ -464,6 +483,9 @@ def main() -> int:
         "--kv-heads", type=int, help="GQA: k and v's heads (the runtime's kernels, causal)"
     )
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--knobs", nargs="*", help="only these of the runtime's knob sets (default: every one)"
+    )
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.compile:
@@ -487,11 +509,14 @@ def main() -> int:
             # At head dim 64 the d 64 anchors (16 heads: --shape B 16 S 64; GQA: 32/8).
             name = "anchor_attention_" + ("gqa" if kv_heads != heads else case)
             name += "_d64" if dim == 64 else ""
+            if case == "window":  # its module: 32/8 heads of 128 (--kv-heads 8)
+                name = "anchor_attention_window"
             generated[case] = getattr(attention_anchors.load(Path(args.built), name), name)
     torch.manual_seed(0)
     results, failed = {}, 0
     for case in args.cases:
-        causal = case == "causal"
+        causal = case in ("causal", "window")
+        window = WINDOW if case == "window" else 0
         q, k, v = (
             torch.randn(batch, n, seq, dim, device="cuda", dtype=torch.bfloat16)
             for n in (heads, kv_heads, kv_heads)
@@ -505,23 +530,28 @@ def main() -> int:
 
         calls = {
             name: (lambda q=q, k=k, v=v, c=causal, name=name: attention(q, k, v, c, name))
-            for name in args.variants
+            for name in (args.variants if not window else ())  # the variants take no window
         }
-        calls["cudnn"] = cudnn
+        if not window:  # SDPA's cuDNN backend has no sliding window
+            calls["cudnn"] = cudnn
         # The product's kernel (fusegen/runtime/attention_hopper.py), what generated
         # modules launch on an H100/H200.
-        calls["runtime"] = lambda q=q, k=k, v=v, c=causal: runtime_forward(q, k, v, c)
+        calls["runtime"] = lambda q=q, k=k, v=v, c=causal, w=window: runtime_forward(
+            q, k, v, c, window=w
+        )
         knobs_tried = {**(RUNTIME_D64 if dim == 64 else {}), **RUNTIME_PERSISTENT}
         for name, knobs in knobs_tried.items():
-            calls[name] = lambda q=q, k=k, v=v, c=causal, kn=knobs: runtime_forward(
-                q, k, v, c, **kn
+            if args.knobs is not None and name not in args.knobs:
+                continue
+            calls[name] = lambda q=q, k=k, v=v, c=causal, w=window, kn=knobs: runtime_forward(
+                q, k, v, c, window=w, **kn
             )
         if case in generated:
             calls["fusegen"] = lambda q=q, k=k, v=v, f=generated[case]: f(q, k, v)
         # Checked on the first batch entry and 4 heads against float64, the output
         # poisoned before each call.
         kv = max(1, 4 * kv_heads // heads)  # the k and v heads of q's first 4
-        want = reference(q[:1, :4], k[:1, :kv], v[:1, :kv], causal)
+        want = reference(q[:1, :4], k[:1, :kv], v[:1, :kv], causal, window)
         scale = want.abs().max().item()
         for name, call in calls.items():
             if name in VARIANTS:
@@ -534,6 +564,8 @@ def main() -> int:
             failed += not ok
             print(f"{case} {name}: max error {error:.2e} of max |out| {'ok' if ok else 'FAIL'}")
         pairs = seq * seq / 2 if causal else seq * seq
+        if window:  # each query's keys: its window, or every one before it
+            pairs = window * (seq - window) + window * (window + 1) / 2
         flops = 4 * batch * heads * pairs * dim
         if args.profile:  # ncu --profile-from-start off: these calls alone
             torch.cuda.synchronize()
@@ -549,12 +581,13 @@ def main() -> int:
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 times[name].append(triton.testing.do_bench(calls[name]))
         results[case] = times
-        base = statistics.median(times["cudnn"])
+        against = "cudnn" if "cudnn" in times else "runtime"
+        base = statistics.median(times[against])
         for name, ms in times.items():
             median = statistics.median(ms)
             print(
                 f"{case:7s} {name:8s} {median:7.3f} ms [{min(ms):.3f}-{max(ms):.3f}] "
-                f"{flops / median / 1e9:5.0f} TFLOP/s  {base / median:.2f}x cuDNN",
+                f"{flops / median / 1e9:5.0f} TFLOP/s  {base / median:.2f}x {against}",
                 flush=True,
             )
     if args.out:
