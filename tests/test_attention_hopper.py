@@ -103,15 +103,16 @@ def compiled_for_sm90(module, kernel, dim, dtype, meta, dv=None):
         (96, 96, True, 1, "bfloat16", {"PERSISTENT": True, "WINDOW": 256}),
         (128, 128, True, 4, "bfloat16", {"PERSISTENT": True, "ALIBI": 8}),
         # Chained tiles: a tile's first dots under the last of the tile before.
-        (128, 128, True, 4, "bfloat16", {"PERSISTENT": True, "CHAINED": True, "WINDOW": 1024}),
-        (96, 96, True, 1, "bfloat16", {"PERSISTENT": True, "CHAINED": True, "ALIBI": 8}),
-        (64, 64, True, 1, "float16", {"PERSISTENT": True, "CHAINED": True}),
+        (128, 128, True, 4, "bfloat16", {"PERSISTENT": True, "CHAINED": 2, "WINDOW": 1024}),
+        (96, 96, True, 1, "bfloat16", {"PERSISTENT": True, "CHAINED": 1, "ALIBI": 8}),
+        (64, 64, True, 1, "float16", {"PERSISTENT": True, "CHAINED": 1}),
+        (64, 64, True, 4, "bfloat16", {"PERSISTENT": True, "CHAINED": 2, "LONGEST_FIRST": True}),
     ],
 )
 def test_the_kernel_compiles_for_sm90_within_shared_memory(dim, dv, causal, group, dtype, masks):
     meta = {
         "GROUP": group, "CAUSAL": causal, "ALIBI": 0, "WINDOW": 0, "PERSISTENT": False,
-        "LONGEST_FIRST": False, "CHAINED": False, "REGISTERS": 240,
+        "LONGEST_FIRST": False, "CHAINED": 0, "REGISTERS": 240,
     }  # fmt: skip
     shared, wgmma = compiled_for_sm90(
         "attention_hopper", "_attention_forward", dim, dtype, {**meta, **masks}, dv=dv
@@ -352,7 +353,9 @@ def test_64_key_blocks_two_programs_an_sm_match_float64(causal):
         ("bhsd", True, 2, 32, 8, 2048, 128, torch.bfloat16, False, 1024, False),
     ],
 )
-@pytest.mark.parametrize("chained", [False, True], ids=["", "chained"])
+@pytest.mark.parametrize(
+    "chained", [False, True, "early queries"], ids=["", "chained", "chained-early-queries"]
+)
 def test_a_persistent_grid_matches_float64(
     layout, causal, batch, heads, kv_heads, sq, dim, dtype, alibi, window, longest_first, chained
 ):

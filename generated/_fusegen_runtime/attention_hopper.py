@@ -569,29 +569,56 @@ if AVAILABLE:
                  stride_o_b, stride_o_h, stride_o_s,
                  CAUSAL: gl.constexpr, ALIBI: gl.constexpr, WINDOW: gl.constexpr,
                  GROUP: gl.constexpr, PERSISTENT: gl.constexpr, LONGEST_FIRST: gl.constexpr,
-                 PART: gl.constexpr, num_warps: gl.constexpr):
+                 CHAINED: gl.constexpr, PART: gl.constexpr, num_warps: gl.constexpr):
         """The producer warp, for the program's tile or (PERSISTENT) each of its tiles in
-        turn, as _consume takes them."""
+        turn, as _consume takes them; CHAINED 2: a tile's query tiles loaded during the
+        tile before, after its first key blocks (_produce_tile's `following`)."""
         if PERSISTENT:
             ring = 0
             count = 0
-            for t in range(gl.program_id(0), work[0] * work[1], gl.num_programs(0)):
+            tiles = work[0] * work[1]
+            step = gl.num_programs(0)
+            if CHAINED == 2:
+                place, n_blocks = _place(gl.program_id(0), work, sq, skv, GROUP, CAUSAL,
+                                         WINDOW, LONGEST_FIRST, descs)
+                _load_queries(descs, bufs, bars, place, 0)
+            for t in range(gl.program_id(0), tiles, step):
                 place, n_blocks = _place(t, work, sq, skv, GROUP, CAUSAL, WINDOW,
                                          LONGEST_FIRST, descs)
-                _produce_tile(descs, bufs, bars, place, n_blocks, ring, count, PERSISTENT)
+                following, _ = _place(t + step, work, sq, skv, GROUP, CAUSAL, WINDOW,
+                                      LONGEST_FIRST, descs)
+                _produce_tile(descs, bufs, bars, place, n_blocks, ring, count, PERSISTENT,
+                              following, CHAINED == 2 and t + step < tiles, CHAINED == 2)
                 ring += n_blocks
                 count += 1
         else:
             place, n_blocks = work
-            _produce_tile(descs, bufs, bars, place, n_blocks, 0, 0, PERSISTENT)
+            _produce_tile(descs, bufs, bars, place, n_blocks, 0, 0, PERSISTENT, place, False,
+                          False)
 
     @gluon.jit
-    def _produce_tile(descs, bufs, bars, place, n_blocks, ring, count, PERSISTENT: gl.constexpr):
+    def _load_queries(descs, bufs, bars, place, count):
+        """The two query tiles of the program's tile `count` (PERSISTENT) into their
+        slots, once their consumers have released them."""
+        q_descs = descs[0]
+        BLOCK_M: gl.constexpr = q_descs[0].block_type.shape[0]
+        q_row = place[4]
+        q_col = place[5]
+        for part in gl.static_range(2):
+            slot = part * 2 + count % 2
+            mbarrier.wait(bars[5].index(slot), ((count // 2) & 1) ^ 1)
+            _load(q_descs, bufs[0], slot, bars[0].index(slot), q_row + part * BLOCK_M, q_col)
+
+    @gluon.jit
+    def _produce_tile(descs, bufs, bars, place, n_blocks, ring, count, PERSISTENT: gl.constexpr,
+                      following, load_following, EARLY: gl.constexpr):
         """A tile's two query tiles (PERSISTENT: into the slots of the program's tile
-        `count`, once their consumers have released them), then each key block's K and V
-        into the ring (from its block `ring` on), each into its stage once both consumers
-        have released it (a fresh mbarrier counts as having completed the phase before 0:
-        the first pass does not wait)."""
+        `count`, once their consumers have released them; EARLY: loaded before, during
+        the tile before), then each key block's K and V into the ring (from its block
+        `ring` on), each into its stage once both consumers have released it (a fresh
+        mbarrier counts as having completed the phase before 0: the first pass does not
+        wait); load_following (EARLY): the next tile's (at `following`) after this one's
+        second key block, or its first if it has one."""
         q_descs, k_descs, v_descs, o_descs = descs
         q_bufs = bufs[0]
         k_bufs = bufs[1]
@@ -605,13 +632,11 @@ if AVAILABLE:
         BLOCK_M: gl.constexpr = q_descs[0].block_type.shape[0]
         BLOCK_N: gl.constexpr = k_descs[0].block_type.shape[0]
         STAGES: gl.constexpr = k_bufs[0].type.shape[0]
-        for part in gl.static_range(2):
-            if PERSISTENT:
-                slot = part * 2 + count % 2
-                mbarrier.wait(bars[5].index(slot), ((count // 2) & 1) ^ 1)
-                _load(q_descs, q_bufs, slot, q_ready.index(slot), q_row + part * BLOCK_M,
-                      q_col)
-            else:
+        if PERSISTENT:
+            if not EARLY:
+                _load_queries(descs, bufs, bars, place, count)
+        else:
+            for part in gl.static_range(2):
                 _load(q_descs, q_bufs, part, q_ready.index(part), q_row + part * BLOCK_M,
                       q_col)
         for j in range(n_blocks):
@@ -621,6 +646,9 @@ if AVAILABLE:
             _load(k_descs, k_bufs, stage, k_ready.index(stage), kv_row + j * BLOCK_N, kv_col)
             mbarrier.wait(v_empty.index(stage), empty_phase)
             _load(v_descs, v_bufs, stage, v_ready.index(stage), kv_row + j * BLOCK_N, v_col)
+            if EARLY:
+                if load_following and j == gl.minimum(n_blocks - 1, 1):
+                    _load_queries(descs, bufs, bars, following, count + 1)
 
     @gluon.jit
     def _attention_forward(q_desc, q_rest, k_desc, k_rest, v_desc, v_rest, o_desc, o_rest,
@@ -642,8 +670,9 @@ if AVAILABLE:
         sees its WINDOW most recent keys, and a program streams the blocks from its first
         row's window start (_first_key) on. PERSISTENT: a program an SM, over the tiles
         from its id on in steps of the grid (in _place's order, LONGEST_FIRST its other
-        one), so that a tile's loads run under the one before's epilogue; CHAINED: its
-        consumers chain the tiles (_consume_chained). REGISTERS: the
+        one), so that a tile's loads run under the one before's epilogue; CHAINED: 0, or
+        1: its consumers chain the tiles (_consume_chained), 2: and its producer loads a
+        tile's query tiles during the tile before (_produce). REGISTERS: the
         second consumer's registers a thread (setmaxnreg; the producer's: 24)."""
         q_descs = _parts_of(q_desc, q_rest, SPLIT_QK)
         k_descs = _parts_of(k_desc, k_rest, SPLIT_QK)
@@ -694,7 +723,7 @@ if AVAILABLE:
                         PERSISTENT, LONGEST_FIRST, CHAINED, 1, num_warps)),
             (_produce, (descs, bufs, bars, out_ptr, lse_ptr, work, sq, skv, qk_scale,
                         stride_o_b, stride_o_h, stride_o_s, CAUSAL, ALIBI, WINDOW, GROUP,
-                        PERSISTENT, LONGEST_FIRST, 0, num_warps)),
+                        PERSISTENT, LONGEST_FIRST, CHAINED, 0, num_warps)),
         ], [num_warps, 1], [REGISTERS, 24])
     # fmt: on
 
@@ -798,7 +827,8 @@ def forward(
     memory: two programs an SM, not one). persistent: one program an SM, each over tiles
     in turn (longest_first: in the order that takes every head's last query block first;
     else head by head, as the grid of every tile; chained: each tile's first dots under
-    the last of the tile before). launches: the launch.Described its caller keeps
+    the last of the tile before, "early queries": and its query tiles loaded during the
+    tile before). launches: the launch.Described its caller keeps
     for calls like this one (the same shapes and arguments but the tensors), which
     launches them without triton's dispatch. Returns the compiled kernel (`fusegen
     inspect` reads its registers and shared memory)."""
@@ -821,7 +851,7 @@ def forward(
             **split,
             "PERSISTENT": persistent,
             "LONGEST_FIRST": longest_first,
-            "CHAINED": persistent and chained,
+            "CHAINED": {False: 0, True: 1, "early queries": 2}[chained] if persistent else 0,
             "REGISTERS": registers[0],
             "num_warps": 4,
             **({} if registers[1] is None else {"maxnreg": registers[1]}),
