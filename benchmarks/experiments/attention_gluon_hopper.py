@@ -430,6 +430,7 @@ RUNTIME_PERSISTENT = {
         "longest_first": True,
         "chained": True,
     },
+    "runtime persistent chained, early queries": {"persistent": True, "chained": "early queries"},
 }
 # The window case's keys a query sees (the anchors' Mistral-style module's).
 WINDOW = 1024
