@@ -102,17 +102,12 @@ def compiled_for_sm90(module, kernel, dim, dtype, meta, dv=None):
         (64, 64, True, 4, "float16", {"PERSISTENT": True, "LONGEST_FIRST": True}),
         (96, 96, True, 1, "bfloat16", {"PERSISTENT": True, "WINDOW": 256}),
         (128, 128, True, 4, "bfloat16", {"PERSISTENT": True, "ALIBI": 8}),
-        # Chained tiles: a tile's first dots under the last of the tile before.
-        (128, 128, True, 4, "bfloat16", {"PERSISTENT": True, "CHAINED": 2, "WINDOW": 1024}),
-        (96, 96, True, 1, "bfloat16", {"PERSISTENT": True, "CHAINED": 1, "ALIBI": 8}),
-        (64, 64, True, 1, "float16", {"PERSISTENT": True, "CHAINED": 1}),
-        (64, 64, True, 4, "bfloat16", {"PERSISTENT": True, "CHAINED": 2, "LONGEST_FIRST": True}),
     ],
 )
 def test_the_kernel_compiles_for_sm90_within_shared_memory(dim, dv, causal, group, dtype, masks):
     meta = {
         "GROUP": group, "CAUSAL": causal, "ALIBI": 0, "WINDOW": 0, "PERSISTENT": False,
-        "LONGEST_FIRST": False, "CHAINED": 0, "REGISTERS": 240,
+        "LONGEST_FIRST": False, "REGISTERS": 240,
     }  # fmt: skip
     shared, wgmma = compiled_for_sm90(
         "attention_hopper", "_attention_forward", dim, dtype, {**meta, **masks}, dv=dv
@@ -350,18 +345,13 @@ def test_64_key_blocks_two_programs_an_sm_match_float64(causal):
         ("bshd", True, 2, 32, 8, 777, 64, torch.bfloat16, False, 0, False),
         ("bhsd", True, 3, 16, 16, 1024, 128, torch.bfloat16, True, 0, True),
         ("bshd", True, 3, 16, 4, 900, 96, torch.float16, False, 256, True),
-        ("bhsd", True, 2, 32, 8, 2048, 128, torch.bfloat16, False, 1024, False),
     ],
 )
-@pytest.mark.parametrize(
-    "chained", [False, True, "early queries"], ids=["", "chained", "chained-early-queries"]
-)
 def test_a_persistent_grid_matches_float64(
-    layout, causal, batch, heads, kv_heads, sq, dim, dtype, alibi, window, longest_first, chained
+    layout, causal, batch, heads, kv_heads, sq, dim, dtype, alibi, window, longest_first
 ):
     """forward's persistent grid (one program an SM over tiles in turn) in both tile
-    orders, its tiles chained or not, gives the same out and lse as float64, at shapes of
-    several tiles a program."""
+    orders gives the same out and lse as float64, at shapes of several tiles a program."""
     torch.manual_seed(sq + heads)
     q_shape, k_shape = shapes(layout, batch, heads, kv_heads, sq, sq, dim)
     assert (sq + 127) // 128 * batch * heads > 2 * torch.cuda.get_device_properties(
@@ -373,7 +363,7 @@ def test_a_persistent_grid_matches_float64(
     lse = torch.full((batch, heads, sq), float("nan"), device="cuda")
     attention_hopper.forward(
         q, k, v, out, lse, layout=layout, causal=causal, scale=dim**-0.5, alibi=alibi,
-        window=window, persistent=True, longest_first=longest_first, chained=chained,
+        window=window, persistent=True, longest_first=longest_first,
     )  # fmt: skip
     want, want_lse = reference(q, k, v, causal, layout, alibi, window)
     unit = 2**-8 if dtype == torch.bfloat16 else 2**-11

@@ -20,16 +20,19 @@ generated kernel); at head dim 64 (--shape B H S 64) also with its knobs (RUNTIM
 for issue 29's d 64 rows, where it was slower than the `tl` forward. The
 variants measured and dropped on the way (all waits at once, the loads issued by the
 consumers, FA3's explicit turns, the probabilities through shared memory, O rescaled
-during QK, V released a step late) are in this file's git history and in
-benchmarks/RESULTS.md with their logs.
+during QK, V released a step late; in the runtime kernel, chained tiles on the persistent
+grid, commit 9528355) are in this file's git history and in benchmarks/RESULTS.md with
+their logs. The window case (causal, a window of WINDOW keys; --kv-heads 8 for the
+anchors' module) times the runtime kernel alone, against its grid of every tile: SDPA's
+cuDNN backend has no window. --knobs NAME... times only those of the runtime's knobs.
 
 Timed in interleaved rounds with cuDNN and the generated kernel
 (benchmarks/specs/attention_anchors.yaml). Causal or no mask; [batch, heads, seq, dim]
 contiguous, seq a multiple of the tiles; bf16; the softmax in base 2.
 
     python3 benchmarks/experiments/attention_gluon_hopper.py [--built FOLDER]
-        [--cases causal full] [--variants pingpong-heads ws] [--shape B H S D] [--rounds 5]
-        [--kv-heads N] [--out FILE.json]
+        [--cases causal full window] [--variants pingpong-heads ws] [--shape B H S D]
+        [--rounds 5] [--kv-heads N] [--knobs "runtime persistent" ...] [--out FILE.json]
     ncu --profile-from-start off ... python3 benchmarks/experiments/attention_gluon_hopper.py
         --profile --variants pingpong (one call of each variant and cuDNN, profiled)
     python3 benchmarks/experiments/attention_gluon_hopper.py --compile
@@ -419,18 +422,9 @@ RUNTIME_D64 = {
 # The runtime kernel's persistent grid (forward's persistent, longest_first), at every
 # head dim: the experiments' pingpong-persistent-heads in the product's kernel, and the
 # order that takes every head's last query block first (causal: the longest tiles first).
-# chained: each tile's first QK issued before the tile before's last PV, its out stored
-# under the next tile's first softmax (_consume_chained).
 RUNTIME_PERSISTENT = {
     "runtime persistent": {"persistent": True},
     "runtime persistent longest-first": {"persistent": True, "longest_first": True},
-    "runtime persistent chained": {"persistent": True, "chained": True},
-    "runtime persistent longest-first chained": {
-        "persistent": True,
-        "longest_first": True,
-        "chained": True,
-    },
-    "runtime persistent chained, early queries": {"persistent": True, "chained": "early queries"},
 }
 # The window case's keys a query sees (the anchors' Mistral-style module's).
 WINDOW = 1024

@@ -276,16 +276,12 @@ if AVAILABLE:
                  stride_o_b, stride_o_h, stride_o_s,
                  CAUSAL: gl.constexpr, ALIBI: gl.constexpr, WINDOW: gl.constexpr,
                  GROUP: gl.constexpr, PERSISTENT: gl.constexpr, LONGEST_FIRST: gl.constexpr,
-                 CHAINED: gl.constexpr, PART: gl.constexpr, num_warps: gl.constexpr):
+                 PART: gl.constexpr, num_warps: gl.constexpr):
         """Consumer PART: its 64 query rows of the program's tile (work: its place and
         key blocks) or, PERSISTENT, of each of its tiles in turn (work: the shape _place
         reads), their query tiles double-buffered and the ring's stages taken on across
-        tiles (CHAINED: _consume_chained's)."""
-        if CHAINED:
-            _consume_chained(descs, bufs, bars, out_ptr, lse_ptr, work, sq, skv, qk_scale,
-                             stride_o_b, stride_o_h, stride_o_s, CAUSAL, ALIBI, WINDOW, GROUP,
-                             LONGEST_FIRST, PART, num_warps)
-        elif PERSISTENT:
+        tiles."""
+        if PERSISTENT:
             ring = 0
             count = 0
             for t in range(gl.program_id(0), work[0] * work[1], gl.num_programs(0)):
@@ -352,9 +348,21 @@ if AVAILABLE:
                                             CAUSAL, ALIBI, WINDOW, s_layout)
         p_ops = _operands(p.to(dtype), acc)
         for j in range(1, n_blocks):
-            acc, p_ops, m_i, l_i = _block(q_smems, bufs, bars, acc, p_ops, m_i, l_i, ring + j,
-                                          key0 + j * BLOCK_N, row0, skv, qk_scale, slope,
-                                          CAUSAL, ALIBI, WINDOW, s_layout)
+            stage = (ring + j) % STAGES
+            prev = (ring + j - 1) % STAGES
+            mbarrier.wait(k_ready.index(stage), ((ring + j) // STAGES) & 1)
+            s_tok = _dot_t(q_smems, _slots(k_bufs, stage), s_zero)  # S = Q K^T
+            mbarrier.wait(v_ready.index(prev), ((ring + j - 1) // STAGES) & 1)
+            pv_toks = _dot_into(p_ops, _slots(v_bufs, prev), acc)  # O += P V, a block behind
+            s = warpgroup_mma_wait(len(acc), deps=(s_tok,))
+            mbarrier.arrive(k_empty.index(stage))
+            p_next, m_i, l_i, alpha = _probabilities(s, m_i, l_i, key0 + j * BLOCK_N, row0,
+                                                     skv, qk_scale, slope, CAUSAL, ALIBI,
+                                                     WINDOW, s_layout)
+            acc = warpgroup_mma_wait(0, deps=pv_toks + p_ops)[:len(acc)]
+            mbarrier.arrive(v_empty.index(prev))
+            acc = _rescaled(acc, alpha)
+            p_ops = _operands(p_next.to(dtype), acc)
         if PERSISTENT:  # every QK of the tile is issued and waited for
             mbarrier.arrive(bars[5].index(q_slot))
         last = (ring + n_blocks - 1) % STAGES
@@ -367,48 +375,6 @@ if AVAILABLE:
             o_smems = _slots(bufs[3], PART)
         else:
             o_smems = q_smems
-        _finish(acc, m_i, l_i, slope, o_smems, o_descs, out_ptr, lse_ptr, place, sq, skv,
-                stride_o_b, stride_o_h, stride_o_s, ALIBI, PERSISTENT, PART, s_layout)
-
-    @gluon.jit
-    def _block(q_smems, bufs, bars, acc, p_ops, m_i, l_i, j, key0, row0, skv, qk_scale, slope,
-               CAUSAL: gl.constexpr, ALIBI: gl.constexpr, WINDOW: gl.constexpr,
-               s_layout: gl.constexpr):
-        """The ring's block j (keys from key0 on): its QK issued, then block j - 1's PV
-        (p_ops), block j's softmax while PV runs; (acc, block j's p_ops, m_i, l_i)."""
-        k_bufs = bufs[1]
-        v_bufs = bufs[2]
-        k_ready = bars[1]
-        v_ready = bars[2]
-        k_empty = bars[3]
-        v_empty = bars[4]
-        STAGES: gl.constexpr = k_bufs[0].type.shape[0]
-        stage = j % STAGES
-        prev = (j - 1) % STAGES
-        BM: gl.constexpr = acc[0].type.shape[0]
-        BN: gl.constexpr = k_bufs[0].type.shape[1]
-        s_zero = gl.zeros([BM, BN], gl.float32, layout=s_layout)
-        mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
-        s_tok = _dot_t(q_smems, _slots(k_bufs, stage), s_zero)  # S = Q K^T
-        mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-        pv_toks = _dot_into(p_ops, _slots(v_bufs, prev), acc)  # O += P V, a block behind
-        s = warpgroup_mma_wait(len(acc), deps=(s_tok,))
-        mbarrier.arrive(k_empty.index(stage))
-        p_next, m_i, l_i, alpha = _probabilities(s, m_i, l_i, key0, row0, skv, qk_scale, slope,
-                                                 CAUSAL, ALIBI, WINDOW, s_layout)
-        acc = warpgroup_mma_wait(0, deps=pv_toks + p_ops)[:len(acc)]
-        mbarrier.arrive(v_empty.index(prev))
-        acc = _rescaled(acc, alpha)
-        return acc, _operands(p_next.to(k_bufs[0].dtype), acc), m_i, l_i
-
-    @gluon.jit
-    def _finish(acc, m_i, l_i, slope, o_smems, o_descs, out_ptr, lse_ptr, place, sq, skv,
-                stride_o_b, stride_o_h, stride_o_s, ALIBI: gl.constexpr,
-                PERSISTENT: gl.constexpr, PART: gl.constexpr, s_layout: gl.constexpr):
-        """Consumer PART's rows of a tile's out (acc / l_i, through o_smems) and lse."""
-        batch, head, heads, row0, q_row, q_col, kv_row, kv_col, v_col, o_col = place
-        BLOCK_M: gl.constexpr = acc[0].type.shape[0]
-        row0 = row0 + PART * BLOCK_M
         _store_out(acc[0], l_i, o_smems[0], o_descs[0], out_ptr, place, sq,
                    stride_o_b, stride_o_h, stride_o_s, 0, PERSISTENT, PART)
         if len(acc) == 2:
@@ -422,118 +388,6 @@ if AVAILABLE:
         lse = lse * 0.6931471805599453  # natural log
         gl.store(lse_ptr + (batch * heads + head).to(gl.int64) * sq + lse_rows, lse,
                  mask=lse_rows < sq)
-
-    @gluon.jit
-    def _consume_chained(descs, bufs, bars, out_ptr, lse_ptr, work, sq, skv, qk_scale,
-                         stride_o_b, stride_o_h, stride_o_s,
-                         CAUSAL: gl.constexpr, ALIBI: gl.constexpr, WINDOW: gl.constexpr,
-                         GROUP: gl.constexpr, LONGEST_FIRST: gl.constexpr, PART: gl.constexpr,
-                         num_warps: gl.constexpr):
-        """PERSISTENT's consumer with its tiles chained: a tile's first QK is issued
-        before the last PV of the tile before, and its softmax runs while that PV does,
-        then the tile before's out is stored; so a short tile (a window's, or head dim
-        64's) leaves the tensor cores idle only once a program, not once a tile."""
-        q_descs, k_descs, v_descs, o_descs = descs
-        q_bufs = bufs[0]
-        k_bufs = bufs[1]
-        v_bufs = bufs[2]
-        q_ready = bars[0]
-        k_ready = bars[1]
-        v_ready = bars[2]
-        k_empty = bars[3]
-        v_empty = bars[4]
-        BLOCK_M: gl.constexpr = q_descs[0].block_type.shape[0]
-        BLOCK_N: gl.constexpr = k_descs[0].block_type.shape[0]
-        STAGES: gl.constexpr = k_bufs[0].type.shape[0]
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])
-        dtype: gl.constexpr = q_descs[0].dtype
-        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-        tiles = work[0] * work[1]
-        step = gl.num_programs(0)
-        # The first tile's first block (a program has at least one tile).
-        place, n_blocks = _place(gl.program_id(0), work, sq, skv, GROUP, CAUSAL, WINDOW,
-                                 LONGEST_FIRST, descs)
-        mbarrier.wait(q_ready.index(PART * 2), 0)
-        mbarrier.wait(k_ready.index(0), 0)
-        s = _dot_t(_slots(q_bufs, PART * 2), _slots(k_bufs, 0), s_zero)
-        s = warpgroup_mma_wait(0, deps=(s,))
-        mbarrier.arrive(k_empty.index(0))
-        p, m_i, l_i, slope = _opening(s, place, sq, skv, qk_scale, CAUSAL, ALIBI, WINDOW,
-                                      PART, s_layout)
-        acc = _accumulators(o_descs, num_warps)
-        p_ops = _operands(p.to(dtype), acc)
-        ring = 0
-        count = 0
-        o_smems = _slots(bufs[3], PART)
-        for t in range(gl.program_id(0), tiles, step):
-            place, n_blocks = _place(t, work, sq, skv, GROUP, CAUSAL, WINDOW, LONGEST_FIRST,
-                                     descs)
-            row0 = place[3]
-            key0 = _first_key(row0, WINDOW, BLOCK_N)
-            q_slot = PART * 2 + count % 2
-            q_smems = _slots(q_bufs, q_slot)
-            for j in range(1, n_blocks):
-                acc, p_ops, m_i, l_i = _block(q_smems, bufs, bars, acc, p_ops, m_i, l_i,
-                                              ring + j, key0 + j * BLOCK_N,
-                                              row0 + PART * BLOCK_M, skv, qk_scale, slope,
-                                              CAUSAL, ALIBI, WINDOW, s_layout)
-            mbarrier.arrive(bars[5].index(q_slot))  # every QK of the tile is done
-            last = (ring + n_blocks - 1) % STAGES
-            last_phase = ((ring + n_blocks - 1) // STAGES) & 1
-            ring += n_blocks
-            if t + step < tiles:
-                # The next tile's first QK, then this one's last PV under its softmax.
-                following, _ = _place(t + step, work, sq, skv, GROUP, CAUSAL, WINDOW,
-                                      LONGEST_FIRST, descs)
-                next_slot = PART * 2 + (count + 1) % 2
-                mbarrier.wait(q_ready.index(next_slot), ((count + 1) // 2) & 1)
-                first = ring % STAGES
-                mbarrier.wait(k_ready.index(first), (ring // STAGES) & 1)
-                s_tok = _dot_t(_slots(q_bufs, next_slot), _slots(k_bufs, first), s_zero)
-                mbarrier.wait(v_ready.index(last), last_phase)
-                pv_toks = _dot_into(p_ops, _slots(v_bufs, last), acc)
-                s = warpgroup_mma_wait(len(acc), deps=(s_tok,))
-                mbarrier.arrive(k_empty.index(first))
-                p, m_next, l_next, slope_next = _opening(s, following, sq, skv, qk_scale,
-                                                         CAUSAL, ALIBI, WINDOW, PART,
-                                                         s_layout)
-                acc = warpgroup_mma_wait(0, deps=pv_toks + p_ops)[:len(acc)]
-                mbarrier.arrive(v_empty.index(last))
-                _finish(acc, m_i, l_i, slope, o_smems, o_descs, out_ptr, lse_ptr, place, sq,
-                        skv, stride_o_b, stride_o_h, stride_o_s, ALIBI, True, PART, s_layout)
-                acc = _accumulators(o_descs, num_warps)
-                p_ops = _operands(p.to(dtype), acc)
-                m_i = m_next
-                l_i = l_next
-                slope = slope_next
-            else:
-                mbarrier.wait(v_ready.index(last), last_phase)
-                pv_toks = _dot_into(p_ops, _slots(v_bufs, last), acc)
-                acc = warpgroup_mma_wait(0, deps=pv_toks + p_ops)[:len(acc)]
-                mbarrier.arrive(v_empty.index(last))
-                _finish(acc, m_i, l_i, slope, o_smems, o_descs, out_ptr, lse_ptr, place, sq,
-                        skv, stride_o_b, stride_o_h, stride_o_s, ALIBI, True, PART, s_layout)
-            count += 1
-        tma.store_wait(pendings=0)
-
-    @gluon.jit
-    def _opening(s, place, sq, skv, qk_scale, CAUSAL: gl.constexpr, ALIBI: gl.constexpr,
-                 WINDOW: gl.constexpr, PART: gl.constexpr, s_layout: gl.constexpr):
-        """A tile's first block into a fresh online softmax (S in s): (p, m, l, the
-        head's ALiBi slope or 0)."""
-        BM: gl.constexpr = s.type.shape[0]
-        BN: gl.constexpr = s.type.shape[1]
-        row0 = place[3]
-        slope = 0.0
-        if ALIBI:
-            slope = _alibi_slope(place[1], ALIBI)
-        m_i = gl.full([BM], -float("inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-        l_i = gl.full([BM], 0.0, gl.float32, layout=gl.SliceLayout(1, s_layout))
-        p, m_i, l_i, alpha = _probabilities(s, m_i, l_i, _first_key(row0, WINDOW, BN),
-                                            row0 + PART * BM, skv, qk_scale, slope, CAUSAL,
-                                            ALIBI, WINDOW, s_layout)
-        return p, m_i, l_i, slope
 
     @gluon.jit
     def _store_out(acc, l_i, smem, o_desc, out_ptr, place, sq, stride_o_b, stride_o_h,
@@ -569,56 +423,29 @@ if AVAILABLE:
                  stride_o_b, stride_o_h, stride_o_s,
                  CAUSAL: gl.constexpr, ALIBI: gl.constexpr, WINDOW: gl.constexpr,
                  GROUP: gl.constexpr, PERSISTENT: gl.constexpr, LONGEST_FIRST: gl.constexpr,
-                 CHAINED: gl.constexpr, PART: gl.constexpr, num_warps: gl.constexpr):
+                 PART: gl.constexpr, num_warps: gl.constexpr):
         """The producer warp, for the program's tile or (PERSISTENT) each of its tiles in
-        turn, as _consume takes them; CHAINED 2: a tile's query tiles loaded during the
-        tile before, after its first key blocks (_produce_tile's `following`)."""
+        turn, as _consume takes them."""
         if PERSISTENT:
             ring = 0
             count = 0
-            tiles = work[0] * work[1]
-            step = gl.num_programs(0)
-            if CHAINED == 2:
-                place, n_blocks = _place(gl.program_id(0), work, sq, skv, GROUP, CAUSAL,
-                                         WINDOW, LONGEST_FIRST, descs)
-                _load_queries(descs, bufs, bars, place, 0)
-            for t in range(gl.program_id(0), tiles, step):
+            for t in range(gl.program_id(0), work[0] * work[1], gl.num_programs(0)):
                 place, n_blocks = _place(t, work, sq, skv, GROUP, CAUSAL, WINDOW,
                                          LONGEST_FIRST, descs)
-                following, _ = _place(t + step, work, sq, skv, GROUP, CAUSAL, WINDOW,
-                                      LONGEST_FIRST, descs)
-                _produce_tile(descs, bufs, bars, place, n_blocks, ring, count, PERSISTENT,
-                              following, CHAINED == 2 and t + step < tiles, CHAINED == 2)
+                _produce_tile(descs, bufs, bars, place, n_blocks, ring, count, PERSISTENT)
                 ring += n_blocks
                 count += 1
         else:
             place, n_blocks = work
-            _produce_tile(descs, bufs, bars, place, n_blocks, 0, 0, PERSISTENT, place, False,
-                          False)
+            _produce_tile(descs, bufs, bars, place, n_blocks, 0, 0, PERSISTENT)
 
     @gluon.jit
-    def _load_queries(descs, bufs, bars, place, count):
-        """The two query tiles of the program's tile `count` (PERSISTENT) into their
-        slots, once their consumers have released them."""
-        q_descs = descs[0]
-        BLOCK_M: gl.constexpr = q_descs[0].block_type.shape[0]
-        q_row = place[4]
-        q_col = place[5]
-        for part in gl.static_range(2):
-            slot = part * 2 + count % 2
-            mbarrier.wait(bars[5].index(slot), ((count // 2) & 1) ^ 1)
-            _load(q_descs, bufs[0], slot, bars[0].index(slot), q_row + part * BLOCK_M, q_col)
-
-    @gluon.jit
-    def _produce_tile(descs, bufs, bars, place, n_blocks, ring, count, PERSISTENT: gl.constexpr,
-                      following, load_following, EARLY: gl.constexpr):
+    def _produce_tile(descs, bufs, bars, place, n_blocks, ring, count, PERSISTENT: gl.constexpr):
         """A tile's two query tiles (PERSISTENT: into the slots of the program's tile
-        `count`, once their consumers have released them; EARLY: loaded before, during
-        the tile before), then each key block's K and V into the ring (from its block
-        `ring` on), each into its stage once both consumers have released it (a fresh
-        mbarrier counts as having completed the phase before 0: the first pass does not
-        wait); load_following (EARLY): the next tile's (at `following`) after this one's
-        second key block, or its first if it has one."""
+        `count`, once their consumers have released them), then each key block's K and V
+        into the ring (from its block `ring` on), each into its stage once both consumers
+        have released it (a fresh mbarrier counts as having completed the phase before 0:
+        the first pass does not wait)."""
         q_descs, k_descs, v_descs, o_descs = descs
         q_bufs = bufs[0]
         k_bufs = bufs[1]
@@ -632,11 +459,13 @@ if AVAILABLE:
         BLOCK_M: gl.constexpr = q_descs[0].block_type.shape[0]
         BLOCK_N: gl.constexpr = k_descs[0].block_type.shape[0]
         STAGES: gl.constexpr = k_bufs[0].type.shape[0]
-        if PERSISTENT:
-            if not EARLY:
-                _load_queries(descs, bufs, bars, place, count)
-        else:
-            for part in gl.static_range(2):
+        for part in gl.static_range(2):
+            if PERSISTENT:
+                slot = part * 2 + count % 2
+                mbarrier.wait(bars[5].index(slot), ((count // 2) & 1) ^ 1)
+                _load(q_descs, q_bufs, slot, q_ready.index(slot), q_row + part * BLOCK_M,
+                      q_col)
+            else:
                 _load(q_descs, q_bufs, part, q_ready.index(part), q_row + part * BLOCK_M,
                       q_col)
         for j in range(n_blocks):
@@ -646,9 +475,6 @@ if AVAILABLE:
             _load(k_descs, k_bufs, stage, k_ready.index(stage), kv_row + j * BLOCK_N, kv_col)
             mbarrier.wait(v_empty.index(stage), empty_phase)
             _load(v_descs, v_bufs, stage, v_ready.index(stage), kv_row + j * BLOCK_N, v_col)
-            if EARLY:
-                if load_following and j == gl.minimum(n_blocks - 1, 1):
-                    _load_queries(descs, bufs, bars, following, count + 1)
 
     @gluon.jit
     def _attention_forward(q_desc, q_rest, k_desc, k_rest, v_desc, v_rest, o_desc, o_rest,
@@ -658,8 +484,8 @@ if AVAILABLE:
                            GROUP: gl.constexpr, CAUSAL: gl.constexpr, ALIBI: gl.constexpr,
                            WINDOW: gl.constexpr, SPLIT_QK: gl.constexpr,
                            SPLIT_V: gl.constexpr, PERSISTENT: gl.constexpr,
-                           LONGEST_FIRST: gl.constexpr, CHAINED: gl.constexpr,
-                           REGISTERS: gl.constexpr, num_warps: gl.constexpr):
+                           LONGEST_FIRST: gl.constexpr, REGISTERS: gl.constexpr,
+                           num_warps: gl.constexpr):
         """One program: 128 query rows of one (batch, head). A tile's place in the [rows,
         dim] views: row batch * rows_b + head * rows_h + position, column head * cols_h
         (bshd: rows_b = seq, rows_h = 0, cols_h = dim; bhsd: rows_b = heads * seq, rows_h
@@ -670,9 +496,7 @@ if AVAILABLE:
         sees its WINDOW most recent keys, and a program streams the blocks from its first
         row's window start (_first_key) on. PERSISTENT: a program an SM, over the tiles
         from its id on in steps of the grid (in _place's order, LONGEST_FIRST its other
-        one), so that a tile's loads run under the one before's epilogue; CHAINED: 0, or
-        1: its consumers chain the tiles (_consume_chained), 2: and its producer loads a
-        tile's query tiles during the tile before (_produce). REGISTERS: the
+        one), so that a tile's loads run under the one before's epilogue. REGISTERS: the
         second consumer's registers a thread (setmaxnreg; the producer's: 24)."""
         q_descs = _parts_of(q_desc, q_rest, SPLIT_QK)
         k_descs = _parts_of(k_desc, k_rest, SPLIT_QK)
@@ -717,13 +541,13 @@ if AVAILABLE:
         gl.warp_specialize([
             (_consume, (descs, bufs, bars, out_ptr, lse_ptr, work, sq, skv, qk_scale,
                         stride_o_b, stride_o_h, stride_o_s, CAUSAL, ALIBI, WINDOW, GROUP,
-                        PERSISTENT, LONGEST_FIRST, CHAINED, 0, num_warps)),
+                        PERSISTENT, LONGEST_FIRST, 0, num_warps)),
             (_consume, (descs, bufs, bars, out_ptr, lse_ptr, work, sq, skv, qk_scale,
                         stride_o_b, stride_o_h, stride_o_s, CAUSAL, ALIBI, WINDOW, GROUP,
-                        PERSISTENT, LONGEST_FIRST, CHAINED, 1, num_warps)),
+                        PERSISTENT, LONGEST_FIRST, 1, num_warps)),
             (_produce, (descs, bufs, bars, out_ptr, lse_ptr, work, sq, skv, qk_scale,
                         stride_o_b, stride_o_h, stride_o_s, CAUSAL, ALIBI, WINDOW, GROUP,
-                        PERSISTENT, LONGEST_FIRST, CHAINED, 0, num_warps)),
+                        PERSISTENT, LONGEST_FIRST, 0, num_warps)),
         ], [num_warps, 1], [REGISTERS, 24])
     # fmt: on
 
@@ -814,7 +638,6 @@ def forward(
     registers=(240, None),
     persistent=False,
     longest_first=False,
-    chained=False,
     launches=None,
 ):
     """out and lse of attention over q, k, v: [batch, seq, heads, dim] ("bshd") or [batch,
@@ -826,9 +649,7 @@ def forward(
     64, 64-key blocks in 120 and 112 registers compile without spills in 49 KB of shared
     memory: two programs an SM, not one). persistent: one program an SM, each over tiles
     in turn (longest_first: in the order that takes every head's last query block first;
-    else head by head, as the grid of every tile; chained: each tile's first dots under
-    the last of the tile before, "early queries": and its query tiles loaded during the
-    tile before). launches: the launch.Described its caller keeps
+    else head by head, as the grid of every tile). launches: the launch.Described its caller keeps
     for calls like this one (the same shapes and arguments but the tensors), which
     launches them without triton's dispatch. Returns the compiled kernel (`fusegen
     inspect` reads its registers and shared memory)."""
@@ -851,7 +672,6 @@ def forward(
             **split,
             "PERSISTENT": persistent,
             "LONGEST_FIRST": longest_first,
-            "CHAINED": {False: 0, True: 1, "early queries": 2}[chained] if persistent else 0,
             "REGISTERS": registers[0],
             "num_warps": 4,
             **({} if registers[1] is None else {"maxnreg": registers[1]}),
