@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # Fill .whl/ with the wheels the GPU machine lacks: it has torch, triton and transformers,
-# not pydantic or black (fusegen's own needs), nor pytest-xdist (run_suite.sh's hopper-tests
-# run four at a time: one by one the GPU tests take minutes of device time), nor gemlite
-# (issue 31's int4 anchor). A
-# `run` call carries them (carry [".whl"]) and installs them there, in every call (the
-# machine is a fresh one after 30 s idle):
+# not pydantic or black (fusegen's own needs), nor pytest-xdist (run_suite.sh's
+# hopper-tests run four at a time: one by one the GPU tests take minutes of device time),
+# nor gemlite (issue 31's int4 anchor). A `run` call carries them (carry [".whl"]) and
+# installs them there, in every call (the machine is a fresh one after 30 s idle):
 #   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
 #   export PYTHONPATH=/tmp/site:$PWD
 # The versions are the ones scripts/setup.sh put in .venv; the machine runs CPython 3.12

@@ -529,8 +529,8 @@ class Attention:
         """(dq, dk, dv[, d bias]) from the forward's out and lse: delta = rowsum(d_out *
         out), then one kernel for dk and dv (per kv block, over its query heads) and one
         for dq (and d bias): attention_hopper_backward's where the call fits the Hopper
-        kernels (hopper_backward_fits), the `tl` kernels otherwise. The checks, configs, grids and
-        strides of a call are its _BackwardPlan's, made at the first call of its
+        kernels (hopper_backward_fits), the `tl` kernels otherwise. The checks, configs,
+        grids and strides of a call are its _BackwardPlan's, made at the first call of its
         backward_key: a later call allocates the gradients and launches."""
         needs = tuple(needs)
         key = self.backward_key(inputs, key_lengths, out, d_out, lse, needs)
@@ -900,8 +900,8 @@ class Attention:
     def persistent_fits(self, sq, skv):
         """Whether a call that fits the Gluon forward runs it on the persistent grid
         (hopper_grid): as many keys as queries (its measured calls; cross-attention runs
-        the grid of every tile at 128, the `tl` forward at 64: hopper_forward_fits) and, causal
-        at head dim 64, LONGEST_FIRST_MIN_QUERIES."""
+        the grid of every tile at 128, the `tl` forward at 64: hopper_forward_fits) and,
+        causal at head dim 64, LONGEST_FIRST_MIN_QUERIES."""
         if not self.hopper_grid[0] or sq != skv:
             return False
         return not self.hopper_grid[1] or sq >= LONGEST_FIRST_MIN_QUERIES

@@ -30,11 +30,11 @@ A head dim that is not a power of two is two tiles (parts: 96 = 64 + 32, MLA's 1
 128 + 64), their dots chained: TMA and Gluon tiles are powers of two, and padding 96 to
 128 would cost a third more dots. At 96 and MLA's 192/128 it ran 1.15x and 1.09x cuDNN.
 
-What it takes (Attention.hopper_forward_fits checks): q, k, v and out contiguous in the module's
-layout (a [rows, dim] view of each), 16-byte aligned, bf16 or fp16, (q's head dim, v's)
-in HEAD_DIMS (modules take 128, 96, 192/128 and, on the persistent grid, 64, where it was
-measured faster than the `tl` forward: runtime/attention.py's hopper_grid), no key
-lengths, and, when causal, as many queries as keys. It writes the same out and
+What it takes (Attention.hopper_forward_fits checks): q, k, v and out contiguous in the
+module's layout (a [rows, dim] view of each), 16-byte aligned, bf16 or fp16, (q's head
+dim, v's) in HEAD_DIMS (modules take 128, 96, 192/128 and, on the persistent grid, 64,
+where it was measured faster than the `tl` forward: runtime/attention.py's hopper_grid),
+no key lengths, and, when causal, as many queries as keys. It writes the same out and
 log-sum-exp (natural log) as the `tl` forward, rounded its own way. Without Gluon (an
 older Triton) AVAILABLE is False and the `tl` kernels run.
 """
