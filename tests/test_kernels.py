@@ -751,6 +751,27 @@ MUTATIONS = [
 ]
 
 
+# A mutant is caught by its module's first failing test: the module's later tests are
+# skipped, as pytest -x would skip every module's.
+STOP_AT_A_MODULES_FIRST_FAILURE = """
+import pytest
+
+FAILED = set()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    if report.failed:
+        FAILED.add(item.module.__name__)
+
+
+def pytest_runtest_setup(item):
+    if item.module.__name__ in FAILED:
+        pytest.skip("an earlier test of this module failed")
+"""
+
+
 def run_mutants(zoo: Path, folder: Path, mutations, selection: str, runtime=None) -> str:
     """Each mutation in its own copy of its module, renamed (and its test module, made to
     import the copy), all run by one pytest, which imports torch and triton once; checks
@@ -775,6 +796,7 @@ def run_mutants(zoo: Path, folder: Path, mutations, selection: str, runtime=None
             tests.replace(f" {module} as kernel", f" {name} as kernel")
         )
         files.append(f"test_{name}.py")
+    (folder / "conftest.py").write_text(STOP_AT_A_MODULES_FIRST_FAILURE)
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     command = [
         sys.executable,
