@@ -102,12 +102,17 @@ def compiled_for_sm90(module, kernel, dim, dtype, meta, dv=None):
         (64, 64, True, 4, "float16", {"PERSISTENT": True, "LONGEST_FIRST": True}),
         (96, 96, True, 1, "bfloat16", {"PERSISTENT": True, "WINDOW": 256}),
         (128, 128, True, 4, "bfloat16", {"PERSISTENT": True, "ALIBI": 8}),
+        # Dots of 64 keys on the blocks half of whose keys a consumer never sees.
+        (128, 128, True, 1, "bfloat16", {"HALF_EDGES": True}),
+        (128, 128, True, 4, "bfloat16", {"HALF_EDGES": True, "WINDOW": 1024, "PERSISTENT": True}),
+        (96, 96, True, 1, "float16", {"HALF_EDGES": True, "WINDOW": 300, "ALIBI": 4}),
+        (192, 128, True, 1, "bfloat16", {"HALF_EDGES": True}),
     ],
 )
 def test_the_kernel_compiles_for_sm90_within_shared_memory(dim, dv, causal, group, dtype, masks):
     meta = {
         "GROUP": group, "CAUSAL": causal, "ALIBI": 0, "WINDOW": 0, "PERSISTENT": False,
-        "LONGEST_FIRST": False, "REGISTERS": 240,
+        "LONGEST_FIRST": False, "HALF_EDGES": False, "REGISTERS": 240,
     }  # fmt: skip
     shared, wgmma = compiled_for_sm90(
         "attention_hopper", "_attention_forward", dim, dtype, {**meta, **masks}, dv=dv
@@ -369,6 +374,55 @@ def test_a_persistent_grid_matches_float64(
     unit = 2**-8 if dtype == torch.bfloat16 else 2**-11
     assert (out.double() - want).abs().max().item() <= 4 * unit * want.abs().max().item()
     assert (lse.double() - want_lse).abs().max().item() < 1e-3
+
+
+@on_hopper
+@needs_gluon
+@pytest.mark.parametrize(
+    "layout, batch, heads, kv_heads, sq, dim, dv, dtype, alibi, window, persistent",
+    [
+        # Causal: the first tile's one block is its diagonal; a ragged last tile.
+        ("bhsd", 2, 8, 2, 1024, 128, 128, torch.bfloat16, False, 0, False),
+        ("bshd", 1, 6, 3, 300, 96, 96, torch.float16, True, 0, False),
+        ("bhsd", 1, 4, 4, 640, 192, 128, torch.bfloat16, False, 0, False),
+        # Windows of whole blocks, of parts of one, of fewer keys than half a block (a
+        # second consumer's row sees none of a half block's keys), on either grid.
+        ("bhsd", 2, 8, 2, 1024, 128, 128, torch.bfloat16, False, 256, False),
+        ("bshd", 1, 4, 4, 700, 96, 96, torch.float16, False, 300, False),
+        ("bhsd", 1, 4, 4, 384, 128, 128, torch.float16, False, 100, False),
+        ("bhsd", 1, 8, 8, 640, 128, 128, torch.bfloat16, True, 200, False),
+        ("bhsd", 3, 32, 8, 1024, 128, 128, torch.bfloat16, False, 512, True),
+        ("bshd", 3, 16, 4, 900, 64, 64, torch.float16, False, 40, True),
+    ],
+)
+def test_half_edge_blocks_match_float64(
+    layout, batch, heads, kv_heads, sq, dim, dv, dtype, alibi, window, persistent
+):
+    """forward's half_edges (dots of 64 keys where a consumer's rows see only half a
+    block's) gives the same out and lse as float64."""
+    torch.manual_seed(sq + window + dim)
+    q_shape, k_shape = shapes(layout, batch, heads, kv_heads, sq, sq, dim)
+    q = torch.randn(q_shape, device="cuda", dtype=dtype)
+    k = torch.randn(k_shape, device="cuda", dtype=dtype)
+    v = torch.randn(k_shape[:3] + (dv,), device="cuda", dtype=dtype)
+    out = torch.full(q_shape[:3] + (dv,), float("nan"), device="cuda", dtype=dtype)  # poisoned
+    lse = torch.full((batch, heads, sq), float("nan"), device="cuda")
+    attention_hopper.forward(
+        q, k, v, out, lse, layout=layout, causal=True, scale=dim**-0.5, alibi=alibi,
+        window=window, persistent=persistent, half_edges=True,
+    )  # fmt: skip
+    want, want_lse = reference(q, k, v, True, layout, alibi, window)
+    unit = 2**-8 if dtype == torch.bfloat16 else 2**-11
+    assert (out.double() - want).abs().max().item() <= 4 * unit * want.abs().max().item()
+    assert (lse.double() - want_lse).abs().max().item() < 1e-3
+
+
+def test_half_edges_take_blocks_of_128_keys():
+    q = torch.empty(1, 1, 128, 64)
+    with pytest.raises(ValueError, match="half_edges takes blocks of 128 keys, not 64"):
+        attention_hopper.forward(
+            q, q, q, q, q, layout="bhsd", causal=True, scale=1.0, block_n=64, half_edges=True
+        )
 
 
 def _load(path, name):

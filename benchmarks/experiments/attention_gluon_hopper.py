@@ -16,7 +16,8 @@ NAME:BLOCK_N:STAGES sets the key block and the ring's depth (128 and 2 by defaul
 "runtime" (always timed) is the product's kernel, fusegen/runtime/attention_hopper.py,
 which took pingpong-heads, and the same on a persistent grid in two tile orders
 (RUNTIME_PERSISTENT; `--variants` with no names times only these, cuDNN and the
-generated kernel); at head dim 64 (--shape B H S 64) also with its knobs (RUNTIME_D64),
+generated kernel), causal with its half_edges on either grid (RUNTIME_HALF_EDGES); at
+head dim 64 (--shape B H S 64) also with its knobs (RUNTIME_D64),
 for issue 29's d 64 rows, where it was slower than the `tl` forward. The
 variants measured and dropped on the way (all waits at once, the loads issued by the
 consumers, FA3's explicit turns, the probabilities through shared memory, O rescaled
@@ -426,6 +427,13 @@ RUNTIME_PERSISTENT = {
     "runtime persistent": {"persistent": True},
     "runtime persistent longest-first": {"persistent": True, "longest_first": True},
 }
+# The runtime kernel's half_edges (causal and window cases): a consumer's dots on a block
+# half of whose keys its rows never see (the first consumer's diagonal block, the second's
+# first block of a window) on the other 64 keys alone, on either grid.
+RUNTIME_HALF_EDGES = {
+    "runtime half-edges": {"half_edges": True},
+    "runtime persistent half-edges": {"persistent": True, "half_edges": True},
+}
 # The window case's keys a query sees (the anchors' Mistral-style module's).
 WINDOW = 1024
 
@@ -535,6 +543,7 @@ def main() -> int:
             q, k, v, c, window=w
         )
         knobs_tried = {**(RUNTIME_D64 if dim == 64 else {}), **RUNTIME_PERSISTENT}
+        knobs_tried |= RUNTIME_HALF_EDGES if causal else {}
         for name, knobs in knobs_tried.items():
             if args.knobs is not None and name not in args.knobs:
                 continue
