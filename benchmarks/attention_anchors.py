@@ -115,8 +115,10 @@ CAUSAL_MODULES = {
 }  # fmt: skip
 
 
-def build(folder: Path) -> None:
-    spec = ROOT / "benchmarks" / "specs" / "attention_anchors.yaml"
+SPEC = ROOT / "benchmarks" / "specs" / "attention_anchors.yaml"
+
+
+def build(folder: Path, spec: Path = SPEC) -> None:
     command = [sys.executable, "-m", "fusegen", "build", str(spec), "--out", str(folder)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
     if done.returncode:

@@ -56,7 +56,8 @@ Variants (combinations are joined with "+"):
     python3 benchmarks/experiments/attention_variants.py [--cases causal full ...]
         [--variants base lazy-rescale ...] [--rounds 3] [--out FILE.json]
     TRITON_INTERPRET=1 python3 benchmarks/experiments/attention_variants.py --check
-        (CPU: every variant's edits apply and compute right at small odd shapes)
+        (CPU: every variant's edits apply and compute right at small odd shapes, the
+        modules built with two kv heads)
 """
 
 from __future__ import annotations
@@ -72,10 +73,11 @@ import tempfile
 from pathlib import Path
 
 import torch
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import attention_anchors  # noqa: E402
-from attention_anchors import CASES, build  # noqa: E402
+from attention_anchors import CASES, SPEC, build  # noqa: E402
 
 VARIANTS = [
     "base", "pointer", "heavy-first", "hoisted-offsets", "row-limit-mask", "ws",
@@ -349,16 +351,35 @@ def run_case(case, folder, variants, rounds, shape=None):
     return rows
 
 
+def few_heads(attention: dict) -> tuple[int, int]:
+    """(heads, kv heads) of a module of the anchors' spec as the CPU check builds it: two
+    kv heads, each with as many query heads as the spec's (the interpreter runs a program
+    a head, and the edits do not depend on the count)."""
+    group = attention["heads"] // attention.get("kv_heads", attention["heads"])
+    return 2 * group, 2
+
+
 def check() -> int:
     """CPU, interpreter: every variant's edits apply and compute right at small shapes."""
     attention_anchors.DEVICE = "cpu"
     failed = False
+    spec = yaml.safe_load(SPEC.read_text())
+    heads_of = {}
+    for kernel in spec["kernels"]:
+        attention = kernel["attention"]
+        heads, kv_heads = few_heads(attention)
+        heads_of[kernel["name"]] = heads
+        attention["heads"] = heads
+        if "kv_heads" in attention:
+            attention["kv_heads"] = kv_heads
     with tempfile.TemporaryDirectory() as folder:
-        build(Path(folder))
+        small = Path(folder) / "attention_anchors.yaml"
+        small.write_text(yaml.safe_dump(spec, sort_keys=False))
+        build(Path(folder), small)
         for case, variants in WORTH.items():
-            _, (_, heads, _, _, dim), _, bias_kind, _ = CASES[case]
+            module_name, (*_, dim), _, bias_kind, _ = CASES[case]
             # two batch entries where a learned bias's gradient is summed over them
-            shape = (2 if bias_kind == "learned" else 1, heads, 37, 37, dim)
+            shape = (2 if bias_kind == "learned" else 1, heads_of[module_name], 37, 37, dim)
             for variant, row in run_case(case, Path(folder), variants, 0, shape).items():
                 # The interpreter has no TMA or warp specialization: only the edits'
                 # arithmetic is checked.
