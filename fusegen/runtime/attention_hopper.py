@@ -24,11 +24,11 @@ own part off its lse (1.68x compiled FlexAttention, causal 4 x 32 x 4096; the `t
 kernel: 1.40x); a sliding window starts each program's stream at its first row's window
 start (1.41x; the `tl` kernel: 1.06x).
 
-forward's `half_edges` (no module launches it yet: benchmarks/experiments/
-attention_gluon_hopper.py times it) gives a consumer's dots on a block half of whose keys
-its rows never see to the other 64 keys alone: the first consumer's on a causal tile's
-diagonal block, the second's on a window's first block: half a block of the 9 each
-consumer takes at a window of 1,024 keys.
+forward's `half_edges` (no module launches it yet; benchmarks/experiments/
+attention_gluon_hopper.py times it): where a consumer's rows see none of a block's first
+or last 64 keys (the first consumer's on a causal tile's diagonal block, the second's on
+a window's first block), its dots on that block take the other 64 keys alone: half a
+block of the 9 each consumer takes at a window of 1,024 keys.
 
 A head dim that is not a power of two is two tiles (parts: 96 = 64 + 32, MLA's 192 =
 128 + 64), their dots chained: TMA and Gluon tiles are powers of two, and padding 96 to
@@ -423,8 +423,8 @@ if AVAILABLE:
         and lse. v's parts of the head dim are q's first ones (128 of 192, or 64 + 32 of
         96): out goes through q's tiles, or (PERSISTENT: the producer reloads q's slot
         for a later tile) through out's own, whose store the next tile's waits for.
-        HALF_EDGES (128-key blocks): a block half of whose keys the consumer's rows never
-        see takes dots of the other 64 keys alone (_half_block)."""
+        HALF_EDGES (128-key blocks): where the consumer's rows see none of a block's first
+        or last 64 keys, its dots there take the other 64 alone (_half_block)."""
         q_descs, k_descs, v_descs, o_descs = descs
         batch, head, heads, row0, q_row, q_col, kv_row, kv_col, v_col, o_col = place
         BLOCK_M: gl.constexpr = q_descs[0].block_type.shape[0]
@@ -597,10 +597,10 @@ if AVAILABLE:
         sees its WINDOW most recent keys, and a program streams the blocks from its first
         row's window start (_first_key) on. PERSISTENT: a program an SM, over the tiles
         from its id on in steps of the grid (in _place's order, LONGEST_FIRST its other
-        one), so that a tile's loads run under the one before's epilogue. HALF_EDGES: the
-        blocks half of whose keys a consumer's rows never see take dots of 64 keys
-        (_consume_tile). REGISTERS: the second consumer's registers a thread (setmaxnreg;
-        the producer's: 24)."""
+        one), so that a tile's loads run under the one before's epilogue. HALF_EDGES: dots
+        of 64 keys where a consumer's rows see none of a block's other 64 (_consume_tile).
+        REGISTERS: the second consumer's registers a thread (setmaxnreg; the producer's:
+        24)."""
         q_descs = _parts_of(q_desc, q_rest, SPLIT_QK)
         k_descs = _parts_of(k_desc, k_rest, SPLIT_QK)
         v_descs = _parts_of(v_desc, v_rest, SPLIT_V)
@@ -753,12 +753,12 @@ def forward(
     64, 64-key blocks in 120 and 112 registers compile without spills in 49 KB of shared
     memory: two programs an SM, not one). persistent: one program an SM, each over tiles
     in turn (longest_first: in the order that takes every head's last query block first;
-    else head by head, as the grid of every tile). half_edges (block_n 128): a consumer's
-    dots on a block half of whose keys its rows never see (causal: the first consumer's on
-    the diagonal block; a window: the second's on the first block) take the other 64 keys
-    alone. launches: the launch.Described its caller keeps
-    for calls like this one (the same shapes and arguments but the tensors), which
-    launches them without triton's dispatch. Returns the compiled kernel (`fusegen
+    else head by head, as the grid of every tile). half_edges (block_n 128): where a
+    consumer's rows see none of a block's first or last 64 keys (causal: the first
+    consumer's on the diagonal block; a window: the second's on its first block), its dots
+    there take the other 64 alone. launches: the launch.Described its caller keeps for
+    calls like this one (the same shapes and arguments but the tensors), which launches
+    them without triton's dispatch. Returns the compiled kernel (`fusegen
     inspect` reads its registers and shared memory)."""
 
     if half_edges and block_n != 2 * BLOCK_M:
