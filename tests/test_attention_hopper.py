@@ -104,7 +104,7 @@ def compiled_for_sm90(module, kernel, dim, dtype, meta, dv=None):
         (128, 128, True, 4, "bfloat16", {"PERSISTENT": True, "ALIBI": 8}),
         # Dots of 64 keys on the blocks half of whose keys a consumer never sees.
         (128, 128, True, 1, "bfloat16", {"HALF_EDGES": True}),
-        (128, 128, True, 4, "bfloat16", {"HALF_EDGES": True, "WINDOW": 1024, "PERSISTENT": True}),
+        (128, 128, True, 4, "bfloat16", {"HALF_EDGES": True, "WINDOW": 1024}),
         (96, 96, True, 1, "float16", {"HALF_EDGES": True, "WINDOW": 300, "ALIBI": 4}),
         (192, 128, True, 1, "bfloat16", {"HALF_EDGES": True}),
     ],
@@ -379,24 +379,23 @@ def test_a_persistent_grid_matches_float64(
 @on_hopper
 @needs_gluon
 @pytest.mark.parametrize(
-    "layout, batch, heads, kv_heads, sq, dim, dv, dtype, alibi, window, persistent",
+    "layout, batch, heads, kv_heads, sq, dim, dv, dtype, alibi, window",
     [
         # Causal: the first tile's one block is its diagonal; a ragged last tile.
-        ("bhsd", 2, 8, 2, 1024, 128, 128, torch.bfloat16, False, 0, False),
-        ("bshd", 1, 6, 3, 300, 96, 96, torch.float16, True, 0, False),
-        ("bhsd", 1, 4, 4, 640, 192, 128, torch.bfloat16, False, 0, False),
+        ("bhsd", 2, 8, 2, 1024, 128, 128, torch.bfloat16, False, 0),
+        ("bshd", 1, 6, 3, 300, 96, 96, torch.float16, True, 0),
+        ("bhsd", 1, 4, 4, 640, 192, 128, torch.bfloat16, False, 0),
         # Windows of whole blocks, of parts of one, of fewer keys than half a block (a
-        # second consumer's row sees none of a half block's keys), on either grid.
-        ("bhsd", 2, 8, 2, 1024, 128, 128, torch.bfloat16, False, 256, False),
-        ("bshd", 1, 4, 4, 700, 96, 96, torch.float16, False, 300, False),
-        ("bhsd", 1, 4, 4, 384, 128, 128, torch.float16, False, 100, False),
-        ("bhsd", 1, 8, 8, 640, 128, 128, torch.bfloat16, True, 200, False),
-        ("bhsd", 3, 32, 8, 1024, 128, 128, torch.bfloat16, False, 512, True),
-        ("bshd", 3, 16, 4, 900, 64, 64, torch.float16, False, 40, True),
+        # second consumer's row sees none of a half block's keys).
+        ("bhsd", 2, 8, 2, 1024, 128, 128, torch.bfloat16, False, 256),
+        ("bshd", 1, 4, 4, 700, 96, 96, torch.float16, False, 300),
+        ("bhsd", 1, 4, 4, 384, 128, 128, torch.float16, False, 100),
+        ("bhsd", 1, 8, 8, 640, 128, 128, torch.bfloat16, True, 200),
+        ("bshd", 3, 16, 4, 900, 64, 64, torch.float16, False, 40),
     ],
 )
 def test_half_edge_blocks_match_float64(
-    layout, batch, heads, kv_heads, sq, dim, dv, dtype, alibi, window, persistent
+    layout, batch, heads, kv_heads, sq, dim, dv, dtype, alibi, window
 ):
     """forward's half_edges (dots of 64 keys where a consumer's rows see only half a
     block's) gives the same out and lse as float64."""
@@ -409,7 +408,7 @@ def test_half_edge_blocks_match_float64(
     lse = torch.full((batch, heads, sq), float("nan"), device="cuda")
     attention_hopper.forward(
         q, k, v, out, lse, layout=layout, causal=True, scale=dim**-0.5, alibi=alibi,
-        window=window, persistent=persistent, half_edges=True,
+        window=window, half_edges=True,
     )  # fmt: skip
     want, want_lse = reference(q, k, v, True, layout, alibi, window)
     unit = 2**-8 if dtype == torch.bfloat16 else 2**-11
@@ -417,12 +416,17 @@ def test_half_edge_blocks_match_float64(
     assert (lse.double() - want_lse).abs().max().item() < 1e-3
 
 
-def test_half_edges_take_blocks_of_128_keys():
+def test_half_edges_take_blocks_of_128_keys_on_the_grid_of_every_tile():
     q = torch.empty(1, 1, 128, 64)
     with pytest.raises(ValueError, match="half_edges takes blocks of 128 keys, not 64"):
         attention_hopper.forward(
             q, q, q, q, q, layout="bhsd", causal=True, scale=1.0, block_n=64, half_edges=True
         )
+    with pytest.raises(ValueError, match="half_edges runs on the grid of every tile"):
+        attention_hopper.forward(
+            q, q, q, q, q, layout="bhsd", causal=True, scale=1.0, persistent=True,
+            half_edges=True,
+        )  # fmt: skip
 
 
 def _load(path, name):

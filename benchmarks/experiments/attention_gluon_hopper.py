@@ -16,7 +16,7 @@ NAME:BLOCK_N:STAGES sets the key block and the ring's depth (128 and 2 by defaul
 "runtime" (always timed) is the product's kernel, fusegen/runtime/attention_hopper.py,
 which took pingpong-heads, and the same on a persistent grid in two tile orders
 (RUNTIME_PERSISTENT; `--variants` with no names times only these, cuDNN and the
-generated kernel), causal with its half_edges on either grid (RUNTIME_HALF_EDGES); at
+generated kernel), causal with its half_edges (RUNTIME_HALF_EDGES); at
 head dim 64 (--shape B H S 64) also with its knobs (RUNTIME_D64),
 for issue 29's d 64 rows, where it was slower than the `tl` forward. The
 variants measured and dropped on the way (all waits at once, the loads issued by the
@@ -429,11 +429,9 @@ RUNTIME_PERSISTENT = {
 }
 # The runtime kernel's half_edges (causal and window cases): a consumer's dots on a block
 # half of whose keys its rows never see (the first consumer's diagonal block, the second's
-# first block of a window) on the other 64 keys alone, on either grid.
-RUNTIME_HALF_EDGES = {
-    "runtime half-edges": {"half_edges": True},
-    "runtime persistent half-edges": {"persistent": True, "half_edges": True},
-}
+# first block of a window) on the other 64 keys alone, on the grid of every tile (on the
+# persistent one its out was wrong, H100, 2026-12-07).
+RUNTIME_HALF_EDGES = {"runtime half-edges": {"half_edges": True}}
 # The window case's keys a query sees (the anchors' Mistral-style module's).
 WINDOW = 1024
 
