@@ -300,6 +300,16 @@ def reference(q, k, v, causal, layout, alibi=False, window=0):
 def test_out_and_lse_match_float64(
     layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype, alibi, window
 ):
+    forward_matches_float64(
+        layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype, alibi, window
+    )
+
+
+def forward_matches_float64(
+    layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype, alibi, window, **knobs
+):
+    """forward's out and lse (out poisoned first) against float64 on fresh inputs;
+    knobs: forward's own."""
     torch.manual_seed(sq + skv + dim)
     q_shape, k_shape = shapes(layout, batch, heads, kv_heads, sq, skv, dim)
     q = torch.randn(q_shape, device="cuda", dtype=dtype)
@@ -309,7 +319,7 @@ def test_out_and_lse_match_float64(
     lse = torch.full((batch, heads, sq), float("nan"), device="cuda")
     attention_hopper.forward(
         q, k, v, out, lse, layout=layout, causal=causal, scale=dim**-0.5, alibi=alibi,
-        window=window,
+        window=window, **knobs,
     )  # fmt: skip
     want, want_lse = reference(q, k, v, causal, layout, alibi, window)
     # bf16/fp16 probabilities and output, fp32 sums: a few units of the output's rounding.
@@ -399,21 +409,10 @@ def test_half_edge_blocks_match_float64(
 ):
     """forward's half_edges (dots of 64 keys where a consumer's rows see only half a
     block's) gives the same out and lse as float64."""
-    torch.manual_seed(sq + window + dim)
-    q_shape, k_shape = shapes(layout, batch, heads, kv_heads, sq, sq, dim)
-    q = torch.randn(q_shape, device="cuda", dtype=dtype)
-    k = torch.randn(k_shape, device="cuda", dtype=dtype)
-    v = torch.randn(k_shape[:3] + (dv,), device="cuda", dtype=dtype)
-    out = torch.full(q_shape[:3] + (dv,), float("nan"), device="cuda", dtype=dtype)  # poisoned
-    lse = torch.full((batch, heads, sq), float("nan"), device="cuda")
-    attention_hopper.forward(
-        q, k, v, out, lse, layout=layout, causal=True, scale=dim**-0.5, alibi=alibi,
-        window=window, half_edges=True,
+    forward_matches_float64(
+        layout, True, batch, heads, kv_heads, sq, sq, dim, dv, dtype, alibi, window,
+        half_edges=True,
     )  # fmt: skip
-    want, want_lse = reference(q, k, v, True, layout, alibi, window)
-    unit = 2**-8 if dtype == torch.bfloat16 else 2**-11
-    assert (out.double() - want).abs().max().item() <= 4 * unit * want.abs().max().item()
-    assert (lse.double() - want_lse).abs().max().item() < 1e-3
 
 
 def test_half_edges_take_blocks_of_128_keys_on_the_grid_of_every_tile():
