@@ -357,6 +357,10 @@ if AVAILABLE:
         q's slot released once its QK is done."""
         k_bufs = bufs[1]
         v_bufs = bufs[2]
+        k_ready = bars[1]
+        v_ready = bars[2]
+        k_empty = bars[3]
+        v_empty = bars[4]
         row0, skv, qk_scale, slope = rows
         BLOCK_M: gl.constexpr = q_smems[0].type.shape[0]
         HALF: gl.constexpr = k_bufs[0].type.shape[1] // 2
@@ -367,11 +371,11 @@ if AVAILABLE:
         rows_layout: gl.constexpr = m_i.type.layout
         stage = block % STAGES
         phase = (block // STAGES) & 1
-        mbarrier.wait(bars[1].index(stage), phase)
+        mbarrier.wait(k_ready.index(stage), phase)
         s = _dot_t(q_smems, _halves(_slots(k_bufs, stage), OFFSET),
                    gl.zeros([BLOCK_M, HALF], gl.float32, layout=h_layout))
         s = warpgroup_mma_wait(0, deps=(s,))
-        mbarrier.arrive(bars[3].index(stage))
+        mbarrier.arrive(k_empty.index(stage))
         if RELEASE_Q:
             mbarrier.arrive(bars[5].index(q_slot))
         p, m_h, l_h, alpha = _probabilities(s, gl.convert_layout(m_i, h_rows),
@@ -380,10 +384,10 @@ if AVAILABLE:
                                             h_layout)
         acc = _rescaled(acc, alpha)
         p_ops = _operands(p.to(q_smems[0].dtype), acc)
-        mbarrier.wait(bars[2].index(stage), phase)
+        mbarrier.wait(v_ready.index(stage), phase)
         pv_toks = _dot_into(p_ops, _halves(_slots(v_bufs, stage), OFFSET), acc)
         acc = warpgroup_mma_wait(0, deps=pv_toks + p_ops)[:len(acc)]
-        mbarrier.arrive(bars[4].index(stage))
+        mbarrier.arrive(v_empty.index(stage))
         return acc, gl.convert_layout(m_h, rows_layout), gl.convert_layout(l_h, rows_layout)
 
     @gluon.jit
