@@ -89,11 +89,6 @@
 #                      persistent, in two tile orders): its tests against float64, then
 #                      issue 29's d 64 rows (causal, no mask, GQA 32/8) and d 128's causal
 #                      and no mask against the grid of every tile, the `tl` kernel and cuDNN
-#   attention-half-edges
-#                      the runtime's Gluon forward with half_edges (dots of 64 keys on the
-#                      blocks half of whose keys a consumer never sees): its tests against
-#                      float64, then the window row (4 x 32/8 x 4096, 1,024 keys) and the
-#                      causal rows at 128 and 64 against the same kernel without it
 #   fp8-expert-rows    the same rows at a DeepSeek-V3 expert's 2,048 columns (7168 -> 2048):
 #                      where the Gluon kernel's tiles fill the SMs twice (HOPPER_MIN_WAVES)
 #   fp8-block-runtime  the runtime's copy of that kernel (quant_hopper, from HOPPER_MIN_ROWS rows):
@@ -147,7 +142,7 @@ SUITE=benchmarks/suite.yaml
 STEPS="generated-tests hopper-tests tune-tables tuning-repeat config-space first-calls row-layouts
 launch-cost call-cost split-k inspect tanh-approx launcher-tuning training-chains llama-training-step
 backward-configs llama-compiled llama-attention llama-prefill llama-decode attention-zoo attention-anchors attention-host attention-bias-grad attention-configs
-attention-variants attention-gluon-backward attention-backward-d64 attention-persistent attention-half-edges attention-d64-profile attention-bench quantized-chains fp8-block-scales
+attention-variants attention-gluon-backward attention-backward-d64 attention-persistent attention-d64-profile attention-bench quantized-chains fp8-block-scales
 fp8-block-gluon fp8-block-runtime fp8-expert-rows int8-decode-gluon int4-decode-gluon int4-decode-runtime quant-decode-profile stream-ceiling int4-gemv"
 ANCHOR_SHAPES="8192,4096,14336 4096,1024,4096 16,4096,14336 1000,1000,1000"
 
@@ -300,15 +295,6 @@ open('$out/attention-zoo/attention.yaml', 'w').write(t.ATTENTION_SPECS)"
         run $PYTHON benchmarks/experiments/attention_gluon_hopper.py --variants \
             --built "$out/attention-persistent-build" --shape 4 32 4096 64 --kv-heads 8 \
             --cases causal ;;
-    attention-half-edges)
-        run $PYTHON -m pytest tests/test_attention_hopper.py -q -p no:cacheprovider -n 4 \
-            -k "half_edge or persistent_grid or out_and_lse"
-        for rows in "4 32 4096 128 --kv-heads 8 --cases window causal" \
-            "4 32 4096 128 --cases causal" "16 16 1024 64 --cases causal"; do
-            # shellcheck disable=SC2086  # a shape and its flags, as words
-            run $PYTHON benchmarks/experiments/attention_gluon_hopper.py --variants \
-                --rounds 7 --shape $rows
-        done ;;
     attention-d64-profile)
         run $PYTHON -m fusegen build benchmarks/specs/attention_anchors.yaml \
             --out "$out/attention-d64-profile-build"

@@ -41,7 +41,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("f0340635eb9c3f44", "attention")
+_rt = _runtime("6b0c797f1f167233", "attention")
 # [batch, k_len] padding mask (1 where a key is real) -> key_ranges: see its docstring.
 key_ranges_from_mask = _rt.key_ranges_from_mask
 
@@ -154,13 +154,14 @@ def _llama3_attention_forward_step(
     scores = tl.dot(q, k, input_precision=PRECISION)
     if MASKED:
         # Finite, so a row that sees none of these keys gets no inf - inf: what it
-        # gathers here weighs exp2(-1e30 - max) = 0 once it sees a key.
+        # gathers here weighs exp2(-2**100 - max) = 0 once it sees a key. A power of two:
+        # times the factor below it is exact, so the fused multiply-add's is too.
         scores = tl.where(
             (keys < SKV)[None, :]
             & (keys >= first)[None, :]
             & (keys[None, :] <= rows[:, None] + shift),
             scores,
-            -1.0e30,
+            -1.2676506002282294e30,
         )
     new_max = tl.maximum(row_max, tl.max(scores, axis=1) * 0.12751743082459868)
     probs = tl.exp2(scores * 0.12751743082459868 - new_max[:, None])
@@ -685,7 +686,7 @@ def reference(q, k, v, *, key_lengths=None, key_ranges=None, out_dtype=None, ret
 FORCED = {}  # kernel -> config: what `fusegen tune` is timing
 TUNED_TABLE = "llama3_attention.tuned.json"  # beside this file, written by `fusegen tune` on a GPU
 # The kernels' source a table entry must have been measured on:
-KERNEL_HASH = "a2fb1fea862db91f"
+KERNEL_HASH = "eb73820e02782b74"
 _ATTENTION = _rt.Attention(
     globals(),
     "llama3_attention",

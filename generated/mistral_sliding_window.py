@@ -41,7 +41,7 @@ def _runtime(digest, part):
     return importlib.import_module(f"{name}.{part}")
 
 
-_rt = _runtime("f0340635eb9c3f44", "attention")
+_rt = _runtime("6b0c797f1f167233", "attention")
 # [batch, k_len] padding mask (1 where a key is real) -> key_ranges: see its docstring.
 key_ranges_from_mask = _rt.key_ranges_from_mask
 
@@ -159,14 +159,15 @@ def _mistral_sliding_window_forward_step(
     scores = tl.dot(q, k, input_precision=PRECISION)
     if MASKED:
         # Finite, so a row that sees none of these keys gets no inf - inf: what it
-        # gathers here weighs exp2(-1e30 - max) = 0 once it sees a key.
+        # gathers here weighs exp2(-2**100 - max) = 0 once it sees a key. A power of two:
+        # times the factor below it is exact, so the fused multiply-add's is too.
         scores = tl.where(
             (keys < SKV)[None, :]
             & (keys >= first)[None, :]
             & (keys[None, :] <= rows[:, None] + shift)
             & (keys[None, :] > rows[:, None] + shift - 4096),
             scores,
-            -1.0e30,
+            -1.2676506002282294e30,
         )
     new_max = tl.maximum(row_max, tl.max(scores, axis=1) * 0.12751743082459868)
     probs = tl.exp2(scores * 0.12751743082459868 - new_max[:, None])
@@ -699,7 +700,7 @@ TUNED_TABLE = (
     "mistral_sliding_window.tuned.json"  # beside this file, written by `fusegen tune` on a GPU
 )
 # The kernels' source a table entry must have been measured on:
-KERNEL_HASH = "0c53836f7b9ea70d"
+KERNEL_HASH = "52410797be8db424"
 _ATTENTION = _rt.Attention(
     globals(),
     "mistral_sliding_window",

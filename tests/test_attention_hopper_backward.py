@@ -214,6 +214,35 @@ def test_each_launch_binds_every_kernel_parameter(monkeypatch, layout, delta_in_
 
 
 @needs_gluon
+@pytest.mark.parametrize("layout, dim", [("bhsd", 128), ("bshd", 96), ("bhsd", 192)])
+def test_without_dq_the_delta_kernel_writes_delta_first(monkeypatch, layout, dim):
+    """Without dq wanted, out given: _attention_delta (the dq kernel's arithmetic) writes
+    delta before the dk/dv kernel reads it, over v's parts of the head dim."""
+    launched = bound_launches(monkeypatch)
+    q_shape, k_shape = shapes(layout, 2, 8, 2, 300, 300, dim)
+    dv = 128 if dim == 192 else dim
+    q = torch.randn(q_shape, dtype=torch.bfloat16)
+    d_out, out = (torch.randn(q_shape[:3] + (dv,), dtype=torch.bfloat16) for _ in range(2))
+    k = torch.randn(k_shape, dtype=torch.bfloat16)
+    v = torch.randn(k_shape[:3] + (dv,), dtype=torch.bfloat16)
+    lse, delta = torch.zeros(2, 8, 300), torch.zeros(2, 8, 300)
+    (d_q, d_k, d_v), compiled = attention_hopper_backward.backward(
+        q, k, v, d_out, lse, delta, (False, True, False), layout=layout, causal=True,
+        scale=0.1, out=out,
+    )  # fmt: skip
+    assert list(launched) == ["_attention_delta", "_attention_dkdv"]
+    assert d_q is None and d_v is None and "hopper_dq" not in compiled
+    rows = launched["_attention_delta"]
+    assert rows["out_ptr"] is out and rows["d_out_ptr"] is d_out and rows["delta_ptr"] is delta
+    assert launched["_attention_dkdv"]["delta_ptr"] is delta
+    assert (rows["W0"], rows["W1"]) == {128: (128, 0), 96: (64, 32), 192: (128, 0)}[dim]
+    strides = attention_hopper_backward.attention_hopper.strides
+    assert (rows["stride_o_b"], rows["stride_o_h"], rows["stride_o_s"]) == strides(out, layout)
+    assert (rows["stride_d_b"], rows["stride_d_h"], rows["stride_d_s"]) == strides(d_out, layout)
+    assert (rows["sq"], rows["heads"]) == (300, 8)
+
+
+@needs_gluon
 @pytest.mark.parametrize("sq, streamed", [(300, True), (257, False), (1, False), (4096, True)])
 def test_lse_and_delta_are_streamed_where_each_heads_rows_start_aligned(monkeypatch, sq, streamed):
     launched = bound_launches(monkeypatch)
@@ -228,15 +257,6 @@ def test_lse_and_delta_are_streamed_where_each_heads_rows_start_aligned(monkeypa
     assert dkdv["ROW_TMA"] is streamed
     assert dkdv["lse_desc"].base.data_ptr() == lse.data_ptr()
     assert list(dkdv["delta_desc"].block_shape) == [64]
-
-
-def test_delta_from_the_dq_kernel_needs_dq():
-    q = torch.empty(1, 1, 64, 128)
-    with pytest.raises(ValueError, match="needs dq"):
-        attention_hopper_backward.backward(
-            q, q, q, q, None, None, (False, True, True), layout="bhsd", causal=True, scale=1.0,
-            out=q,
-        )  # fmt: skip
 
 
 @pytest.mark.parametrize(

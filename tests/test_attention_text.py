@@ -1,5 +1,7 @@
 """fusegen/attention_text.py: what the attention modules print that is worked out in Python."""
 
+from pathlib import Path
+
 import pytest
 
 from fusegen.codegen import attention_text
@@ -47,3 +49,23 @@ def test_fp32_tiles_fit_where_16_bit_ones_need_not(dim):
         assert one_stage_bytes(config, kernel, dim, 4) < H200_SHARED, (dim, kernel)
     if dim == 256:  # why fp32 has tiles of its own: the 16-bit forward's need 256 KB
         assert one_stage_bytes(attention_text.CONFIGS[256], "forward", 256, 4) > H200_SHARED
+
+
+@pytest.mark.parametrize("dim", [32, 48, 64, 80, 96, 112, 128, 192, 256])
+def test_a_masked_score_times_the_base_2_factor_is_exact(dim):
+    # The probabilities take exp2(scores * factor - max) as one fused multiply-add, max
+    # being the rounded product: a masked row's exponent is the product's rounding error,
+    # which -1e30 left at +8e20 at head dim 64 (exp2 inf, out NaN on the GPU).
+    np = pytest.importorskip("numpy")
+    from fractions import Fraction
+
+    from fusegen.runtime import attention_hopper
+
+    factor = np.float32(dim**-0.5 * attention_text.LOG2E)
+    masked = np.float32(attention_text.MASKED_SCORE)
+    assert float(masked) == attention_text.MASKED_SCORE
+    rounded = np.float32(masked * factor)
+    assert Fraction(float(masked)) * Fraction(float(factor)) == Fraction(float(rounded))
+    # The Gluon forward's mask is the same number.
+    source = Path(attention_hopper.__file__).read_text()
+    assert f"MASKED: gl.constexpr = {float(masked)!r}".replace("e+", "e") in source

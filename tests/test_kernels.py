@@ -216,6 +216,12 @@ kernels:
       window: 40
       bias: true
 
+  - name: att_window
+    doc: A sliding window alone at head dim 64 (GPT-OSS's), grouped heads; the scale,
+      unapplied before the mask, multiplies the masked scores.
+    dtypes: [fp16]
+    attention: {layout: bshd, heads: 4, kv_heads: 2, head_dim: 64, causal: true, window: 24}
+
   - name: att_plain
     doc: No mask.
     dtypes: [fp16]

@@ -16,16 +16,15 @@ NAME:BLOCK_N:STAGES sets the key block and the ring's depth (128 and 2 by defaul
 "runtime" (always timed) is the product's kernel, fusegen/runtime/attention_hopper.py,
 which took pingpong-heads, and the same on a persistent grid in two tile orders
 (RUNTIME_PERSISTENT; `--variants` with no names times only these, cuDNN and the
-generated kernel), causal with its half_edges (RUNTIME_HALF_EDGES); at head dim 64
-(--shape B H S 64) also with its knobs (RUNTIME_D64), for issue 29's d 64 rows, where it
-was slower than the `tl` forward. The variants measured and dropped on the way (all
-waits at once, the loads issued by the consumers, FA3's explicit turns, the
-probabilities through shared memory, O rescaled during QK, V released a step late; in
-the runtime kernel, chained tiles on the persistent grid, commit 9528355) are in this
-file's git history and in benchmarks/RESULTS.md with their logs. The window case
-(causal, a window of WINDOW keys; --kv-heads 8 for the anchors' module) times the
-runtime kernel alone, against its grid of every tile: SDPA's cuDNN backend has no
-window. --knobs NAME... times only those of the runtime's knobs.
+generated kernel); at head dim 64 (--shape B H S 64) also with its knobs (RUNTIME_D64),
+for issue 29's d 64 rows, where it was slower than the `tl` forward. The
+variants measured and dropped on the way (all waits at once, the loads issued by the
+consumers, FA3's explicit turns, the probabilities through shared memory, O rescaled
+during QK, V released a step late; in the runtime kernel, chained tiles on the persistent
+grid, commit 9528355) are in this file's git history and in benchmarks/RESULTS.md with
+their logs. The window case (causal, a window of WINDOW keys; --kv-heads 8 for the
+anchors' module) times the runtime kernel alone, against its grid of every tile: SDPA's
+cuDNN backend has no window. --knobs NAME... times only those of the runtime's knobs.
 
 Timed in interleaved rounds with cuDNN and the generated kernel
 (benchmarks/specs/attention_anchors.yaml). Causal or no mask; [batch, heads, seq, dim]
@@ -427,11 +426,6 @@ RUNTIME_PERSISTENT = {
     "runtime persistent": {"persistent": True},
     "runtime persistent longest-first": {"persistent": True, "longest_first": True},
 }
-# The runtime kernel's half_edges (causal and window cases): a consumer's dots on a block
-# half of whose keys its rows never see (the first consumer's diagonal block, the second's
-# first block of a window) on the other 64 keys alone, on the grid of every tile (on the
-# persistent one its out was wrong, H100, 2026-12-07).
-RUNTIME_HALF_EDGES = {"runtime half-edges": {"half_edges": True}}
 # The window case's keys a query sees (the anchors' Mistral-style module's).
 WINDOW = 1024
 
@@ -541,7 +535,6 @@ def main() -> int:
             q, k, v, c, window=w
         )
         knobs_tried = {**(RUNTIME_D64 if dim == 64 else {}), **RUNTIME_PERSISTENT}
-        knobs_tried |= RUNTIME_HALF_EDGES if causal else {}
         for name, knobs in knobs_tried.items():
             if args.knobs is not None and name not in args.knobs:
                 continue

@@ -12,6 +12,13 @@ LOG2E = 1.4426950408889634
 # finfo.min (transformers' additive masks), which times log2 e would overflow fp32. A
 # power of two (about -1e28), so fp32 and float64 compare against the same number.
 BIAS_FLOOR = -(2.0**93)
+# What a masked score becomes in the forward: finite, so a row that sees none of a block's
+# keys gets no inf - inf, and a power of two, so that times the base-2 factor it is exact.
+# The probabilities take exp2(scores * factor - max) as one fused multiply-add, whose
+# exact product minus the rounded max is 0 only then: -1e30 left the rounding error,
+# +8e20 at head dim 64 (exp2 of it inf, out NaN; 80, 112, 192 and 256 too), -1.5e21 at
+# 96 and 128 (probabilities 0, which hid it).
+MASKED_SCORE = -(2.0**100)
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) by head dim, of the forward and of the
 # backward's dk/dv and dq kernels, as Triton's fused-attention tutorial tiles them.
@@ -206,7 +213,7 @@ def _added_lines(att: Attention, distance: str, slope: str = "alibi_slope") -> l
     if att.bias:
         lines.append(
             f"scores = tl.where(bias > {_number(BIAS_FLOOR)}, scores + bias * {_number(LOG2E)},"
-            " -1.0e30)  # the bias, in base 2; at or below BIAS_FLOOR it masks"
+            f" {_number(MASKED_SCORE)})  # the bias, in base 2; at or below BIAS_FLOOR it masks"
         )
     return lines
 
@@ -305,6 +312,7 @@ def module_context(att: Attention, header: list[str], op_name: str, doc_width: i
         "bias": att.bias,
         "bias_arg": ", bias" if att.bias else "",
         "bias_floor": _number(BIAS_FLOOR),
+        "masked_score": _number(MASKED_SCORE),
         "dtypes_doc": ", ".join(att.dtypes),
         "dtypes_tuple": "("
         + ", ".join(dtype_literal(d) for d in att.dtypes)

@@ -54,8 +54,10 @@ _NEAR = sorted(
 # - causal at 64: longest first from LONGEST_FIRST_MIN_QUERIES queries (4 x 32/8 x 4096:
 #   0.641 ms against the `tl` forward's 0.741); below, the `tl` forward (16 x 16 x 1024:
 #   0.126 against 0.141 on either persistent order);
-# - a sliding window at 128: persistent, head by head (its tiles weigh the same, as no
-#   mask's: 4 x 32/8 x 4096, a 1024-key window, 0.519 ms against 0.546);
+# - a sliding window at 128: persistent, longest first (every head's last query block,
+#   then the ones before: a window's tiles weigh the same but each head's first few, which
+#   go last): 4 x 32/8 x 4096, a 1024-key window, 0.492 ms [0.480-0.516] against 0.530
+#   [0.516-0.549] head by head and 0.555 on every tile (7 alternated rounds, H100);
 # - 96 and 192/128 (MLA): every tile, as measured before the persistent grid.
 PERSISTENT_HEAD_DIMS = (64, 128)
 LONGEST_FIRST_MIN_QUERIES = 4096
@@ -72,7 +74,7 @@ def hopper_grid(head_dim: int, mask: str | None, window: int | None = None) -> t
     if head_dim not in PERSISTENT_HEAD_DIMS:
         return False, False
     if window:
-        return head_dim == 128, False
+        return head_dim == 128, head_dim == 128
     if mask != "causal":
         return True, False
     return head_dim == 64, head_dim == 64
@@ -171,7 +173,7 @@ class _BackwardPlan:
     __slots__ = (
         "runs", "sq", "skv", "copies", "delta_shape", "delta_strides", "delta", "hopper",
         "reads", "bias_strides", "kv", "kv_strides", "q", "dq_strides", "d_scores",
-        "d_scores_shape", "d_scores_dtype", "tma", "delta_in_dq",
+        "d_scores_shape", "d_scores_dtype", "tma", "gluon_delta",
     )  # fmt: skip
 
 
@@ -551,7 +553,7 @@ class Attention:
         if plan.tma:  # triton's allocator is set per thread: this one may not have it yet
             ensure_allocator(device)
         delta = torch.empty(size=plan.delta_shape, dtype=fp32, device=device)
-        if not plan.delta_in_dq:
+        if not plan.gluon_delta:
             plan.delta(out, d_out, delta, plan.sq, *plan.delta_strides)
         if plan.hopper is not None:
             m = self.module
@@ -559,7 +561,7 @@ class Attention:
                 q, k, v, d_out.contiguous(), lse, delta, needs,
                 layout=m["LAYOUT"], causal=self.hopper == "causal", scale=m["SCALE"],
                 alibi=self.alibi, window=self.window, launches=plan.hopper,
-                out=out if plan.delta_in_dq else None,
+                out=out if plan.gluon_delta else None,
             )  # fmt: skip
             self.last_compiled.update(compiled)
             return grads
@@ -611,10 +613,12 @@ class Attention:
         meta = {"HEADS": heads, "DV": m["V_HEAD_DIM"], "BLOCK_M": 64, "BLOCK_D": block_dv}
         plan.delta = _Launch(self, backward_delta, (cdiv(sq, 64), batch * heads), meta)
         plan.hopper = plan.kv = plan.q = None
-        plan.tma = plan.delta_in_dq = False
+        plan.tma = plan.gluon_delta = False
         if self.hopper_backward_fits(inputs, key_lengths, batch, sq, skv):
             plan.hopper = {}  # attention_hopper_backward's launch.Described, by kernel
-            plan.delta_in_dq = needs[0] and attention_hopper_backward.DELTA_IN_DQ
+            # delta from the dq kernel, or without dq from the Gluon kernel that computes
+            # it as the dq kernel does: dk the same bits whether dq is wanted or not.
+            plan.gluon_delta = attention_hopper_backward.DELTA_IN_DQ
             return plan
         plan.reads = (sq, skv, *strides(q), *strides(k), *strides(v), *strides(d_out))
         plan.bias_strides = self.bias_strides(inputs[3], batch, sq, skv) if self.bias else ()
@@ -899,10 +903,10 @@ class Attention:
         """Whether a call that fits the Gluon forward runs it on the persistent grid
         (hopper_grid): as many keys as queries (its measured calls; cross-attention runs
         the grid of every tile at 128, the `tl` forward at 64: hopper_forward_fits) and,
-        causal at head dim 64, LONGEST_FIRST_MIN_QUERIES."""
+        causal at head dim 64 (without a window), LONGEST_FIRST_MIN_QUERIES."""
         if not self.hopper_grid[0] or sq != skv:
             return False
-        return not self.hopper_grid[1] or sq >= LONGEST_FIRST_MIN_QUERIES
+        return not self.hopper_grid[1] or bool(self.window) or sq >= LONGEST_FIRST_MIN_QUERIES
 
     def hopper_forward_fits(self, inputs, key_lengths, batch, sq, skv, traced=False):
         """hopper_fits, and at head dim 64 only where the persistent grid runs

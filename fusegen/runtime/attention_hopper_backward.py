@@ -153,17 +153,48 @@ if attention_hopper.AVAILABLE:
             tiles = tiles + (_out_part(out_ptr, base, rows, sq, stride_s, W0, W1),)
         return tiles
 
+    @gluon.constexpr_function
+    def _out_layout(num_warps):
+        """The layout the dq kernel's consumers (and _attention_delta) hold out's rows in."""
+        return gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+
+    @gluon.jit
+    def _part_sum(out, d_out):
+        """rowsum(d_out * out) of one part of the head dim, in fp32: the dq kernel's and
+        _attention_delta's one arithmetic, in one layout (the same bits either way)."""
+        return gl.sum(out.to(gl.float32) * d_out.to(gl.float32), 1)
+
     @gluon.jit
     def _delta(do_smems, outs, delta_ptr, row_base, rows, sq, row_layout: gl.constexpr):
         """delta = rowsum(d_out * out) of the rows (d_out from the consumer's tiles in
         shared memory), stored for the dk/dv kernel (launched after this one) and returned
         in row_layout."""
         layout: gl.constexpr = rows.type.layout.parent
-        delta = gl.sum(outs[0].to(gl.float32) * do_smems[0].load(layout).to(gl.float32), 1)
+        delta = _part_sum(outs[0], do_smems[0].load(layout))
         if len(outs) == 2:
-            delta += gl.sum(outs[1].to(gl.float32) * do_smems[1].load(layout).to(gl.float32), 1)
+            delta += _part_sum(outs[1], do_smems[1].load(layout))
         gl.store(delta_ptr + row_base + rows, delta, mask=rows < sq)
         return gl.convert_layout(delta, row_layout)
+
+    @gluon.jit
+    def _attention_delta(out_ptr, d_out_ptr, delta_ptr, sq, heads, stride_o_b, stride_o_h,
+                         stride_o_s, stride_d_b, stride_d_h, stride_d_s, W0: gl.constexpr,
+                         W1: gl.constexpr, ROWS: gl.constexpr, num_warps: gl.constexpr):
+        """delta of ROWS query rows of one (batch, head), program_id(1), for a backward
+        whose dq kernel does not write it (no dq wanted): in the dq kernel's layout and
+        arithmetic, so that dk's bits do not depend on whether dq was asked for too. W0,
+        W1: the parts of v's head dim (W1 0: one)."""
+        layout: gl.constexpr = _out_layout(num_warps)
+        pair = gl.program_id(1)
+        rows = gl.program_id(0) * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+        o_base = (pair // heads).to(gl.int64) * stride_o_b + (pair % heads) * stride_o_h
+        d_base = (pair // heads).to(gl.int64) * stride_d_b + (pair % heads) * stride_d_h
+        delta = _part_sum(_out_part(out_ptr, o_base, rows, sq, stride_o_s, 0, W0),
+                          _out_part(d_out_ptr, d_base, rows, sq, stride_d_s, 0, W0))
+        if W1:
+            delta += _part_sum(_out_part(out_ptr, o_base, rows, sq, stride_o_s, W0, W1),
+                               _out_part(d_out_ptr, d_base, rows, sq, stride_d_s, W0, W1))
+        gl.store(delta_ptr + pair.to(gl.int64) * sq + rows, delta, mask=rows < sq)
 
     @gluon.jit
     def _store_parts(ptr, accs, factor, row0, n_rows, base, stride_s, dtype: gl.constexpr):
@@ -488,7 +519,7 @@ if attention_hopper.AVAILABLE:
             lse = lse + slope * (rows - row0 + skv - sq).to(gl.float32)
         stride_b, stride_h, stride_s, stride_o_b, stride_o_h, stride_o_s = strides
         if DELTA:  # out's loads in flight while q and d_out's tiles arrive
-            o_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+            o_layout: gl.constexpr = _out_layout(num_warps)
             o_rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, o_layout))
             outs = _out_tiles(do_smems, out_ptr,
                               batch.to(gl.int64) * stride_o_b + head * stride_o_h, o_rows, sq,
@@ -626,6 +657,18 @@ CONFIGS = {
 }
 
 
+def delta_launch(out, d_out, layout):
+    """_attention_delta's first launch (launch.Described's first()) for out and d_out
+    (contiguous, [batch, heads, q_len] in the layout)."""
+    batch, heads, sq = (out.shape[i] for i in ((0, 2, 1) if layout == "bshd" else (0, 1, 2)))
+    widths = attention_hopper.parts(out.shape[-1])
+    grid = (triton.cdiv(sq, BLOCK_M), batch * heads)
+    scalars = (sq, heads, *attention_hopper.strides(out, layout),
+               *attention_hopper.strides(d_out, layout))  # fmt: skip
+    meta = {"W0": widths[0], "W1": sum(widths[1:]), "ROWS": BLOCK_M, "num_warps": 4}
+    return _attention_delta, grid, [], scalars, meta
+
+
 def dkdv_rows(dim):
     """Query rows of the dk/dv kernel's blocks at q's head dim: 32 past 128 (MLA's 192:
     dk's and dv's accumulators, 192 + 128 columns, leave 64-row blocks' S^T and dP^T
@@ -670,12 +713,11 @@ def backward(
     benchmarks/experiments/attention_gluon_backward.py varies. launches: a dict its
     caller keeps for calls like this one (the same shapes but the tensors), where each
     kernel's launch.Described is kept (launched without triton's dispatch). out (the
-    forward's, given with needs[0]): delta is not read but written, by the dq kernel
-    from its d_out tiles and out, before the dk/dv kernel reads it (DELTA_IN_DQ).
+    forward's): delta is not read but written before the dk/dv kernel reads it, by the
+    dq kernel from its d_out tiles and out (DELTA_IN_DQ) or, without dq wanted, by
+    _attention_delta in the dq kernel's arithmetic (dk's bits the same either way).
     row_tma: the dk/dv kernel's ROW_TMA where row_tma_fits."""
     launches = {} if launches is None else launches
-    if out is not None and not needs[0]:
-        raise ValueError("delta is written by the dq kernel: out needs dq wanted")
     if head_major is None:
         head_major = dkdv_order(q, k, layout, causal, window)
     sources = (q, q, k, k, v, v, d_out, d_out)
@@ -707,6 +749,11 @@ def backward(
 
     d_q = d_k = d_v = None
     compiled = {}
+    if out is not None and not needs[0] and (needs[1] or needs[2]):
+        compiled["hopper_delta"] = launches.setdefault("delta", launch.Described())(
+            (), (out, d_out, delta), lambda: delta_launch(out, d_out, layout)
+        )
+        out = None
     if needs[0]:  # first: with out given, it writes the delta the dk/dv kernel reads
         d_q = torch.empty_like(q)
         o = d_q if out is None else out  # DELTA off: an unread pointer and strides

@@ -13,10 +13,10 @@ query block first, so that those running at once share a few heads' keys in L2.
 
 forward's `persistent` runs one program an SM over the tiles in turn, the query tiles
 double-buffered and out stored through tiles of its own, so that a tile's loads run
-under the one before's epilogue. Modules take it where it was measured faster than the
-grid of every tile (runtime/attention.py's hopper_grid: no mask, a window at head dim
-128, causal at 64 from 4,096 queries; RESULTS.md, 2026-12-05; `attention-persistent` in
-benchmarks/run_suite.sh measures it).
+under the one before's epilogue: the experiments' form of it ran head dim 64's no-mask
+row at 0.98x cuDNN, where this grid runs 0.76x (16 x 16 x 1024; RESULTS.md, 2026-12-05).
+Not yet measured in this kernel, so no module launches it (`attention-persistent` in
+benchmarks/run_suite.sh measures it against the grid of every tile).
 
 Measured against cuDNN and the `tl` kernels on an H200 by
 benchmarks/experiments/attention_gluon_hopper.py (the variants that led here).
@@ -25,13 +25,6 @@ ALiBi adds slope * (key - the consumer's first row) to the scores and takes each
 own part off its lse (1.68x compiled FlexAttention, causal 4 x 32 x 4096; the `tl`
 kernel: 1.40x); a sliding window starts each program's stream at its first row's window
 start (1.41x; the `tl` kernel: 1.06x).
-
-forward's `half_edges` (no module launches it yet; benchmarks/experiments/
-attention_gluon_hopper.py times it; on the grid of every tile alone): where a consumer's
-rows see none of a block's first or last 64 keys (the first consumer's on a causal
-tile's diagonal block, the second's on a window's first block), its dots on that block
-take the other 64 keys alone: half a block of the 9 each consumer takes at a window of
-1,024 keys.
 
 A head dim that is not a power of two is two tiles (parts: 96 = 64 + 32, MLA's 192 =
 128 + 64), their dots chained: TMA and Gluon tiles are powers of two, and padding 96 to
@@ -87,8 +80,10 @@ if AVAILABLE:
         BM: gl.constexpr = s.type.shape[0]
         BN: gl.constexpr = s.type.shape[1]
         # A window's first block may hide every key from a row: a finite mask then gives it
-        # probabilities that the next block's rescale (exp2 of about -1e29) zeroes.
-        MASKED: gl.constexpr = -1.0e30 if WINDOW else -float("inf")
+        # probabilities that the next block's rescale (exp2 of about -2e29) zeroes. A power
+        # of two: times qk_scale it is exact, so p's fused multiply-add gives exp2(0), where
+        # -1e30 left the product's rounding error (exp2(+8e20) = inf at head dim 64 and 192).
+        MASKED: gl.constexpr = -1.2676506002282294e30 if WINDOW else -float("inf")  # -2**100
         if ((CAUSAL and key0 + BN > row0) or key0 + BN > skv
                 or (WINDOW and key0 + WINDOW <= row0 + BM - 1)):
             rows = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
@@ -279,41 +274,82 @@ if AVAILABLE:
         return place, n_blocks
 
     @gluon.jit
-    def _blocks(q_smems, bufs, bars, ring, start, end, key0, rows, acc, m_i, l_i, q_slot,
-                RESCALE: gl.constexpr, RELEASE_Q: gl.constexpr, CAUSAL: gl.constexpr,
-                ALIBI: gl.constexpr, WINDOW: gl.constexpr, num_warps: gl.constexpr):
-        """A tile's key blocks start to end - 1 (the ring's from ring + start on, keys from
-        key0 + start * BLOCK_N on) into acc, m_i and l_i: block j's QK and block j - 1's PV
-        as asynchronous wgmma, block j's softmax while PV is in flight. RESCALE: acc holds
-        an earlier block's PV, rescaled to the first block's max (else zeros). RELEASE_Q
-        (persistent): q's slot released once the last QK is done."""
+    def _consume(descs, bufs, bars, out_ptr, lse_ptr, work, sq, skv, qk_scale,
+                 stride_o_b, stride_o_h, stride_o_s,
+                 CAUSAL: gl.constexpr, ALIBI: gl.constexpr, WINDOW: gl.constexpr,
+                 GROUP: gl.constexpr, PERSISTENT: gl.constexpr, LONGEST_FIRST: gl.constexpr,
+                 PART: gl.constexpr, num_warps: gl.constexpr):
+        """Consumer PART: its 64 query rows of the program's tile (work: its place and
+        key blocks) or, PERSISTENT, of each of its tiles in turn (work: the shape _place
+        reads), their query tiles double-buffered and the ring's stages taken on across
+        tiles."""
+        if PERSISTENT:
+            ring = 0
+            count = 0
+            for t in range(gl.program_id(0), work[0] * work[1], gl.num_programs(0)):
+                place, n_blocks = _place(t, work, sq, skv, GROUP, CAUSAL, WINDOW,
+                                         LONGEST_FIRST, descs)
+                _consume_tile(descs, bufs, bars, out_ptr, lse_ptr, place, sq, skv, n_blocks,
+                              qk_scale, stride_o_b, stride_o_h, stride_o_s, ring,
+                              PART * 2 + count % 2, (count // 2) & 1, CAUSAL, ALIBI, WINDOW,
+                              PERSISTENT, PART, num_warps)
+                ring += n_blocks
+                count += 1
+            tma.store_wait(pendings=0)
+        else:
+            place, n_blocks = work
+            _consume_tile(descs, bufs, bars, out_ptr, lse_ptr, place, sq, skv, n_blocks,
+                          qk_scale, stride_o_b, stride_o_h, stride_o_s, 0, PART, 0, CAUSAL,
+                          ALIBI, WINDOW, PERSISTENT, PART, num_warps)
+
+    @gluon.jit
+    def _consume_tile(descs, bufs, bars, out_ptr, lse_ptr, place, sq, skv, n_blocks, qk_scale,
+                      stride_o_b, stride_o_h, stride_o_s, ring, q_slot, q_phase,
+                      CAUSAL: gl.constexpr, ALIBI: gl.constexpr, WINDOW: gl.constexpr,
+                      PERSISTENT: gl.constexpr, PART: gl.constexpr, num_warps: gl.constexpr):
+        """Consumer PART's 64 query rows of one tile (in q's slot q_slot) over every key
+        block the producer streams (the ring's blocks from `ring` on), then its rows of out
+        and lse. v's parts of the head dim are q's first ones (128 of 192, or 64 + 32 of
+        96): out goes through q's tiles, or (PERSISTENT: the producer reloads q's slot
+        for a later tile) through out's own, whose store the next tile's waits for."""
+        q_descs, k_descs, v_descs, o_descs = descs
+        q_bufs = bufs[0]
         k_bufs = bufs[1]
         v_bufs = bufs[2]
+        q_ready = bars[0]
         k_ready = bars[1]
         v_ready = bars[2]
         k_empty = bars[3]
         v_empty = bars[4]
-        row0, skv, qk_scale, slope = rows
-        BLOCK_M: gl.constexpr = q_smems[0].type.shape[0]
-        BLOCK_N: gl.constexpr = k_bufs[0].type.shape[1]
+        batch, head, heads, row0, q_row, q_col, kv_row, kv_col, v_col, o_col = place
+        BLOCK_M: gl.constexpr = q_descs[0].block_type.shape[0]
+        BLOCK_N: gl.constexpr = k_descs[0].block_type.shape[0]
         STAGES: gl.constexpr = k_bufs[0].type.shape[0]
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])
-        dtype: gl.constexpr = q_smems[0].dtype
+        dtype: gl.constexpr = q_descs[0].dtype
+        key0 = _first_key(row0, WINDOW, BLOCK_N)  # the producer's first block
+        row0 = row0 + PART * BLOCK_M
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+        m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+        l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=gl.SliceLayout(1, s_layout))
+        acc = _accumulators(o_descs, num_warps)  # one a part of v's head dim
+        slope = 0.0
+        if ALIBI:
+            slope = _alibi_slope(head, ALIBI)
+        mbarrier.wait(q_ready.index(q_slot), q_phase)
 
-        # The first block's probabilities: the loop runs one block ahead of its PV.
-        first = (ring + start) % STAGES
-        mbarrier.wait(k_ready.index(first), ((ring + start) // STAGES) & 1)
+        # Block 0's probabilities: the loop runs one block ahead of its PV.
+        first = ring % STAGES
+        mbarrier.wait(k_ready.index(first), (ring // STAGES) & 1)
+        q_smems = _slots(q_bufs, q_slot)
         s = _dot_t(q_smems, _slots(k_bufs, first), s_zero)
         s = warpgroup_mma_wait(0, deps=(s,))
         mbarrier.arrive(k_empty.index(first))
-        p, m_i, l_i, alpha = _probabilities(s, m_i, l_i, key0 + start * BLOCK_N, row0, skv,
-                                            qk_scale, slope, CAUSAL, ALIBI, WINDOW, s_layout)
-        if RESCALE:
-            acc = _rescaled(acc, alpha)
+        p, m_i, l_i, alpha = _probabilities(s, m_i, l_i, key0, row0, skv, qk_scale, slope,
+                                            CAUSAL, ALIBI, WINDOW, s_layout)
         p_ops = _operands(p.to(dtype), acc)
-        for j in range(start + 1, end):
+        for j in range(1, n_blocks):
             stage = (ring + j) % STAGES
             prev = (ring + j - 1) % STAGES
             mbarrier.wait(k_ready.index(stage), ((ring + j) // STAGES) & 1)
@@ -329,155 +365,13 @@ if AVAILABLE:
             mbarrier.arrive(v_empty.index(prev))
             acc = _rescaled(acc, alpha)
             p_ops = _operands(p_next.to(dtype), acc)
-        if RELEASE_Q:  # every QK of the tile is issued and waited for
+        if PERSISTENT:  # every QK of the tile is issued and waited for
             mbarrier.arrive(bars[5].index(q_slot))
-        last = (ring + end - 1) % STAGES
-        mbarrier.wait(v_ready.index(last), ((ring + end - 1) // STAGES) & 1)
+        last = (ring + n_blocks - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((ring + n_blocks - 1) // STAGES) & 1)
         pv_toks = _dot_into(p_ops, _slots(v_bufs, last), acc)
         acc = warpgroup_mma_wait(0, deps=pv_toks + p_ops)[:len(acc)]
         mbarrier.arrive(v_empty.index(last))
-        return acc, m_i, l_i
-
-    @gluon.jit
-    def _halves(smems, offset: gl.constexpr):
-        """Each part's rows offset to offset + half of its tile's."""
-        HALF: gl.constexpr = smems[0].type.shape[0] // 2
-        halves = (smems[0].slice(offset, HALF),)
-        if len(smems) == 2:
-            halves = halves + (smems[1].slice(offset, HALF),)
-        return halves
-
-    @gluon.jit
-    def _half_block(q_smems, bufs, bars, block, key0, rows, acc, m_i, l_i, q_slot,
-                    OFFSET: gl.constexpr, RELEASE_Q: gl.constexpr, CAUSAL: gl.constexpr,
-                    ALIBI: gl.constexpr, WINDOW: gl.constexpr, num_warps: gl.constexpr):
-        """The ring's block `block` (keys from key0 on) on its keys OFFSET to OFFSET + half
-        a block alone into acc, m_i and l_i: QK, softmax and PV one after the other (the
-        other consumer's dots fill the tensor cores meanwhile). RELEASE_Q (persistent):
-        q's slot released once its QK is done."""
-        k_bufs = bufs[1]
-        v_bufs = bufs[2]
-        k_ready = bars[1]
-        v_ready = bars[2]
-        k_empty = bars[3]
-        v_empty = bars[4]
-        row0, skv, qk_scale, slope = rows
-        BLOCK_M: gl.constexpr = q_smems[0].type.shape[0]
-        HALF: gl.constexpr = k_bufs[0].type.shape[1] // 2
-        STAGES: gl.constexpr = k_bufs[0].type.shape[0]
-        h_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HALF, 16])
-        h_rows: gl.constexpr = gl.SliceLayout(1, h_layout)
-        rows_layout: gl.constexpr = m_i.type.layout
-        stage = block % STAGES
-        phase = (block // STAGES) & 1
-        mbarrier.wait(k_ready.index(stage), phase)
-        s = _dot_t(q_smems, _halves(_slots(k_bufs, stage), OFFSET),
-                   gl.zeros([BLOCK_M, HALF], gl.float32, layout=h_layout))
-        s = warpgroup_mma_wait(0, deps=(s,))
-        mbarrier.arrive(k_empty.index(stage))
-        if RELEASE_Q:
-            mbarrier.arrive(bars[5].index(q_slot))
-        p, m_h, l_h, alpha = _probabilities(s, gl.convert_layout(m_i, h_rows),
-                                            gl.convert_layout(l_i, h_rows), key0 + OFFSET,
-                                            row0, skv, qk_scale, slope, CAUSAL, ALIBI, WINDOW,
-                                            h_layout)
-        acc = _rescaled(acc, alpha)
-        p_ops = _operands(p.to(q_smems[0].dtype), acc)
-        mbarrier.wait(v_ready.index(stage), phase)
-        pv_toks = _dot_into(p_ops, _halves(_slots(v_bufs, stage), OFFSET), acc)
-        acc = warpgroup_mma_wait(0, deps=pv_toks + p_ops)[:len(acc)]
-        mbarrier.arrive(v_empty.index(stage))
-        return acc, gl.convert_layout(m_h, rows_layout), gl.convert_layout(l_h, rows_layout)
-
-    @gluon.jit
-    def _consume(descs, bufs, bars, out_ptr, lse_ptr, work, sq, skv, qk_scale,
-                 stride_o_b, stride_o_h, stride_o_s,
-                 CAUSAL: gl.constexpr, ALIBI: gl.constexpr, WINDOW: gl.constexpr,
-                 GROUP: gl.constexpr, PERSISTENT: gl.constexpr, LONGEST_FIRST: gl.constexpr,
-                 HALF_EDGES: gl.constexpr, PART: gl.constexpr, num_warps: gl.constexpr):
-        """Consumer PART: its 64 query rows of the program's tile (work: its place and
-        key blocks) or, PERSISTENT, of each of its tiles in turn (work: the shape _place
-        reads), their query tiles double-buffered and the ring's stages taken on across
-        tiles."""
-        if PERSISTENT:
-            ring = 0
-            count = 0
-            for t in range(gl.program_id(0), work[0] * work[1], gl.num_programs(0)):
-                place, n_blocks = _place(t, work, sq, skv, GROUP, CAUSAL, WINDOW,
-                                         LONGEST_FIRST, descs)
-                _consume_tile(descs, bufs, bars, out_ptr, lse_ptr, place, sq, skv, n_blocks,
-                              qk_scale, stride_o_b, stride_o_h, stride_o_s, ring,
-                              PART * 2 + count % 2, (count // 2) & 1, CAUSAL, ALIBI, WINDOW,
-                              PERSISTENT, HALF_EDGES, PART, num_warps)
-                ring += n_blocks
-                count += 1
-            tma.store_wait(pendings=0)
-        else:
-            place, n_blocks = work
-            _consume_tile(descs, bufs, bars, out_ptr, lse_ptr, place, sq, skv, n_blocks,
-                          qk_scale, stride_o_b, stride_o_h, stride_o_s, 0, PART, 0, CAUSAL,
-                          ALIBI, WINDOW, PERSISTENT, HALF_EDGES, PART, num_warps)
-
-    @gluon.jit
-    def _consume_tile(descs, bufs, bars, out_ptr, lse_ptr, place, sq, skv, n_blocks, qk_scale,
-                      stride_o_b, stride_o_h, stride_o_s, ring, q_slot, q_phase,
-                      CAUSAL: gl.constexpr, ALIBI: gl.constexpr, WINDOW: gl.constexpr,
-                      PERSISTENT: gl.constexpr, HALF_EDGES: gl.constexpr, PART: gl.constexpr,
-                      num_warps: gl.constexpr):
-        """Consumer PART's 64 query rows of one tile (in q's slot q_slot) over every key
-        block the producer streams (the ring's blocks from `ring` on), then its rows of out
-        and lse. v's parts of the head dim are q's first ones (128 of 192, or 64 + 32 of
-        96): out goes through q's tiles, or (PERSISTENT: the producer reloads q's slot
-        for a later tile) through out's own, whose store the next tile's waits for.
-        HALF_EDGES (128-key blocks): where the consumer's rows see none of a block's first
-        or last 64 keys, its dots there take the other 64 alone (_half_block)."""
-        q_descs, k_descs, v_descs, o_descs = descs
-        batch, head, heads, row0, q_row, q_col, kv_row, kv_col, v_col, o_col = place
-        BLOCK_M: gl.constexpr = q_descs[0].block_type.shape[0]
-        BLOCK_N: gl.constexpr = k_descs[0].block_type.shape[0]
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])
-        key0 = _first_key(row0, WINDOW, BLOCK_N)  # the producer's first block
-        row0 = row0 + PART * BLOCK_M
-        m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-        l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=gl.SliceLayout(1, s_layout))
-        acc = _accumulators(o_descs, num_warps)  # one a part of v's head dim
-        slope = 0.0
-        if ALIBI:
-            slope = _alibi_slope(head, ALIBI)
-        mbarrier.wait(bars[0].index(q_slot), q_phase)
-        q_smems = _slots(bufs[0], q_slot)
-        rows = (row0, skv, qk_scale, slope)
-        if HALF_EDGES:
-            # Consumer 1's rows see none of its tile's first block's first 64 keys where the
-            # tile's first row's window starts past them; consumer 0's (causal) see none of
-            # the last block's last 64. Those blocks take dots of 64 keys.
-            FIRST_HALF: gl.constexpr = PART == 1 and WINDOW > 0
-            LAST_HALF: gl.constexpr = PART == 0 and CAUSAL
-            start = 0
-            end = n_blocks
-            if FIRST_HALF:
-                if key0 + WINDOW <= row0 - BLOCK_M + 1:
-                    acc, m_i, l_i = _half_block(q_smems, bufs, bars, ring, key0, rows, acc,
-                                                m_i, l_i, q_slot, BLOCK_N // 2, False, CAUSAL,
-                                                ALIBI, WINDOW, num_warps)
-                    start = 1
-            if LAST_HALF:
-                end = n_blocks - 1
-            if start < end:
-                acc, m_i, l_i = _blocks(q_smems, bufs, bars, ring, start, end, key0, rows,
-                                        acc, m_i, l_i, q_slot, FIRST_HALF,
-                                        PERSISTENT and not LAST_HALF, CAUSAL, ALIBI, WINDOW,
-                                        num_warps)
-            if LAST_HALF:
-                acc, m_i, l_i = _half_block(q_smems, bufs, bars, ring + end,
-                                            key0 + end * BLOCK_N, rows, acc, m_i, l_i, q_slot,
-                                            0, PERSISTENT, CAUSAL, ALIBI, WINDOW, num_warps)
-        else:
-            acc, m_i, l_i = _blocks(q_smems, bufs, bars, ring, 0, n_blocks, key0, rows, acc,
-                                    m_i, l_i, q_slot, False, PERSISTENT, CAUSAL, ALIBI, WINDOW,
-                                    num_warps)
 
         if PERSISTENT:
             o_smems = _slots(bufs[3], PART)
@@ -592,8 +486,8 @@ if AVAILABLE:
                            GROUP: gl.constexpr, CAUSAL: gl.constexpr, ALIBI: gl.constexpr,
                            WINDOW: gl.constexpr, SPLIT_QK: gl.constexpr,
                            SPLIT_V: gl.constexpr, PERSISTENT: gl.constexpr,
-                           LONGEST_FIRST: gl.constexpr, HALF_EDGES: gl.constexpr,
-                           REGISTERS: gl.constexpr, num_warps: gl.constexpr):
+                           LONGEST_FIRST: gl.constexpr, REGISTERS: gl.constexpr,
+                           num_warps: gl.constexpr):
         """One program: 128 query rows of one (batch, head). A tile's place in the [rows,
         dim] views: row batch * rows_b + head * rows_h + position, column head * cols_h
         (bshd: rows_b = seq, rows_h = 0, cols_h = dim; bhsd: rows_b = heads * seq, rows_h
@@ -604,10 +498,8 @@ if AVAILABLE:
         sees its WINDOW most recent keys, and a program streams the blocks from its first
         row's window start (_first_key) on. PERSISTENT: a program an SM, over the tiles
         from its id on in steps of the grid (in _place's order, LONGEST_FIRST its other
-        one), so that a tile's loads run under the one before's epilogue. HALF_EDGES: dots
-        of 64 keys where a consumer's rows see none of a block's other 64 (_consume_tile).
-        REGISTERS: the second consumer's registers a thread (setmaxnreg; the producer's:
-        24)."""
+        one), so that a tile's loads run under the one before's epilogue. REGISTERS: the
+        second consumer's registers a thread (setmaxnreg; the producer's: 24)."""
         q_descs = _parts_of(q_desc, q_rest, SPLIT_QK)
         k_descs = _parts_of(k_desc, k_rest, SPLIT_QK)
         v_descs = _parts_of(v_desc, v_rest, SPLIT_V)
@@ -651,10 +543,10 @@ if AVAILABLE:
         gl.warp_specialize([
             (_consume, (descs, bufs, bars, out_ptr, lse_ptr, work, sq, skv, qk_scale,
                         stride_o_b, stride_o_h, stride_o_s, CAUSAL, ALIBI, WINDOW, GROUP,
-                        PERSISTENT, LONGEST_FIRST, HALF_EDGES, 0, num_warps)),
+                        PERSISTENT, LONGEST_FIRST, 0, num_warps)),
             (_consume, (descs, bufs, bars, out_ptr, lse_ptr, work, sq, skv, qk_scale,
                         stride_o_b, stride_o_h, stride_o_s, CAUSAL, ALIBI, WINDOW, GROUP,
-                        PERSISTENT, LONGEST_FIRST, HALF_EDGES, 1, num_warps)),
+                        PERSISTENT, LONGEST_FIRST, 1, num_warps)),
             (_produce, (descs, bufs, bars, out_ptr, lse_ptr, work, sq, skv, qk_scale,
                         stride_o_b, stride_o_h, stride_o_s, CAUSAL, ALIBI, WINDOW, GROUP,
                         PERSISTENT, LONGEST_FIRST, 0, num_warps)),
@@ -748,7 +640,6 @@ def forward(
     registers=(240, None),
     persistent=False,
     longest_first=False,
-    half_edges=False,
     launches=None,
 ):
     """out and lse of attention over q, k, v: [batch, seq, heads, dim] ("bshd") or [batch,
@@ -760,20 +651,10 @@ def forward(
     64, 64-key blocks in 120 and 112 registers compile without spills in 49 KB of shared
     memory: two programs an SM, not one). persistent: one program an SM, each over tiles
     in turn (longest_first: in the order that takes every head's last query block first;
-    else head by head, as the grid of every tile). half_edges (block_n 128): where a
-    consumer's rows see none of a block's first or last 64 keys (causal: the first
-    consumer's on the diagonal block; a window: the second's on its first block), its dots
-    there take the other 64 alone. launches: the launch.Described its caller keeps for
-    calls like this one (the same shapes and arguments but the tensors), which launches
-    them without triton's dispatch. Returns the compiled kernel (`fusegen
+    else head by head, as the grid of every tile). launches: the launch.Described its caller keeps
+    for calls like this one (the same shapes and arguments but the tensors), which
+    launches them without triton's dispatch. Returns the compiled kernel (`fusegen
     inspect` reads its registers and shared memory)."""
-
-    if half_edges and block_n != 2 * BLOCK_M:
-        raise ValueError(f"half_edges takes blocks of {2 * BLOCK_M} keys, not {block_n}")
-    if half_edges and persistent:
-        # On an H100 its out was wrong there (and one call read out of bounds), where the
-        # grid of every tile matched float64 (RESULTS.md, 2026-12-07): not yet found why.
-        raise ValueError("half_edges runs on the grid of every tile, not the persistent one")
 
     def first():
         batch, heads, kv_heads, sq, skv, rows, q_place, kv_place = places(q, k, layout)
@@ -793,7 +674,6 @@ def forward(
             **split,
             "PERSISTENT": persistent,
             "LONGEST_FIRST": longest_first,
-            "HALF_EDGES": half_edges,
             "REGISTERS": registers[0],
             "num_warps": 4,
             **({} if registers[1] is None else {"maxnreg": registers[1]}),

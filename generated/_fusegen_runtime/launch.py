@@ -170,7 +170,8 @@ class Described:
             return self.direct(*tiles, *tensors, *self.scalars)
         kernel, grid, descriptors, scalars, kwargs = first()
         args = (*descriptors, *tensors, *scalars)
-        with torch.cuda.device(sources[0].device):  # triton launches on the current device
+        device = (sources or tensors)[0].device  # a kernel may take no descriptors
+        with torch.cuda.device(device):  # triton launches on the current device
             compiled = kernel[grid](*args, **kwargs)
         if enabled(False):
             self.tiles = [
