@@ -656,6 +656,7 @@ CONFIGS = {
         "num_stages": STAGES,
     },
     "hopper_dq": {"BLOCK_M": 2 * BLOCK_M, "BLOCK_N": BLOCK_N, "num_warps": 9, "num_stages": STAGES},
+    "hopper_delta": {"BLOCK_M": BLOCK_M, "num_warps": 4},  # without dq: delta's rows
 }
 
 
