@@ -216,12 +216,6 @@ kernels:
       window: 40
       bias: true
 
-  - name: att_window
-    doc: A sliding window alone at head dim 64 (GPT-OSS's), grouped heads; the scale,
-      unapplied before the mask, multiplies the masked scores.
-    dtypes: [fp16]
-    attention: {layout: bshd, heads: 4, kv_heads: 2, head_dim: 64, causal: true, window: 24}
-
   - name: att_plain
     doc: No mask.
     dtypes: [fp16]
@@ -235,9 +229,17 @@ kernels:
 
   - name: att_mla
     doc: v and out narrower than q and k (MLA's 192 and 128, scaled down; q and k's dim
-      padded), grouped heads, causal.
+      padded), grouped heads, causal within a window. At head dim 48 the scale times a
+      masked score rounds up (NaN rows on a GPU while the masked score was -1e30).
     dtypes: [fp16, fp32]
-    attention: {layout: bshd, heads: 4, kv_heads: 2, head_dim: 48, v_head_dim: 32, causal: true}
+    attention:
+      layout: bshd
+      heads: 4
+      kv_heads: 2
+      head_dim: 48
+      v_head_dim: 32
+      causal: true
+      window: 20
 
   - name: att_d256
     doc: Head dim 256 (Gemma 2) in fp32, whose 16-bit tiles do not fit shared memory.
