@@ -203,8 +203,8 @@ def test_only_plain_attention_at_head_dims_it_takes_runs_the_hopper_forward():
 def test_the_grid_and_the_backward_by_head_dim_and_mask():
     """What runtime/attention.py took from the persistent grid's measurements: persistent
     without a mask at 64 and 128, longest first causal at 64 (from 4096 queries) and with
-    a window at 128 (at any length), the grid of every tile elsewhere; the Gluon backward at every
-    head dim it takes, 64 included."""
+    a window at 128 (at any length), the grid of every tile elsewhere; the Gluon backward
+    at every head dim it takes, 64 included."""
     from fusegen.runtime import attention as runtime
 
     assert runtime.hopper_grid(64, "none") == (True, False)
@@ -301,15 +301,6 @@ def reference(q, k, v, causal, layout, alibi=False, window=0):
 def test_out_and_lse_match_float64(
     layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype, alibi, window
 ):
-    forward_matches_float64(
-        layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype, alibi, window
-    )
-
-
-def forward_matches_float64(
-    layout, causal, batch, heads, kv_heads, sq, skv, dim, dv, dtype, alibi, window
-):
-    """forward's out and lse (out poisoned first) against float64 on fresh inputs."""
     torch.manual_seed(sq + skv + dim)
     q_shape, k_shape = shapes(layout, batch, heads, kv_heads, sq, skv, dim)
     q = torch.randn(q_shape, device="cuda", dtype=dtype)

@@ -663,7 +663,7 @@ CONFIGS = {
 def delta_launch(out, d_out, layout):
     """_attention_delta's first launch (launch.Described's first()) for out and d_out
     (contiguous, [batch, heads, q_len] in the layout)."""
-    batch, heads, sq = (out.shape[i] for i in ((0, 2, 1) if layout == "bshd" else (0, 1, 2)))
+    batch, heads, _, sq = attention_hopper.places(out, out, layout)[:4]
     widths = attention_hopper.parts(out.shape[-1])
     grid = (triton.cdiv(sq, BLOCK_M), batch * heads)
     scalars = (sq, heads, *attention_hopper.strides(out, layout),
@@ -756,7 +756,6 @@ def backward(
         compiled["hopper_delta"] = launches.setdefault("delta", launch.Described())(
             (), (out, d_out, delta), lambda: delta_launch(out, d_out, layout)
         )
-        out = None
     if needs[0]:  # first: with out given, it writes the delta the dk/dv kernel reads
         d_q = torch.empty_like(q)
         o = d_q if out is None else out  # DELTA off: an unread pointer and strides
